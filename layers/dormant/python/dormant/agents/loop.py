@@ -1,0 +1,481 @@
+"""The run loop: render, call the model, run the tools it asks for, until it answers — or yields.
+
+Every step lands on the ledger as it happens: ``invocation_start`` (or ``invocation_resume``),
+``model_start``, ``model_end``, ``assistant``, ``tool_call``, state changes, ``tool_result``,
+``invocation_yield`` or ``invocation_end``. Nothing a model, tool or renderer does crashes the caller:
+a bad tool call becomes a ``tool_result`` error the model sees next step; a failing model or renderer
+ends the run with status ``error``. Only bad *input* from the caller raises, before anything is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Generator, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+
+from pydantic import JsonValue, TypeAdapter, ValidationError
+from pydantic_core import to_jsonable_python
+
+from ..errors import AgentMismatch, ConfigurationError, InputError, ModelError
+from ..events import (
+    AssistantEvent,
+    Event,
+    InvocationEndEvent,
+    InvocationResumeEvent,
+    InvocationStartEvent,
+    InvocationYieldEvent,
+    ModelEndEvent,
+    ModelStartEvent,
+    PendingCall,
+    ToolCallEvent,
+    ToolInputEvent,
+    ToolResultEvent,
+    Usage,
+    UserEvent,
+)
+from ..ids import new_id
+from ..models.base import Message, ModelRequest, ModelResponse
+from ..projection import Output, YieldedTool
+from ..session import Access, Invocation, Session
+from .agent import Agent
+from .context import RenderContext, digest
+from .tools import Tool, ToolArgumentsError, ToolContext
+
+if TYPE_CHECKING:
+    from ..app import App
+    from ..state.view import StateView
+
+__all__ = ["RunInput", "RunResult", "RunStatus", "RunStream", "start_run"]
+
+RunStatus: TypeAlias = Literal["completed", "yielded_tool", "error", "max_steps"]
+_JSON: TypeAdapter[Any] = TypeAdapter(JsonValue)
+
+
+@dataclass(frozen=True)
+class RunInput:
+    """``app.run``'s input: a user message, answers to yielded calls, state to set, scopes to seed."""
+
+    message: str | None = None
+    tools: list[Mapping[str, Any]] = field(default_factory=list)
+    state: Mapping[str, Any] | None = None
+    initial_state: Mapping[str, Any] | None = None
+
+    @classmethod
+    def parse(cls, value: Any) -> RunInput:
+        if value is None:
+            return cls()
+        if isinstance(value, str):
+            return cls(message=value)
+        if not isinstance(value, Mapping):
+            raise InputError(f"run input is a message string or a dict, not {type(value).__name__}", field="input")
+        unknown = sorted(set(value) - {"message", "tools", "state", "initial_state"})
+        if unknown:
+            raise InputError(
+                f"unknown run input {unknown[0]!r} (expected message, tools, state, initial_state)", field=unknown[0]
+            )
+        message = value.get("message")
+        if message is not None and not isinstance(message, str):
+            raise InputError("message must be a string", field="message")
+        for key in ("state", "initial_state"):
+            if value.get(key) is not None and not isinstance(value[key], Mapping):
+                raise InputError(f"{key} must be a dict", field=key)
+        tools = value.get("tools") or []
+        if isinstance(tools, str | bytes) or not isinstance(tools, list | tuple):
+            raise InputError("tools is a list of {'call_id': ..., 'input': ...}", field="tools")
+        return cls(message, list(tools), value.get("state"), value.get("initial_state"))
+
+
+@dataclass
+class RunResult:
+    status: RunStatus
+    session: Session
+    output: Output
+    yielded_tools: list[YieldedTool]
+    usage: Usage
+    error: str | None = None
+    error_type: str | None = None
+    invocation_id: str | None = None
+    events: list[Event] = field(default_factory=list)
+    """The events this run appended."""
+
+    @property
+    def state(self) -> StateView:
+        return self.session.state
+
+
+class RunStream(Iterator[Event]):
+    """The events of a run as they happen; ``result`` is set once the stream is exhausted."""
+
+    def __init__(self, steps: Generator[Event, None, RunResult]) -> None:
+        self._steps = steps
+        self.result: RunResult | None = None
+
+    def __iter__(self) -> RunStream:
+        return self
+
+    def __next__(self) -> Event:
+        try:
+            return next(self._steps)
+        except StopIteration as stop:
+            self.result = stop.value
+            raise
+
+    def finish(self) -> RunResult:
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+
+def start_run(app: App, agent: Agent, input: Any, session: Session | None) -> RunStream:
+    """Check the input (raising, with nothing written, if it is bad) and return the run's event stream."""
+    if not isinstance(agent, Agent):
+        raise ConfigurationError(f"app.run takes an agent built with app.agent, not {agent!r}")
+    if session is None:
+        session = app.sessions.ephemeral()
+    elif not isinstance(session, Session) or session._runtime is not app:
+        raise InputError("that session belongs to another app", field="session")
+    run_input = RunInput.parse(input)
+    seeds = _seeds(app, session, run_input.initial_state)
+    direct = Access(session, None)
+    if run_input.state:
+        direct.check("session", run_input.state)
+    answers = session.input.prepare(run_input.tools)
+    projection = session._projection
+    if projection.open_invocation is not None:
+        waiting = projection.invocations[projection.open_invocation].agent_name
+        if waiting != agent.name:
+            raise AgentMismatch(waiting, agent.name)
+    return RunStream(_Run(app, agent, session, run_input, seeds, answers).steps())
+
+
+def _seeds(app: App, session: Session, initial: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Seed values per scope: the schema's defaults and the given values, for keys not already set."""
+    seeds: dict[str, dict[str, Any]] = {}
+    for scope, given in (initial or {}).items():
+        if scope == "temp":
+            raise InputError("temp cannot be seeded: it exists only inside an invocation", field="initial_state.temp")
+        schema = session._scope_schema(scope)
+        if not isinstance(given, Mapping):
+            raise InputError(f"initial_state.{scope} must be a dict", field=f"initial_state.{scope}")
+        present = set(session._values(scope))
+        scope_id = session.scope_id(scope) if scope != "session" else None
+        if scope_id is not None:  # a bound shared scope: never overwrite what another session stored
+            present |= set(app.store.load_scoped_state(app.name, scope, scope_id))
+        seeds[scope] = {k: v for k, v in schema.seed(given).items() if v is not None and k not in present}
+    return seeds
+
+
+class _Run:
+    def __init__(
+        self,
+        app: App,
+        agent: Agent,
+        session: Session,
+        run_input: RunInput,
+        seeds: dict[str, dict[str, Any]],
+        answers: list[ToolInputEvent],
+    ) -> None:
+        self.app = app
+        self.agent = agent
+        self.session = session
+        self.input = run_input
+        self.seeds = seeds
+        self.answers = answers
+        self.start = self.mark = len(session._events)
+        self.usage = Usage()
+
+    def _new(self) -> list[Event]:
+        events = self.session._events[self.mark :]
+        self.mark = len(self.session._events)
+        return events
+
+    def steps(self) -> Generator[Event, None, RunResult]:
+        session, projection = self.session, self.session._projection
+        direct = Access(session, None)
+        for scope, values in self.seeds.items():
+            if values:
+                direct.write(scope, values)
+        if self.input.state:
+            direct.write("session", self.input.state)
+        for answer in self.answers:
+            session._append(answer)
+        yield from self._new()
+
+        if projection.pending and not projection.unexecuted_calls():
+            # Still waiting on every yielded call: nothing can run. Keep the message for the resume.
+            if self.input.message is not None:
+                session.input.message(self.input.message)
+            yield from self._new()
+            return self._result("yielded_tool", projection.open_invocation)
+
+        agent_name = self.agent.name
+        if projection.open_invocation is not None:
+            invocation_id = projection.open_invocation
+            session._append(InvocationResumeEvent(invocation_id=invocation_id, agent_name=agent_name))
+        else:
+            invocation_id = new_id("inv_")
+            session._append(InvocationStartEvent(invocation_id=invocation_id, agent_name=agent_name))
+        invocation = Invocation(session, invocation_id, agent_name)
+        if self.input.message is not None:
+            session._append(UserEvent(text=self.input.message, invocation_id=invocation_id, agent_name=agent_name))
+        yield from self._new()
+        try:
+            status = yield from self._loop(invocation)
+        except Exception as exc:  # a bug below us must still end the invocation on the ledger
+            self._end(invocation, "error", error=exc)
+            yield from self._new()
+            status = "error"
+        return self._result(status, invocation_id)
+
+    def _loop(self, invocation: Invocation) -> Generator[Event, None, RunStatus]:
+        projection = self.session._projection
+        steps_used = self._model_calls(invocation.id)
+        while True:
+            waiting = False
+            for call in projection.unexecuted_calls():
+                tool = self.agent.tool(call.name)
+                if tool is not None and tool.yields and call.call_id not in projection.answered:
+                    waiting = True
+                    continue
+                self.session._append(self._execute(invocation, tool, call, projection.answered.get(call.call_id)))
+                yield from self._new()
+            if waiting or projection.pending:
+                pending = [
+                    PendingCall(call_id=c.call_id, name=c.name, args=c.args) for c in projection.open_calls.values()
+                ]
+                self.session._append(
+                    InvocationYieldEvent(invocation_id=invocation.id, agent_name=invocation.agent_name, pending=pending)
+                )
+                yield from self._new()
+                return "yielded_tool"
+            if steps_used >= self.agent.max_steps:
+                self._end(invocation, "max_steps")
+                yield from self._new()
+                return "max_steps"
+            steps_used += 1
+            response = yield from self._call_model(invocation)
+            if response is None:
+                return "error"
+            if not response.tool_calls:
+                status = self._answer(invocation, response)
+                yield from self._new()
+                return status
+            if response.text:
+                self._say(invocation, response.text, None)
+            taken = set(projection.open_calls)
+            for requested in response.tool_calls:
+                call_id = requested.call_id if requested.call_id and requested.call_id not in taken else new_id("call_")
+                taken.add(call_id)
+                self.session._append(
+                    ToolCallEvent(
+                        call_id=call_id,
+                        name=requested.name,
+                        args=_json_args(requested.args),
+                        error=requested.error,
+                        invocation_id=invocation.id,
+                        agent_name=invocation.agent_name,
+                    )
+                )
+            yield from self._new()
+
+    def _call_model(self, invocation: Invocation) -> Generator[Event, None, ModelResponse | None]:
+        agent, session = self.agent, self.session
+        spec = agent.model
+        try:
+            adapter = self.app.adapter_for(spec)
+            context = RenderContext(invocation.state, session, agent.name, invocation.id)
+            parts = [renderer.render(context) for renderer in agent.context]
+        except Exception as exc:
+            self._end(invocation, "error", error=exc)
+            yield from self._new()
+            return None
+        messages: list[Message] = [m for part in parts for m in part.messages]
+        tools = [tool.definition() for tool in agent.tools]
+        session._append(
+            ModelStartEvent(
+                invocation_id=invocation.id,
+                agent_name=agent.name,
+                model=spec.ref,
+                input=[part.record for part in parts],
+                message_count=len(messages),
+                digest=digest(messages),
+                tools=tools,
+            )
+        )
+        yield from self._new()
+        request = ModelRequest(
+            model=spec,
+            messages=messages,
+            tools=tools,
+            output_schema=agent.output.model_json_schema() if agent.output else None,
+            output_name=agent.output.__name__ if agent.output else None,
+        )
+        started = time.perf_counter()
+        try:
+            response = adapter.complete(request)
+            if not isinstance(response, ModelResponse):
+                response = ModelResponse.model_validate(response)
+        except Exception as exc:
+            session._append(
+                ModelEndEvent(
+                    invocation_id=invocation.id,
+                    agent_name=agent.name,
+                    model=spec.ref,
+                    error=_describe(exc),
+                    error_type=type(exc).__name__,
+                    latency_ms=_ms_since(started),
+                )
+            )
+            self._end(invocation, "error", error=exc)
+            yield from self._new()
+            return None
+        self.usage += response.usage
+        session._append(
+            ModelEndEvent(
+                invocation_id=invocation.id,
+                agent_name=agent.name,
+                model=spec.ref,
+                usage=response.usage,
+                finish_reason=response.finish_reason,
+                latency_ms=_ms_since(started),
+            )
+        )
+        yield from self._new()
+        return response
+
+    def _answer(self, invocation: Invocation, response: ModelResponse) -> RunStatus:
+        """The model answered without tool calls: record the answer (checked against ``output``) and end."""
+        text, value = response.text, None
+        output_model = self.agent.output
+        if output_model is not None:
+            try:
+                value = output_model.model_validate_json(text or "").model_dump(mode="json")
+            except ValidationError as exc:
+                self._say(invocation, text, None)
+                self._end(
+                    invocation,
+                    "error",
+                    error=ModelError(
+                        f"the model's answer does not match {output_model.__name__}: {exc.errors()[0]['msg']}"
+                    ),
+                )
+                return "error"
+        self._say(invocation, text, value)
+        self._end(invocation, "completed", text=text, value=value)
+        return "completed"
+
+    def _say(self, invocation: Invocation, text: str | None, value: Any) -> None:
+        if text is None and value is None:
+            return
+        self.session._append(
+            AssistantEvent(text=text, value=value, invocation_id=invocation.id, agent_name=invocation.agent_name)
+        )
+
+    def _execute(
+        self, invocation: Invocation, tool: Tool | None, call: ToolCallEvent, answer: ToolInputEvent | None
+    ) -> ToolResultEvent:
+        def result(value: Any = None, error: str | None = None) -> ToolResultEvent:
+            return ToolResultEvent(
+                call_id=call.call_id,
+                name=call.name,
+                result=value,
+                error=error,
+                invocation_id=invocation.id,
+                agent_name=invocation.agent_name,
+            )
+
+        if tool is None:
+            names = ", ".join(t.name for t in self.agent.tools) or "none"
+            return result(error=f"unknown tool {call.name!r} (available: {names})")
+        if call.error is not None:
+            return result(error=f"could not decode the arguments for {call.name}: {call.error}")
+        try:
+            args = tool.check_args(call.args)
+        except ToolArgumentsError as exc:
+            return result(error=str(exc))
+        if tool.execute is None:  # a yielding tool without execute returns its answer
+            return result(answer.input if answer else None)
+        context = ToolContext(
+            args=args,
+            state=invocation.state,
+            session=self.session,
+            call_id=call.call_id,
+            invocation_id=invocation.id,
+            agent_name=invocation.agent_name,
+            tool_name=tool.name,
+            input=tool.typed_input(answer.input) if answer is not None else None,
+        )
+        try:
+            value = tool.execute(context)
+        except Exception as exc:
+            return result(error=f"{tool.name} failed: {_describe(exc)}")
+        try:
+            return result(_JSON.validate_python(to_jsonable_python(value)))
+        except Exception as exc:
+            return result(error=f"{tool.name} returned a value that is not JSON: {_describe(exc)}")
+
+    def _end(
+        self,
+        invocation: Invocation,
+        status: Literal["completed", "error", "max_steps"],
+        *,
+        text: str | None = None,
+        value: Any = None,
+        error: BaseException | None = None,
+    ) -> None:
+        self.session._append(
+            InvocationEndEvent(
+                invocation_id=invocation.id,
+                agent_name=invocation.agent_name,
+                status=status,
+                output_text=text,
+                output_value=value,
+                error=_describe(error) if error is not None else None,
+                error_type=type(error).__name__ if error is not None else None,
+            )
+        )
+
+    def _model_calls(self, invocation_id: str) -> int:
+        node = self.session._projection.invocations.get(invocation_id)
+        events = self.session._events[node.start_index :] if node else []
+        return sum(1 for e in events if isinstance(e, ModelStartEvent) and e.invocation_id == invocation_id)
+
+    def _result(self, status: RunStatus, invocation_id: str | None) -> RunResult:
+        session = self.session
+        events = session._events[self.start :]
+        end = next((e for e in reversed(events) if isinstance(e, InvocationEndEvent)), None)
+        output = session.output
+        if self.agent.output is not None and output.value is not None:
+            with contextlib.suppress(ValidationError):  # recorded under another output model: keep the JSON
+                output = Output(output.text, self.agent.output.model_validate(output.value))
+        return RunResult(
+            status=status,
+            session=session,
+            output=output,
+            yielded_tools=session.yielded_tools,
+            usage=self.usage,
+            error=end.error if end is not None else None,
+            error_type=end.error_type if end is not None else None,
+            invocation_id=invocation_id,
+            events=events,
+        )
+
+
+def _json_args(args: Any) -> dict[str, Any]:
+    try:
+        value = _JSON.validate_python(to_jsonable_python(args))
+    except Exception:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return text if text else type(exc).__name__
+
+
+def _ms_since(started: float) -> int:
+    return int((time.perf_counter() - started) * 1000)

@@ -1,0 +1,108 @@
+"""Tools: a name, a pydantic schema for the arguments, and the function that runs them.
+
+A tool with ``yield_schema`` *yields*: when the model calls it the run pauses until someone answers
+(``session.input.tool``); the answer is validated against ``yield_schema`` and ``execute`` then runs
+with it as ``ctx.input``. Without ``execute`` a yielding tool returns the answer itself.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+
+from ..errors import ConfigurationError, ToolInputError
+
+if TYPE_CHECKING:
+    from ..session import Session
+    from ..state.view import StateView
+
+__all__ = ["Tool", "ToolArgumentsError", "ToolContext"]
+
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+class ToolArgumentsError(Exception):
+    """Arguments from the model that the tool's schema refuses (shown to the model, not raised to callers)."""
+
+
+class _NoArgs(BaseModel):
+    pass
+
+
+@dataclass
+class ToolContext:
+    """What ``execute`` gets: validated ``args``, the invocation's ``state``, and for a yielding tool ``input``."""
+
+    args: Any
+    state: StateView
+    session: Session
+    call_id: str
+    invocation_id: str
+    agent_name: str
+    tool_name: str
+    input: Any = None
+
+
+@dataclass(eq=False)
+class Tool:
+    name: str
+    description: str
+    schema: type[BaseModel] = _NoArgs
+    execute: Callable[[ToolContext], Any] | None = None
+    yield_schema: type[BaseModel] | None = None
+    _definition: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
+            raise ConfigurationError(f"a tool name is 1-64 letters, digits, _ or -, not {self.name!r}")
+        if not isinstance(self.description, str):
+            raise ConfigurationError(f"tool {self.name!r}: description must be a string")
+        for label, model in (("schema", self.schema), ("yield_schema", self.yield_schema)):
+            if model is not None and not (isinstance(model, type) and issubclass(model, BaseModel)):
+                raise ConfigurationError(f"tool {self.name!r}: {label} must be a pydantic model class, not {model!r}")
+        if self.execute is None and self.yield_schema is None:
+            raise ConfigurationError(f"tool {self.name!r} needs execute= (only a yielding tool may leave it out)")
+        if self.execute is not None and not callable(self.execute):
+            raise ConfigurationError(f"tool {self.name!r}: execute must be callable")
+        parameters = self.schema.model_json_schema()
+        parameters.setdefault("properties", {})
+        parameters.pop("title", None)
+        self._definition = {"name": self.name, "description": self.description, "parameters": parameters}
+
+    @property
+    def yields(self) -> bool:
+        return self.yield_schema is not None
+
+    def definition(self) -> dict[str, Any]:
+        """The tool as the model is told of it: name, description, JSON schema of the arguments."""
+        return self._definition
+
+    def check_args(self, args: Any) -> BaseModel:
+        try:
+            return self.schema.model_validate(args)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()
+            )
+            raise ToolArgumentsError(f"invalid arguments for {self.name}: {problems}") from exc
+
+    def check_input(self, call_id: str, value: Any) -> Any:
+        """Validate an answer to a yielded call; return its JSON form (what the ledger records)."""
+        assert self.yield_schema is not None
+        try:
+            return self.yield_schema.model_validate(value).model_dump(mode="json")
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "input"
+            raise ToolInputError(
+                f"invalid answer for {self.name} call {call_id}: {where}: {first['msg']}",
+                call_id=call_id,
+                tool=self.name,
+            ) from exc
+
+    def typed_input(self, value: Any) -> Any:
+        return self.yield_schema.model_validate(value) if self.yield_schema is not None else value

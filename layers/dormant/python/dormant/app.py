@@ -1,0 +1,248 @@
+"""``adk()``: the app — schema, tools, agents, model adapters, the store, and the session service."""
+
+from __future__ import annotations
+
+import builtins
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, overload
+
+from pydantic import BaseModel
+
+from .agents.agent import Agent
+from .agents.context import ContextFactory, Renderer
+from .agents.loop import RunResult, RunStream, start_run
+from .agents.tools import Tool, ToolContext
+from .errors import ConfigurationError, InputError, VersionConflict
+from .events import Event, parse_event
+from .ids import check_id
+from .models.base import ModelAdapter, ModelSpec, default_adapter
+from .session import Session
+from .state.schema import Schema
+from .stores.base import CommitResult, SessionListing, SessionStore
+from .stores.memory import in_memory_store
+
+__all__ = ["App", "Sessions", "adk"]
+
+_MISSING: Any = object()
+
+
+def adk(
+    *,
+    name: str,
+    schema: Mapping[str, type[BaseModel]] | None = None,
+    adapters: Mapping[str, ModelAdapter] | None = None,
+    store: SessionStore | None = None,
+) -> App:
+    """Build an app. ``schema`` maps scope names to pydantic models; ``store`` defaults to in-memory."""
+    return App(name=name, schema=schema, adapters=adapters, store=store)
+
+
+class App:
+    def __init__(
+        self,
+        *,
+        name: str,
+        schema: Mapping[str, type[BaseModel]] | None = None,
+        adapters: Mapping[str, ModelAdapter] | None = None,
+        store: SessionStore | None = None,
+    ) -> None:
+        self.name = check_id(name, "app name")
+        self.schema = Schema(schema)
+        for provider, adapter in (adapters or {}).items():
+            if not callable(getattr(adapter, "complete", None)):
+                raise ConfigurationError(f"adapters[{provider!r}] has no complete(request) method: {adapter!r}")
+        self.adapters: dict[str, ModelAdapter] = dict(adapters or {})
+        if store is not None and not isinstance(store, SessionStore):
+            raise ConfigurationError(f"store must implement the SessionStore methods, not {store!r}")
+        self.store: SessionStore = store if store is not None else in_memory_store()
+        self.context = ContextFactory()
+        self.sessions = Sessions(self)
+        self._tools: dict[str, Tool] = {}
+        self._built: dict[str, ModelAdapter] = {}
+        self._lock = threading.Lock()
+
+    # -- tools and agents -------------------------------------------------------------------
+
+    @overload
+    def tool(
+        self,
+        *,
+        name: str | None = None,
+        description: str = "",
+        schema: type[BaseModel] | None = None,
+        execute: Callable[[ToolContext], Any] | None,
+        yield_schema: type[BaseModel] | None = None,
+    ) -> Tool: ...
+    @overload
+    def tool(
+        self,
+        *,
+        name: str | None = None,
+        description: str = "",
+        schema: type[BaseModel] | None = None,
+        yield_schema: type[BaseModel] | None = None,
+    ) -> Callable[[Callable[[ToolContext], Any]], Tool]: ...
+    def tool(
+        self,
+        *,
+        name: str | None = None,
+        description: str = "",
+        schema: type[BaseModel] | None = None,
+        execute: Any = _MISSING,
+        yield_schema: type[BaseModel] | None = None,
+    ) -> Tool | Callable[[Callable[[ToolContext], Any]], Tool]:
+        """Define a tool. Without ``execute`` this is a decorator: ``@app.tool(description=..., schema=...)``.
+
+        A yielding tool (``yield_schema=``) may pass ``execute=None``: its result is then the answer.
+        """
+
+        def build(fn: Callable[[ToolContext], Any] | None) -> Tool:
+            tool_name = name if name is not None else getattr(fn, "__name__", None)
+            if tool_name is None:
+                raise ConfigurationError("a tool needs a name")
+            kwargs: dict[str, Any] = {"schema": schema} if schema is not None else {}
+            tool = Tool(tool_name, description, execute=fn, yield_schema=yield_schema, **kwargs)
+            self._register(tool)
+            return tool
+
+        if execute is _MISSING:
+            return build
+        return build(execute)
+
+    def _register(self, tool: Tool) -> None:
+        known = self._tools.get(tool.name)
+        if known is not None and known is not tool:
+            raise ConfigurationError(f"app {self.name!r} already has a different tool named {tool.name!r}")
+        self._tools[tool.name] = tool
+
+    def tool_named(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def agent(
+        self,
+        *,
+        name: str,
+        model: ModelSpec | Mapping[str, Any],
+        context: Sequence[Renderer] | None = None,
+        tools: Sequence[Tool] | None = None,
+        max_steps: int = 10,
+        output: type[BaseModel] | None = None,
+    ) -> Agent:
+        agent = Agent.build(name=name, model=model, context=context, tools=tools, max_steps=max_steps, output=output)
+        for tool in agent.tools:
+            self._register(tool)
+        return agent
+
+    def adapter_for(self, spec: ModelSpec) -> ModelAdapter:
+        """The adapter for ``spec``'s provider: the override given to ``adk``, else the shipped one."""
+        override = self.adapters.get(spec.provider)
+        if override is not None:
+            return override
+        key = spec.model_dump_json(exclude={"name"})
+        with self._lock:
+            if key not in self._built:
+                self._built[key] = default_adapter(spec)
+            return self._built[key]
+
+    # -- running ----------------------------------------------------------------------------
+
+    def run(self, agent: Agent, input: Any = None, *, session: Session | None = None) -> RunResult:
+        """Run ``agent`` until it answers, yields, fails or runs out of steps.
+
+        ``input`` is a user message, or a dict of ``message``, ``tools`` (answers to yielded calls),
+        ``state`` (session values to set first) and ``initial_state`` (scopes to seed). Without
+        ``session`` an ephemeral one is built; nothing is stored until ``app.sessions.commit``.
+        """
+        return start_run(self, agent, input, session).finish()
+
+    def stream(self, agent: Agent, input: Any = None, *, session: Session | None = None) -> RunStream:
+        """Like ``run``, yielding each event as it lands; the ``RunResult`` is on ``.result`` at the end."""
+        return start_run(self, agent, input, session)
+
+    def close(self) -> None:
+        """Close the store (so a CLI or worker exits instead of hanging on a pool)."""
+        self.store.close()
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<App {self.name!r} store={type(self.store).__name__}>"
+
+
+class Sessions:
+    """``app.sessions``: create, load, list, commit and delete the app's sessions."""
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+
+    def create(self, session_id: str | None = None, scopes: Mapping[str, str] | None = None) -> Session:
+        """A new session, stored at once (version 1, no events). Raises ``VersionConflict`` if the id is taken."""
+        session = Session(self._app, session_id=session_id, scopes=scopes)
+        self.commit(session)
+        return session
+
+    def ephemeral(self, session_id: str | None = None, scopes: Mapping[str, str] | None = None) -> Session:
+        """A new session that is not stored (nor listed) until it is committed."""
+        return Session(self._app, session_id=session_id, scopes=scopes)
+
+    def from_events(
+        self,
+        events: Iterable[Event | Mapping[str, Any]],
+        *,
+        session_id: str | None = None,
+        scopes: Mapping[str, str] | None = None,
+    ) -> Session:
+        """Rebuild a session from its events (e.g. their JSON, as another process would have them).
+
+        The session is not stored; committing it stores every event.
+        """
+        return Session(
+            self._app, session_id=session_id, scopes=scopes, events=[parse_event(e) for e in events], committed=0
+        )
+
+    def get(self, session_id: str) -> Session | None:
+        app = self._app
+        loaded = app.store.load(app.name, check_id(session_id))
+        if loaded is None:
+            return None
+        meta = loaded.session
+        return Session(
+            app,
+            session_id=meta.id,
+            scopes=meta.scopes,
+            version=meta.version,
+            created_at=meta.created_at,
+            events=loaded.events,
+        )
+
+    def list(self, *, limit: int | None = None, cursor: str | None = None) -> builtins.list[SessionListing]:
+        """The app's stored sessions, most recently updated first (``cursor=`` a listing's ``cursor`` to go on)."""
+        if limit is not None and (not isinstance(limit, int) or limit < 1):
+            raise InputError(f"limit is an int >= 1, not {limit!r}", field="limit")
+        return self._app.store.list(self._app.name, limit=limit, cursor=cursor)
+
+    def commit(self, session: Session) -> CommitResult:
+        """Store what the session holds that the store does not: its new events and shared-scope writes.
+
+        Raises ``VersionConflict`` (writing nothing) when another writer committed first; see
+        ``dormant.serving.commit`` for the version that merges instead.
+        """
+        if not isinstance(session, Session) or session._runtime is not self._app:
+            raise InputError("that session belongs to another app", field="session")
+        new_events = session.uncommitted_events
+        if not new_events and session.version > 0:
+            return CommitResult(ok=True, version=session.version, appended=0)
+        expected = session.version
+        result = self._app.store.commit(session.stored(), new_events, expected, session.scoped_changes())
+        if not result.ok:
+            raise VersionConflict(session.id, expected_version=expected, actual_version=result.version)
+        session._mark_committed(result.version)
+        return result
+
+    def delete(self, session_id: str) -> None:
+        self._app.store.delete(self._app.name, check_id(session_id))

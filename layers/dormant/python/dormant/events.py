@@ -1,0 +1,254 @@
+"""The ledger's events: pydantic models, one class per ``type``, parsed through one discriminated union.
+
+Events are frozen and JSON round-trip losslessly (``Event -> model_dump(mode="json") -> parse_event``
+gives an equal event). A field this version does not know, written by a newer one, is kept rather than
+refused, so an older process can load, fork and re-save a newer session without losing anything.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeAlias
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
+
+from .errors import EventValidationError
+from .ids import new_id, now_ms
+
+__all__ = [
+    "AssistantEvent",
+    "Event",
+    "EventBase",
+    "InvocationEndEvent",
+    "InvocationResumeEvent",
+    "InvocationStartEvent",
+    "InvocationYieldEvent",
+    "ModelEndEvent",
+    "ModelRef",
+    "ModelStartEvent",
+    "PendingCall",
+    "StateChange",
+    "StateChangeEvent",
+    "StateSource",
+    "ToolCallEvent",
+    "ToolInputEvent",
+    "ToolResultEvent",
+    "Usage",
+    "UserEvent",
+    "parse_event",
+    "parse_event_json",
+]
+
+StateSource: TypeAlias = Literal["direct", "mutation", "observation"]
+InvocationStatus: TypeAlias = Literal["completed", "error", "max_steps"]
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+
+class EventBase(_Record):
+    id: str = Field(default_factory=new_id)
+    created_at: int = Field(default_factory=now_ms, description="milliseconds since the epoch")
+    invocation_id: str | None = None
+    agent_name: str | None = None
+
+
+class UserEvent(EventBase):
+    """A user's message."""
+
+    type: Literal["user"] = "user"
+    text: str
+
+
+class AssistantEvent(EventBase):
+    """What the model said; ``value`` holds structured output when the agent asks for it."""
+
+    type: Literal["assistant"] = "assistant"
+    text: str | None = None
+    value: JsonValue = None
+
+
+class ToolCallEvent(EventBase):
+    """The model asked for a tool. ``error`` says why its arguments could not be decoded, if so."""
+
+    type: Literal["tool_call"] = "tool_call"
+    call_id: str
+    name: str
+    args: dict[str, JsonValue] = Field(default_factory=dict)
+    error: str | None = None
+
+
+class ToolResultEvent(EventBase):
+    """What a tool returned, or the error the model will see instead."""
+
+    type: Literal["tool_result"] = "tool_result"
+    call_id: str
+    name: str
+    result: JsonValue = None
+    error: str | None = None
+
+
+class ToolInputEvent(EventBase):
+    """The answer to a yielded tool call, from a human or another system."""
+
+    type: Literal["tool_input"] = "tool_input"
+    call_id: str
+    name: str
+    input: JsonValue = None
+
+
+class StateChange(_Record):
+    key: str
+    old_value: JsonValue = None
+    new_value: JsonValue = None
+
+
+class StateChangeEvent(EventBase):
+    """One key of one scope changed (or, for ``observation``, was seen to hold a new value).
+
+    ``scope_id`` is the id a shared scope is bound to (``None`` for ``session``, or for a
+    shared scope that was seeded while unbound). ``new_value`` ``None`` means the key was deleted.
+    """
+
+    type: Literal["state_change"] = "state_change"
+    scope: str
+    scope_id: str | None = None
+    source: StateSource
+    changes: list[StateChange]
+
+
+class InvocationStartEvent(EventBase):
+    type: Literal["invocation_start"] = "invocation_start"
+    invocation_id: str
+    agent_name: str
+    parent_invocation_id: str | None = None
+
+
+class InvocationEndEvent(EventBase):
+    type: Literal["invocation_end"] = "invocation_end"
+    invocation_id: str
+    status: InvocationStatus
+    output_text: str | None = None
+    output_value: JsonValue = None
+    error: str | None = None
+    error_type: str | None = None
+
+
+class PendingCall(_Record):
+    call_id: str
+    name: str
+    args: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class InvocationYieldEvent(EventBase):
+    """The invocation paused: these calls wait for answers."""
+
+    type: Literal["invocation_yield"] = "invocation_yield"
+    invocation_id: str
+    pending: list[PendingCall]
+
+
+class InvocationResumeEvent(EventBase):
+    type: Literal["invocation_resume"] = "invocation_resume"
+    invocation_id: str
+
+
+class ModelRef(_Record):
+    provider: str
+    name: str
+
+
+class Usage(_Record):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            total_tokens=self.total_tokens + other.total_tokens,
+        )
+
+
+class ModelStartEvent(EventBase):
+    """A model call is about to be made.
+
+    ``input`` records what each context renderer contributed: inline messages for what is not in
+    the ledger (system prompts, rendered user turns) and, for history, the range of ledger events it
+    was rendered from — so the exact messages can be rebuilt (``Session.model_input``) without the
+    ledger holding the whole conversation again on every call. ``digest`` is the sha256 of the
+    messages as sent, to check a rebuild against. ``tools`` are the tool definitions as sent.
+    """
+
+    type: Literal["model_start"] = "model_start"
+    invocation_id: str
+    model: ModelRef
+    input: list[dict[str, JsonValue]]
+    message_count: int
+    digest: str
+    tools: list[dict[str, JsonValue]] = Field(default_factory=list)
+
+
+class ModelEndEvent(EventBase):
+    type: Literal["model_end"] = "model_end"
+    invocation_id: str
+    model: ModelRef
+    usage: Usage = Field(default_factory=Usage)
+    finish_reason: str | None = None
+    error: str | None = None
+    error_type: str | None = None
+    latency_ms: int | None = None
+
+
+Event: TypeAlias = Annotated[
+    UserEvent
+    | AssistantEvent
+    | ToolCallEvent
+    | ToolResultEvent
+    | ToolInputEvent
+    | StateChangeEvent
+    | InvocationStartEvent
+    | InvocationEndEvent
+    | InvocationYieldEvent
+    | InvocationResumeEvent
+    | ModelStartEvent
+    | ModelEndEvent,
+    Field(discriminator="type"),
+]
+
+_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def parse_event(data: Any) -> Event:
+    """Parse a dict (e.g. ``event.model_dump(mode="json")``) into its event class."""
+    if isinstance(data, EventBase):
+        return data  # type: ignore[return-value]
+    try:
+        return _ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        raise EventValidationError(_describe(exc, data), field=_loc(exc)) from exc
+
+
+def parse_event_json(data: str | bytes) -> Event:
+    """Parse an event from its JSON text (what the stores keep)."""
+    try:
+        return _ADAPTER.validate_json(data)
+    except ValidationError as exc:
+        raise EventValidationError(_describe(exc, None), field=_loc(exc)) from exc
+
+
+def _loc(exc: ValidationError) -> str | None:
+    errors = exc.errors()
+    if not errors:
+        return None
+    return ".".join(str(part) for part in errors[0]["loc"]) or None
+
+
+def _describe(exc: ValidationError, data: Any) -> str:
+    kind = data.get("type") if isinstance(data, dict) else None
+    first = exc.errors()[0] if exc.errors() else None
+    where = _loc(exc)
+    detail = first["msg"] if first else str(exc)
+    what = f"event of type {kind!r}" if kind else "event"
+    return f"not a valid {what}: {where + ': ' if where else ''}{detail}"

@@ -1,0 +1,97 @@
+"""Attribute access to state: ``state.stage``, ``state.user.display_name``, ``state.temp.scratch``.
+
+The views hold no values. Every read and write goes to the session, which validates it against the
+schema and records it on the ledger; the view only knows which scope it shows and who is writing
+(a direct write from outside, or an invocation's mutation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from .schema import SCOPES
+
+if TYPE_CHECKING:
+    from ..session import Access
+
+__all__ = ["ScopeView", "StateView"]
+
+
+class ScopeView:
+    """One scope's values. Reads return copies: assign (or ``update``) to change a value."""
+
+    __slots__ = ("_access", "_scope")
+
+    def __init__(self, access: Access, scope: str) -> None:
+        object.__setattr__(self, "_access", access)
+        object.__setattr__(self, "_scope", scope)
+
+    def __getattr__(self, key: str) -> Any:
+        if key.startswith("__"):
+            raise AttributeError(key)
+        return self._access.read(self._scope, key)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        self._access.write(self._scope, {key: value})
+
+    def __delattr__(self, key: str) -> None:
+        self._access.write(self._scope, {key: None})
+
+    def __getitem__(self, key: str) -> Any:
+        return self._access.read(self._scope, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._access.write(self._scope, {key: value})
+
+    def __delitem__(self, key: str) -> None:
+        self._access.write(self._scope, {key: None})
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in self._access.values(self._scope)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._access.values(self._scope)))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._access.read(self._scope, key) if key in self else default
+
+    def update(self, changes: Mapping[str, Any]) -> None:
+        """Write several keys: all are validated first, so one bad value records nothing."""
+        self._access.write(self._scope, dict(changes))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The scope's values as JSON (a copy)."""
+        values: dict[str, Any] = self._access.values(self._scope, copy=True)
+        return values
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ScopeView):
+            return self.to_dict() == other.to_dict()
+        if isinstance(other, Mapping):
+            return self.to_dict() == dict(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<{self._scope} state {self.to_dict()!r}>"
+
+
+class StateView(ScopeView):
+    """Session-scope keys at the top level; shared scopes and ``temp`` as attributes."""
+
+    __slots__ = ()
+
+    def __init__(self, access: Access) -> None:
+        super().__init__(access, "session")
+
+    def __getattr__(self, key: str) -> Any:
+        if key in SCOPES and key != "session":
+            return self._access.scope_view(key)
+        return super().__getattr__(key)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        if key in SCOPES:
+            raise AttributeError(f"{key!r} is a scope: write its keys (state.{key}.<key> = ...)")
+        super().__setattr__(key, value)

@@ -1,0 +1,410 @@
+"""The store compliance suite: the contract of ``dormant.stores.base``, as pytest tests any store can run.
+
+Prove a store in a few lines — subclass, give it a name starting with ``Test``, and build the store::
+
+    from dormant.testing import StoreContract
+
+    class TestMyStore(StoreContract):
+        def make_store(self):
+            return MyStore(...)
+
+Override ``make_peer(store)`` to return a second handle on the same storage (another connection,
+another client) and the concurrency tests race the two. Every test uses fresh app and session ids,
+so a shared database (a Postgres server, a DynamoDB table) needs no cleaning between runs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ..errors import StoreClosed
+from ..events import Event, StateChange, StateChangeEvent, ToolCallEvent, UserEvent
+from ..stores.base import ScopedStateChange, SessionStore, StoredSession
+
+__all__ = ["StoreContract"]
+
+
+def _event(n: int | str, text: str | None = None) -> UserEvent:
+    return UserEvent(
+        id=f"evt-{n}", created_at=1_700_000_000_000 + (n if isinstance(n, int) else 0), text=text or f"message {n}"
+    )
+
+
+def _ids(events: Sequence[Event]) -> list[str]:
+    return [e.id for e in events]
+
+
+class StoreContract:
+    """Behaviour every ``SessionStore`` must have. Subclass it and implement ``make_store``."""
+
+    def make_store(self) -> SessionStore:
+        raise NotImplementedError("a StoreContract subclass builds its store in make_store()")
+
+    def make_peer(self, store: SessionStore) -> SessionStore:
+        """Another handle on the same storage as ``store``; by default, the same object."""
+        return store
+
+    # -- fixtures and helpers ---------------------------------------------------------------
+
+    @pytest.fixture
+    def store(self) -> Iterator[SessionStore]:
+        store = self.make_store()
+        try:
+            yield store
+        finally:
+            store.close()
+
+    @pytest.fixture
+    def app(self) -> str:
+        return f"app-{uuid.uuid4().hex[:12]}"
+
+    @staticmethod
+    def meta(app: str, session_id: str | None = None, version: int = 0, **extra: Any) -> StoredSession:
+        return StoredSession(
+            id=session_id or f"s-{uuid.uuid4().hex[:12]}",
+            app_name=app,
+            version=version,
+            created_at=1_700_000_000_000,
+            **extra,
+        )
+
+    # -- load and create --------------------------------------------------------------------
+
+    def test_load_of_a_missing_session_is_none(self, store: SessionStore, app: str) -> None:
+        assert store.load(app, "no-such-session") is None
+
+    def test_create_with_expected_zero_gives_version_one(self, store: SessionStore, app: str) -> None:
+        meta = self.meta(app, scopes={"user": "u-1"}, status="idle")
+        result = store.commit(meta, [], 0)
+        assert (result.ok, result.version, result.appended) == (True, 1, 0)
+        loaded = store.load(app, meta.id)
+        assert loaded is not None
+        assert (loaded.session.id, loaded.session.app_name, loaded.session.version) == (meta.id, app, 1)
+        assert loaded.session.scopes == {"user": "u-1"}
+        assert loaded.session.created_at == meta.created_at
+        assert loaded.session.status == "idle"
+        assert loaded.events == []
+
+    def test_create_with_events(self, store: SessionStore, app: str) -> None:
+        meta = self.meta(app)
+        result = store.commit(meta, [_event(1), _event(2)], 0)
+        assert (result.ok, result.version, result.appended) == (True, 1, 2)
+        loaded = store.load(app, meta.id)
+        assert loaded is not None and _ids(loaded.events) == ["evt-1", "evt-2"]
+
+    def test_create_twice_conflicts(self, store: SessionStore, app: str) -> None:
+        meta = self.meta(app)
+        store.commit(meta, [_event(1)], 0)
+        again = store.commit(meta, [_event(2)], 0)
+        assert (again.ok, again.version, again.appended) == (False, 1, 0)
+        loaded = store.load(app, meta.id)
+        assert loaded is not None and _ids(loaded.events) == ["evt-1"]
+
+    # -- append and order -------------------------------------------------------------------
+
+    def test_append_bumps_the_version_by_one(self, store: SessionStore, app: str) -> None:
+        meta = self.meta(app)
+        store.commit(meta, [_event(1)], 0)
+        result = store.commit(meta, [_event(2), _event(3)], 1)
+        assert (result.ok, result.version, result.appended) == (True, 2, 2)
+        empty = store.commit(meta, [], 2)
+        assert (empty.ok, empty.version, empty.appended) == (True, 3, 0)
+        loaded = store.load(app, meta.id)
+        assert loaded is not None and loaded.session.version == 3
+
+    def test_order_within_and_across_batches(self, store: SessionStore, app: str) -> None:
+        meta = self.meta(app)
+        # Ids that sort in a different order than they were appended, and identical timestamps:
+        # only the append order may decide.
+        batches = [["z", "a", "m"], ["b", "y"], ["c"]]
+        version = 0
+        for batch in batches:
+            events = [UserEvent(id=i, created_at=1, text=i) for i in batch]
+            version = store.commit(meta, events, version).version
+        loaded = store.load(app, meta.id)
+        assert loaded is not None and _ids(loaded.events) == ["z", "a", "m", "b", "y", "c"]
+
+    def test_recommitted_ids_are_not_duplicated_and_new_ones_land_in_order(self, store: SessionStore, app: str) -> None:
+        meta = self.meta(app)
+        store.commit(meta, [_event(1), _event(2)], 0)
+        # A retried batch that overlaps stored history: event 2 is stored, 3 and 4 are not.
+        result = store.commit(meta, [_event(2), _event(3), _event(1), _event(4)], 1)
+        assert (result.ok, result.version, result.appended) == (True, 2, 2)
+        store.commit(meta, [_event(5)], 2)
+        loaded = store.load(app, meta.id)
+        assert loaded is not None and _ids(loaded.events) == ["evt-1", "evt-2", "evt-3", "evt-4", "evt-5"]
+
+    def test_an_id_repeated_inside_one_batch_lands_once(self, store: SessionStore, app: str) -> None:
+        meta = self.meta(app)
+        result = store.commit(meta, [_event(1), _event(2), _event(1)], 0)
+        assert result.appended == 2
+        loaded = store.load(app, meta.id)
+        assert loaded is not None and _ids(loaded.events) == ["evt-1", "evt-2"]
+
+    def test_a_sixty_event_batch(self, store: SessionStore, app: str) -> None:
+        meta = self.meta(app)
+        events = [_event(n) for n in range(60)]
+        result = store.commit(meta, events, 0)
+        assert (result.ok, result.appended) == (True, 60)
+        more = [_event(n) for n in range(55, 130)]  # 5 already stored, 70 new, across batch boundaries
+        assert store.commit(meta, more, 1).appended == 70
+        loaded = store.load(app, meta.id)
+        assert loaded is not None and _ids(loaded.events) == [f"evt-{n}" for n in range(130)]
+
+    def test_the_same_event_id_may_live_in_two_sessions(self, store: SessionStore, app: str) -> None:
+        first, second = self.meta(app), self.meta(app)
+        store.commit(first, [_event(1, "first")], 0)
+        assert store.commit(second, [_event(1, "second")], 0).appended == 1
+        a, b = store.load(app, first.id), store.load(app, second.id)
+        assert a is not None and b is not None
+        assert [e.text for e in a.events if isinstance(e, UserEvent)] == ["first"]
+        assert [e.text for e in b.events if isinstance(e, UserEvent)] == ["second"]
+
+    def test_events_round_trip_exactly(self, store: SessionStore, app: str) -> None:
+        meta = self.meta(app)
+        events: list[Event] = [
+            UserEvent(id="u", created_at=5, text='naïve ☃ "quoted" \n line', invocation_id="inv-1"),
+            ToolCallEvent(
+                id="t", created_at=6, call_id="c1", name="find", args={"n": 1.5, "deep": {"x": [1, None, True]}}
+            ),
+            StateChangeEvent(
+                id="s",
+                created_at=7,
+                scope="user",
+                scope_id="u-1",
+                source="mutation",
+                changes=[StateChange(key="k", old_value=None, new_value={"a": [1, 2]})],
+            ),
+        ]
+        store.commit(meta, events, 0)
+        loaded = store.load(app, meta.id)
+        assert loaded is not None and loaded.events == events
+
+    # -- optimistic concurrency -------------------------------------------------------------
+
+    def test_a_stale_commit_is_refused_and_writes_nothing(self, store: SessionStore, app: str) -> None:
+        meta = self.meta(app, scopes={"user": "u-1"})
+        store.commit(meta, [_event(1)], 0)
+        store.commit(meta, [_event(2)], 1)
+        stale = store.commit(meta, [_event(3)], 1, [ScopedStateChange("user", "u-stale", "theme", "dark")])
+        assert (stale.ok, stale.version, stale.appended) == (False, 2, 0)
+        loaded = store.load(app, meta.id)
+        assert loaded is not None and _ids(loaded.events) == ["evt-1", "evt-2"]
+        assert loaded.session.version == 2
+        assert store.load_scoped_state(app, "user", "u-stale") == {}
+
+    def test_a_commit_ahead_of_the_store_is_refused(self, store: SessionStore, app: str) -> None:
+        meta = self.meta(app)
+        store.commit(meta, [_event(1)], 0)
+        ahead = store.commit(meta, [_event(2)], 5)
+        assert (ahead.ok, ahead.version) == (False, 1)
+
+    def test_a_commit_to_a_missing_session_conflicts_with_version_zero(self, store: SessionStore, app: str) -> None:
+        result = store.commit(self.meta(app), [_event(1)], 3)
+        assert (result.ok, result.version, result.appended) == (False, 0, 0)
+
+    def test_a_commit_against_a_deleted_session_conflicts(self, store: SessionStore, app: str) -> None:
+        meta = self.meta(app)
+        store.commit(meta, [_event(1)], 0)
+        store.delete(app, meta.id)
+        result = store.commit(meta, [_event(2)], 1, [ScopedStateChange("user", "u-del", "k", 1)])
+        assert (result.ok, result.version) == (False, 0)
+        assert store.load(app, meta.id) is None
+        assert store.load_scoped_state(app, "user", "u-del") == {}
+
+    # -- delete -----------------------------------------------------------------------------
+
+    def test_delete_removes_the_row_and_its_events(self, store: SessionStore, app: str) -> None:
+        meta, other = self.meta(app), self.meta(app)
+        store.commit(meta, [_event(1), _event(2)], 0)
+        store.commit(other, [_event(1)], 0)
+        store.delete(app, meta.id)
+        assert store.load(app, meta.id) is None
+        assert [s.id for s in store.list(app)] == [other.id]
+        # The id can be created afresh, and holds none of the old events.
+        assert store.commit(meta, [_event(9)], 0).ok
+        again = store.load(app, meta.id)
+        assert again is not None and _ids(again.events) == ["evt-9"]
+        other_loaded = store.load(app, other.id)
+        assert other_loaded is not None and _ids(other_loaded.events) == ["evt-1"]
+
+    def test_deleting_a_missing_session_is_harmless(self, store: SessionStore, app: str) -> None:
+        store.delete(app, "never-was")
+
+    # -- listing ----------------------------------------------------------------------------
+
+    def test_list_is_per_app_with_updated_at(self, store: SessionStore, app: str) -> None:
+        other_app = f"{app}-other"
+        mine = [self.meta(app) for _ in range(3)]
+        for meta in mine:
+            store.commit(meta, [_event(1)], 0)
+        store.commit(self.meta(other_app), [_event(1)], 0)
+        listed = store.list(app)
+        assert sorted(s.id for s in listed) == sorted(m.id for m in mine)
+        assert all(s.updated_at > 0 for s in listed)
+        assert [s.id for s in store.list(other_app)] != [] and not {s.id for s in store.list(other_app)} & {
+            m.id for m in mine
+        }
+        assert store.list(f"{app}-empty") == []
+
+    def test_list_puts_the_most_recently_updated_first_and_pages(self, store: SessionStore, app: str) -> None:
+        metas = [self.meta(app, f"s{n}") for n in range(5)]
+        for meta in metas:
+            store.commit(meta, [], 0)
+        time.sleep(0.005)
+        store.commit(metas[0], [_event(1)], 1)  # touched last: listed first
+        listed = store.list(app)
+        assert listed[0].id == "s0"
+        assert [s.updated_at for s in listed] == sorted((s.updated_at for s in listed), reverse=True)
+        assert listed[0].version == 2
+        pages: list[str] = []
+        cursor = None
+        while True:
+            page = store.list(app, limit=2, cursor=cursor)
+            assert len(page) <= 2
+            if not page:
+                break
+            pages += [s.id for s in page]
+            cursor = page[-1].cursor
+        assert pages == [s.id for s in listed]
+
+    def test_list_carries_the_status_saved_with_the_commit(self, store: SessionStore, app: str) -> None:
+        meta = self.meta(app, status="running")
+        store.commit(meta, [_event(1)], 0)
+        store.commit(self.meta(app, meta.id, status="awaiting_input"), [_event(2)], 1)
+        (listing,) = store.list(app)
+        assert listing.status == "awaiting_input"
+
+    # -- scoped state -----------------------------------------------------------------------
+
+    def test_scoped_state_merges_and_none_deletes(self, store: SessionStore, app: str) -> None:
+        store.save_scoped_state(app, "user", "u-1", {"theme": "dark", "locale": "en-GB", "n": 1})
+        store.save_scoped_state(app, "user", "u-1", {"theme": "light", "locale": None})
+        assert store.load_scoped_state(app, "user", "u-1") == {"theme": "light", "n": 1}
+        assert store.load_scoped_state(app, "user", "u-2") == {}
+        assert store.load_scoped_state(f"{app}-other", "user", "u-1") == {}
+        assert store.load_scoped_state(app, "patient", "u-1") == {}
+
+    def test_scoped_values_keep_their_json_shape(self, store: SessionStore, app: str) -> None:
+        value = {"list": [1, 2.5, "x", None, False], "nested": {"a": {"b": "c"}}}
+        store.save_scoped_state(app, "org", "o-1", {"v": value, "flag": False, "zero": 0, "empty": ""})
+        assert store.load_scoped_state(app, "org", "o-1") == {"v": value, "flag": False, "zero": 0, "empty": ""}
+
+    def test_scoped_changes_land_with_the_commit(self, store: SessionStore, app: str) -> None:
+        meta = self.meta(app, scopes={"user": "u-1"})
+        store.save_scoped_state(app, "user", "u-1", {"keep": 1, "drop": 2})
+        changes = [
+            ScopedStateChange("user", "u-1", "name", "Ada"),
+            ScopedStateChange("user", "u-1", "drop", None),
+            ScopedStateChange("user", "u-1", "name", "Ada L."),  # a later change to a key wins
+            ScopedStateChange("team", "t-1", "size", 3),
+        ]
+        assert store.commit(meta, [_event(1)], 0, changes).ok
+        assert store.load_scoped_state(app, "user", "u-1") == {"keep": 1, "name": "Ada L."}
+        assert store.load_scoped_state(app, "team", "t-1") == {"size": 3}
+
+    # -- concurrency ------------------------------------------------------------------------
+
+    def test_concurrent_committers_never_lose_or_double_an_event(self, store: SessionStore, app: str) -> None:
+        meta = self.meta(app)
+        store.commit(meta, [], 0)
+        writers, per_writer = 4, 15
+        peers = [self.make_peer(store) for _ in range(writers)]
+        versions: list[int] = []
+        lock = threading.Lock()
+        errors: list[BaseException] = []
+
+        def write(w: int, peer: SessionStore) -> None:
+            try:
+                for n in range(per_writer):
+                    event = _event(f"w{w}-{n}")
+                    for _attempt in range(1000):
+                        loaded = peer.load(app, meta.id)
+                        assert loaded is not None
+                        result = peer.commit(meta, [event], loaded.session.version)
+                        if result.ok:
+                            with lock:
+                                versions.append(result.version)
+                            break
+                    else:
+                        raise AssertionError(f"writer {w} never got a commit through")
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=write, args=(w, peer)) for w, peer in enumerate(peers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for peer in peers:
+            if peer is not store:
+                peer.close()
+        assert errors == []
+        loaded = store.load(app, meta.id)
+        assert loaded is not None
+        ids = _ids(loaded.events)
+        expected = {f"evt-w{w}-{n}" for w in range(writers) for n in range(per_writer)}
+        assert len(ids) == len(expected) and set(ids) == expected
+        assert sorted(versions) == list(range(2, 2 + writers * per_writer))
+        assert loaded.session.version == 1 + writers * per_writer
+        for w in range(writers):  # each writer's events in its own order
+            mine = [i for i in ids if i.startswith(f"evt-w{w}-")]
+            assert mine == [f"evt-w{w}-{n}" for n in range(per_writer)]
+
+    @settings(
+        max_examples=25,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors],
+    )
+    @given(
+        steps=st.lists(
+            st.tuples(
+                st.lists(st.integers(min_value=0, max_value=30), max_size=6),  # event numbers in the batch
+                st.integers(min_value=-1, max_value=1),  # version skew: -1 stale, 0 right, 1 ahead
+            ),
+            min_size=1,
+            max_size=12,
+        )
+    )
+    def test_any_sequence_of_commits_matches_a_reference_ledger(
+        self, store: SessionStore, app: str, steps: list[tuple[list[int], int]]
+    ) -> None:
+        """Against a plain-Python model of the contract: order, idempotency and OCC, whatever the mix."""
+        meta = self.meta(app)
+        ledger: list[str] = []
+        version = 0
+        for numbers, skew in steps:
+            expected = max(0, version + skew)
+            events = [_event(n) for n in numbers]
+            result = store.commit(meta, events, expected)
+            if expected == version:
+                new = []
+                for event in events:
+                    if event.id not in ledger and event.id not in new:
+                        new.append(event.id)
+                ledger += new
+                version += 1
+                assert (result.ok, result.version, result.appended) == (True, version, len(new))
+            else:
+                assert (result.ok, result.version, result.appended) == (False, version, 0)
+        loaded = store.load(app, meta.id)
+        assert (loaded is None) == (version == 0)
+        if loaded is not None:
+            assert _ids(loaded.events) == ledger and loaded.session.version == version
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def test_close_twice_is_harmless_and_a_closed_store_says_so(self, app: str) -> None:
+        store = self.make_store()
+        store.close()
+        store.close()
+        with pytest.raises(StoreClosed):
+            store.load(app, "any")
