@@ -14,7 +14,7 @@ import time
 
 from .common import QUICK, Figure
 
-SECTIONS = ["ledger", "sqlite"]
+SECTIONS = ["ledger", "sqlite", "postgres"]
 
 
 def main(argv: list[str] | None = None) -> int:

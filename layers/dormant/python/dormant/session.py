@@ -66,18 +66,18 @@ class Invocation:
         self.state = StateView(Access(session, self))
 
     def store_values(self, scope: str, scope_id: str) -> dict[str, Any]:
-        """The shared scope as stored, plus this session's own writes not committed yet (loaded once)."""
+        """The shared scope as stored (loaded once per invocation), under this session's uncommitted writes."""
+        session = self.session
         if scope not in self._store_values:
-            session = self.session
-            values = session._runtime.store.load_scoped_state(session.app_name, scope, scope_id)
-            for change in session.scoped_changes():
-                if change.scope == scope and change.scope_id == scope_id:
-                    if change.value is None:
-                        values.pop(change.key, None)
-                    else:
-                        values[change.key] = change.value
-            self._store_values[scope] = values
-        return self._store_values[scope]
+            self._store_values[scope] = session._runtime.store.load_scoped_state(session.app_name, scope, scope_id)
+        values = dict(self._store_values[scope])
+        for change in session.scoped_changes():
+            if change.scope == scope and change.scope_id == scope_id:
+                if change.value is None:
+                    values.pop(change.key, None)
+                else:
+                    values[change.key] = change.value
+        return values
 
 
 class Access:
@@ -216,6 +216,15 @@ class EventLog(Sequence[Event]):
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self._events)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, EventLog):
+            return self._events == other._events
+        if isinstance(other, list | tuple):
+            return self._events == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"<{len(self._events)} events>"
@@ -367,6 +376,18 @@ class Session:
     def _mark_committed(self, version: int) -> None:
         self.version = version
         self._committed = len(self._events)
+
+    def _reset(self, events: Iterable[Event], version: int) -> None:
+        """Replace the ledger with ``events``, all of them stored at ``version`` (after a merge)."""
+        self._events, self._index, self._projection = [], {}, Projection()
+        for event in events:
+            self._append(event)
+        self._mark_committed(version)
+
+    @property
+    def committed_events(self) -> list[Event]:
+        """The events this session knows to be stored."""
+        return self._events[: self._committed]
 
     def __repr__(self) -> str:
         return (

@@ -21,7 +21,7 @@ __all__ = ["APP_SCOPE_ID", "SCOPES", "SHARED_SCOPES", "Schema", "ScopeSchema"]
 
 SHARED_SCOPES: tuple[str, ...] = ("user", "patient", "practice", "org", "team", "app")
 SCOPES: tuple[str, ...] = ("session", *SHARED_SCOPES, "temp")
-APP_SCOPE_ID = "_"
+APP_SCOPE_ID = "app"
 """The id the ``app`` scope is stored under: it needs no binding, every session of the app shares it."""
 
 # Attribute names the state views keep for themselves: a session key cannot be called this.

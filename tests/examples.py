@@ -1,0 +1,66 @@
+"""The triage example of DESIGN.md §3 (and the seed's sessions-and-state page), built fresh per test."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from dormant import App, adk, openai
+from dormant.agents.agent import Agent
+from dormant.agents.tools import Tool
+from dormant.stores.base import SessionStore
+from dormant.testing import MockAdapter
+
+
+class TriageSession(BaseModel):
+    stage: Literal["intake", "collecting", "triaged"] = "intake"
+    concerns: list[str] = []
+
+
+class UserState(BaseModel):
+    display_name: str = "friend"
+
+
+class NoteConcern(BaseModel):
+    concern: str
+
+
+@dataclass
+class Triage:
+    app: App
+    model: MockAdapter
+    note_concern: Tool
+    agent: Agent
+
+
+def triage(store: SessionStore | None = None, **schema: Any) -> Triage:
+    scripted = MockAdapter()
+    app = adk(
+        name="triage",
+        schema={"session": TriageSession, "user": UserState, **schema},
+        adapters={"openai": scripted},
+        store=store,
+    )
+
+    def note(ctx: Any) -> dict[str, Any]:
+        ctx.state.concerns = [*ctx.state.concerns, ctx.args.concern]
+        ctx.state.stage = "collecting"
+        return {"concerns": ctx.state.concerns}
+
+    note_concern = app.tool(name="note_concern", description="Record one concern.", schema=NoteConcern, execute=note)
+    agent = app.agent(
+        name="triage",
+        model=openai("gpt-5.6-luna"),
+        context=[app.context.system("Log every concern with note_concern."), app.context.history()],
+        tools=[note_concern],
+    )
+    return Triage(app, scripted, note_concern, agent)
+
+
+SORE_THROAT = [
+    {"tool_calls": [{"name": "note_concern", "args": {"concern": "sore throat"}}]},
+    {"text": "Noted a sore throat. Anything else?"},
+]
+SEED = {"session": {}, "user": {"display_name": "Ada"}}

@@ -1,0 +1,132 @@
+"""The compliance suite is not hollow: stores with one deliberate defect each fail it."""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from dormant.events import Event
+from dormant.stores.base import CommitResult, ScopedStateChange, SessionListing, StoredSession
+from dormant.stores.memory import MemorySessionStore
+from dormant.testing import StoreContract
+
+
+class DuplicatesRecommittedIds(MemorySessionStore):
+    def commit(
+        self, session: StoredSession, new_events: Sequence[Event], expected_version: int, scoped_changes: Any = None
+    ) -> CommitResult:
+        row = self._sessions.get((session.app_name, session.id))
+        again = [e for e in new_events if row is not None and e.id in row.ids]
+        result = super().commit(session, new_events, expected_version, scoped_changes)
+        if result.ok and row is not None:  # re-sent ids appended a second time
+            row.events.extend(e.model_dump_json() for e in again)
+        return result
+
+
+class WritesEventsOnConflict(MemorySessionStore):
+    def commit(
+        self, session: StoredSession, new_events: Sequence[Event], expected_version: int, scoped_changes: Any = None
+    ) -> CommitResult:
+        result = super().commit(session, new_events, expected_version, scoped_changes)
+        row = self._sessions.get((session.app_name, session.id))
+        if not result.ok and row is not None:
+            row.events.extend(e.model_dump_json() for e in new_events)
+        return result
+
+
+class WritesScopedChangesOnConflict(MemorySessionStore):
+    def commit(
+        self,
+        session: StoredSession,
+        new_events: Sequence[Event],
+        expected_version: int,
+        scoped_changes: Sequence[ScopedStateChange] | None = None,
+    ) -> CommitResult:
+        result = super().commit(session, new_events, expected_version, scoped_changes)
+        if not result.ok:
+            for change in scoped_changes or ():
+                self.save_scoped_state(session.app_name, change.scope, change.scope_id, {change.key: change.value})
+        return result
+
+
+class LastWriterWins(MemorySessionStore):
+    """No version check: every commit goes through."""
+
+    def commit(
+        self, session: StoredSession, new_events: Sequence[Event], expected_version: int, scoped_changes: Any = None
+    ) -> CommitResult:
+        row = self._sessions.get((session.app_name, session.id))
+        return super().commit(session, new_events, row.meta.version if row else 0, scoped_changes)
+
+
+class ReversesBatches(MemorySessionStore):
+    def commit(
+        self, session: StoredSession, new_events: Sequence[Event], expected_version: int, scoped_changes: Any = None
+    ) -> CommitResult:
+        return super().commit(session, list(reversed(new_events)), expected_version, scoped_changes)
+
+
+class ListsEveryApp(MemorySessionStore):
+    def list(self, app_name: str, *, limit: int | None = None, cursor: str | None = None) -> list[SessionListing]:
+        apps = {app for app, _ in self._sessions}
+        return [item for app in sorted(apps) for item in MemorySessionStore.list(self, app, limit=limit, cursor=cursor)]
+
+
+def failing_tests(factory: Callable[[], MemorySessionStore]) -> set[str]:
+    """Run every StoreContract test against stores from ``factory``; return the names that failed."""
+
+    class Probe(StoreContract):
+        def make_store(self) -> Any:
+            return factory()
+
+    probe = Probe()
+    failed = set()
+    for name, method in inspect.getmembers(probe, predicate=inspect.ismethod):
+        if not name.startswith("test_"):
+            continue
+        params = inspect.signature(method).parameters
+        kwargs: dict[str, Any] = {}
+        if "app" in params:
+            kwargs["app"] = f"app-{uuid.uuid4().hex[:8]}"
+        if "store" in params:
+            kwargs["store"] = factory()
+        try:
+            method(**kwargs)
+        except AssertionError:
+            failed.add(name)
+        except Exception as exc:  # a defect may also surface as an error; that is a failure too
+            if type(exc).__name__ in ("Flaky", "FlakyFailure", "MultipleFailures"):
+                failed.add(name)
+            else:
+                raise
+    return failed
+
+
+def test_the_suite_passes_a_correct_store() -> None:
+    assert failing_tests(MemorySessionStore) == set()
+
+
+LEDGER_PROPERTY = "test_any_sequence_of_commits_matches_a_reference_ledger"
+
+
+@pytest.mark.parametrize(
+    ("broken", "caught_by"),
+    [
+        (
+            DuplicatesRecommittedIds,
+            {"test_recommitted_ids_are_not_duplicated_and_new_ones_land_in_order", LEDGER_PROPERTY},
+        ),
+        (WritesEventsOnConflict, {"test_a_stale_commit_is_refused_and_writes_nothing", LEDGER_PROPERTY}),
+        (WritesScopedChangesOnConflict, {"test_a_stale_commit_is_refused_and_writes_nothing"}),
+        (LastWriterWins, {"test_a_stale_commit_is_refused_and_writes_nothing", LEDGER_PROPERTY}),
+        (ReversesBatches, {"test_order_within_and_across_batches", LEDGER_PROPERTY}),
+        (ListsEveryApp, {"test_list_is_per_app_with_updated_at"}),
+    ],
+    ids=lambda value: value.__name__ if isinstance(value, type) else "",
+)
+def test_a_store_with_a_defect_fails_the_suite(broken: Callable[[], MemorySessionStore], caught_by: set[str]) -> None:
+    assert caught_by <= failing_tests(broken)

@@ -1,0 +1,605 @@
+"""Agents, tools and the run loop: the ledger of a run, renderers, yielding tools, and every failure path."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from examples import SEED, SORE_THROAT, triage
+from pydantic import BaseModel
+
+from dormant import adk, openai
+from dormant.agents.context import digest, rebuild_input
+from dormant.errors import (
+    AgentMismatch,
+    ConfigurationError,
+    InputError,
+    StateValidationError,
+    ToolInputError,
+    UnknownCallId,
+)
+from dormant.events import (
+    InvocationEndEvent,
+    ModelEndEvent,
+    ModelStartEvent,
+    StateChangeEvent,
+    ToolCallEvent,
+    ToolInputEvent,
+    ToolResultEvent,
+    UserEvent,
+)
+from dormant.models.base import ModelRequest, ModelResponse, Usage
+from dormant.testing import MockAdapter
+
+
+def types(events: Any) -> list[str]:
+    return [e.type for e in events]
+
+
+def results(session: Any) -> list[ToolResultEvent]:
+    return [e for e in session.events if isinstance(e, ToolResultEvent)]
+
+
+# -- the ledger of a run ----------------------------------------------------------------------
+
+
+def test_a_run_records_every_step_in_order() -> None:
+    t = triage()
+    t.model.set_responses(SORE_THROAT)
+    run = t.app.run(t.agent, {"message": "I have a sore throat.", "initial_state": SEED})
+    assert types(run.session.events) == [
+        *["state_change"] * 3,
+        "invocation_start",
+        "user",
+        "model_start",
+        "model_end",
+        "tool_call",
+        "state_change",
+        "state_change",
+        "tool_result",
+        "model_start",
+        "model_end",
+        "assistant",
+        "invocation_end",
+    ]
+    assert run.events == list(run.session.events)
+    invocation_events = [e for e in run.session.events if e.type not in ("state_change",) or e.invocation_id]
+    assert {e.invocation_id for e in invocation_events} == {run.invocation_id}
+    assert {e.agent_name for e in invocation_events} == {"triage"}
+    assert run.session.status == "completed" and run.session.current_agent_name == "triage"
+
+
+def test_model_start_and_end_record_what_was_sent_and_what_came_back() -> None:
+    t = triage()
+    t.model.set_responses(
+        [
+            {**SORE_THROAT[0], "usage": {"input_tokens": 10, "output_tokens": 3, "total_tokens": 13}},
+            {**SORE_THROAT[1], "usage": {"input_tokens": 20, "output_tokens": 5, "total_tokens": 25}},
+        ]
+    )
+    run = t.app.run(t.agent, "I have a sore throat.")
+    starts = [(i, e) for i, e in enumerate(run.session.events) if isinstance(e, ModelStartEvent)]
+    ends = [e for e in run.session.events if isinstance(e, ModelEndEvent)]
+    assert [e.message_count for _, e in starts] == [2, 4]
+    assert starts[0][1].tools == [t.note_concern.definition()]
+    assert starts[0][1].model.name == "gpt-5.6-luna"
+    assert [(e.finish_reason, e.usage.total_tokens) for e in ends] == [("tool_calls", 13), ("stop", 25)]
+    assert run.usage == Usage(input_tokens=30, output_tokens=8, total_tokens=38)
+    # The exact messages the model got can be rebuilt from the ledger, and match what it was sent.
+    for (index, start), request in zip(starts, t.model.requests, strict=True):
+        rebuilt = rebuild_input(run.session, index)
+        assert rebuilt == request.messages
+        assert digest(rebuilt) == start.digest
+
+
+def test_a_long_session_does_not_copy_the_conversation_into_every_model_start() -> None:
+    t = triage()
+    session = t.app.sessions.ephemeral()
+    for n in range(30):
+        t.model.set_responses([{"text": f"reply {n} " + "x" * 500}])
+        t.app.run(t.agent, "y" * 500, session=session)
+    sizes = [len(e.model_dump_json()) for e in session.events if isinstance(e, ModelStartEvent)]
+    assert max(sizes) < 2_000  # a range reference, not 60 KB of history
+    assert len(t.model.requests[-1].messages) == 1 + 59  # system + 29 turns of two messages + the new one
+
+
+# -- renderers --------------------------------------------------------------------------------
+
+
+def test_renderers_rebuild_the_input_from_the_ledger_and_state_reaches_it_only_through_them() -> None:
+    scripted = MockAdapter()
+
+    class S(BaseModel):
+        secret: str = "hidden"
+        mood: str = "calm"
+
+    app = adk(name="render", schema={"session": S}, adapters={"openai": scripted})
+
+    def set_secret(ctx: Any) -> str:
+        ctx.state.secret = "s3cr3t"
+        return "done"
+
+    tool = app.tool(name="set_secret", description="", execute=set_secret)
+    agent = app.agent(
+        name="a",
+        model={"provider": "openai", "name": "m"},
+        context=[
+            app.context.system(lambda ctx: f"The user is {ctx.state.mood}."),
+            app.context.history(),
+            app.context.user(lambda ctx: f"(mood: {ctx.state.mood})"),
+        ],
+        tools=[tool],
+    )
+    scripted.set_responses([{"tool_calls": [{"name": "set_secret", "args": {}}]}, {"text": "ok"}])
+    run = app.run(agent, "hello")
+    second = scripted.requests[1].messages
+    assert [m.role for m in second] == ["system", "user", "assistant", "tool", "user"]
+    assert second[0].content == "The user is calm." and second[-1].content == "(mood: calm)"
+    assert all("s3cr3t" not in (m.content or "") for m in second)
+    assert not any(isinstance(e, UserEvent) and e.text.startswith("(mood") for e in run.session.events)
+
+
+def test_history_keeps_a_window_of_the_last_turns() -> None:
+    scripted = MockAdapter()
+    app = adk(name="window", adapters={"openai": scripted})
+    agent = app.agent(name="a", model=openai("m"), context=[app.context.history(turns=2)])
+    session = app.sessions.ephemeral()
+    for n in range(4):
+        scripted.set_responses([{"text": f"answer {n}"}])
+        app.run(agent, f"question {n}", session=session)
+    assert [m.content for m in scripted.requests[-1].messages] == ["question 2", "answer 2", "question 3"]
+
+
+# -- models and adapters ----------------------------------------------------------------------
+
+
+def test_a_run_beyond_the_script_ends_in_error_not_a_hang() -> None:
+    t = triage()
+    t.model.set_responses([SORE_THROAT[0]])  # the second model call has no script
+    run = t.app.run(t.agent, "I have a sore throat.")
+    assert run.status == "error"
+    assert run.error_type == "ScriptExhausted" and "model call 2" in (run.error or "")
+    end = run.session.events[-1]
+    assert isinstance(end, InvocationEndEvent) and end.status == "error"
+    assert results(run.session)[0].error is None  # the first step's tool still ran
+
+
+def test_a_failing_adapter_ends_the_run_with_status_error_on_the_ledger() -> None:
+    t = triage()
+    t.model.set_responses([TimeoutError("upstream timed out")])
+    run = t.app.run(t.agent, "hi")
+    assert (run.status, run.error, run.error_type) == ("error", "upstream timed out", "TimeoutError")
+    model_end = next(e for e in run.session.events if isinstance(e, ModelEndEvent))
+    assert (model_end.error, model_end.error_type) == ("upstream timed out", "TimeoutError")
+    assert types(run.session.events)[-3:] == ["model_start", "model_end", "invocation_end"]
+
+
+def test_an_unknown_provider_is_a_recorded_error() -> None:
+    app = adk(name="x")
+    agent = app.agent(name="a", model={"provider": "acme", "name": "m"}, context=[app.context.history()])
+    run = app.run(agent, "hi")
+    assert run.status == "error" and run.error_type == "ConfigurationError" and "acme" in (run.error or "")
+
+
+def test_adapters_override_the_provider_named_by_the_model() -> None:
+    seen: list[ModelRequest] = []
+
+    class Echo:
+        def complete(self, request: ModelRequest) -> ModelResponse:
+            seen.append(request)
+            return ModelResponse(text=f"echo from {request.model.provider}/{request.model.name}")
+
+    app = adk(name="x", adapters={"openai": Echo()})
+    agent = app.agent(name="a", model=openai("gpt-x", temperature=0.1), context=[app.context.history()])
+    run = app.run(agent, "hi")
+    assert run.output.text == "echo from openai/gpt-x"
+    assert seen[0].model.options == {"temperature": 0.1}
+
+
+def test_a_renderer_that_raises_ends_the_run_with_error() -> None:
+    scripted = MockAdapter([{"text": "never"}])
+    app = adk(name="x", adapters={"openai": scripted})
+
+    def broken(ctx: Any) -> str:
+        raise RuntimeError("template bug")
+
+    agent = app.agent(name="a", model=openai("m"), context=[app.context.system(broken)])
+    run = app.run(agent, "hi")
+    assert (run.status, run.error) == ("error", "template bug")
+    assert scripted.requests == []
+
+
+def test_structured_output_makes_output_value_a_validated_instance() -> None:
+    class Verdict(BaseModel):
+        urgent: bool
+        reason: str
+
+    scripted = MockAdapter([{"text": '{"urgent": true, "reason": "chest pain"}'}, {"text": "not json"}])
+    app = adk(name="x", adapters={"openai": scripted})
+    agent = app.agent(name="a", model=openai("m"), context=[app.context.history()], output=Verdict)
+    run = app.run(agent, "hi")
+    assert run.status == "completed" and run.output.value == Verdict(urgent=True, reason="chest pain")
+    assert scripted.requests[0].output_schema == Verdict.model_json_schema()
+    bad = app.run(agent, "again")
+    assert bad.status == "error" and "Verdict" in (bad.error or "")
+
+
+# -- tools: failures the model sees -----------------------------------------------------------
+
+
+def make_tool_app(**agent_kwargs: Any) -> Any:
+    scripted = MockAdapter()
+    app = adk(name="tools", adapters={"openai": scripted})
+
+    class Add(BaseModel):
+        a: int
+        b: int
+
+    def add(ctx: Any) -> int:
+        return int(ctx.args.a + ctx.args.b)
+
+    def explode(ctx: Any) -> None:
+        ctx.state.before_boom = True
+        raise ValueError("kaboom")
+
+    def weird(ctx: Any) -> object:
+        return object()
+
+    tools = [
+        app.tool(name="add", description="Add two ints.", schema=Add, execute=add),
+        app.tool(name="explode", description="", execute=explode),
+        app.tool(name="weird", description="", execute=weird),
+    ]
+    agent = app.agent(name="a", model=openai("m"), context=[app.context.history()], tools=tools, **agent_kwargs)
+    return app, scripted, agent
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (
+            {"name": "add", "args": {"a": 1, "b": "two"}},
+            "invalid arguments for add: b: Input should be a valid integer",
+        ),
+        ({"name": "add", "args": {"a": 1}}, "invalid arguments for add: b: Field required"),
+        ({"name": "subtract", "args": {}}, "unknown tool 'subtract' (available: add, explode, weird)"),
+        ({"name": "explode", "args": {}}, "explode failed: kaboom"),
+        ({"name": "weird", "args": {}}, "weird returned a value that is not JSON"),
+        ({"name": "add", "args": {}, "error": "Expecting value: line 1"}, "could not decode the arguments for add"),
+    ],
+)
+def test_a_bad_tool_call_becomes_an_error_result_the_model_sees_and_the_run_goes_on(
+    call: dict[str, Any], error: str
+) -> None:
+    app, scripted, agent = make_tool_app()
+    scripted.set_responses([{"tool_calls": [call]}, {"text": "sorry about that"}])
+    run = app.run(agent, "go")
+    assert run.status == "completed" and run.output.text == "sorry about that"
+    (result,) = results(run.session)
+    assert result.error is not None and result.error.startswith(error)
+    tool_message = scripted.requests[1].messages[-1]
+    assert tool_message.role == "tool" and json.loads(tool_message.content or "") == {"error": result.error}
+
+
+def test_a_tool_that_raises_keeps_the_writes_it_made_before() -> None:
+    app, scripted, agent = make_tool_app()
+    scripted.set_responses([{"tool_calls": [{"name": "explode", "args": {}}]}, {"text": "ok"}])
+    run = app.run(agent, "go")
+    assert run.state.before_boom is True
+    assert [e.source for e in run.session.events if isinstance(e, StateChangeEvent)] == ["mutation"]
+
+
+def test_several_tool_calls_in_one_turn_run_in_order() -> None:
+    app, scripted, agent = make_tool_app()
+    scripted.set_responses(
+        [
+            {
+                "text": "Adding twice.",
+                "tool_calls": [
+                    {"name": "add", "args": {"a": 1, "b": 2}, "call_id": "c1"},
+                    {"name": "add", "args": {"a": 3, "b": 4}, "call_id": "c2"},
+                ],
+            },
+            {"text": "3 and 7"},
+        ]
+    )
+    run = app.run(agent, "go")
+    assert [(r.call_id, r.result) for r in results(run.session)] == [("c1", 3), ("c2", 7)]
+    assistant_turn = scripted.requests[1].messages[1]
+    assert assistant_turn.content == "Adding twice." and [c.call_id for c in assistant_turn.tool_calls] == ["c1", "c2"]
+
+
+def test_max_steps_ends_the_run() -> None:
+    app, scripted, agent = make_tool_app(max_steps=2)
+    scripted.set_responses([{"tool_calls": [{"name": "add", "args": {"a": 1, "b": 1}}]}] * 3)
+    run = app.run(agent, "loop forever")
+    assert run.status == "max_steps"
+    assert len(scripted.requests) == 2 and scripted.remaining == 1
+    assert types(run.session.events)[-2:] == ["tool_result", "invocation_end"]
+    assert run.session.status == "max_steps"
+
+
+def test_the_decorator_form_and_the_tool_definition() -> None:
+    app = adk(name="x")
+
+    class Query(BaseModel):
+        """Search terms."""
+
+        terms: str
+        limit: int = 5
+
+    @app.tool(description="Search the catalogue.", schema=Query)
+    def search(ctx: Any) -> list[str]:
+        return [ctx.args.terms] * ctx.args.limit
+
+    assert search.name == "search" and app.tool_named("search") is search
+    definition = search.definition()
+    assert definition["name"] == "search" and definition["description"] == "Search the catalogue."
+    assert definition["parameters"]["required"] == ["terms"]
+    assert set(definition["parameters"]["properties"]) == {"terms", "limit"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": "bad name!", "description": "", "execute": lambda ctx: 1}, "tool name"),
+        ({"name": "t", "description": "", "schema": dict, "execute": lambda ctx: 1}, "schema must be a pydantic"),
+        ({"name": "t", "description": "", "execute": None}, "needs execute"),
+    ],
+)
+def test_a_badly_defined_tool_is_refused(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        adk(name="x").tool(**kwargs)
+
+
+def test_two_different_tools_cannot_share_a_name() -> None:
+    app = adk(name="x")
+    app.tool(name="t", description="", execute=lambda ctx: 1)
+    with pytest.raises(ConfigurationError, match="already has"):
+        app.tool(name="t", description="", execute=lambda ctx: 2)
+
+
+def test_temp_lives_only_inside_the_invocation() -> None:
+    class Temp(BaseModel):
+        scratch: list[int] = []
+
+    scripted = MockAdapter()
+    app = adk(name="x", schema={"temp": Temp}, adapters={"openai": scripted})
+
+    def use_temp(ctx: Any) -> list[int]:
+        ctx.state.temp.scratch = [*ctx.state.temp.scratch, 1]
+        ctx.state.temp.scratch = [*ctx.state.temp.scratch, 2]
+        return list(ctx.state.temp.scratch)
+
+    agent = app.agent(
+        name="a",
+        model=openai("m"),
+        context=[app.context.history()],
+        tools=[app.tool(name="use_temp", description="", execute=use_temp)],
+    )
+    scripted.set_responses([{"tool_calls": [{"name": "use_temp", "args": {}}]}, {"text": "ok"}])
+    run = app.run(agent, "go")
+    assert results(run.session)[0].result == [1, 2]
+    assert not any(isinstance(e, StateChangeEvent) for e in run.session.events)
+
+
+# -- streaming and sessions -------------------------------------------------------------------
+
+
+def test_stream_yields_the_events_as_they_land() -> None:
+    t = triage()
+    t.model.set_responses(SORE_THROAT)
+    session = t.app.sessions.ephemeral()
+    stream = t.app.stream(t.agent, {"message": "I have a sore throat.", "initial_state": SEED}, session=session)
+    seen = []
+    for event in stream:
+        seen.append(event)
+        # Each event arrives once it is on the ledger, and before the run goes further.
+        assert session.events[len(seen) - 1] is event
+        if isinstance(event, ModelStartEvent):
+            assert len(t.model.requests) == sum(isinstance(e, ModelStartEvent) for e in seen) - 1
+    assert stream.result is not None and stream.result.status == "completed"
+    assert seen == list(session.events)
+
+
+def test_without_a_session_a_run_builds_an_ephemeral_one() -> None:
+    t = triage()
+    t.model.set_responses([{"text": "hi"}, {"text": "hi again"}])
+    first = t.app.run(t.agent, "hello")
+    second = t.app.run(t.agent, "hello")
+    assert first.session.id != second.session.id and first.session.version == 0
+    assert t.app.sessions.list() == []
+
+
+# -- input checks: nothing written ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("bad_input", "error", "field"),
+    [
+        ({"mesage": "typo"}, InputError, "mesage"),
+        ({"message": 42}, InputError, "message"),
+        (42, InputError, "input"),
+        ({"state": {"stage": "nope"}}, StateValidationError, "state.session.stage"),
+        ({"initial_state": {"session": {"stage": "nope"}}}, StateValidationError, "state.session.stage"),
+        ({"initial_state": {"temp": {}}}, InputError, "initial_state.temp"),
+        ({"tools": [{"call_id": "nope", "input": {}}]}, UnknownCallId, "tools.call_id"),
+        ({"tools": "nope"}, InputError, "tools"),
+    ],
+)
+def test_bad_run_input_raises_a_typed_error_naming_the_field_and_writes_nothing(
+    bad_input: Any, error: type[Exception], field: str
+) -> None:
+    t = triage()
+    session = t.app.sessions.ephemeral()
+    with pytest.raises(error) as caught:
+        t.app.run(t.agent, bad_input, session=session)
+    assert caught.value.field == field  # type: ignore[attr-defined]
+    assert list(session.events) == [] and t.model.requests == []
+
+
+# -- yielding tools ---------------------------------------------------------------------------
+
+
+class Booking(BaseModel):
+    slot: str
+
+
+class Approval(BaseModel):
+    approved: bool
+    note: str | None = None
+
+
+def approval_app(store: Any = None) -> Any:
+    scripted = MockAdapter()
+    app = adk(name="approvals", adapters={"openai": scripted}, store=store)
+    executed: list[tuple[str, Any]] = []
+
+    def book(ctx: Any) -> dict[str, Any]:
+        executed.append((ctx.args.slot, ctx.input))
+        if not ctx.input.approved:
+            return {"booked": False, "why": ctx.input.note}
+        ctx.state.booked = ctx.args.slot
+        return {"booked": True, "slot": ctx.args.slot}
+
+    tool = app.tool(
+        name="book",
+        description="Book a slot once a human approves.",
+        schema=Booking,
+        execute=book,
+        yield_schema=Approval,
+    )
+    agent = app.agent(name="booker", model=openai("m"), context=[app.context.history()], tools=[tool])
+    return app, scripted, agent, executed
+
+
+def test_a_yielding_tool_pauses_the_run_and_resumes_in_another_process() -> None:
+    app, scripted, agent, executed = approval_app()
+    scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "Tue 14:30"}, "call_id": "call-1"}]}])
+    run = app.run(agent, "Book me Tuesday afternoon.")
+    assert run.status == "yielded_tool" and executed == []
+    assert [(y.call_id, y.name, y.args) for y in run.yielded_tools] == [("call-1", "book", {"slot": "Tue 14:30"})]
+    assert run.session.status == "awaiting_input"
+    assert types(run.session.events)[-1] == "invocation_yield"
+
+    # Another process: it has only the JSON of the events, and its own app with the same tools.
+    wire = json.dumps([e.model_dump(mode="json") for e in run.session.events])
+    app2, scripted2, agent2, executed2 = approval_app()
+    session = app2.sessions.from_events(json.loads(wire), session_id=run.session.id)
+    assert session.status == "awaiting_input" and [y.call_id for y in session.yielded_tools] == ["call-1"]
+    with pytest.raises(ToolInputError) as caught:
+        session.input.tool("call-1", {"approved": "perhaps"})
+    assert caught.value.field == "tools.input"
+    with pytest.raises(UnknownCallId):
+        session.input.tool("call-2", {"approved": True})
+    assert len(session.events) == len(run.session.events)  # the refused answers wrote nothing
+
+    session.input.tool("call-1", {"approved": True, "note": "ok by Dr. Ray"})
+    assert session.status == "resumable" and session.yielded_tools == []
+    scripted2.set_responses([{"text": "Booked Tuesday 14:30."}])
+    resumed = app2.run(agent2, session=session)
+    assert resumed.status == "completed" and resumed.output.text == "Booked Tuesday 14:30."
+    assert executed2 == [("Tue 14:30", Approval(approved=True, note="ok by Dr. Ray"))]
+    assert resumed.state.booked == "Tue 14:30"
+    assert resumed.invocation_id == run.invocation_id  # the same invocation, resumed
+    assert types(resumed.events) == [
+        "invocation_resume",
+        "state_change",  # the tool's write
+        "tool_result",
+        "model_start",
+        "model_end",
+        "assistant",
+        "invocation_end",
+    ]
+    tool_message = scripted2.requests[0].messages[-1]
+    assert tool_message.role == "tool" and json.loads(tool_message.content or "") == {
+        "booked": True,
+        "slot": "Tue 14:30",
+    }
+    answer = next(e for e in session.events if isinstance(e, ToolInputEvent))
+    assert answer.input == {"approved": True, "note": "ok by Dr. Ray"} and answer.invocation_id == run.invocation_id
+
+
+def test_two_pending_calls_answered_in_two_separate_resumes() -> None:
+    app, scripted, agent, executed = approval_app()
+    scripted.set_responses(
+        [
+            {
+                "tool_calls": [
+                    {"name": "book", "args": {"slot": "Mon 09:00"}, "call_id": "a"},
+                    {"name": "book", "args": {"slot": "Wed 16:00"}, "call_id": "b"},
+                ]
+            }
+        ]
+    )
+    run = app.run(agent, "Book both.")
+    session = run.session
+    assert [y.call_id for y in run.yielded_tools] == ["a", "b"]
+
+    first = app.run(
+        agent, {"tools": [{"call_id": "b", "input": {"approved": False, "note": "clash"}}]}, session=session
+    )
+    assert first.status == "yielded_tool" and [y.call_id for y in first.yielded_tools] == ["a"]
+    assert executed == [("Wed 16:00", Approval(approved=False, note="clash"))]
+    assert session.status == "awaiting_input" and scripted.requests[1:] == []  # the model waits for both
+
+    scripted.set_responses([{"text": "Booked Monday; Wednesday was declined."}])
+    second = app.run(agent, {"tools": [{"call_id": "a", "input": {"approved": True}}]}, session=session)
+    assert second.status == "completed" and second.output.text.startswith("Booked Monday")
+    assert [r.call_id for r in results(session)] == ["b", "a"]
+    assert session.state.booked == "Mon 09:00"
+    # The model saw both results, each answering its own call.
+    tool_messages = [m for m in scripted.requests[-1].messages if m.role == "tool"]
+    assert sorted(m.tool_call_id for m in tool_messages) == ["a", "b"]
+
+
+def test_a_run_while_every_call_still_waits_changes_nothing_but_keeps_the_message() -> None:
+    app, scripted, agent, _ = approval_app()
+    scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "x"}, "call_id": "c"}]}])
+    run = app.run(agent, "Book x.")
+    before = len(run.session.events)
+    again = app.run(agent, "Any news?", session=run.session)
+    assert again.status == "yielded_tool" and [y.call_id for y in again.yielded_tools] == ["c"]
+    assert types(run.session.events[before:]) == ["user"]
+    assert len(scripted.requests) == 1
+
+
+def test_a_yielding_tool_without_execute_returns_the_answer() -> None:
+    scripted = MockAdapter([{"tool_calls": [{"name": "ask_human", "args": {}, "call_id": "q"}]}, {"text": "thanks"}])
+    app = adk(name="x", adapters={"openai": scripted})
+    ask = app.tool(name="ask_human", description="", execute=None, yield_schema=Approval)
+    agent = app.agent(name="a", model=openai("m"), context=[app.context.history()], tools=[ask])
+    run = app.run(agent, "go")
+    run.session.input.tool("q", {"approved": True})
+    done = app.run(agent, session=run.session)
+    assert done.status == "completed" and results(done.session)[0].result == {"approved": True, "note": None}
+
+
+def test_resuming_with_another_agent_is_refused() -> None:
+    app, scripted, agent, _ = approval_app()
+    scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "x"}, "call_id": "c"}]}])
+    run = app.run(agent, "Book x.")
+    other = app.agent(name="other", model=openai("m"), context=[])
+    with pytest.raises(AgentMismatch):
+        app.run(other, {"tools": [{"call_id": "c", "input": {"approved": True}}]}, session=run.session)
+    assert run.session.yielded_tools[0].call_id == "c"  # nothing was written
+
+
+def test_a_user_message_outside_a_run() -> None:
+    app, scripted, agent, _ = approval_app()
+    session = app.sessions.ephemeral()
+    event = session.input.message("hello")
+    assert isinstance(event, UserEvent) and event.invocation_id is None
+    scripted.set_responses([{"text": "hi"}])
+    app.run(agent, session=session)
+    assert [m.content for m in scripted.requests[0].messages] == ["hello"]
+
+
+def test_tool_call_events_carry_the_call() -> None:
+    app, scripted, agent = make_tool_app()
+    scripted.set_responses([{"tool_calls": [{"name": "add", "args": {"a": 2, "b": 2}}]}, {"text": "4"}])
+    run = app.run(agent, "go")
+    call = next(e for e in run.session.events if isinstance(e, ToolCallEvent))
+    (result,) = results(run.session)
+    assert call.args == {"a": 2, "b": 2} and call.call_id == result.call_id and result.result == 4
