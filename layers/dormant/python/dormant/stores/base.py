@@ -27,7 +27,7 @@ import builtins
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from ..errors import InputError, VersionConflict
 from ..events import Event, EventBase, parse_event_json
@@ -96,8 +96,9 @@ class ScopedStateChange:
     value: Any = None
 
 
-@dataclass(frozen=True)
-class SessionListing:
+class SessionListing(NamedTuple):
+    """One session in a listing (a named tuple: listings are built by the thousand)."""
+
     id: str
     updated_at: int
     created_at: int = 0

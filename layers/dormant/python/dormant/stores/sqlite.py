@@ -193,7 +193,7 @@ class SQLiteSessionStore:
             params.append(limit)
         with self._use():
             rows = self._conn.execute(sql, params).fetchall()
-        return [SessionListing(*row) for row in rows]
+        return [SessionListing._make(row) for row in rows]
 
     def close(self) -> None:
         with self._lock:

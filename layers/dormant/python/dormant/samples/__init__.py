@@ -1,0 +1,1 @@
+"""Runnable samples built on dormant."""

@@ -1,0 +1,88 @@
+"""A session's ledger as a readable timeline: who said what, every state change with scope, source, old -> new."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from ...events import (
+    AssistantEvent,
+    Event,
+    InvocationEndEvent,
+    InvocationResumeEvent,
+    InvocationStartEvent,
+    InvocationYieldEvent,
+    ModelEndEvent,
+    ModelStartEvent,
+    StateChangeEvent,
+    ToolCallEvent,
+    ToolInputEvent,
+    ToolResultEvent,
+    UserEvent,
+)
+from ...session import Session
+
+__all__ = ["timeline"]
+
+_WIDTH = 100
+
+
+def timeline(session: Session) -> list[str]:
+    scopes = ", ".join(f"{scope}={scope_id}" for scope, scope_id in session.scopes.items()) or "none"
+    lines = [
+        f"Session {session.id}  (app {session.app_name}, version {session.version}, status {session.status}, "
+        f"scopes: {scopes})",
+    ]
+    for index, event in enumerate(session.events):
+        when = datetime.fromtimestamp(event.created_at / 1000).strftime("%H:%M:%S")
+        who, what = _describe(event)
+        lines.append(f"{index:>4}  {when}  {who:<7} {what}")
+    return lines
+
+
+def _describe(event: Event) -> tuple[str, str]:
+    if isinstance(event, UserEvent):
+        return "user", _quote(event.text)
+    if isinstance(event, AssistantEvent):
+        return "agent", _quote(event.text) if event.text is not None else _short(event.value)
+    if isinstance(event, ToolCallEvent):
+        args = ", ".join(f"{k}={_short(v, 40)}" for k, v in event.args.items())
+        return "agent", f"calls {event.name}({args})"
+    if isinstance(event, ToolResultEvent):
+        if event.error is not None:
+            return "tool", f"{event.name} failed: {event.error}"
+        return "tool", f"{event.name} -> {_short(event.result)}"
+    if isinstance(event, ToolInputEvent):
+        return "human", f"answers {event.name}: {_short(event.input)}"
+    if isinstance(event, StateChangeEvent):
+        target = event.scope if event.scope_id is None else f"{event.scope}[{event.scope_id}]"
+        parts = [f"{target}.{c.key}: {_short(c.old_value, 40)} -> {_short(c.new_value, 40)}" for c in event.changes]
+        return "state", f"{'; '.join(parts)}  ({event.source})"
+    if isinstance(event, InvocationStartEvent):
+        return "run", f"--- {event.agent_name} starts ({event.invocation_id})"
+    if isinstance(event, InvocationYieldEvent):
+        waiting = ", ".join(f"{c.name} [{c.call_id}]" for c in event.pending)
+        return "run", f"... paused, waiting for: {waiting}"
+    if isinstance(event, InvocationResumeEvent):
+        return "run", "--- resumes"
+    if isinstance(event, InvocationEndEvent):
+        detail = f": {event.error}" if event.error else ""
+        return "run", f"--- ends: {event.status}{detail}"
+    if isinstance(event, ModelStartEvent):
+        return "model", f"{event.model.provider}/{event.model.name} asked ({event.message_count} messages)"
+    if isinstance(event, ModelEndEvent):
+        if event.error is not None:
+            return "model", f"failed: {event.error}"
+        tokens = f", {event.usage.total_tokens} tokens" if event.usage.total_tokens else ""
+        return "model", f"answered ({event.finish_reason}{tokens}, {event.latency_ms} ms)"
+    return "?", event.type
+
+
+def _quote(text: str) -> str:
+    return _short(text) if len(text) > _WIDTH else f'"{text}"'
+
+
+def _short(value: Any, width: int = _WIDTH) -> str:
+    text = "-" if value is None else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= width else text[: width - 3] + "..."
