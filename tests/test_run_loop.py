@@ -603,3 +603,13 @@ def test_tool_call_events_carry_the_call() -> None:
     call = next(e for e in run.session.events if isinstance(e, ToolCallEvent))
     (result,) = results(run.session)
     assert call.args == {"a": 2, "b": 2} and call.call_id == result.call_id and result.result == 4
+
+
+def test_shipped_adapters_are_built_once_per_provider_and_options_even_with_object_options() -> None:
+    pytest.importorskip("openai")
+    app = adk(name="x")
+    client = object()
+    first = app.adapter_for(openai("m1", client=client, temperature=0))
+    assert app.adapter_for(openai("m2", client=client, temperature=0)) is first  # the model name is per request
+    assert app.adapter_for(openai("m1", client=object(), temperature=0)) is not first
+    assert app.adapter_for(openai("m1", client=client, temperature=1)) is not first

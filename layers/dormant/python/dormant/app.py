@@ -139,7 +139,8 @@ class App:
         override = self.adapters.get(spec.provider)
         if override is not None:
             return override
-        key = spec.model_dump_json(exclude={"name"})
+        # One adapter per provider and options; options that are objects (a client) count by identity.
+        key = spec.model_dump_json(exclude={"name"}, fallback=lambda value: f"{type(value).__qualname__}@{id(value)}")
         with self._lock:
             if key not in self._built:
                 self._built[key] = default_adapter(spec)

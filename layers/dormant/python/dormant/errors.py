@@ -20,6 +20,8 @@ The tree::
     │   ├── ToolInputError          an answer refused by the tool's ``yield_schema``
     │   └── AgentMismatch           resuming a session with a different agent than the one waiting
     ├── ModelError                  a model adapter failed; a run records it and ends with ``error``
+    │   ├── ModelProviderError      the provider's API failed (``status_code``, ``code``, ``retryable``)
+    │   │   └── MalformedModelResponse   it answered with something that is not a model response
     │   └── ScriptExhausted         MockAdapter was asked for more responses than were scripted
     └── StoreError                  the store could not do what was asked
         ├── VersionConflict         optimistic concurrency: the stored version moved (``actual_version``)
@@ -40,7 +42,9 @@ __all__ = [
     "EventValidationError",
     "InputError",
     "InvalidSessionId",
+    "MalformedModelResponse",
     "ModelError",
+    "ModelProviderError",
     "SchemaError",
     "ScopeNotBound",
     "ScriptExhausted",
@@ -201,6 +205,33 @@ class AgentMismatch(InputError):
 
 class ModelError(DormantError):
     """A model adapter failed. Inside a run this is recorded and the run ends with status ``error``."""
+
+
+class ModelProviderError(ModelError):
+    """The provider's API failed, after its client's own retries when the failure was transient.
+
+    ``status_code`` is the HTTP status (if the server answered), ``code`` the provider's error code,
+    ``retryable`` whether the failure was of a transient kind (a later run may succeed).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        code: str | None = None,
+        retryable: bool = False,
+        request_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.code = code
+        self.retryable = retryable
+        self.request_id = request_id
+
+
+class MalformedModelResponse(ModelProviderError):
+    """The provider answered, but not with a model response (no choices, no output message...)."""
 
 
 class ScriptExhausted(ModelError):

@@ -31,6 +31,7 @@ from .events import (
     UserEvent,
 )
 from .ids import check_id, new_id, now_ms
+from .models.base import Message
 from .projection import Output, Projection, SessionStatus, StateSnapshot, YieldedTool
 from .state.schema import APP_SCOPE_ID, SHARED_SCOPES, Schema
 from .state.values import json_copy, json_equal
@@ -343,6 +344,12 @@ class Session:
             events=[event.model_copy(deep=True) for event in self._events[: position + 1]],
             committed=0,
         )
+
+    def model_input(self, index: int) -> list[Message]:
+        """The messages the model was sent at the ``model_start`` event at ``index``, rebuilt from the ledger."""
+        from .agents.context import rebuild_input
+
+        return rebuild_input(self, self._position(index))
 
     # -- persistence bookkeeping ------------------------------------------------------------
 
