@@ -576,6 +576,15 @@ def test_a_yielding_tool_without_execute_returns_the_answer() -> None:
     assert done.status == "completed" and results(done.session)[0].result == {"approved": True, "note": None}
 
 
+def test_a_yielding_tool_called_with_bad_arguments_fails_at_once_instead_of_waiting() -> None:
+    app, scripted, agent, executed = approval_app()
+    scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": 42}}]}, {"text": "let me fix that"}])
+    run = app.run(agent, "Book slot 42.")
+    assert run.status == "completed" and run.yielded_tools == [] and executed == []
+    (result,) = results(run.session)
+    assert (result.error or "").startswith("invalid arguments for book: slot")
+
+
 def test_resuming_with_another_agent_is_refused() -> None:
     app, scripted, agent, _ = approval_app()
     scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "x"}, "call_id": "c"}]}])

@@ -237,7 +237,12 @@ class _Run:
             waiting = False
             for call in projection.unexecuted_calls():
                 tool = self.agent.tool(call.name)
-                if tool is not None and tool.yields and call.call_id not in projection.answered:
+                if (
+                    tool is not None
+                    and tool.yields
+                    and call.call_id not in projection.answered
+                    and _callable_with(tool, call)  # bad arguments fail now, not after a human answered
+                ):
                     waiting = True
                     continue
                 self.session._append(self._execute(invocation, tool, call, projection.answered.get(call.call_id)))
@@ -462,6 +467,16 @@ class _Run:
             invocation_id=invocation_id,
             events=events,
         )
+
+
+def _callable_with(tool: Tool, call: ToolCallEvent) -> bool:
+    if call.error is not None:
+        return False
+    try:
+        tool.check_args(call.args)
+    except ToolArgumentsError:
+        return False
+    return True
 
 
 def _json_args(args: Any) -> dict[str, Any]:
