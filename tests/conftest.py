@@ -2,18 +2,22 @@
 
 Backends: a test marked ``@pytest.mark.backend("postgres")`` (or a module with that ``pytestmark``)
 needs that backend. Without it the test skips with the reason — but a backend named in
-``DORMANT_REQUIRE_BACKENDS`` (CI sets it) must run: any skip of its tests fails the whole session.
+``DORMANT_REQUIRE_BACKENDS`` (CI sets it) must run: any skip of its tests, or a session in which none
+of its tests passed, fails the whole run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import pytest
 
 REQUIRED = {name.strip() for name in os.environ.get("DORMANT_REQUIRE_BACKENDS", "").split(",") if name.strip()}
 _backend_of: dict[str, str] = {}
 _skipped_required: list[str] = []
+_passed: set[str] = set()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -25,17 +29,55 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     backend = _backend_of.get(report.nodeid)
+    if backend is None:
+        return
     if report.skipped and backend in REQUIRED:
         _skipped_required.append(f"{report.nodeid} ({backend})")
+    elif report.when == "call" and report.passed:
+        _passed.add(backend)
+
+
+def _missing() -> list[str]:
+    problems = list(_skipped_required)
+    problems += [f"no {backend} test passed in this run" for backend in sorted(REQUIRED - _passed)]
+    return problems
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if _skipped_required:
-        terminalreporter.section("required backends were skipped", red=True)
-        for line in _skipped_required:
+    problems = _missing()
+    if problems:
+        terminalreporter.section("required backends did not run", red=True)
+        for line in problems:
             terminalreporter.line(line)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if _skipped_required and session.exitstatus == 0:
+    if _missing() and session.exitstatus == 0:
         session.exitstatus = 1
+
+
+# -- PostgreSQL: TEST_DATABASE_URL, else a throwaway server, else skip ---------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL server for the ``backend("postgres")`` tests.
+
+    ``TEST_DATABASE_URL`` when set (tests use fresh ids and schemas, so a shared database is fine);
+    otherwise a throwaway cluster started for this test session (``dormant.testing.servers``); when
+    neither can be had, the tests skip, saying why.
+    """
+    url = os.environ.get("TEST_DATABASE_URL")
+    if url:
+        yield url
+        return
+    pytest.importorskip("psycopg", reason="the Postgres store needs psycopg (pip install 'dormant[postgres]')")
+    from dormant.errors import ConfigurationError
+    from dormant.testing.servers import throwaway_postgres
+
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(throwaway_postgres())
+        except ConfigurationError as exc:
+            pytest.skip(f"no PostgreSQL server: TEST_DATABASE_URL is not set and none can be started here ({exc})")
+        yield url

@@ -1,0 +1,403 @@
+"""The Postgres store: several web nodes and workers sharing one session table, OCC as the referee.
+
+Give it a connection string and it builds (and on ``close()`` closes) a ``psycopg_pool.ConnectionPool``;
+give it a pool you manage and it uses that pool as it is — never closing or re-configuring it, and
+reading rows as tuples whatever ``row_factory`` the pool's connections carry.
+
+Tables: the same three as the SQLite store (JSONB in place of TEXT), unqualified, so they land in the
+connection's ``search_path``. They are created on the store's first use, once per store object. A role
+without CREATE rights works against tables that already exist; on a database without them it fails on
+that first statement with a ``ConfigurationError`` saying so. Concurrent creators — threads, or
+processes booting against a fresh database — are serialised by a lock and, across connections, a
+transaction-scoped advisory lock (PostgreSQL's ``CREATE TABLE IF NOT EXISTS`` is not safe to race).
+
+A commit is one transaction on one connection, in two round trips: first the version gate (a
+conditional ``UPDATE ... RETURNING``, or ``INSERT ... ON CONFLICT DO NOTHING`` to create), which takes
+the session row's lock; then, pipelined, the event appends, the scoped-state writes and ``COMMIT``.
+The appends run after the gate, under its lock, so their statement snapshot sees every event
+committed before it: stored ids are skipped and the new events get the indexes right after the
+current last one, all in one ``INSERT ... SELECT``. On a version mismatch the transaction is rolled
+back and nothing is written.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import psycopg.errors
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import tuple_row
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
+
+from ..errors import ConfigurationError, DormantError, StoreBusy, StoreClosed, StoreError
+from ..events import Event
+from ..ids import check_id, now_ms
+from .base import (
+    CommitResult,
+    LoadedSession,
+    ScopedStateChange,
+    SessionListing,
+    StoredSession,
+    check_commit,
+    decode_cursor,
+    encode_values,
+    event_from_json,
+    event_to_json,
+    merge_scoped_changes,
+    unique_new,
+)
+
+__all__ = ["DDL", "PostgresSessionStore", "postgres_store"]
+
+DDL = """
+CREATE TABLE IF NOT EXISTS sessions (
+  app_name TEXT NOT NULL,
+  id TEXT NOT NULL,
+  version INTEGER NOT NULL DEFAULT 0,
+  scopes JSONB NOT NULL DEFAULT '{}',
+  status TEXT,
+  created_at BIGINT NOT NULL,
+  updated_at BIGINT NOT NULL,
+  PRIMARY KEY (app_name, id)
+);
+CREATE INDEX IF NOT EXISTS idx_sessions_updated ON sessions (app_name, updated_at, id);
+CREATE TABLE IF NOT EXISTS events (
+  app_name TEXT NOT NULL,
+  session_id TEXT NOT NULL,
+  event_id TEXT NOT NULL,
+  idx BIGINT NOT NULL,
+  data JSONB NOT NULL,
+  PRIMARY KEY (app_name, session_id, event_id)
+);
+CREATE INDEX IF NOT EXISTS idx_events_order ON events (app_name, session_id, idx);
+CREATE TABLE IF NOT EXISTS scoped_state (
+  app_name TEXT NOT NULL,
+  scope TEXT NOT NULL,
+  scope_id TEXT NOT NULL,
+  key TEXT NOT NULL,
+  value JSONB NOT NULL,
+  PRIMARY KEY (app_name, scope, scope_id, key)
+);
+"""
+_RELATIONS = ("sessions", "idx_sessions_updated", "events", "idx_events_order", "scoped_state")
+_DDL_LOCK = 0x646F726D616E74  # "dormant": the advisory lock every store takes around its DDL
+
+_SCHEMA_PRESENT = sql.SQL("SELECT current_user, current_schema(), {}").format(
+    sql.SQL(" AND ").join(sql.SQL("to_regclass({}) IS NOT NULL").format(sql.Literal(r)) for r in _RELATIONS)
+)
+_CREATE = (
+    "INSERT INTO sessions (app_name, id, version, scopes, status, created_at, updated_at)"
+    " VALUES (%(app)s, %(sid)s, 1, %(scopes)s::jsonb, %(status)s, %(created)s, %(now)s)"
+    " ON CONFLICT (app_name, id) DO NOTHING RETURNING version"
+)
+_BUMP = (
+    "UPDATE sessions SET version = version + 1, scopes = %(scopes)s::jsonb, status = %(status)s,"
+    " updated_at = GREATEST(updated_at, %(now)s)"
+    " WHERE app_name = %(app)s AND id = %(sid)s AND version = %(expected)s RETURNING version"
+)
+_VERSION = "SELECT version FROM sessions WHERE app_name = %s AND id = %s"
+# Runs after the gate, holding the row's lock: no other commit can append to this session meanwhile,
+# and this statement's snapshot includes every event committed before the lock was granted. Ids already
+# stored are skipped; the rest get the indexes right after the session's last one, in batch order.
+#
+# Each id is probed in the primary key on its own. Spelled as a range with ORDER BY, the probe can only
+# be served in order by the primary key, so the planner picks it even without statistics (a table this
+# store just created): written as a plain equality or anti-join, it may instead walk every event of the
+# session through idx_events_order, making each commit cost O(session length).
+_APPEND = (
+    "INSERT INTO events (app_name, session_id, event_id, idx, data)"
+    " SELECT %(app)s, %(sid)s, batch.event_id, last.idx + row_number() OVER (ORDER BY batch.n), batch.data::jsonb"
+    " FROM unnest(%(ids)b::text[], %(data)b::text[]) WITH ORDINALITY AS batch (event_id, data, n)"
+    " CROSS JOIN (SELECT COALESCE(MAX(idx), -1) AS idx FROM events"
+    " WHERE app_name = %(app)s AND session_id = %(sid)s) AS last"
+    " LEFT JOIN LATERAL (SELECT true AS found FROM events AS stored"
+    " WHERE stored.app_name = %(app)s AND stored.session_id = %(sid)s"
+    " AND stored.event_id >= batch.event_id AND stored.event_id <= batch.event_id"
+    " ORDER BY stored.event_id LIMIT 1) AS stored ON true"
+    " WHERE stored.found IS NULL"
+)
+_LOAD_ROW = "SELECT version, scopes::text, created_at, status, updated_at FROM sessions WHERE app_name = %s AND id = %s"
+_LOAD_EVENTS = "SELECT data::text FROM events WHERE app_name = %s AND session_id = %s ORDER BY idx"
+_UPSERT_SCOPED = (
+    "INSERT INTO scoped_state (app_name, scope, scope_id, key, value)"
+    " SELECT %(app)s, %(scope)s, %(scope_id)s, item.key, item.value::jsonb"
+    " FROM unnest(%(keys)s::text[], %(values)s::text[]) AS item (key, value)"
+    " ON CONFLICT (app_name, scope, scope_id, key) DO UPDATE SET value = excluded.value"
+)
+_DELETE_SCOPED = (
+    "DELETE FROM scoped_state WHERE app_name = %(app)s AND scope = %(scope)s AND scope_id = %(scope_id)s"
+    " AND key = ANY(%(keys)s::text[])"
+)
+_LOAD_SCOPED = "SELECT key, value::text FROM scoped_state WHERE app_name = %s AND scope = %s AND scope_id = %s"
+
+_PIPELINE = psycopg.Pipeline.is_supported()
+
+
+class PostgresSessionStore:
+    def __init__(self, pool: ConnectionPool[Any], *, owns_pool: bool) -> None:
+        self._pool = pool
+        self._owns_pool = owns_pool
+        self._closed = False
+        self._schema_lock = threading.Lock()
+        self._schema_ready = False
+
+    # -- the contract -----------------------------------------------------------------------
+
+    def load(self, app_name: str, session_id: str) -> LoadedSession | None:
+        with self._connection() as conn:
+            # One snapshot for the row and its events: a commit landing between the two reads must not
+            # give a version older (or newer) than the events shown with it.
+            with _atomic(conn):
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                meta = conn.cursor(row_factory=tuple_row).execute(_LOAD_ROW, (app_name, session_id))
+                data = conn.cursor(row_factory=tuple_row).execute(_LOAD_EVENTS, (app_name, session_id))
+            row = meta.fetchone()
+            rows = data.fetchall()
+        if row is None:
+            return None
+        version, scopes, created_at, status, updated_at = row
+        stored = StoredSession(session_id, app_name, version, json.loads(scopes), created_at, status, updated_at)
+        return LoadedSession(stored, [event_from_json(text) for (text,) in rows])
+
+    def commit(
+        self,
+        session: StoredSession,
+        new_events: Sequence[Event],
+        expected_version: int,
+        scoped_changes: Sequence[ScopedStateChange] | None = None,
+    ) -> CommitResult:
+        check_commit(session, new_events, expected_version)
+        scoped = _scoped_writes(session.app_name, merge_scoped_changes(scoped_changes))
+        batch = unique_new(new_events, frozenset())  # ids stored already are skipped by the INSERT itself
+        now = now_ms()
+        gate = {
+            "app": session.app_name,
+            "sid": session.id,
+            "scopes": json.dumps(session.scopes),
+            "status": session.status,
+            "created": session.created_at or now,
+            "now": now,
+            "expected": expected_version,
+        }
+        append = {
+            "app": session.app_name,
+            "sid": session.id,
+            "ids": [event.id for event in batch],
+            "data": [event_to_json(event) for event in batch],
+        }
+        with self._connection() as conn:
+            appended = None
+            with _atomic(conn):
+                granted = conn.cursor(row_factory=tuple_row).execute(_CREATE if expected_version == 0 else _BUMP, gate)
+                if granted.fetchone() is None:  # in a pipeline, this fetch is the first round trip's end
+                    raise _Refuse
+                if batch:
+                    appended = conn.cursor().execute(_APPEND, append)
+                for statement, params in scoped:
+                    conn.execute(statement, params)
+            if granted.rowcount != 1:
+                row = conn.cursor(row_factory=tuple_row).execute(_VERSION, (session.app_name, session.id)).fetchone()
+                return CommitResult(ok=False, version=row[0] if row else 0, appended=0)
+        return CommitResult(ok=True, version=expected_version + 1, appended=appended.rowcount if appended else 0)
+
+    def delete(self, app_name: str, session_id: str) -> None:
+        # The row first: that waits for a commit holding its lock, so the events DELETE (a later
+        # snapshot) sees that commit's events, and no later commit can append to a deleted session.
+        with self._connection() as conn, _atomic(conn):
+            conn.execute("DELETE FROM sessions WHERE app_name = %s AND id = %s", (app_name, session_id))
+            conn.execute("DELETE FROM events WHERE app_name = %s AND session_id = %s", (app_name, session_id))
+
+    def load_scoped_state(self, app_name: str, scope: str, scope_id: str) -> dict[str, Any]:
+        with self._connection() as conn:
+            rows = conn.cursor(row_factory=tuple_row).execute(_LOAD_SCOPED, (app_name, scope, scope_id)).fetchall()
+        return {key: json.loads(value) for key, value in rows}
+
+    def save_scoped_state(self, app_name: str, scope: str, scope_id: str, state: Mapping[str, Any]) -> None:
+        check_id(scope_id, "scope id")
+        writes = _scoped_writes(app_name, {(scope, scope_id): dict(state)})
+        with self._connection() as conn, _atomic(conn):
+            for statement, params in writes:
+                conn.execute(statement, params)
+
+    def list(
+        self, app_name: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> builtins.list[SessionListing]:
+        query = "SELECT id, updated_at, created_at, version, status FROM sessions WHERE app_name = %s"
+        params: builtins.list[Any] = [app_name]
+        if cursor:
+            updated_at, after_id = decode_cursor(cursor)
+            query += " AND (updated_at, id) < (%s, %s)"
+            params += [updated_at, after_id]
+        query += " ORDER BY updated_at DESC, id DESC"
+        if limit is not None:
+            query += " LIMIT %s"
+            params.append(limit)
+        with self._connection() as conn:
+            rows = conn.cursor(row_factory=tuple_row).execute(query, params).fetchall()
+        return [SessionListing(*row) for row in rows]
+
+    def close(self) -> None:
+        """Close the pool the store built; a pool given to the store is left open, for its owner."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_pool:
+            self._pool.close()
+
+    # -- internals --------------------------------------------------------------------------
+
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection, with dormant's tables in place, and psycopg's errors as dormant's."""
+        if self._closed:
+            raise StoreClosed("this store was closed")
+        with _translate(), self._pool.connection() as conn:
+            if not self._schema_ready:
+                with self._schema_lock:  # the first caller makes the tables; the others wait for it
+                    if not self._schema_ready:
+                        self._create_tables(conn)
+                        self._schema_ready = True
+            yield conn
+
+    def _create_tables(self, conn: psycopg.Connection[Any]) -> None:
+        """Create the tables unless they are all there (then a role without CREATE rights is fine)."""
+        cur = conn.cursor(row_factory=tuple_row)
+        with conn.transaction():
+            user, schema, present = cur.execute(_SCHEMA_PRESENT).fetchone() or (None, None, False)
+        if present:
+            return
+        try:
+            # Concurrent CREATE TABLE IF NOT EXISTS can fail with a unique violation in pg_type:
+            # every store takes the same advisory lock first, so creators queue instead.
+            with conn.transaction():
+                cur.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
+                for statement in DDL.split(";"):
+                    if statement.strip():
+                        cur.execute(statement)
+        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.InvalidSchemaName) as exc:
+            where = f"schema {schema!r}" if schema else "a schema of its search_path (none it may use exists)"
+            raise ConfigurationError(
+                f"role {user!r} needs CREATE rights on {where} on first use: the Postgres store creates its "
+                "tables the first time it meets a database without them. Grant the rights, or create the "
+                f"tables once with a role that has them (dormant.stores.postgres.DDL). PostgreSQL said: {exc}"
+            ) from exc
+
+
+def _scoped_writes(
+    app_name: str, grouped: Mapping[tuple[str, str], Mapping[str, Any]]
+) -> builtins.list[tuple[str, dict[str, Any]]]:
+    """The statements that merge scoped values, in a fixed (sorted) order so concurrent commits that
+    touch the same keys lock them in the same order and cannot deadlock."""
+    writes: builtins.list[tuple[str, dict[str, Any]]] = []
+    for (scope, scope_id), values in sorted(grouped.items()):
+        encoded = sorted(encode_values(values).items())
+        target = {"app": app_name, "scope": scope, "scope_id": scope_id}
+        upserts = [(key, value) for key, value in encoded if value is not None]
+        deletes = [key for key, value in encoded if value is None]
+        if upserts:
+            keys, texts = zip(*upserts, strict=True)
+            writes.append((_UPSERT_SCOPED, {**target, "keys": list(keys), "values": list(texts)}))
+        if deletes:
+            writes.append((_DELETE_SCOPED, {**target, "keys": deletes}))
+    return writes
+
+
+class _Refuse(Exception):
+    """Raised inside ``_atomic`` to roll its transaction back on purpose (a version conflict)."""
+
+
+@contextmanager
+def _atomic(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """One transaction; raise ``_Refuse`` inside to roll it back.
+
+    On the store's own (autocommit) connections it is pipelined: BEGIN leaves with the first statement
+    and COMMIT with the last, where psycopg's ``transaction()`` would sync the pipeline (a round trip)
+    on entering and leaving. A pool's non-autocommit connections get ``transaction()`` as it is.
+    """
+    if not (_PIPELINE and conn.autocommit):
+        with contextlib.suppress(_Refuse), conn.transaction():
+            yield
+        return
+    try:
+        with conn.pipeline():
+            conn.execute("BEGIN")
+            try:
+                yield
+            except _Refuse:
+                conn.execute("ROLLBACK")
+            else:
+                conn.execute("COMMIT")
+    except BaseException:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            with contextlib.suppress(psycopg.Error):
+                conn.rollback()
+        raise
+
+
+# Most specific first is not needed: _translate walks the raised error's MRO and takes the first match.
+_TRANSLATION: dict[type[BaseException], tuple[type[DormantError], str]] = {
+    psycopg.errors.InsufficientPrivilege: (ConfigurationError, "the database role lacks a privilege the store needs"),
+    psycopg.errors.UndefinedTable: (StoreError, "a dormant table is missing (dropped after the store created it?)"),
+    psycopg.errors.LockNotAvailable: (StoreBusy, "a lock stayed held past lock_timeout"),
+    psycopg.errors.QueryCanceled: (StoreBusy, "the statement ran past statement_timeout"),
+    psycopg.errors.DeadlockDetected: (StoreBusy, "deadlock detected; retrying may succeed"),
+    psycopg.errors.SerializationFailure: (StoreBusy, "serialization failure; retrying may succeed"),
+    psycopg.errors.TooManyConnections: (StoreBusy, "the server has no connection slots left"),
+    PoolTimeout: (StoreBusy, "no database connection came free in time (pool exhausted, or server unreachable)"),
+    PoolClosed: (StoreError, "its connection pool is closed"),
+    psycopg.OperationalError: (StoreError, "the database could not be reached or dropped the connection"),
+    psycopg.Error: (StoreError, "PostgreSQL refused the operation"),
+}
+
+
+@contextmanager
+def _translate() -> Iterator[None]:
+    """psycopg's and psycopg_pool's errors as dormant's, by the table above."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        for kind in type(exc).__mro__:
+            if kind in _TRANSLATION:
+                error, meaning = _TRANSLATION[kind]
+                raise error(f"Postgres store: {meaning}: {exc}") from exc
+        raise  # unreachable: psycopg.Error is in the table
+
+
+def postgres_store(
+    connection_string: str | None = None,
+    *,
+    pool: ConnectionPool[Any] | None = None,
+    max_size: int | None = None,
+) -> PostgresSessionStore:
+    """A store on PostgreSQL: from ``connection_string`` (the store builds, owns and closes a pool of up to
+    ``max_size`` connections, 10 by default) or on ``pool``, which it uses as is and never closes."""
+    if (connection_string is None) == (pool is None):
+        raise ConfigurationError("postgres_store() takes either a connection_string or a pool (exactly one)")
+    if pool is not None:
+        if max_size is not None:
+            raise ConfigurationError("max_size sizes the pool the store builds; size your own pool yourself")
+        return PostgresSessionStore(pool, owns_pool=False)
+    assert connection_string is not None
+    try:
+        conninfo_to_dict(connection_string)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigurationError(f"not a PostgreSQL connection string: {exc}") from exc
+    if max_size is not None and max_size < 1:
+        raise ConfigurationError(f"max_size must be at least 1, not {max_size}")
+    owned: ConnectionPool[Any] = ConnectionPool(
+        connection_string,
+        min_size=1,
+        max_size=max_size or 10,
+        kwargs={"autocommit": True},
+        name="dormant",
+        open=True,
+    )
+    return PostgresSessionStore(owned, owns_pool=True)

@@ -1,0 +1,344 @@
+"""The Postgres store on a real server: the compliance suite, plus what only Postgres has — pools, DDL, roles."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+psycopg = pytest.importorskip("psycopg")
+from psycopg.conninfo import make_conninfo  # noqa: E402
+from psycopg.rows import dict_row  # noqa: E402
+from psycopg_pool import ConnectionPool  # noqa: E402
+
+from dormant.errors import ConfigurationError, StoreBusy, StoreClosed, StoreError  # noqa: E402
+from dormant.events import UserEvent  # noqa: E402
+from dormant.stores.base import ScopedStateChange, SessionStore, StoredSession  # noqa: E402
+from dormant.stores.postgres import PostgresSessionStore, postgres_store  # noqa: E402
+from dormant.testing import StoreContract  # noqa: E402
+
+pytestmark = pytest.mark.backend("postgres")
+
+
+def _event(n: int | str) -> UserEvent:
+    return UserEvent(id=f"evt-{n}", created_at=1_700_000_000_000, text=f"message {n}")
+
+
+def _meta(app: str, session_id: str | None = None, **extra: Any) -> StoredSession:
+    return StoredSession(id=session_id or f"s-{uuid.uuid4().hex[:12]}", app_name=app, created_at=1, **extra)
+
+
+def _sql(url: str, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Raw SQL on its own autocommit connection, to look at what the store wrote."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+
+@pytest.fixture
+def app() -> str:
+    return f"app-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def fresh_schema(postgres_url: str) -> Iterator[tuple[str, str]]:
+    """A new, empty schema and a URL whose search_path points at it; dropped afterwards."""
+    schema = f"dormant_test_{uuid.uuid4().hex[:12]}"
+    _sql(postgres_url, f'CREATE SCHEMA "{schema}"')
+    try:
+        yield schema, make_conninfo(postgres_url, options=f"-c search_path={schema}")
+    finally:
+        _sql(postgres_url, f'DROP SCHEMA "{schema}" CASCADE')
+
+
+class TestPostgresStore(StoreContract):
+    @pytest.fixture(autouse=True)
+    def _server(self, postgres_url: str) -> None:
+        self.url = postgres_url
+
+    def make_store(self) -> SessionStore:
+        return postgres_store(self.url)
+
+    def make_peer(self, store: SessionStore) -> SessionStore:
+        return postgres_store(self.url)  # another store object, with a pool of its own
+
+
+class TestPostgresStoreOnAPoolItDoesNotOwn(StoreContract):
+    """The suite again, on a pool the store must take as it is: connections not in autocommit, rows as dicts."""
+
+    @pytest.fixture(autouse=True)
+    def _pool(self, postgres_url: str) -> Iterator[None]:
+        with ConnectionPool(postgres_url, max_size=6, kwargs={"row_factory": dict_row}, open=True) as pool:
+            self.pool = pool
+            yield
+
+    def make_store(self) -> SessionStore:
+        return postgres_store(pool=self.pool)
+
+    def make_peer(self, store: SessionStore) -> SessionStore:
+        return postgres_store(pool=self.pool)
+
+
+# -- construction and pools -----------------------------------------------------------------------
+
+
+def test_construction_takes_exactly_one_of_a_connection_string_or_a_pool(postgres_url: str) -> None:
+    with pytest.raises(ConfigurationError, match="exactly one"):
+        postgres_store()
+    pool: ConnectionPool[Any] = ConnectionPool(postgres_url, open=False)
+    with pytest.raises(ConfigurationError, match="exactly one"):
+        postgres_store(postgres_url, pool=pool)
+    with pytest.raises(ConfigurationError, match="size your own pool"):
+        postgres_store(pool=pool, max_size=3)
+    with pytest.raises(ConfigurationError, match="not a PostgreSQL connection string"):
+        postgres_store("host=127.0.0.1 port")
+
+
+def test_an_injected_pool_is_used_as_is_and_never_closed(postgres_url: str, app: str) -> None:
+    # The pool's connections are not autocommit and hand out dicts: the store must cope, and change neither.
+    with ConnectionPool(postgres_url, min_size=1, max_size=2, kwargs={"row_factory": dict_row}, open=True) as pool:
+        store = postgres_store(pool=pool)
+        meta = _meta(app, scopes={"user": "u-1"})
+        assert store.commit(meta, [_event(1)], 0, [ScopedStateChange("user", "u-1", "k", [1])]).ok
+        loaded = store.load(app, meta.id)
+        assert loaded is not None and [e.id for e in loaded.events] == ["evt-1"]
+        assert store.load_scoped_state(app, "user", "u-1") == {"k": [1]}
+        assert [s.id for s in store.list(app)] == [meta.id]
+        store.close()
+        with pytest.raises(StoreClosed):
+            store.load(app, meta.id)
+        assert not pool.closed and pool.max_size == 2
+        with pool.connection() as conn:
+            assert conn.autocommit is False
+            row: Any = conn.execute("SELECT 1 AS one").fetchone()
+            assert row == {"one": 1}  # its row factory untouched
+
+
+def _connections_named(url: str, name: str) -> int:
+    (row,) = _sql(url, "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,))
+    return int(row[0])
+
+
+def test_a_store_built_from_a_connection_string_closes_its_connections(postgres_url: str, app: str) -> None:
+    name = f"dormant-test-{uuid.uuid4().hex[:8]}"  # tells this store's connections apart on the server
+    store = postgres_store(make_conninfo(postgres_url, application_name=name), max_size=2)
+    assert isinstance(store, PostgresSessionStore)
+    assert store.commit(_meta(app), [], 0).ok
+    assert _connections_named(postgres_url, name) >= 1
+    store.close()
+    deadline = time.monotonic() + 5
+    while _connections_named(postgres_url, name) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the server notices a closed connection a moment after the client closes it
+    assert _connections_named(postgres_url, name) == 0
+
+
+def test_an_unreachable_server_is_a_store_error_not_a_psycopg_one() -> None:
+    # Port 1 on localhost refuses connections; the pool gives up after its timeout.
+    with ConnectionPool("postgresql://postgres@127.0.0.1:1/postgres", min_size=1, timeout=1.0, open=True) as pool:
+        store = postgres_store(pool=pool)
+        with pytest.raises(StoreBusy, match="no database connection came free"):
+            store.load("app", "s-1")
+
+
+# -- tables: where, when, how often -------------------------------------------------------------
+
+
+def test_tables_land_in_the_search_path_schema_as_jsonb(postgres_url: str, fresh_schema: tuple[str, str]) -> None:
+    schema, url = fresh_schema
+    store = postgres_store(url)
+    try:
+        assert store.commit(_meta("app", "s-1"), [_event(1)], 0, [ScopedStateChange("user", "u-1", "k", 1)]).ok
+    finally:
+        store.close()
+    columns = dict(
+        ((table, column), kind)
+        for table, column, kind in _sql(
+            postgres_url,
+            "SELECT table_name, column_name, data_type FROM information_schema.columns WHERE table_schema = %s",
+            (schema,),
+        )
+    )
+    assert {table for table, _ in columns} == {"sessions", "events", "scoped_state"}
+    assert columns["events", "data"] == columns["sessions", "scopes"] == columns["scoped_state", "value"] == "jsonb"
+    assert columns["events", "idx"] == columns["sessions", "updated_at"] == "bigint"
+    assert columns["sessions", "status"] == "text"
+    indexes = {
+        name for (name,) in _sql(postgres_url, "SELECT indexname FROM pg_indexes WHERE schemaname = %s", (schema,))
+    }
+    assert {"idx_sessions_updated", "idx_events_order"} <= indexes
+    # The events are real JSONB: the server can look inside them.
+    assert _sql(postgres_url, f"SELECT data->>'type', data->>'text' FROM \"{schema}\".events") == [
+        ("user", "message 1")
+    ]
+
+
+class _CountingStore(PostgresSessionStore):
+    """Counts the times the DDL really runs (the store's own code, only observed)."""
+
+    def __init__(self, url: str) -> None:
+        pool: ConnectionPool[Any] = ConnectionPool(url, max_size=10, kwargs={"autocommit": True}, open=True)
+        super().__init__(pool, owns_pool=True)
+        self.ddl_runs = 0
+
+    def _create_tables(self, conn: Any) -> None:
+        self.ddl_runs += 1
+        super()._create_tables(conn)
+
+
+def _race(workers: int, work: Any) -> list[BaseException]:
+    """Run ``work(n)`` in ``workers`` threads released at the same instant; return what they raised."""
+    barrier = threading.Barrier(workers)
+    errors: list[BaseException] = []
+
+    def run(n: int) -> None:
+        try:
+            barrier.wait()
+            work(n)
+        except BaseException as exc:  # reported by the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors
+
+
+def test_eight_threads_on_a_fresh_store_run_the_ddl_once(fresh_schema: tuple[str, str]) -> None:
+    _, url = fresh_schema
+    store = _CountingStore(url)
+    try:
+        errors = _race(8, lambda n: store.commit(_meta("app", f"s-{n}"), [_event(n)], 0))
+        assert errors == []
+        assert store.ddl_runs == 1
+        assert len(store.list("app")) == 8
+        store.load("app", "s-0")
+        assert store.ddl_runs == 1
+    finally:
+        store.close()
+
+
+def test_eight_stores_racing_on_a_fresh_database_all_get_their_tables(fresh_schema: tuple[str, str]) -> None:
+    # Separate stores, separate connections: this is the several-processes-booting case. Unguarded,
+    # concurrent CREATE TABLE IF NOT EXISTS can fail with a unique violation in pg_type.
+    _, url = fresh_schema
+    stores = [postgres_store(url) for _ in range(8)]
+    try:
+        errors = _race(8, lambda n: stores[n].commit(_meta("app", f"s-{n}"), [_event(n)], 0))
+        assert errors == []
+        assert sorted(s.id for s in stores[0].list("app")) == [f"s-{n}" for n in range(8)]
+    finally:
+        for store in stores:
+            store.close()
+
+
+def test_the_ddl_is_not_run_again_after_first_use(postgres_url: str, fresh_schema: tuple[str, str]) -> None:
+    schema, url = fresh_schema
+    store = postgres_store(url)
+    try:
+        assert store.commit(_meta("app", "s-1"), [], 0).ok
+        _sql(postgres_url, f'DROP TABLE "{schema}".events')
+        # This store made its tables once; it does not check again on every call.
+        with pytest.raises(StoreError, match="missing"):
+            store.load("app", "s-1")
+    finally:
+        store.close()
+    again = postgres_store(url)  # a new store object makes them again
+    try:
+        assert again.load("app", "s-1") is not None
+    finally:
+        again.close()
+
+
+@pytest.fixture
+def restricted_role(postgres_url: str, fresh_schema: tuple[str, str]) -> Iterator[tuple[str, str]]:
+    """A login role with USAGE (not CREATE) on the fresh schema: (role, its URL)."""
+    schema, url = fresh_schema
+    role, password = f"dormant_ro_{uuid.uuid4().hex[:10]}", uuid.uuid4().hex
+    try:
+        _sql(postgres_url, f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+    except psycopg.errors.InsufficientPrivilege:
+        pytest.skip("the TEST_DATABASE_URL role may not create roles")
+    try:
+        _sql(postgres_url, f'GRANT USAGE ON SCHEMA "{schema}" TO {role}')
+        yield role, make_conninfo(url, user=role, password=password)
+    finally:
+        _sql(postgres_url, f"DROP OWNED BY {role}")
+        _sql(postgres_url, f"DROP ROLE {role}")
+
+
+def test_a_role_without_create_rights_fails_on_first_use_saying_so(
+    postgres_url: str, fresh_schema: tuple[str, str], restricted_role: tuple[str, str]
+) -> None:
+    schema, admin_url = fresh_schema
+    role, url = restricted_role
+    store = postgres_store(url)
+    try:
+        needs = f"role '{role}' needs CREATE rights on schema '{schema}' on first use"
+        with pytest.raises(ConfigurationError, match=needs):
+            store.load("app", "s-1")
+    finally:
+        store.close()
+    assert (
+        _sql(postgres_url, "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)) == []
+    )
+
+    # Once a role with the rights has made the tables, the restricted role only needs to read and write rows.
+    creator = postgres_store(admin_url)
+    try:
+        creator.list("app")
+    finally:
+        creator.close()
+    _sql(postgres_url, f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "{schema}" TO {role}')
+    store = postgres_store(url)
+    try:
+        assert store.commit(_meta("app", "s-1"), [_event(1)], 0).ok
+        loaded = store.load("app", "s-1")
+        assert loaded is not None and [e.id for e in loaded.events] == ["evt-1"]
+    finally:
+        store.close()
+
+
+# -- a refused commit writes nothing, seen from SQL ---------------------------------------------------
+
+
+def test_a_refused_commit_leaves_no_rows_behind(postgres_url: str, app: str) -> None:
+    store = postgres_store(postgres_url)
+    try:
+        meta = _meta(app, scopes={"user": "u-1"})
+        assert store.commit(meta, [_event(1)], 0).ok
+        scoped = [ScopedStateChange("user", f"{app}-u", "k", "v")]
+        refusals = [
+            store.commit(meta, [_event(2), _event(3)], 0, scoped),  # create again
+            store.commit(meta, [_event(2)], 5, scoped),  # ahead
+            store.commit(_meta(app, "never-created"), [_event(9)], 3, scoped),  # no row at all
+        ]
+        assert [(r.ok, r.version, r.appended) for r in refusals] == [(False, 1, 0), (False, 1, 0), (False, 0, 0)]
+    finally:
+        store.close()
+
+    def count(query: str) -> int:
+        (row,) = _sql(postgres_url, query, (app,))
+        return int(row[0])
+
+    assert count("SELECT count(*) FROM events WHERE app_name = %s") == 1
+    assert count("SELECT count(*) FROM sessions WHERE app_name = %s") == 1
+    assert count("SELECT max(version) FROM sessions WHERE app_name = %s") == 1
+    assert count("SELECT count(*) FROM scoped_state WHERE app_name = %s") == 0
+
+
+def test_appended_events_get_contiguous_indexes_after_skipped_ids(postgres_url: str, app: str) -> None:
+    store = postgres_store(postgres_url)
+    try:
+        meta = _meta(app)
+        store.commit(meta, [_event(1), _event(2)], 0)
+        store.commit(meta, [_event(2), _event(3), _event(1), _event(3), _event(4)], 1)
+    finally:
+        store.close()
+    rows = _sql(postgres_url, "SELECT event_id, idx FROM events WHERE app_name = %s ORDER BY idx", (app,))
+    assert rows == [("evt-1", 0), ("evt-2", 1), ("evt-3", 2), ("evt-4", 3)]
