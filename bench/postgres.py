@@ -22,8 +22,8 @@ from typing import Any
 
 from dormant.stores.base import StoredSession
 
-from .common import QUICK, Figure, millis, per_second
-from .workloads import LOAD_SIZES, TURNS, W4_EVENTS, W4_SESSIONS, events, turns
+from .common import QUICK, Figure
+from .workloads import LOAD_SIZES, W4_EVENTS, W4_SESSIONS, events, store_figures, turns
 
 APP = "bench"
 REPEAT = 3 if QUICK else 7
@@ -174,18 +174,8 @@ def _measure(store: Any, floor: Floor) -> list[Figure]:
             floor.commit(app, "w1", batch, version, version * len(batch))
         return time.perf_counter() - started
 
-    ours, raw = _paired(w1_ours, w1_floor, REPEAT)
-    figures = [
-        Figure(
-            "postgres",
-            f"W1 commits ({TURNS} turns x 5 x 1 KB) throughput",
-            per_second(TURNS, ours),
-            per_second(TURNS, raw),
-            raw / ours,
-            0.5,
-            "higher",
-        )
-    ]
+    w1 = _paired(w1_ours, w1_floor, REPEAT)
+    w2: dict[int, tuple[float, float]] = {}
 
     for size in LOAD_SIZES:
         sid = f"w2-{size}"
@@ -202,10 +192,7 @@ def _measure(store: Any, floor: Floor) -> list[Figure]:
             floor.load(APP, sid)
             return time.perf_counter() - started
 
-        ours, raw = _paired(w2_ours, w2_floor, REPEAT)
-        figures.append(
-            Figure("postgres", f"W2 load {size:,} events, time", millis(ours), millis(raw), ours / raw, 2, "lower")
-        )
+        w2[size] = _paired(w2_ours, w2_floor, REPEAT)
 
     batch_events = [events(W4_EVENTS, f"s{n}-") for n in range(W4_SESSIONS)]
     batch_rows = [[e.model_dump(mode="json") for e in batch] for batch in batch_events]
@@ -238,25 +225,10 @@ def _measure(store: Any, floor: Floor) -> list[Figure]:
         floor.list("w4-ours-1")
         return time.perf_counter() - started
 
-    list_ours, list_raw = _paired(w4_list_ours, w4_list_floor, REPEAT)
-    figures += [
-        Figure(
-            "postgres",
-            f"W4 create {W4_SESSIONS:,} sessions x {W4_EVENTS} events",
-            per_second(W4_SESSIONS, create_ours),
-            per_second(W4_SESSIONS, create_raw),
-            create_raw / create_ours,
-            0.5,
-            "higher",
-        ),
-        Figure(
-            "postgres",
-            f"W4 list {W4_SESSIONS:,} sessions, time",
-            millis(list_ours),
-            millis(list_raw),
-            list_ours / list_raw,
-            2,
-            "lower",
-        ),
-    ]
-    return figures
+    return store_figures(
+        "postgres",
+        w1=w1,
+        w2=w2,
+        w4_create=(create_ours, create_raw),
+        w4_list=_paired(w4_list_ours, w4_list_floor, REPEAT),
+    )

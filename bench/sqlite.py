@@ -8,14 +8,15 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from dormant.stores.base import StoredSession
 from dormant.stores.sqlite import DDL, sqlite_store
 
-from .common import Figure, median_seconds, millis, per_second
-from .workloads import LOAD_SIZES, TURNS, W4_EVENTS, W4_SESSIONS, events, turns
+from .common import Figure, median_seconds
+from .workloads import LOAD_SIZES, W4_EVENTS, W4_SESSIONS, events, store_figures, turns
 
 APP = "bench"
 
@@ -113,18 +114,8 @@ def run() -> list[Figure]:
         floor.conn.close()
         return elapsed
 
-    w1_ours, w1_raw = _fresh(w1_store, 5), _fresh(w1_floor, 5)
-    figures = [
-        Figure(
-            "sqlite",
-            f"W1 commits ({TURNS} turns x 5 x 1 KB) throughput",
-            per_second(TURNS, w1_ours),
-            per_second(TURNS, w1_raw),
-            w1_raw / w1_ours,
-            0.5,
-            "higher",
-        )
-    ]
+    w1 = _fresh(w1_store, 5), _fresh(w1_floor, 5)
+    w2: dict[int, tuple[float, float]] = {}
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "w2.db"
@@ -132,10 +123,9 @@ def run() -> list[Figure]:
         for size in LOAD_SIZES:
             sid = f"w2-{size}"
             store.commit(_meta(sid), events(size), 0)
-            ours = median_seconds(lambda sid=sid: store.load(APP, sid), repeat=7)
-            raw = median_seconds(lambda sid=sid: floor.load(sid), repeat=7)
-            figures.append(
-                Figure("sqlite", f"W2 load {size:,} events, time", millis(ours), millis(raw), ours / raw, 2, "lower")
+            w2[size] = (
+                median_seconds(partial(store.load, APP, sid), repeat=7),
+                median_seconds(partial(floor.load, sid), repeat=7),
             )
         store.close()
         floor.conn.close()
@@ -165,26 +155,10 @@ def run() -> list[Figure]:
         floor.conn.close()
         return elapsed
 
-    w4_ours, w4_raw = _fresh(w4_store, 3), _fresh(w4_floor, 3)
-    list_ours, list_raw = statistics.median(list_times["ours"]), statistics.median(list_times["floor"])
-    figures += [
-        Figure(
-            "sqlite",
-            f"W4 create {W4_SESSIONS:,} sessions x {W4_EVENTS} events",
-            per_second(W4_SESSIONS, w4_ours),
-            per_second(W4_SESSIONS, w4_raw),
-            w4_raw / w4_ours,
-            0.5,
-            "higher",
-        ),
-        Figure(
-            "sqlite",
-            f"W4 list {W4_SESSIONS:,} sessions, time",
-            millis(list_ours),
-            millis(list_raw),
-            list_ours / list_raw,
-            2,
-            "lower",
-        ),
-    ]
-    return figures
+    return store_figures(
+        "sqlite",
+        w1=w1,
+        w2=w2,
+        w4_create=(_fresh(w4_store, 3), _fresh(w4_floor, 3)),
+        w4_list=(statistics.median(list_times["ours"]), statistics.median(list_times["floor"])),
+    )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dormant.events import UserEvent
 
-from .common import scale
+from .common import Figure, millis, per_second, scale
 
 TURNS = scale(200, 20)
 EVENTS_PER_TURN = 5
@@ -36,3 +36,50 @@ def turns(prefix: str = "e") -> list[list[UserEvent]]:
 
 def events(count: int, prefix: str = "e") -> list[UserEvent]:
     return [event(n, prefix) for n in range(count)]
+
+
+def store_figures(
+    section: str,
+    *,
+    w1: tuple[float, float],
+    w2: dict[int, tuple[float, float]],
+    w4_create: tuple[float, float],
+    w4_list: tuple[float, float],
+) -> list[Figure]:
+    """Every store's five figures from (dormant, floor) seconds; the targets are issues 4 and 5's."""
+    figures = [
+        Figure(
+            section,
+            f"W1 commits ({TURNS} turns x {EVENTS_PER_TURN} x 1 KB) throughput",
+            per_second(TURNS, w1[0]),
+            per_second(TURNS, w1[1]),
+            w1[1] / w1[0],
+            0.5,
+            "higher",
+        )
+    ]
+    figures += [
+        Figure(section, f"W2 load {size:,} events, time", millis(ours), millis(raw), ours / raw, 2, "lower")
+        for size, (ours, raw) in w2.items()
+    ]
+    return [
+        *figures,
+        Figure(
+            section,
+            f"W4 create {W4_SESSIONS:,} sessions x {W4_EVENTS} events",
+            per_second(W4_SESSIONS, w4_create[0]),
+            per_second(W4_SESSIONS, w4_create[1]),
+            w4_create[1] / w4_create[0],
+            0.5,
+            "higher",
+        ),
+        Figure(
+            section,
+            f"W4 list {W4_SESSIONS:,} sessions, time",
+            millis(w4_list[0]),
+            millis(w4_list[1]),
+            w4_list[0] / w4_list[1],
+            2,
+            "lower",
+        ),
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -10,6 +11,7 @@ from pydantic import BaseModel
 from dormant import App, adk, openai
 from dormant.agents.agent import Agent
 from dormant.agents.tools import Tool
+from dormant.models.base import ModelAdapter, ModelSpec
 from dormant.stores.base import SessionStore
 from dormant.testing import MockAdapter
 
@@ -31,16 +33,25 @@ class NoteConcern(BaseModel):
 class Triage:
     app: App
     model: MockAdapter
+    """The scripted model (unused when the app was given other adapters)."""
     note_concern: Tool
     agent: Agent
 
 
-def triage(store: SessionStore | None = None, **schema: Any) -> Triage:
+def triage(
+    store: SessionStore | None = None,
+    *,
+    model: ModelSpec | Mapping[str, Any] | None = None,
+    adapters: Mapping[str, ModelAdapter] | None = None,
+    tools: bool = True,
+    **agent_options: Any,
+) -> Triage:
+    """The triage app; by default on a MockAdapter standing in for openai("gpt-5.6-luna")."""
     scripted = MockAdapter()
     app = adk(
         name="triage",
-        schema={"session": TriageSession, "user": UserState, **schema},
-        adapters={"openai": scripted},
+        schema={"session": TriageSession, "user": UserState},
+        adapters={"openai": scripted} if adapters is None else adapters,
         store=store,
     )
 
@@ -52,9 +63,10 @@ def triage(store: SessionStore | None = None, **schema: Any) -> Triage:
     note_concern = app.tool(name="note_concern", description="Record one concern.", schema=NoteConcern, execute=note)
     agent = app.agent(
         name="triage",
-        model=openai("gpt-5.6-luna"),
+        model=model or openai("gpt-5.6-luna"),
         context=[app.context.system("Log every concern with note_concern."), app.context.history()],
-        tools=[note_concern],
+        tools=[note_concern] if tools else [],
+        **agent_options,
     )
     return Triage(app, scripted, note_concern, agent)
 

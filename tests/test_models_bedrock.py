@@ -18,10 +18,11 @@ from typing import Any, Literal
 import boto3
 import pytest
 from botocore.stub import Stubber
+from examples import triage
 from fake_model_server import FakeModelServer, Reply, running
 from pydantic import BaseModel
 
-from dormant import App, adk, bedrock
+from dormant import App, bedrock
 from dormant.agents.context import digest, rebuild_input
 from dormant.errors import ConfigurationError
 from dormant.events import (
@@ -101,15 +102,6 @@ def of_type(events: Any, kind: type[Any]) -> list[Any]:
 # -- an app with tools and state -----------------------------------------------------------------
 
 
-class Triage(BaseModel):
-    stage: Literal["intake", "collecting", "triaged"] = "intake"
-    concerns: list[str] = []
-
-
-class NoteConcern(BaseModel):
-    concern: str
-
-
 class Verdict(BaseModel):
     urgency: Literal["low", "high"]
     reason: str
@@ -119,22 +111,13 @@ class Verdict(BaseModel):
 def triage_app(
     adapter: BedrockAdapter | None, spec: ModelSpec | None = None, *, tools: bool = True, **agent_options: Any
 ) -> tuple[App, Any]:
-    app = adk(name="triage", schema={"session": Triage}, adapters={"bedrock": adapter} if adapter else None)
-
-    def note(ctx: Any) -> dict[str, Any]:
-        ctx.state.concerns = [*ctx.state.concerns, ctx.args.concern]
-        ctx.state.stage = "collecting"
-        return {"concerns": ctx.state.concerns}
-
-    note_concern = app.tool(name="note_concern", description="Record one concern.", schema=NoteConcern, execute=note)
-    agent = app.agent(
-        name="triage",
+    t = triage(
         model=spec or bedrock(MODEL_ID, max_tokens=512),
-        context=[app.context.system("Log every concern with note_concern."), app.context.history()],
-        tools=[note_concern] if tools else [],
+        adapters={"bedrock": adapter} if adapter else {},
+        tools=tools,
         **agent_options,
     )
-    return app, agent
+    return t.app, t.agent
 
 
 NOTE_TOOL = {

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 import pytest
+from examples import triage
 from fake_model_server import FakeModelServer, Reply, running
 from pydantic import BaseModel, ConfigDict
 
@@ -87,32 +88,9 @@ def of_type(events: Any, kind: type[Any]) -> list[Any]:
 # -- an app with tools and state -----------------------------------------------------------------
 
 
-class Triage(BaseModel):
-    stage: Literal["intake", "collecting", "triaged"] = "intake"
-    concerns: list[str] = []
-
-
-class NoteConcern(BaseModel):
-    concern: str
-
-
 def triage_app(spec: ModelSpec, **agent_options: Any) -> tuple[App, Any]:
-    app = adk(name="triage", schema={"session": Triage})
-
-    def note(ctx: Any) -> dict[str, Any]:
-        ctx.state.concerns = [*ctx.state.concerns, ctx.args.concern]
-        ctx.state.stage = "collecting"
-        return {"concerns": ctx.state.concerns}
-
-    note_concern = app.tool(name="note_concern", description="Record one concern.", schema=NoteConcern, execute=note)
-    agent = app.agent(
-        name="triage",
-        model=spec,
-        context=[app.context.system("Log every concern with note_concern."), app.context.history()],
-        tools=[note_concern],
-        **agent_options,
-    )
-    return app, agent
+    t = triage(model=spec, adapters={}, **agent_options)
+    return t.app, t.agent
 
 
 # -- plain text, usage and finish reason ---------------------------------------------------------
