@@ -88,8 +88,8 @@ def test_model_start_and_end_record_what_was_sent_and_what_came_back() -> None:
     assert run.usage == Usage(input_tokens=30, output_tokens=8, total_tokens=38)
     # The exact messages the model got can be rebuilt from the ledger, and match what it was sent.
     for (index, start), request in zip(starts, t.model.requests, strict=True):
-        rebuilt = rebuild_input(run.session, index)
-        assert rebuilt == request.messages
+        rebuilt = run.session.model_input(index)
+        assert rebuilt == request.messages == rebuild_input(run.session, index)
         assert digest(rebuilt) == start.digest
 
 

@@ -33,7 +33,7 @@ from .events import (
 from .ids import check_id, new_id, now_ms
 from .models.base import Message
 from .projection import Output, Projection, SessionStatus, StateSnapshot, YieldedTool
-from .state.schema import APP_SCOPE_ID, SHARED_SCOPES, Schema
+from .state.schema import APP_SCOPE_ID, SHARED_SCOPES, Schema, ScopeSchema
 from .state.values import json_copy, json_equal
 from .state.view import ScopeView, StateView
 from .stores.base import ScopedStateChange, SessionStore, StoredSession
@@ -148,7 +148,7 @@ class Access:
         return work
 
     @staticmethod
-    def _stage(schema: Any, work: dict[str, Any], key: str, value: Any) -> None:
+    def _stage(schema: ScopeSchema, work: dict[str, Any], key: str, value: Any) -> None:
         if not isinstance(key, str) or not key:
             raise InputError(f"state keys are non-empty strings, not {key!r}", field=f"state.{schema.name}")
         if value is None:
@@ -310,7 +310,7 @@ class Session:
             return projection.session_state
         return projection.scoped_states.get(scope) or {}
 
-    def _scope_schema(self, scope: str) -> Any:
+    def _scope_schema(self, scope: str) -> ScopeSchema:
         schema = self._runtime.schema
         if scope not in schema:
             raise UnknownScope(scope)
