@@ -622,3 +622,30 @@ def test_shipped_adapters_are_built_once_per_provider_and_options_even_with_obje
     assert app.adapter_for(openai("m2", client=client, temperature=0)) is first  # the model name is per request
     assert app.adapter_for(openai("m1", client=object(), temperature=0)) is not first
     assert app.adapter_for(openai("m1", client=client, temperature=1)) is not first
+
+
+def test_a_fork_taken_mid_invocation_resumes_it_when_run() -> None:
+    t = triage()
+    t.model.set_responses(SORE_THROAT)
+    run = t.app.run(t.agent, {"message": "I have a sore throat.", "initial_state": SEED})
+    call_index = next(i for i, e in enumerate(run.session.events) if isinstance(e, ToolCallEvent))
+    fork = run.session.fork_at(call_index)
+    assert fork.status == "running"
+    t.model.set_responses([{"text": "Noted, on the other branch."}])
+    again = t.app.run(t.agent, session=fork)
+    assert again.status == "completed" and again.invocation_id == run.invocation_id
+    assert types(again.events)[:2] == ["invocation_resume", "state_change"]  # the pending call ran first
+    assert (fork.state.stage, fork.state.concerns) == ("collecting", ["sore throat"])
+    assert fork.output.text == "Noted, on the other branch."
+    assert run.session.output.text == "Noted a sore throat. Anything else?"
+
+
+def test_answering_a_call_whose_tool_this_process_does_not_know_is_a_configuration_error() -> None:
+    app, scripted, agent, _ = approval_app()
+    scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "x"}, "call_id": "c"}]}])
+    run = app.run(agent, "Book x.")
+    stranger = adk(name="approvals")  # the same app name, without the tool
+    session = stranger.sessions.from_events([e.model_dump(mode="json") for e in run.session.events])
+    with pytest.raises(ConfigurationError, match="tool 'book' is not registered"):
+        session.input.tool("c", {"approved": True})
+    assert len(session.events) == len(run.session.events)

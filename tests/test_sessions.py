@@ -10,7 +10,7 @@ from examples import triage
 from pydantic import BaseModel
 
 from dormant import adk, in_memory_store, openai
-from dormant.errors import InvalidSessionId, ScopeNotBound, StoreClosed, VersionConflict
+from dormant.errors import InputError, InvalidSessionId, ScopeNotBound, StoreClosed, VersionConflict
 from dormant.events import StateChangeEvent, UserEvent
 from dormant.stores.base import StoredSession
 from dormant.stores.sqlite import sqlite_store
@@ -280,3 +280,13 @@ def test_initial_state_seeds_only_keys_not_already_set() -> None:
     t.app.run(t.agent, {"message": "b", "initial_state": {"session": {"stage": "intake"}}}, session=session)
     assert session.state.stage == "collecting"
     assert [e.type for e in session.events[count:]][:1] == ["invocation_start"]
+
+
+def test_listing_arguments_are_checked(store: Any) -> None:
+    app, _ = concierge(store, [])
+    with pytest.raises(InputError) as bad_limit:
+        app.sessions.list(limit=0)
+    assert bad_limit.value.field == "limit"
+    with pytest.raises(InputError) as bad_cursor:
+        app.sessions.list(cursor="not-a-cursor")
+    assert bad_cursor.value.field == "cursor"
