@@ -1,0 +1,98 @@
+"""The DynamoDB table's shape, defined once: ``create_table`` and the CDK stack both build from it.
+
+Pure data, no boto3: the CDK app imports it without the AWS SDK, and a test holds the two readings
+(the ``CreateTable`` request and the synthesized template) against each other.
+
+Key design (one table, string ``pk``/``sk``):
+
+* a session partition ``pk = "S#{app}#{session_id}"`` holds the meta item and the event items;
+* scoped state lives in ``pk = "X#{app}#{scope}#{scope_id}"``, one item per key;
+* the listing index (``LISTING_INDEX``) is keyed by ``lpk`` — the app name, write-sharded as
+  ``{app}#{k}`` when a store lists over more than one shard — and sorted by ``lsk`` (``updated_at``);
+* the pending-marker index (``PENDING_INDEX``) is sparse: only a meta item with a live commit marker
+  carries ``ppk``/``psk``, so the sweeper queries stale markers instead of scanning;
+* ``TTL_ATTRIBUTE`` holds an epoch-seconds expiry for retention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["LISTING_INDEX", "PENDING_INDEX", "TABLE", "IndexShape", "TableShape"]
+
+AttributeType = Literal["S", "N", "B"]
+
+
+@dataclass(frozen=True)
+class IndexShape:
+    """A global secondary index: its key attributes and what it projects."""
+
+    name: str
+    partition_key: tuple[str, AttributeType]
+    sort_key: tuple[str, AttributeType]
+    projection: Literal["KEYS_ONLY", "INCLUDE", "ALL"] = "KEYS_ONLY"
+    non_key_attributes: tuple[str, ...] = ()
+
+    def definition(self) -> dict[str, Any]:
+        """This index as a ``CreateTable`` ``GlobalSecondaryIndexes`` entry (on-demand billing)."""
+        projection: dict[str, Any] = {"ProjectionType": self.projection}
+        if self.projection == "INCLUDE":
+            projection["NonKeyAttributes"] = list(self.non_key_attributes)
+        return {
+            "IndexName": self.name,
+            "KeySchema": [
+                {"AttributeName": self.partition_key[0], "KeyType": "HASH"},
+                {"AttributeName": self.sort_key[0], "KeyType": "RANGE"},
+            ],
+            "Projection": projection,
+        }
+
+
+@dataclass(frozen=True)
+class TableShape:
+    partition_key: tuple[str, AttributeType] = ("pk", "S")
+    sort_key: tuple[str, AttributeType] = ("sk", "S")
+    indexes: tuple[IndexShape, ...] = field(default_factory=tuple)
+    ttl_attribute: str = "expires_at"
+
+    def index(self, name: str) -> IndexShape:
+        return next(index for index in self.indexes if index.name == name)
+
+    def attribute_definitions(self) -> list[dict[str, str]]:
+        keys = [self.partition_key, self.sort_key]
+        for index in self.indexes:
+            keys += [index.partition_key, index.sort_key]
+        unique = dict(keys)
+        return [{"AttributeName": name, "AttributeType": kind} for name, kind in unique.items()]
+
+    def create_table_request(self, table_name: str) -> dict[str, Any]:
+        """The ``CreateTable`` arguments for this shape (on-demand billing)."""
+        return {
+            "TableName": table_name,
+            "AttributeDefinitions": self.attribute_definitions(),
+            "KeySchema": [
+                {"AttributeName": self.partition_key[0], "KeyType": "HASH"},
+                {"AttributeName": self.sort_key[0], "KeyType": "RANGE"},
+            ],
+            "GlobalSecondaryIndexes": [index.definition() for index in self.indexes],
+            "BillingMode": "PAY_PER_REQUEST",
+        }
+
+
+LISTING_INDEX = "listing"
+PENDING_INDEX = "pending"
+
+TABLE = TableShape(
+    indexes=(
+        # Projects only what a listing shows, so a commit that changes none of it writes no GSI item.
+        IndexShape(
+            LISTING_INDEX,
+            ("lpk", "S"),
+            ("lsk", "N"),
+            "INCLUDE",
+            ("id", "created_at", "version", "status"),
+        ),
+        IndexShape(PENDING_INDEX, ("ppk", "S"), ("psk", "N"), "KEYS_ONLY"),
+    ),
+)
