@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from bookings import Confirmation, build
 from dormant.events import StateChangeEvent, ToolInputEvent
-from dormant.samples.bookings import Confirmation, build
 from dormant.stores.sqlite import sqlite_store
 
 REQUEST = "I need physio on Tuesday afternoon, for Alex Doe"
@@ -21,7 +21,7 @@ REQUEST = "I need physio on Tuesday afternoon, for Alex Doe"
 def bookings(db: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("BOOKINGS_")} | (env or {})
     return subprocess.run(
-        [sys.executable, "-m", "dormant.samples.bookings", "--db", str(db), *args],
+        [sys.executable, "-m", "bookings", "--db", str(db), *args],
         capture_output=True,
         text=True,
         env=environment,
@@ -153,7 +153,7 @@ def test_a_second_request_for_the_same_patient_reads_what_the_first_stored(db: P
 def test_the_db_path_comes_from_the_environment_too(tmp_path: Path) -> None:
     db = tmp_path / "elsewhere" / "b.db"
     done = subprocess.run(
-        [sys.executable, "-m", "dormant.samples.bookings", "ask", REQUEST],
+        [sys.executable, "-m", "bookings", "ask", REQUEST],
         capture_output=True,
         text=True,
         env={**os.environ, "BOOKINGS_DB": str(db)},

@@ -14,10 +14,11 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 
-from ...errors import DormantError
-from ...serving import commit
-from ...session import Session
-from ...stores.base import SessionListing
+from dormant.errors import DormantError
+from dormant.serving import commit
+from dormant.session import Session
+from dormant.stores.base import SessionListing
+
 from .app import Bookings, build
 from .scripted import parse_request
 from .timeline import timeline
@@ -190,7 +191,7 @@ def _demo(db: str | None) -> int:
 
     def step(*command: str) -> str:
         print(f"\n$ bookings {' '.join(repr(c) if ' ' in c else c for c in command)}", flush=True)
-        prefix = [sys.executable, "-m", "dormant.samples.bookings", *(["--db", db] if db else [])]
+        prefix = [sys.executable, "-m", "bookings", *(["--db", db] if db else [])]
         done = subprocess.run([*prefix, *command], capture_output=True, text=True, check=False)
         sys.stdout.write(done.stdout)
         sys.stderr.write(done.stderr)

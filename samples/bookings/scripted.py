@@ -11,7 +11,8 @@ import json
 import re
 from typing import Any
 
-from ...models.base import Message, ModelRequest, ModelResponse, ToolCall
+from dormant.models.base import Message, ModelRequest, ModelResponse, ToolCall
+
 from .schedule import DAYS
 
 __all__ = ["ScriptedBookingsModel", "parse_request"]

@@ -13,10 +13,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from ...agents.agent import Agent
-from ...app import App, adk
-from ...models.base import ModelAdapter, ModelSpec, bedrock, openai
-from ...stores.sqlite import sqlite_store
+from dormant.agents.agent import Agent
+from dormant.app import App, adk
+from dormant.models.base import ModelAdapter, ModelSpec, bedrock, openai
+from dormant.stores.sqlite import sqlite_store
+
 from .schedule import SERVICES, open_slots, slot_by_id
 from .scripted import ScriptedBookingsModel
 

@@ -6,7 +6,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from ...events import (
+from dormant.events import (
     AssistantEvent,
     Event,
     InvocationEndEvent,
@@ -21,7 +21,7 @@ from ...events import (
     ToolResultEvent,
     UserEvent,
 )
-from ...session import Session
+from dormant.session import Session
 
 __all__ = ["timeline"]
 

@@ -1,1 +1,0 @@
-"""Runnable samples built on dormant."""
