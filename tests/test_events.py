@@ -43,7 +43,7 @@ ONE_OF_EACH = [
     StateChangeEvent(
         scope="user", scope_id="u-1", source="mutation", changes=[StateChange(key="k", old_value=1, new_value=None)]
     ),
-    InvocationStartEvent(invocation_id="i", agent_name="a", parent_invocation_id="p"),
+    InvocationStartEvent(invocation_id="i", agent_name="a"),
     InvocationEndEvent(invocation_id="i", status="completed", output_text="done", output_value=[1]),
     InvocationYieldEvent(invocation_id="i", pending=[PendingCall(call_id="c", name="t", args={"y": "z"})]),
     InvocationResumeEvent(invocation_id="i"),

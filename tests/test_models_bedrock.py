@@ -23,7 +23,6 @@ from fake_model_server import FakeModelServer, Reply, running
 from pydantic import BaseModel
 
 from dormant import App, bedrock
-from dormant.agents.context import digest, rebuild_input
 from dormant.errors import ConfigurationError
 from dormant.events import (
     InvocationEndEvent,
@@ -35,6 +34,7 @@ from dormant.events import (
 )
 from dormant.models.base import ModelRequest, ModelSpec
 from dormant.models.bedrock import BedrockAdapter, BedrockMalformedResponse
+from dormant.transcript import digest
 
 MODEL_ID = "anthropic.claude-3-5-haiku-20241022-v1:0"
 AWS = {"region_name": "us-east-1", "aws_access_key_id": "x", "aws_secret_access_key": "x"}
@@ -436,7 +436,7 @@ def test_model_start_records_the_rendered_messages_and_tools_exactly_as_sent(cli
     for index, kwargs, body, path in zip(starts, sent.kwargs, sent.bodies, sent.paths, strict=True):
         event = session.events[index]
         assert isinstance(event, ModelStartEvent)
-        messages = rebuild_input(session, index)
+        messages = session.model_input(index)
         assert digest(messages) == event.digest
         rebuilt = adapter.wire_request(
             ModelRequest(

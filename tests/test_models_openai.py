@@ -19,7 +19,6 @@ from fake_model_server import FakeModelServer, Reply, running
 from pydantic import BaseModel, ConfigDict
 
 from dormant import App, adk, openai
-from dormant.agents.context import digest, rebuild_input
 from dormant.errors import ConfigurationError
 from dormant.events import (
     InvocationEndEvent,
@@ -31,6 +30,7 @@ from dormant.events import (
 )
 from dormant.models.base import Message, ModelRequest, ModelSpec
 from dormant.models.openai import OpenAIAdapter, OpenAIMalformedResponse
+from dormant.transcript import digest
 
 KEY = "sk-test-key"
 FAST = {"retry-after-ms": "5"}  # the SDK honours Retry-After; real servers send it with 429s and 5xx
@@ -477,7 +477,7 @@ def test_model_start_records_the_rendered_messages_and_tools_exactly_as_sent(ser
     for index, received in zip(starts, server.requests, strict=True):
         event = session.events[index]
         assert isinstance(event, ModelStartEvent)
-        messages = rebuild_input(session, index)
+        messages = session.model_input(index)
         assert digest(messages) == event.digest
         assert len(messages) == event.message_count
         rebuilt = ModelRequest(

@@ -10,7 +10,6 @@ from examples import SEED, SORE_THROAT, triage
 from pydantic import BaseModel
 
 from dormant import adk, openai
-from dormant.agents.context import digest, rebuild_input
 from dormant.errors import (
     AgentMismatch,
     ConfigurationError,
@@ -31,6 +30,7 @@ from dormant.events import (
 )
 from dormant.models.base import ModelRequest, ModelResponse, Usage
 from dormant.testing import MockAdapter
+from dormant.transcript import digest
 
 
 def types(events: Any) -> list[str]:
@@ -89,7 +89,7 @@ def test_model_start_and_end_record_what_was_sent_and_what_came_back() -> None:
     # The exact messages the model got can be rebuilt from the ledger, and match what it was sent.
     for (index, start), request in zip(starts, t.model.requests, strict=True):
         rebuilt = run.session.model_input(index)
-        assert rebuilt == request.messages == rebuild_input(run.session, index)
+        assert rebuilt == request.messages == run.session.model_input(index)
         assert digest(rebuilt) == start.digest
 
 

@@ -286,4 +286,4 @@ def test_state_at_reports_status_and_scoped_states() -> None:
     snapshot = session.state_at(0)
     assert snapshot.scoped_states == {"user": {"display_name": "Ada"}}
     assert snapshot.status == "idle" and snapshot.current_agent_name is None
-    assert snapshot.yielded_tools == [] and snapshot.invocation_tree == []
+    assert snapshot.yielded_tools == [] and snapshot.invocations == []

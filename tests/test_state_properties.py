@@ -10,7 +10,6 @@ from pydantic import BaseModel, ConfigDict
 
 from dormant import adk
 from dormant.projection import Projection
-from dormant.session import Invocation
 
 
 class Open(BaseModel):
@@ -47,7 +46,7 @@ def _replay(events: Any) -> Projection:
 def test_incremental_state_equals_replay_and_what_was_written(writes: list[tuple[str, dict[str, Any], bool]]) -> None:
     app = adk(name="props", schema={"session": Open, "user": Open, "org": Open, "app": Open})
     session = app.sessions.create(scopes={"user": "u-1", "org": "o-1"})
-    invocation = Invocation(session, "inv-1", "agent")
+    invocation = session.invocation("inv-1", "agent")
     expected: dict[str, dict[str, Any]] = {scope: {} for scope in SCOPES}
     recorded = 0
     for scope, values, inside in writes:
@@ -71,8 +70,8 @@ def test_incremental_state_equals_replay_and_what_was_written(writes: list[tuple
     for scope in ("user", "org", "app"):
         assert getattr(session.state, scope).to_dict() == expected[scope]
     replay = _replay(session.events)
-    assert replay.session_state == session._projection.session_state
-    assert replay.scoped_states == session._projection.scoped_states
+    assert replay.session_state == session.projection.session_state
+    assert replay.scoped_states == session.projection.scoped_states
     if len(session.events):
         last = session.state_at(len(session.events) - 1)
         assert last.session_state == expected["session"]

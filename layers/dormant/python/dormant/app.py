@@ -155,11 +155,11 @@ class App:
         ``state`` (session values to set first) and ``initial_state`` (scopes to seed). Without
         ``session`` an ephemeral one is built; nothing is stored until ``app.sessions.commit``.
         """
-        return start_run(self, agent, input, session).finish()
+        return self.stream(agent, input, session=session).finish()
 
     def stream(self, agent: Agent, input: Any = None, *, session: Session | None = None) -> RunStream:
         """Like ``run``, yielding each event as it lands; the ``RunResult`` is on ``.result`` at the end."""
-        return start_run(self, agent, input, session)
+        return start_run(self, agent, input, session, adapter_for=self.adapter_for, ephemeral=self.sessions.ephemeral)
 
     def close(self) -> None:
         """Close the store (so a CLI or worker exits instead of hanging on a pool)."""
@@ -233,8 +233,7 @@ class Sessions:
         Raises ``VersionConflict`` (writing nothing) when another writer committed first; see
         ``dormant.serving.commit`` for the version that merges instead.
         """
-        if not isinstance(session, Session) or session._runtime is not self._app:
-            raise InputError("that session belongs to another app", field="session")
+        self._check(session)
         new_events = session.uncommitted_events
         if not new_events and session.version > 0:
             return CommitResult(ok=True, version=session.version, appended=0)
@@ -242,8 +241,16 @@ class Sessions:
         result = self._app.store.commit(session.stored(), new_events, expected, session.scoped_changes())
         if not result.ok:
             raise VersionConflict(session.id, expected_version=expected, actual_version=result.version)
-        session._mark_committed(result.version)
+        session.mark_committed(result.version)
         return result
+
+    def _check(self, session: Session) -> None:
+        if not isinstance(session, Session):
+            raise InputError(
+                f"commit takes a Session (from app.sessions), not {type(session).__name__}", field="session"
+            )
+        if session.runtime is not self._app:
+            raise InputError("that session belongs to another app", field="session")
 
     def delete(self, session_id: str) -> None:
         self._app.store.delete(self._app.name, check_id(session_id))

@@ -121,7 +121,6 @@ class InvocationStartEvent(EventBase):
     type: Literal["invocation_start"] = "invocation_start"
     invocation_id: str
     agent_name: str
-    parent_invocation_id: str | None = None
 
 
 class InvocationEndEvent(EventBase):

@@ -7,7 +7,7 @@ travel, and can later be saved as a snapshot and resumed from one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias
 
 from .events import (
@@ -17,6 +17,7 @@ from .events import (
     InvocationResumeEvent,
     InvocationStartEvent,
     InvocationYieldEvent,
+    ModelStartEvent,
     StateChangeEvent,
     ToolCallEvent,
     ToolInputEvent,
@@ -57,13 +58,15 @@ class Output:
 
 @dataclass
 class InvocationNode:
+    """One invocation: its agent, its status, where it starts and ends in the ledger."""
+
     invocation_id: str
     agent_name: str
-    parent_invocation_id: str | None
     status: str
     start_index: int
     end_index: int | None = None
-    children: list[InvocationNode] = field(default_factory=list)
+    model_calls: int = 0
+    """``model_start`` events so far (an agent's ``max_steps`` counts them across resumes)."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,8 @@ class StateSnapshot:
     status: SessionStatus
     current_agent_name: str | None
     yielded_tools: list[YieldedTool]
-    invocation_tree: list[InvocationNode]
+    invocations: list[InvocationNode]
+    """Every invocation so far, in the order they started."""
 
 
 class Projection:
@@ -134,12 +138,13 @@ class Projection:
         elif isinstance(event, AssistantEvent):
             if event.text is not None or event.value is not None:
                 self.output = Output(event.text, event.value)
+        elif isinstance(event, ModelStartEvent):
+            node = self.invocations.get(event.invocation_id)
+            if node is not None:
+                node.model_calls += 1
         elif isinstance(event, InvocationStartEvent):
-            parent = self.invocations.get(event.parent_invocation_id or "")
-            node = InvocationNode(event.invocation_id, event.agent_name, event.parent_invocation_id, "running", index)
+            node = InvocationNode(event.invocation_id, event.agent_name, "running", index)
             self.invocations[event.invocation_id] = node
-            if parent is not None:
-                parent.children.append(node)
             self.open_invocation = event.invocation_id
             self.open_calls = {}
             self.current_agent_name = event.agent_name
@@ -189,20 +194,5 @@ class Projection:
             status=self.status,
             current_agent_name=self.current_agent_name,
             yielded_tools=self.yielded_tools,
-            invocation_tree=_tree(self.invocations),
+            invocations=[replace(node) for node in self.invocations.values()],
         )
-
-
-def _tree(nodes: dict[str, InvocationNode]) -> list[InvocationNode]:
-    def copy(node: InvocationNode) -> InvocationNode:
-        return InvocationNode(
-            node.invocation_id,
-            node.agent_name,
-            node.parent_invocation_id,
-            node.status,
-            node.start_index,
-            node.end_index,
-            [copy(child) for child in node.children],
-        )
-
-    return [copy(n) for n in nodes.values() if n.parent_invocation_id not in nodes]

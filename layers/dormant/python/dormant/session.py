@@ -8,40 +8,34 @@ app's schema and become ``state_change`` events; nothing else changes state.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, overload
+from typing import Any, Protocol, overload
 
 from .errors import (
     ConfigurationError,
     EventIndexError,
     EventValidationError,
     InputError,
-    ScopeNotBound,
-    TempOutsideInvocation,
     UnknownCallId,
     UnknownEventId,
     UnknownScope,
-    UnknownStateKey,
 )
-from .events import (
-    Event,
-    StateChange,
-    StateChangeEvent,
-    StateSource,
-    ToolInputEvent,
-    UserEvent,
-)
+from .events import Event, StateChangeEvent, ToolInputEvent, UserEvent
 from .ids import check_id, new_id, now_ms
 from .models.base import Message
 from .projection import Output, Projection, SessionStatus, StateSnapshot, YieldedTool
+from .state.access import Access, Invocation
 from .state.schema import APP_SCOPE_ID, SHARED_SCOPES, Schema, ScopeSchema
-from .state.values import json_copy, json_equal
-from .state.view import ScopeView, StateView
+from .state.view import StateView
 from .stores.base import ScopedStateChange, SessionStore, StoredSession
+from .transcript import rebuild_input
 
-if TYPE_CHECKING:
-    from .agents.tools import Tool
+__all__ = ["AnswerCheck", "EventLog", "Runtime", "Session", "SessionInput"]
 
-__all__ = ["Invocation", "Runtime", "Session", "SessionInput"]
+
+class AnswerCheck(Protocol):
+    """What a session needs of a yielding tool to record an answer to it (``agents.tools.Tool`` is one)."""
+
+    def check_input(self, call_id: str, value: Any) -> Any: ...
 
 
 class Runtime(Protocol):
@@ -51,150 +45,7 @@ class Runtime(Protocol):
     schema: Schema
     store: SessionStore
 
-    def tool_named(self, name: str) -> Tool | None: ...
-
-
-class Invocation:
-    """One run of an agent inside a session: its id, its ``temp`` values, what it read from shared scopes."""
-
-    def __init__(self, session: Session, invocation_id: str, agent_name: str) -> None:
-        self.session = session
-        self.id = invocation_id
-        self.agent_name = agent_name
-        self.temp: dict[str, Any] = {}
-        self._store_values: dict[str, dict[str, Any]] = {}
-        self.checked: dict[str, set[str]] = {}
-        self.state = StateView(Access(session, self))
-
-    def store_values(self, scope: str, scope_id: str) -> dict[str, Any]:
-        """The shared scope as stored (loaded once per invocation), under this session's uncommitted writes."""
-        session = self.session
-        if scope not in self._store_values:
-            self._store_values[scope] = session._runtime.store.load_scoped_state(session.app_name, scope, scope_id)
-        values = dict(self._store_values[scope])
-        for change in session.scoped_changes():
-            if change.scope == scope and change.scope_id == scope_id:
-                if change.value is None:
-                    values.pop(change.key, None)
-                else:
-                    values[change.key] = change.value
-        return values
-
-
-class Access:
-    """Reads and writes state for one writer: the outside world (``direct``) or an invocation (``mutation``)."""
-
-    __slots__ = ("invocation", "session")
-
-    def __init__(self, session: Session, invocation: Invocation | None) -> None:
-        self.session = session
-        self.invocation = invocation
-
-    def scope_view(self, scope: str) -> ScopeView:
-        self.session._scope_schema(scope)
-        if scope == "temp":
-            self._require_invocation()
-        return ScopeView(self, scope)
-
-    def read(self, scope: str, key: str) -> Any:
-        schema = self.session._scope_schema(scope)
-        if not schema.open and not schema.declares(key):
-            raise UnknownStateKey(scope, key, list(schema.model.model_fields) if schema.model else [])
-        if scope == "temp":
-            return schema.read(key, self._require_invocation().temp.get(key))
-        self._observe(scope, (key,))
-        return schema.read(key, self.session._values(scope).get(key))
-
-    def values(self, scope: str, *, copy: bool = False) -> dict[str, Any]:
-        self.session._scope_schema(scope)
-        if scope == "temp":
-            values = self._require_invocation().temp
-        else:
-            scope_id = self.session.scope_id(scope) if scope != "session" else None
-            if self.invocation is not None and scope_id is not None:
-                stored = self.invocation.store_values(scope, scope_id)
-                self._observe(scope, (*stored, *self.session._values(scope)))
-            values = self.session._values(scope)
-        return json_copy(values) if copy else values
-
-    def write(self, scope: str, changes: Mapping[str, Any]) -> None:
-        session = self.session
-        session._scope_schema(scope)
-        invocation = self.invocation
-        if scope == "temp":
-            work = self.check(scope, changes)
-            temp = self._require_invocation().temp
-            temp.clear()
-            temp.update(work)
-            return
-        scope_id = session.scope_id(scope) if scope != "session" else None
-        if scope != "session" and invocation is not None and scope_id is None:
-            raise ScopeNotBound(scope)
-        work = self.check(scope, changes)  # every key validated before any is recorded
-        self._observe(scope, tuple(changes))
-        current = session._values(scope)
-        source: StateSource = "direct" if invocation is None else "mutation"
-        for key in changes:
-            old, new = current.get(key), work.get(key)
-            if not json_equal(old, new):
-                session._append(self._change(scope, scope_id, source, key, old, new))
-
-    def check(self, scope: str, changes: Mapping[str, Any]) -> dict[str, Any]:
-        """Validate a write without recording it; return the scope's values as they would be after it."""
-        schema = self.session._scope_schema(scope)
-        work = dict(self._require_invocation().temp if scope == "temp" else self.session._values(scope))
-        for key, value in changes.items():
-            self._stage(schema, work, key, value)
-        return work
-
-    @staticmethod
-    def _stage(schema: ScopeSchema, work: dict[str, Any], key: str, value: Any) -> None:
-        if not isinstance(key, str) or not key:
-            raise InputError(f"state keys are non-empty strings, not {key!r}", field=f"state.{schema.name}")
-        if value is None:
-            work.pop(key, None)
-        else:
-            work[key] = schema.validate(work, key, value)
-            if work[key] is None:
-                work.pop(key)
-
-    def _observe(self, scope: str, keys: Iterable[str]) -> None:
-        """Inside an invocation, record the stored value of a bound shared scope's key when it moved."""
-        invocation = self.invocation
-        if invocation is None or scope in ("session", "temp"):
-            return
-        scope_id = self.session.scope_id(scope)
-        if scope_id is None:
-            return
-        checked = invocation.checked.setdefault(scope, set())
-        stored = None
-        for key in keys:
-            if key in checked:
-                continue
-            checked.add(key)
-            if stored is None:
-                stored = invocation.store_values(scope, scope_id)
-            seen, actual = self.session._values(scope).get(key), stored.get(key)
-            if not json_equal(seen, actual):
-                self.session._append(self._change(scope, scope_id, "observation", key, seen, actual))
-
-    def _change(
-        self, scope: str, scope_id: str | None, source: StateSource, key: str, old: Any, new: Any
-    ) -> StateChangeEvent:
-        invocation = self.invocation
-        return StateChangeEvent(
-            scope=scope,
-            scope_id=scope_id,
-            source=source,
-            changes=[StateChange(key=key, old_value=json_copy(old), new_value=json_copy(new))],
-            invocation_id=invocation.id if invocation else None,
-            agent_name=invocation.agent_name if invocation else None,
-        )
-
-    def _require_invocation(self) -> Invocation:
-        if self.invocation is None:
-            raise TempOutsideInvocation()
-        return self.invocation
+    def tool_named(self, name: str) -> AnswerCheck | None: ...
 
 
 class EventLog(Sequence[Event]):
@@ -232,7 +83,12 @@ class EventLog(Sequence[Event]):
 
 
 class Session:
-    """A conversation's ledger with its derived state. Build one with ``app.sessions``."""
+    """A conversation's ledger with its derived state. Build one with ``app.sessions``.
+
+    The ledger API (``append``, ``projection``, ``mark_committed``, ``replace_ledger``) is what the run
+    loop and the commit paths build on; an application reads ``state``, ``events`` and ``status``,
+    writes through ``state`` and ``input``, and leaves appending to ``app.run``.
+    """
 
     def __init__(
         self,
@@ -254,11 +110,25 @@ class Session:
         self._events: list[Event] = []
         self._index: dict[str, int] = {}
         self._projection = Projection()
+        # Shared-scope writes not yet committed, kept as they are appended: (scope, scope id) -> key -> value.
+        self._writes: dict[tuple[str, str], dict[str, Any]] = {}
         for event in events:
-            self._append(event)
+            self.append(event)
         self._committed = len(self._events) if committed is None else committed
+        if self._committed:
+            self._writes = {}
+            for event in self._events[self._committed :]:
+                self._track_write(event)
+        self._host = _Host(self)
+        self.access = Access(self._host, None)
+        """The state rules for writes from outside an invocation (``state`` goes through it)."""
         self.input = SessionInput(self)
-        self.state = StateView(Access(self, None))
+        self.state = StateView(self.access)
+
+    @property
+    def runtime(self) -> Runtime:
+        """The app this session belongs to."""
+        return self._runtime
 
     # -- the ledger -------------------------------------------------------------------------
 
@@ -266,19 +136,48 @@ class Session:
     def events(self) -> EventLog:
         return EventLog(self._events)
 
-    def _append(self, event: Event) -> Event:
+    def append(self, event: Event) -> Event:
+        """Add ``event`` to the ledger and fold it into the projection (once: reads never replay).
+
+        This is the one way events get in; ``app.run`` and ``input`` call it. An id already in the
+        ledger is refused.
+        """
         if event.id in self._index:
             raise EventValidationError(f"event id {event.id!r} is already in this session's ledger", field="id")
         self._index[event.id] = len(self._events)
         self._events.append(event)
         self._projection.apply(event)
+        self._track_write(event)
         return event
+
+    def _track_write(self, event: Event) -> None:
+        if isinstance(event, StateChangeEvent) and event.source != "observation" and event.scope != "session":
+            scope_id = self.scope_id(event.scope) if event.scope_id is None else event.scope_id
+            if scope_id is None:
+                return  # seeded while unbound: it lives in this ledger only
+            writes = self._writes.setdefault((event.scope, scope_id), {})
+            for change in event.changes:
+                writes[change.key] = change.new_value
 
     def event_index_of(self, event_id: str) -> int:
         try:
             return self._index[event_id]
         except KeyError:
             raise UnknownEventId(event_id) from None
+
+    @property
+    def projection(self) -> Projection:
+        """The ledger folded so far: read it, never change it (only ``append`` moves it)."""
+        return self._projection
+
+    def invocation(
+        self, invocation_id: str, agent_name: str, *, stored: dict[str, dict[str, Any]] | None = None
+    ) -> Invocation:
+        """The state rules for one invocation of ``agent_name`` (its ``temp``, its reads of shared scopes).
+
+        ``stored`` caches the shared scopes as stored (scope -> values) for the run.
+        """
+        return Invocation(self._host, invocation_id, agent_name, stored)
 
     # -- derived state ----------------------------------------------------------------------
 
@@ -303,18 +202,6 @@ class Session:
         if scope == "app":
             return APP_SCOPE_ID
         return self.scopes.get(scope)
-
-    def _values(self, scope: str) -> dict[str, Any]:
-        projection = self._projection
-        if scope == "session":
-            return projection.session_state
-        return projection.scoped_states.get(scope) or {}
-
-    def _scope_schema(self, scope: str) -> ScopeSchema:
-        schema = self._runtime.schema
-        if scope not in schema:
-            raise UnknownScope(scope)
-        return schema[scope]
 
     # -- time travel ------------------------------------------------------------------------
 
@@ -347,9 +234,7 @@ class Session:
 
     def model_input(self, index: int) -> list[Message]:
         """The messages the model was sent at the ``model_start`` event at ``index``, rebuilt from the ledger."""
-        from .agents.context import rebuild_input
-
-        return rebuild_input(self, self._position(index))
+        return rebuild_input(self._events, self._position(index), self.event_index_of)
 
     # -- persistence bookkeeping ------------------------------------------------------------
 
@@ -357,17 +242,18 @@ class Session:
     def uncommitted_events(self) -> list[Event]:
         return self._events[self._committed :]
 
+    @property
+    def committed_events(self) -> list[Event]:
+        """The events this session knows to be stored."""
+        return self._events[: self._committed]
+
     def scoped_changes(self) -> list[ScopedStateChange]:
         """The shared-scope writes of the uncommitted events, one per key (the last write wins)."""
-        latest: dict[tuple[str, str, str], Any] = {}
-        for event in self._events[self._committed :]:
-            if isinstance(event, StateChangeEvent) and event.source != "observation" and event.scope != "session":
-                scope_id = self.scope_id(event.scope) if event.scope_id is None else event.scope_id
-                if scope_id is None:
-                    continue  # seeded while unbound: it lives in this ledger only
-                for change in event.changes:
-                    latest[(event.scope, scope_id, change.key)] = change.new_value
-        return [ScopedStateChange(scope, scope_id, key, value) for (scope, scope_id, key), value in latest.items()]
+        return [
+            ScopedStateChange(scope, scope_id, key, value)
+            for (scope, scope_id), writes in self._writes.items()
+            for key, value in writes.items()
+        ]
 
     def stored(self) -> StoredSession:
         """This session's metadata row."""
@@ -380,27 +266,61 @@ class Session:
             status=self.status,
         )
 
-    def _mark_committed(self, version: int) -> None:
+    def mark_committed(self, version: int) -> None:
+        """Every event is now stored, at ``version`` (a commit path calls this once the store said yes)."""
         self.version = version
         self._committed = len(self._events)
+        self._writes = {}
 
-    def _reset(self, events: Iterable[Event], version: int) -> None:
-        """Replace the ledger with ``events``, all of them stored at ``version`` (after a merge)."""
-        self._events, self._index, self._projection = [], {}, Projection()
-        for event in events:
-            self._append(event)
-        self._mark_committed(version)
+    def replace_ledger(self, merged: Session) -> None:
+        """Take over ``merged``'s ledger, all of it stored: this session's run rebased onto what landed.
 
-    @property
-    def committed_events(self) -> list[Event]:
-        """The events this session knows to be stored."""
-        return self._events[: self._committed]
+        ``merged`` is already folded, so nothing is replayed; it must be this session, rebuilt.
+        """
+        if merged.id != self.id or merged._runtime is not self._runtime:
+            raise InputError("replace_ledger takes this session rebuilt (same id, same app)", field="merged")
+        self._events, self._index, self._projection = merged._events, merged._index, merged._projection
+        self.mark_committed(merged.version)
 
     def __repr__(self) -> str:
         return (
             f"<Session {self.id} app={self.app_name!r} version={self.version} "
             f"events={len(self._events)} status={self.status!r}>"
         )
+
+
+class _Host:
+    """The session as the state rules see it (``dormant.state.access.StateHost``)."""
+
+    __slots__ = ("session",)
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def scope_schema(self, scope: str) -> ScopeSchema:
+        schema = self.session._runtime.schema
+        if scope not in schema:
+            raise UnknownScope(scope)
+        return schema[scope]
+
+    def scope_values(self, scope: str) -> Mapping[str, Any]:
+        projection = self.session._projection
+        if scope == "session":
+            return projection.session_state
+        return projection.scoped_states.get(scope) or {}
+
+    def scope_id(self, scope: str) -> str | None:
+        return self.session.scope_id(scope)
+
+    def append(self, event: Event) -> Event:
+        return self.session.append(event)
+
+    def load_scope(self, scope: str, scope_id: str) -> dict[str, Any]:
+        session = self.session
+        return session._runtime.store.load_scoped_state(session.app_name, scope, scope_id)
+
+    def uncommitted_writes(self, scope: str, scope_id: str) -> Mapping[str, Any]:
+        return self.session._writes.get((scope, scope_id)) or {}
 
 
 class SessionInput:
@@ -417,7 +337,7 @@ class SessionInput:
         """Answer several yielded calls at once: all are checked before any is recorded."""
         events = self.prepare(answers)
         for event in events:
-            self._session._append(event)
+            self._session.append(event)
         return events
 
     def prepare(self, answers: Sequence[Mapping[str, Any]]) -> list[ToolInputEvent]:
@@ -425,7 +345,7 @@ class SessionInput:
         session = self._session
         if isinstance(answers, str | bytes) or not isinstance(answers, Sequence):
             raise InputError("tools is a list of {'call_id': ..., 'input': ...}", field="tools")
-        pending = session._projection.pending
+        pending = session.projection.pending
         events: list[ToolInputEvent] = []
         seen: set[str] = set()
         for position, answer in enumerate(answers):
@@ -436,7 +356,7 @@ class SessionInput:
             if call is None or call_id in seen:
                 raise UnknownCallId(str(call_id), [c for c in pending if c not in seen])
             seen.add(call_id)
-            tool = session._runtime.tool_named(call.name)
+            tool = session.runtime.tool_named(call.name)
             if tool is None:
                 raise ConfigurationError(
                     f"tool {call.name!r} is not registered with app {session.app_name!r}: "
@@ -459,7 +379,7 @@ class SessionInput:
         if not isinstance(text, str):
             raise InputError(f"a message is a string, not {type(text).__name__}", field="message")
         event = UserEvent(text=text)
-        self._session._append(event)
+        self._session.append(event)
         return event
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
@@ -36,15 +36,16 @@ from ..events import (
     UserEvent,
 )
 from ..ids import new_id
-from ..models.base import Message, ModelRequest, ModelResponse
+from ..models.base import Message, ModelAdapter, ModelRequest, ModelResponse, ModelSpec
 from ..projection import Output, YieldedTool
-from ..session import Access, Invocation, Session
+from ..session import Runtime, Session
+from ..state.access import Invocation
+from ..transcript import digest
 from .agent import Agent
-from .context import RenderContext, digest
+from .context import RenderContext
 from .tools import Tool, ToolArgumentsError, ToolContext
 
 if TYPE_CHECKING:
-    from ..app import App
     from ..state.view import StateView
 
 __all__ = ["RunInput", "RunResult", "RunStatus", "RunStream", "start_run"]
@@ -129,79 +130,84 @@ class RunStream(Iterator[Event]):
         return self.result
 
 
-def start_run(app: App, agent: Agent, input: Any, session: Session | None) -> RunStream:
-    """Check the input (raising, with nothing written, if it is bad) and return the run's event stream."""
+def start_run(
+    runtime: Runtime,
+    agent: Agent,
+    input: Any,
+    session: Session | None,
+    *,
+    adapter_for: Callable[[ModelSpec], ModelAdapter],
+    ephemeral: Callable[[], Session],
+) -> RunStream:
+    """Check the input (raising, with nothing written, if it is bad) and return the run's event stream.
+
+    ``adapter_for`` resolves an agent's model to its adapter; ``ephemeral`` builds the session a run
+    without one uses. The app passes both, so the loop never reaches back into it.
+    """
     if not isinstance(agent, Agent):
         raise ConfigurationError(f"app.run takes an agent built with app.agent, not {agent!r}")
     if session is None:
-        session = app.sessions.ephemeral()
-    elif not isinstance(session, Session) or session._runtime is not app:
+        session = ephemeral()
+    elif not isinstance(session, Session):
+        raise InputError(f"session is a Session (from app.sessions), not {type(session).__name__}", field="session")
+    elif session.runtime is not runtime:
         raise InputError("that session belongs to another app", field="session")
     run_input = RunInput.parse(input)
-    seeds = _seeds(app, session, run_input.initial_state)
-    direct = Access(session, None)
+    stored: dict[str, dict[str, Any]] = {}
+    seeds = session.access.seeds(run_input.initial_state, stored)
+    state: dict[str, Any] = {}
     if run_input.state:
-        direct.check("session", run_input.state)
+        base = {**session.projection.session_state, **seeds.get("session", {})}
+        state = session.access.check("session", run_input.state, base=base)
     answers = session.input.prepare(run_input.tools)
-    projection = session._projection
+    projection = session.projection
     if projection.open_invocation is not None:
         waiting = projection.invocations[projection.open_invocation].agent_name
         if waiting != agent.name:
             raise AgentMismatch(waiting, agent.name)
-    return RunStream(_Run(app, agent, session, run_input, seeds, answers).steps())
-
-
-def _seeds(app: App, session: Session, initial: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
-    """Seed values per scope: the schema's defaults and the given values, for keys not already set."""
-    seeds: dict[str, dict[str, Any]] = {}
-    for scope, given in (initial or {}).items():
-        if scope == "temp":
-            raise InputError("temp cannot be seeded: it exists only inside an invocation", field="initial_state.temp")
-        schema = session._scope_schema(scope)
-        if not isinstance(given, Mapping):
-            raise InputError(f"initial_state.{scope} must be a dict", field=f"initial_state.{scope}")
-        present = set(session._values(scope))
-        scope_id = session.scope_id(scope) if scope != "session" else None
-        if scope_id is not None:  # a bound shared scope: never overwrite what another session stored
-            present |= set(app.store.load_scoped_state(app.name, scope, scope_id))
-        seeds[scope] = {k: v for k, v in schema.seed(given).items() if v is not None and k not in present}
-    return seeds
+    return RunStream(_Run(adapter_for, agent, session, run_input, seeds, state, stored, answers).steps())
 
 
 class _Run:
     def __init__(
         self,
-        app: App,
+        adapter_for: Callable[[ModelSpec], ModelAdapter],
         agent: Agent,
         session: Session,
         run_input: RunInput,
         seeds: dict[str, dict[str, Any]],
+        state: dict[str, Any],
+        stored: dict[str, dict[str, Any]],
         answers: list[ToolInputEvent],
     ) -> None:
-        self.app = app
+        self.adapter_for = adapter_for
         self.agent = agent
         self.session = session
         self.input = run_input
         self.seeds = seeds
+        self.state = state
+        """``input["state"]`` as checked by ``start_run``: the session values it leaves."""
+        self.stored = stored
+        """Shared scopes as stored, loaded once for the whole run."""
         self.answers = answers
-        self.start = self.mark = len(session._events)
+        self.start = self.mark = len(session.events)
         self.usage = Usage()
 
     def _new(self) -> list[Event]:
-        events = self.session._events[self.mark :]
-        self.mark = len(self.session._events)
+        events = self.session.events[self.mark :]
+        self.mark += len(events)
         return events
 
     def steps(self) -> Generator[Event, None, RunResult]:
-        session, projection = self.session, self.session._projection
-        direct = Access(session, None)
+        session, projection = self.session, self.session.projection
+        direct = session.access
         for scope, values in self.seeds.items():
             if values:
                 direct.write(scope, values)
         if self.input.state:
-            direct.write("session", self.input.state)
+            direct.record("session", self.input.state, self.state)
         for answer in self.answers:
-            session._append(answer)
+            session.append(answer)
         yield from self._new()
 
         if projection.pending and not projection.unexecuted_calls():
@@ -214,13 +220,13 @@ class _Run:
         agent_name = self.agent.name
         if projection.open_invocation is not None:
             invocation_id = projection.open_invocation
-            session._append(InvocationResumeEvent(invocation_id=invocation_id, agent_name=agent_name))
+            session.append(InvocationResumeEvent(invocation_id=invocation_id, agent_name=agent_name))
         else:
             invocation_id = new_id("inv_")
-            session._append(InvocationStartEvent(invocation_id=invocation_id, agent_name=agent_name))
-        invocation = Invocation(session, invocation_id, agent_name)
+            session.append(InvocationStartEvent(invocation_id=invocation_id, agent_name=agent_name))
+        invocation = session.invocation(invocation_id, agent_name, stored=self.stored)
         if self.input.message is not None:
-            session._append(UserEvent(text=self.input.message, invocation_id=invocation_id, agent_name=agent_name))
+            session.append(UserEvent(text=self.input.message, invocation_id=invocation_id, agent_name=agent_name))
         yield from self._new()
         try:
             status = yield from self._loop(invocation)
@@ -231,8 +237,8 @@ class _Run:
         return self._result(status, invocation_id)
 
     def _loop(self, invocation: Invocation) -> Generator[Event, None, RunStatus]:
-        projection = self.session._projection
-        steps_used = self._model_calls(invocation.id)
+        projection = self.session.projection
+        steps_used = projection.invocations[invocation.id].model_calls
         while True:
             waiting = False
             for call in projection.unexecuted_calls():
@@ -245,13 +251,13 @@ class _Run:
                 ):
                     waiting = True
                     continue
-                self.session._append(self._execute(invocation, tool, call, projection.answered.get(call.call_id)))
+                self.session.append(self._execute(invocation, tool, call, projection.answered.get(call.call_id)))
                 yield from self._new()
             if waiting or projection.pending:
                 pending = [
                     PendingCall(call_id=c.call_id, name=c.name, args=c.args) for c in projection.open_calls.values()
                 ]
-                self.session._append(
+                self.session.append(
                     InvocationYieldEvent(invocation_id=invocation.id, agent_name=invocation.agent_name, pending=pending)
                 )
                 yield from self._new()
@@ -274,7 +280,7 @@ class _Run:
             for requested in response.tool_calls:
                 call_id = requested.call_id if requested.call_id and requested.call_id not in taken else new_id("call_")
                 taken.add(call_id)
-                self.session._append(
+                self.session.append(
                     ToolCallEvent(
                         call_id=call_id,
                         name=requested.name,
@@ -290,7 +296,7 @@ class _Run:
         agent, session = self.agent, self.session
         spec = agent.model
         try:
-            adapter = self.app.adapter_for(spec)
+            adapter = self.adapter_for(spec)
             context = RenderContext(invocation.state, session, agent.name, invocation.id)
             parts = [renderer.render(context) for renderer in agent.context]
         except Exception as exc:
@@ -299,7 +305,7 @@ class _Run:
             return None
         messages: list[Message] = [m for part in parts for m in part.messages]
         tools = [tool.definition() for tool in agent.tools]
-        session._append(
+        session.append(
             ModelStartEvent(
                 invocation_id=invocation.id,
                 agent_name=agent.name,
@@ -324,7 +330,7 @@ class _Run:
             if not isinstance(response, ModelResponse):
                 response = ModelResponse.model_validate(response)
         except Exception as exc:
-            session._append(
+            session.append(
                 ModelEndEvent(
                     invocation_id=invocation.id,
                     agent_name=agent.name,
@@ -338,7 +344,7 @@ class _Run:
             yield from self._new()
             return None
         self.usage += response.usage
-        session._append(
+        session.append(
             ModelEndEvent(
                 invocation_id=invocation.id,
                 agent_name=agent.name,
@@ -375,7 +381,7 @@ class _Run:
     def _say(self, invocation: Invocation, text: str | None, value: Any) -> None:
         if text is None and value is None:
             return
-        self.session._append(
+        self.session.append(
             AssistantEvent(text=text, value=value, invocation_id=invocation.id, agent_name=invocation.agent_name)
         )
 
@@ -431,7 +437,7 @@ class _Run:
         value: Any = None,
         error: BaseException | None = None,
     ) -> None:
-        self.session._append(
+        self.session.append(
             InvocationEndEvent(
                 invocation_id=invocation.id,
                 agent_name=invocation.agent_name,
@@ -443,14 +449,9 @@ class _Run:
             )
         )
 
-    def _model_calls(self, invocation_id: str) -> int:
-        node = self.session._projection.invocations.get(invocation_id)
-        events = self.session._events[node.start_index :] if node else []
-        return sum(1 for e in events if isinstance(e, ModelStartEvent) and e.invocation_id == invocation_id)
-
     def _result(self, status: RunStatus, invocation_id: str | None) -> RunResult:
         session = self.session
-        events = session._events[self.start :]
+        events = session.events[self.start :]
         end = next((e for e in reversed(events) if isinstance(e, InvocationEndEvent)), None)
         output = session.output
         if self.agent.output is not None and output.value is not None:

@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
+from ..errors import VersionConflict
 from ..events import (
     Event,
     InvocationStartEvent,
@@ -38,7 +39,6 @@ from ..events import (
     ToolInputEvent,
     ToolResultEvent,
 )
-from ..projection import Projection
 from ..session import Session
 
 if TYPE_CHECKING:
@@ -63,43 +63,59 @@ class CommitOutcome:
 
 
 def commit(app: App, session: Session, *, attempts: int = 5) -> CommitOutcome:
-    """Commit ``session``'s new events, merging or forking instead of failing on a version conflict."""
-    store = app.store
+    """Commit ``session``'s new events, merging or forking instead of failing on a version conflict.
+
+    The first try is ``app.sessions.commit``; a merge folds the stored ledger once, appends the run's
+    events to it, commits that through ``app.sessions.commit`` too, and hands it to ``session``.
+    """
     new = session.uncommitted_events
     if not new and session.version > 0:
         return CommitOutcome("skipped", session.id, session.version)
-    result = store.commit(session.stored(), new, session.version, session.scoped_changes())
-    if result.ok:
-        session._mark_committed(result.version)
+    try:
+        result = app.sessions.commit(session)
+    except VersionConflict:
+        pass
+    else:
         return CommitOutcome("committed", session.id, result.version, result.appended)
 
     base = session.committed_events
     new_ids = {e.id for e in new}
     for _ in range(attempts):
-        loaded = store.load(app.name, session.id)
+        loaded = app.store.load(app.name, session.id)
         if loaded is None:
             return _orphan(app, session, ["the session was deleted"])
         stored = loaded.events
         if [e.id for e in stored[: len(base)]] != [e.id for e in base]:
             return _orphan(app, session, ["the stored ledger no longer starts with this session's"])
+        merged = Session(
+            app,
+            session_id=session.id,
+            scopes=session.scopes,
+            version=loaded.session.version,
+            created_at=loaded.session.created_at,
+            events=stored,
+        )
         stored_ids = {e.id for e in stored}
         mine = [e for e in new if e.id not in stored_ids]
         if not mine:  # every event already landed: an earlier attempt went through
-            session._reset(stored, loaded.session.version)
-            return CommitOutcome("committed", session.id, loaded.session.version)
+            session.replace_ledger(merged)
+            return CommitOutcome("committed", session.id, merged.version)
         landed = [e for e in stored[len(base) :] if e.id not in new_ids]
-        conflicts = _conflicts(session, stored, landed, mine)
+        conflicts = _conflicts(session, merged, landed, mine)
         if conflicts:
             return _orphan(app, session, conflicts)
-        merged = Session(app, session_id=session.id, scopes=session.scopes, events=[*stored, *mine], committed=0)
-        result = store.commit(merged.stored(), mine, loaded.session.version, session.scoped_changes())
-        if result.ok:
-            session._reset([*stored, *mine], result.version)
-            return CommitOutcome("merged", session.id, result.version, result.appended)
+        for event in mine:
+            merged.append(event)
+        try:
+            result = app.sessions.commit(merged)
+        except VersionConflict:
+            continue
+        session.replace_ledger(merged)
+        return CommitOutcome("merged", session.id, result.version, result.appended)
     return _orphan(app, session, [f"the session kept moving: {attempts} merge attempts lost the race"])
 
 
-def _conflicts(session: Session, stored: list[Event], landed: list[Event], mine: list[Event]) -> list[str]:
+def _conflicts(session: Session, stored: Session, landed: list[Event], mine: list[Event]) -> list[str]:
     reasons: list[str] = []
     common_keys = _written(session, landed) & _written(session, mine)
     for scope, scope_id, key in sorted(common_keys):
@@ -108,12 +124,9 @@ def _conflicts(session: Session, stored: list[Event], landed: list[Event], mine:
     reasons += [f"both answered or ran tool call {call_id}" for call_id in sorted(common_calls)]
     common_invocations = _invocations(landed) & _invocations(mine)
     reasons += [f"both continued invocation {inv}" for inv in sorted(common_invocations)]
-    if any(isinstance(e, InvocationStartEvent) for e in mine):
-        after = Projection()
-        for event in stored:
-            after.apply(event)
-        if after.open_invocation is not None:
-            reasons.append(f"invocation {after.open_invocation} is still open in the stored ledger")
+    open_invocation = stored.projection.open_invocation
+    if open_invocation is not None and any(isinstance(e, InvocationStartEvent) for e in mine):
+        reasons.append(f"invocation {open_invocation} is still open in the stored ledger")
     return reasons
 
 
@@ -136,5 +149,6 @@ def _invocations(events: Iterable[Event]) -> set[str]:
 
 def _orphan(app: App, session: Session, conflicts: list[str]) -> CommitOutcome:
     fork = Session(app, scopes=session.scopes, events=list(session.events), committed=0)
-    result = app.store.commit(fork.stored(), list(fork.events), 0)  # no scoped changes: parked, not applied
+    # Straight to the store, without the fork's scoped changes: its writes are parked, not applied.
+    result = app.store.commit(fork.stored(), fork.uncommitted_events, 0)
     return CommitOutcome("orphaned", session.id, result.version, result.appended, fork.id, conflicts)

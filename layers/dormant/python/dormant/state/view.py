@@ -8,14 +8,23 @@ schema and records it on the ledger; the view only knows which scope it shows an
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .schema import SCOPES
 
-if TYPE_CHECKING:
-    from ..session import Access
+__all__ = ["ScopeView", "StateAccess", "StateView"]
 
-__all__ = ["ScopeView", "StateView"]
+
+class StateAccess(Protocol):
+    """The reads and writes a view forwards (``dormant.state.access.Access`` implements them)."""
+
+    def scope_view(self, scope: str) -> ScopeView: ...
+
+    def read(self, scope: str, key: str) -> Any: ...
+
+    def values(self, scope: str, *, copy: bool = False) -> Mapping[str, Any]: ...
+
+    def write(self, scope: str, changes: Mapping[str, Any]) -> None: ...
 
 
 class ScopeView:
@@ -23,7 +32,7 @@ class ScopeView:
 
     __slots__ = ("_access", "_scope")
 
-    def __init__(self, access: Access, scope: str) -> None:
+    def __init__(self, access: StateAccess, scope: str) -> None:
         object.__setattr__(self, "_access", access)
         object.__setattr__(self, "_scope", scope)
 
@@ -62,8 +71,7 @@ class ScopeView:
 
     def to_dict(self) -> dict[str, Any]:
         """The scope's values as JSON (a copy)."""
-        values: dict[str, Any] = self._access.values(self._scope, copy=True)
-        return values
+        return dict(self._access.values(self._scope, copy=True))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, ScopeView):
@@ -83,7 +91,7 @@ class StateView(ScopeView):
 
     __slots__ = ()
 
-    def __init__(self, access: Access) -> None:
+    def __init__(self, access: StateAccess) -> None:
         super().__init__(access, "session")
 
     def __getattr__(self, key: str) -> Any:

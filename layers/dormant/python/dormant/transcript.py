@@ -1,0 +1,88 @@
+"""The conversation as model messages, derived from the ledger.
+
+``history_messages`` maps conversation events (user, assistant, tool calls and results) to messages;
+``rebuild_input`` rebuilds what a ``model_start`` event recorded the model was sent. Both read events
+only, so the session (which offers ``model_input``) and the context renderers (which build the
+prompt) share them without importing each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .errors import EventValidationError
+from .events import AssistantEvent, Event, ModelStartEvent, ToolCallEvent, ToolResultEvent, UserEvent
+from .models.base import Message, ToolCall
+
+__all__ = ["digest", "dump_message", "history_messages", "rebuild_input"]
+
+
+def history_messages(events: Sequence[Event], turns: int | None = None) -> list[Message]:
+    """Map conversation events to messages. Tool calls that have no result yet are left out."""
+    answered = {e.call_id for e in events if isinstance(e, ToolResultEvent)}
+    messages: list[Message] = []
+    turn_starts: list[int] = []
+    open_assistant = False  # the last message is an assistant turn tool calls may still join
+    for event in events:
+        if isinstance(event, UserEvent):
+            turn_starts.append(len(messages))
+            messages.append(Message(role="user", content=event.text))
+            open_assistant = False
+        elif isinstance(event, AssistantEvent):
+            text = event.text if event.text is not None else json.dumps(event.value)
+            messages.append(Message(role="assistant", content=text))
+            open_assistant = True
+        elif isinstance(event, ToolCallEvent):
+            if event.call_id not in answered:
+                continue
+            call = ToolCall(call_id=event.call_id, name=event.name, args=dict(event.args))
+            if open_assistant:
+                last = messages[-1]
+                messages[-1] = last.model_copy(update={"tool_calls": [*last.tool_calls, call]})
+            else:
+                messages.append(Message(role="assistant", tool_calls=[call]))
+                open_assistant = True
+        elif isinstance(event, ModelStartEvent):
+            open_assistant = False  # a new model response starts a new assistant turn
+        elif isinstance(event, ToolResultEvent):
+            content = json.dumps({"error": event.error} if event.error is not None else event.result)
+            messages.append(Message(role="tool", content=content, tool_call_id=event.call_id, name=event.name))
+            open_assistant = False
+    if turns is not None and len(turn_starts) > turns:
+        messages = messages[turn_starts[-turns] :]
+    return messages
+
+
+def digest(messages: Sequence[Message]) -> str:
+    """The sha256 of messages as sent, kept on ``model_start`` to check a rebuild against."""
+    payload = json.dumps([dump_message(m) for m in messages], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def rebuild_input(events: Sequence[Event], index: int, index_of: Callable[[str], int]) -> list[Message]:
+    """The messages the model got at the ``model_start`` event at ``index``, rebuilt from ``events``.
+
+    ``index_of`` maps an event id to its position (the session keeps that index).
+    """
+    event = events[index]
+    if not isinstance(event, ModelStartEvent):
+        raise EventValidationError(f"event {index} is a {event.type!r} event, not model_start", field="index")
+    messages: list[Message] = []
+    for part in event.input:
+        if part.get("kind") == "history":
+            upto = part.get("upto")
+            end = index_of(str(upto)) + 1 if upto is not None else 0
+            turns = part.get("turns")
+            messages.extend(history_messages(events[:end], turns if isinstance(turns, int) else None))
+        else:
+            raw = part.get("messages")
+            messages.extend(Message.model_validate(m) for m in (raw if isinstance(raw, list) else []))
+    return messages
+
+
+def dump_message(message: Message) -> dict[str, Any]:
+    """A message as JSON, without the fields left at their defaults (the form digests are taken of)."""
+    return message.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
