@@ -23,6 +23,7 @@ SHIPPED = {
     "state",
     "stores",
     "testing",
+    "transcript.py",
 }
 
 
