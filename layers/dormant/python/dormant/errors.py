@@ -25,6 +25,7 @@ The tree::
     │   └── ScriptExhausted         MockAdapter was asked for more responses than were scripted
     └── StoreError                  the store could not do what was asked
         ├── VersionConflict         optimistic concurrency: the stored version moved (``actual_version``)
+        │   └── ClaimLost           another writer claimed the session first; this run did nothing (HTTP 409)
         ├── SessionNotFound
         ├── StoreBusy               the database stayed locked past the timeout (retryable)
         └── StoreClosed             the store was used after ``close()``
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 __all__ = [
     "AgentMismatch",
+    "ClaimLost",
     "ConfigurationError",
     "DormantError",
     "EventIndexError",
@@ -253,6 +255,23 @@ class VersionConflict(StoreError):
         self.session_id = session_id
         self.expected_version = expected_version
         self.actual_version = actual_version
+
+
+class ClaimLost(VersionConflict):
+    """``dormant.serving.advance`` lost the claim on a session: another writer's input or run landed first.
+
+    Raised before any tool ran and with nothing written, so the caller may reload and decide again.
+    ``reason`` says what happened; an HTTP handler answers ``http_status`` (409 Conflict).
+    """
+
+    http_status = 409
+
+    def __init__(self, session_id: str, *, expected_version: int, actual_version: int, reason: str) -> None:
+        StoreError.__init__(self, f"session {session_id!r}: {reason}; nothing was run")
+        self.session_id = session_id
+        self.expected_version = expected_version
+        self.actual_version = actual_version
+        self.reason = reason
 
 
 class SessionNotFound(StoreError, KeyError):
