@@ -1,4 +1,4 @@
-"""The triage example of DESIGN.md §3 (and the seed's sessions-and-state page), built fresh per test."""
+"""The triage example (the README's tour uses the same shape), built fresh per test."""
 
 from __future__ import annotations
 

@@ -174,7 +174,8 @@ def test_many_concurrent_turns_all_land_exactly_once(tmp_path: Path) -> None:
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join()
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads)
     assert set(outcomes) <= {"committed", "merged"} and len(outcomes) == 20
     final = writer(path)[0].sessions.get("s-1")
     said = texts(final.events)

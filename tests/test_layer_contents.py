@@ -13,6 +13,7 @@ SHIPPED = {
     "__init__.py",
     "agents",
     "app.py",
+    "clock.py",
     "errors.py",
     "events.py",
     "ids.py",

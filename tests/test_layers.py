@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import dormant
@@ -47,3 +49,12 @@ def test_no_module_outside_session_touches_a_session_private_attribute() -> None
     private = session_private_names()
     assert {"_events", "_projection", "_runtime"} <= private
     assert private_reaches(PACKAGE, private) == []
+
+
+def test_importing_dormant_does_not_import_the_provider_sdks() -> None:
+    code = (
+        "import sys, dormant, dormant.models.openai, dormant.models.bedrock; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'openai', 'boto3', 'botocore', 'httpx', 'httpx2'}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert done.stdout.strip() == "[]"

@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel
 
 from dormant import adk, openai
-from dormant.errors import ClaimLost, InputError, SessionNotFound, VersionConflict
+from dormant.errors import ClaimLost, InputError, SessionNotFound, VersionConflict, http_status
 from dormant.events import InvocationResumeEvent, InvocationStartEvent
 from dormant.serving import advance
 from dormant.stores.sqlite import sqlite_store
@@ -100,7 +100,7 @@ def test_a_stale_caller_loses_the_claim_and_runs_nothing(path: Path) -> None:
     loser.model.set_responses([{"text": "booked too"}])
     with pytest.raises(ClaimLost) as lost:
         advance(loser.app, loser.agent, stale, {"tools": [{"call_id": "c0", "input": {"approved": False}}]})
-    assert isinstance(lost.value, VersionConflict) and lost.value.http_status == 409
+    assert isinstance(lost.value, VersionConflict) and http_status(lost.value) == 409
     assert (lost.value.expected_version, lost.value.actual_version) == (2, 4)
     assert loser.ran == [] and loser.model.requests == []
     stored = winner.app.sessions.get(sid)

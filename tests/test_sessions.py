@@ -10,7 +10,15 @@ from examples import triage
 from pydantic import BaseModel
 
 from dormant import adk, in_memory_store, openai
-from dormant.errors import InputError, InvalidSessionId, ScopeNotBound, StoreClosed, VersionConflict
+from dormant.errors import (
+    InputError,
+    InvalidSessionId,
+    ScopeNotBound,
+    SessionNotFound,
+    StoreClosed,
+    VersionConflict,
+    http_status,
+)
 from dormant.events import StateChangeEvent, UserEvent
 from dormant.stores.base import StoredSession
 from dormant.stores.sqlite import sqlite_store
@@ -118,6 +126,17 @@ def test_create_get_list_commit_delete(store: Any) -> None:
     assert app.sessions.get("s-1") is None and app.sessions.list() == []
 
 
+def test_require_raises_session_not_found_where_get_returns_none(store: Any) -> None:
+    app, _ = concierge(store, [])
+    app.sessions.create("s-1")
+    assert app.sessions.require("s-1").id == "s-1"
+    with pytest.raises(SessionNotFound) as caught:
+        app.sessions.require("s-2")
+    assert caught.value.session_id == "s-2" and http_status(caught.value) == 404
+    with pytest.raises(InvalidSessionId):
+        app.sessions.require("has space")
+
+
 def test_creating_a_taken_id_and_committing_a_stale_session_conflict(store: Any) -> None:
     app, _ = concierge(store, [])
     app.sessions.create("s-1")
@@ -148,8 +167,9 @@ def test_scope_bindings_are_validated() -> None:
     app = adk(name="x", schema={"user": UserProfile})
     with pytest.raises(InvalidSessionId):
         app.sessions.create(scopes={"user": "has space"})
-    with pytest.raises(Exception, match="binds shared scopes"):
+    with pytest.raises(InputError, match="binds shared scopes") as caught:
         app.sessions.create(scopes={"session": "x"})
+    assert caught.value.field == "scopes.session"
     assert app.sessions.list() == []
 
 

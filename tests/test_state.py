@@ -1,4 +1,4 @@
-"""State: the schema, the write rules, typed reads, temp, time travel and forks (DESIGN.md "State rules")."""
+"""State: the schema, the write rules, typed reads, temp, time travel and forks (see docs/decisions.md)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dormant import adk
 from dormant.errors import (
     EventIndexError,
     SchemaError,
+    ScopeNotAssignable,
     StateValidationError,
     TempOutsideInvocation,
     UnknownEventId,
@@ -221,8 +222,20 @@ def test_shared_scopes_hang_off_the_state_by_attribute() -> None:
     assert changes(session) == [("user", "direct", "display_name", None, "Ada")]
     with pytest.raises(UnknownScope):
         session.state.patient
-    with pytest.raises(AttributeError, match="is a scope"):
+    with pytest.raises(ScopeNotAssignable, match="is a scope") as caught:
         session.state.user = {"display_name": "x"}
+    assert isinstance(caught.value, AttributeError) and caught.value.field == "state.user"
+    assert changes(session) == [("user", "direct", "display_name", None, "Ada")]  # nothing recorded
+
+
+def test_a_state_view_converts_to_a_dict() -> None:
+    session = make_app().sessions.ephemeral(scopes={"user": "u-1"})
+    assert dict(session.state) == {}
+    session.state.update({"stage": "collecting", "count": 2})
+    session.state.user.display_name = "Ada"
+    assert dict(session.state) == {"stage": "collecting", "count": 2} == session.state.to_dict()
+    assert dict(session.state.user) == {"display_name": "Ada"}
+    assert sorted(session.state.keys()) == ["count", "stage"]
 
 
 def test_temp_exists_only_inside_an_invocation() -> None:

@@ -13,7 +13,7 @@ from .agents.agent import Agent
 from .agents.context import ContextFactory, Renderer
 from .agents.loop import RunResult, RunStream, start_run
 from .agents.tools import Tool, ToolContext
-from .errors import ConfigurationError, InputError, VersionConflict
+from .errors import ConfigurationError, InputError, SessionNotFound, VersionConflict
 from .events import Event, parse_event
 from .ids import check_id
 from .models.base import ModelAdapter, ModelSpec, default_adapter
@@ -220,6 +220,13 @@ class Sessions:
             created_at=meta.created_at,
             events=loaded.events,
         )
+
+    def require(self, session_id: str) -> Session:
+        """Like ``get``, but a session that is not stored raises ``SessionNotFound`` (a handler's 404)."""
+        session = self.get(session_id)
+        if session is None:
+            raise SessionNotFound(session_id)
+        return session
 
     def list(self, *, limit: int | None = None, cursor: str | None = None) -> builtins.list[SessionListing]:
         """The app's stored sessions, most recently updated first (``cursor=`` a listing's ``cursor`` to go on)."""

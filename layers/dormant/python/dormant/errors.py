@@ -1,34 +1,49 @@
 """Every error dormant raises, in one place.
 
-The tree::
+The tree (with the HTTP status a handler maps each class to; ``http_status(exc)`` looks it up)::
 
-    DormantError
-    ├── ConfigurationError          a mistake in how dormant was set up (adk(), stores, agents, tools)
-    │   └── SchemaError             a schema that is not scope -> pydantic model class
-    ├── InputError                  bad input from a caller; carries ``field`` (over HTTP: a 4xx)
-    │   ├── InvalidSessionId
-    │   ├── StateError              a state read or write that cannot be done
-    │   │   ├── StateValidationError   value refused by the scope's model (``scope``, ``key``)
-    │   │   ├── UnknownStateKey        a read of a key the scope's model does not declare (also ``AttributeError``)
-    │   │   ├── UnknownScope           a scope the schema does not declare
-    │   │   ├── ScopeNotBound          a shared scope written with no id bound to the session
-    │   │   └── TempOutsideInvocation  ``temp`` touched outside an invocation
-    │   ├── EventValidationError    a dict that is not a valid event
-    │   ├── EventIndexError         an event index out of range (also an ``IndexError``)
-    │   ├── UnknownEventId          an event id not in the ledger (also a ``KeyError``)
-    │   ├── UnknownCallId           an answer for a tool call that is not waiting
-    │   ├── ToolInputError          an answer refused by the tool's ``yield_schema``
-    │   └── AgentMismatch           resuming a session with a different agent than the one waiting
-    ├── ModelError                  a model adapter failed; a run records it and ends with ``error``
-    │   ├── ModelProviderError      the provider's API failed (``status_code``, ``code``, ``retryable``)
-    │   │   └── MalformedModelResponse   it answered with something that is not a model response
-    │   └── ScriptExhausted         MockAdapter was asked for more responses than were scripted
-    └── StoreError                  the store could not do what was asked
-        ├── VersionConflict         optimistic concurrency: the stored version moved (``actual_version``)
-        │   └── ClaimLost           another writer claimed the session first; this run did nothing (HTTP 409)
-        ├── SessionNotFound
-        ├── StoreBusy               the database stayed locked past the timeout (retryable)
-        └── StoreClosed             the store was used after ``close()``
+    DormantError                                  500
+    ├── ConfigurationError                        500  dormant was set up wrongly (adk(), stores, agents, tools)
+    │   └── SchemaError                           500  a schema that is not scope -> pydantic model class
+    ├── InputError                                400  bad input from a caller; carries ``field``
+    │   ├── InvalidSessionId                      400
+    │   ├── ValueNotStorable                      422  NaN/Infinity, a lone surrogate or NUL (``field``)
+    │   ├── StateError                            400  a state read or write that cannot be done
+    │   │   ├── StateValidationError              422  value refused by the scope's model (``scope``, ``key``)
+    │   │   ├── UnknownStateKey                   400  a key the scope's model does not declare (an AttributeError)
+    │   │   ├── UnknownScope                      400  a scope the schema does not declare
+    │   │   ├── ScopeNotBound                     400  a shared scope written with no id bound to the session
+    │   │   ├── ScopeNotAssignable                400  ``state.user = ...`` (write its keys; an AttributeError)
+    │   │   └── TempOutsideInvocation             400  ``temp`` touched outside an invocation
+    │   ├── EventValidationError                  400  a dict that is not a valid event
+    │   ├── EventIndexError                       404  an event index out of range (an IndexError)
+    │   ├── UnknownEventId                        404  an event id not in the ledger (a KeyError)
+    │   ├── UnknownCallId                         409  an answer for a tool call that is not waiting
+    │   ├── ToolInputError                        422  an answer refused by the tool's ``yield_schema``
+    │   └── AgentMismatch                         409  resuming with another agent than the one waiting
+    ├── ModelError                                502  a model failed; a run records it and ends with ``error``
+    │   ├── ModelProviderError                    502  the provider's API failed (``status_code``, ``code``)
+    │   │   ├── ModelUnavailable                  503  throttled, timed out, down or unreachable: retry later
+    │   │   ├── MalformedModelResponse            502  it answered with something that is not a model response
+    │   │   ├── OpenAIModelError                  502
+    │   │   │   ├── OpenAIModelUnavailable        503  (also a ModelUnavailable)
+    │   │   │   ├── OpenAIMalformedResponse       502  (also a MalformedModelResponse)
+    │   │   │   └── OpenAIRefusal                 502  the model refused the structured output asked for
+    │   │   └── BedrockModelError                 502
+    │   │       ├── BedrockModelUnavailable       503  (also a ModelUnavailable)
+    │   │       └── BedrockMalformedResponse      502  (also a MalformedModelResponse)
+    │   ├── ToolArgumentsError                    502  tool arguments the schema refuses (shown to the model)
+    │   └── ScriptExhausted                       500  MockAdapter was asked for more responses than scripted
+    └── StoreError                                500  the store could not do what was asked
+        ├── VersionConflict                       409  optimistic concurrency: the stored version moved
+        │   └── ClaimLost                         409  another writer claimed the session first; nothing ran
+        ├── SessionNotFound                       404  ``app.sessions.require`` of an id that is not stored
+        ├── StoreBusy                             503  locked or overloaded past the timeout: retry later
+        ├── StoreUnavailable                      503  the store cannot be reached: retry later
+        └── StoreClosed                           500  the store was used after ``close()``
+
+Retryable failures are classes of their own (``RETRYABLE``), so a Step Functions ``Retry`` can match
+them by name in ``ErrorEquals`` (``retryable_error_names()`` lists the names).
 
 Errors a caller must act on carry the facts as attributes, not only in the message.
 """
@@ -36,7 +51,12 @@ Errors a caller must act on carry the facts as attributes, not only in the messa
 from __future__ import annotations
 
 __all__ = [
+    "HTTP_STATUS",
+    "RETRYABLE",
     "AgentMismatch",
+    "BedrockMalformedResponse",
+    "BedrockModelError",
+    "BedrockModelUnavailable",
     "ClaimLost",
     "ConfigurationError",
     "DormantError",
@@ -47,7 +67,13 @@ __all__ = [
     "MalformedModelResponse",
     "ModelError",
     "ModelProviderError",
+    "ModelUnavailable",
+    "OpenAIMalformedResponse",
+    "OpenAIModelError",
+    "OpenAIModelUnavailable",
+    "OpenAIRefusal",
     "SchemaError",
+    "ScopeNotAssignable",
     "ScopeNotBound",
     "ScriptExhausted",
     "SessionNotFound",
@@ -56,13 +82,18 @@ __all__ = [
     "StoreBusy",
     "StoreClosed",
     "StoreError",
+    "StoreUnavailable",
     "TempOutsideInvocation",
+    "ToolArgumentsError",
     "ToolInputError",
     "UnknownCallId",
     "UnknownEventId",
     "UnknownScope",
     "UnknownStateKey",
+    "ValueNotStorable",
     "VersionConflict",
+    "http_status",
+    "retryable_error_names",
 ]
 
 
@@ -95,6 +126,14 @@ class InputError(DormantError):
 
 class InvalidSessionId(InputError):
     """A session id (or scope id, or app name) that is empty, too long, or has characters outside the allowed set."""
+
+
+class ValueNotStorable(InputError):
+    """A value no store can keep as it is: NaN or ±Infinity, or text with a lone surrogate or NUL.
+
+    Every store refuses the same values (Postgres cannot hold NUL, JSON has no NaN, UTF-8 no lone
+    surrogate), at input, naming the offending ``field``.
+    """
 
 
 class StateError(InputError):
@@ -139,6 +178,14 @@ class ScopeNotBound(StateError):
             f"scopes={{{scope!r}: '<id>'}} to write it",
             field=f"state.{scope}",
         )
+        self.scope = scope
+
+
+class ScopeNotAssignable(StateError, AttributeError):
+    """A scope assigned as a whole (``state.user = ...``): write its keys instead."""
+
+    def __init__(self, scope: str) -> None:
+        super().__init__(f"{scope!r} is a scope: write its keys (state.{scope}.<key> = ...)", field=f"state.{scope}")
         self.scope = scope
 
 
@@ -212,8 +259,8 @@ class ModelError(DormantError):
 class ModelProviderError(ModelError):
     """The provider's API failed, after its client's own retries when the failure was transient.
 
-    ``status_code`` is the HTTP status (if the server answered), ``code`` the provider's error code,
-    ``retryable`` whether the failure was of a transient kind (a later run may succeed).
+    ``status_code`` is the HTTP status (if the server answered), ``code`` the provider's error code.
+    A transient failure (a later run may succeed) is a ``ModelUnavailable``; ``retryable`` says so.
     """
 
     def __init__(
@@ -222,18 +269,59 @@ class ModelProviderError(ModelError):
         *,
         status_code: int | None = None,
         code: str | None = None,
-        retryable: bool = False,
         request_id: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.code = code
-        self.retryable = retryable
         self.request_id = request_id
+
+    @property
+    def retryable(self) -> bool:
+        return isinstance(self, ModelUnavailable)
+
+
+class ModelUnavailable(ModelProviderError):
+    """The provider throttled, timed out, was down or could not be reached (after its client's retries)."""
 
 
 class MalformedModelResponse(ModelProviderError):
     """The provider answered, but not with a model response (no choices, no output message...)."""
+
+
+class OpenAIModelError(ModelProviderError):
+    """The Chat Completions call failed (after the SDK's retries, when the failure was retryable)."""
+
+
+class OpenAIModelUnavailable(OpenAIModelError, ModelUnavailable):
+    """Chat Completions answered 408, 409, 429 or 5xx, timed out, or could not be reached."""
+
+
+class OpenAIMalformedResponse(OpenAIModelError, MalformedModelResponse):
+    """The server answered 2xx with something that is not a chat completion (no choices, no message...)."""
+
+
+class OpenAIRefusal(OpenAIModelError):
+    """The model refused to answer in the structured output asked for."""
+
+
+class BedrockModelError(ModelProviderError):
+    """The Converse call failed (after botocore's retries, when the failure was retryable).
+
+    ``code`` is the AWS error code (``ThrottlingException``, ``ValidationException``...).
+    """
+
+
+class BedrockModelUnavailable(BedrockModelError, ModelUnavailable):
+    """Converse throttled, timed out, was unavailable or could not be reached."""
+
+
+class BedrockMalformedResponse(BedrockModelError, MalformedModelResponse):
+    """Converse answered with something that has no output message."""
+
+
+class ToolArgumentsError(ModelError):
+    """Arguments from the model that the tool's schema refuses (shown to the model, not raised to callers)."""
 
 
 class ScriptExhausted(ModelError):
@@ -261,10 +349,8 @@ class ClaimLost(VersionConflict):
     """``dormant.serving.advance`` lost the claim on a session: another writer's input or run landed first.
 
     Raised before any tool ran and with nothing written, so the caller may reload and decide again.
-    ``reason`` says what happened; an HTTP handler answers ``http_status`` (409 Conflict).
+    ``reason`` says what happened; an HTTP handler answers 409 Conflict.
     """
-
-    http_status = 409
 
     def __init__(self, session_id: str, *, expected_version: int, actual_version: int, reason: str) -> None:
         StoreError.__init__(self, f"session {session_id!r}: {reason}; nothing was run")
@@ -275,7 +361,7 @@ class ClaimLost(VersionConflict):
 
 
 class SessionNotFound(StoreError, KeyError):
-    """No session with that id in the store."""
+    """No session with that id in the store (``app.sessions.require``; ``get`` returns ``None`` instead)."""
 
     def __init__(self, session_id: str) -> None:
         super().__init__(f"no session {session_id!r} in the store")
@@ -289,5 +375,69 @@ class StoreBusy(StoreError):
     """The database stayed locked past the store's timeout; retrying later may succeed."""
 
 
+class StoreUnavailable(StoreError):
+    """The store cannot be reached (connection refused, network down); retrying later may succeed."""
+
+
 class StoreClosed(StoreError):
     """The store was used after ``close()``."""
+
+
+HTTP_STATUS: dict[type[DormantError], int] = {
+    DormantError: 500,
+    ConfigurationError: 500,
+    SchemaError: 500,
+    InputError: 400,
+    InvalidSessionId: 400,
+    ValueNotStorable: 422,
+    StateError: 400,
+    StateValidationError: 422,
+    UnknownStateKey: 400,
+    UnknownScope: 400,
+    ScopeNotBound: 400,
+    ScopeNotAssignable: 400,
+    TempOutsideInvocation: 400,
+    EventValidationError: 400,
+    EventIndexError: 404,
+    UnknownEventId: 404,
+    UnknownCallId: 409,
+    ToolInputError: 422,
+    AgentMismatch: 409,
+    ModelError: 502,
+    ModelProviderError: 502,
+    ModelUnavailable: 503,
+    MalformedModelResponse: 502,
+    OpenAIModelError: 502,
+    OpenAIModelUnavailable: 503,
+    OpenAIMalformedResponse: 502,
+    OpenAIRefusal: 502,
+    BedrockModelError: 502,
+    BedrockModelUnavailable: 503,
+    BedrockMalformedResponse: 502,
+    ToolArgumentsError: 502,
+    ScriptExhausted: 500,
+    StoreError: 500,
+    VersionConflict: 409,
+    ClaimLost: 409,
+    SessionNotFound: 404,
+    StoreBusy: 503,
+    StoreUnavailable: 503,
+    StoreClosed: 500,
+}
+"""The HTTP status a handler answers with for each error class (the tree above shows them)."""
+
+RETRYABLE: tuple[type[DormantError], ...] = (ModelUnavailable, StoreBusy, StoreUnavailable)
+"""Transient failures: the same call may succeed later."""
+
+
+def http_status(exc: BaseException) -> int:
+    """The HTTP status for ``exc``: its class's entry, else its nearest ancestor's (500 for a non-dormant error)."""
+    for kind in type(exc).__mro__:
+        if kind in HTTP_STATUS:
+            return HTTP_STATUS[kind]
+    return 500
+
+
+def retryable_error_names() -> list[str]:
+    """The names of the retryable classes and their subclasses (for a Step Functions ``ErrorEquals``)."""
+    return sorted(kind.__name__ for kind in HTTP_STATUS if issubclass(kind, RETRYABLE))

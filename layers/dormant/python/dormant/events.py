@@ -11,8 +11,9 @@ from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
 
+from .clock import now_ms
 from .errors import EventValidationError
-from .ids import new_id, now_ms
+from .ids import new_id
 
 __all__ = [
     "AssistantEvent",

@@ -1,4 +1,4 @@
-"""Ids and the clock.
+"""Ids (and ``now_ms``, re-exported from ``dormant.clock``, where every timestamp comes from).
 
 Ids end up inside storage keys (``S#{app}#{session}`` on DynamoDB), so they are restricted to a
 character set that can never collide with a key separator: letters, digits and ``_ . : @ + = -``.
@@ -7,19 +7,15 @@ character set that can never collide with a key separator: letters, digits and `
 from __future__ import annotations
 
 import re
-import time
 import uuid
 
+from .clock import now_ms
 from .errors import InvalidSessionId
 
 __all__ = ["MAX_ID_LENGTH", "check_id", "new_id", "now_ms"]
 
 MAX_ID_LENGTH = 128
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+=-]*")
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def new_id(prefix: str = "") -> str:

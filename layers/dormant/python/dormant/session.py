@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, overload
 
+from .clock import now_ms
 from .errors import (
     ConfigurationError,
     EventIndexError,
@@ -20,7 +21,7 @@ from .errors import (
     UnknownScope,
 )
 from .events import Event, StateChangeEvent, ToolInputEvent, UserEvent
-from .ids import check_id, new_id, now_ms
+from .ids import check_id, new_id
 from .models.base import Message
 from .projection import Output, Projection, SessionStatus, StateSnapshot, YieldedTool
 from .state.access import Access, Invocation

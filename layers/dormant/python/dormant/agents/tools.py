@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from ..errors import ConfigurationError, ToolInputError
+from ..errors import ConfigurationError, ToolArgumentsError, ToolInputError
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -23,10 +23,6 @@ if TYPE_CHECKING:
 __all__ = ["Tool", "ToolArgumentsError", "ToolContext"]
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-
-
-class ToolArgumentsError(Exception):
-    """Arguments from the model that the tool's schema refuses (shown to the model, not raised to callers)."""
 
 
 class _NoArgs(BaseModel):

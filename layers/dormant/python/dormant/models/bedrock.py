@@ -37,11 +37,18 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ConfigurationError, MalformedModelResponse, ModelError, ModelProviderError
+from ..errors import (
+    BedrockMalformedResponse,
+    BedrockModelError,
+    BedrockModelUnavailable,
+    ConfigurationError,
+    ModelError,
+)
 from ..events import Usage
 from .base import Message, ModelRequest, ModelResponse, ToolCall
 
-__all__ = ["BedrockAdapter", "BedrockMalformedResponse", "BedrockModelError"]
+# The errors are defined in dormant.errors (one tree) and re-exported here, where callers look for them.
+__all__ = ["BedrockAdapter", "BedrockMalformedResponse", "BedrockModelError", "BedrockModelUnavailable"]
 
 _CLIENT_OPTIONS = frozenset(
     {
@@ -91,17 +98,6 @@ _RETRYABLE_CODES = frozenset(
 )
 _TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
 _OUTPUT_TOOL_DESCRIPTION = "Give your final answer by calling this tool once, with the answer as its input."
-
-
-class BedrockModelError(ModelProviderError):
-    """The Converse call failed (after botocore's retries, when the failure was retryable).
-
-    ``code`` is the AWS error code (``ThrottlingException``, ``ValidationException``...).
-    """
-
-
-class BedrockMalformedResponse(BedrockModelError, MalformedModelResponse):
-    """Converse answered with something that has no output message."""
 
 
 class BedrockAdapter:
@@ -385,11 +381,11 @@ def _translate(exc: Exception, model_id: str) -> ModelError | ConfigurationError
         code = str(error.get("Code") or "Unknown")
         retries = _int(meta.get("RetryAttempts"))
         tried = f" after {retries} {'retry' if retries == 1 else 'retries'}" if retries else ""
-        return BedrockModelError(
+        kind = BedrockModelUnavailable if code in _RETRYABLE_CODES else BedrockModelError
+        return kind(
             f"{where} failed{tried}: {code}: {error.get('Message') or exc}",
             code=code,
             status_code=meta.get("HTTPStatusCode"),
-            retryable=code in _RETRYABLE_CODES,
             request_id=meta.get("RequestId"),
         )
     if isinstance(exc, NoCredentialsError):
@@ -397,7 +393,7 @@ def _translate(exc: Exception, model_id: str) -> ModelError | ConfigurationError
     if isinstance(exc, ParamValidationError):
         return BedrockModelError(f"{where}: botocore refused the request: {exc}")
     if isinstance(exc, ReadTimeoutError | ConnectionError):
-        return BedrockModelError(f"{where} could not be reached: {exc}", retryable=True)
+        return BedrockModelUnavailable(f"{where} could not be reached: {exc}")
     if isinstance(exc, BotoCoreError):
         return BedrockModelError(f"{where} failed: {exc}")
     return BedrockModelError(f"{where} failed: {type(exc).__name__}: {exc}")

@@ -33,14 +33,22 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigurationError, MalformedModelResponse, ModelError, ModelProviderError
+from ..errors import (
+    ConfigurationError,
+    ModelError,
+    OpenAIMalformedResponse,
+    OpenAIModelError,
+    OpenAIModelUnavailable,
+    OpenAIRefusal,
+)
 from ..events import Usage
 from .base import Message, ModelRequest, ModelResponse, ToolCall
 
 if TYPE_CHECKING:
     import openai as openai_sdk
 
-__all__ = ["OpenAIAdapter", "OpenAIModelError", "OpenAIMalformedResponse", "OpenAIRefusal"]
+# The errors are defined in dormant.errors (one tree) and re-exported here, where callers look for them.
+__all__ = ["OpenAIAdapter", "OpenAIMalformedResponse", "OpenAIModelError", "OpenAIModelUnavailable", "OpenAIRefusal"]
 
 # Options that configure the SDK client, not the request body.
 _CLIENT_OPTIONS = frozenset(
@@ -65,18 +73,6 @@ _RESERVED = frozenset({"model", "messages", "tools", "stream", "extra_body", "ex
 _CREATE_NON_BODY = frozenset({"extra_headers", "extra_query", "extra_body", "timeout"})
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
 _SCHEMA_NAME = re.compile(r"[^A-Za-z0-9_-]")
-
-
-class OpenAIModelError(ModelProviderError):
-    """The Chat Completions call failed (after the SDK's retries, when the failure was retryable)."""
-
-
-class OpenAIMalformedResponse(OpenAIModelError, MalformedModelResponse):
-    """The server answered 2xx with something that is not a chat completion (no choices, no message...)."""
-
-
-class OpenAIRefusal(OpenAIModelError):
-    """The model refused to answer in the structured output asked for."""
 
 
 class OpenAIAdapter:
@@ -306,19 +302,18 @@ def _translate(exc: Exception, client: openai_sdk.OpenAI) -> ModelError:
     tried = f" after {retries} {'retry' if retries == 1 else 'retries'}" if retries else ""
     if isinstance(exc, sdk.APIStatusError):
         status = exc.status_code
-        retryable = status in _RETRYABLE_STATUS or status >= 500
-        return OpenAIModelError(
+        kind = OpenAIModelUnavailable if status in _RETRYABLE_STATUS or status >= 500 else OpenAIModelError
+        return kind(
             f"{where} failed with HTTP {status}{tried}: {_error_detail(exc)}",
             status_code=status,
-            retryable=retryable,
             request_id=exc.request_id,
         )
     if isinstance(exc, sdk.APITimeoutError):
-        return OpenAIModelError(f"{where} timed out{tried}", retryable=True)
+        return OpenAIModelUnavailable(f"{where} timed out{tried}")
     if isinstance(exc, sdk.APIConnectionError):
         cause = exc.__cause__ or exc.__context__
         detail = f": {cause}" if cause is not None else ""
-        return OpenAIModelError(f"{where} could not connect{tried}{detail}", retryable=True)
+        return OpenAIModelUnavailable(f"{where} could not connect{tried}{detail}")
     if isinstance(exc, sdk.APIResponseValidationError):
         return OpenAIMalformedResponse(f"{where} returned an invalid response: {exc}", status_code=exc.status_code)
     if isinstance(exc, ValueError):  # a 2xx body that is not JSON

@@ -25,10 +25,9 @@ APP_SCOPE_ID = "app"
 """The id the ``app`` scope is stored under: it needs no binding, every session of the app shares it."""
 
 # Attribute names the state views keep for themselves: a session key cannot be called this.
-RESERVED_KEYS = frozenset({"update", "get", "to_dict"}) | frozenset(SCOPES)
+RESERVED_KEYS = frozenset({"update", "get", "keys", "to_dict"}) | frozenset(SCOPES)
 
 _JSON: TypeAdapter[Any] = TypeAdapter(JsonValue)
-_MISSING = object()
 
 
 @dataclass
@@ -145,7 +144,6 @@ class Schema:
                     f"session state cannot have a key named {clash[0]!r}: the state view uses that name",
                     scope="session",
                 )
-        self.models: dict[str, type[BaseModel]] = models
         self.scopes: dict[str, ScopeSchema] = {name: ScopeSchema(name, model) for name, model in models.items()}
         if "session" not in self.scopes:
             self.scopes["session"] = ScopeSchema("session", None)
@@ -155,7 +153,3 @@ class Schema:
 
     def __getitem__(self, scope: str) -> ScopeSchema:
         return self.scopes[scope]
-
-    @property
-    def shared(self) -> list[str]:
-        return [name for name in SHARED_SCOPES if name in self.scopes]

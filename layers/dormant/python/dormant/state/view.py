@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
+from ..errors import ScopeNotAssignable
 from .schema import SCOPES
 
 __all__ = ["ScopeView", "StateAccess", "StateView"]
@@ -62,6 +63,10 @@ class ScopeView:
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._access.values(self._scope)))
 
+    def keys(self) -> list[str]:
+        """The keys that hold a value (so ``dict(state)`` and ``dict(state.user)`` work)."""
+        return list(self._access.values(self._scope))
+
     def get(self, key: str, default: Any = None) -> Any:
         return self._access.read(self._scope, key) if key in self else default
 
@@ -101,5 +106,5 @@ class StateView(ScopeView):
 
     def __setattr__(self, key: str, value: Any) -> None:
         if key in SCOPES:
-            raise AttributeError(f"{key!r} is a scope: write its keys (state.{key}.<key> = ...)")
+            raise ScopeNotAssignable(key)
         super().__setattr__(key, value)
