@@ -38,7 +38,7 @@ class Floor:
         self.conn = psycopg.connect(url, autocommit=True)
         self._inserts: dict[int, str] = {}
 
-    def commit(self, app: str, sid: str, rows: list[dict[str, Any]], version: int, first_idx: int) -> None:
+    def commit(self, app: str, sid: str, rows: list[dict[str, Any]], version: int) -> None:
         """``version=0`` creates the row; otherwise the UPDATE must find ``version``."""
         conn, now = self.conn, time.time_ns() // 1_000_000
         with conn.pipeline():
@@ -60,7 +60,7 @@ class Floor:
                 raise AssertionError("the floor's commit conflicted")
             params: list[Any] = []
             for n, row in enumerate(rows):
-                params += [app, sid, row["id"], first_idx + n, json.dumps(row)]
+                params += [app, sid, row["id"], version + 1, n, json.dumps(row)]
             conn.execute(self._insert(len(rows)), params)
             conn.execute("COMMIT")
 
@@ -72,7 +72,8 @@ class Floor:
                 "SELECT version, scopes::text, created_at FROM sessions WHERE app_name = %s AND id = %s", (app, sid)
             )
             data = conn.execute(
-                "SELECT data::text FROM events WHERE app_name = %s AND session_id = %s ORDER BY idx", (app, sid)
+                "SELECT data::text FROM events WHERE app_name = %s AND session_id = %s ORDER BY version, seq",
+                (app, sid),
             )
             conn.execute("COMMIT")
         return [json.loads(text) for (text,) in data.fetchall()]
@@ -86,8 +87,10 @@ class Floor:
 
     def _insert(self, count: int) -> str:
         if count not in self._inserts:
-            values = ", ".join(["(%s, %s, %s, %s, %s::jsonb)"] * count)
-            self._inserts[count] = f"INSERT INTO events (app_name, session_id, event_id, idx, data) VALUES {values}"
+            values = ", ".join(["(%s, %s, %s, %s, %s, %s::jsonb)"] * count)
+            self._inserts[count] = (
+                f"INSERT INTO events (app_name, session_id, event_id, version, seq, data) VALUES {values}"
+            )
         return self._inserts[count]
 
 
@@ -171,7 +174,7 @@ def _measure(store: Any, floor: Floor) -> list[Figure]:
         app = f"w1-floor-{n}"
         started = time.perf_counter()
         for version, batch in enumerate(rows):
-            floor.commit(app, "w1", batch, version, version * len(batch))
+            floor.commit(app, "w1", batch, version)
         return time.perf_counter() - started
 
     w1 = _paired(w1_ours, w1_floor, REPEAT)
@@ -208,7 +211,7 @@ def _measure(store: Any, floor: Floor) -> list[Figure]:
         app = f"w4-floor-{n}"
         started = time.perf_counter()
         for s, batch in enumerate(batch_rows):
-            floor.commit(app, f"s{s}", batch, 0, 0)
+            floor.commit(app, f"s{s}", batch, 0)
         return time.perf_counter() - started
 
     create_ours, create_raw = _paired(w4_ours, w4_floor, 3 if QUICK else 5)

@@ -40,17 +40,17 @@ class Floor:
             (APP, sid, now, now),
         )
         conn.executemany(
-            "INSERT INTO events (app_name, session_id, event_id, idx, data) VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO events (app_name, session_id, event_id, version, seq, data) VALUES (?, ?, ?, 1, ?, ?)",
             [(APP, sid, row["id"], n, json.dumps(row)) for n, row in enumerate(rows)],
         )
         conn.execute("COMMIT")
 
-    def commit(self, sid: str, rows: list[dict[str, Any]], version: int, first_idx: int) -> None:
+    def commit(self, sid: str, rows: list[dict[str, Any]], version: int) -> None:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(
-            "INSERT INTO events (app_name, session_id, event_id, idx, data) VALUES (?, ?, ?, ?, ?)",
-            [(APP, sid, row["id"], first_idx + n, json.dumps(row)) for n, row in enumerate(rows)],
+            "INSERT INTO events (app_name, session_id, event_id, version, seq, data) VALUES (?, ?, ?, ?, ?, ?)",
+            [(APP, sid, row["id"], version + 1, n, json.dumps(row)) for n, row in enumerate(rows)],
         )
         changed = conn.execute(
             "UPDATE sessions SET version = version + 1, updated_at = ? WHERE app_name = ? AND id = ? AND version = ?",
@@ -64,7 +64,7 @@ class Floor:
         conn.execute("BEGIN")
         conn.execute("SELECT version, scopes, created_at FROM sessions WHERE app_name = ? AND id = ?", (APP, sid))
         rows = conn.execute(
-            "SELECT data FROM events WHERE app_name = ? AND session_id = ? ORDER BY idx", (APP, sid)
+            "SELECT data FROM events WHERE app_name = ? AND session_id = ? ORDER BY version, seq", (APP, sid)
         ).fetchall()
         conn.execute("COMMIT")
         return [json.loads(data) for (data,) in rows]
@@ -109,7 +109,7 @@ def run() -> list[Figure]:
         floor.create("w1", [])
         started = time.perf_counter()
         for version, batch in enumerate(rows, start=1):
-            floor.commit("w1", batch, version, (version - 1) * len(batch))
+            floor.commit("w1", batch, version)
         elapsed = time.perf_counter() - started
         floor.conn.close()
         return elapsed

@@ -164,7 +164,8 @@ def test_tables_land_in_the_search_path_schema_as_jsonb(postgres_url: str, fresh
     )
     assert {table for table, _ in columns} == {"sessions", "events", "scoped_state"}
     assert columns["events", "data"] == columns["sessions", "scopes"] == columns["scoped_state", "value"] == "jsonb"
-    assert columns["events", "idx"] == columns["sessions", "updated_at"] == "bigint"
+    assert columns["sessions", "created_at"] == columns["sessions", "updated_at"] == "bigint"
+    assert columns["events", "version"] == columns["events", "seq"] == "integer"
     assert columns["sessions", "status"] == "text"
     indexes = {
         name for (name,) in _sql(postgres_url, "SELECT indexname FROM pg_indexes WHERE schemaname = %s", (schema,))
@@ -332,7 +333,7 @@ def test_a_refused_commit_leaves_no_rows_behind(postgres_url: str, app: str) -> 
     assert count("SELECT count(*) FROM scoped_state WHERE app_name = %s") == 0
 
 
-def test_appended_events_get_contiguous_indexes_after_skipped_ids(postgres_url: str, app: str) -> None:
+def test_appended_events_are_numbered_in_their_commit_after_skipped_ids(postgres_url: str, app: str) -> None:
     store = postgres_store(postgres_url)
     try:
         meta = _meta(app)
@@ -340,5 +341,7 @@ def test_appended_events_get_contiguous_indexes_after_skipped_ids(postgres_url: 
         store.commit(meta, [_event(2), _event(3), _event(1), _event(3), _event(4)], 1)
     finally:
         store.close()
-    rows = _sql(postgres_url, "SELECT event_id, idx FROM events WHERE app_name = %s ORDER BY idx", (app,))
-    assert rows == [("evt-1", 0), ("evt-2", 1), ("evt-3", 2), ("evt-4", 3)]
+    rows = _sql(
+        postgres_url, "SELECT event_id, version, seq FROM events WHERE app_name = %s ORDER BY version, seq", (app,)
+    )
+    assert rows == [("evt-1", 1, 0), ("evt-2", 1, 1), ("evt-3", 2, 0), ("evt-4", 2, 1)]

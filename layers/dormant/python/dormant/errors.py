@@ -20,7 +20,10 @@ The tree (with the HTTP status a handler maps each class to; ``http_status(exc)`
     │   ├── UnknownEventId                        404  an event id not in the ledger (a KeyError)
     │   ├── UnknownCallId                         409  an answer for a tool call that is not waiting
     │   ├── ToolInputError                        422  an answer refused by the tool's ``yield_schema``
-    │   └── AgentMismatch                         409  resuming with another agent than the one waiting
+    │   ├── AgentMismatch                         409  resuming with another agent than the one waiting
+    │   ├── EventTooLarge                         413  an event over the store's ``max_event_bytes`` (``event_id``)
+    │   ├── CommitTooLarge                        413  a commit over a store limit (``size``, ``limit``)
+    │   └── ScopeMismatch                         409  a commit whose scopes differ from the stored row's (``scope``)
     ├── ModelError                                502  a model failed; a run records it and ends with ``error``
     │   ├── ModelProviderError                    502  the provider's API failed (``status_code``, ``code``)
     │   │   ├── ModelUnavailable                  503  throttled, timed out, down or unreachable: retry later
@@ -58,9 +61,11 @@ __all__ = [
     "BedrockModelError",
     "BedrockModelUnavailable",
     "ClaimLost",
+    "CommitTooLarge",
     "ConfigurationError",
     "DormantError",
     "EventIndexError",
+    "EventTooLarge",
     "EventValidationError",
     "InputError",
     "InvalidSessionId",
@@ -73,6 +78,7 @@ __all__ = [
     "OpenAIModelUnavailable",
     "OpenAIRefusal",
     "SchemaError",
+    "ScopeMismatch",
     "ScopeNotAssignable",
     "ScopeNotBound",
     "ScriptExhausted",
@@ -252,6 +258,44 @@ class AgentMismatch(InputError):
         self.given_agent = given_agent
 
 
+class EventTooLarge(InputError):
+    """An event whose encoded JSON is over the store's ``limits.max_event_bytes``; nothing was written."""
+
+    def __init__(self, event_id: str, *, size: int, limit: int) -> None:
+        super().__init__(
+            f"event {event_id!r} is {size:,} bytes encoded; a store takes at most {limit:,} per event",
+            field="new_events",
+        )
+        self.event_id = event_id
+        self.size = size
+        self.limit = limit
+
+
+class CommitTooLarge(InputError):
+    """A commit over one of the store's limits (events, bytes, a scoped value); nothing was written."""
+
+    def __init__(self, message: str, *, size: int, limit: int, field: str = "new_events") -> None:
+        super().__init__(message, field=field)
+        self.size = size
+        self.limit = limit
+
+
+class ScopeMismatch(InputError):
+    """A commit whose scopes differ from the stored session's: scopes are fixed at creation; nothing was written."""
+
+    def __init__(self, session_id: str, *, stored: dict[str, str], given: dict[str, str]) -> None:
+        scope = min(name for name in {*stored, *given} if stored.get(name) != given.get(name))
+        super().__init__(
+            f"session {session_id!r} is bound to {scope}={stored.get(scope)!r}, not {given.get(scope)!r}: "
+            "scopes are fixed when a session is created",
+            field=f"scopes.{scope}",
+        )
+        self.session_id = session_id
+        self.scope = scope
+        self.stored = stored
+        self.given = given
+
+
 class ModelError(DormantError):
     """A model adapter failed. Inside a run this is recorded and the run ends with status ``error``."""
 
@@ -403,6 +447,9 @@ HTTP_STATUS: dict[type[DormantError], int] = {
     UnknownCallId: 409,
     ToolInputError: 422,
     AgentMismatch: 409,
+    EventTooLarge: 413,
+    CommitTooLarge: 413,
+    ScopeMismatch: 409,
     ModelError: 502,
     ModelProviderError: 502,
     ModelUnavailable: 503,

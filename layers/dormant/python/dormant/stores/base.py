@@ -1,23 +1,54 @@
-"""The store contract: seven methods, the records that cross them, and what every store must hold to.
+"""The store contract, and the skeleton every built-in store is made on.
 
 A store persists two things: a session's metadata row with its append-only events, and scoped state
 (values shared by every session bound to one user, patient, practice, org, team, or the app). It knows
 nothing of agents, runs or derived state: the session service above it decides what to write.
 
-What every store guarantees (and ``dormant.testing.StoreContract`` checks):
+The contract (``SessionStore``; ``dormant.testing.StoreContract`` checks every point):
 
 * ``commit`` with ``expected_version=0`` creates the session; otherwise it succeeds only when the stored
   version equals ``expected_version``, and then bumps it by exactly one.
 * A commit is all or nothing: on a version mismatch (or a deleted session) nothing is written — no
   events, no scoped changes — and the result carries the actual version (0 when there is no row).
+* Scopes are fixed at creation. A commit onto a stored session (``expected_version > 0``) whose
+  ``session.scopes`` differ from the row's — another id, a scope added or left out — raises
+  ``ScopeMismatch`` and writes nothing, whatever the version: reloading cannot fix it, so it is an
+  error, not a conflict. ``forked_from`` and ``fork_reason`` are written at creation and kept.
 * Events are append-only, ordered (within a batch and across batches), and idempotent by event id:
   a re-sent event already stored is skipped without disturbing order; the batch's new events land at
   the end, in order. ``appended`` counts only those.
-* ``save_scoped_state`` merges: keys not mentioned are untouched, a key set to ``None`` is deleted.
-  Scoped changes passed to ``commit`` are written in the same atomic step as its events.
+* Positions: every event is stored with the version of the commit that stored it.
+  ``load(..., after=v)`` returns the row and only the events stored by versions after ``v`` — the tail
+  a caller holding version ``v`` lacks. ``after=0`` (or ``None``) is the whole ledger. Every store
+  keys or indexes events by (version, position in the commit), so the tail is one range read.
+* Limits (``StoreLimits``, on ``store.limits``): at most ``max_events_per_commit`` events and
+  ``max_commit_bytes`` of encoded events per commit, each event at most ``max_event_bytes`` and each
+  scoped value at most ``max_scoped_value_bytes`` once encoded. Over a limit, ``EventTooLarge`` or
+  ``CommitTooLarge`` is raised before anything is written. Every store accepts everything within the
+  defaults, so an app can move between stores.
+* ``updated_at`` never goes backwards: a commit stores ``max(now, previous)``, so listings keep their
+  order when clocks of several writers disagree.
 * ``list`` returns an app's sessions (never another app's), most recently updated first, a page at a
   time: pass ``cursor=`` the last listing's ``cursor`` to continue.
 * ``close`` releases what the store owns; calling it twice is harmless.
+
+``save_scoped_state`` is not part of the Protocol: the runtime writes scoped state only with a commit.
+The built-in stores keep it (``BaseSessionStore.save_scoped_state``) for seeding shared values from
+outside any session, such as a profile edited in a back office.
+
+Writing a store on ``BaseSessionStore`` (the DynamoDB store is one). The base does, once for every
+store: argument checks, de-duplicating a batch, encoding events (``encode_event``/``decode_event``:
+the one seam where compression or chunking plugs in), the limits, merging scoped changes into sorted
+writes, the clock, and turning the gate's answer into a ``CommitResult`` or a ``ScopeMismatch``.
+A store supplies only these primitives, each documented with the concurrency it must provide:
+
+* ``_read(app, session_id, after)`` -> ``(row, [encoded events])`` or ``None``: one consistent snapshot;
+* ``_write(commit: PreparedCommit)`` -> events appended, or ``Refused``: the atomic, gated step;
+* ``_save_scoped(app, writes)``: scoped writes on their own, atomically;
+* ``_load_scoped(app, scope, scope_id)`` -> ``{key: encoded value}``;
+* ``_delete(app, session_id)``, ``_list(app, limit, after)`` and ``_close()``.
+
+Then run ``StoreContract`` against it.
 """
 
 from __future__ import annotations
@@ -25,29 +56,31 @@ from __future__ import annotations
 import base64
 import builtins
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
-from ..errors import InputError, VersionConflict
+from ..clock import now_ms
+from ..errors import CommitTooLarge, EventTooLarge, InputError, ScopeMismatch, StoreClosed, VersionConflict
 from ..events import Event, EventBase, parse_event_json
 from ..ids import check_id
 
 __all__ = [
+    "BaseSessionStore",
     "CommitResult",
+    "EncodedEvent",
     "LoadedSession",
+    "PreparedCommit",
+    "Refused",
     "ScopedStateChange",
+    "ScopedWrite",
     "SessionListing",
     "SessionStore",
+    "StoreLimits",
     "StoredSession",
-    "check_commit",
     "decode_cursor",
     "encode_cursor",
-    "encode_values",
-    "event_from_json",
-    "event_to_json",
-    "merge_scoped_changes",
-    "unique_new",
 ]
 
 
@@ -63,12 +96,17 @@ class StoredSession:
     status: str | None = None
     """The session's status as of this version, kept on the row so listings can filter on it."""
     updated_at: int = 0
+    forked_from: str | None = None
+    """For a fork (a run that could not join its session): the session it was taken from."""
+    fork_reason: str | None = None
+    """Why the fork was taken."""
 
 
 @dataclass(frozen=True)
 class LoadedSession:
     session: StoredSession
     events: list[Event]
+    """The whole ledger in order, or with ``load(..., after=v)`` the events stored after version ``v``."""
 
 
 @dataclass(frozen=True)
@@ -111,12 +149,28 @@ class SessionListing(NamedTuple):
         return encode_cursor(self.updated_at, self.id)
 
 
+@dataclass(frozen=True)
+class StoreLimits:
+    """How much one commit may carry. The defaults are what every built-in store accepts."""
+
+    max_events_per_commit: int = 10_000
+    max_event_bytes: int = 1 << 20
+    """One event's encoded JSON, in UTF-8 bytes (1 MiB)."""
+    max_commit_bytes: int = 32 << 20
+    """All of one commit's encoded events together (32 MiB)."""
+    max_scoped_value_bytes: int = 256 << 10
+    """One scoped value's encoded JSON (256 KiB)."""
+
+
 @runtime_checkable
 class SessionStore(Protocol):
-    """Where sessions live. Implement these seven methods, then run ``dormant.testing.StoreContract``."""
+    """Where sessions live. Implement these six methods, then run ``dormant.testing.StoreContract``."""
 
-    def load(self, app_name: str, session_id: str) -> LoadedSession | None:
-        """The session's row and its events in order, or ``None``. Never shows half of a commit."""
+    def load(self, app_name: str, session_id: str, *, after: int | None = None) -> LoadedSession | None:
+        """The row and its events in order (only those stored after version ``after``), or ``None``.
+
+        Never shows half of a commit.
+        """
         ...
 
     def commit(
@@ -129,7 +183,8 @@ class SessionStore(Protocol):
         """Append ``new_events`` and apply ``scoped_changes`` if the stored version is ``expected_version``.
 
         Must write nothing and return ``ok=False`` with the actual version on a mismatch; must skip
-        events whose id is already stored. ``session.scopes`` and ``session.status`` are saved on the row.
+        events whose id is already stored. ``session.status`` is saved on the row; ``session.scopes``
+        must match the row's (``ScopeMismatch``).
         """
         ...
 
@@ -138,10 +193,6 @@ class SessionStore(Protocol):
         ...
 
     def load_scoped_state(self, app_name: str, scope: str, scope_id: str) -> dict[str, Any]: ...
-
-    def save_scoped_state(self, app_name: str, scope: str, scope_id: str, state: Mapping[str, Any]) -> None:
-        """Merge ``state`` into the scope: unmentioned keys stay, ``None`` deletes a key."""
-        ...
 
     def list(
         self, app_name: str, *, limit: int | None = None, cursor: str | None = None
@@ -152,57 +203,273 @@ class SessionStore(Protocol):
     def close(self) -> None: ...
 
 
-def check_commit(session: StoredSession, new_events: Sequence[Event], expected_version: int) -> None:
-    """The argument checks every store makes before touching storage."""
-    check_id(session.app_name, "app name")
-    check_id(session.id)
-    if not isinstance(expected_version, int) or isinstance(expected_version, bool) or expected_version < 0:
-        raise InputError(f"expected_version must be an int >= 0, not {expected_version!r}", field="expected_version")
-    for event in new_events:
-        if not isinstance(event, EventBase):
-            raise InputError(f"commit takes events, not {type(event).__name__}", field="new_events")
+# -- what the base hands a store's primitives ---------------------------------------------------
 
 
-def merge_scoped_changes(changes: Sequence[ScopedStateChange] | None) -> dict[tuple[str, str], dict[str, Any]]:
-    """Group scoped changes by (scope, scope_id); a later change to a key wins."""
-    grouped: dict[tuple[str, str], dict[str, Any]] = {}
-    for change in changes or ():
-        check_id(change.scope_id, "scope id")
-        grouped.setdefault((change.scope, change.scope_id), {})[change.key] = change.value
-    return grouped
+class EncodedEvent(NamedTuple):
+    id: str
+    data: str
+    """The event as ``encode_event`` made it."""
 
 
-def unique_new(new_events: Sequence[Event], stored_ids: set[str] | frozenset[str]) -> builtins.list[Event]:
-    """The events of a batch that are not stored yet, in order, each id once."""
-    seen = set(stored_ids)
-    fresh = []
-    for event in new_events:
-        if event.id not in seen:
+class ScopedWrite(NamedTuple):
+    scope: str
+    scope_id: str
+    key: str
+    value: str | None
+    """Encoded JSON, or ``None``: delete the key."""
+
+
+class Refused(NamedTuple):
+    """The gate's answer when it does not open: the stored version (0: no row) and the row's scopes."""
+
+    version: int
+    scopes: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class PreparedCommit:
+    """A checked, encoded commit, ready for a store's ``_write``."""
+
+    row: StoredSession
+    """The row to store: ``version`` is the one to grant, ``updated_at`` and (on create) ``created_at`` are now.
+
+    On an update, keep the stored ``created_at``, ``forked_from`` and ``fork_reason``, and store
+    ``updated_at = max(row.updated_at, stored updated_at)``.
+    """
+    expected_version: int
+    events: tuple[EncodedEvent, ...]
+    """In order, each id once; ids already stored are the store's to skip (``fresh``)."""
+    scoped: tuple[ScopedWrite, ...]
+    """One write per key, sorted (so concurrent commits lock keys in the same order)."""
+
+    def admits(self, version: int, scopes: Mapping[str, str] | None) -> bool:
+        """The gate, for stores that read the row under their lock: the version, and fixed scopes."""
+        return version == self.expected_version and (version == 0 or scopes == self.row.scopes)
+
+    def fresh(self, stored_ids: set[str] | frozenset[str]) -> builtins.list[EncodedEvent]:
+        """The events not stored yet, in order."""
+        return [event for event in self.events if event.id not in stored_ids]
+
+
+class BaseSessionStore(ABC):
+    """The shared steps of every store; subclasses supply the ``_``-prefixed primitives."""
+
+    limits: ClassVar[StoreLimits] = StoreLimits()
+    _closed: bool = False
+
+    # -- the contract -------------------------------------------------------------------------
+
+    def load(self, app_name: str, session_id: str, *, after: int | None = None) -> LoadedSession | None:
+        check_id(app_name, "app name")
+        check_id(session_id)
+        if after is not None and not _is_count(after):
+            raise InputError(f"after is a version (an int >= 0), not {after!r}", field="after")
+        self._check_open()
+        found = self._read(app_name, session_id, after or 0)
+        if found is None:
+            return None
+        row, data = found
+        return LoadedSession(row, [self.decode_event(item) for item in data])
+
+    def commit(
+        self,
+        session: StoredSession,
+        new_events: Sequence[Event],
+        expected_version: int,
+        scoped_changes: Sequence[ScopedStateChange] | None = None,
+    ) -> CommitResult:
+        prepared = self._prepare(session, new_events, expected_version, scoped_changes)
+        self._check_open()
+        outcome = self._write(prepared)
+        if isinstance(outcome, Refused):
+            if expected_version > 0 and outcome.version > 0 and outcome.scopes != prepared.row.scopes:
+                raise ScopeMismatch(session.id, stored=outcome.scopes or {}, given=prepared.row.scopes)
+            return CommitResult(ok=False, version=outcome.version, appended=0)
+        return CommitResult(ok=True, version=expected_version + 1, appended=outcome)
+
+    def delete(self, app_name: str, session_id: str) -> None:
+        check_id(app_name, "app name")
+        check_id(session_id)
+        self._check_open()
+        self._delete(app_name, session_id)
+
+    def load_scoped_state(self, app_name: str, scope: str, scope_id: str) -> dict[str, Any]:
+        check_id(app_name, "app name")
+        check_id(scope_id, "scope id")
+        self._check_open()
+        return {key: json.loads(value) for key, value in self._load_scoped(app_name, scope, scope_id).items()}
+
+    def save_scoped_state(self, app_name: str, scope: str, scope_id: str, state: Mapping[str, Any]) -> None:
+        """Merge ``state`` into the scope: unmentioned keys stay, ``None`` deletes a key."""
+        check_id(app_name, "app name")
+        writes = self._scoped_writes([ScopedStateChange(scope, scope_id, key, value) for key, value in state.items()])
+        self._check_open()
+        self._save_scoped(app_name, writes)
+
+    def list(
+        self, app_name: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> builtins.list[SessionListing]:
+        check_id(app_name, "app name")
+        if limit is not None and (not _is_count(limit) or limit < 1):
+            raise InputError(f"limit is an int >= 1, not {limit!r}", field="limit")
+        after = decode_cursor(cursor) if cursor is not None else None
+        self._check_open()
+        return self._list(app_name, limit, after)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    # -- the encoding seam ----------------------------------------------------------------------
+
+    def encode_event(self, event: Event) -> str:
+        """An event as stored. Override (with ``decode_event``) to compress; chunking goes here too."""
+        return event.model_dump_json()
+
+    def decode_event(self, data: str | bytes) -> Event:
+        return parse_event_json(data)
+
+    # -- primitives -----------------------------------------------------------------------------
+
+    @abstractmethod
+    def _read(self, app_name: str, session_id: str, after: int) -> tuple[StoredSession, Sequence[str]] | None:
+        """The row and the encoded events of versions > ``after``, in (version, position) order.
+
+        Concurrency: one snapshot. The events shown are exactly those of versions up to the row's
+        version: never a version still being written, never a row older than its events.
+        """
+
+    @abstractmethod
+    def _write(self, commit: PreparedCommit) -> int | Refused:
+        """The gated, atomic step; returns the number of events appended, or ``Refused``.
+
+        Concurrency: all or nothing, serialised per session against every other ``_write``. The gate
+        opens only when ``commit.admits(stored version, stored scopes)`` (no row: version 0). Then:
+        append ``commit.fresh(ids already stored)`` at version ``commit.row.version``, positions
+        0, 1, ... in order; store the row (see ``PreparedCommit.row``); apply ``commit.scoped``.
+        When the gate stays shut nothing is written and ``Refused(stored version, stored scopes)``
+        comes back (the scopes are needed only when a row exists and ``expected_version > 0``).
+        """
+
+    @abstractmethod
+    def _save_scoped(self, app_name: str, writes: Sequence[ScopedWrite]) -> None:
+        """Apply ``writes`` (``None`` deletes the key) all together. Concurrency: atomic."""
+
+    @abstractmethod
+    def _load_scoped(self, app_name: str, scope: str, scope_id: str) -> dict[str, str]:
+        """The scope's keys and encoded values. Concurrency: shows no half-applied commit."""
+
+    @abstractmethod
+    def _delete(self, app_name: str, session_id: str) -> None:
+        """Remove the row and every event. Concurrency: a ``_write`` that follows must find no row."""
+
+    @abstractmethod
+    def _list(self, app_name: str, limit: int | None, after: tuple[int, str] | None) -> builtins.list[SessionListing]:
+        """Rows ordered by (updated_at, id) descending, only those below ``after`` when given."""
+
+    @abstractmethod
+    def _close(self) -> None:
+        """Release what the store owns (called once)."""
+
+    # -- shared steps -----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed("this store was closed")
+
+    def _prepare(
+        self,
+        session: StoredSession,
+        new_events: Sequence[Event],
+        expected_version: int,
+        scoped_changes: Sequence[ScopedStateChange] | None,
+    ) -> PreparedCommit:
+        check_id(session.app_name, "app name")
+        check_id(session.id)
+        if not _is_count(expected_version):
+            raise InputError(
+                f"expected_version must be an int >= 0, not {expected_version!r}", field="expected_version"
+            )
+        limits = self.limits
+        seen: set[str] = set()
+        events: builtins.list[EncodedEvent] = []
+        total = 0
+        for event in new_events:
+            if not isinstance(event, EventBase):
+                raise InputError(f"commit takes events, not {type(event).__name__}", field="new_events")
+            if event.id in seen:
+                continue
             seen.add(event.id)
-            fresh.append(event)
-    return fresh
+            data = self.encode_event(event)
+            size = _utf8_size(data)
+            if size > limits.max_event_bytes:
+                raise EventTooLarge(event.id, size=size, limit=limits.max_event_bytes)
+            total += size
+            events.append(EncodedEvent(event.id, data))
+        if len(events) > limits.max_events_per_commit:
+            raise CommitTooLarge(
+                f"a commit carries at most {limits.max_events_per_commit:,} events, not {len(events):,}",
+                size=len(events),
+                limit=limits.max_events_per_commit,
+            )
+        if total > limits.max_commit_bytes:
+            raise CommitTooLarge(
+                f"a commit's events total at most {limits.max_commit_bytes:,} bytes encoded, not {total:,}",
+                size=total,
+                limit=limits.max_commit_bytes,
+            )
+        now = now_ms()
+        row = StoredSession(
+            id=session.id,
+            app_name=session.app_name,
+            version=expected_version + 1,
+            scopes=dict(session.scopes),
+            created_at=session.created_at or now,
+            status=session.status,
+            updated_at=now,
+            forked_from=session.forked_from,
+            fork_reason=session.fork_reason,
+        )
+        return PreparedCommit(row, expected_version, tuple(events), self._scoped_writes(scoped_changes or ()))
+
+    def _scoped_writes(self, changes: Sequence[ScopedStateChange]) -> tuple[ScopedWrite, ...]:
+        """One write per (scope, scope id, key) — a later change wins — encoded, checked and sorted."""
+        latest: dict[tuple[str, str, str], Any] = {}
+        for change in changes:
+            check_id(change.scope_id, "scope id")
+            latest[(change.scope, change.scope_id, change.key)] = change.value
+        limit = self.limits.max_scoped_value_bytes
+        writes = []
+        for (scope, scope_id, key), value in sorted(latest.items(), key=lambda item: item[0]):
+            field_name = f"state.{scope}.{key}"
+            if value is None:
+                writes.append(ScopedWrite(scope, scope_id, key, None))
+                continue
+            try:
+                text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                raise InputError(f"scoped value {scope}.{key} is not JSON: {exc}", field=field_name) from exc
+            size = _utf8_size(text)
+            if size > limit:
+                raise CommitTooLarge(
+                    f"scoped value {scope}.{key} is {size:,} bytes encoded; the limit is {limit:,}",
+                    size=size,
+                    limit=limit,
+                    field=field_name,
+                )
+            writes.append(ScopedWrite(scope, scope_id, key, text))
+        return tuple(writes)
 
 
-def encode_values(values: Mapping[str, Any]) -> dict[str, str | None]:
-    """Scoped values as JSON text (``None`` stays ``None``: delete the key)."""
-    encoded: dict[str, str | None] = {}
-    for key, value in values.items():
-        if value is None:
-            encoded[key] = None
-            continue
-        try:
-            encoded[key] = json.dumps(value, separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise InputError(f"scoped value {key!r} is not JSON: {exc}", field=f"state.{key}") from exc
-    return encoded
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def event_to_json(event: Event) -> str:
-    return event.model_dump_json()
-
-
-def event_from_json(data: str | bytes) -> Event:
-    return parse_event_json(data)
+def _utf8_size(text: str) -> int:
+    """UTF-8 length of ``text`` (``isascii`` is a flag lookup: most events skip the encode)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 def encode_cursor(updated_at: int, session_id: str) -> str:

@@ -4,7 +4,7 @@ Give it a connection string and it builds (and on ``close()`` closes) a ``psycop
 give it a pool you manage and it uses that pool as it is — never closing or re-configuring it, and
 reading rows as tuples whatever ``row_factory`` the pool's connections carry.
 
-Tables: the same three as the SQLite store (JSONB in place of TEXT), unqualified, so they land in the
+Tables: the same three as the SQLite store (``sql_schema``; JSONB in place of TEXT), unqualified, so they land in the
 connection's ``search_path``. They are created on the store's first use, once per store object. A role
 without CREATE rights works against tables that already exist; on a database without them it fails on
 that first statement with a ``ConfigurationError`` saying so. Concurrent creators — threads, or
@@ -15,18 +15,19 @@ A commit is one transaction on one connection, in two round trips: first the ver
 conditional ``UPDATE ... RETURNING``, or ``INSERT ... ON CONFLICT DO NOTHING`` to create), which takes
 the session row's lock; then, pipelined, the event appends, the scoped-state writes and ``COMMIT``.
 The appends run after the gate, under its lock, so their statement snapshot sees every event
-committed before it: stored ids are skipped and the new events get the indexes right after the
-current last one, all in one ``INSERT ... SELECT``. On a version mismatch the transaction is rolled
-back and nothing is written.
+committed before it: stored ids are skipped and the new events are numbered at the granted version,
+all in one ``INSERT ... SELECT``. The gate also holds the scopes fixed: the ``UPDATE`` matches only the
+row's own scopes. On a refusal the transaction is rolled back and nothing is written.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
+import itertools
 import json
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -37,95 +38,57 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
-from ..errors import ConfigurationError, DormantError, StoreBusy, StoreClosed, StoreError
-from ..events import Event
-from ..ids import check_id, now_ms
-from .base import (
-    CommitResult,
-    LoadedSession,
-    ScopedStateChange,
-    SessionListing,
-    StoredSession,
-    check_commit,
-    decode_cursor,
-    encode_values,
-    event_from_json,
-    event_to_json,
-    merge_scoped_changes,
-    unique_new,
-)
+from ..errors import ConfigurationError, DormantError, StoreBusy, StoreError
+from .base import BaseSessionStore, PreparedCommit, Refused, ScopedWrite, SessionListing, StoredSession
+from .sql_schema import INDEXES, TABLES, ddl
 
 __all__ = ["DDL", "PostgresSessionStore", "postgres_store"]
 
-DDL = """
-CREATE TABLE IF NOT EXISTS sessions (
-  app_name TEXT NOT NULL,
-  id TEXT NOT NULL,
-  version INTEGER NOT NULL DEFAULT 0,
-  scopes JSONB NOT NULL DEFAULT '{}',
-  status TEXT,
-  created_at BIGINT NOT NULL,
-  updated_at BIGINT NOT NULL,
-  PRIMARY KEY (app_name, id)
-);
-CREATE INDEX IF NOT EXISTS idx_sessions_updated ON sessions (app_name, updated_at, id);
-CREATE TABLE IF NOT EXISTS events (
-  app_name TEXT NOT NULL,
-  session_id TEXT NOT NULL,
-  event_id TEXT NOT NULL,
-  idx BIGINT NOT NULL,
-  data JSONB NOT NULL,
-  PRIMARY KEY (app_name, session_id, event_id)
-);
-CREATE INDEX IF NOT EXISTS idx_events_order ON events (app_name, session_id, idx);
-CREATE TABLE IF NOT EXISTS scoped_state (
-  app_name TEXT NOT NULL,
-  scope TEXT NOT NULL,
-  scope_id TEXT NOT NULL,
-  key TEXT NOT NULL,
-  value JSONB NOT NULL,
-  PRIMARY KEY (app_name, scope, scope_id, key)
-);
-"""
-_RELATIONS = ("sessions", "idx_sessions_updated", "events", "idx_events_order", "scoped_state")
+DDL = ddl("JSONB")
+_RELATIONS = TABLES + INDEXES
 _DDL_LOCK = 0x646F726D616E74  # "dormant": the advisory lock every store takes around its DDL
 
 _SCHEMA_PRESENT = sql.SQL("SELECT current_user, current_schema(), {}").format(
     sql.SQL(" AND ").join(sql.SQL("to_regclass({}) IS NOT NULL").format(sql.Literal(r)) for r in _RELATIONS)
 )
 _CREATE = (
-    "INSERT INTO sessions (app_name, id, version, scopes, status, created_at, updated_at)"
-    " VALUES (%(app)s, %(sid)s, 1, %(scopes)s::jsonb, %(status)s, %(created)s, %(now)s)"
-    " ON CONFLICT (app_name, id) DO NOTHING RETURNING version"
+    "INSERT INTO sessions (app_name, id, version, scopes, status, created_at, updated_at, forked_from, fork_reason)"
+    " VALUES (%(app)s, %(sid)s, 1, %(scopes)s::jsonb, %(status)s, %(created)s, %(now)s, %(forked_from)s,"
+    " %(fork_reason)s) ON CONFLICT (app_name, id) DO NOTHING RETURNING version"
 )
+# Scopes are part of the gate (JSONB equality ignores key order): a refusal reads them back to say which.
 _BUMP = (
-    "UPDATE sessions SET version = version + 1, scopes = %(scopes)s::jsonb, status = %(status)s,"
-    " updated_at = GREATEST(updated_at, %(now)s)"
-    " WHERE app_name = %(app)s AND id = %(sid)s AND version = %(expected)s RETURNING version"
+    "UPDATE sessions SET version = version + 1, status = %(status)s, updated_at = GREATEST(updated_at, %(now)s)"
+    " WHERE app_name = %(app)s AND id = %(sid)s AND version = %(expected)s AND scopes = %(scopes)s::jsonb"
+    " RETURNING version"
 )
-_VERSION = "SELECT version FROM sessions WHERE app_name = %s AND id = %s"
+_REFUSED = "SELECT version, scopes::text FROM sessions WHERE app_name = %s AND id = %s"
 # Runs after the gate, holding the row's lock: no other commit can append to this session meanwhile,
 # and this statement's snapshot includes every event committed before the lock was granted. Ids already
-# stored are skipped; the rest get the indexes right after the session's last one, in batch order.
+# stored are skipped; the rest are numbered 0, 1, ... at the granted version, in batch order.
 #
 # Each id is probed in the primary key on its own. Spelled as a range with ORDER BY, the probe can only
 # be served in order by the primary key, so the planner picks it even without statistics (a table this
 # store just created): written as a plain equality or anti-join, it may instead walk every event of the
 # session through idx_events_order, making each commit cost O(session length).
 _APPEND = (
-    "INSERT INTO events (app_name, session_id, event_id, idx, data)"
-    " SELECT %(app)s, %(sid)s, batch.event_id, last.idx + row_number() OVER (ORDER BY batch.n), batch.data::jsonb"
+    "INSERT INTO events (app_name, session_id, event_id, version, seq, data)"
+    " SELECT %(app)s, %(sid)s, batch.event_id, %(version)s, row_number() OVER (ORDER BY batch.n) - 1,"
+    " batch.data::jsonb"
     " FROM unnest(%(ids)b::text[], %(data)b::text[]) WITH ORDINALITY AS batch (event_id, data, n)"
-    " CROSS JOIN (SELECT COALESCE(MAX(idx), -1) AS idx FROM events"
-    " WHERE app_name = %(app)s AND session_id = %(sid)s) AS last"
     " LEFT JOIN LATERAL (SELECT true AS found FROM events AS stored"
     " WHERE stored.app_name = %(app)s AND stored.session_id = %(sid)s"
     " AND stored.event_id >= batch.event_id AND stored.event_id <= batch.event_id"
     " ORDER BY stored.event_id LIMIT 1) AS stored ON true"
     " WHERE stored.found IS NULL"
 )
-_LOAD_ROW = "SELECT version, scopes::text, created_at, status, updated_at FROM sessions WHERE app_name = %s AND id = %s"
-_LOAD_EVENTS = "SELECT data::text FROM events WHERE app_name = %s AND session_id = %s ORDER BY idx"
+_LOAD_ROW = (
+    "SELECT version, scopes::text, created_at, status, updated_at, forked_from, fork_reason FROM sessions"
+    " WHERE app_name = %s AND id = %s"
+)
+_LOAD_EVENTS = (
+    "SELECT data::text FROM events WHERE app_name = %s AND session_id = %s AND version > %s ORDER BY version, seq"
+)
 _UPSERT_SCOPED = (
     "INSERT INTO scoped_state (app_name, scope, scope_id, key, value)"
     " SELECT %(app)s, %(scope)s, %(scope_id)s, item.key, item.value::jsonb"
@@ -141,101 +104,93 @@ _LOAD_SCOPED = "SELECT key, value::text FROM scoped_state WHERE app_name = %s AN
 _PIPELINE = psycopg.Pipeline.is_supported()
 
 
-class PostgresSessionStore:
+class PostgresSessionStore(BaseSessionStore):
     def __init__(self, pool: ConnectionPool[Any], *, owns_pool: bool) -> None:
         self._pool = pool
         self._owns_pool = owns_pool
-        self._closed = False
         self._schema_lock = threading.Lock()
         self._schema_ready = False
 
-    # -- the contract -----------------------------------------------------------------------
+    # -- primitives ---------------------------------------------------------------------------
 
-    def load(self, app_name: str, session_id: str) -> LoadedSession | None:
+    def _read(self, app_name: str, session_id: str, after: int) -> tuple[StoredSession, Sequence[str]] | None:
         with self._connection() as conn:
             # One snapshot for the row and its events: a commit landing between the two reads must not
             # give a version older (or newer) than the events shown with it.
             with _atomic(conn):
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 meta = conn.cursor(row_factory=tuple_row).execute(_LOAD_ROW, (app_name, session_id))
-                data = conn.cursor(row_factory=tuple_row).execute(_LOAD_EVENTS, (app_name, session_id))
+                data = conn.cursor(row_factory=tuple_row).execute(_LOAD_EVENTS, (app_name, session_id, after))
             row = meta.fetchone()
             rows = data.fetchall()
         if row is None:
             return None
-        version, scopes, created_at, status, updated_at = row
-        stored = StoredSession(session_id, app_name, version, json.loads(scopes), created_at, status, updated_at)
-        return LoadedSession(stored, [event_from_json(text) for (text,) in rows])
+        version, scopes, created_at, status, updated_at, forked_from, fork_reason = row
+        stored = StoredSession(
+            session_id, app_name, version, json.loads(scopes), created_at, status, updated_at, forked_from, fork_reason
+        )
+        return stored, [text for (text,) in rows]
 
-    def commit(
-        self,
-        session: StoredSession,
-        new_events: Sequence[Event],
-        expected_version: int,
-        scoped_changes: Sequence[ScopedStateChange] | None = None,
-    ) -> CommitResult:
-        check_commit(session, new_events, expected_version)
-        scoped = _scoped_writes(session.app_name, merge_scoped_changes(scoped_changes))
-        batch = unique_new(new_events, frozenset())  # ids stored already are skipped by the INSERT itself
-        now = now_ms()
+    def _write(self, commit: PreparedCommit) -> int | Refused:
+        new = commit.row
         gate = {
-            "app": session.app_name,
-            "sid": session.id,
-            "scopes": json.dumps(session.scopes),
-            "status": session.status,
-            "created": session.created_at or now,
-            "now": now,
-            "expected": expected_version,
+            "app": new.app_name,
+            "sid": new.id,
+            "scopes": json.dumps(new.scopes),
+            "status": new.status,
+            "created": new.created_at,
+            "now": new.updated_at,
+            "expected": commit.expected_version,
+            "forked_from": new.forked_from,
+            "fork_reason": new.fork_reason,
         }
         append = {
-            "app": session.app_name,
-            "sid": session.id,
-            "ids": [event.id for event in batch],
-            "data": [event_to_json(event) for event in batch],
+            "app": new.app_name,
+            "sid": new.id,
+            "version": new.version,
+            "ids": [event.id for event in commit.events],
+            "data": [event.data for event in commit.events],
         }
         with self._connection() as conn:
             appended = None
             with _atomic(conn):
-                granted = conn.cursor(row_factory=tuple_row).execute(_CREATE if expected_version == 0 else _BUMP, gate)
+                granted = conn.cursor(row_factory=tuple_row).execute(
+                    _CREATE if commit.expected_version == 0 else _BUMP, gate
+                )
                 if granted.fetchone() is None:  # in a pipeline, this fetch is the first round trip's end
                     raise _Refuse
-                if batch:
+                if commit.events:
                     appended = conn.cursor().execute(_APPEND, append)
-                for statement, params in scoped:
+                for statement, params in _scoped_statements(new.app_name, commit.scoped):
                     conn.execute(statement, params)
             if granted.rowcount != 1:
-                row = conn.cursor(row_factory=tuple_row).execute(_VERSION, (session.app_name, session.id)).fetchone()
-                return CommitResult(ok=False, version=row[0] if row else 0, appended=0)
-        return CommitResult(ok=True, version=expected_version + 1, appended=appended.rowcount if appended else 0)
+                row = conn.cursor(row_factory=tuple_row).execute(_REFUSED, (new.app_name, new.id)).fetchone()
+                return Refused(row[0], json.loads(row[1])) if row else Refused(0)
+        return appended.rowcount if appended else 0
 
-    def delete(self, app_name: str, session_id: str) -> None:
+    def _save_scoped(self, app_name: str, writes: Sequence[ScopedWrite]) -> None:
+        with self._connection() as conn, _atomic(conn):
+            for statement, params in _scoped_statements(app_name, writes):
+                conn.execute(statement, params)
+
+    def _load_scoped(self, app_name: str, scope: str, scope_id: str) -> dict[str, str]:
+        with self._connection() as conn:
+            rows = conn.cursor(row_factory=tuple_row).execute(_LOAD_SCOPED, (app_name, scope, scope_id)).fetchall()
+        return dict(rows)
+
+    def _delete(self, app_name: str, session_id: str) -> None:
         # The row first: that waits for a commit holding its lock, so the events DELETE (a later
         # snapshot) sees that commit's events, and no later commit can append to a deleted session.
         with self._connection() as conn, _atomic(conn):
             conn.execute("DELETE FROM sessions WHERE app_name = %s AND id = %s", (app_name, session_id))
             conn.execute("DELETE FROM events WHERE app_name = %s AND session_id = %s", (app_name, session_id))
 
-    def load_scoped_state(self, app_name: str, scope: str, scope_id: str) -> dict[str, Any]:
-        with self._connection() as conn:
-            rows = conn.cursor(row_factory=tuple_row).execute(_LOAD_SCOPED, (app_name, scope, scope_id)).fetchall()
-        return {key: json.loads(value) for key, value in rows}
-
-    def save_scoped_state(self, app_name: str, scope: str, scope_id: str, state: Mapping[str, Any]) -> None:
-        check_id(scope_id, "scope id")
-        writes = _scoped_writes(app_name, {(scope, scope_id): dict(state)})
-        with self._connection() as conn, _atomic(conn):
-            for statement, params in writes:
-                conn.execute(statement, params)
-
-    def list(
-        self, app_name: str, *, limit: int | None = None, cursor: str | None = None
-    ) -> builtins.list[SessionListing]:
+    def _list(self, app_name: str, limit: int | None, after: tuple[int, str] | None) -> builtins.list[SessionListing]:
         query = "SELECT id, updated_at, created_at, version, status FROM sessions WHERE app_name = %s"
         params: builtins.list[Any] = [app_name]
-        if cursor:
-            updated_at, after_id = decode_cursor(cursor)
+        if after is not None:
             query += " AND (updated_at, id) < (%s, %s)"
-            params += [updated_at, after_id]
+            params += list(after)
         query += " ORDER BY updated_at DESC, id DESC"
         if limit is not None:
             query += " LIMIT %s"
@@ -244,11 +199,8 @@ class PostgresSessionStore:
             rows = conn.cursor(row_factory=tuple_row).execute(query, params).fetchall()
         return [SessionListing(*row) for row in rows]
 
-    def close(self) -> None:
+    def _close(self) -> None:
         """Close the pool the store built; a pool given to the store is left open, for its owner."""
-        if self._closed:
-            return
-        self._closed = True
         if self._owns_pool:
             self._pool.close()
 
@@ -257,8 +209,6 @@ class PostgresSessionStore:
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection, with dormant's tables in place, and psycopg's errors as dormant's."""
-        if self._closed:
-            raise StoreClosed("this store was closed")
         with _translate(), self._pool.connection() as conn:
             if not self._schema_ready:
                 with self._schema_lock:  # the first caller makes the tables; the others wait for it
@@ -291,23 +241,21 @@ class PostgresSessionStore:
             ) from exc
 
 
-def _scoped_writes(
-    app_name: str, grouped: Mapping[tuple[str, str], Mapping[str, Any]]
-) -> builtins.list[tuple[str, dict[str, Any]]]:
-    """The statements that merge scoped values, in a fixed (sorted) order so concurrent commits that
-    touch the same keys lock them in the same order and cannot deadlock."""
-    writes: builtins.list[tuple[str, dict[str, Any]]] = []
-    for (scope, scope_id), values in sorted(grouped.items()):
-        encoded = sorted(encode_values(values).items())
+def _scoped_statements(app_name: str, writes: Sequence[ScopedWrite]) -> builtins.list[tuple[str, dict[str, Any]]]:
+    """The statements that apply ``writes`` (sorted by the base, so concurrent commits touching the same
+    keys lock them in the same order and cannot deadlock): one upsert and one delete per scope id."""
+    statements: builtins.list[tuple[str, dict[str, Any]]] = []
+    for (scope, scope_id), group in itertools.groupby(writes, key=lambda w: (w.scope, w.scope_id)):
         target = {"app": app_name, "scope": scope, "scope_id": scope_id}
-        upserts = [(key, value) for key, value in encoded if value is not None]
-        deletes = [key for key, value in encoded if value is None]
+        items = list(group)
+        upserts = [(w.key, w.value) for w in items if w.value is not None]
+        deletes = [w.key for w in items if w.value is None]
         if upserts:
             keys, texts = zip(*upserts, strict=True)
-            writes.append((_UPSERT_SCOPED, {**target, "keys": list(keys), "values": list(texts)}))
+            statements.append((_UPSERT_SCOPED, {**target, "keys": list(keys), "values": list(texts)}))
         if deletes:
-            writes.append((_DELETE_SCOPED, {**target, "keys": deletes}))
-    return writes
+            statements.append((_DELETE_SCOPED, {**target, "keys": deletes}))
+    return statements
 
 
 class _Refuse(Exception):

@@ -13,67 +13,25 @@ import builtins
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import ConfigurationError, StoreBusy, StoreClosed, StoreError
-from ..events import Event
-from ..ids import check_id, now_ms
-from .base import (
-    CommitResult,
-    LoadedSession,
-    ScopedStateChange,
-    SessionListing,
-    StoredSession,
-    check_commit,
-    decode_cursor,
-    encode_values,
-    event_from_json,
-    event_to_json,
-    merge_scoped_changes,
-    unique_new,
-)
+from ..errors import ConfigurationError, StoreBusy, StoreError
+from .base import BaseSessionStore, PreparedCommit, Refused, ScopedWrite, SessionListing, StoredSession
+from .sql_schema import ddl
 
 __all__ = ["DDL", "SQLiteSessionStore", "sqlite_store"]
 
-DDL = """
-CREATE TABLE IF NOT EXISTS sessions (
-  app_name TEXT NOT NULL,
-  id TEXT NOT NULL,
-  version INTEGER NOT NULL DEFAULT 0,
-  scopes TEXT NOT NULL DEFAULT '{}',
-  status TEXT,
-  created_at INTEGER NOT NULL,
-  updated_at INTEGER NOT NULL,
-  PRIMARY KEY (app_name, id)
-);
-CREATE INDEX IF NOT EXISTS idx_sessions_updated ON sessions (app_name, updated_at, id);
-CREATE TABLE IF NOT EXISTS events (
-  app_name TEXT NOT NULL,
-  session_id TEXT NOT NULL,
-  event_id TEXT NOT NULL,
-  idx INTEGER NOT NULL,
-  data TEXT NOT NULL,
-  PRIMARY KEY (app_name, session_id, event_id)
-);
-CREATE INDEX IF NOT EXISTS idx_events_order ON events (app_name, session_id, idx);
-CREATE TABLE IF NOT EXISTS scoped_state (
-  app_name TEXT NOT NULL,
-  scope TEXT NOT NULL,
-  scope_id TEXT NOT NULL,
-  key TEXT NOT NULL,
-  value TEXT NOT NULL,
-  PRIMARY KEY (app_name, scope, scope_id, key)
-);
-"""
+DDL = ddl("TEXT")
 
 _BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 _ID_CHUNK = 500  # event ids per "IN (...)" lookup, well under SQLite's variable limit
+_ROW = "SELECT version, scopes, created_at, status, updated_at, forked_from, fork_reason FROM sessions"
 
 
-class SQLiteSessionStore:
+class SQLiteSessionStore(BaseSessionStore):
     def __init__(
         self,
         path: str | Path,
@@ -85,7 +43,6 @@ class SQLiteSessionStore:
             raise ConfigurationError(f"synchronous is OFF, NORMAL, FULL or EXTRA, not {synchronous!r}")
         self.path = str(path)
         self._lock = threading.RLock()
-        self._closed = False
         if self.path != ":memory:":
             Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
         with _translate():
@@ -97,94 +54,86 @@ class SQLiteSessionStore:
                     if statement.strip():
                         self._conn.execute(statement)
 
-    # -- the contract -----------------------------------------------------------------------
+    # -- primitives ---------------------------------------------------------------------------
 
-    def load(self, app_name: str, session_id: str) -> LoadedSession | None:
+    def _read(self, app_name: str, session_id: str, after: int) -> tuple[StoredSession, Sequence[str]] | None:
         with self._use(), self._transaction("BEGIN"):
-            row = self._conn.execute(
-                "SELECT version, scopes, created_at, status, updated_at FROM sessions WHERE app_name = ? AND id = ?",
-                (app_name, session_id),
-            ).fetchone()
+            row = self._conn.execute(f"{_ROW} WHERE app_name = ? AND id = ?", (app_name, session_id)).fetchone()
             if row is None:
                 return None
             data = self._conn.execute(
-                "SELECT data FROM events WHERE app_name = ? AND session_id = ? ORDER BY idx",
-                (app_name, session_id),
+                "SELECT data FROM events WHERE app_name = ? AND session_id = ? AND version > ? ORDER BY version, seq",
+                (app_name, session_id, after),
             ).fetchall()
-        version, scopes, created_at, status, updated_at = row
-        meta = StoredSession(session_id, app_name, version, json.loads(scopes), created_at, status, updated_at)
-        return LoadedSession(meta, [event_from_json(d) for (d,) in data])
+        version, scopes, created_at, status, updated_at, forked_from, fork_reason = row
+        meta = StoredSession(
+            session_id, app_name, version, json.loads(scopes), created_at, status, updated_at, forked_from, fork_reason
+        )
+        return meta, [d for (d,) in data]
 
-    def commit(
-        self,
-        session: StoredSession,
-        new_events: Sequence[Event],
-        expected_version: int,
-        scoped_changes: Sequence[ScopedStateChange] | None = None,
-    ) -> CommitResult:
-        check_commit(session, new_events, expected_version)
-        scoped = [(target, encode_values(values)) for target, values in merge_scoped_changes(scoped_changes).items()]
-        encoded = {event.id: event_to_json(event) for event in new_events}
-        app, sid = session.app_name, session.id
+    def _write(self, commit: PreparedCommit) -> int | Refused:
+        new = commit.row
+        app, sid = new.app_name, new.id
         with self._use(), self._transaction():
             conn = self._conn
-            row = conn.execute("SELECT version FROM sessions WHERE app_name = ? AND id = ?", (app, sid)).fetchone()
-            actual = row[0] if row is not None else 0
-            if actual != expected_version:
-                return CommitResult(ok=False, version=actual, appended=0)
-            fresh = unique_new(new_events, self._stored_ids(app, sid, list(encoded)) if row else frozenset())
-            if fresh:
-                (last,) = conn.execute(
-                    "SELECT COALESCE(MAX(idx), -1) FROM events WHERE app_name = ? AND session_id = ?", (app, sid)
-                ).fetchone()
-                conn.executemany(
-                    "INSERT INTO events (app_name, session_id, event_id, idx, data) VALUES (?, ?, ?, ?, ?)",
-                    [(app, sid, e.id, last + 1 + n, encoded[e.id]) for n, e in enumerate(fresh)],
-                )
-            now = now_ms()
-            scopes = json.dumps(session.scopes)
+            row = conn.execute(
+                "SELECT version, scopes FROM sessions WHERE app_name = ? AND id = ?", (app, sid)
+            ).fetchone()
+            stored = (row[0], json.loads(row[1])) if row is not None else (0, None)
+            if not commit.admits(*stored):
+                return Refused(*stored)
+            fresh = commit.fresh(self._stored_ids(app, sid, [e.id for e in commit.events]) if row else frozenset())
+            conn.executemany(
+                "INSERT INTO events (app_name, session_id, event_id, version, seq, data) VALUES (?, ?, ?, ?, ?, ?)",
+                [(app, sid, e.id, new.version, n, e.data) for n, e in enumerate(fresh)],
+            )
             if row is None:
                 conn.execute(
-                    "INSERT INTO sessions (app_name, id, version, scopes, status, created_at, updated_at)"
-                    " VALUES (?, ?, 1, ?, ?, ?, ?)",
-                    (app, sid, scopes, session.status, session.created_at or now, now),
+                    "INSERT INTO sessions (app_name, id, version, scopes, status, created_at, updated_at, forked_from,"
+                    " fork_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        app,
+                        sid,
+                        new.version,
+                        json.dumps(new.scopes),
+                        new.status,
+                        new.created_at,
+                        new.updated_at,
+                        new.forked_from,
+                        new.fork_reason,
+                    ),
                 )
             else:
                 conn.execute(
-                    "UPDATE sessions SET version = ?, scopes = ?, status = ?, updated_at = ?"
+                    "UPDATE sessions SET version = ?, status = ?, updated_at = MAX(updated_at, ?)"
                     " WHERE app_name = ? AND id = ?",
-                    (expected_version + 1, scopes, session.status, now, app, sid),
+                    (new.version, new.status, new.updated_at, app, sid),
                 )
-            for (scope, scope_id), values in scoped:
-                self._merge(app, scope, scope_id, values)
-            return CommitResult(ok=True, version=expected_version + 1, appended=len(fresh))
+            self._merge(app, commit.scoped)
+            return len(fresh)
 
-    def delete(self, app_name: str, session_id: str) -> None:
+    def _save_scoped(self, app_name: str, writes: Sequence[ScopedWrite]) -> None:
         with self._use(), self._transaction():
-            self._conn.execute("DELETE FROM events WHERE app_name = ? AND session_id = ?", (app_name, session_id))
-            self._conn.execute("DELETE FROM sessions WHERE app_name = ? AND id = ?", (app_name, session_id))
+            self._merge(app_name, writes)
 
-    def load_scoped_state(self, app_name: str, scope: str, scope_id: str) -> dict[str, Any]:
+    def _load_scoped(self, app_name: str, scope: str, scope_id: str) -> dict[str, str]:
         with self._use():
             rows = self._conn.execute(
                 "SELECT key, value FROM scoped_state WHERE app_name = ? AND scope = ? AND scope_id = ?",
                 (app_name, scope, scope_id),
             ).fetchall()
-        return {key: json.loads(value) for key, value in rows}
+        return dict(rows)
 
-    def save_scoped_state(self, app_name: str, scope: str, scope_id: str, state: Mapping[str, Any]) -> None:
-        check_id(scope_id, "scope id")
-        values = encode_values(state)
+    def _delete(self, app_name: str, session_id: str) -> None:
         with self._use(), self._transaction():
-            self._merge(app_name, scope, scope_id, values)
+            self._conn.execute("DELETE FROM events WHERE app_name = ? AND session_id = ?", (app_name, session_id))
+            self._conn.execute("DELETE FROM sessions WHERE app_name = ? AND id = ?", (app_name, session_id))
 
-    def list(
-        self, app_name: str, *, limit: int | None = None, cursor: str | None = None
-    ) -> builtins.list[SessionListing]:
+    def _list(self, app_name: str, limit: int | None, after: tuple[int, str] | None) -> builtins.list[SessionListing]:
         sql = "SELECT id, updated_at, created_at, version, status FROM sessions WHERE app_name = ?"
         params: builtins.list[Any] = [app_name]
-        if cursor:
-            updated_at, after_id = decode_cursor(cursor)
+        if after is not None:
+            updated_at, after_id = after
             sql += " AND (updated_at < ? OR (updated_at = ? AND id < ?))"
             params += [updated_at, updated_at, after_id]
         sql += " ORDER BY updated_at DESC, id DESC"
@@ -195,11 +144,9 @@ class SQLiteSessionStore:
             rows = self._conn.execute(sql, params).fetchall()
         return [SessionListing._make(row) for row in rows]
 
-    def close(self) -> None:
+    def _close(self) -> None:
         with self._lock:
-            if not self._closed:
-                self._closed = True
-                self._conn.close()
+            self._conn.close()
 
     # -- internals --------------------------------------------------------------------------
 
@@ -217,8 +164,8 @@ class SQLiteSessionStore:
             )
         return found
 
-    def _merge(self, app: str, scope: str, scope_id: str, values: Mapping[str, str | None]) -> None:
-        for key, value in values.items():
+    def _merge(self, app: str, writes: Sequence[ScopedWrite]) -> None:
+        for scope, scope_id, key, value in writes:
             if value is None:
                 self._conn.execute(
                     "DELETE FROM scoped_state WHERE app_name = ? AND scope = ? AND scope_id = ? AND key = ?",
@@ -234,8 +181,7 @@ class SQLiteSessionStore:
     @contextmanager
     def _use(self) -> Iterator[None]:
         with self._lock, _translate():
-            if self._closed:
-                raise StoreClosed("this store was closed")
+            self._check_open()  # again under the lock: close() may have run since the base checked
             yield
 
     @contextmanager

@@ -25,16 +25,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ..errors import StoreClosed
+from ..clock import frozen_clock
+from ..errors import CommitTooLarge, EventTooLarge, InputError, ScopeMismatch, StoreClosed
 from ..events import Event, StateChange, StateChangeEvent, ToolCallEvent, UserEvent
-from ..stores.base import ScopedStateChange, SessionStore, StoredSession
+from ..stores.base import ScopedStateChange, SessionStore, StoredSession, StoreLimits
 
 __all__ = ["StoreContract"]
 
 
 def _event(n: int | str, text: str | None = None) -> UserEvent:
     return UserEvent(
-        id=f"evt-{n}", created_at=1_700_000_000_000 + (n if isinstance(n, int) else 0), text=text or f"message {n}"
+        id=f"evt-{n}",
+        created_at=1_700_000_000_000 + (n if isinstance(n, int) else 0),
+        text=f"message {n}" if text is None else text,
     )
 
 
@@ -285,22 +288,41 @@ class StoreContract:
 
     # -- scoped state -----------------------------------------------------------------------
 
+    def seed(self, store: SessionStore, app: str, scope: str, scope_id: str, values: dict[str, Any]) -> None:
+        """Write scoped values the way the runtime does: riding on a commit (of a session of their own)."""
+        changes = [ScopedStateChange(scope, scope_id, key, value) for key, value in values.items()]
+        assert store.commit(self.meta(app), [], 0, changes).ok
+
     def test_scoped_state_merges_and_none_deletes(self, store: SessionStore, app: str) -> None:
-        store.save_scoped_state(app, "user", "u-1", {"theme": "dark", "locale": "en-GB", "n": 1})
-        store.save_scoped_state(app, "user", "u-1", {"theme": "light", "locale": None})
+        self.seed(store, app, "user", "u-1", {"theme": "dark", "locale": "en-GB", "n": 1})
+        self.seed(store, app, "user", "u-1", {"theme": "light", "locale": None})
         assert store.load_scoped_state(app, "user", "u-1") == {"theme": "light", "n": 1}
         assert store.load_scoped_state(app, "user", "u-2") == {}
         assert store.load_scoped_state(f"{app}-other", "user", "u-1") == {}
         assert store.load_scoped_state(app, "patient", "u-1") == {}
 
+    def test_save_scoped_state_merges_when_the_store_offers_it(self, store: SessionStore, app: str) -> None:
+        save = getattr(store, "save_scoped_state", None)
+        if save is None:
+            pytest.skip("this store has no save_scoped_state (it is not part of the SessionStore protocol)")
+        save(app, "user", "u-1", {"theme": "dark", "locale": "en-GB", "n": 1})
+        save(app, "user", "u-1", {"theme": "light", "locale": None})
+        assert store.load_scoped_state(app, "user", "u-1") == {"theme": "light", "n": 1}
+
     def test_scoped_values_keep_their_json_shape(self, store: SessionStore, app: str) -> None:
         value = {"list": [1, 2.5, "x", None, False], "nested": {"a": {"b": "c"}}}
-        store.save_scoped_state(app, "org", "o-1", {"v": value, "flag": False, "zero": 0, "empty": ""})
-        assert store.load_scoped_state(app, "org", "o-1") == {"v": value, "flag": False, "zero": 0, "empty": ""}
+        self.seed(store, app, "org", "o-1", {"v": value, "flag": False, "zero": 0, "empty": "", "one": "1"})
+        assert store.load_scoped_state(app, "org", "o-1") == {
+            "v": value,
+            "flag": False,
+            "zero": 0,
+            "empty": "",
+            "one": "1",
+        }
 
     def test_scoped_changes_land_with_the_commit(self, store: SessionStore, app: str) -> None:
         meta = self.meta(app, scopes={"user": "u-1"})
-        store.save_scoped_state(app, "user", "u-1", {"keep": 1, "drop": 2})
+        self.seed(store, app, "user", "u-1", {"keep": 1, "drop": 2})
         changes = [
             ScopedStateChange("user", "u-1", "name", "Ada"),
             ScopedStateChange("user", "u-1", "drop", None),
@@ -310,6 +332,160 @@ class StoreContract:
         assert store.commit(meta, [_event(1)], 0, changes).ok
         assert store.load_scoped_state(app, "user", "u-1") == {"keep": 1, "name": "Ada L."}
         assert store.load_scoped_state(app, "team", "t-1") == {"size": 3}
+
+    # -- scopes are fixed at creation -------------------------------------------------------
+
+    @pytest.mark.parametrize(
+        ("given", "scope"),
+        [({"user": "bob"}, "user"), ({}, "user"), ({"user": "alice", "team": "t-1"}, "team")],
+        ids=["rebound", "dropped", "added"],
+    )
+    def test_a_commit_with_other_scopes_is_refused_and_writes_nothing(
+        self, store: SessionStore, app: str, given: dict[str, str], scope: str
+    ) -> None:
+        meta = self.meta(app, scopes={"user": "alice"})
+        store.commit(meta, [_event(1)], 0)
+        other = self.meta(app, meta.id, scopes=given)
+        for expected in (1, 5):  # at the right version, and at a wrong one: retrying cannot fix it
+            with pytest.raises(ScopeMismatch) as caught:
+                store.commit(other, [_event(2)], expected, [ScopedStateChange("user", "bob", "k", 1)])
+            assert (caught.value.scope, caught.value.field) == (scope, f"scopes.{scope}")
+        loaded = store.load(app, meta.id)
+        assert loaded is not None
+        assert (loaded.session.version, loaded.session.scopes, _ids(loaded.events)) == (1, {"user": "alice"}, ["evt-1"])
+        assert store.load_scoped_state(app, "user", "bob") == {}
+        assert store.commit(meta, [_event(2)], 1).ok  # the session itself goes on
+
+    def test_creating_a_taken_id_with_other_scopes_is_a_conflict(self, store: SessionStore, app: str) -> None:
+        meta = self.meta(app, scopes={"user": "alice"})
+        store.commit(meta, [], 0)
+        again = store.commit(self.meta(app, meta.id, scopes={"user": "bob"}), [_event(1)], 0)
+        assert (again.ok, again.version, again.appended) == (False, 1, 0)
+
+    # -- fork fields ------------------------------------------------------------------------
+
+    def test_fork_fields_are_kept_from_creation(self, store: SessionStore, app: str) -> None:
+        fork = self.meta(app, forked_from="s-origin", fork_reason="both answered tool call c1")
+        store.commit(fork, [_event(1)], 0)
+        plain = self.meta(app)
+        store.commit(plain, [], 0)
+        store.commit(self.meta(app, fork.id), [_event(2)], 1)  # a later commit that does not repeat them
+        loaded, other = store.load(app, fork.id), store.load(app, plain.id)
+        assert loaded is not None and other is not None
+        assert (loaded.session.forked_from, loaded.session.fork_reason) == ("s-origin", "both answered tool call c1")
+        assert (other.session.forked_from, other.session.fork_reason) == (None, None)
+
+    # -- loading the tail -------------------------------------------------------------------
+
+    def test_load_after_a_version_returns_only_the_later_events(self, store: SessionStore, app: str) -> None:
+        meta = self.meta(app)
+        store.commit(meta, [_event(1), _event(2)], 0)  # version 1
+        store.commit(meta, [], 1)  # version 2: no events
+        store.commit(meta, [_event(3)], 2)  # version 3
+        store.commit(meta, [_event(2), _event(4), _event(5)], 3)  # version 4: evt-2 is stored already
+        tails = {}
+        for after in (None, 0, 1, 2, 3, 4, 99):
+            loaded = store.load(app, meta.id, after=after)
+            assert loaded is not None and loaded.session.version == 4
+            tails[after] = _ids(loaded.events)
+        assert tails == {
+            None: ["evt-1", "evt-2", "evt-3", "evt-4", "evt-5"],
+            0: ["evt-1", "evt-2", "evt-3", "evt-4", "evt-5"],
+            1: ["evt-3", "evt-4", "evt-5"],
+            2: ["evt-3", "evt-4", "evt-5"],
+            3: ["evt-4", "evt-5"],
+            4: [],
+            99: [],
+        }
+        assert store.load(app, "no-such-session", after=1) is None
+
+    @pytest.mark.parametrize("after", [-1, True, 1.0, "1"])
+    def test_load_after_takes_a_version(self, store: SessionStore, app: str, after: Any) -> None:
+        with pytest.raises(InputError) as caught:
+            store.load(app, "any", after=after)
+        assert caught.value.field == "after"
+
+    # -- limits -----------------------------------------------------------------------------
+
+    @staticmethod
+    def limits(store: SessionStore) -> StoreLimits:
+        return getattr(store, "limits", StoreLimits())
+
+    def test_an_event_at_the_size_limit_is_stored_and_one_byte_more_is_refused(
+        self, store: SessionStore, app: str
+    ) -> None:
+        limit = self.limits(store).max_event_bytes
+        meta = self.meta(app)
+        overhead = len(_event("big", "").model_dump_json().encode())
+        # Multi-byte text, so a store that counts characters instead of bytes lets the second one through.
+        fits = _event("big", "é" * ((limit - overhead) // 2) + "x" * ((limit - overhead) % 2))
+        assert len(fits.model_dump_json().encode()) == limit
+        assert store.commit(meta, [fits], 0).appended == 1
+        over = _event("over", "é" * ((limit - overhead) // 2 + 1))
+        with pytest.raises(EventTooLarge) as caught:
+            store.commit(meta, [_event(1), over], 1)
+        assert (caught.value.event_id, caught.value.limit) == ("evt-over", limit)
+        assert caught.value.size > limit
+        loaded = store.load(app, meta.id)
+        assert loaded is not None and loaded.session.version == 1 and loaded.events == [fits]
+
+    def test_a_commit_over_the_event_count_limit_is_refused_and_writes_nothing(
+        self, store: SessionStore, app: str
+    ) -> None:
+        most = self.limits(store).max_events_per_commit
+        meta = self.meta(app, scopes={"user": "u-1"})
+        store.commit(meta, [], 0)
+        with pytest.raises(CommitTooLarge) as caught:
+            store.commit(meta, [_event(n) for n in range(most + 1)], 1, [ScopedStateChange("user", "u-1", "k", 1)])
+        assert (caught.value.size, caught.value.limit) == (most + 1, most)
+        loaded = store.load(app, meta.id)
+        assert loaded is not None and loaded.session.version == 1 and loaded.events == []
+        assert store.load_scoped_state(app, "user", "u-1") == {}
+        # Re-sent ids are one event each: a batch that repeats ids counts what it carries once.
+        assert store.commit(meta, [_event(n % most) for n in range(most + 1)], 1).appended == most
+
+    def test_a_commit_over_the_byte_limit_is_refused(self, store: SessionStore, app: str) -> None:
+        limits = self.limits(store)
+        per_event = limits.max_event_bytes
+        count = limits.max_commit_bytes // per_event + 1
+        if count > limits.max_events_per_commit:
+            pytest.skip("this store's event count limit is reached before its byte limit")
+        overhead = len(_event(0, "").model_dump_json().encode()) + 8
+        events = [_event(n, "x" * (per_event - overhead)) for n in range(count)]
+        meta = self.meta(app)
+        with pytest.raises(CommitTooLarge) as caught:
+            store.commit(meta, events, 0)
+        assert caught.value.limit == limits.max_commit_bytes
+        assert store.load(app, meta.id) is None
+
+    def test_a_scoped_value_over_its_limit_is_refused(self, store: SessionStore, app: str) -> None:
+        limit = self.limits(store).max_scoped_value_bytes
+        meta = self.meta(app, scopes={"user": "u-1"})
+        with pytest.raises(CommitTooLarge) as caught:
+            store.commit(meta, [_event(1)], 0, [ScopedStateChange("user", "u-1", "notes", "x" * limit)])
+        assert caught.value.field == "state.user.notes"
+        assert store.load(app, meta.id) is None
+        fits = "x" * (limit - 2)  # the quotes make it exactly the limit
+        assert store.commit(meta, [_event(1)], 0, [ScopedStateChange("user", "u-1", "notes", fits)]).ok
+        assert store.load_scoped_state(app, "user", "u-1") == {"notes": fits}
+
+    # -- the clock --------------------------------------------------------------------------
+
+    def test_updated_at_never_goes_backwards(self, store: SessionStore, app: str) -> None:
+        """A writer whose clock is behind (another machine) must not move a session down the listing."""
+        first, second = self.meta(app, "s-first"), self.meta(app, "s-second")
+        with frozen_clock(2_000_000_000_000) as clock:
+            store.commit(first, [_event(1)], 0)
+            store.commit(second, [_event(1)], 0)  # the same instant: ties are broken by id
+            clock.advance(-1_000_000_000_000)
+            store.commit(first, [_event(2)], 1)
+        loaded = store.load(app, first.id)
+        assert loaded is not None and loaded.session.updated_at == 2_000_000_000_000
+        listed = store.list(app)
+        assert [(s.id, s.updated_at) for s in listed] == [
+            ("s-second", 2_000_000_000_000),
+            ("s-first", 2_000_000_000_000),
+        ]
 
     # -- concurrency ------------------------------------------------------------------------
 
