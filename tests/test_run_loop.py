@@ -17,6 +17,7 @@ from dormant.errors import (
     StateValidationError,
     ToolInputError,
     UnknownCallId,
+    ValueNotStorable,
 )
 from dormant.events import (
     InvocationEndEvent,
@@ -422,7 +423,11 @@ def test_without_a_session_a_run_builds_an_ephemeral_one() -> None:
         ({"message": 42}, InputError, "message"),
         (42, InputError, "input"),
         ({"state": {"stage": "nope"}}, StateValidationError, "state.session.stage"),
-        ({"initial_state": {"session": {"stage": "nope"}}}, StateValidationError, "state.session.stage"),
+        ({"initial_state": {"session": {"stage": "nope"}}}, StateValidationError, "initial_state.session.stage"),
+        ({"initial_state": {"session": {"stagee": "intake"}}}, StateValidationError, "initial_state.session.stagee"),
+        ({"state": {"stagee": "intake"}}, StateValidationError, "state.session.stagee"),
+        ({"initial_state": {"session": "intake"}}, InputError, "initial_state.session"),
+        ({"message": "a\x00b"}, ValueNotStorable, "message"),
         ({"initial_state": {"temp": {}}}, InputError, "initial_state.temp"),
         ({"tools": [{"call_id": "nope", "input": {}}]}, UnknownCallId, "tools.call_id"),
         ({"tools": "nope"}, InputError, "tools"),

@@ -19,6 +19,7 @@ from .ids import check_id
 from .models.base import ModelAdapter, ModelSpec, default_adapter
 from .session import Session
 from .state.schema import Schema
+from .state.values import check_storable
 from .stores.base import CommitResult, SessionListing, SessionStore
 from .stores.memory import in_memory_store
 
@@ -200,11 +201,13 @@ class Sessions:
     ) -> Session:
         """Rebuild a session from its events (e.g. their JSON, as another process would have them).
 
-        The session is not stored; committing it stores every event.
+        The session is not stored; committing it stores every event. An event holding text no store
+        can keep (NUL, a lone surrogate) is refused with ``ValueNotStorable`` naming ``events.<n>``.
         """
-        return Session(
-            self._app, session_id=session_id, scopes=scopes, events=[parse_event(e) for e in events], committed=0
-        )
+        parsed = [parse_event(e) for e in events]
+        for position, event in enumerate(parsed):
+            check_storable(event.model_dump(), f"events.{position}")
+        return Session(self._app, session_id=session_id, scopes=scopes, events=parsed, committed=0)
 
     def get(self, session_id: str) -> Session | None:
         app = self._app

@@ -149,8 +149,8 @@ class StateError(InputError):
 class StateValidationError(StateError):
     """A value refused by the scope's model; nothing was recorded."""
 
-    def __init__(self, message: str, *, scope: str, key: str) -> None:
-        super().__init__(message, field=f"state.{scope}.{key}")
+    def __init__(self, message: str, *, scope: str, key: str, field: str | None = None) -> None:
+        super().__init__(message, field=field or f"state.{scope}.{key}")
         self.scope = scope
         self.key = key
 

@@ -44,7 +44,8 @@ InvocationStatus: TypeAlias = Literal["completed", "error", "max_steps"]
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="allow")
+    # No NaN or Infinity anywhere in an event: JSON cannot hold them (see ``state.values``).
+    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
 
 
 class EventBase(_Record):

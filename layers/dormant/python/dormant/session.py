@@ -26,6 +26,7 @@ from .models.base import Message
 from .projection import Output, Projection, SessionStatus, StateSnapshot, YieldedTool
 from .state.access import Access, Invocation
 from .state.schema import APP_SCOPE_ID, SHARED_SCOPES, Schema, ScopeSchema
+from .state.values import check_storable
 from .state.view import StateView
 from .stores.base import ScopedStateChange, SessionStore, StoredSession
 from .transcript import rebuild_input
@@ -364,6 +365,7 @@ class SessionInput:
                     "define it (app.tool) in this process before answering its calls"
                 )
             value = tool.check_input(call_id, answer.get("input"))
+            check_storable(value, f"tools.{position}.input")
             events.append(
                 ToolInputEvent(
                     call_id=call_id,
@@ -379,6 +381,7 @@ class SessionInput:
         """Append a user message; the next run sees it."""
         if not isinstance(text, str):
             raise InputError(f"a message is a string, not {type(text).__name__}", field="message")
+        check_storable(text, "message")
         event = UserEvent(text=text)
         self._session.append(event)
         return event

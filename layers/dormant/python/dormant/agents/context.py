@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ConfigurationError
 from ..models.base import Message
+from ..state.values import storable_text
 from ..transcript import dump_message, history_messages
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ class SystemRenderer:
 
     def render(self, ctx: RenderContext) -> Rendered:
         text = self.text(ctx) if callable(self.text) else self.text
-        return _inline("system", [Message(role="system", content=str(text))])
+        return _inline("system", [Message(role="system", content=storable_text(str(text)))])
 
 
 class UserRenderer:
@@ -72,7 +73,7 @@ class UserRenderer:
 
     def render(self, ctx: RenderContext) -> Rendered:
         text = self.fn(ctx)
-        return _inline("user", [] if text is None else [Message(role="user", content=str(text))])
+        return _inline("user", [] if text is None else [Message(role="user", content=storable_text(str(text)))])
 
 
 class HistoryRenderer:

@@ -40,6 +40,7 @@ from ..models.base import Message, ModelAdapter, ModelRequest, ModelResponse, Mo
 from ..projection import Output, YieldedTool
 from ..session import Runtime, Session
 from ..state.access import Invocation
+from ..state.values import check_storable, repaired, storable_text, unstorable
 from ..transcript import digest
 from .agent import Agent
 from .context import RenderContext
@@ -68,7 +69,7 @@ class RunInput:
         if value is None:
             return cls()
         if isinstance(value, str):
-            return cls(message=value)
+            value = {"message": value}
         if not isinstance(value, Mapping):
             raise InputError(f"run input is a message string or a dict, not {type(value).__name__}", field="input")
         unknown = sorted(set(value) - {"message", "tools", "state", "initial_state"})
@@ -79,6 +80,7 @@ class RunInput:
         message = value.get("message")
         if message is not None and not isinstance(message, str):
             raise InputError("message must be a string", field="message")
+        check_storable(message, "message")
         for key in ("state", "initial_state"):
             if value.get(key) is not None and not isinstance(value[key], Mapping):
                 raise InputError(f"{key} must be a dict", field=key)
@@ -280,12 +282,13 @@ class _Run:
             for requested in response.tool_calls:
                 call_id = requested.call_id if requested.call_id and requested.call_id not in taken else new_id("call_")
                 taken.add(call_id)
+                args, error = _json_args(requested.args)
                 self.session.append(
                     ToolCallEvent(
                         call_id=call_id,
                         name=requested.name,
-                        args=_json_args(requested.args),
-                        error=requested.error,
+                        args=args,
+                        error=requested.error if requested.error is not None else error,
                         invocation_id=invocation.id,
                         agent_name=invocation.agent_name,
                     )
@@ -329,6 +332,7 @@ class _Run:
             response = adapter.complete(request)
             if not isinstance(response, ModelResponse):
                 response = ModelResponse.model_validate(response)
+            response = _storable_response(response)
         except Exception as exc:
             session.append(
                 ModelEndEvent(
@@ -363,15 +367,17 @@ class _Run:
         output_model = self.agent.output
         if output_model is not None:
             try:
-                value = output_model.model_validate_json(text or "").model_dump(mode="json")
-            except ValidationError as exc:
+                value = repaired(output_model.model_validate_json(text or "").model_dump(mode="json"))
+                problem = unstorable(value)
+                if problem is not None:
+                    raise ModelError(f"the model's answer holds {problem[1]} at {problem[0] or 'the top'}")
+            except (ValidationError, ModelError) as exc:
+                why = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
                 self._say(invocation, text, None)
                 self._end(
                     invocation,
                     "error",
-                    error=ModelError(
-                        f"the model's answer does not match {output_model.__name__}: {exc.errors()[0]['msg']}"
-                    ),
+                    error=ModelError(f"the model's answer does not match {output_model.__name__}: {why}"),
                 )
                 return "error"
         self._say(invocation, text, value)
@@ -424,9 +430,14 @@ class _Run:
         except Exception as exc:
             return result(error=f"{tool.name} failed: {_describe(exc)}")
         try:
-            return result(_JSON.validate_python(to_jsonable_python(value)))
+            returned = repaired(_JSON.validate_python(to_jsonable_python(value)))
         except Exception as exc:
             return result(error=f"{tool.name} returned a value that is not JSON: {_describe(exc)}")
+        problem = unstorable(returned)
+        if problem is not None:
+            path, what = problem
+            return result(error=f"{tool.name} returned a value that cannot be stored: {what} at result{path}")
+        return result(returned)
 
     def _end(
         self,
@@ -480,16 +491,47 @@ def _callable_with(tool: Tool, call: ToolCallEvent) -> bool:
     return True
 
 
-def _json_args(args: Any) -> dict[str, Any]:
+def _json_args(args: Any) -> tuple[dict[str, Any], str | None]:
+    """The arguments as storable JSON, or ``{}`` and why they cannot be (the model sees that error)."""
     try:
-        value = _JSON.validate_python(to_jsonable_python(args))
+        value = repaired(_JSON.validate_python(to_jsonable_python(args)))
     except Exception:
-        return {}
-    return value if isinstance(value, dict) else {}
+        return {}, None
+    if not isinstance(value, dict):
+        return {}, None
+    problem = unstorable(value)
+    if problem is not None:
+        path, what = problem
+        return {}, f"the arguments hold {what} at args{path}, which cannot be stored"
+    return value, None
+
+
+def _storable_response(response: ModelResponse) -> ModelResponse:
+    """The model's text and tool names with NUL and lone surrogates replaced (U+FFFD): kept, not refused."""
+    texts = [(c.name, c.call_id, c.error) for c in response.tool_calls]
+    if unstorable([response.text, response.finish_reason, texts]):
+        calls = [
+            call.model_copy(
+                update={
+                    "name": storable_text(call.name),
+                    "call_id": repaired(call.call_id),
+                    "error": repaired(call.error),
+                }
+            )
+            for call in response.tool_calls
+        ]
+        return response.model_copy(
+            update={
+                "text": repaired(response.text),
+                "finish_reason": repaired(response.finish_reason),
+                "tool_calls": calls,
+            }
+        )
+    return response
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc)
+    text = storable_text(str(exc))
     return text if text else type(exc).__name__
 
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from ..errors import InputError, ScopeNotBound, TempOutsideInvocation, UnknownStateKey
 from ..events import Event, StateChange, StateChangeEvent, StateSource
 from .schema import ScopeSchema
-from .values import json_copy, json_equal
+from .values import check_storable, json_copy, json_equal
 from .view import ScopeView, StateView
 
 __all__ = ["Access", "Invocation", "StateHost"]
@@ -175,7 +175,9 @@ class Access:
             scope_id = host.scope_id(scope) if scope != "session" else None
             if scope_id is not None:
                 present |= set(load_once(host, stored, scope, scope_id))
-            seeds[scope] = {k: v for k, v in schema.seed(given).items() if v is not None and k not in present}
+            values = schema.seed(given)
+            check_storable(values, f"initial_state.{scope}")
+            seeds[scope] = {k: v for k, v in values.items() if v is not None and k not in present}
         return seeds
 
     def _observe(self, scope: str, keys: Iterable[str]) -> None:
@@ -221,9 +223,11 @@ class Access:
 def _stage(schema: ScopeSchema, work: dict[str, Any], key: str, value: Any) -> None:
     if not isinstance(key, str) or not key:
         raise InputError(f"state keys are non-empty strings, not {key!r}", field=f"state.{schema.name}")
+    check_storable({key: None}, f"state.{schema.name}")  # the key itself
     if value is None:
         work.pop(key, None)
     else:
         work[key] = schema.validate(work, key, value)
+        check_storable(work[key], f"state.{schema.name}.{key}")  # in every scope, temp too
         if work[key] is None:
             work.pop(key)

@@ -66,16 +66,34 @@ class ScopeSchema:
         return instance.model_dump(mode="json", include={key}).get(key)
 
     def seed(self, given: Mapping[str, Any]) -> dict[str, Any]:
-        """The JSON values to seed: ``given`` validated by the model, with its defaults filled in."""
+        """The JSON values to seed: ``given`` validated by the model, with its defaults filled in.
+
+        Keys the model does not declare are refused, as a ``state`` write refuses them (errors name
+        ``initial_state.<scope>.<key>``).
+        """
+        field = f"initial_state.{self.name}"
         if self.model is None:
-            return {key: self._plain_json(key, value) for key, value in given.items()}
+            return {key: self._plain_json(key, value, field=f"{field}.{key}") for key, value in given.items()}
+        if not self.open:
+            unknown = sorted(str(key) for key in given if not self.declares(key))
+            if unknown:
+                raise StateValidationError(
+                    f"{self.name} state has no key {unknown[0]!r} "
+                    f"(declared: {', '.join(self.model.model_fields) or 'none'})",
+                    scope=self.name,
+                    key=unknown[0],
+                    field=f"{field}.{unknown[0]}",
+                )
         try:
             instance = self.model.model_validate(dict(given))
         except ValidationError as exc:
             first = exc.errors()[0]
             key = str(first["loc"][0]) if first["loc"] else "?"
             raise StateValidationError(
-                f"invalid initial {self.name} state at {key!r}: {first['msg']}", scope=self.name, key=key
+                f"invalid initial {self.name} state at {key!r}: {first['msg']}",
+                scope=self.name,
+                key=key,
+                field=f"{field}.{key}",
             ) from exc
         return instance.model_dump(mode="json")
 
@@ -112,7 +130,7 @@ class ScopeSchema:
         self._readers[key] = reader  # type: ignore[assignment]
         return reader
 
-    def _plain_json(self, key: str, value: Any) -> Any:
+    def _plain_json(self, key: str, value: Any, field: str | None = None) -> Any:
         if isinstance(value, BaseModel):
             return value.model_dump(mode="json")
         try:
@@ -123,6 +141,7 @@ class ScopeSchema:
                 f"not {type(value).__name__}",
                 scope=self.name,
                 key=key,
+                field=field,
             ) from exc
 
 

@@ -61,10 +61,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
+from pydantic_core import PydanticSerializationError
+
 from ..clock import now_ms
-from ..errors import CommitTooLarge, EventTooLarge, InputError, ScopeMismatch, StoreClosed, VersionConflict
+from ..errors import (
+    CommitTooLarge,
+    EventTooLarge,
+    InputError,
+    ScopeMismatch,
+    StoreClosed,
+    ValueNotStorable,
+    VersionConflict,
+)
 from ..events import Event, EventBase, parse_event_json
 from ..ids import check_id
+from ..state.values import check_storable
 
 __all__ = [
     "BaseSessionStore",
@@ -325,8 +336,18 @@ class BaseSessionStore(ABC):
     # -- the encoding seam ----------------------------------------------------------------------
 
     def encode_event(self, event: Event) -> str:
-        """An event as stored. Override (with ``decode_event``) to compress; chunking goes here too."""
-        return event.model_dump_json()
+        """An event as stored; ``ValueNotStorable`` if it holds text no store can keep (the last line of defence).
+
+        Override (with ``decode_event``) to compress, on top of this one; chunking goes here too.
+        """
+        try:
+            data = event.model_dump_json()
+        except PydanticSerializationError as exc:  # a lone surrogate has no UTF-8 encoding
+            check_storable(event.model_dump(), "event")
+            raise ValueNotStorable(f"event {event.id} cannot be stored as JSON: {exc}", field="event") from exc
+        if "\\u0000" in data:  # a NUL (or text that spells its escape): look closer
+            check_storable(event.model_dump(), "event")
+        return data
 
     def decode_event(self, data: str | bytes) -> Event:
         return parse_event_json(data)
@@ -447,6 +468,7 @@ class BaseSessionStore(ABC):
             if value is None:
                 writes.append(ScopedWrite(scope, scope_id, key, None))
                 continue
+            check_storable(value, field_name)  # the one rule for every store: no NaN, NUL or lone surrogate
             try:
                 text = json.dumps(value, separators=(",", ":"), allow_nan=False)
             except (TypeError, ValueError) as exc:
