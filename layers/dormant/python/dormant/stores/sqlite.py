@@ -3,6 +3,8 @@
 One connection per store object, shared by its threads under a lock (so ``":memory:"`` is one database
 for every user of the store, not one per connection). WAL mode; each commit is one ``BEGIN IMMEDIATE``
 transaction — version check, event appends, scoped upserts — so a rejected commit writes nothing.
+Opening a store takes the write lock only when the tables need making, so readers never queue
+behind a writer.
 Several processes may share a file: OCC picks the winner, and a locked database is waited on for up to
 ``timeout`` seconds before ``StoreBusy`` is raised (never a raw "database is locked").
 """
@@ -10,7 +12,9 @@ Several processes may share a file: OCC picks the winner, and a locked database 
 from __future__ import annotations
 
 import builtins
+import functools
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -20,7 +24,7 @@ from typing import Any, Literal
 
 from ..errors import ConfigurationError, StoreBusy, StoreError
 from .base import BaseSessionStore, PreparedCommit, Refused, ScopedWrite, SessionListing, StoredSession
-from .sql_schema import ddl
+from .sql_schema import TABLES, ddl
 
 __all__ = ["DDL", "SQLiteSessionStore", "sqlite_store"]
 
@@ -38,21 +42,45 @@ class SQLiteSessionStore(BaseSessionStore):
         *,
         timeout: float = 30.0,
         synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = "FULL",
+        create: bool = True,
     ) -> None:
         if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise ConfigurationError(f"synchronous is OFF, NORMAL, FULL or EXTRA, not {synchronous!r}")
-        self.path = str(path)
+        self.path = _resolve(path, create)
         self._lock = threading.RLock()
-        if self.path != ":memory:":
-            Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        with _translate():
+        try:
             self._conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute(f"PRAGMA synchronous={synchronous}")
-            with self._transaction():
-                for statement in DDL.split(";"):
-                    if statement.strip():
-                        self._conn.execute(statement)
+            self._ensure_tables(create)
+        except sqlite3.Error as exc:
+            if _is_busy(exc):
+                raise StoreBusy(f"the SQLite database {self.path} stayed locked past the timeout: {exc}") from exc
+            raise ConfigurationError(f"cannot open {self.path} as a SQLite database: {exc}") from exc
+
+    def _ensure_tables(self, create: bool) -> None:
+        """Make the tables unless they are there, taking the write lock only to make them.
+
+        Checking reads ``sqlite_master``, which a writer's transaction does not block in WAL mode: opening
+        a store to read never waits for a writer.
+        """
+        found = self._columns()
+        if found == _expected_columns():
+            return
+        if any(found.values()):
+            raise ConfigurationError(
+                f"{self.path} holds tables that are not this version's dormant tables (made by an earlier "
+                "version?): move it aside, or point the store at another file"
+            )
+        if not create:
+            raise ConfigurationError(f"{self.path} holds no dormant tables (and create=False)")
+        with self._transaction():
+            for statement in DDL.split(";"):
+                if statement.strip():
+                    self._conn.execute(statement)
+
+    def _columns(self) -> dict[str, tuple[str, ...]]:
+        return {table: tuple(row[1] for row in self._conn.execute(f"PRAGMA table_info({table})")) for table in TABLES}
 
     # -- primitives ---------------------------------------------------------------------------
 
@@ -198,15 +226,60 @@ class SQLiteSessionStore(BaseSessionStore):
             raise
 
 
+def _is_busy(exc: sqlite3.Error) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) in _BUSY_CODES or "locked" in str(exc)
+
+
 @contextmanager
 def _translate() -> Iterator[None]:
     """sqlite3's errors as dormant's: a lock held past the timeout is ``StoreBusy``, the rest ``StoreError``."""
     try:
         yield
     except sqlite3.Error as exc:
-        if getattr(exc, "sqlite_errorcode", None) in _BUSY_CODES or "locked" in str(exc):
+        if _is_busy(exc):
             raise StoreBusy(f"the SQLite database stayed locked past the timeout: {exc}") from exc
         raise StoreError(f"SQLite: {exc}") from exc
+
+
+@functools.cache
+def _expected_columns() -> dict[str, tuple[str, ...]]:
+    """Each table's columns, as the DDL makes them (read back from a scratch in-memory database)."""
+    scratch = sqlite3.connect(":memory:")
+    try:
+        scratch.executescript(DDL)
+        return {table: tuple(row[1] for row in scratch.execute(f"PRAGMA table_info({table})")) for table in TABLES}
+    finally:
+        scratch.close()
+
+
+def _resolve(path: object, create: bool) -> str:
+    """``path`` as sqlite3 should open it (``~`` expanded), its directory made when ``create``; else a typed error."""
+    text = os.fspath(path) if isinstance(path, os.PathLike) else path
+    if not isinstance(text, str):
+        raise ConfigurationError(f"a SQLite path is a str or a path, not {type(path).__name__}")
+    if not text.strip():
+        raise ConfigurationError(f"a SQLite path cannot be empty (got {text!r}); use ':memory:' for no file")
+    if text == ":memory:":
+        if not create:
+            raise ConfigurationError(
+                "':memory:' is always a new, empty database: it cannot be opened with create=False"
+            )
+        return text
+    resolved = Path(text).expanduser()
+    if resolved.is_dir():
+        raise ConfigurationError(f"{resolved} is a directory, not a SQLite database file")
+    if not create:
+        if not resolved.exists():
+            raise ConfigurationError(f"no SQLite database at {resolved} (and create=False): check the path")
+        return str(resolved)
+    try:
+        resolved.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        if isinstance(exc, FileExistsError | NotADirectoryError):
+            why = "a file is in the way of its directory"
+        raise ConfigurationError(f"cannot create the directory {resolved.parent} for {resolved}: {why}") from exc
+    return str(resolved)
 
 
 def sqlite_store(
@@ -214,6 +287,13 @@ def sqlite_store(
     *,
     timeout: float = 30.0,
     synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = "FULL",
+    create: bool = True,
 ) -> SQLiteSessionStore:
-    """A store in the SQLite file at ``path`` (parent directories created), or ``":memory:"``."""
-    return SQLiteSessionStore(path, timeout=timeout, synchronous=synchronous)
+    """A store in the SQLite file at ``path`` (``~`` expanded), or ``":memory:"``.
+
+    With ``create=True`` (the default) a missing file, its parent directories and the tables are made.
+    With ``create=False`` the file must already hold dormant's tables — for a CLI, where a typo in a
+    path must not quietly start an empty database. Every problem with the path is a
+    ``ConfigurationError`` naming it.
+    """
+    return SQLiteSessionStore(path, timeout=timeout, synchronous=synchronous, create=create)
