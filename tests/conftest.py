@@ -64,7 +64,7 @@ def postgres_url() -> Iterator[str]:
     """A PostgreSQL server for the ``backend("postgres")`` tests.
 
     ``TEST_DATABASE_URL`` when set (tests use fresh ids and schemas, so a shared database is fine);
-    otherwise a throwaway cluster started for this test session (``dormant.testing.servers``); when
+    otherwise a throwaway cluster started for this test session (``tests.servers.postgres``); when
     neither can be had, the tests skip, saying why.
     """
     url = os.environ.get("TEST_DATABASE_URL")
@@ -73,7 +73,7 @@ def postgres_url() -> Iterator[str]:
         return
     pytest.importorskip("psycopg", reason="the Postgres store needs psycopg (pip install 'dormant[postgres]')")
     from dormant.errors import ConfigurationError
-    from dormant.testing.servers import throwaway_postgres
+    from tests.servers.postgres import throwaway_postgres
 
     with contextlib.ExitStack() as stack:
         try:

@@ -1,4 +1,4 @@
-"""Throwaway database servers for tests and benchmarks: started on demand, gone afterwards.
+"""A throwaway PostgreSQL server for tests and benchmarks: started on demand, gone afterwards.
 
 ``throwaway_postgres()`` runs ``initdb`` and ``pg_ctl`` from the PostgreSQL installed on the machine,
 so the Postgres store is proven against the real server without any set-up beyond its binaries::
@@ -26,12 +26,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import ConfigurationError, StoreError
+from dormant.errors import ConfigurationError, StoreError
 
 __all__ = ["find_postgres_bin", "throwaway_postgres"]
 
 _SERVER_USER = "postgres"
 _START_ATTEMPTS = 3  # a free port can be taken by someone else between choosing it and binding it
+_COMMAND_TIMEOUT = 120  # seconds for initdb or pg_ctl: a hung one fails the run instead of stalling it
 
 
 def find_postgres_bin() -> Path:
@@ -161,7 +162,12 @@ def _run(
     argv = ["runuser", "-u", run_as.pw_name, "--", *command] if run_as is not None else list(command)
     # LC_ALL=C keeps initdb and pg_ctl from tripping over a locale the machine does not have.
     env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
-    result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    try:
+        result = subprocess.run(
+            argv, cwd=cwd, env=env, capture_output=True, text=True, check=False, timeout=_COMMAND_TIMEOUT
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise StoreError(f"{what} did not finish within {_COMMAND_TIMEOUT} s: {exc.stdout!r}{exc.stderr!r}") from exc
     if check and result.returncode != 0:
         raise StoreError(f"{what} failed (exit {result.returncode}):\n{result.stdout}{result.stderr}")
     return result
