@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel
 
 from dormant import adk, openai
-from dormant.events import StateChangeEvent, UserEvent
+from dormant.events import SessionForkedEvent, StateChangeEvent, UserEvent
 from dormant.serving import commit
 from dormant.stores.sqlite import sqlite_store
 from dormant.testing import MockAdapter
@@ -29,10 +29,13 @@ class Approval(BaseModel):
 def writer(path: Path) -> Any:
     """One 'process': its own store connection, app and scripted model, on the same SQLite file."""
     scripted = MockAdapter()
-    app = adk(name="race", schema={"session": Notes}, store=sqlite_store(path), adapters={"openai": scripted})
+    app = adk(
+        name="race", schema={"session": Notes, "user": Notes}, store=sqlite_store(path), adapters={"openai": scripted}
+    )
 
     def set_key(ctx: Any) -> str:
-        setattr(ctx.state, ctx.args.key, ctx.args.value)
+        scope, _, key = ctx.args.key.rpartition(".")  # "a" is session state, "user.a" the user scope
+        setattr(ctx.state.user if scope == "user" else ctx.state, key, ctx.args.value)
         return "set"
 
     class SetKey(BaseModel):
@@ -57,7 +60,7 @@ def turn(app: Any, scripted: MockAdapter, agent: Any, session: Any, message: str
 def two_writers(tmp_path: Path) -> Any:
     path = tmp_path / "race.db"
     first, second = writer(path), writer(path)
-    first[0].sessions.create("s-1")
+    first[0].sessions.create("s-1", scopes={"user": "u-1"})
     yield first, second
     first[0].close()
     second[0].close()
@@ -109,9 +112,60 @@ def test_orphaned_when_both_wrote_the_same_key_and_nothing_is_lost(two_writers: 
     stored = app1.sessions.get("s-1")
     assert texts(stored.events) == ["from two"] and stored.state.shared == "two"
     fork = app1.sessions.get(outcome.fork_id)
-    assert [e.id for e in fork.events] == [e.id for e in mine.events]  # the run's whole ledger, parked
+    assert [e.id for e in fork.events[:-1]] == [e.id for e in mine.events]  # the run's whole ledger, parked
     assert fork.state.shared == "one" and outcome.version == fork.version == 1
     assert mine.version == 1 and len(mine.uncommitted_events) > 0  # the object passed in is left as it was
+    # The fork says so, on its row and in its ledger: the session it came from, where, and why.
+    assert (fork.forked_from, fork.fork_reason) == ("s-1", "both wrote session.shared")
+    row = app1.store.load("race", outcome.fork_id).session
+    assert (row.forked_from, row.fork_reason) == ("s-1", "both wrote session.shared")
+    marker = fork.events[-1]
+    assert isinstance(marker, SessionForkedEvent)
+    assert (marker.from_session_id, marker.at_event_id, marker.reason) == ("s-1", None, "both wrote session.shared")
+    assert app1.store.load("race", "s-1").session.forked_from is None
+
+
+def test_a_merged_run_applies_its_shared_scope_writes(two_writers: Any) -> None:
+    (app1, model1, agent1), (app2, model2, agent2) = two_writers
+    mine, theirs = app1.sessions.get("s-1"), app2.sessions.get("s-1")
+    turn(app1, model1, agent1, mine, "from one", "user.a", 1)
+    turn(app2, model2, agent2, theirs, "from two", "user.b", 2)
+    assert commit(app2, theirs).status == "committed"
+    assert commit(app1, mine).status == "merged"
+    assert app1.store.load_scoped_state("race", "user", "u-1") == {"a": 1, "b": 2}
+    assert app2.sessions.get("s-1").state.user.to_dict() == {"a": 1, "b": 2}
+
+
+def test_an_orphaned_run_leaves_the_winners_shared_scope_writes_alone(two_writers: Any) -> None:
+    (app1, model1, agent1), (app2, model2, agent2) = two_writers
+    mine, theirs = app1.sessions.get("s-1"), app2.sessions.get("s-1")
+    model1.set_responses(
+        [
+            {"tool_calls": [{"name": "set_key", "args": {"key": "user.shared", "value": "one"}}]},
+            {"tool_calls": [{"name": "set_key", "args": {"key": "user.a", "value": 1}}]},
+            {"text": "done"},
+        ]
+    )
+    assert app1.run(agent1, "from one", session=mine).status == "completed"
+    turn(app2, model2, agent2, theirs, "from two", "user.shared", "two")
+    assert commit(app2, theirs).status == "committed"
+    outcome = commit(app1, mine)
+    assert outcome.status == "orphaned" and outcome.conflicts == ["both wrote user/u-1.shared"]
+    assert app1.store.load_scoped_state("race", "user", "u-1") == {"shared": "two"}  # nothing of the loser's
+
+
+def test_a_new_invocation_is_orphaned_while_the_stored_ledger_has_one_open(two_writers: Any) -> None:
+    (app1, model1, agent1), (app2, model2, agent2) = two_writers
+    mine, theirs = app1.sessions.get("s-1"), app2.sessions.get("s-1")
+    model2.set_responses([{"tool_calls": [{"name": "approve", "args": {}, "call_id": "ask"}]}])
+    assert app2.run(agent2, "may I?", session=theirs).status == "yielded_tool"
+    assert commit(app2, theirs).status == "committed"  # stored: an invocation waits for its answer
+    turn(app1, model1, agent1, mine, "something else", "a", 1)  # no key, call or invocation in common
+    outcome = commit(app1, mine)
+    assert outcome.status == "orphaned"
+    [reason] = outcome.conflicts
+    assert reason.startswith("invocation ") and reason.endswith(" is still open in the stored ledger")
+    assert app1.sessions.get("s-1").status == "awaiting_input"
 
 
 def test_orphaned_when_two_writers_answer_the_same_yielded_call(two_writers: Any) -> None:

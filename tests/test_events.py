@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 import dormant
 from dormant.errors import EventValidationError
 from dormant.events import (
     AssistantEvent,
+    Event,
     InvocationEndEvent,
     InvocationResumeEvent,
     InvocationStartEvent,
@@ -21,6 +23,7 @@ from dormant.events import (
     ModelRef,
     ModelStartEvent,
     PendingCall,
+    SessionForkedEvent,
     StateChange,
     StateChangeEvent,
     ToolCallEvent,
@@ -56,24 +59,15 @@ ONE_OF_EACH = [
         tools=[{"name": "t", "description": "", "parameters": {"type": "object"}}],
     ),
     ModelEndEvent(invocation_id="i", model=MODEL, usage=Usage(input_tokens=3, output_tokens=4, total_tokens=7)),
+    SessionForkedEvent(from_session_id="s-1", at_event_id="e-9", reason="both wrote session.stage"),
 ]
 
 
 def test_every_event_type_is_covered() -> None:
-    assert {e.type for e in ONE_OF_EACH} == {
-        "user",
-        "assistant",
-        "tool_call",
-        "tool_result",
-        "tool_input",
-        "state_change",
-        "invocation_start",
-        "invocation_end",
-        "invocation_yield",
-        "invocation_resume",
-        "model_start",
-        "model_end",
-    }
+    union = get_args(get_args(Event)[0])  # Annotated[A | B | ..., Field(discriminator="type")]
+    types = {cls.model_fields["type"].default for cls in union}
+    assert len(types) == len(union) >= 13
+    assert {e.type for e in ONE_OF_EACH} == types
 
 
 @pytest.mark.parametrize("event", ONE_OF_EACH, ids=lambda e: e.type)
@@ -101,8 +95,10 @@ def test_an_unknown_extra_field_from_a_newer_version_is_kept() -> None:
 
 def test_events_are_frozen() -> None:
     event = UserEvent(text="hi")
-    with pytest.raises(Exception, match="frozen"):
+    with pytest.raises(ValidationError, match="frozen") as caught:
         event.text = "changed"  # type: ignore[misc]
+    assert caught.value.errors()[0]["type"] == "frozen_instance"
+    assert event.text == "hi"
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from dormant.errors import (
 )
 from dormant.events import (
     InvocationEndEvent,
+    InvocationResumeEvent,
     ModelEndEvent,
     ModelStartEvent,
     StateChangeEvent,
@@ -383,6 +384,11 @@ def test_temp_lives_only_inside_the_invocation() -> None:
     run = app.run(agent, "go")
     assert results(run.session)[0].result == [1, 2]
     assert not any(isinstance(e, StateChangeEvent) for e in run.session.events)
+    # A second invocation of the same session starts with temp empty again.
+    scripted.set_responses([{"tool_calls": [{"name": "use_temp", "args": {}}]}, {"text": "ok"}])
+    again = app.run(agent, "again", session=run.session)
+    assert again.invocation_id != run.invocation_id
+    assert [r.result for r in results(run.session)] == [[1, 2], [1, 2]]
 
 
 # -- streaming and sessions -------------------------------------------------------------------
@@ -526,6 +532,56 @@ def test_a_yielding_tool_pauses_the_run_and_resumes_in_another_process() -> None
     assert answer.input == {"approved": True, "note": "ok by Dr. Ray"} and answer.invocation_id == run.invocation_id
 
 
+@pytest.mark.parametrize(
+    ("answer", "where"),
+    [
+        ({"approved": "perhaps"}, "approved"),
+        ({}, "approved"),
+        ({"approved": True, "note": 5}, "note"),
+        (None, "input"),
+        ("yes", "input"),
+        ([True], "input"),
+    ],
+)
+def test_a_yield_answer_is_validated_against_its_schema(answer: Any, where: str) -> None:
+    app, scripted, agent, executed = approval_app()
+    scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "x"}, "call_id": "c"}]}])
+    session = app.run(agent, "Book x.").session
+    before = list(session.events)
+    for attempt in (
+        lambda: session.input.tool("c", answer),
+        lambda: app.run(agent, {"tools": [{"call_id": "c", "input": answer}]}, session=session),
+    ):
+        with pytest.raises(ToolInputError) as caught:
+            attempt()
+        error = caught.value
+        assert (error.call_id, error.tool, error.field) == ("c", "book", "tools.input")
+        assert str(error).startswith(f"invalid answer for book call c: {where}")
+    assert session.events == before and session.status == "awaiting_input" and executed == []
+    assert len(scripted.requests) == 1
+
+
+def test_a_yield_answer_is_recorded_in_its_schemas_json_form() -> None:
+    app, scripted, agent, executed = approval_app()
+    scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "x"}, "call_id": "c"}]}])
+    session = app.run(agent, "Book x.").session
+    event = session.input.tool("c", Approval(approved=True))  # a model instance, or lax input such as "true"
+    assert event.input == {"approved": True, "note": None}
+    scripted.set_responses([{"text": "done"}])
+    app.run(agent, session=session)
+    assert executed == [("x", Approval(approved=True, note=None))]  # execute gets the typed answer
+
+
+def test_the_same_call_answered_twice_in_one_batch_says_so() -> None:
+    app, scripted, agent, _ = approval_app()
+    scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "x"}, "call_id": "c"}]}])
+    session = app.run(agent, "Book x.").session
+    twice = [{"call_id": "c", "input": {"approved": True}}, {"call_id": "c", "input": {"approved": False}}]
+    with pytest.raises(InputError, match="'c' is answered twice in this batch") as caught:
+        session.input.tools(twice)
+    assert caught.value.field == "tools.1" and session.yielded_tools[0].call_id == "c"
+
+
 def test_two_pending_calls_answered_in_two_separate_resumes() -> None:
     app, scripted, agent, executed = approval_app()
     scripted.set_responses(
@@ -548,6 +604,13 @@ def test_two_pending_calls_answered_in_two_separate_resumes() -> None:
     assert first.status == "yielded_tool" and [y.call_id for y in first.yielded_tools] == ["a"]
     assert executed == [("Wed 16:00", Approval(approved=False, note="clash"))]
     assert session.status == "awaiting_input" and scripted.requests[1:] == []  # the model waits for both
+    # Replayed, the ledger says the same at every step: resumed with a call still pending is awaiting input.
+    resume = next(i for i, e in enumerate(session.events) if isinstance(e, InvocationResumeEvent))
+    assert types(first.events)[:3] == ["tool_input", "invocation_resume", "tool_result"]
+    assert session.state_at(resume).status == "awaiting_input"
+    assert [y.call_id for y in session.state_at(resume).yielded_tools] == ["a"]
+    assert session.state_at(resume - 1).status == "awaiting_input"  # b answered, a still waits
+    assert session.state_at(-1).status == session.status == "awaiting_input"
 
     scripted.set_responses([{"text": "Booked Monday; Wednesday was declined."}])
     second = app.run(agent, {"tools": [{"call_id": "a", "input": {"approved": True}}]}, session=session)

@@ -163,6 +163,25 @@ def test_session_ids_are_validated(bad: Any) -> None:
         app.sessions.get(bad)
 
 
+def test_commit_says_what_it_takes() -> None:
+    app = adk(name="x")
+    with pytest.raises(InputError, match="commit takes a Session") as caught:
+        app.sessions.commit("s-1")  # type: ignore[arg-type]
+    assert caught.value.field == "session"
+    with pytest.raises(InputError, match="belongs to another app"):
+        app.sessions.commit(adk(name="x").sessions.ephemeral())
+
+
+@pytest.mark.parametrize("scopes", [["user", "u-1"], "u-1", [("user", "u-1")]])
+def test_scopes_that_are_not_a_dict_are_a_typed_error(scopes: Any) -> None:
+    app = adk(name="x", schema={"user": UserProfile})
+    for attempt in (app.sessions.create, app.sessions.ephemeral):
+        with pytest.raises(InputError, match="scopes is a dict") as caught:
+            attempt(scopes=scopes)
+        assert caught.value.field == "scopes"
+    assert app.sessions.list() == []
+
+
 def test_scope_bindings_are_validated() -> None:
     app = adk(name="x", schema={"user": UserProfile})
     with pytest.raises(InvalidSessionId):
@@ -304,9 +323,10 @@ def test_initial_state_seeds_only_keys_not_already_set() -> None:
 
 def test_listing_arguments_are_checked(store: Any) -> None:
     app, _ = concierge(store, [])
-    with pytest.raises(InputError) as bad_limit:
-        app.sessions.list(limit=0)
-    assert bad_limit.value.field == "limit"
+    for limit in (0, True, 1.5, "3"):
+        with pytest.raises(InputError) as bad_limit:
+            app.sessions.list(limit=limit)  # type: ignore[arg-type]
+        assert bad_limit.value.field == "limit"
     with pytest.raises(InputError) as bad_cursor:
         app.sessions.list(cursor="not-a-cursor")
     assert bad_cursor.value.field == "cursor"

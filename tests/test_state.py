@@ -17,8 +17,9 @@ from dormant.errors import (
     UnknownEventId,
     UnknownScope,
     UnknownStateKey,
+    ValueNotStorable,
 )
-from dormant.events import StateChangeEvent
+from dormant.events import SessionForkedEvent, StateChangeEvent
 
 
 class Slot(BaseModel):
@@ -283,14 +284,36 @@ def test_fork_at_copies_a_prefix_under_a_new_id_and_leaves_the_original() -> Non
     session.state.stage = "triaged"
     fork = session.fork_at(1)
     assert fork.id != session.id
-    assert [e.id for e in fork.events] == [e.id for e in session.events[:2]]
+    assert [e.id for e in fork.events[:2]] == [e.id for e in session.events[:2]]
     assert fork.events[0] is not session.events[0]
+    # The fork says where it came from: on the session (and so its stored row) and in its ledger.
+    marker = fork.events[2]
+    assert isinstance(marker, SessionForkedEvent) and len(fork.events) == 3
+    assert (marker.from_session_id, marker.at_event_id, marker.reason) == (session.id, session.events[1].id, "fork_at")
+    assert (fork.forked_from, fork.fork_reason) == (session.id, "fork_at")
+    assert (fork.stored().forked_from, fork.stored().fork_reason) == (session.id, "fork_at")
     assert (fork.state.stage, fork.state.count) == ("collecting", 5)
     fork.state.count = 6
     assert session.state.count == 5 and len(session.events) == 3
     assert fork.version == 0 and fork.uncommitted_events == list(fork.events)
     with pytest.raises(EventIndexError):
         session.fork_at(3)
+    with pytest.raises(ValueNotStorable):
+        session.fork_at(1, reason="bad\x00reason")
+
+
+def test_a_committed_fork_keeps_its_marks_when_loaded() -> None:
+    app = make_app()
+    session = app.sessions.create("s-1")
+    session.state.stage = "collecting"
+    app.sessions.commit(session)
+    fork = session.fork_at(0, reason="try another path")
+    app.sessions.commit(fork)
+    loaded = app.sessions.require(fork.id)
+    assert (loaded.forked_from, loaded.fork_reason) == ("s-1", "try another path")
+    assert loaded.events == fork.events and loaded.events[-1].type == "session_forked"
+    assert loaded.state.stage == "collecting" and loaded.status == "idle"
+    assert app.sessions.require("s-1").forked_from is None
 
 
 def test_state_at_reports_status_and_scoped_states() -> None:

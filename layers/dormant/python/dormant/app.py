@@ -222,6 +222,8 @@ class Sessions:
             version=meta.version,
             created_at=meta.created_at,
             events=loaded.events,
+            forked_from=meta.forked_from,
+            fork_reason=meta.fork_reason,
         )
 
     def require(self, session_id: str) -> Session:
@@ -233,7 +235,7 @@ class Sessions:
 
     def list(self, *, limit: int | None = None, cursor: str | None = None) -> builtins.list[SessionListing]:
         """The app's stored sessions, most recently updated first (``cursor=`` a listing's ``cursor`` to go on)."""
-        if limit is not None and (not isinstance(limit, int) or limit < 1):
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
             raise InputError(f"limit is an int >= 1, not {limit!r}", field="limit")
         return self._app.store.list(self._app.name, limit=limit, cursor=cursor)
 

@@ -27,6 +27,7 @@ __all__ = [
     "ModelRef",
     "ModelStartEvent",
     "PendingCall",
+    "SessionForkedEvent",
     "StateChange",
     "StateChangeEvent",
     "StateSource",
@@ -191,6 +192,20 @@ class ModelStartEvent(EventBase):
     tools: list[dict[str, JsonValue]] = Field(default_factory=list)
 
 
+class SessionForkedEvent(EventBase):
+    """This session began as a copy of another's ledger: which session, up to which event, and why.
+
+    Appended to the fork (by ``Session.fork_at``, and by ``serving.commit`` when a run cannot join its
+    session), after the copied events. ``at_event_id`` is the last event both ledgers share as stored
+    (``None``: none).
+    """
+
+    type: Literal["session_forked"] = "session_forked"
+    from_session_id: str
+    at_event_id: str | None = None
+    reason: str
+
+
 class ModelEndEvent(EventBase):
     type: Literal["model_end"] = "model_end"
     invocation_id: str
@@ -214,7 +229,8 @@ Event: TypeAlias = Annotated[
     | InvocationYieldEvent
     | InvocationResumeEvent
     | ModelStartEvent
-    | ModelEndEvent,
+    | ModelEndEvent
+    | SessionForkedEvent,
     Field(discriminator="type"),
 ]
 

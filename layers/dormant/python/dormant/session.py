@@ -20,7 +20,7 @@ from .errors import (
     UnknownEventId,
     UnknownScope,
 )
-from .events import Event, StateChangeEvent, ToolInputEvent, UserEvent
+from .events import Event, SessionForkedEvent, StateChangeEvent, ToolInputEvent, UserEvent
 from .ids import check_id, new_id
 from .models.base import Message
 from .projection import Output, Projection, SessionStatus, StateSnapshot, YieldedTool
@@ -102,6 +102,8 @@ class Session:
         created_at: int | None = None,
         events: Iterable[Event] = (),
         committed: int | None = None,
+        forked_from: str | None = None,
+        fork_reason: str | None = None,
     ) -> None:
         self._runtime = runtime
         self.id = check_id(session_id) if session_id is not None else new_id("s_")
@@ -109,6 +111,9 @@ class Session:
         self.scopes = _check_scopes(scopes, runtime.schema)
         self.version = version
         self.created_at = created_at if created_at is not None else now_ms()
+        self.forked_from = forked_from
+        """For a fork: the session it was copied from (its ledger ends with a ``session_forked`` event)."""
+        self.fork_reason = fork_reason
         self._events: list[Event] = []
         self._index: dict[str, int] = {}
         self._projection = Projection()
@@ -224,15 +229,31 @@ class Session:
             projection.apply(event)
         return projection.snapshot()
 
-    def fork_at(self, index: int) -> Session:
-        """A new session (new id, not stored until committed) holding copies of events ``0..index``."""
+    def fork_at(self, index: int, *, reason: str = "fork_at") -> Session:
+        """A new session (new id, not stored until committed): copies of events ``0..index``, then a
+        ``session_forked`` event saying where it came from and ``reason``."""
         position = self._position(index)
-        return Session(
-            self._runtime,
-            scopes=self.scopes,
-            events=[event.model_copy(deep=True) for event in self._events[: position + 1]],
-            committed=0,
+        if not isinstance(reason, str) or not reason:
+            raise InputError("a fork's reason is a non-empty string", field="reason")
+        check_storable(reason, "reason")
+        return self._fork(
+            self._events[position].id, reason, [e.model_copy(deep=True) for e in self._events[: position + 1]]
         )
+
+    def fork(self, reason: str) -> Session:
+        """A new session holding this whole ledger, stored or not (a run that could not join its session).
+
+        ``at_event_id`` on its ``session_forked`` event is the last event known to be stored.
+        """
+        at = self._events[self._committed - 1].id if self._committed else None
+        return self._fork(at, reason, list(self._events))
+
+    def _fork(self, at_event_id: str | None, reason: str, events: list[Event]) -> Session:
+        fork = Session(
+            self._runtime, scopes=self.scopes, events=events, committed=0, forked_from=self.id, fork_reason=reason
+        )
+        fork.append(SessionForkedEvent(from_session_id=self.id, at_event_id=at_event_id, reason=reason))
+        return fork
 
     def model_input(self, index: int) -> list[Message]:
         """The messages the model was sent at the ``model_start`` event at ``index``, rebuilt from the ledger."""
@@ -266,6 +287,8 @@ class Session:
             scopes=dict(self.scopes),
             created_at=self.created_at,
             status=self.status,
+            forked_from=self.forked_from,
+            fork_reason=self.fork_reason,
         )
 
     def mark_committed(self, version: int) -> None:
@@ -354,8 +377,10 @@ class SessionInput:
             if not isinstance(answer, Mapping) or "call_id" not in answer:
                 raise InputError("each tool answer is {'call_id': ..., 'input': ...}", field=f"tools.{position}")
             call_id = answer["call_id"]
+            if isinstance(call_id, str) and call_id in seen:
+                raise InputError(f"tool call {call_id!r} is answered twice in this batch", field=f"tools.{position}")
             call = pending.get(call_id) if isinstance(call_id, str) else None
-            if call is None or call_id in seen:
+            if call is None:
                 raise UnknownCallId(str(call_id), [c for c in pending if c not in seen])
             seen.add(call_id)
             tool = session.runtime.tool_named(call.name)
@@ -388,6 +413,8 @@ class SessionInput:
 
 
 def _check_scopes(scopes: Mapping[str, str] | None, schema: Schema) -> dict[str, str]:
+    if scopes is not None and not isinstance(scopes, Mapping):
+        raise InputError(f"scopes is a dict of scope -> id (e.g. {{'user': 'u-1'}}), not {scopes!r}", field="scopes")
     bound: dict[str, str] = {}
     for scope, scope_id in (scopes or {}).items():
         if scope not in SHARED_SCOPES or scope == "app":

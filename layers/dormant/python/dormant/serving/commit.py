@@ -22,7 +22,9 @@ the value it replaced. Reads are not tracked: this is snapshot isolation, not se
 that decided from a key only it read, which another writer then changed, still merges.
 
 An orphaned run's shared-scope writes are not applied (its fork is parked for someone to review);
-the session object passed in is left as it was.
+the session object passed in is left as it was. The fork says what it is, on its row
+(``forked_from``, ``fork_reason``: the conflicts) and in its ledger (a final ``session_forked`` event
+naming the session, the last event both share as stored, and the reason).
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ def commit(app: App, session: Session, *, attempts: int = 5) -> CommitOutcome:
             version=loaded.session.version,
             created_at=loaded.session.created_at,
             events=stored,
+            forked_from=loaded.session.forked_from,
+            fork_reason=loaded.session.fork_reason,
         )
         stored_ids = {e.id for e in stored}
         mine = [e for e in new if e.id not in stored_ids]
@@ -148,7 +152,7 @@ def _invocations(events: Iterable[Event]) -> set[str]:
 
 
 def _orphan(app: App, session: Session, conflicts: list[str]) -> CommitOutcome:
-    fork = Session(app, scopes=session.scopes, events=list(session.events), committed=0)
+    fork = session.fork("; ".join(conflicts))
     # Straight to the store, without the fork's scoped changes: its writes are parked, not applied.
     result = app.store.commit(fork.stored(), fork.uncommitted_events, 0)
     return CommitOutcome("orphaned", session.id, result.version, result.appended, fork.id, conflicts)
