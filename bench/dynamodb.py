@@ -1,0 +1,393 @@
+"""DynamoDB store vs raw boto3 writing the same items, on DynamoDB Local (W1, W2, W4, calls, capacity units).
+
+The endpoint is ``TEST_DYNAMODB_ENDPOINT`` when set, else a DynamoDB Local started for the run
+(``tests/servers/dynamodb.py``). The floor is the least a store on this table must do, in raw boto3:
+a commit is one conditional ``UpdateItem`` of the meta item (version check, new version and
+``updated_at``) and ``BatchWriteItem`` of the event items; a load is the session partition's ``Query``
+pages with ``json.loads`` of each event; a listing queries the same listing shards and merges them.
+It has no crash safety: the gate-marker-finish protocol is what the store's third call buys.
+
+Calls are counted and capacity units read (``ReturnConsumedCapacity=INDEXES``, added to every write by
+a botocore hook) on the clients themselves; the store's code is not touched. DynamoDB Local's latency is
+not AWS's: the times compare the two codes on one engine; the calls and units carry over to AWS as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import statistics
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from dormant.stores.base import StoredSession
+
+from .common import QUICK, Figure
+from .workloads import EVENTS_PER_TURN, LOAD_SIZES, TURNS, W4_EVENTS, W4_SESSIONS, events, store_figures, turns
+
+REPEAT = 2 if QUICK else 3
+_WRITES = {"UpdateItem", "PutItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"}
+
+
+class Meter:
+    """Counts a client's calls by operation and sums the write capacity units by table and index."""
+
+    def __init__(self, client: Any) -> None:
+        self.calls: Counter[str] = Counter()
+        self.units: defaultdict[str, float] = defaultdict(float)
+        events = client.meta.events
+        events.register("before-parameter-build.dynamodb", self._params)
+        events.register("after-call.dynamodb", self._answer)
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.units.clear()
+
+    def _params(self, params: dict[str, Any], model: Any, **_: Any) -> None:
+        self.calls[model.name] += 1
+        if model.name in _WRITES:
+            params["ReturnConsumedCapacity"] = "INDEXES"
+
+    def _answer(self, parsed: dict[str, Any], **_: Any) -> None:
+        consumed = parsed.get("ConsumedCapacity") or []
+        for entry in consumed if isinstance(consumed, list) else [consumed]:
+            self.units["table"] += entry.get("Table", {}).get("CapacityUnits", 0.0)
+            for kind in ("GlobalSecondaryIndexes", "LocalSecondaryIndexes"):
+                for name, used in (entry.get(kind) or {}).items():
+                    self.units[name] += used.get("CapacityUnits", 0.0)
+
+
+class Floor:
+    """Raw boto3 on the store's table: a conditional put of the meta item and BatchWriteItem of the events."""
+
+    def __init__(self, client: Any, table: str, shards: int) -> None:
+        self.client, self.table, self.shards = client, table, shards
+
+    def commit(self, app: str, sid: str, rows: list[dict[str, Any]], version: int) -> None:
+        from dormant.stores.dynamodb.keys import listing_key, session_pk
+
+        pk, now = session_pk(app, sid), str(time.time_ns() // 1_000_000)
+        values = {":v": {"N": str(version + 1)}, ":u": {"N": now}}
+        if version == 0:
+            update = "SET version = :v, lsk = :u, lpk = :lpk, #id = :id, created_at = :u"
+            condition = "attribute_not_exists(pk)"
+            values |= {":lpk": {"S": listing_key(app, sid, self.shards)}, ":id": {"S": sid}}
+        else:
+            update, condition = "SET version = :v, lsk = :u", "version = :e"
+            values[":e"] = {"N": str(version)}
+        self.client.update_item(
+            TableName=self.table,
+            Key={"pk": {"S": pk}, "sk": {"S": "#M"}},
+            UpdateExpression=update,
+            ConditionExpression=condition,
+            ExpressionAttributeValues=values,
+            **({"ExpressionAttributeNames": {"#id": "id"}} if version == 0 else {}),
+        )
+        items = [
+            {"PutRequest": {"Item": {"pk": {"S": pk}, "sk": {"S": f"E#{version + 1:012d}#{n:05d}"}, "d": {"B": data}}}}
+            for n, data in enumerate(json.dumps(row, separators=(",", ":")).encode() for row in rows)
+        ]
+        for start in range(0, len(items), 25):
+            batch = items[start : start + 25]
+            while batch:
+                answer = self.client.batch_write_item(RequestItems={self.table: batch})
+                batch = answer.get("UnprocessedItems", {}).get(self.table, [])
+
+    def load(self, app: str, sid: str) -> list[Any]:
+        from dormant.stores.dynamodb.keys import session_pk
+
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "KeyConditionExpression": "pk = :pk",
+            "ExpressionAttributeValues": {":pk": {"S": session_pk(app, sid)}},
+            "ConsistentRead": True,
+        }
+        rows = []
+        while True:
+            page = self.client.query(**kwargs)
+            rows += [json.loads(item["d"]["B"]) for item in page["Items"] if "d" in item]
+            if "LastEvaluatedKey" not in page:
+                return rows
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def list(self, app: str) -> list[tuple[int, str]]:
+        from dormant.stores.dynamodb.keys import listing_keys
+
+        listed = []
+        for key in listing_keys(app, self.shards):
+            kwargs: dict[str, Any] = {
+                "TableName": self.table,
+                "IndexName": "listing",
+                "KeyConditionExpression": "lpk = :k",
+                "ExpressionAttributeValues": {":k": {"S": key}},
+                "ScanIndexForward": False,
+            }
+            while True:
+                page = self.client.query(**kwargs)
+                listed += [(int(i["lsk"]["N"]), i["id"]["S"]) for i in page["Items"]]
+                if "LastEvaluatedKey" not in page:
+                    break
+                kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return sorted(listed, reverse=True)
+
+
+def _meta(app: str, sid: str, version: int = 0) -> StoredSession:
+    return StoredSession(id=sid, app_name=app, version=version, created_at=1)
+
+
+def _paired(ours: Callable[[int], float], floor: Callable[[int], float], repeat: int) -> tuple[float, float]:
+    """Medians of timed runs, dormant and floor alternating (run ``n`` gets fresh ids), after one warm-up each."""
+    samples: dict[str, list[float]] = {"ours": [], "floor": []}
+    for n in range(repeat + 1):
+        for name, work in (("ours", ours), ("floor", floor)):
+            elapsed = work(n)
+            if n:
+                samples[name].append(elapsed)
+    return statistics.median(samples["ours"]), statistics.median(samples["floor"])
+
+
+@contextlib.contextmanager
+def _endpoint() -> Iterator[str]:
+    endpoint = os.environ.get("TEST_DYNAMODB_ENDPOINT")
+    if endpoint:
+        yield endpoint
+        return
+    from tests.servers.dynamodb import dynamodb_local
+
+    with dynamodb_local() as started:
+        yield started
+
+
+def run() -> list[Figure]:
+    try:
+        from dormant.stores.dynamodb import create_table, dynamo_store
+        from dormant.stores.dynamodb.store import DEFAULT_LISTING_SHARDS
+        from tests.servers.dynamodb import LocalUnavailable, client
+    except ImportError as exc:
+        print(f"  skipped: the DynamoDB store needs boto3 (pip install 'dormant[dynamodb]'): {exc}")
+        return []
+    try:
+        with _endpoint() as endpoint:
+            table = f"dormant-bench-{uuid.uuid4().hex[:8]}"
+            ours_client, floor_client = client(endpoint), client(endpoint)
+            try:
+                create_table(table, client=ours_client)
+                store = dynamo_store(table, client=ours_client)
+                floor = Floor(floor_client, table, DEFAULT_LISTING_SHARDS)
+                return _measure(store, floor, Meter(ours_client), Meter(floor_client), ours_client)
+            finally:
+                with contextlib.suppress(Exception):
+                    ours_client.delete_table(TableName=table)
+                ours_client.close()
+                floor_client.close()
+    except LocalUnavailable as exc:
+        print(f"  skipped: no DynamoDB to measure against ({exc})")
+        return []
+
+
+def _measure(store: Any, floor: Floor, ours_meter: Meter, floor_meter: Meter, ours_client: Any) -> list[Figure]:
+    batches = turns()
+    rows = [[e.model_dump(mode="json") for e in batch] for batch in batches]
+
+    def w1_ours(n: int) -> float:
+        app = f"w1-ours-{n}"
+        started = time.perf_counter()
+        for version, batch in enumerate(batches):
+            assert store.commit(_meta(app, "w1", version), batch, version).ok
+        return time.perf_counter() - started
+
+    def w1_floor(n: int) -> float:
+        app = f"w1-floor-{n}"
+        started = time.perf_counter()
+        for version, batch in enumerate(rows):
+            floor.commit(app, "w1", batch, version)
+        return time.perf_counter() - started
+
+    w1 = _paired(w1_ours, w1_floor, REPEAT)
+
+    # Calls and capacity of one W1 run, metered (the timed runs above are not).
+    ours_meter.reset()
+    floor_meter.reset()
+    w1_ours(99)
+    w1_floor(99)
+    ours_calls, floor_calls = sum(ours_meter.calls.values()) / TURNS, sum(floor_meter.calls.values()) / TURNS
+    ours_units = {k: v / TURNS for k, v in ours_meter.units.items()}
+    floor_units = {k: v / TURNS for k, v in floor_meter.units.items()}
+    ours_ops, floor_ops = dict(ours_meter.calls), dict(floor_meter.calls)
+
+    w2: dict[int, tuple[float, float]] = {}
+    load_pages: dict[int, tuple[int, float]] = {}
+    for size in LOAD_SIZES:
+        sid = f"w2-{size}"
+        assert store.commit(_meta("bench", sid), events(size), 0).ok
+        assert len(floor.load("bench", sid)) == size
+
+        def w2_ours(_: int, sid: str = sid) -> float:
+            started = time.perf_counter()
+            store.load("bench", sid)
+            return time.perf_counter() - started
+
+        def w2_floor(_: int, sid: str = sid) -> float:
+            started = time.perf_counter()
+            floor.load("bench", sid)
+            return time.perf_counter() - started
+
+        w2[size] = _paired(w2_ours, w2_floor, REPEAT)
+        ours_meter.reset()
+        loaded = store.load("bench", sid)
+        megabytes = sum(len(e.model_dump_json()) for e in loaded.events) / 1e6
+        load_pages[size] = (ours_meter.calls["Query"], megabytes)
+
+    batch_events = [events(W4_EVENTS, f"s{n}-") for n in range(W4_SESSIONS)]
+    batch_rows = [[e.model_dump(mode="json") for e in batch] for batch in batch_events]
+
+    def w4_ours(n: int) -> float:
+        app = f"w4-ours-{n}"
+        started = time.perf_counter()
+        for s, batch in enumerate(batch_events):
+            assert store.commit(_meta(app, f"s{s}"), batch, 0).ok
+        return time.perf_counter() - started
+
+    def w4_floor(n: int) -> float:
+        app = f"w4-floor-{n}"
+        started = time.perf_counter()
+        for s, batch in enumerate(batch_rows):
+            floor.commit(app, f"s{s}", batch, 0)
+        return time.perf_counter() - started
+
+    create = _paired(w4_ours, w4_floor, 1)
+    assert len(store.list("w4-ours-1")) == len(floor.list("w4-ours-1")) == W4_SESSIONS
+
+    def w4_list_ours(_: int) -> float:
+        started = time.perf_counter()
+        store.list("w4-ours-1")
+        return time.perf_counter() - started
+
+    def w4_list_floor(_: int) -> float:
+        started = time.perf_counter()
+        floor.list("w4-ours-1")
+        return time.perf_counter() - started
+
+    figures = store_figures(
+        "dynamodb", w1=w1, w2=w2, w4_create=create, w4_list=_paired(w4_list_ours, w4_list_floor, REPEAT)
+    )
+    target_calls = 2 + math.ceil(EVENTS_PER_TURN / 25)
+    figures.append(
+        Figure(
+            "dynamodb",
+            f"W1 DynamoDB calls per commit ({EVENTS_PER_TURN} events)",
+            f"{ours_calls:.2f}",
+            f"{floor_calls:.2f}",
+            ours_calls / target_calls,
+            1,
+            "lower",
+            f"target <= {target_calls}",
+        )
+    )
+    for size, (pages, megabytes) in load_pages.items():
+        allowed = math.ceil(megabytes) + 1
+        figures.append(
+            Figure(
+                "dynamodb",
+                f"W2 load {size:,} events, Query pages",
+                f"{pages} pages",
+                f"{megabytes:.1f} MB",
+                pages / allowed,
+                1,
+                "lower",
+                f"target <= one page per MB (+1): {allowed}",
+            )
+        )
+    listing_writes = ours_units.get("listing", 0.0)
+    figures.append(
+        Figure(
+            "dynamodb",
+            "W1 listing-index writes per commit",
+            f"{listing_writes:.2f} WCU",
+            f"{floor_units.get('listing', 0.0):.2f} WCU",
+            listing_writes,
+            1,
+            "lower",
+            "a commit moves the entry (updated_at is its sort key): a delete and a put; see docs/dynamodb.md",
+        )
+    )
+    print("  write capacity units per W1 commit (ReturnConsumedCapacity=INDEXES):")
+    for name in sorted(set(ours_units) | set(floor_units)):
+        print(f"    {name:<10} dormant {ours_units.get(name, 0.0):6.2f}   floor {floor_units.get(name, 0.0):6.2f}")
+    print(f"  calls in {TURNS} W1 commits: dormant {ours_ops}, floor {floor_ops}")
+    _small_commits(store, ours_client, ours_meter)
+    return figures
+
+
+def _small_commits(store: Any, client: Any, meter: Meter) -> None:
+    """A claim-sized commit (two events) on the gated path vs one TransactWriteItems carrying it whole.
+
+    The transaction needs the meta item's id filter before it is built (a consistent GetItem): two calls
+    against the gated path's three, at twice the write units of every item it carries.
+    """
+    from dormant.stores.dynamodb.keys import session_pk
+
+    count = 20 if QUICK else 100
+    pair = [events(2, f"c{n}-") for n in range(count)]
+    app = f"small-{uuid.uuid4().hex[:6]}"
+    assert store.commit(_meta(app, "gated"), [], 0).ok
+    meter.reset()
+    started = time.perf_counter()
+    for version, batch in enumerate(pair, start=1):
+        assert store.commit(_meta(app, "gated"), batch, version).ok
+    gated_time = (time.perf_counter() - started) / count
+    gated_calls, gated_units = sum(meter.calls.values()) / count, {k: v / count for k, v in meter.units.items()}
+
+    pk = session_pk(app, "transact")
+    client.put_item(TableName=store._table, Item={"pk": {"S": pk}, "sk": {"S": "#M"}, "version": {"N": "1"}})
+    meter.reset()
+    started = time.perf_counter()
+    for version, batch in enumerate(pair, start=1):
+        client.get_item(TableName=store._table, Key={"pk": {"S": pk}, "sk": {"S": "#M"}}, ConsistentRead=True)
+        puts = [
+            {
+                "Put": {
+                    "TableName": store._table,
+                    "Item": {
+                        "pk": {"S": pk},
+                        "sk": {"S": f"E#{version + 1:012d}#{n:05d}"},
+                        "eid": {"S": e.id},
+                        "d": {"B": e.model_dump_json().encode()},
+                    },
+                }
+            }
+            for n, e in enumerate(batch)
+        ]
+        client.transact_write_items(
+            TransactItems=[
+                {
+                    "Update": {
+                        "TableName": store._table,
+                        "Key": {"pk": {"S": pk}, "sk": {"S": "#M"}},
+                        "UpdateExpression": "SET version = :v, lsk = :u, lpk = :k",
+                        "ConditionExpression": "version = :e",
+                        "ExpressionAttributeValues": {
+                            ":v": {"N": str(version + 1)},
+                            ":e": {"N": str(version)},
+                            ":u": {"N": str(time.time_ns() // 1_000_000)},
+                            ":k": {"S": app},
+                        },
+                    }
+                },
+                *puts,
+            ]
+        )
+    transact_time = (time.perf_counter() - started) / count
+    transact_calls, transact_units = sum(meter.calls.values()) / count, {k: v / count for k, v in meter.units.items()}
+    print("  a two-event commit (a claim), gated path vs one TransactWriteItems (+ the GetItem it needs):")
+    for name, calls, units, seconds in (
+        ("gated", gated_calls, gated_units, gated_time),
+        ("transact", transact_calls, transact_units, transact_time),
+    ):
+        detail = ", ".join(f"{k} {v:.2f}" for k, v in sorted(units.items()))
+        print(f"    {name:<9} {calls:.2f} calls  {seconds * 1000:6.2f} ms  WCU: {detail}")

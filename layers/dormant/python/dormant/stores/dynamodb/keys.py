@@ -1,0 +1,153 @@
+"""How the DynamoDB store lays sessions out in its one table: keys, shards, chunks and the id filter.
+
+Pure functions over plain values (no boto3), so they are tested on their own and shared by the commit,
+the loader and the repair code.
+
+A session partition ``S#{app}#{session_id}`` holds:
+
+* the meta item, ``sk = "#M"`` (sorts before every event item, so a load's first page starts with it);
+* one item per event (more for a large one), ``sk = "E#{version:012d}#{grant}#{seq:05d}"`` — the version
+  the gate granted, the writer's random grant token, and the position in the batch. Known before
+  writing, so events need no read-before-write and no counter. The token keeps a writer whose commit was
+  rolled back (and who writes on, unaware) from ever touching the items of the commit that took its
+  version next: the meta item lists rolled-back grants in ``dead`` and readers skip their items.
+* the chunks of an event larger than one item, ``sk = "{event sk}#{chunk:03d}"`` (chunk 0 is the event
+  item itself, which carries the id and the chunk count).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from collections.abc import Iterable
+from typing import NamedTuple
+
+__all__ = [
+    "CHUNK_BYTES",
+    "MAX_EVENT_BYTES",
+    "META_SK",
+    "EventKey",
+    "IdFilter",
+    "chunks",
+    "event_prefix",
+    "event_sk",
+    "listing_key",
+    "listing_keys",
+    "parse_event_sk",
+    "pending_key",
+    "scoped_pk",
+    "session_pk",
+    "shard_of",
+    "split_session_pk",
+]
+
+META_SK = "#M"
+EVENT_PREFIX = "E#"
+CHUNK_BYTES = 350_000
+"""Bytes of event JSON per item: DynamoDB's item limit is 400 KB, keys and attribute names included."""
+MAX_EVENT_BYTES = 4_000_000
+"""The hard limit on one event's JSON: larger events are refused before the gate (``EventTooLarge``).
+About 12 items; with 25 of them a write request stays far below DynamoDB's 16 MB request limit."""
+GRANT_LENGTH = 8
+
+
+def session_pk(app_name: str, session_id: str) -> str:
+    return f"S#{app_name}#{session_id}"
+
+
+def split_session_pk(pk: str) -> tuple[str, str]:
+    """``(app_name, session_id)`` back from a session partition key (ids never hold ``#``)."""
+    _, app_name, session_id = pk.split("#", 2)
+    return app_name, session_id
+
+
+def scoped_pk(app_name: str, scope: str, scope_id: str) -> str:
+    return f"X#{app_name}#{scope}#{scope_id}"
+
+
+def shard_of(session_id: str, shards: int) -> int:
+    """A stable shard for a session (the same in every process: not Python's salted ``hash``)."""
+    if shards <= 1:
+        return 0
+    digest = hashlib.blake2b(session_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % shards
+
+
+def listing_key(app_name: str, session_id: str, shards: int) -> str:
+    """The listing index's partition key: the app, write-sharded as ``{app}#{k}`` when ``shards > 1``."""
+    return app_name if shards <= 1 else f"{app_name}#{shard_of(session_id, shards)}"
+
+
+def listing_keys(app_name: str, shards: int) -> list[str]:
+    """Every listing partition of an app: what ``list`` queries and merges."""
+    return [app_name] if shards <= 1 else [f"{app_name}#{k}" for k in range(shards)]
+
+
+def pending_key(app_name: str, session_id: str, shards: int) -> str:
+    """The pending-marker index's partition key: table-wide shards, so the sweeper needs no list of apps."""
+    return f"P#{shard_of(f'{app_name}#{session_id}', shards)}"
+
+
+class EventKey(NamedTuple):
+    version: int
+    grant: str
+    seq: int
+    chunk: int
+
+
+def event_prefix(version: int, grant: str | None = None) -> str:
+    """The sort-key prefix of a version's event items (of one grant of it, when given)."""
+    return f"{EVENT_PREFIX}{version:012d}#" + (f"{grant}#" if grant is not None else "")
+
+
+def event_sk(version: int, grant: str, seq: int, chunk: int = 0) -> str:
+    base = f"{event_prefix(version, grant)}{seq:05d}"
+    return base if chunk == 0 else f"{base}#{chunk:03d}"
+
+
+def parse_event_sk(sk: str) -> EventKey | None:
+    """The parts of an event item's sort key, or ``None`` for an item that is not an event."""
+    if not sk.startswith(EVENT_PREFIX):
+        return None
+    parts = sk.split("#")
+    return EventKey(int(parts[1]), parts[2], int(parts[3]), int(parts[4]) if len(parts) > 4 else 0)
+
+
+def chunks(data: bytes) -> list[bytes]:
+    """An event's JSON cut into item-sized pieces (one piece for nearly every event)."""
+    return [data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
+
+
+class IdFilter:
+    """A Bloom filter of a session's stored event ids, kept on its meta item.
+
+    It answers "certainly not stored" for nearly every new id, so a commit skips the id lookup for them:
+    only ids it flags (re-sent ones, and false positives) cost a read of the id index. 16,384 bits and
+    7 hashes: a new id is flagged about 1 time in 1,600 at 1,000 stored events, 1 in 50 at 2,000, 1 in 10
+    at 3,000, 2 in 5 at 5,000 (docs/dynamodb.md). Stored zlib-compressed, so the filter of a short
+    session costs a few hundred bytes of the meta item and at most 2 KB.
+    """
+
+    BITS = 16_384
+    HASHES = 7
+
+    def __init__(self, data: bytes | None = None) -> None:
+        self._bits = bytearray(zlib.decompress(data)) if data else bytearray(self.BITS // 8)
+
+    @classmethod
+    def _positions(cls, event_id: str) -> list[int]:
+        digest = hashlib.blake2b(event_id.encode(), digest_size=16).digest()
+        h1, h2 = int.from_bytes(digest[:8], "big"), int.from_bytes(digest[8:], "big") | 1
+        return [(h1 + i * h2) % cls.BITS for i in range(cls.HASHES)]
+
+    def may_hold(self, event_id: str) -> bool:
+        return all(self._bits[p >> 3] & (1 << (p & 7)) for p in self._positions(event_id))
+
+    def add(self, event_ids: Iterable[str]) -> IdFilter:
+        for event_id in event_ids:
+            for p in self._positions(event_id):
+                self._bits[p >> 3] |= 1 << (p & 7)
+        return self
+
+    def dump(self) -> bytes:
+        return zlib.compress(bytes(self._bits), 6)

@@ -1,0 +1,923 @@
+"""The DynamoDB store: one table, a gated commit of versioned event batches, sharded listing, repair.
+
+DynamoDB has no transaction large enough for a commit, so a commit is four steps, each safe to be
+interrupted after:
+
+1. **Gate**: a conditional ``UpdateItem`` of the meta item (``attribute_not_exists`` to create, else
+   ``version = expected`` and no marker) that records a pending marker: the version it grants, a random
+   grant token, the number of event items to come, the time, and what the commit will set on the row and
+   in scoped state. It does not touch ``version`` or any listed attribute, so it writes no listing entry.
+   On a conflict DynamoDB returns the stored item (``ReturnValuesOnConditionCheckFailure``): the actual
+   version comes without a second read.
+2. **Events**: ``BatchWriteItem`` calls of 25 items keyed by the granted version, the grant and the
+   position in the batch. ``UnprocessedItems`` are re-sent with bounded, jittered backoff (the client's
+   botocore retry configuration handles throttled calls); when that is exhausted the commit raises
+   ``CommitIncomplete`` and leaves its marker for repair.
+3. + 4. **Finish**: one conditional write (``grant = ours``) that sets the new version, ``updated_at``,
+   status and scopes, clears the marker — and, when the commit carries scoped changes, writes them in the
+   same ``TransactWriteItems``. A commit whose marker was rolled back can therefore never land scoped
+   values, however late its writer wakes up.
+
+Readers show events only up to the meta item's ``version``: a pending version is invisible, and so are
+the items of a rolled-back grant (listed in ``dead``) and of a deleted incarnation of the session
+(``inc``). One ``Query`` of the session partition returns the meta item first, then the events in order.
+
+**Idempotency by event id** without reading history: the meta item carries a Bloom filter of the stored
+ids (``keys.IdFilter``), which the gate returns (``ReturnValues=ALL_OLD``) at no extra call. An id it
+rules out is new. An id it flags is looked up in the ``ids`` local secondary index — one strongly
+consistent ``Query`` for that id alone. Only re-sent ids and rare false positives pay that read.
+
+**Repair** (``repair_pending``; and a writer that meets a stale marker runs the same code first): a
+marker's version is rolled forward when all of its event items are present (finish, as the writer would
+have), else rolled back (the grant is added to ``dead``, the marker removed, the partial items deleted).
+Both are conditional on the marker's grant, so sweepers racing each other or a slow writer agree.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import dataclasses
+import heapq
+import json
+import logging
+import random
+import secrets
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as BotoConnectionError
+
+from ...clock import now_ms
+from ...errors import (
+    CommitIncomplete,
+    ConfigurationError,
+    DormantError,
+    EventTooLarge,
+    InputError,
+    StoreBusy,
+    StoreClosed,
+    StoreError,
+    StoreUnavailable,
+)
+from ...events import Event
+from ...ids import check_id
+from ..base import (
+    CommitResult,
+    LoadedSession,
+    ScopedStateChange,
+    SessionListing,
+    StoredSession,
+    check_commit,
+    decode_cursor,
+    encode_values,
+    event_from_json,
+    event_to_json,
+    merge_scoped_changes,
+    unique_new,
+)
+from .keys import (
+    GRANT_LENGTH,
+    MAX_EVENT_BYTES,
+    META_SK,
+    IdFilter,
+    chunks,
+    event_prefix,
+    event_sk,
+    listing_key,
+    listing_keys,
+    parse_event_sk,
+    pending_key,
+    scoped_pk,
+    session_pk,
+    split_session_pk,
+)
+from .table import IDS_INDEX, LISTING_INDEX, PENDING_INDEX, TABLE
+
+__all__ = [
+    "DEFAULT_LISTING_SHARDS",
+    "DEFAULT_PENDING_SHARDS",
+    "DynamoDBSessionStore",
+    "RepairReport",
+    "create_table",
+    "dynamo_store",
+]
+
+log = logging.getLogger("dormant.stores.dynamodb")
+
+DEFAULT_LISTING_SHARDS = 4
+"""Listing-index shards per app. A commit moves its session's listing entry (a delete and a put, two
+index writes) and one index partition takes about 1,000 writes/s: one shard caps an app near 500
+commits/s, four near 2,000, at the price of four Queries per listing page (docs/decisions.md)."""
+DEFAULT_PENDING_SHARDS = 8
+"""Pending-marker index shards for the whole table (a marker is put and deleted by every commit: about
+500 commits/s a shard). Every store and the sweeper on one table must use the same number."""
+MAX_SCOPED_KEYS = 99
+"""Scoped keys one commit may change: they are written in one ``TransactWriteItems`` with the finish."""
+MAX_MARKER_BYTES = 300_000
+"""What a pending marker may hold (scoped values and scopes, as JSON): it lives on the 400 KB meta item."""
+_BATCH = 25
+_SET_MARKER = "pending = :p, ppk = :ppk, psk = :psk"
+_THROTTLED = {
+    "ProvisionedThroughputExceededException",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "LimitExceededException",
+}
+
+
+@dataclass(frozen=True)
+class RepairReport:
+    """One pending marker repaired: what was found and which way it went."""
+
+    app_name: str
+    session_id: str
+    version: int
+    action: Literal["rolled_forward", "rolled_back"]
+    items_found: int
+    items_expected: int
+    marker_age_s: float
+
+
+@dataclass(frozen=True)
+class _Marker:
+    """A commit in flight, as recorded on the meta item by the gate."""
+
+    version: int
+    grant: str
+    items: int
+    at: int
+    scopes: str
+    status: str | None
+    scoped: str
+    """JSON ``[[scope, scope_id, key, value JSON or null], ...]``."""
+
+    def attribute(self) -> dict[str, Any]:
+        return {
+            "M": {
+                "v": {"N": str(self.version)},
+                "t": {"S": self.grant},
+                "n": {"N": str(self.items)},
+                "at": {"N": str(self.at)},
+                "so": {"S": self.scopes},
+                "st": {"NULL": True} if self.status is None else {"S": self.status},
+                "sc": {"S": self.scoped},
+            }
+        }
+
+    @classmethod
+    def of(cls, meta: Mapping[str, Any]) -> _Marker | None:
+        if "pending" not in meta:
+            return None
+        m = meta["pending"]["M"]
+        return cls(
+            int(m["v"]["N"]),
+            m["t"]["S"],
+            int(m["n"]["N"]),
+            int(m["at"]["N"]),
+            m["so"]["S"],
+            m["st"].get("S"),
+            m["sc"]["S"],
+        )
+
+
+class _MarkerGone(Exception):
+    """The finishing write found the marker it was finishing gone; ``item`` is the meta item now."""
+
+    def __init__(self, item: Mapping[str, Any] | None) -> None:
+        self.item = item
+
+
+class _Exhausted(Exception):
+    """``UnprocessedItems`` still left after every re-send."""
+
+
+class DynamoDBSessionStore:
+    """Sessions in one DynamoDB table (see the module docstring). Build it with ``dynamo_store()``."""
+
+    def __init__(
+        self,
+        client: Any,
+        table_name: str,
+        *,
+        owns_client: bool = False,
+        listing_shards: int = DEFAULT_LISTING_SHARDS,
+        pending_shards: int = DEFAULT_PENDING_SHARDS,
+        stale_after_s: float = 30.0,
+        live_wait_s: float = 10.0,
+        unprocessed_retries: int = 8,
+    ) -> None:
+        for name, value in (("listing_shards", listing_shards), ("pending_shards", pending_shards)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1000:
+                raise ConfigurationError(f"{name} must be an int from 1 to 1000, not {value!r}")
+        self._client = client
+        self._table = table_name
+        self._owns_client = owns_client
+        self._listing_shards = listing_shards
+        self._pending_shards = pending_shards
+        self._stale_after_ms = int(stale_after_s * 1000)
+        self._live_wait_s = live_wait_s
+        self._unprocessed_retries = unprocessed_retries
+        self._closed = False
+
+    # -- the contract -----------------------------------------------------------------------
+
+    def load(self, app_name: str, session_id: str) -> LoadedSession | None:
+        pk = session_pk(app_name, session_id)
+        pages = self._query(
+            TableName=self._table,
+            KeyConditionExpression="pk = :pk",
+            ExpressionAttributeValues={":pk": {"S": pk}},
+            ConsistentRead=True,
+        )
+        meta: Mapping[str, Any] | None = None
+        events: list[Event] = []
+        parts: list[bytes] = []
+        expected_parts = 0
+        version, inc, dead = 0, "", frozenset[str]()
+        for item in pages:
+            if meta is None:
+                if item["sk"]["S"] != META_SK:
+                    return None  # events without a meta item: a deleted session's stragglers
+                meta = item
+                version, inc, dead = int(meta["version"]["N"]), meta["inc"]["S"], _dead(meta)
+                if version == 0:
+                    return None  # its creating commit is still pending
+                continue
+            key = parse_event_sk(item["sk"]["S"])
+            if key is None or key.version > version or item["inc"]["S"] != inc or f"{key.version}#{key.grant}" in dead:
+                continue
+            if key.chunk == 0:
+                parts, expected_parts = [], int(item["c"]["N"]) if "c" in item else 1
+            parts.append(item["d"]["B"])
+            if len(parts) == expected_parts:
+                events.append(event_from_json(b"".join(parts)))
+        if meta is None:
+            return None
+        return LoadedSession(_stored(meta, app_name, session_id), events)
+
+    def commit(
+        self,
+        session: StoredSession,
+        new_events: Sequence[Event],
+        expected_version: int,
+        scoped_changes: Sequence[ScopedStateChange] | None = None,
+    ) -> CommitResult:
+        self._check_open()
+        check_commit(session, new_events, expected_version)
+        batch = unique_new(new_events, frozenset())
+        data = _encode_events(new_events, batch)
+        scoped = _scoped_rows(scoped_changes)
+        scopes_json = json.dumps(session.scopes, separators=(",", ":"), sort_keys=True)
+        marker = _Marker(
+            version=expected_version + 1,
+            grant=secrets.token_hex(GRANT_LENGTH // 2),
+            items=sum(len(chunks(data[e.id])) for e in batch),
+            at=now_ms(),
+            scopes=scopes_json,
+            status=session.status,
+            scoped=json.dumps(scoped, separators=(",", ":")),
+        )
+        if len(marker.scoped) + len(marker.scopes) > MAX_MARKER_BYTES:
+            raise InputError(
+                f"a commit's scoped changes and scopes may hold {MAX_MARKER_BYTES:,} bytes of JSON",
+                field="scoped_changes",
+            )
+        pk = session_pk(session.app_name, session.id)
+        old = self._pass_gate(pk, session, expected_version, marker)
+        if isinstance(old, CommitResult):
+            return old
+        inc = old["inc"]["S"]
+        dead = _dead(old)
+        ids = IdFilter(old["bf"]["B"] if "bf" in old else None)
+        flagged = [e.id for e in batch if ids.may_hold(e.id)]
+        stored = {i for i in flagged if self._id_stored(pk, i, inc, expected_version, dead)}
+        fresh = [e for e in batch if e.id not in stored]
+        items = _event_items(pk, marker, inc, [(e.id, data[e.id]) for e in fresh])
+        if len(items) != marker.items:  # re-sent ids were skipped: the marker must count what is written
+            try:
+                self._recount(pk, marker, len(items))
+            except _MarkerGone as gone:
+                return self._after_lost_marker(pk, marker, inc, gone.item, len(fresh), items)
+            marker = dataclasses.replace(marker, items=len(items))
+        try:
+            self._write_batches([{"PutRequest": {"Item": item}} for item in items])
+        except (_Exhausted, StoreError) as exc:
+            raise CommitIncomplete(
+                f"commit of version {marker.version} to session {session.id!r} did not write all its events "
+                f"({exc}); nothing of it is visible, and repair_pending() will roll it back",
+                session_id=session.id,
+                version=marker.version,
+            ) from exc
+        prev_updated = int(old["lsk"]["N"]) if "lsk" in old else 0
+        try:
+            self._finish(pk, marker, ids.add(e.id for e in fresh), prev_updated)
+        except _MarkerGone as gone:
+            return self._after_lost_marker(pk, marker, inc, gone.item, len(fresh), items)
+        except StoreError as exc:
+            raise CommitIncomplete(
+                f"commit of version {marker.version} to session {session.id!r} wrote its events but not its "
+                f"finish ({exc}); repair_pending() will roll it forward",
+                session_id=session.id,
+                version=marker.version,
+            ) from exc
+        return CommitResult(ok=True, version=marker.version, appended=len(fresh))
+
+    def delete(self, app_name: str, session_id: str) -> None:
+        pk = session_pk(app_name, session_id)
+        self._call("delete_item", TableName=self._table, Key=_key(pk, META_SK))
+        # The meta item first: from here every commit to this session conflicts and every load is None.
+        keys = self._query(
+            TableName=self._table,
+            KeyConditionExpression="pk = :pk",
+            ExpressionAttributeValues={":pk": {"S": pk}},
+            ProjectionExpression="pk, sk",
+            ConsistentRead=True,
+        )
+        self._write_batches([{"DeleteRequest": {"Key": key}} for key in keys])
+
+    def load_scoped_state(self, app_name: str, scope: str, scope_id: str) -> dict[str, Any]:
+        items = self._query(
+            TableName=self._table,
+            KeyConditionExpression="pk = :pk",
+            ExpressionAttributeValues={":pk": {"S": scoped_pk(app_name, scope, scope_id)}},
+            ConsistentRead=True,
+        )
+        return {item["sk"]["S"]: json.loads(item["v"]["S"]) for item in items}
+
+    def save_scoped_state(self, app_name: str, scope: str, scope_id: str, state: Mapping[str, Any]) -> None:
+        self._check_open()
+        check_id(scope_id, "scope id")
+        rows = [[scope, scope_id, key, value] for key, value in encode_values(state).items()]
+        self._write_batches([_scoped_request(app_name, row) for row in rows])
+
+    def list(
+        self, app_name: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> builtins.list[SessionListing]:
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+            raise InputError(f"limit must be an int >= 0 or None, not {limit!r}", field="limit")
+        after = decode_cursor(cursor) if cursor else None
+        if limit == 0:
+            return []
+        streams = [self._shard_stream(key, after, limit) for key in listing_keys(app_name, self._listing_shards)]
+        merged = heapq.merge(*streams, key=lambda s: (s.updated_at, s.id), reverse=True)
+        listed: builtins.list[SessionListing] = []
+        for listing in merged:
+            listed.append(listing)
+            if limit is not None and len(listed) == limit:
+                break
+        return listed
+
+    def close(self) -> None:
+        """Close the client the store built; a client given to the store is left open, for its owner."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_client:
+            self._client.close()
+
+    # -- repair -----------------------------------------------------------------------------
+
+    def repair_pending(self, older_than_s: float = 60.0) -> builtins.list[RepairReport]:
+        """Finish or undo every commit whose marker is older than ``older_than_s``; say what was done.
+
+        Finds the markers through the pending-marker index (every shard of it), so it costs a Query per
+        shard plus the repairs. Safe to run from several sweepers at once, and beside live writers.
+        """
+        self._check_open()
+        cutoff = now_ms() - int(older_than_s * 1000)
+        reports: builtins.list[RepairReport] = []
+        for shard in range(self._pending_shards):
+            markers = self._query(
+                TableName=self._table,
+                IndexName=PENDING_INDEX,
+                KeyConditionExpression="ppk = :p AND psk <= :cutoff",
+                ExpressionAttributeValues={":p": {"S": f"P#{shard}"}, ":cutoff": {"N": str(cutoff)}},
+            )
+            for found in markers:
+                report = self._repair(found["pk"]["S"], cutoff)
+                if report is not None:
+                    reports.append(report)
+        return reports
+
+    def _repair(self, pk: str, cutoff: int) -> RepairReport | None:
+        """Roll the session's marker forward or back if it is at least as old as ``cutoff``."""
+        meta = self._call("get_item", TableName=self._table, Key=_key(pk, META_SK), ConsistentRead=True).get("Item")
+        marker = _Marker.of(meta) if meta else None
+        if meta is None or marker is None or marker.at > cutoff:
+            return None  # finished, repaired by someone else, or not stale (any more)
+        items = self._query(
+            TableName=self._table,
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
+            ExpressionAttributeValues={":pk": {"S": pk}, ":prefix": {"S": event_prefix(marker.version, marker.grant)}},
+            ProjectionExpression="pk, sk, eid",
+            ConsistentRead=True,
+        )
+        app_name, session_id = split_session_pk(pk)
+        complete = len(items) == marker.items
+        try:
+            if complete:
+                ids = IdFilter(meta["bf"]["B"] if "bf" in meta else None)
+                ids.add(i["eid"]["S"] for i in items if "eid" in i)
+                self._finish(pk, marker, ids, int(meta["lsk"]["N"]) if "lsk" in meta else 0)
+            else:
+                self._roll_back(pk, meta, marker)
+        except _MarkerGone:
+            return None  # another sweeper, or the writer itself, got there first
+        if not complete:
+            with contextlib.suppress(StoreError):  # invisible already; a later repair or delete finds the rest
+                self._write_batches([{"DeleteRequest": {"Key": {"pk": i["pk"], "sk": i["sk"]}}} for i in items])
+        report = RepairReport(
+            app_name,
+            session_id,
+            marker.version,
+            "rolled_forward" if complete else "rolled_back",
+            len(items),
+            marker.items,
+            (now_ms() - marker.at) / 1000,
+        )
+        log.warning(
+            "repaired a pending commit: %s version %d of session %r (app %r): %d of %d event items present",
+            report.action.replace("_", " "),
+            report.version,
+            session_id,
+            app_name,
+            report.items_found,
+            report.items_expected,
+        )
+        return report
+
+    def _roll_back(self, pk: str, meta: Mapping[str, Any], marker: _Marker) -> None:
+        """Undo a marker: its grant joins ``dead`` (a create that never landed removes the meta item)."""
+        condition = {"ConditionExpression": "pending.t = :t", "ReturnValuesOnConditionCheckFailure": "ALL_OLD"}
+        try:
+            if int(meta["version"]["N"]) == 0:
+                self._call(
+                    "delete_item",
+                    TableName=self._table,
+                    Key=_key(pk, META_SK),
+                    ExpressionAttributeValues={":t": {"S": marker.grant}},
+                    **condition,
+                )
+            else:
+                self._call(
+                    "update_item",
+                    TableName=self._table,
+                    Key=_key(pk, META_SK),
+                    UpdateExpression="REMOVE pending, ppk, psk ADD dead :dead",
+                    ExpressionAttributeValues={
+                        ":t": {"S": marker.grant},
+                        ":dead": {"SS": [f"{marker.version}#{marker.grant}"]},
+                    },
+                    **condition,
+                )
+        except _ConditionFailed as failed:
+            raise _MarkerGone(failed.item) from None
+
+    # -- the commit's steps -----------------------------------------------------------------
+
+    def _pass_gate(
+        self, pk: str, session: StoredSession, expected: int, marker: _Marker
+    ) -> dict[str, Any] | CommitResult:
+        """Record the marker; return the meta item as it was before (``{}`` on create) or the conflict."""
+        app_name, session_id = session.app_name, session.id
+        values: dict[str, Any] = {
+            ":p": marker.attribute(),
+            ":ppk": {"S": pending_key(app_name, session_id, self._pending_shards)},
+            ":psk": {"N": str(marker.at)},
+        }
+        if expected == 0:
+            inc = secrets.token_hex(4)  # this incarnation of the session id: a re-creation gets another
+            update = "SET #id = :id, created_at = :created, inc = :inc, version = :zero, " + _SET_MARKER
+            condition = "attribute_not_exists(pk)"
+            values |= {
+                ":id": {"S": session_id},
+                ":created": {"N": str(session.created_at or marker.at)},
+                ":inc": {"S": inc},
+                ":zero": {"N": "0"},
+            }
+            names = {"#id": "id"}
+        else:
+            update = "SET " + _SET_MARKER
+            condition = "version = :e AND attribute_not_exists(pending)"
+            values[":e"] = {"N": str(expected)}
+            names = {}
+        deadline = time.monotonic() + self._live_wait_s
+        pause = 0.005
+        repaired = False
+        while True:
+            try:
+                granted = self._call(
+                    "update_item",
+                    TableName=self._table,
+                    Key=_key(pk, META_SK),
+                    UpdateExpression=update,
+                    ConditionExpression=condition,
+                    ExpressionAttributeValues=values,
+                    **({"ExpressionAttributeNames": names} if names else {}),
+                    ReturnValues="ALL_OLD",
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                )
+            except _ConditionFailed as failed:
+                item = failed.item
+            else:
+                old = dict(granted.get("Attributes") or {})
+                if expected == 0:
+                    old["inc"] = {"S": inc}
+                return old
+            actual = int(item["version"]["N"]) if item else 0
+            blocking = _Marker.of(item) if item else None
+            if blocking is None or actual != expected:
+                return CommitResult(ok=False, version=actual, appended=0)
+            if now_ms() - blocking.at >= self._stale_after_ms and not repaired:
+                # A writer that died mid-commit: finish or undo its commit, then try the gate again.
+                self._repair(pk, blocking.at)
+                repaired = True
+                continue
+            if time.monotonic() >= deadline:
+                raise StoreBusy(
+                    f"session {session_id!r} has had a commit in flight for {self._live_wait_s:g} s; "
+                    "nothing was written, try again (a stuck commit is repaired once its marker is stale)"
+                )
+            time.sleep(pause * (0.5 + random.random()))
+            pause = min(pause * 2, 0.2)
+
+    def _id_stored(self, pk: str, event_id: str, inc: str, version: int, dead: frozenset[str]) -> bool:
+        """Whether a committed event of this session has this id (one consistent read of the id index)."""
+        found = self._query(
+            TableName=self._table,
+            IndexName=IDS_INDEX,
+            KeyConditionExpression="pk = :pk AND eid = :eid",
+            ExpressionAttributeValues={":pk": {"S": pk}, ":eid": {"S": event_id}},
+            ProjectionExpression="sk, inc",
+            ConsistentRead=True,
+        )
+        for item in found:
+            key = parse_event_sk(item["sk"]["S"])
+            if (
+                key is not None
+                and item["inc"]["S"] == inc
+                and key.version <= version
+                and f"{key.version}#{key.grant}" not in dead
+            ):
+                return True
+        return False
+
+    def _recount(self, pk: str, marker: _Marker, items: int) -> None:
+        try:
+            self._call(
+                "update_item",
+                TableName=self._table,
+                Key=_key(pk, META_SK),
+                UpdateExpression="SET pending.n = :n",
+                ConditionExpression="pending.t = :t",
+                ExpressionAttributeValues={":n": {"N": str(items)}, ":t": {"S": marker.grant}},
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except _ConditionFailed as failed:
+            raise _MarkerGone(failed.item) from None
+
+    def _finish(self, pk: str, marker: _Marker, ids: IdFilter, prev_updated: int) -> None:
+        """Make the marker's version the stored one and clear the marker; with its scoped writes, atomically."""
+        app_name, session_id = split_session_pk(pk)
+        values: dict[str, Any] = {
+            ":t": {"S": marker.grant},
+            ":v": {"N": str(marker.version)},
+            ":u": {"N": str(max(now_ms(), prev_updated))},
+            ":lpk": {"S": listing_key(app_name, session_id, self._listing_shards)},
+            ":bf": {"B": ids.dump()},
+            ":so": {"S": marker.scopes},
+        }
+        sets = "#v = :v, lsk = :u, lpk = :lpk, bf = :bf, scopes = :so"
+        removes = "pending, ppk, psk"
+        if marker.status is None:
+            removes += ", #st"
+        else:
+            sets += ", #st = :st"
+            values[":st"] = {"S": marker.status}
+        update = {
+            "TableName": self._table,
+            "Key": _key(pk, META_SK),
+            "UpdateExpression": f"SET {sets} REMOVE {removes}",
+            "ConditionExpression": "pending.t = :t",
+            "ExpressionAttributeNames": {"#v": "version", "#st": "status"},
+            "ExpressionAttributeValues": values,
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+        scoped = json.loads(marker.scoped)
+        if not scoped:
+            try:
+                self._call("update_item", **update)
+            except _ConditionFailed as failed:
+                raise _MarkerGone(failed.item) from None
+            return
+        writes = [_scoped_request(app_name, row) for row in scoped]
+        transact = [{"Update": update}] + [
+            {"Put": {"TableName": self._table, **w["PutRequest"]}}
+            if "PutRequest" in w
+            else {"Delete": {"TableName": self._table, **w["DeleteRequest"]}}
+            for w in writes
+        ]
+        for attempt in range(8):
+            try:
+                self._call("transact_write_items", TransactItems=transact)
+                return
+            except _Cancelled as cancelled:
+                if cancelled.codes[0] == "ConditionalCheckFailed":
+                    raise _MarkerGone(cancelled.items[0]) from None
+                if "TransactionConflict" not in cancelled.codes or attempt == 7:
+                    raise StoreError(f"the commit's finishing transaction was cancelled: {cancelled.codes}") from None
+                time.sleep(0.01 * 2**attempt * random.random())  # another transaction held a scoped key
+
+    def _after_lost_marker(
+        self,
+        pk: str,
+        marker: _Marker,
+        inc: str,
+        item: Mapping[str, Any] | None,
+        appended: int,
+        items: Sequence[Mapping[str, Any]],
+    ) -> CommitResult:
+        """Our marker vanished under us: a repair finished or undid the commit, or the session was deleted."""
+        if (
+            item is not None
+            and item.get("inc", {}).get("S") == inc
+            and int(item["version"]["N"]) >= marker.version
+            and f"{marker.version}#{marker.grant}" not in _dead(item)
+        ):
+            return CommitResult(ok=True, version=marker.version, appended=appended)  # rolled forward
+        with contextlib.suppress(StoreError):  # invisible already; deleting them only saves space
+            self._write_batches([{"DeleteRequest": {"Key": {"pk": i["pk"], "sk": i["sk"]}}} for i in items])
+        return CommitResult(ok=False, version=int(item["version"]["N"]) if item else 0, appended=0)
+
+    def _write_batches(self, requests: Sequence[Mapping[str, Any]]) -> None:
+        """``BatchWriteItem`` in calls of 25, re-sending ``UnprocessedItems`` with bounded backoff."""
+        for start in range(0, len(requests), _BATCH):
+            pending: Sequence[Mapping[str, Any]] = requests[start : start + _BATCH]
+            for attempt in range(self._unprocessed_retries + 1):
+                answer = self._call("batch_write_item", RequestItems={self._table: list(pending)})
+                pending = answer.get("UnprocessedItems", {}).get(self._table, [])
+                if not pending:
+                    break
+                if attempt == self._unprocessed_retries:
+                    raise _Exhausted(f"{len(pending)} items still unprocessed after {attempt + 1} calls")
+                time.sleep(min(1.0, 0.025 * 2**attempt) * (0.5 + random.random() / 2))
+
+    # -- listing ----------------------------------------------------------------------------
+
+    def _shard_stream(self, key: str, after: tuple[int, str] | None, limit: int | None) -> Iterator[SessionListing]:
+        """One shard's listings, newest first; ties on ``updated_at`` by id, descending, like the merge."""
+        condition, values = "lpk = :k", {":k": {"S": key}}
+        if after is not None:
+            condition += " AND lsk <= :u"
+            values[":u"] = {"N": str(after[0])}
+        pages = self._query_pages(
+            TableName=self._table,
+            IndexName=LISTING_INDEX,
+            KeyConditionExpression=condition,
+            ExpressionAttributeValues=values,
+            ScanIndexForward=False,
+            **({"Limit": limit + 1} if limit is not None else {}),
+        )
+        group: builtins.list[SessionListing] = []
+        for item in pages:
+            listing = SessionListing(
+                item["id"]["S"],
+                int(item["lsk"]["N"]),
+                int(item["created_at"]["N"]),
+                int(item["version"]["N"]),
+                item["status"]["S"] if "status" in item else None,
+            )
+            if after is not None and (listing.updated_at, listing.id) >= after:
+                continue
+            if group and group[0].updated_at != listing.updated_at:
+                yield from sorted(group, key=lambda s: s.id, reverse=True)
+                group = []
+            group.append(listing)
+        yield from sorted(group, key=lambda s: s.id, reverse=True)
+
+    # -- calls ------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed("this store was closed")
+
+    def _call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
+        """One DynamoDB call, with botocore's errors turned into dormant's."""
+        self._check_open()
+        try:
+            answer: dict[str, Any] = getattr(self._client, operation)(**kwargs)
+            return answer
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            code, message = error.get("Code", ""), error.get("Message", "")
+            if code == "ConditionalCheckFailedException":
+                raise _ConditionFailed(exc.response.get("Item")) from None
+            if code == "TransactionCanceledException":
+                reasons = exc.response.get("CancellationReasons") or []
+                raise _Cancelled(
+                    [r.get("Code", "") for r in reasons] or ["?"], [r.get("Item") for r in reasons] or [None]
+                ) from None
+            if code in _THROTTLED:
+                raise StoreBusy(f"DynamoDB throttled {operation} past the client's retries: {message}") from exc
+            if code == "ResourceNotFoundException":
+                raise StoreError(
+                    f"DynamoDB table {self._table!r} (or an index of it) does not exist: create it with "
+                    f"dormant.stores.dynamodb.create_table() or the CDK stack ({message})"
+                ) from exc
+            raise StoreError(f"DynamoDB {operation} failed: {code}: {message}") from exc
+        except (BotoConnectionError, HTTPClientError) as exc:
+            raise StoreUnavailable(f"DynamoDB {operation} failed: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StoreError(f"DynamoDB {operation} failed: {exc}") from exc
+
+    def _query(self, **kwargs: Any) -> builtins.list[dict[str, Any]]:
+        """Every item a Query returns, following its pages."""
+        return builtins.list(self._query_pages(**kwargs))
+
+    def _query_pages(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        while True:
+            page = self._call("query", **kwargs)
+            yield from page.get("Items", [])
+            if "LastEvaluatedKey" not in page:
+                return
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+class _ConditionFailed(Exception):
+    def __init__(self, item: Mapping[str, Any] | None) -> None:
+        self.item = item
+
+
+class _Cancelled(Exception):
+    def __init__(self, codes: builtins.list[str], items: builtins.list[Mapping[str, Any] | None]) -> None:
+        self.codes = codes
+        self.items = items
+
+
+def _key(pk: str, sk: str) -> dict[str, Any]:
+    return {"pk": {"S": pk}, "sk": {"S": sk}}
+
+
+def _dead(meta: Mapping[str, Any]) -> frozenset[str]:
+    return frozenset(meta["dead"]["SS"]) if "dead" in meta else frozenset()
+
+
+def _stored(meta: Mapping[str, Any], app_name: str, session_id: str) -> StoredSession:
+    return StoredSession(
+        id=session_id,
+        app_name=app_name,
+        version=int(meta["version"]["N"]),
+        scopes=json.loads(meta["scopes"]["S"]) if "scopes" in meta else {},
+        created_at=int(meta["created_at"]["N"]),
+        status=meta["status"]["S"] if "status" in meta else None,
+        updated_at=int(meta["lsk"]["N"]) if "lsk" in meta else 0,
+    )
+
+
+def _encode_events(new_events: Sequence[Event], batch: Sequence[Event]) -> dict[str, bytes]:
+    """Each event's JSON, refusing (before anything is written) one over the hard limit."""
+    data: dict[str, bytes] = {}
+    for event in batch:
+        data[event.id] = event_to_json(event).encode()
+        if len(data[event.id]) > MAX_EVENT_BYTES:
+            index = next(n for n, e in enumerate(new_events) if e is event)
+            raise EventTooLarge(
+                event_id=event.id, size=len(data[event.id]), limit=MAX_EVENT_BYTES, field=f"new_events[{index}]"
+            )
+    return data
+
+
+def _event_items(pk: str, marker: _Marker, inc: str, events: Sequence[tuple[str, bytes]]) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    for seq, (event_id, data) in enumerate(events):
+        pieces = chunks(data)
+        for n, piece in enumerate(pieces):
+            item: dict[str, Any] = {
+                "pk": {"S": pk},
+                "sk": {"S": event_sk(marker.version, marker.grant, seq, n)},
+                "inc": {"S": inc},
+                "d": {"B": piece},
+            }
+            if n == 0:
+                item["eid"] = {"S": event_id}
+                if len(pieces) > 1:
+                    item["c"] = {"N": str(len(pieces))}
+            items.append(item)
+    return items
+
+
+def _scoped_rows(changes: Sequence[ScopedStateChange] | None) -> list[list[Any]]:
+    """A commit's scoped changes as ``[scope, scope_id, key, JSON or None]`` rows, checked and merged."""
+    rows = [
+        [scope, scope_id, key, value]
+        for (scope, scope_id), values in merge_scoped_changes(changes).items()
+        for key, value in encode_values(values).items()
+    ]
+    if len(rows) > MAX_SCOPED_KEYS:
+        raise InputError(
+            f"a commit may change at most {MAX_SCOPED_KEYS} scoped keys on DynamoDB (got {len(rows)})",
+            field="scoped_changes",
+        )
+    return rows
+
+
+def _scoped_request(app_name: str, row: Sequence[Any]) -> dict[str, Any]:
+    scope, scope_id, key, value = row
+    item_key = _key(scoped_pk(app_name, scope, scope_id), key)
+    if value is None:
+        return {"DeleteRequest": {"Key": item_key}}
+    return {"PutRequest": {"Item": {**item_key, "v": {"S": value}}}}
+
+
+# -- construction -----------------------------------------------------------------------------------
+
+
+def _client(endpoint_url: str | None, region: str | None) -> Any:
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError as exc:
+        raise ConfigurationError("the DynamoDB store needs boto3: pip install 'dormant[dynamodb]'") from exc
+    config = Config(
+        retries={"mode": "standard", "max_attempts": 8},
+        connect_timeout=5,
+        read_timeout=20,
+        tcp_keepalive=True,
+    )
+    try:
+        return boto3.client("dynamodb", endpoint_url=endpoint_url, region_name=region, config=config)
+    except Exception as exc:  # botocore says what is missing (a region, usually)
+        raise ConfigurationError(f"cannot build a DynamoDB client: {exc}") from exc
+
+
+def dynamo_store(
+    table_name: str,
+    *,
+    client: Any = None,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    listing_shards: int = DEFAULT_LISTING_SHARDS,
+    pending_shards: int = DEFAULT_PENDING_SHARDS,
+    stale_after_s: float = 30.0,
+) -> DynamoDBSessionStore:
+    """A store on the DynamoDB table ``table_name`` (make it with ``create_table`` or the CDK stack).
+
+    Pass ``client`` (a boto3 DynamoDB client you configured) or let the store build one from
+    ``endpoint_url`` and ``region`` (and the usual AWS environment), with botocore's standard retry mode.
+    Nothing is sent until the first call. ``close()`` closes a client the store built, never yours.
+    ``stale_after_s`` is how old a pending marker must be before a writer meeting it repairs it first
+    (marker ages come from ``dormant.clock``, so a test can move time instead of waiting).
+    """
+    if not isinstance(table_name, str) or len(table_name) < 3:
+        raise ConfigurationError(f"a DynamoDB table name has at least 3 characters, not {table_name!r}")
+    if client is not None and (endpoint_url or region):
+        raise ConfigurationError("pass a client or endpoint_url/region to build one, not both")
+    owns = client is None
+    return DynamoDBSessionStore(
+        client if client is not None else _client(endpoint_url, region),
+        table_name,
+        owns_client=owns,
+        listing_shards=listing_shards,
+        pending_shards=pending_shards,
+        stale_after_s=stale_after_s,
+    )
+
+
+def create_table(
+    table_name: str,
+    *,
+    client: Any = None,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    wait: bool = True,
+) -> bool:
+    """Create the table from ``table.TABLE`` (on-demand, TTL on); ``False`` if it already exists.
+
+    For local use and tests; deployments get the same table from the CDK stack.
+    """
+    own = client is None
+    ddb = _client(endpoint_url, region) if own else client
+    try:
+        try:
+            ddb.create_table(**TABLE.create_table_request(table_name))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ResourceInUseException":
+                return False
+            raise
+        if wait:
+            ddb.get_waiter("table_exists").wait(TableName=table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
+        ddb.update_time_to_live(
+            TableName=table_name, TimeToLiveSpecification={"Enabled": True, "AttributeName": TABLE.ttl_attribute}
+        )
+        return True
+    except DormantError:
+        raise
+    except Exception as exc:
+        raise StoreError(f"could not create DynamoDB table {table_name!r}: {exc}") from exc
+    finally:
+        if own:
+            ddb.close()

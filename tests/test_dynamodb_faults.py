@@ -1,0 +1,416 @@
+"""The DynamoDB store under faults, on a real DynamoDB Local: a reader sees all of a commit or none of it.
+
+Faults come from botocore event hooks on the writer's client (``dynamodb_faults.Faults``); the reader,
+the sweeper and the second writer use clean clients. After every fault the session is repaired (or
+repairs itself) and takes the next commit.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("boto3")
+
+from dynamodb_faults import Died, Faults
+from tests.servers.dynamodb import client as local_client
+
+from dormant.clock import FrozenClock, frozen_clock
+from dormant.errors import CommitIncomplete, StoreBusy
+from dormant.events import UserEvent
+from dormant.stores.base import ScopedStateChange, StoredSession
+from dormant.stores.dynamodb import DynamoDBSessionStore
+from dormant.stores.dynamodb.keys import session_pk
+
+pytestmark = pytest.mark.backend("dynamodb")
+
+
+def _events(prefix: str, count: int) -> list[UserEvent]:
+    return [UserEvent(id=f"{prefix}-{n:03d}", created_at=1, text=f"{prefix} {n}") for n in range(count)]
+
+
+def _ids(store: DynamoDBSessionStore, app: str, sid: str) -> list[str]:
+    loaded = store.load(app, sid)
+    return [] if loaded is None else [e.id for e in loaded.events]
+
+
+class World:
+    """One session, a writer whose client takes faults, and clean clients for everyone else."""
+
+    def __init__(self, endpoint: str, table: str, clock: FrozenClock) -> None:
+        self.endpoint, self.table = endpoint, table
+        self.clock = clock  # markers go stale when the test moves it, without waiting
+        self.app = f"app-{uuid.uuid4().hex[:10]}"
+        self.sid = "s-1"
+        self.clients: list[Any] = []
+        self.writer_client = self._client()
+        self.faults = Faults(self.writer_client)
+        self.writer = self.store(self.writer_client)
+        self.reader = self.store()
+
+    def _client(self, **config: Any) -> Any:
+        c = local_client(self.endpoint, **config)
+        self.clients.append(c)
+        return c
+
+    def store(self, client: Any = None, **options: Any) -> DynamoDBSessionStore:
+        options = {"live_wait_s": 0.5, "unprocessed_retries": 3, **options}
+        return DynamoDBSessionStore(client or self._client(), self.table, **options)
+
+    def meta(self, **extra: Any) -> StoredSession:
+        return StoredSession(id=self.sid, app_name=self.app, created_at=1, **extra)
+
+    def ids(self) -> list[str]:
+        return _ids(self.reader, self.app, self.sid)
+
+    def version(self) -> int:
+        loaded = self.reader.load(self.app, self.sid)
+        return 0 if loaded is None else loaded.session.version
+
+    def raw_event_items(self) -> int:
+        """Event items in the session partition, visible or not (what a repair must clean up)."""
+        answer = self.writer_client.query(
+            TableName=self.table,
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :e)",
+            ExpressionAttributeValues={":pk": {"S": session_pk(self.app, self.sid)}, ":e": {"S": "E#"}},
+            ConsistentRead=True,
+            Select="COUNT",
+        )
+        return int(answer["Count"])
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+
+
+@pytest.fixture
+def world(dynamodb_endpoint: str, dynamodb_table: str) -> Iterator[World]:
+    with frozen_clock(1_800_000_000_000) as clock:
+        w = World(dynamodb_endpoint, dynamodb_table, clock)
+        try:
+            yield w
+        finally:
+            w.close()
+
+
+def _seeded(world: World) -> None:
+    """Version 1 with ten events: what every fault must leave untouched."""
+    assert world.writer.commit(world.meta(), _events("base", 10), 0).ok
+
+
+def _takes_the_next_commit(world: World, version: int, before: list[str]) -> None:
+    fresh = world.store()
+    result = fresh.commit(world.meta(), _events("next", 3), version)
+    assert (result.ok, result.version, result.appended) == (True, version + 1, 3)
+    assert world.ids() == [*before, "next-000", "next-001", "next-002"]
+
+
+# -- the events' BatchWriteItem ------------------------------------------------------------------
+
+
+def test_the_nth_batch_write_raising_leaves_nothing_visible_and_repair_rolls_it_back(world: World) -> None:
+    _seeded(world)
+    world.faults.fail("BatchWriteItem", nth=2)  # 60 events: three calls; the second one fails
+    with pytest.raises(CommitIncomplete) as info:
+        world.writer.commit(world.meta(), _events("big", 60), 1)
+    assert info.value.version == 2
+    assert world.ids() == _events_ids("base", 10) and world.version() == 1
+    assert world.raw_event_items() == 10 + 25  # the first call's items landed, invisible
+
+    world.clock.advance(1)
+    (report,) = world.store().repair_pending(older_than_s=0)
+    assert (report.action, report.version, report.items_found, report.items_expected) == ("rolled_back", 2, 25, 60)
+    assert world.raw_event_items() == 10
+    assert world.store().repair_pending(older_than_s=0) == []
+    _takes_the_next_commit(world, 1, _events_ids("base", 10))
+
+
+def _events_ids(prefix: str, count: int) -> list[str]:
+    return [e.id for e in _events(prefix, count)]
+
+
+def test_unprocessed_items_are_resent_until_they_land(world: World) -> None:
+    _seeded(world)
+    before = world.faults.calls["BatchWriteItem"]
+    world.faults.unprocessed(nth=1, times=3, keep=0.4)
+    result = world.writer.commit(world.meta(), _events("big", 60), 1)
+    assert (result.ok, result.version, result.appended) == (True, 2, 60)
+    assert world.faults.calls["BatchWriteItem"] - before > 3  # the re-sends
+    assert world.ids() == _events_ids("base", 10) + _events_ids("big", 60)
+
+
+def test_unprocessed_items_past_the_retries_fail_typed_and_leave_the_marker_for_repair(world: World) -> None:
+    _seeded(world)
+    before = world.faults.calls["BatchWriteItem"]
+    world.faults.unprocessed(nth=1, times=100, keep=0)
+    with pytest.raises(CommitIncomplete, match="did not write all its events"):
+        world.writer.commit(world.meta(), _events("big", 5), 1)
+    assert world.faults.calls["BatchWriteItem"] - before == 4  # the call and its three re-sends: bounded
+    assert world.ids() == _events_ids("base", 10)
+    world.clock.advance(1)
+    (report,) = world.store().repair_pending(older_than_s=0)
+    assert (report.action, report.items_found) == ("rolled_back", 0)
+    _takes_the_next_commit(world, 1, _events_ids("base", 10))
+
+
+# -- throttling --------------------------------------------------------------------------------------
+
+
+def test_throttled_calls_are_retried_by_botocore(world: World) -> None:
+    _seeded(world)
+    before = world.faults.sent["UpdateItem"]
+    world.faults.throttle("UpdateItem", 2)
+    world.faults.throttle("BatchWriteItem", 2)
+    result = world.writer.commit(world.meta(), _events("t", 5), 1)
+    assert result.ok and result.version == 2
+    assert world.faults.sent["UpdateItem"] - before == 3 + 1  # the gate after two throttled attempts, the finish
+    assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
+
+
+def test_a_gate_throttled_past_the_retries_is_store_busy_and_writes_nothing(world: World) -> None:
+    _seeded(world)
+    store = world.store(world._client(retries={"mode": "standard", "max_attempts": 2}))
+    faults = Faults(store._client)
+    faults.throttle("UpdateItem", 5)
+    with pytest.raises(StoreBusy, match="throttled"):
+        store.commit(world.meta(), _events("t", 5), 1)
+    assert world.ids() == _events_ids("base", 10)
+    world.clock.advance(1)
+    assert world.store().repair_pending(older_than_s=0) == []  # no marker was left
+    _takes_the_next_commit(world, 1, _events_ids("base", 10))
+
+
+def test_events_throttled_past_the_retries_fail_typed(world: World) -> None:
+    _seeded(world)
+    store = world.store(world._client(retries={"mode": "standard", "max_attempts": 2}))
+    Faults(store._client).throttle("BatchWriteItem", 5)
+    with pytest.raises(CommitIncomplete) as info:
+        store.commit(world.meta(), _events("t", 5), 1)
+    assert isinstance(info.value.__cause__, StoreBusy)
+    assert world.ids() == _events_ids("base", 10)
+    world.clock.advance(1)
+    assert [r.action for r in world.store().repair_pending(older_than_s=0)] == ["rolled_back"]
+    _takes_the_next_commit(world, 1, _events_ids("base", 10))
+
+
+# -- the writer dies --------------------------------------------------------------------------------
+
+
+def test_writer_dies_right_after_the_gate_and_the_next_writer_repairs_the_stale_marker(world: World) -> None:
+    _seeded(world)
+    world.faults.die("BatchWriteItem", nth=1)
+    with pytest.raises(Died):
+        world.writer.commit(world.meta(), _events("lost", 5), 1)
+    assert world.ids() == _events_ids("base", 10) and world.version() == 1
+
+    # A second writer while the marker is live: it waits a moment, then gives up, writing nothing.
+    with pytest.raises(StoreBusy, match="in flight"):
+        world.store().commit(world.meta(), _events("early", 1), 1)
+    assert world.ids() == _events_ids("base", 10)
+
+    world.clock.advance(31_000)  # past stale_after_s: the next writer repairs first, then commits
+    _takes_the_next_commit(world, 1, _events_ids("base", 10))
+
+
+def test_writer_dies_after_the_events_before_the_marker_is_cleared(world: World) -> None:
+    _seeded(world)
+    world.faults.die("UpdateItem", nth=2)  # the gate is the first UpdateItem, the finish the second
+    with pytest.raises(Died):
+        world.writer.commit(world.meta(status="done"), _events("whole", 30), 1)
+    assert world.raw_event_items() == 40  # every event item is there...
+    assert world.ids() == _events_ids("base", 10) and world.version() == 1  # ...and none is visible
+    assert [s.version for s in world.reader.list(world.app)] == [1]
+
+    world.clock.advance(1)
+    (report,) = world.store().repair_pending(older_than_s=0)
+    assert (report.action, report.items_found, report.items_expected) == ("rolled_forward", 30, 30)
+    assert world.ids() == _events_ids("base", 10) + _events_ids("whole", 30)
+    (listing,) = world.reader.list(world.app)
+    assert (listing.version, listing.status) == (2, "done")
+    # The rolled-forward commit's ids are known to the id filter: re-sending them adds nothing.
+    again = world.store().commit(world.meta(), _events("whole", 30), 2)
+    assert (again.ok, again.appended) == (True, 0)
+    _takes_the_next_commit(world, 3, _events_ids("base", 10) + _events_ids("whole", 30))
+
+
+def test_a_rolled_forward_commit_lands_its_scoped_changes(world: World) -> None:
+    _seeded(world)
+    world.faults.die("TransactWriteItems", nth=1)  # with scoped changes, the finish is a transaction
+    changes = [ScopedStateChange("user", "u-1", "name", "Ada"), ScopedStateChange("user", "u-1", "n", 2)]
+    with pytest.raises(Died):
+        world.writer.commit(world.meta(), _events("s", 3), 1, changes)
+    assert world.reader.load_scoped_state(world.app, "user", "u-1") == {}  # not before the commit lands
+    world.clock.advance(31_000)
+    # The next writer meets the stale marker, rolls it forward, and so conflicts: version 2 is taken.
+    late = world.store().commit(world.meta(), _events("late", 1), 1)
+    assert (late.ok, late.version) == (False, 2)
+    assert world.reader.load_scoped_state(world.app, "user", "u-1") == {"name": "Ada", "n": 2}
+    _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("s", 3))
+
+
+# -- a second writer, a sweeper, and a slow writer ------------------------------------------------------
+
+
+def test_a_second_writer_waits_out_a_live_marker_and_then_conflicts(world: World) -> None:
+    _seeded(world)
+    arrived, resume = threading.Event(), threading.Event()
+    world.faults.pause("BatchWriteItem", 1, arrived, resume)
+    results: dict[str, Any] = {}
+    first = threading.Thread(target=lambda: results.update(a=world.writer.commit(world.meta(), _events("a", 5), 1)))
+    first.start()
+    assert arrived.wait(timeout=30)
+    second = world.store(live_wait_s=20)
+    releaser = threading.Timer(0.3, resume.set)  # the slow writer finishes while the second one waits
+    releaser.start()
+    results["b"] = second.commit(world.meta(), _events("b", 5), 1)
+    first.join(timeout=30)
+    releaser.join(timeout=30)
+    assert not first.is_alive()
+    assert (results["a"].ok, results["a"].version) == (True, 2)
+    assert (results["b"].ok, results["b"].version, results["b"].appended) == (False, 2, 0)
+    assert world.ids() == _events_ids("base", 10) + _events_ids("a", 5)
+
+
+def test_a_sweeper_rolling_back_a_slow_writer_keeps_its_late_writes_invisible(world: World) -> None:
+    _seeded(world)
+    arrived, resume = threading.Event(), threading.Event()
+    world.faults.pause("BatchWriteItem", 2, arrived, resume)  # after 25 of 60 items
+    results: dict[str, Any] = {}
+    slow = threading.Thread(target=lambda: results.update(r=world.writer.commit(world.meta(), _events("slow", 60), 1)))
+    slow.start()
+    assert arrived.wait(timeout=30)
+    world.clock.advance(1)
+    (report,) = world.store().repair_pending(older_than_s=0)
+    assert (report.action, report.items_found) == ("rolled_back", 25)
+    # Another writer takes version 2 before the slow one wakes up and writes the rest of its items.
+    assert world.store().commit(world.meta(), _events("other", 2), 1).ok
+    resume.set()
+    slow.join(timeout=30)
+    assert not slow.is_alive()
+    assert (results["r"].ok, results["r"].version) == (False, 2)
+    assert world.ids() == _events_ids("base", 10) + _events_ids("other", 2)
+    _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("other", 2))
+
+
+def test_a_sweeper_rolling_forward_a_slow_writer_lets_the_writer_succeed(world: World) -> None:
+    _seeded(world)
+    arrived, resume = threading.Event(), threading.Event()
+    world.faults.pause("UpdateItem", 2, arrived, resume)  # events written, the finish not yet sent
+    results: dict[str, Any] = {}
+    slow = threading.Thread(target=lambda: results.update(r=world.writer.commit(world.meta(), _events("slow", 7), 1)))
+    slow.start()
+    assert arrived.wait(timeout=30)
+    world.clock.advance(1)
+    (report,) = world.store().repair_pending(older_than_s=0)
+    assert report.action == "rolled_forward"
+    resume.set()
+    slow.join(timeout=30)
+    assert not slow.is_alive()
+    assert (results["r"].ok, results["r"].version, results["r"].appended) == (True, 2, 7)
+    assert world.ids() == _events_ids("base", 10) + _events_ids("slow", 7)
+
+
+def test_two_sweepers_racing_repair_a_marker_once(world: World) -> None:
+    _seeded(world)
+    world.faults.die("UpdateItem", nth=2)
+    with pytest.raises(Died):
+        world.writer.commit(world.meta(), _events("x", 4), 1)
+    world.clock.advance(1)
+    sweepers = [world.store() for _ in range(4)]
+    barrier = threading.Barrier(len(sweepers), timeout=30)
+    reports: list[Any] = []
+
+    def sweep(store: DynamoDBSessionStore) -> None:
+        barrier.wait()
+        reports.extend(store.repair_pending(older_than_s=0))
+
+    threads = [threading.Thread(target=sweep, args=(s,)) for s in sweepers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    assert [r.action for r in reports] == ["rolled_forward"]
+    assert world.ids() == _events_ids("base", 10) + _events_ids("x", 4)
+    _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("x", 4))
+
+
+def test_a_young_marker_is_left_alone_by_the_sweeper(world: World) -> None:
+    _seeded(world)
+    world.faults.die("BatchWriteItem", nth=1)
+    with pytest.raises(Died):
+        world.writer.commit(world.meta(), _events("x", 4), 1)
+    world.clock.advance(5_000)
+    assert world.store().repair_pending(older_than_s=60) == []
+    world.clock.advance(60_000)
+    assert [r.action for r in world.store().repair_pending(older_than_s=60)] == ["rolled_back"]
+
+
+# -- several processes ---------------------------------------------------------------------------------
+
+
+def _racer(endpoint: str, table: str, app: str, writer: int, commits: int, out: Any) -> None:
+    from tests.servers.dynamodb import client
+
+    from dormant.events import UserEvent
+    from dormant.stores.base import StoredSession
+    from dormant.stores.dynamodb import dynamo_store
+
+    c = client(endpoint)
+    store = dynamo_store(table, client=c)
+    meta = StoredSession(id="race", app_name=app, created_at=1)
+    versions = []
+    for n in range(commits):
+        events = [UserEvent(id=f"w{writer}-{n}-{k}", created_at=1, text="x") for k in range(3)]
+        for _attempt in range(2000):
+            loaded = store.load(app, "race")
+            assert loaded is not None
+            result = store.commit(meta, events, loaded.session.version)
+            if result.ok:
+                versions.append(result.version)
+                break
+        else:
+            raise AssertionError("never committed")
+    out.put((writer, versions))
+    c.close()
+
+
+@pytest.mark.slow
+def test_writers_racing_from_several_processes_get_contiguous_versions(
+    dynamodb_endpoint: str, dynamodb_table: str
+) -> None:
+    app = f"app-{uuid.uuid4().hex[:10]}"
+    c = local_client(dynamodb_endpoint)
+    store = DynamoDBSessionStore(c, dynamodb_table)
+    assert store.commit(StoredSession(id="race", app_name=app, created_at=1), [], 0).ok
+    writers, commits = 4, 8
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=_racer, args=(dynamodb_endpoint, dynamodb_table, app, w, commits, out))
+        for w in range(writers)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        results = dict(out.get(timeout=180) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    assert all(p.exitcode == 0 for p in procs)
+    versions = sorted(v for vs in results.values() for v in vs)
+    assert versions == list(range(2, 2 + writers * commits))
+    loaded = store.load(app, "race")
+    assert loaded is not None and loaded.session.version == 1 + writers * commits
+    ids = [e.id for e in loaded.events]
+    assert len(ids) == len(set(ids)) == writers * commits * 3
+    for w in range(writers):
+        assert [i for i in ids if i.startswith(f"w{w}-")] == [f"w{w}-{n}-{k}" for n in range(commits) for k in range(3)]
+    c.close()

@@ -1,0 +1,314 @@
+"""The DynamoDB store on a real DynamoDB Local: the compliance suite, plus what only this store has."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("boto3")
+
+from dynamodb_faults import Faults
+from tests.servers.dynamodb import client as local_client
+
+from dormant.clock import frozen_clock
+from dormant.errors import ConfigurationError, EventTooLarge, InputError, StoreClosed, StoreError, StoreUnavailable
+from dormant.events import UserEvent
+from dormant.stores.base import ScopedStateChange, SessionStore, StoredSession
+from dormant.stores.dynamodb import TABLE, DynamoDBSessionStore, create_table, dynamo_store
+from dormant.stores.dynamodb.keys import CHUNK_BYTES, MAX_EVENT_BYTES, session_pk
+from dormant.testing import StoreContract
+
+pytestmark = pytest.mark.backend("dynamodb")
+
+
+class TestDynamoDBStore(StoreContract):
+    @pytest.fixture(autouse=True)
+    def _table(self, dynamodb_endpoint: str, dynamodb_table: str) -> Iterator[None]:
+        self.endpoint, self.table = dynamodb_endpoint, dynamodb_table
+        self.clients: list[Any] = []
+        yield
+        for c in self.clients:
+            c.close()
+
+    def make_store(self) -> SessionStore:
+        c = local_client(self.endpoint)
+        self.clients.append(c)
+        return dynamo_store(self.table, client=c)
+
+    def make_peer(self, store: SessionStore) -> SessionStore:
+        return self.make_store()
+
+
+class TestDynamoDBStoreOneShard(TestDynamoDBStore):
+    """The suite again with the listing unsharded: ``{app}`` as the listing key."""
+
+    def make_store(self) -> SessionStore:
+        c = local_client(self.endpoint)
+        self.clients.append(c)
+        return dynamo_store(self.table, client=c, listing_shards=1)
+
+
+# -- what only the DynamoDB store has ---------------------------------------------------------------
+
+
+@pytest.fixture
+def app() -> str:
+    return f"app-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def ddb(dynamodb_endpoint: str) -> Iterator[Any]:
+    c = local_client(dynamodb_endpoint)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def store(ddb: Any, dynamodb_table: str) -> DynamoDBSessionStore:
+    return dynamo_store(dynamodb_table, client=ddb)
+
+
+def _meta(app: str, sid: str = "s-1", **extra: Any) -> StoredSession:
+    return StoredSession(id=sid, app_name=app, created_at=1, **extra)
+
+
+def _event(n: int | str, text: str = "x") -> UserEvent:
+    return UserEvent(id=f"evt-{n}", created_at=1, text=text)
+
+
+def _raw_items(ddb: Any, table: str, pk: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {
+        "TableName": table,
+        "KeyConditionExpression": "pk = :pk",
+        "ExpressionAttributeValues": {":pk": {"S": pk}},
+        "ConsistentRead": True,
+    }
+    while True:
+        page = ddb.query(**kwargs)
+        items += page["Items"]
+        if "LastEvaluatedKey" not in page:
+            return items
+        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+def test_a_commit_is_a_gate_its_batches_and_a_finish(store: DynamoDBSessionStore, ddb: Any, app: str) -> None:
+    faults = Faults(ddb)
+    assert store.commit(_meta(app), [_event(n) for n in range(5)], 0).ok
+    assert dict(faults.calls) == {"UpdateItem": 2, "BatchWriteItem": 1}
+    faults.calls.clear()
+    assert store.commit(_meta(app), [_event(n) for n in range(5, 65)], 1).ok  # 60 events: 3 batches
+    assert dict(faults.calls) == {"UpdateItem": 2, "BatchWriteItem": 3}
+    faults.calls.clear()
+    changes = [ScopedStateChange("user", "u-1", "k", 1)]
+    assert store.commit(_meta(app, scopes={"user": "u-1"}), [_event(99)], 2, changes).ok
+    assert dict(faults.calls) == {"UpdateItem": 1, "BatchWriteItem": 1, "TransactWriteItems": 1}
+
+
+def test_a_conflict_is_one_call_and_says_the_actual_version(store: DynamoDBSessionStore, ddb: Any, app: str) -> None:
+    store.commit(_meta(app), [_event(1)], 0)
+    store.commit(_meta(app), [_event(2)], 1)
+    faults = Faults(ddb)
+    result = store.commit(_meta(app), [_event(3)], 1)
+    assert (result.ok, result.version) == (False, 2)
+    assert dict(faults.calls) == {"UpdateItem": 1}  # ReturnValuesOnConditionCheckFailure: no second read
+
+
+def test_a_resent_id_is_looked_up_alone_not_in_the_history(store: DynamoDBSessionStore, ddb: Any, app: str) -> None:
+    store.commit(_meta(app), [_event(n) for n in range(200)], 0)
+    faults = Faults(ddb)
+    result = store.commit(_meta(app), [_event(7), _event(200), _event(150), _event(201)], 1)
+    assert (result.ok, result.appended) == (True, 2)
+    queries = [params for op, params in faults.params if op == "Query"]
+    assert len(queries) == 2 and all(q["IndexName"] == "ids" for q in queries)  # one per re-sent id
+    assert {q["ExpressionAttributeValues"][":eid"]["S"] for q in queries} == {"evt-7", "evt-150"}
+    loaded = store.load(app, "s-1")
+    assert loaded is not None and [e.id for e in loaded.events][-3:] == ["evt-199", "evt-200", "evt-201"]
+    # The marker was recounted for the items really written: a repair would judge the commit by them.
+    assert faults.calls["UpdateItem"] == 3
+
+
+def test_new_ids_cost_no_lookup(store: DynamoDBSessionStore, ddb: Any, app: str) -> None:
+    store.commit(_meta(app), [_event(n) for n in range(500)], 0)
+    faults = Faults(ddb)
+    for version in range(1, 21):
+        store.commit(_meta(app), [_event(f"new-{version}-{k}") for k in range(5)], version)
+    # 100 new ids against 500 stored: the filter may flag one by chance (about 1 in 10,000 each).
+    assert faults.calls["Query"] <= 1
+
+
+def test_an_event_too_large_for_one_item_is_chunked_and_reassembled(
+    store: DynamoDBSessionStore, ddb: Any, dynamodb_table: str, app: str
+) -> None:
+    big = UserEvent(id="big", created_at=1, text="naïve ☃ " * 120_000)  # about 1.3 MB of JSON
+    events = [_event(1), big, _event(2)]
+    assert store.commit(_meta(app), events, 0).ok
+    items = _raw_items(ddb, dynamodb_table, session_pk(app, "s-1"))
+    assert len(items) == 1 + 1 + 4 + 1  # meta, evt-1, big in 4 chunks, evt-2
+    assert all(len(i.get("d", {}).get("B", b"")) <= CHUNK_BYTES for i in items)
+    loaded = store.load(app, "s-1")
+    assert loaded is not None and loaded.events == events
+
+
+def test_an_event_over_the_hard_limit_is_refused_before_the_gate(
+    store: DynamoDBSessionStore, ddb: Any, app: str
+) -> None:
+    store.commit(_meta(app), [_event(1)], 0)
+    huge = UserEvent(id="huge", created_at=1, text="x" * MAX_EVENT_BYTES)
+    faults = Faults(ddb)
+    with pytest.raises(EventTooLarge) as info:
+        store.commit(_meta(app), [_event(2), huge], 1)
+    assert (info.value.event_id, info.value.field, info.value.limit) == ("huge", "new_events[1]", MAX_EVENT_BYTES)
+    assert "huge" in str(info.value) and info.value.size > MAX_EVENT_BYTES
+    assert not faults.calls  # nothing was sent
+    loaded = store.load(app, "s-1")
+    assert loaded is not None and loaded.session.version == 1 and [e.id for e in loaded.events] == ["evt-1"]
+
+
+def test_a_session_of_several_megabytes_loads_whole_a_page_per_megabyte(
+    store: DynamoDBSessionStore, ddb: Any, app: str
+) -> None:
+    text = "y" * 100_000
+    version = 0
+    for batch in range(3):
+        events = [_event(f"{batch}-{n:02d}", text) for n in range(20)]
+        version = store.commit(_meta(app), events, version).version
+    faults = Faults(ddb)
+    loaded = store.load(app, "s-1")
+    assert loaded is not None and len(loaded.events) == 60
+    assert [e.id for e in loaded.events] == [f"evt-{b}-{n:02d}" for b in range(3) for n in range(20)]
+    assert 6 <= faults.calls["Query"] <= 8  # about 6 MB: one page per MB, no more
+
+
+def test_too_many_scoped_keys_are_refused_before_anything_is_written(
+    store: DynamoDBSessionStore, ddb: Any, app: str
+) -> None:
+    changes = [ScopedStateChange("user", "u-1", f"k{n}", n) for n in range(100)]
+    faults = Faults(ddb)
+    with pytest.raises(InputError) as info:
+        store.commit(_meta(app, scopes={"user": "u-1"}), [_event(1)], 0, changes)
+    assert info.value.field == "scoped_changes"
+    assert not faults.calls
+    assert store.load(app, "s-1") is None
+
+
+def test_listing_is_sharded_by_session_and_merged(ddb: Any, dynamodb_table: str, app: str) -> None:
+    store = dynamo_store(dynamodb_table, client=ddb, listing_shards=4)
+    for n in range(12):
+        store.commit(_meta(app, f"s{n:02d}"), [], 0)
+    shards: dict[str, int] = {}
+    for n in range(12):
+        (meta,) = [i for i in _raw_items(ddb, dynamodb_table, session_pk(app, f"s{n:02d}")) if i["sk"]["S"] == "#M"]
+        shards[meta["lpk"]["S"]] = shards.get(meta["lpk"]["S"], 0) + 1
+    assert set(shards) <= {f"{app}#{k}" for k in range(4)} and len(shards) > 1
+    listed = store.list(app)
+    assert len(listed) == 12
+    assert [(s.updated_at, s.id) for s in listed] == sorted(((s.updated_at, s.id) for s in listed), reverse=True)
+    faults = Faults(ddb)
+    page = store.list(app, limit=5)
+    assert [s.id for s in page] == [s.id for s in listed[:5]]
+    assert faults.calls["Query"] == 4  # one page from each shard
+    rest = store.list(app, cursor=page[-1].cursor)
+    assert [s.id for s in page + rest] == [s.id for s in listed]
+    # Another shard count lists nothing of these: it is part of the table's layout (see the docs).
+    assert dynamo_store(dynamodb_table, client=ddb, listing_shards=1).list(app) == []
+
+
+def test_listing_ties_on_updated_at_page_by_id(ddb: Any, dynamodb_table: str, app: str) -> None:
+    store = dynamo_store(dynamodb_table, client=ddb, listing_shards=3)
+    with frozen_clock(1_800_000_000_000):
+        for n in range(9):
+            store.commit(_meta(app, f"s{n}"), [], 0)
+    pages: list[str] = []
+    cursor = None
+    while page := store.list(app, limit=2, cursor=cursor):
+        pages += [s.id for s in page]
+        cursor = page[-1].cursor
+    assert pages == [f"s{n}" for n in reversed(range(9))]
+
+
+def test_a_delete_racing_a_commit_never_shows_the_old_incarnation(
+    store: DynamoDBSessionStore, ddb: Any, dynamodb_table: str, app: str
+) -> None:
+    store.commit(_meta(app), [_event(1)], 0)
+    arrived, resume = threading.Event(), threading.Event()
+    slow_client = local_client(ddb.meta.endpoint_url)
+    try:
+        Faults(slow_client).pause("BatchWriteItem", 1, arrived, resume)
+        slow = dynamo_store(dynamodb_table, client=slow_client)
+        results: dict[str, Any] = {}
+        writer = threading.Thread(target=lambda: results.update(r=slow.commit(_meta(app), [_event(2)], 1)))
+        writer.start()
+        assert arrived.wait(timeout=30)
+        store.delete(app, "s-1")
+        assert store.commit(_meta(app), [_event(9)], 0).ok  # a new session under the same id
+        resume.set()
+        writer.join(timeout=30)
+        assert not writer.is_alive()
+    finally:
+        slow_client.close()
+    assert (results["r"].ok, results["r"].version) == (False, 1)
+    loaded = store.load(app, "s-1")
+    assert loaded is not None and [e.id for e in loaded.events] == ["evt-9"]
+
+
+# -- construction, imports, the table --------------------------------------------------------------------
+
+
+def test_import_dormant_loads_no_aws_sdk() -> None:
+    code = (
+        "import sys, dormant, dormant.stores.dynamodb, dormant.stores.dynamodb.table;"
+        "assert not {'boto3', 'botocore'} & set(sys.modules), sorted(m for m in sys.modules if 'boto' in m)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_dynamo_store_builds_its_client_lazily_and_closes_only_its_own(dynamodb_table: str, ddb: Any) -> None:
+    built = dynamo_store(dynamodb_table, endpoint_url="http://127.0.0.1:1", region="eu-west-2")
+    assert built._client.meta.region_name == "eu-west-2"
+    assert built._client.meta.config.retries["mode"] == "standard"
+    built.close()
+    with pytest.raises(StoreClosed):
+        built.load("app", "s")
+    given = dynamo_store(dynamodb_table, client=ddb)
+    given.close()
+    assert ddb.list_tables()["TableNames"]  # still usable
+    with pytest.raises(ConfigurationError, match="not both"):
+        dynamo_store(dynamodb_table, client=ddb, region="eu-west-2")
+    with pytest.raises(ConfigurationError, match="at least 3"):
+        dynamo_store("ab", client=ddb)
+    with pytest.raises(ConfigurationError, match="listing_shards"):
+        dynamo_store(dynamodb_table, client=ddb, listing_shards=0)
+
+
+def test_an_unreachable_endpoint_is_store_unavailable(dynamodb_table: str) -> None:
+    store = dynamo_store(
+        dynamodb_table, client=local_client("http://127.0.0.1:1", retries={"max_attempts": 1}, connect_timeout=1)
+    )
+    with pytest.raises(StoreUnavailable, match="DynamoDB query failed"):
+        store.load("app", "s")
+
+
+def test_a_missing_table_says_how_to_make_one(ddb: Any) -> None:
+    with pytest.raises(StoreError, match="create_table"):
+        dynamo_store("no-such-table", client=ddb).load("app", "s")
+
+
+def test_create_table_builds_the_shape_once(ddb: Any) -> None:
+    name = f"dormant-shape-{uuid.uuid4().hex[:8]}"
+    assert create_table(name, client=ddb) is True
+    assert create_table(name, client=ddb) is False
+    described = ddb.describe_table(TableName=name)["Table"]
+    request = TABLE.create_table_request(name)
+    assert {i["IndexName"] for i in described["GlobalSecondaryIndexes"]} == {"listing", "pending"}
+    assert [i["IndexName"] for i in described["LocalSecondaryIndexes"]] == ["ids"]
+    assert described["KeySchema"] == request["KeySchema"]
+    ttl = ddb.describe_time_to_live(TableName=name)["TimeToLiveDescription"]
+    assert ttl["AttributeName"] == "expires_at"
+    ddb.delete_table(TableName=name)
