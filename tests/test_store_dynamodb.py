@@ -21,7 +21,7 @@ from dormant.errors import ConfigurationError, EventTooLarge, InputError, StoreC
 from dormant.events import UserEvent
 from dormant.stores.base import ScopedStateChange, SessionStore, StoredSession
 from dormant.stores.dynamodb import TABLE, DynamoDBSessionStore, create_table, dynamo_store
-from dormant.stores.dynamodb.keys import CHUNK_BYTES, MAX_EVENT_BYTES, session_pk
+from dormant.stores.dynamodb.keys import CHUNK_BYTES, session_pk
 from dormant.testing import StoreContract
 
 pytestmark = pytest.mark.backend("dynamodb")
@@ -100,14 +100,15 @@ def _raw_items(ddb: Any, table: str, pk: str) -> list[dict[str, Any]]:
 
 def test_a_commit_is_a_gate_its_batches_and_a_finish(store: DynamoDBSessionStore, ddb: Any, app: str) -> None:
     faults = Faults(ddb)
-    assert store.commit(_meta(app), [_event(n) for n in range(5)], 0).ok
+    meta = _meta(app, scopes={"user": "u-1"})
+    assert store.commit(meta, [_event(n) for n in range(5)], 0).ok
     assert dict(faults.calls) == {"UpdateItem": 2, "BatchWriteItem": 1}
     faults.calls.clear()
-    assert store.commit(_meta(app), [_event(n) for n in range(5, 65)], 1).ok  # 60 events: 3 batches
+    assert store.commit(meta, [_event(n) for n in range(5, 65)], 1).ok  # 60 events: 3 batches
     assert dict(faults.calls) == {"UpdateItem": 2, "BatchWriteItem": 3}
     faults.calls.clear()
     changes = [ScopedStateChange("user", "u-1", "k", 1)]
-    assert store.commit(_meta(app, scopes={"user": "u-1"}), [_event(99)], 2, changes).ok
+    assert store.commit(meta, [_event(99)], 2, changes).ok
     assert dict(faults.calls) == {"UpdateItem": 1, "BatchWriteItem": 1, "TransactWriteItems": 1}
 
 
@@ -143,14 +144,28 @@ def test_new_ids_cost_no_lookup(store: DynamoDBSessionStore, ddb: Any, app: str)
     assert faults.calls["Query"] <= 1
 
 
+def test_loading_the_tail_reads_only_the_tail(store: DynamoDBSessionStore, ddb: Any, app: str) -> None:
+    for version in range(3):
+        store.commit(_meta(app), [_event(f"{version}-{n}") for n in range(30)], version)
+    faults = Faults(ddb)
+    tail = store.load(app, "s-1", after=2)
+    assert tail is not None and tail.session.version == 3
+    assert [e.id for e in tail.events] == [f"evt-2-{n}" for n in range(30)]
+    assert dict(faults.calls) == {"GetItem": 1, "Query": 1}
+    ((_, query),) = [(op, p) for op, p in faults.params if op == "Query"]
+    assert "BETWEEN" in query["KeyConditionExpression"]  # a key range, not the partition
+    current = store.load(app, "s-1", after=3)
+    assert current is not None and current.events == []
+
+
 def test_an_event_too_large_for_one_item_is_chunked_and_reassembled(
     store: DynamoDBSessionStore, ddb: Any, dynamodb_table: str, app: str
 ) -> None:
-    big = UserEvent(id="big", created_at=1, text="naïve ☃ " * 120_000)  # about 1.3 MB of JSON
+    big = UserEvent(id="big", created_at=1, text="naïve ☃ " * 90_000)  # about 990 KB of JSON
     events = [_event(1), big, _event(2)]
     assert store.commit(_meta(app), events, 0).ok
     items = _raw_items(ddb, dynamodb_table, session_pk(app, "s-1"))
-    assert len(items) == 1 + 1 + 4 + 1  # meta, evt-1, big in 4 chunks, evt-2
+    assert len(items) == 1 + 1 + 3 + 1  # meta, evt-1, big in 3 chunks, evt-2
     assert all(len(i.get("d", {}).get("B", b"")) <= CHUNK_BYTES for i in items)
     loaded = store.load(app, "s-1")
     assert loaded is not None and loaded.events == events
@@ -160,12 +175,13 @@ def test_an_event_over_the_hard_limit_is_refused_before_the_gate(
     store: DynamoDBSessionStore, ddb: Any, app: str
 ) -> None:
     store.commit(_meta(app), [_event(1)], 0)
-    huge = UserEvent(id="huge", created_at=1, text="x" * MAX_EVENT_BYTES)
+    limit = store.limits.max_event_bytes
+    huge = UserEvent(id="huge", created_at=1, text="x" * limit)
     faults = Faults(ddb)
     with pytest.raises(EventTooLarge) as info:
         store.commit(_meta(app), [_event(2), huge], 1)
-    assert (info.value.event_id, info.value.field, info.value.limit) == ("huge", "new_events[1]", MAX_EVENT_BYTES)
-    assert "huge" in str(info.value) and info.value.size > MAX_EVENT_BYTES
+    assert (info.value.event_id, info.value.field, info.value.limit) == ("huge", "new_events", limit)
+    assert "huge" in str(info.value) and info.value.size > limit
     assert not faults.calls  # nothing was sent
     loaded = store.load(app, "s-1")
     assert loaded is not None and loaded.session.version == 1 and [e.id for e in loaded.events] == ["evt-1"]

@@ -24,7 +24,6 @@ from typing import NamedTuple
 
 __all__ = [
     "CHUNK_BYTES",
-    "MAX_EVENT_BYTES",
     "META_SK",
     "EventKey",
     "IdFilter",
@@ -44,10 +43,8 @@ __all__ = [
 META_SK = "#M"
 EVENT_PREFIX = "E#"
 CHUNK_BYTES = 350_000
-"""Bytes of event JSON per item: DynamoDB's item limit is 400 KB, keys and attribute names included."""
-MAX_EVENT_BYTES = 4_000_000
-"""The hard limit on one event's JSON: larger events are refused before the gate (``EventTooLarge``).
-About 12 items; with 25 of them a write request stays far below DynamoDB's 16 MB request limit."""
+"""Bytes of event JSON per item: DynamoDB's item limit is 400 KB, keys and attribute names included.
+An event at the stores' limit (``StoreLimits.max_event_bytes``, 1 MiB) takes 3 items."""
 GRANT_LENGTH = 8
 
 

@@ -39,6 +39,7 @@ import builtins
 import contextlib
 import dataclasses
 import heapq
+import itertools
 import json
 import logging
 import random
@@ -54,34 +55,16 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from ...clock import now_ms
 from ...errors import (
     CommitIncomplete,
+    CommitTooLarge,
     ConfigurationError,
     DormantError,
-    EventTooLarge,
-    InputError,
     StoreBusy,
-    StoreClosed,
     StoreError,
     StoreUnavailable,
 )
-from ...events import Event
-from ...ids import check_id
-from ..base import (
-    CommitResult,
-    LoadedSession,
-    ScopedStateChange,
-    SessionListing,
-    StoredSession,
-    check_commit,
-    decode_cursor,
-    encode_values,
-    event_from_json,
-    event_to_json,
-    merge_scoped_changes,
-    unique_new,
-)
+from ..base import BaseSessionStore, PreparedCommit, Refused, ScopedWrite, SessionListing, StoredSession
 from .keys import (
     GRANT_LENGTH,
-    MAX_EVENT_BYTES,
     META_SK,
     IdFilter,
     chunks,
@@ -118,7 +101,7 @@ DEFAULT_PENDING_SHARDS = 8
 MAX_SCOPED_KEYS = 99
 """Scoped keys one commit may change: they are written in one ``TransactWriteItems`` with the finish."""
 MAX_MARKER_BYTES = 300_000
-"""What a pending marker may hold (scoped values and scopes, as JSON): it lives on the 400 KB meta item."""
+"""What a pending marker may hold (the scoped changes, as JSON): it lives on the 400 KB meta item."""
 _BATCH = 25
 _SET_MARKER = "pending = :p, ppk = :ppk, psk = :psk"
 _THROTTLED = {
@@ -150,7 +133,6 @@ class _Marker:
     grant: str
     items: int
     at: int
-    scopes: str
     status: str | None
     scoped: str
     """JSON ``[[scope, scope_id, key, value JSON or null], ...]``."""
@@ -162,7 +144,6 @@ class _Marker:
                 "t": {"S": self.grant},
                 "n": {"N": str(self.items)},
                 "at": {"N": str(self.at)},
-                "so": {"S": self.scopes},
                 "st": {"NULL": True} if self.status is None else {"S": self.status},
                 "sc": {"S": self.scoped},
             }
@@ -178,7 +159,6 @@ class _Marker:
             m["t"]["S"],
             int(m["n"]["N"]),
             int(m["at"]["N"]),
-            m["so"]["S"],
             m["st"].get("S"),
             m["sc"]["S"],
         )
@@ -195,7 +175,7 @@ class _Exhausted(Exception):
     """``UnprocessedItems`` still left after every re-send."""
 
 
-class DynamoDBSessionStore:
+class DynamoDBSessionStore(BaseSessionStore):
     """Sessions in one DynamoDB table (see the module docstring). Build it with ``dynamo_store()``."""
 
     def __init__(
@@ -221,81 +201,77 @@ class DynamoDBSessionStore:
         self._stale_after_ms = int(stale_after_s * 1000)
         self._live_wait_s = live_wait_s
         self._unprocessed_retries = unprocessed_retries
-        self._closed = False
 
-    # -- the contract -----------------------------------------------------------------------
+    # -- the primitives of BaseSessionStore ------------------------------------------------------
 
-    def load(self, app_name: str, session_id: str) -> LoadedSession | None:
+    def _read(self, app_name: str, session_id: str, after: int) -> tuple[StoredSession, Sequence[str]] | None:
+        """One Query of the partition (meta item first); with ``after``, the meta item, then the tail's range."""
         pk = session_pk(app_name, session_id)
-        pages = self._query(
+        if after:
+            meta = self._call("get_item", TableName=self._table, Key=_key(pk, META_SK), ConsistentRead=True).get("Item")
+            if meta is None or int(meta["version"]["N"]) <= after:
+                return None if meta is None or int(meta["version"]["N"]) == 0 else (_stored(meta, pk), [])
+            # Committed versions are immutable: events read after the meta item are the ones it vouches for.
+            items = self._query(
+                TableName=self._table,
+                KeyConditionExpression="pk = :pk AND sk BETWEEN :from AND :to",
+                ExpressionAttributeValues={
+                    ":pk": {"S": pk},
+                    ":from": {"S": event_prefix(after + 1)},
+                    ":to": {"S": event_prefix(int(meta["version"]["N"])) + "~"},
+                },
+                ConsistentRead=True,
+            )
+            return _stored(meta, pk), _visible_events(meta, items)
+        everything = self._query(
             TableName=self._table,
             KeyConditionExpression="pk = :pk",
             ExpressionAttributeValues={":pk": {"S": pk}},
             ConsistentRead=True,
         )
-        meta: Mapping[str, Any] | None = None
-        events: list[Event] = []
-        parts: list[bytes] = []
-        expected_parts = 0
-        version, inc, dead = 0, "", frozenset[str]()
-        for item in pages:
-            if meta is None:
-                if item["sk"]["S"] != META_SK:
-                    return None  # events without a meta item: a deleted session's stragglers
-                meta = item
-                version, inc, dead = int(meta["version"]["N"]), meta["inc"]["S"], _dead(meta)
-                if version == 0:
-                    return None  # its creating commit is still pending
-                continue
-            key = parse_event_sk(item["sk"]["S"])
-            if key is None or key.version > version or item["inc"]["S"] != inc or f"{key.version}#{key.grant}" in dead:
-                continue
-            if key.chunk == 0:
-                parts, expected_parts = [], int(item["c"]["N"]) if "c" in item else 1
-            parts.append(item["d"]["B"])
-            if len(parts) == expected_parts:
-                events.append(event_from_json(b"".join(parts)))
-        if meta is None:
-            return None
-        return LoadedSession(_stored(meta, app_name, session_id), events)
+        if not everything or everything[0]["sk"]["S"] != META_SK:
+            return None  # no session (or a deleted one's stragglers)
+        meta = everything[0]
+        if int(meta["version"]["N"]) == 0:
+            return None  # its creating commit is still pending
+        return _stored(meta, pk), _visible_events(meta, everything[1:])
 
-    def commit(
-        self,
-        session: StoredSession,
-        new_events: Sequence[Event],
-        expected_version: int,
-        scoped_changes: Sequence[ScopedStateChange] | None = None,
-    ) -> CommitResult:
-        self._check_open()
-        check_commit(session, new_events, expected_version)
-        batch = unique_new(new_events, frozenset())
-        data = _encode_events(new_events, batch)
-        scoped = _scoped_rows(scoped_changes)
-        scopes_json = json.dumps(session.scopes, separators=(",", ":"), sort_keys=True)
-        marker = _Marker(
-            version=expected_version + 1,
-            grant=secrets.token_hex(GRANT_LENGTH // 2),
-            items=sum(len(chunks(data[e.id])) for e in batch),
-            at=now_ms(),
-            scopes=scopes_json,
-            status=session.status,
-            scoped=json.dumps(scoped, separators=(",", ":")),
-        )
-        if len(marker.scoped) + len(marker.scopes) > MAX_MARKER_BYTES:
-            raise InputError(
-                f"a commit's scoped changes and scopes may hold {MAX_MARKER_BYTES:,} bytes of JSON",
+    def _write(self, commit: PreparedCommit) -> int | Refused:
+        row = commit.row
+        scoped = [list(write) for write in commit.scoped]
+        if len(scoped) > MAX_SCOPED_KEYS:
+            raise CommitTooLarge(
+                f"a commit changes at most {MAX_SCOPED_KEYS} scoped keys on DynamoDB, not {len(scoped)}",
+                size=len(scoped),
+                limit=MAX_SCOPED_KEYS,
                 field="scoped_changes",
             )
-        pk = session_pk(session.app_name, session.id)
-        old = self._pass_gate(pk, session, expected_version, marker)
-        if isinstance(old, CommitResult):
+        data = {event.id: event.data.encode() for event in commit.events}
+        marker = _Marker(
+            version=row.version,
+            grant=secrets.token_hex(GRANT_LENGTH // 2),
+            items=sum(len(chunks(data[e.id])) for e in commit.events),
+            at=now_ms(),
+            status=row.status,
+            scoped=json.dumps(scoped, separators=(",", ":")),
+        )
+        if len(marker.scoped) > MAX_MARKER_BYTES:
+            raise CommitTooLarge(
+                f"a commit's scoped changes hold at most {MAX_MARKER_BYTES:,} bytes of JSON on DynamoDB, "
+                f"not {len(marker.scoped):,}",
+                size=len(marker.scoped),
+                limit=MAX_MARKER_BYTES,
+                field="scoped_changes",
+            )
+        pk = session_pk(row.app_name, row.id)
+        old = self._pass_gate(pk, commit, marker)
+        if isinstance(old, Refused):
             return old
         inc = old["inc"]["S"]
-        dead = _dead(old)
         ids = IdFilter(old["bf"]["B"] if "bf" in old else None)
-        flagged = [e.id for e in batch if ids.may_hold(e.id)]
-        stored = {i for i in flagged if self._id_stored(pk, i, inc, expected_version, dead)}
-        fresh = [e for e in batch if e.id not in stored]
+        flagged = [e.id for e in commit.events if ids.may_hold(e.id)]
+        stored = {i for i in flagged if self._id_stored(pk, i, inc, commit.expected_version, _dead(old))}
+        fresh = commit.fresh(stored)
         items = _event_items(pk, marker, inc, [(e.id, data[e.id]) for e in fresh])
         if len(items) != marker.items:  # re-sent ids were skipped: the marker must count what is written
             try:
@@ -307,29 +283,29 @@ class DynamoDBSessionStore:
             self._write_batches([{"PutRequest": {"Item": item}} for item in items])
         except (_Exhausted, StoreError) as exc:
             raise CommitIncomplete(
-                f"commit of version {marker.version} to session {session.id!r} did not write all its events "
+                f"commit of version {marker.version} to session {row.id!r} did not write all its events "
                 f"({exc}); nothing of it is visible, and repair_pending() will roll it back",
-                session_id=session.id,
+                session_id=row.id,
                 version=marker.version,
             ) from exc
         prev_updated = int(old["lsk"]["N"]) if "lsk" in old else 0
         try:
-            self._finish(pk, marker, ids.add(e.id for e in fresh), prev_updated)
+            self._finish(pk, marker, ids.add(e.id for e in fresh), max(row.updated_at, prev_updated))
         except _MarkerGone as gone:
             return self._after_lost_marker(pk, marker, inc, gone.item, len(fresh), items)
         except StoreError as exc:
             raise CommitIncomplete(
-                f"commit of version {marker.version} to session {session.id!r} wrote its events but not its "
+                f"commit of version {marker.version} to session {row.id!r} wrote its events but not its "
                 f"finish ({exc}); repair_pending() will roll it forward",
-                session_id=session.id,
+                session_id=row.id,
                 version=marker.version,
             ) from exc
-        return CommitResult(ok=True, version=marker.version, appended=len(fresh))
+        return len(fresh)
 
-    def delete(self, app_name: str, session_id: str) -> None:
+    def _delete(self, app_name: str, session_id: str) -> None:
         pk = session_pk(app_name, session_id)
-        self._call("delete_item", TableName=self._table, Key=_key(pk, META_SK))
         # The meta item first: from here every commit to this session conflicts and every load is None.
+        self._call("delete_item", TableName=self._table, Key=_key(pk, META_SK))
         keys = self._query(
             TableName=self._table,
             KeyConditionExpression="pk = :pk",
@@ -339,43 +315,27 @@ class DynamoDBSessionStore:
         )
         self._write_batches([{"DeleteRequest": {"Key": key}} for key in keys])
 
-    def load_scoped_state(self, app_name: str, scope: str, scope_id: str) -> dict[str, Any]:
+    def _load_scoped(self, app_name: str, scope: str, scope_id: str) -> dict[str, str]:
         items = self._query(
             TableName=self._table,
             KeyConditionExpression="pk = :pk",
             ExpressionAttributeValues={":pk": {"S": scoped_pk(app_name, scope, scope_id)}},
             ConsistentRead=True,
         )
-        return {item["sk"]["S"]: json.loads(item["v"]["S"]) for item in items}
+        return {item["sk"]["S"]: item["v"]["S"] for item in items}
 
-    def save_scoped_state(self, app_name: str, scope: str, scope_id: str, state: Mapping[str, Any]) -> None:
-        self._check_open()
-        check_id(scope_id, "scope id")
-        rows = [[scope, scope_id, key, value] for key, value in encode_values(state).items()]
-        self._write_batches([_scoped_request(app_name, row) for row in rows])
+    def _save_scoped(self, app_name: str, writes: Sequence[ScopedWrite]) -> None:
+        """In ``TransactWriteItems`` of up to 100 keys: atomic up to 100 keys (more are written 100 at a time)."""
+        for start in range(0, len(writes), 100):
+            self._transact([_transact_item(self._table, app_name, write) for write in writes[start : start + 100]])
 
-    def list(
-        self, app_name: str, *, limit: int | None = None, cursor: str | None = None
-    ) -> builtins.list[SessionListing]:
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
-            raise InputError(f"limit must be an int >= 0 or None, not {limit!r}", field="limit")
-        after = decode_cursor(cursor) if cursor else None
-        if limit == 0:
-            return []
+    def _list(self, app_name: str, limit: int | None, after: tuple[int, str] | None) -> builtins.list[SessionListing]:
         streams = [self._shard_stream(key, after, limit) for key in listing_keys(app_name, self._listing_shards)]
         merged = heapq.merge(*streams, key=lambda s: (s.updated_at, s.id), reverse=True)
-        listed: builtins.list[SessionListing] = []
-        for listing in merged:
-            listed.append(listing)
-            if limit is not None and len(listed) == limit:
-                break
-        return listed
+        return builtins.list(itertools.islice(merged, limit))
 
-    def close(self) -> None:
+    def _close(self) -> None:
         """Close the client the store built; a client given to the store is left open, for its owner."""
-        if self._closed:
-            return
-        self._closed = True
         if self._owns_client:
             self._client.close()
 
@@ -422,7 +382,7 @@ class DynamoDBSessionStore:
             if complete:
                 ids = IdFilter(meta["bf"]["B"] if "bf" in meta else None)
                 ids.add(i["eid"]["S"] for i in items if "eid" in i)
-                self._finish(pk, marker, ids, int(meta["lsk"]["N"]) if "lsk" in meta else 0)
+                self._finish(pk, marker, ids, max(now_ms(), int(meta["lsk"]["N"]) if "lsk" in meta else 0))
             else:
                 self._roll_back(pk, meta, marker)
         except _MarkerGone:
@@ -479,11 +439,11 @@ class DynamoDBSessionStore:
 
     # -- the commit's steps -----------------------------------------------------------------
 
-    def _pass_gate(
-        self, pk: str, session: StoredSession, expected: int, marker: _Marker
-    ) -> dict[str, Any] | CommitResult:
-        """Record the marker; return the meta item as it was before (``{}`` on create) or the conflict."""
-        app_name, session_id = session.app_name, session.id
+    def _pass_gate(self, pk: str, commit: PreparedCommit, marker: _Marker) -> dict[str, Any] | Refused:
+        """Record the marker; return the meta item as it was before (``inc`` only, on create) or the refusal."""
+        row, expected = commit.row, commit.expected_version
+        app_name, session_id = row.app_name, row.id
+        scopes = json.dumps(row.scopes, separators=(",", ":"), sort_keys=True)
         values: dict[str, Any] = {
             ":p": marker.attribute(),
             ":ppk": {"S": pending_key(app_name, session_id, self._pending_shards)},
@@ -491,19 +451,26 @@ class DynamoDBSessionStore:
         }
         if expected == 0:
             inc = secrets.token_hex(4)  # this incarnation of the session id: a re-creation gets another
-            update = "SET #id = :id, created_at = :created, inc = :inc, version = :zero, " + _SET_MARKER
+            update = "SET #id = :id, created_at = :created, scopes = :so, inc = :inc, version = :zero"
             condition = "attribute_not_exists(pk)"
             values |= {
                 ":id": {"S": session_id},
-                ":created": {"N": str(session.created_at or marker.at)},
+                ":created": {"N": str(row.created_at)},
+                ":so": {"S": scopes},
                 ":inc": {"S": inc},
                 ":zero": {"N": "0"},
             }
+            for name, value in (("forked_from", row.forked_from), ("fork_reason", row.fork_reason)):
+                if value is not None:
+                    update += f", {name} = :{name}"
+                    values[f":{name}"] = {"S": value}
+            update += ", " + _SET_MARKER
             names = {"#id": "id"}
         else:
             update = "SET " + _SET_MARKER
-            condition = "version = :e AND attribute_not_exists(pending)"
-            values[":e"] = {"N": str(expected)}
+            # Scopes are fixed at creation: a commit naming others must not open the gate.
+            condition = "version = :e AND attribute_not_exists(pending) AND scopes = :so"
+            values |= {":e": {"N": str(expected)}, ":so": {"S": scopes}}
             names = {}
         deadline = time.monotonic() + self._live_wait_s
         pause = 0.005
@@ -528,10 +495,12 @@ class DynamoDBSessionStore:
                 if expected == 0:
                     old["inc"] = {"S": inc}
                 return old
-            actual = int(item["version"]["N"]) if item else 0
-            blocking = _Marker.of(item) if item else None
-            if blocking is None or actual != expected:
-                return CommitResult(ok=False, version=actual, appended=0)
+            if item is None:
+                return Refused(0)
+            refused = Refused(int(item["version"]["N"]), json.loads(item["scopes"]["S"]))
+            blocking = _Marker.of(item)
+            if blocking is None or refused.version != expected or (expected and refused.scopes != row.scopes):
+                return refused
             if now_ms() - blocking.at >= self._stale_after_ms and not repaired:
                 # A writer that died mid-commit: finish or undo its commit, then try the gate again.
                 self._repair(pk, blocking.at)
@@ -580,18 +549,17 @@ class DynamoDBSessionStore:
         except _ConditionFailed as failed:
             raise _MarkerGone(failed.item) from None
 
-    def _finish(self, pk: str, marker: _Marker, ids: IdFilter, prev_updated: int) -> None:
+    def _finish(self, pk: str, marker: _Marker, ids: IdFilter, updated_at: int) -> None:
         """Make the marker's version the stored one and clear the marker; with its scoped writes, atomically."""
         app_name, session_id = split_session_pk(pk)
         values: dict[str, Any] = {
             ":t": {"S": marker.grant},
             ":v": {"N": str(marker.version)},
-            ":u": {"N": str(max(now_ms(), prev_updated))},
+            ":u": {"N": str(updated_at)},
             ":lpk": {"S": listing_key(app_name, session_id, self._listing_shards)},
             ":bf": {"B": ids.dump()},
-            ":so": {"S": marker.scopes},
         }
-        sets = "#v = :v, lsk = :u, lpk = :lpk, bf = :bf, scopes = :so"
+        sets = "#v = :v, lsk = :u, lpk = :lpk, bf = :bf"
         removes = "pending, ppk, psk"
         if marker.status is None:
             removes += ", #st"
@@ -614,22 +582,26 @@ class DynamoDBSessionStore:
             except _ConditionFailed as failed:
                 raise _MarkerGone(failed.item) from None
             return
-        writes = [_scoped_request(app_name, row) for row in scoped]
-        transact = [{"Update": update}] + [
-            {"Put": {"TableName": self._table, **w["PutRequest"]}}
-            if "PutRequest" in w
-            else {"Delete": {"TableName": self._table, **w["DeleteRequest"]}}
-            for w in writes
-        ]
+        writes = [_transact_item(self._table, app_name, ScopedWrite(*write)) for write in scoped]
+        try:
+            self._transact([{"Update": update}, *writes])
+        except _Cancelled as cancelled:
+            raise _MarkerGone(cancelled.items[0]) from None
+
+    def _transact(self, items: Sequence[Mapping[str, Any]]) -> None:
+        """One ``TransactWriteItems``, re-sent while another transaction holds one of its keys.
+
+        Raises ``_Cancelled`` when a condition failed (the first item's answer first).
+        """
         for attempt in range(8):
             try:
-                self._call("transact_write_items", TransactItems=transact)
+                self._call("transact_write_items", TransactItems=builtins.list(items))
                 return
             except _Cancelled as cancelled:
-                if cancelled.codes[0] == "ConditionalCheckFailed":
-                    raise _MarkerGone(cancelled.items[0]) from None
+                if "ConditionalCheckFailed" in cancelled.codes:
+                    raise
                 if "TransactionConflict" not in cancelled.codes or attempt == 7:
-                    raise StoreError(f"the commit's finishing transaction was cancelled: {cancelled.codes}") from None
+                    raise StoreError(f"DynamoDB cancelled the transaction: {cancelled.codes}") from None
                 time.sleep(0.01 * 2**attempt * random.random())  # another transaction held a scoped key
 
     def _after_lost_marker(
@@ -640,7 +612,7 @@ class DynamoDBSessionStore:
         item: Mapping[str, Any] | None,
         appended: int,
         items: Sequence[Mapping[str, Any]],
-    ) -> CommitResult:
+    ) -> int | Refused:
         """Our marker vanished under us: a repair finished or undid the commit, or the session was deleted."""
         if (
             item is not None
@@ -648,10 +620,12 @@ class DynamoDBSessionStore:
             and int(item["version"]["N"]) >= marker.version
             and f"{marker.version}#{marker.grant}" not in _dead(item)
         ):
-            return CommitResult(ok=True, version=marker.version, appended=appended)  # rolled forward
+            return appended  # a repair rolled it forward: the commit landed
         with contextlib.suppress(StoreError):  # invisible already; deleting them only saves space
             self._write_batches([{"DeleteRequest": {"Key": {"pk": i["pk"], "sk": i["sk"]}}} for i in items])
-        return CommitResult(ok=False, version=int(item["version"]["N"]) if item else 0, appended=0)
+        if item is None:
+            return Refused(0)
+        return Refused(int(item["version"]["N"]), json.loads(item["scopes"]["S"]))
 
     def _write_batches(self, requests: Sequence[Mapping[str, Any]]) -> None:
         """``BatchWriteItem`` in calls of 25, re-sending ``UnprocessedItems`` with bounded backoff."""
@@ -700,10 +674,6 @@ class DynamoDBSessionStore:
         yield from sorted(group, key=lambda s: s.id, reverse=True)
 
     # -- calls ------------------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosed("this store was closed")
 
     def _call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
         """One DynamoDB call, with botocore's errors turned into dormant's."""
@@ -766,29 +736,40 @@ def _dead(meta: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(meta["dead"]["SS"]) if "dead" in meta else frozenset()
 
 
-def _stored(meta: Mapping[str, Any], app_name: str, session_id: str) -> StoredSession:
+def _stored(meta: Mapping[str, Any], pk: str) -> StoredSession:
+    app_name, session_id = split_session_pk(pk)
     return StoredSession(
         id=session_id,
         app_name=app_name,
         version=int(meta["version"]["N"]),
-        scopes=json.loads(meta["scopes"]["S"]) if "scopes" in meta else {},
+        scopes=json.loads(meta["scopes"]["S"]),
         created_at=int(meta["created_at"]["N"]),
         status=meta["status"]["S"] if "status" in meta else None,
         updated_at=int(meta["lsk"]["N"]) if "lsk" in meta else 0,
+        forked_from=meta["forked_from"]["S"] if "forked_from" in meta else None,
+        fork_reason=meta["fork_reason"]["S"] if "fork_reason" in meta else None,
     )
 
 
-def _encode_events(new_events: Sequence[Event], batch: Sequence[Event]) -> dict[str, bytes]:
-    """Each event's JSON, refusing (before anything is written) one over the hard limit."""
-    data: dict[str, bytes] = {}
-    for event in batch:
-        data[event.id] = event_to_json(event).encode()
-        if len(data[event.id]) > MAX_EVENT_BYTES:
-            index = next(n for n, e in enumerate(new_events) if e is event)
-            raise EventTooLarge(
-                event_id=event.id, size=len(data[event.id]), limit=MAX_EVENT_BYTES, field=f"new_events[{index}]"
-            )
-    return data
+def _visible_events(meta: Mapping[str, Any], items: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The encoded events among ``items`` (in key order) that the meta item vouches for, chunks joined.
+
+    Up to its version, of its incarnation, and not of a rolled-back grant.
+    """
+    version, inc, dead = int(meta["version"]["N"]), meta["inc"]["S"], _dead(meta)
+    events: list[str] = []
+    parts: list[bytes] = []
+    expected = 0
+    for item in items:
+        key = parse_event_sk(item["sk"]["S"])
+        if key is None or key.version > version or item["inc"]["S"] != inc or f"{key.version}#{key.grant}" in dead:
+            continue
+        if key.chunk == 0:
+            parts, expected = [], int(item["c"]["N"]) if "c" in item else 1
+        parts.append(item["d"]["B"])
+        if len(parts) == expected:
+            events.append(b"".join(parts).decode())
+    return events
 
 
 def _event_items(pk: str, marker: _Marker, inc: str, events: Sequence[tuple[str, bytes]]) -> list[dict[str, Any]]:
@@ -810,27 +791,11 @@ def _event_items(pk: str, marker: _Marker, inc: str, events: Sequence[tuple[str,
     return items
 
 
-def _scoped_rows(changes: Sequence[ScopedStateChange] | None) -> list[list[Any]]:
-    """A commit's scoped changes as ``[scope, scope_id, key, JSON or None]`` rows, checked and merged."""
-    rows = [
-        [scope, scope_id, key, value]
-        for (scope, scope_id), values in merge_scoped_changes(changes).items()
-        for key, value in encode_values(values).items()
-    ]
-    if len(rows) > MAX_SCOPED_KEYS:
-        raise InputError(
-            f"a commit may change at most {MAX_SCOPED_KEYS} scoped keys on DynamoDB (got {len(rows)})",
-            field="scoped_changes",
-        )
-    return rows
-
-
-def _scoped_request(app_name: str, row: Sequence[Any]) -> dict[str, Any]:
-    scope, scope_id, key, value = row
-    item_key = _key(scoped_pk(app_name, scope, scope_id), key)
-    if value is None:
-        return {"DeleteRequest": {"Key": item_key}}
-    return {"PutRequest": {"Item": {**item_key, "v": {"S": value}}}}
+def _transact_item(table: str, app_name: str, write: ScopedWrite) -> dict[str, Any]:
+    key = _key(scoped_pk(app_name, write.scope, write.scope_id), write.key)
+    if write.value is None:
+        return {"Delete": {"TableName": table, "Key": key}}
+    return {"Put": {"TableName": table, "Item": {**key, "v": {"S": write.value}}}}
 
 
 # -- construction -----------------------------------------------------------------------------------
