@@ -113,9 +113,8 @@ def dynamodb_table(dynamodb_endpoint: str) -> str:
     """A table of dormant's shape for this test session (tests use fresh app ids, so they share it)."""
     import uuid
 
-    from tests.servers.dynamodb import client
-
     from dormant.stores.dynamodb import create_table
+    from tests.servers.dynamodb import client
 
     name = f"dormant-test-{uuid.uuid4().hex[:8]}"
     ddb = client(dynamodb_endpoint)

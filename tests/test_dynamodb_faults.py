@@ -18,7 +18,6 @@ import pytest
 pytest.importorskip("boto3")
 
 from dynamodb_faults import Died, Faults
-from tests.servers.dynamodb import client as local_client
 
 from dormant.clock import FrozenClock, frozen_clock
 from dormant.errors import CommitIncomplete, StoreBusy
@@ -26,6 +25,7 @@ from dormant.events import UserEvent
 from dormant.stores.base import ScopedStateChange, StoredSession
 from dormant.stores.dynamodb import DynamoDBSessionStore
 from dormant.stores.dynamodb.keys import session_pk
+from tests.servers.dynamodb import client as local_client
 
 pytestmark = pytest.mark.backend("dynamodb")
 
@@ -355,11 +355,10 @@ def test_a_young_marker_is_left_alone_by_the_sweeper(world: World) -> None:
 
 
 def _racer(endpoint: str, table: str, app: str, writer: int, commits: int, out: Any) -> None:
-    from tests.servers.dynamodb import client
-
     from dormant.events import UserEvent
     from dormant.stores.base import StoredSession
     from dormant.stores.dynamodb import dynamo_store
+    from tests.servers.dynamodb import client
 
     c = client(endpoint)
     store = dynamo_store(table, client=c)

@@ -14,7 +14,6 @@ import pytest
 pytest.importorskip("boto3")
 
 from dynamodb_faults import Faults
-from tests.servers.dynamodb import client as local_client
 
 from dormant.clock import frozen_clock
 from dormant.errors import ConfigurationError, EventTooLarge, InputError, StoreClosed, StoreError, StoreUnavailable
@@ -23,6 +22,7 @@ from dormant.stores.base import ScopedStateChange, SessionStore, StoredSession
 from dormant.stores.dynamodb import TABLE, DynamoDBSessionStore, create_table, dynamo_store
 from dormant.stores.dynamodb.keys import CHUNK_BYTES, session_pk
 from dormant.testing import StoreContract
+from tests.servers.dynamodb import client as local_client
 
 pytestmark = pytest.mark.backend("dynamodb")
 
