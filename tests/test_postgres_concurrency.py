@@ -24,6 +24,7 @@ from dormant.stores.postgres import postgres_store
 pytestmark = [pytest.mark.backend("postgres"), pytest.mark.slow]
 
 COMMITS = 50
+WAIT = 240  # seconds: the bound on every wait for another thread or process
 _start: dict[str, Any] = {}  # in a writer process: "barrier", which releases all the writers at once
 
 
@@ -57,7 +58,7 @@ def _write_tracking(url: str, app: str, session_id: str, writer: int) -> tuple[l
     meta = StoredSession(id=session_id, app_name=app)
     try:
         assert store.load(app, session_id) is not None  # connected, tables checked: now race
-        _start["barrier"].wait()
+        _start["barrier"].wait(WAIT)
         granted, conflicts = [], 0
         version = 1
         for n in range(COMMITS):
@@ -98,7 +99,7 @@ def test_eight_threads_commit_fifty_times_each_to_one_session(postgres_url: str)
         assert store.commit(meta, [], 0).version == 1
         outcomes: list[tuple[list[int], int]] = [([], 0) for _ in range(8)]
         errors: list[BaseException] = []
-        barrier = threading.Barrier(8)
+        barrier = threading.Barrier(8, timeout=WAIT)
 
         def run(writer: int) -> None:
             try:
@@ -111,7 +112,8 @@ def test_eight_threads_commit_fifty_times_each_to_one_session(postgres_url: str)
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join()
+            thread.join(WAIT)
+        assert not any(thread.is_alive() for thread in threads), f"a writer was still running after {WAIT} s"
         assert errors == []
         _check(store, meta, 8, outcomes)
     finally:
@@ -125,7 +127,8 @@ def test_four_processes_commit_fifty_times_each_to_one_session(postgres_url: str
         assert store.commit(meta, [], 0).version == 1
         spawn = multiprocessing.get_context("spawn")
         with spawn.Pool(4, initializer=_init_writer, initargs=(spawn.Barrier(4),)) as pool:
-            outcomes = pool.starmap(_write_tracking, [(postgres_url, meta.app_name, meta.id, w) for w in range(4)])
+            work = [(postgres_url, meta.app_name, meta.id, w) for w in range(4)]
+            outcomes = pool.starmap_async(_write_tracking, work).get(WAIT)
         _check(store, meta, 4, outcomes)
     finally:
         store.close()

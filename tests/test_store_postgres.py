@@ -22,6 +22,7 @@ from dormant.stores.postgres import PostgresSessionStore, postgres_store  # noqa
 from dormant.testing import StoreContract  # noqa: E402
 
 pytestmark = pytest.mark.backend("postgres")
+WAIT = 60  # seconds: the bound on every wait for another thread
 
 
 def _event(n: int | str) -> UserEvent:
@@ -192,7 +193,7 @@ class _CountingStore(PostgresSessionStore):
 
 def _race(workers: int, work: Any) -> list[BaseException]:
     """Run ``work(n)`` in ``workers`` threads released at the same instant; return what they raised."""
-    barrier = threading.Barrier(workers)
+    barrier = threading.Barrier(workers, timeout=WAIT)
     errors: list[BaseException] = []
 
     def run(n: int) -> None:
@@ -206,7 +207,8 @@ def _race(workers: int, work: Any) -> list[BaseException]:
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join()
+        thread.join(WAIT)
+    assert not any(thread.is_alive() for thread in threads), f"a worker was still running after {WAIT} s"
     return errors
 
 

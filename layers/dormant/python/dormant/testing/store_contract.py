@@ -16,7 +16,6 @@ so a shared database (a Postgres server, a DynamoDB table) needs no cleaning bet
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -31,6 +30,8 @@ from ..events import Event, StateChange, StateChangeEvent, ToolCallEvent, UserEv
 from ..stores.base import ScopedStateChange, SessionStore, StoredSession, StoreLimits
 
 __all__ = ["StoreContract"]
+
+WAIT = 120  # seconds: the bound on every wait for another thread, never reached when the store is right
 
 
 def _event(n: int | str, text: str | None = None) -> UserEvent:
@@ -260,12 +261,14 @@ class StoreContract:
 
     def test_list_puts_the_most_recently_updated_first_and_pages(self, store: SessionStore, app: str) -> None:
         metas = [self.meta(app, f"s{n}") for n in range(5)]
-        for meta in metas:
-            store.commit(meta, [], 0)
-        time.sleep(0.005)
-        store.commit(metas[0], [_event(1)], 1)  # touched last: listed first
+        with frozen_clock(1_800_000_000_000) as clock:
+            for meta in metas:
+                clock.advance(1)
+                store.commit(meta, [], 0)
+            clock.advance(1)
+            store.commit(metas[0], [_event(1)], 1)  # touched last: listed first
         listed = store.list(app)
-        assert listed[0].id == "s0"
+        assert [s.id for s in listed] == ["s0", "s4", "s3", "s2", "s1"]
         assert [s.updated_at for s in listed] == sorted((s.updated_at for s in listed), reverse=True)
         assert listed[0].version == 2
         pages: list[str] = []
@@ -498,8 +501,11 @@ class StoreContract:
         lock = threading.Lock()
         errors: list[BaseException] = []
 
+        start = threading.Barrier(writers, timeout=WAIT)
+
         def write(w: int, peer: SessionStore) -> None:
             try:
+                start.wait()
                 for n in range(per_writer):
                     event = _event(f"w{w}-{n}")
                     for _attempt in range(1000):
@@ -519,7 +525,8 @@ class StoreContract:
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join()
+            thread.join(WAIT)
+        assert not any(thread.is_alive() for thread in threads), f"a writer was still running after {WAIT} s"
         for peer in peers:
             if peer is not store:
                 peer.close()
