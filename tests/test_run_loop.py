@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 from examples import SEED, SORE_THROAT, triage
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
-from dormant import adk, openai
+from dormant import adk, in_memory_store, openai
 from dormant.errors import (
     AgentMismatch,
     ConfigurationError,
@@ -717,3 +717,69 @@ def test_answering_a_call_whose_tool_this_process_does_not_know_is_a_configurati
     with pytest.raises(ConfigurationError, match="tool 'book' is not registered"):
         session.input.tool("c", {"approved": True})
     assert len(session.events) == len(run.session.events)
+
+
+# -- work done once -----------------------------------------------------------------------------
+
+
+def test_a_run_loads_each_shared_scope_once_and_checks_its_input_state_once() -> None:
+    checked: list[str] = []
+
+    class Chart(BaseModel):
+        stage: str = "intake"
+
+        @field_validator("stage")
+        @classmethod
+        def _count(cls, value: str) -> str:
+            checked.append(value)
+            return value
+
+    class Profile(BaseModel):
+        name: str = "friend"
+        visits: int = 0
+
+    store = in_memory_store()
+    loads: list[tuple[str, str]] = []
+    load = store.load_scoped_state
+
+    def counting_load(app_name: str, scope: str, scope_id: str) -> dict[str, Any]:
+        loads.append((scope, scope_id))
+        return load(app_name, scope, scope_id)
+
+    store.load_scoped_state = counting_load  # type: ignore[method-assign]
+    scripted = MockAdapter()
+    app = adk(name="once", schema={"session": Chart, "user": Profile}, store=store, adapters={"openai": scripted})
+
+    def visit(ctx: Any) -> int:
+        ctx.state.user.visits = ctx.state.user.visits + 1
+        return int(ctx.state.user.visits)
+
+    agent = app.agent(
+        name="a", model=openai("m"), context=[], tools=[app.tool(name="visit", description="", execute=visit)]
+    )
+    scripted.set_responses([{"tool_calls": [{"name": "visit", "args": {}}]}, {"text": "ok"}])
+    session = app.sessions.create(scopes={"user": "u-1"})
+    run = app.run(
+        agent,
+        {"message": "hi", "state": {"stage": "collecting"}, "initial_state": {"user": {"name": "Ada"}}},
+        session=session,
+    )
+    assert run.status == "completed" and results(session)[0].result == 1
+    assert loads == [("user", "u-1")]  # seeding and the invocation's reads share one load
+    assert checked == ["collecting"]  # input["state"] is validated once, then recorded
+    assert session.state.stage == "collecting"
+
+
+def test_max_steps_counts_model_calls_across_resumes() -> None:
+    app, scripted, agent, _ = approval_app()
+    agent.max_steps = 2
+    ask = {"tool_calls": [{"name": "book", "args": {"slot": "x"}, "call_id": "c1"}]}
+    scripted.set_responses([ask])
+    session = app.run(agent, "Book x.").session
+    scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "y"}, "call_id": "c2"}]}])
+    resumed = app.run(agent, {"tools": [{"call_id": "c1", "input": {"approved": True}}]}, session=session)
+    assert resumed.status == "yielded_tool"  # the second model call asked again
+    scripted.set_responses([{"text": "never asked"}])
+    last = app.run(agent, {"tools": [{"call_id": "c2", "input": {"approved": True}}]}, session=session)
+    assert last.status == "max_steps" and len(scripted.requests) == 2
+    assert session.projection.invocations[last.invocation_id].model_calls == 2

@@ -20,7 +20,7 @@ from dormant.errors import (
     http_status,
 )
 from dormant.events import StateChangeEvent, UserEvent
-from dormant.stores.base import StoredSession
+from dormant.stores.base import ScopedStateChange, StoredSession
 from dormant.stores.sqlite import sqlite_store
 from dormant.testing import MockAdapter
 
@@ -330,3 +330,30 @@ def test_listing_arguments_are_checked(store: Any) -> None:
     with pytest.raises(InputError) as bad_cursor:
         app.sessions.list(cursor="not-a-cursor")
     assert bad_cursor.value.field == "cursor"
+
+
+def test_scoped_changes_hold_the_last_uncommitted_write_per_key(store: Any) -> None:
+    app, _scripted, _agent = profile_app(store, [])
+    session = app.sessions.create("s-1", scopes={"user": "u-1"})
+    unbound = app.sessions.ephemeral()
+    unbound.state.user.visits = 9  # seeded while unbound: it lives in that ledger only
+    assert unbound.scoped_changes() == []
+    session.state.user.visits = 1
+    session.state.user.visits = 2
+    session.state.user.display_name = "Ada"
+    session.state.app.sessions_seen = 4
+    del session.state.user.display_name
+    assert sorted(session.scoped_changes(), key=lambda c: (c.scope, c.key)) == [
+        ScopedStateChange("app", "app", "sessions_seen", 4),
+        ScopedStateChange("user", "u-1", "display_name", None),
+        ScopedStateChange("user", "u-1", "visits", 2),
+    ]
+    app.sessions.commit(session)
+    assert session.scoped_changes() == []
+    assert store.load_scoped_state("profiles", "user", "u-1") == {"visits": 2}
+    session.state.user.visits = 3
+    assert session.scoped_changes() == [ScopedStateChange("user", "u-1", "visits", 3)]
+    # A session rebuilt from its events holds them all as uncommitted, so their writes too.
+    rebuilt = app.sessions.from_events(list(session.events), scopes={"user": "u-1"})
+    assert sorted(c.key for c in rebuilt.scoped_changes()) == ["display_name", "sessions_seen", "visits"]
+    assert app.sessions.get("s-1").scoped_changes() == []

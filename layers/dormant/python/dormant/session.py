@@ -147,7 +147,8 @@ class Session:
         """Add ``event`` to the ledger and fold it into the projection (once: reads never replay).
 
         This is the one way events get in; ``app.run`` and ``input`` call it. An id already in the
-        ledger is refused.
+        ledger is refused. The event is not checked for text no store can keep (inputs are checked where
+        they enter); the store's encoder refuses it at commit with ``ValueNotStorable``.
         """
         if event.id in self._index:
             raise EventValidationError(f"event id {event.id!r} is already in this session's ledger", field="id")
