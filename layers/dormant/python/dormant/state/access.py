@@ -100,7 +100,8 @@ class Access:
             raise UnknownStateKey(scope, key, list(schema.model.model_fields) if schema.model else [])
         if scope == "temp":
             return schema.read(key, self._require_invocation().temp.get(key))
-        self._observe(scope, (key,))
+        if self.invocation is not None:
+            self._observe(scope, (key,))
         return schema.read(key, self.host.scope_values(scope).get(key))
 
     def values(self, scope: str, *, copy: bool = False) -> Mapping[str, Any]:

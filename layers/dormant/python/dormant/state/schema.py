@@ -37,14 +37,18 @@ class ScopeSchema:
     name: str
     model: type[BaseModel] | None
     _readers: dict[str, TypeAdapter[Any]] = field(default_factory=dict, repr=False)
+    # Looked up on every state read: computed once (pydantic's ``model_fields`` is not a plain attribute).
+    open: bool = field(init=False)
+    """Whether keys the model does not declare are accepted."""
+    fields: frozenset[str] = field(init=False)
+    """The keys the model declares."""
 
-    @property
-    def open(self) -> bool:
-        """Whether keys the model does not declare are accepted."""
-        return self.model is None or self.model.model_config.get("extra") == "allow"
+    def __post_init__(self) -> None:
+        self.open = self.model is None or self.model.model_config.get("extra") == "allow"
+        self.fields = frozenset(self.model.model_fields) if self.model is not None else frozenset()
 
     def declares(self, key: str) -> bool:
-        return self.model is not None and key in self.model.model_fields
+        return key in self.fields
 
     def validate(self, current: Mapping[str, Any], key: str, value: Any) -> Any:
         """Validate ``value`` for ``key`` given the scope's current JSON values; return its JSON form."""
