@@ -2,9 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= dev,postgres,dynamodb,openai,bedrock
+EXTRAS ?= dev,postgres,dynamodb,openai,bedrock,lambda,infra
 
-.PHONY: setup demo test lint typecheck pytest bench clean dynamodb-local
+.PHONY: setup demo test lint typecheck pytest bench clean dynamodb-local invoke
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,3 +38,7 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# Run one Lambda handler on one sample event, here: make invoke FUNCTION=sessions EVENT=events/api/list_sessions.json
+invoke: setup
+	$(PY) functions/invoke.py $(FUNCTION) $(EVENT)

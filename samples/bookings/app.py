@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from dormant.agents.agent import Agent
 from dormant.app import App, adk
 from dormant.models.base import ModelAdapter, ModelSpec, bedrock, openai
+from dormant.stores.base import SessionStore
 from dormant.stores.sqlite import sqlite_store
 
 from .schedule import SERVICES, open_slots, slot_by_id
@@ -161,8 +162,17 @@ def model_from_env(value: str | None) -> tuple[ModelSpec, str]:
     raise ValueError(f"BOOKINGS_MODEL is openai:<model> or bedrock:<model id>, not {value!r}")
 
 
-def build(db: str | Path | None = None, model: str | None = None, adapter: ModelAdapter | None = None) -> Bookings:
-    """The Bookings app on the SQLite file ``db`` (default ``$BOOKINGS_DB`` or ``data/bookings.db``)."""
+def build(
+    db: str | Path | None = None,
+    model: str | None = None,
+    adapter: ModelAdapter | None = None,
+    *,
+    store: SessionStore | None = None,
+) -> Bookings:
+    """The Bookings app on ``store``, else the SQLite file ``db`` (default ``$BOOKINGS_DB`` or ``data/bookings.db``).
+
+    ``store=`` is how a deployment serves it (``DORMANT_APP=bookings:build``): the handlers pass theirs.
+    """
     path = db or os.environ.get("BOOKINGS_DB") or DEFAULT_DB
     spec, label = model_from_env(model if model is not None else os.environ.get("BOOKINGS_MODEL"))
     adapters: dict[str, ModelAdapter] = {}
@@ -173,7 +183,7 @@ def build(db: str | Path | None = None, model: str | None = None, adapter: Model
     app = adk(
         name="bookings",
         schema={"session": BookingSession, "user": Patient},
-        store=sqlite_store(path),
+        store=store if store is not None else sqlite_store(path),
         adapters=adapters,
     )
 

@@ -23,7 +23,9 @@ The tree (with the HTTP status a handler maps each class to; ``http_status(exc)`
     │   ├── AgentMismatch                         409  resuming with another agent than the one waiting
     │   ├── EventTooLarge                         413  an event over the store's ``max_event_bytes`` (``event_id``)
     │   ├── CommitTooLarge                        413  a commit over a store limit (``size``, ``limit``)
-    │   └── ScopeMismatch                         409  a commit whose scopes differ from the stored row's (``scope``)
+    │   ├── ScopeMismatch                         409  a commit whose scopes differ from the stored row's (``scope``)
+    │   ├── RequestTooLarge                       413  an HTTP body over the handler's limit (``size``, ``limit``)
+    │   └── NotAuthenticated                      401  an HTTP request with no authenticated caller
     ├── ModelError                                502  a model failed; a run records it and ends with ``error``
     │   ├── ModelProviderError                    502  the provider's API failed (``status_code``, ``code``)
     │   │   ├── ModelUnavailable                  503  throttled, timed out, down or unreachable: retry later
@@ -75,10 +77,12 @@ __all__ = [
     "ModelError",
     "ModelProviderError",
     "ModelUnavailable",
+    "NotAuthenticated",
     "OpenAIMalformedResponse",
     "OpenAIModelError",
     "OpenAIModelUnavailable",
     "OpenAIRefusal",
+    "RequestTooLarge",
     "SchemaError",
     "ScopeMismatch",
     "ScopeNotAssignable",
@@ -298,6 +302,19 @@ class ScopeMismatch(InputError):
         self.given = given
 
 
+class RequestTooLarge(InputError):
+    """An HTTP request body over the handler's limit; refused before it is parsed."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"the body is {size} bytes; the limit is {limit}", field="body")
+        self.size = size
+        self.limit = limit
+
+
+class NotAuthenticated(InputError):
+    """An HTTP request that reached a handler with no authenticated caller (no authorizer identity)."""
+
+
 class ModelError(DormantError):
     """A model adapter failed. Inside a run this is recorded and the run ends with status ``error``."""
 
@@ -466,6 +483,8 @@ HTTP_STATUS: dict[type[DormantError], int] = {
     EventTooLarge: 413,
     CommitTooLarge: 413,
     ScopeMismatch: 409,
+    RequestTooLarge: 413,
+    NotAuthenticated: 401,
     ModelError: 502,
     ModelProviderError: 502,
     ModelUnavailable: 503,

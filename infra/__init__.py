@@ -1,0 +1,1 @@
+"""The CDK app that deploys dormant: one construct per component, composed by ``stack.DormantStack``."""

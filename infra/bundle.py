@@ -1,0 +1,89 @@
+"""Build the library layer on this machine, without Docker, for the Lambda runtime (Python 3.12, arm64).
+
+pip fetches wheels built for that runtime (``--platform``/``--only-binary``), then the library is copied
+beside them. ``cdk synth``/``cdk deploy`` run this as the layer's local bundling step (infra/layer.py);
+``python -m infra.bundle DIR`` runs it on its own, to inspect the layer or pre-build it. It imports no
+CDK, so it needs no Node.
+
+boto3 is left out: the Lambda runtime ships it, and a second copy would only add cold-start bytes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = ROOT / "layers" / "dormant" / "python" / "dormant"
+PYTHON_VERSION = "3.12"
+PLATFORM = "manylinux2014_aarch64"
+# Shipped by the Lambda runtime itself.
+_PROVIDED = {"boto3", "botocore", "s3transfer", "jmespath", "urllib3", "python-dateutil", "six"}
+
+
+def layer_requirements(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
+    """The library's dependencies plus its ``lambda`` extra, as pyproject.toml declares them."""
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["lambda"]]
+    return [req for req in wanted if _name(req) not in _PROVIDED]
+
+
+def _name(requirement: str) -> str:
+    for stop in "[<>=!~; ":
+        requirement = requirement.split(stop, 1)[0]
+    return requirement.lower()
+
+
+def bundle_library(output_dir: Path, requirements: Sequence[str] | None = None) -> None:
+    """Write the library layer into ``output_dir/python``: wheels for the Lambda runtime, then ``dormant``."""
+    target = output_dir / "python"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-compile",
+            "--platform",
+            PLATFORM,
+            "--implementation",
+            "cp",
+            "--python-version",
+            PYTHON_VERSION,
+            "--only-binary=:all:",
+            "--target",
+            str(target),
+            *(layer_requirements() if requirements is None else requirements),
+        ],
+        check=True,
+        timeout=600,
+    )
+    shutil.rmtree(target / "bin", ignore_errors=True)  # console scripts: nothing in a layer runs them
+    copy_packages(target, [LIBRARY])
+
+
+def copy_packages(target: Path, packages: Sequence[Path]) -> None:
+    for package in packages:
+        shutil.copytree(package, target / package.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m infra.bundle DIR``: build the library layer into DIR (it must not exist yet)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if len(args) != 1:
+        raise SystemExit("usage: python -m infra.bundle OUTPUT_DIR")
+    out = Path(args[0])
+    if out.exists():
+        raise SystemExit(f"{out} exists already; pass a new directory")
+    bundle_library(out)
+    print(f"library layer written to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,338 @@
+"""The HTTP API as Lambda handlers behind API Gateway (REST, proxy integration), with Powertools.
+
+``api_handler()`` builds one function's handler: a Powertools ``APIGatewayRestResolver`` with the
+routes of ``serving.routes``, a ``Logger`` that carries the request id as correlation id, ``Metrics``
+(commits, conflicts, merges, orphans, yields, resumes), and a ``Tracer`` only when tracing is on (it
+imports the X-Ray SDK, which costs a cold start nothing uses otherwise).
+
+What a caller gets: JSON in and out; bad input a 400 naming the field; an unknown session (or another
+tenant's) a 404; a body over ``MAX_BODY_BYTES`` a 413; a lost claim or version a 409 — each with
+``{"error": <class>, "message", "field"?}``, never a traceback, and with nothing written. The tenant
+is the ``sub`` claim the Cognito authorizer verified (``requestContext.authorizer.claims.sub``).
+
+A run that yields hands the wait to ``on_yield`` (on AWS: start the Step Functions execution that
+parks the session); answers to yielded calls go to ``on_answers`` (on AWS: wake that execution).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
+from aws_lambda_powertools.logging import correlation_paths
+from aws_lambda_powertools.metrics import MetricUnit
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..app import App
+from ..errors import (
+    DormantError,
+    InputError,
+    NotAuthenticated,
+    RequestTooLarge,
+    StoreBusy,
+    ToolInputError,
+    UnknownCallId,
+    VersionConflict,
+    http_status,
+)
+from ..events import parse_event
+from ..session import Session
+from ..stores.base import ScopedStateChange
+from .advance import AdvanceOutcome, advance
+from .runtime import Served, served_from_env
+
+__all__ = ["MAX_BODY_BYTES", "Hooks", "api_handler", "build_resolver", "session_view"]
+
+_ATTEMPTS = 5
+MAX_BODY_BYTES = 256 * 1024
+"""Larger bodies are refused with 413 before they are parsed (an event must fit a DynamoDB item)."""
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateBody(_Body):
+    session_id: str | None = None
+    scopes: dict[str, str] | None = None
+
+
+class RunBody(_Body):
+    agent: str | None = None
+    message: str | None = None
+    state: dict[str, Any] | None = None
+
+
+class Answer(_Body):
+    call_id: str
+    input: Any = None
+
+
+class ToolsBody(_Body):
+    answers: list[Answer] = Field(min_length=1)
+
+
+class ScopedChange(_Body):
+    scope: str
+    scope_id: str
+    key: str
+    value: Any = None
+
+
+class CommitBody(_Body):
+    expected_version: int = Field(ge=0)
+    events: list[dict[str, Any]]
+    scoped_changes: list[ScopedChange] | None = None
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What happens around a sleep: ``on_yield(tenant, app, outcome)`` once a run yields, and
+    ``on_answers(tenant, app, session)`` once answers are stored (``None``: nothing)."""
+
+    on_yield: Callable[[str, App, AdvanceOutcome], None] | None = None
+    on_answers: Callable[[str, App, Session], dict[str, Any] | None] | None = None
+
+
+def session_view(app: App, session: Session) -> dict[str, Any]:
+    """What ``GET /sessions/{id}`` answers: the session, its state in every bound scope, its waiting calls."""
+    state: dict[str, Any] = {"session": session.state.to_dict()}
+    for scope in session.scopes:
+        state[scope] = getattr(session.state, scope).to_dict()
+    return {
+        "id": session.id,
+        "version": session.version,
+        "status": session.status,
+        "scopes": dict(session.scopes),
+        "state": state,
+        "yielded_tools": _yielded(app, session),
+        "updated_at": max((e.created_at for e in session.events), default=session.created_at),
+    }
+
+
+def _yielded(app: App, session: Session) -> list[dict[str, Any]]:
+    tools = []
+    for call in session.yielded_tools:
+        tool = app.tool_named(call.name)
+        schema = tool.yield_schema.model_json_schema() if tool is not None and tool.yield_schema else None
+        tools.append({"call_id": call.call_id, "name": call.name, "args": call.args, "answer_schema": schema})
+    return tools
+
+
+def build_resolver(served: Served, hooks: Hooks, metrics: Metrics, logger: Logger) -> APIGatewayRestResolver:
+    """The routes, over ``served``; each request works on the app as its tenant sees it."""
+    resolver = APIGatewayRestResolver()
+
+    def tenant() -> str:
+        context = resolver.current_event.request_context
+        claims = (context.authorizer.claims or {}) if context.authorizer else {}
+        sub = claims.get("sub")
+        if not sub:
+            raise NotAuthenticated("no authenticated caller (the authorizer gave no sub claim)")
+        return str(sub)
+
+    def app() -> App:
+        return served.for_tenant(tenant())
+
+    def body(model: type[Any]) -> Any:
+        raw = resolver.current_event.body or ""
+        size = len(raw.encode() if isinstance(raw, str) else raw)
+        if size > MAX_BODY_BYTES:
+            raise RequestTooLarge(size, MAX_BODY_BYTES)
+        try:
+            data = json.loads(raw) if raw else {}
+        except ValueError as exc:
+            raise InputError(f"the body is not JSON: {exc}", field="body") from None
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(part) for part in first["loc"]) or "body"
+            raise InputError(f"{field}: {first['msg']}", field=field) from None
+
+    def query_int(name: str) -> int | None:
+        value = resolver.current_event.get_query_string_value(name)
+        if value is None:
+            return None
+        try:
+            number = int(value)
+        except ValueError:
+            raise InputError(f"{name} is an integer, not {value!r}", field=name) from None
+        if number < 0:
+            raise InputError(f"{name} is >= 0, not {number}", field=name)
+        return number
+
+    @resolver.post("/sessions")
+    def create() -> Response[Any]:
+        request = body(CreateBody)
+        tenant_app = app()
+        session = tenant_app.sessions.create(request.session_id, request.scopes)
+        return _json(201, session_view(tenant_app, session))
+
+    @resolver.get("/sessions")
+    def listing() -> dict[str, Any]:
+        limit = query_int("limit")
+        if limit == 0:
+            raise InputError("limit is >= 1", field="limit")
+        status = resolver.current_event.get_query_string_value("status")
+        cursor = resolver.current_event.get_query_string_value("cursor")
+        page = app().sessions.list(limit=limit or 50, cursor=cursor)
+        rows = [s._asdict() for s in page if status is None or s.status == status]
+        return {"sessions": rows, "cursor": page[-1].cursor if page and len(page) == (limit or 50) else None}
+
+    @resolver.get("/sessions/<session_id>")
+    def show(session_id: str) -> dict[str, Any]:
+        tenant_app = app()
+        return session_view(tenant_app, tenant_app.sessions.require(session_id))
+
+    @resolver.delete("/sessions/<session_id>")
+    def delete(session_id: str) -> Response[Any]:
+        tenant_app = app()
+        tenant_app.sessions.require(session_id)
+        tenant_app.sessions.delete(session_id)
+        return Response(status_code=204, content_type=content_types.APPLICATION_JSON, body="")
+
+    @resolver.get("/sessions/<session_id>/events")
+    def ledger(session_id: str) -> dict[str, Any]:
+        after = query_int("after") or 0
+        limit = query_int("limit") or 100
+        session = app().sessions.require(session_id)
+        page = list(session.events)[after : after + limit]
+        following = after + len(page)
+        return {
+            "events": [e.model_dump(mode="json") for e in page],
+            "next": following if following < len(session.events) else None,
+        }
+
+    @resolver.post("/sessions/<session_id>/runs")
+    def run(session_id: str) -> dict[str, Any]:
+        request = body(RunBody)
+        tenant_app = app()
+        agent = served.agent(request.agent)
+        run_input = {k: v for k, v in (("message", request.message), ("state", request.state)) if v is not None}
+        outcome = advance(tenant_app, agent, tenant_app.sessions.require(session_id), run_input or None)
+        _count(metrics, outcome)
+        if outcome.status == "yielded_tool" and hooks.on_yield is not None:
+            hooks.on_yield(tenant(), tenant_app, outcome)
+        return {
+            "status": outcome.status,
+            "output": {"text": outcome.output.text, "value": outcome.output.value},
+            "yielded_tools": _yielded(tenant_app, outcome.session),
+            "commit_status": outcome.commit_status,
+            "version": outcome.version,
+            "fork_id": outcome.fork_id,
+            "error": outcome.error,
+        }
+
+    @resolver.post("/sessions/<session_id>/tools")
+    def answer(session_id: str) -> Response[Any]:
+        request = body(ToolsBody)
+        tenant_app = app()
+        answers = [a.model_dump() for a in request.answers]
+        for _ in range(_ATTEMPTS):  # a version moved by park storing its token is no reason to fail
+            session = tenant_app.sessions.require(session_id)
+            try:
+                session.input.tools(answers)
+            except (UnknownCallId, ToolInputError) as exc:  # the caller's answer is wrong: a 400, as for any bad body
+                raise InputError(str(exc), field=exc.field) from None
+            try:
+                tenant_app.sessions.commit(session)  # the answers on the ledger first, then the wake-up
+                break
+            except VersionConflict:
+                continue
+        else:
+            raise StoreBusy(f"session {session_id!r} kept moving while the answers were stored; try again")
+        metrics.add_metric(name="answers", unit=MetricUnit.Count, value=len(request.answers))
+        woke = hooks.on_answers(tenant(), tenant_app, session) if hooks.on_answers is not None else None
+        return _json(202, {"version": session.version, "status": session.status, **(woke or {})})
+
+    @resolver.post("/sessions/<session_id>/commit")
+    def remote_commit(session_id: str) -> Response[Any]:
+        request = body(CommitBody)
+        tenant_app = app()
+        session = tenant_app.sessions.require(session_id)
+        for position, raw in enumerate(request.events):
+            try:
+                session.append(parse_event(raw))
+            except InputError as exc:
+                raise InputError(str(exc), field=f"events.{position}") from None
+        changes = [ScopedStateChange(c.scope, c.scope_id, c.key, c.value) for c in request.scoped_changes or []]
+        result = tenant_app.store.commit(
+            session.stored(), session.uncommitted_events, request.expected_version, changes
+        )
+        if not result.ok:
+            metrics.add_metric(name="conflicts", unit=MetricUnit.Count, value=1)
+            return _json(409, {"error": "VersionConflict", "actual_version": result.version})
+        metrics.add_metric(name="commits", unit=MetricUnit.Count, value=1)
+        return _json(200, {"version": result.version, "appended": result.appended})
+
+    def dormant_error(exc: DormantError) -> Response[Any]:
+        status = http_status(exc)
+        if isinstance(exc, VersionConflict):
+            metrics.add_metric(name="conflicts", unit=MetricUnit.Count, value=1)
+        if status >= 500:
+            logger.exception("request failed")
+            return _error(status, type(exc).__name__, "the request failed; see the logs for its request id")
+        extra = {"actual_version": exc.actual_version} if isinstance(exc, VersionConflict) else {}
+        return _error(status, type(exc).__name__, str(exc), getattr(exc, "field", None), **extra)
+
+    def unexpected(exc: Exception) -> Response[Any]:
+        logger.exception("unexpected error")
+        return _error(500, "InternalError", "the request failed; see the logs for its request id")
+
+    for kind, on_error in ((DormantError, dormant_error), (Exception, unexpected)):
+        resolver.exception_handler(kind)(on_error)
+
+    return resolver
+
+
+def _count(metrics: Metrics, outcome: AdvanceOutcome) -> None:
+    names = {"committed": "commits", "merged": "merges", "orphaned": "orphans"}
+    if outcome.commit_status in names:
+        metrics.add_metric(name=names[outcome.commit_status], unit=MetricUnit.Count, value=1)
+    if outcome.status == "yielded_tool":
+        metrics.add_metric(name="yields", unit=MetricUnit.Count, value=1)
+
+
+def _json(status: int, payload: dict[str, Any]) -> Response[Any]:
+    return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=json.dumps(payload))
+
+
+def _error(status: int, kind: str, message: str, field: str | None = None, **extra: Any) -> Response[Any]:
+    payload: dict[str, Any] = {"error": kind, "message": message, **extra}
+    if field is not None:
+        payload["field"] = field
+    return _json(status, payload)
+
+
+def api_handler(hooks: Hooks | None = None, served: Served | None = None) -> Callable[[dict[str, Any], Any], Any]:
+    """A Lambda handler serving the API (``served`` defaults to ``DORMANT_APP`` on ``DORMANT_STORE``)."""
+    logger = Logger()
+    metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "dormant"))
+    resolver = build_resolver(served or served_from_env(), hooks or Hooks(), metrics, logger)
+
+    @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)
+    def handler(event: dict[str, Any], context: Any) -> Any:
+        try:
+            return resolver.resolve(event, context)
+        finally:
+            if metrics.metric_set:
+                metrics.flush_metrics()
+
+    return _traced(handler)
+
+
+def _traced(handler: Callable[[dict[str, Any], Any], Any]) -> Callable[[dict[str, Any], Any], Any]:
+    """Wrap ``handler`` in a Powertools Tracer only on Lambda with tracing on (importing it costs a cold start)."""
+    off = os.environ.get("POWERTOOLS_TRACE_DISABLED", "").lower() in {"1", "true"}
+    if off or "AWS_LAMBDA_FUNCTION_NAME" not in os.environ:
+        return handler
+    from aws_lambda_powertools import Tracer
+
+    traced: Callable[[dict[str, Any], Any], Any] = Tracer().capture_lambda_handler(handler)
+    return traced

@@ -1,0 +1,22 @@
+"""The HTTP API's routes, as data: the CDK stack builds API Gateway from them, the handlers serve them.
+
+Each route is ``(method, path, function)``; ``function`` names the Lambda (``functions/<name>``) that
+serves it, so each function holds only the permissions its routes need.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ROUTES", "Route"]
+
+Route = tuple[str, str, str]
+
+ROUTES: tuple[Route, ...] = (
+    ("POST", "/sessions", "sessions"),
+    ("GET", "/sessions", "sessions"),
+    ("GET", "/sessions/{id}", "sessions"),
+    ("DELETE", "/sessions/{id}", "sessions"),
+    ("GET", "/sessions/{id}/events", "sessions"),
+    ("POST", "/sessions/{id}/runs", "run"),
+    ("POST", "/sessions/{id}/tools", "tools"),
+    ("POST", "/sessions/{id}/commit", "commit"),
+)

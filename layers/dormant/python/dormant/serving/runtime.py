@@ -1,0 +1,94 @@
+"""The handlers' composition root: the app they serve, the store it runs on, and the caller's tenant.
+
+* ``DORMANT_APP=package.module:attr`` names the agent app: an object with ``.app`` (an ``App``) and
+  ``.agent`` (or ``.agents``, a name -> agent mapping), or a factory returning one. A factory is called
+  with ``store=`` the store, so the user's code never picks a store itself.
+* ``DORMANT_STORE`` is a store URL (``dormant.stores.url.store_from_url``).
+* Tenants: ``for_tenant`` gives the app as one tenant sees it: the same tools and agents, under the
+  app name ``{app}@{tenant}``. Every key a store writes starts with the app name (``S#{app}#{id}``,
+  ``X#{app}#...``, the listing's partition), so one tenant's requests cannot name another's sessions,
+  state or listings: isolation by construction, not by a filter.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..agents.agent import Agent
+from ..app import App, Sessions
+from ..errors import ConfigurationError, InputError
+from ..ids import check_id
+from ..stores.base import SessionStore
+from ..stores.url import store_from_url
+
+__all__ = ["Served", "for_tenant", "load_served", "served_from_env"]
+
+DEFAULT_APP = "bookings:build"
+DEFAULT_STORE = "sqlite:///data/dormant.db"
+
+
+@dataclass(frozen=True)
+class Served:
+    """The app the handlers serve and its agents by name."""
+
+    app: App
+    agents: Mapping[str, Agent]
+
+    def agent(self, name: str | None) -> Agent:
+        """The agent called ``name``; without a name, the app's only (or first) agent."""
+        if name is None:
+            return next(iter(self.agents.values()))
+        agent = self.agents.get(name)
+        if agent is None:
+            raise InputError(f"no agent {name!r} (agents: {', '.join(self.agents)})", field="agent")
+        return agent
+
+    def for_tenant(self, tenant: str) -> App:
+        return for_tenant(self.app, tenant)
+
+
+def for_tenant(app: App, tenant: str) -> App:
+    """``app`` as ``tenant`` sees it: its sessions, state and listings live under ``{app.name}@{tenant}``."""
+    check_id(tenant, "tenant")
+    if "@" in tenant:
+        raise InputError(f"a tenant may not contain '@': {tenant!r}", field="tenant")
+    view = copy.copy(app)
+    view.name = check_id(f"{app.name}@{tenant}", "app name")
+    view.sessions = Sessions(view)
+    return view
+
+
+def load_served(spec: str, store: SessionStore) -> Served:
+    """Import ``spec`` (``module:attr``) and bind what it names to ``store``."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigurationError(f"DORMANT_APP is module:attr, not {spec!r}")
+    try:
+        target: Any = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"DORMANT_APP={spec!r} cannot be imported: {exc}") from exc
+    built = target(store=store) if callable(target) else target
+    app = getattr(built, "app", None)
+    if not isinstance(app, App):
+        raise ConfigurationError(f"DORMANT_APP={spec!r} gave {built!r}, which has no .app (an App)")
+    app.store = store
+    agents = getattr(built, "agents", None)
+    if agents is None:
+        agent = getattr(built, "agent", None)
+        agents = {agent.name: agent} if isinstance(agent, Agent) else {}
+    if not agents or not all(isinstance(a, Agent) for a in agents.values()):
+        raise ConfigurationError(f"DORMANT_APP={spec!r} gave no agent (.agent, or .agents by name)")
+    return Served(app, dict(agents))
+
+
+@functools.cache
+def served_from_env() -> Served:
+    """What ``DORMANT_APP`` and ``DORMANT_STORE`` name, built once per process (a Lambda's cold start)."""
+    store = store_from_url(os.environ.get("DORMANT_STORE", DEFAULT_STORE))
+    return load_served(os.environ.get("DORMANT_APP", DEFAULT_APP), store)

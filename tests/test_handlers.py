@@ -1,0 +1,453 @@
+"""The Lambda handlers, driven by the sample events in ``events/``, over the Bookings app on a SQLite file.
+
+Every request goes through the real handler (Powertools resolver, Logger, Metrics) as API Gateway
+would call it; the tenant is the Cognito ``sub`` claim in the event's request context.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambda extra")
+
+from dormant.events import InvocationStartEvent
+from dormant.serving.api import MAX_BODY_BYTES, Hooks, api_handler
+from dormant.serving.runtime import Served, load_served
+from dormant.serving.workflow import (
+    StepFunctions,
+    execution_name,
+    in_process_hooks,
+    sweeper_handler,
+    workflow_handler,
+)
+from dormant.stores.sqlite import sqlite_store
+
+EVENTS = Path(__file__).resolve().parents[1] / "events"
+TENANT_A = "tenant-a"
+TENANT_B = "tenant-b"
+
+
+@dataclass
+class LambdaContext:
+    function_name: str = "dormant-test"
+    memory_limit_in_mb: int = 512
+    invoked_function_arn: str = "arn:aws:lambda:eu-west-1:123456789012:function:dormant-test"
+    aws_request_id: str = "req-test"
+
+
+def load_event(path: str) -> dict[str, Any]:
+    return json.loads((EVENTS / path).read_text())  # type: ignore[no-any-return]
+
+
+class Client:
+    def __init__(self, handler: Callable[[dict[str, Any], Any], Any]) -> None:
+        self.handler = handler
+
+    def call(
+        self,
+        name: str,
+        *,
+        tenant: str | None = TENANT_A,
+        session_id: str | None = None,
+        body: Any = ...,
+        raw_body: str | None = None,
+        query: dict[str, str] | None = None,
+    ) -> tuple[int, Any]:
+        event = copy.deepcopy(load_event(f"api/{name}.json"))
+        if session_id is not None:
+            event["pathParameters"] = {"id": session_id}
+            event["path"] = event["resource"].replace("{id}", session_id)
+        if tenant is None:
+            event["requestContext"].pop("authorizer")
+        else:
+            event["requestContext"]["authorizer"]["claims"]["sub"] = tenant
+        if body is not ...:
+            event["body"] = json.dumps(body)
+        if raw_body is not None:
+            event["body"] = raw_body
+        if query is not None:
+            event["queryStringParameters"] = query
+            event["multiValueQueryStringParameters"] = {k: [v] for k, v in query.items()}
+        response = self.handler(event, LambdaContext())
+        text = response.get("body") or ""
+        return response["statusCode"], json.loads(text) if text else None
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Served]:
+    store = sqlite_store(tmp_path / "dormant.db")
+    yield load_served("bookings:build", store)
+    store.close()
+
+
+@pytest.fixture
+def client(served: Served) -> Client:
+    return Client(api_handler(in_process_hooks(served), served))
+
+
+def create(client: Client, session_id: str = "s-1", tenant: str = TENANT_A) -> dict[str, Any]:
+    status, body = client.call(
+        "create_session", tenant=tenant, body={"session_id": session_id, "scopes": {"user": "alex-doe"}}
+    )
+    assert status == 201, body
+    return body  # type: ignore[no-any-return]
+
+
+# -- every event parses and reaches its route ------------------------------------------------------
+
+
+def test_every_sample_api_event_is_served(client: Client) -> None:
+    # the events name session s-sample; create it first so each route meets a real session
+    assert client.call("create_session")[0] == 201
+    statuses = {}
+    for name in ("get_session", "list_sessions", "session_events", "commit", "run", "tools", "delete_session"):
+        statuses[name] = client.call(name)[0]
+    # tools answers a call id the sample run did not make: a 400 naming the call, like any bad answer
+    assert statuses == {
+        "get_session": 200,
+        "list_sessions": 200,
+        "session_events": 200,
+        "commit": 200,
+        "run": 200,
+        "tools": 400,
+        "delete_session": 204,
+    }
+
+
+# -- sessions --------------------------------------------------------------------------------------
+
+
+def test_create_show_list_page_delete(client: Client) -> None:
+    created = create(client)
+    assert created["id"] == "s-1" and created["version"] == 1 and created["status"] == "idle"
+    assert created["scopes"] == {"user": "alex-doe"}
+
+    status, shown = client.call("get_session", session_id="s-1")
+    assert status == 200
+    assert set(shown) == {"id", "version", "status", "scopes", "state", "yielded_tools", "updated_at"}
+    assert set(shown["state"]) == {"session", "user"}
+
+    status, page = client.call("list_sessions", query={"limit": "10"})
+    assert status == 200 and [s["id"] for s in page["sessions"]] == ["s-1"]
+
+    assert client.call("delete_session", session_id="s-1") == (204, None)
+    assert client.call("get_session", session_id="s-1")[0] == 404
+    assert client.call("delete_session", session_id="s-1")[0] == 404
+
+
+def test_listing_pages_with_a_cursor(client: Client) -> None:
+    for n in range(5):
+        create(client, f"s-{n}")
+    seen: list[str] = []
+    cursor = None
+    for _ in range(5):
+        query = {"limit": "2", **({"cursor": cursor} if cursor else {})}
+        status, page = client.call("list_sessions", query=query)
+        assert status == 200
+        seen += [s["id"] for s in page["sessions"]]
+        cursor = page["cursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == [f"s-{n}" for n in range(5)] and len(seen) == 5
+
+
+def test_a_tenant_sees_only_its_own_sessions(client: Client, served: Served) -> None:
+    create(client, "shared-id", tenant=TENANT_A)
+    assert client.call("get_session", tenant=TENANT_B, session_id="shared-id")[0] == 404
+    assert client.call("session_events", tenant=TENANT_B, session_id="shared-id")[0] == 404
+    assert client.call("run", tenant=TENANT_B, session_id="shared-id")[0] == 404
+    assert client.call("delete_session", tenant=TENANT_B, session_id="shared-id")[0] == 404
+    assert client.call("list_sessions", tenant=TENANT_B)[1]["sessions"] == []
+    # the same id is free for tenant B: its keys are its own
+    create(client, "shared-id", tenant=TENANT_B)
+    assert client.call("get_session", tenant=TENANT_A, session_id="shared-id")[0] == 200
+    # by construction: the store holds them under different app names
+    store = served.app.store
+    assert store.load(f"bookings@{TENANT_A}", "shared-id") is not None
+    assert store.load(f"bookings@{TENANT_B}", "shared-id") is not None
+    assert store.load("bookings", "shared-id") is None
+
+
+def test_no_authenticated_caller_is_a_401(client: Client) -> None:
+    assert client.call("list_sessions", tenant=None)[0] == 401
+
+
+# -- bad input: a 4xx naming the field, nothing written --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "field"),
+    [
+        ("create_session", {"session_id": "s-9", "scopes": "not-a-map"}, "scopes"),
+        ("create_session", {"session_id": "s-9", "colour": "red"}, "colour"),
+        ("create_session", {"session_id": "bad id with spaces"}, "session_id"),
+        ("run", {"message": 42}, "message"),
+        ("tools", {"answers": []}, "answers"),
+        ("commit", {"expected_version": -1, "events": []}, "expected_version"),
+        ("commit", {"expected_version": 1, "events": [{"type": "no-such-event"}]}, "events.0"),
+    ],
+)
+def test_a_bad_body_is_a_400_naming_the_field_and_writes_nothing(
+    client: Client, served: Served, route: str, body: dict[str, Any], field: str
+) -> None:
+    create(client)
+    before = client.call("get_session", session_id="s-1")[1]
+    status, error = client.call(route, session_id="s-1", body=body)
+    assert status == 400, error
+    assert error["field"] == field
+    assert "Traceback" not in json.dumps(error)
+    assert client.call("get_session", session_id="s-1")[1] == before
+    assert [s["id"] for s in client.call("list_sessions")[1]["sessions"]] == ["s-1"]
+
+
+def test_a_body_that_is_not_json_is_a_400(client: Client) -> None:
+    status, error = client.call("create_session", raw_body="{not json")
+    assert status == 400 and error["field"] == "body"
+
+
+def test_an_oversized_body_is_a_413_and_writes_nothing(client: Client) -> None:
+    create(client)
+    status, error = client.call("run", session_id="s-1", body={"message": "x" * MAX_BODY_BYTES})
+    assert status == 413 and error["field"] == "body"
+    assert client.call("get_session", session_id="s-1")[1]["version"] == 1
+
+
+def test_a_bad_query_parameter_is_a_400(client: Client) -> None:
+    assert client.call("list_sessions", query={"limit": "many"})[1]["field"] == "limit"
+    assert client.call("list_sessions", query={"limit": "0"})[0] == 400
+
+
+def test_unknown_sessions_are_404s(client: Client) -> None:
+    for route in ("get_session", "session_events", "run", "tools", "commit", "delete_session"):
+        status, error = client.call(route, session_id="nobody")
+        assert status == 404, (route, error)
+        assert error["error"] == "SessionNotFound"
+
+
+# -- the Bookings arc: run, yield, answer, resume ----------------------------------------------------
+
+
+def test_run_yields_then_answers_resume_it_to_completion(client: Client) -> None:
+    create(client)
+    status, ran = client.call("run", session_id="s-1")
+    assert status == 200, ran
+    assert ran["status"] == "yielded_tool" and ran["commit_status"] == "committed"
+    (call,) = ran["yielded_tools"]
+    assert call["name"] == "request_approval"
+    assert call["answer_schema"]["properties"]["approved"]["type"] == "boolean"
+    version = ran["version"]
+
+    # an answer that fails the yield schema, or answers an unknown call: 400, nothing stored
+    status, error = client.call(
+        "tools", session_id="s-1", body={"answers": [{"call_id": call["call_id"], "input": {"approved": "perhaps"}}]}
+    )
+    assert status == 400 and error["field"] == "tools.input", error
+    status, error = client.call("tools", session_id="s-1", body={"answers": [{"call_id": "c-x", "input": {}}]})
+    assert status == 400 and error["field"] == "tools.call_id", error
+    assert client.call("get_session", session_id="s-1")[1]["version"] == version
+
+    status, answered = client.call(
+        "tools", session_id="s-1", body={"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
+    )
+    assert status == 202, answered
+    assert answered["resumed"] == "completed"
+    shown = client.call("get_session", session_id="s-1")[1]
+    assert shown["status"] == "completed" and shown["yielded_tools"] == []
+    assert shown["state"]["session"]["confirmation"]["patient"] == "Alex Doe"
+
+    status, ledger = client.call("session_events", session_id="s-1", query={"after": "0", "limit": "3"})
+    assert status == 200 and len(ledger["events"]) == 3 and ledger["next"] == 3
+
+
+def test_a_run_on_a_session_held_by_another_run_is_a_409_and_runs_nothing(client: Client, served: Served) -> None:
+    create(client)
+    app = served.for_tenant(TENANT_A)
+    session = app.sessions.require("s-1")
+    session.append(InvocationStartEvent(invocation_id="inv-elsewhere", agent_name="bookings"))
+    app.sessions.commit(session)
+    status, error = client.call("run", session_id="s-1")
+    assert status == 409 and error["error"] == "ClaimLost", error
+    assert client.call("get_session", session_id="s-1")[1]["version"] == session.version
+
+
+# -- commits from remote runners -------------------------------------------------------------------
+
+
+def test_remote_commit_appends_or_answers_409_with_the_actual_version(client: Client) -> None:
+    create(client)
+    body = {"expected_version": 1, "events": [{"type": "user", "text": "hello from elsewhere"}]}
+    status, done = client.call("commit", session_id="s-1", body=body)
+    assert (status, done) == (200, {"version": 2, "appended": 1})
+    status, conflict = client.call("commit", session_id="s-1", body=body)
+    assert status == 409 and conflict["actual_version"] == 2
+    ledger = client.call("session_events", session_id="s-1")[1]["events"]
+    assert [e["text"] for e in ledger if e["type"] == "user"] == ["hello from elsewhere"]
+
+
+# -- the workflow and the sweeper ------------------------------------------------------------------
+
+
+class FakeStepFunctions:
+    """Records the wake-ups a handler asks for, as the boto3 Step Functions client would take them."""
+
+    class exceptions:
+        class ExecutionAlreadyExists(Exception):
+            pass
+
+        ClientError = Exception
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.started: list[dict[str, Any]] = []
+
+    def send_task_success(self, taskToken: str, output: str) -> None:
+        self.sent.append(taskToken)
+
+    def start_execution(self, **kwargs: Any) -> None:
+        if any(s["name"] == kwargs["name"] for s in self.started):
+            raise self.exceptions.ExecutionAlreadyExists(kwargs["name"])
+        self.started.append(kwargs)
+
+
+@pytest.fixture
+def aws(served: Served) -> tuple[Client, FakeStepFunctions, Callable[..., Any]]:
+    fake = FakeStepFunctions()
+    machine = StepFunctions("arn:aws:states:eu-west-1:123456789012:stateMachine:resume", client=fake)
+    client = Client(api_handler(Hooks(on_yield=machine.on_yield, on_answers=machine.on_answers), served))
+    return client, fake, workflow_handler(served, machine)
+
+
+def park(workflow: Callable[..., Any], session_id: str, token: str) -> dict[str, Any]:
+    event = {**load_event("workflow/park.json"), "tenant": TENANT_A, "session_id": session_id, "token": token}
+    return workflow(event, LambdaContext())  # type: ignore[no-any-return]
+
+
+def approve(client: Client, session_id: str, call_id: str) -> tuple[int, Any]:
+    return client.call(
+        "tools", session_id=session_id, body={"answers": [{"call_id": call_id, "input": {"approved": True}}]}
+    )
+
+
+def test_a_yield_starts_one_execution_per_invocation_even_when_retried(aws: Any, served: Served) -> None:
+    client, fake, _ = aws
+    create(client)
+    assert client.call("run", session_id="s-1")[1]["status"] == "yielded_tool"
+    (started,) = fake.started
+    assert json.loads(started["input"]) == {"tenant": TENANT_A, "session_id": "s-1"}
+    session = served.for_tenant(TENANT_A).sessions.require("s-1")
+    invocation = session.projection.open_invocation
+    assert started["name"] == execution_name(TENANT_A, "s-1", invocation)
+    assert len(started["name"]) <= 80 and started["name"].isalnum()
+    # a retried request yields the same invocation again: Step Functions refuses the name, the hook shrugs
+    retried = SimpleNamespace(session_id="s-1", session=session)
+    StepFunctions("arn", client=fake).on_yield(TENANT_A, served.app, retried)  # type: ignore[arg-type]
+    assert len(fake.started) == 1
+    assert execution_name(TENANT_B, "s-1", invocation) != started["name"]
+    assert execution_name(TENANT_A, "s-1", "another-invocation") != started["name"]
+
+
+def test_park_then_answers_wakes_the_execution_once(aws: Any) -> None:
+    client, fake, workflow = aws
+    create(client)
+    call = client.call("run", session_id="s-1")[1]["yielded_tools"][0]
+    assert park(workflow, "s-1", "token-1") == {"woke": False, "status": "awaiting_input"}
+    status, answered = approve(client, "s-1", call["call_id"])
+    assert status == 202 and answered["woke"] is True and answered["status"] == "resumable"
+    assert fake.sent == ["token-1"]
+
+
+def test_answers_that_arrive_before_park_are_not_lost(aws: Any) -> None:
+    client, fake, workflow = aws
+    create(client)
+    call = client.call("run", session_id="s-1")[1]["yielded_tools"][0]
+    status, answered = approve(client, "s-1", call["call_id"])  # no token stored yet
+    assert status == 202 and answered["woke"] is False and fake.sent == []
+    assert park(workflow, "s-1", "token-late") == {"woke": True, "status": "resumable"}
+    assert fake.sent == ["token-late"]
+    resumed = workflow({**load_event("workflow/resume.json"), "tenant": TENANT_A, "session_id": "s-1"}, LambdaContext())
+    assert resumed["status"] == "completed"
+
+
+def test_expire_and_fail_end_the_waiting_invocation_on_the_ledger(client: Client, served: Served) -> None:
+    handler = workflow_handler(served)
+    for session_id, action in (("s-expire", "expire"), ("s-fail", "fail")):
+        create(client, session_id)
+        assert client.call("run", session_id=session_id)[1]["status"] == "yielded_tool"
+        event = {**load_event(f"workflow/{action}.json"), "tenant": TENANT_A, "session_id": session_id}
+        result = handler(event, LambdaContext())
+        assert result["status"] == "error"
+        ledger = client.call("session_events", session_id=session_id, query={"limit": "100"})[1]["events"]
+        end = ledger[-1]
+        assert end["type"] == "invocation_end" and end["status"] == "error"
+        expected = ("SessionExpired", "timed out") if action == "expire" else ("Lambda.Unknown", "resume function")
+        assert end["error_type"] == expected[0] and expected[1] in end["error"]
+
+
+def test_the_sweeper_event_runs_the_sweeper(served: Served) -> None:
+    assert sweeper_handler(served)(load_event("schedule/sweeper.json"), LambdaContext()) == {"repaired": 0}
+
+
+def test_each_function_module_serves_its_sample_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``functions/<name>/app.py`` loaded as Lambda loads it (``make invoke``), on ``DORMANT_STORE``."""
+    import importlib.util
+
+    from dormant.serving.runtime import served_from_env
+
+    spec = importlib.util.spec_from_file_location("invoke", EVENTS.parent / "functions" / "invoke.py")
+    assert spec is not None and spec.loader is not None
+    invoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(invoke)
+    monkeypatch.setenv("DORMANT_STORE", f"sqlite:///{tmp_path / 'invoke.db'}")
+    monkeypatch.setenv("DORMANT_APP", "bookings:build")
+    monkeypatch.delenv("DORMANT_STATE_MACHINE", raising=False)
+    served_from_env.cache_clear()
+    try:
+        statuses = []
+        for function, event in [
+            ("sessions", "api/create_session.json"),
+            ("run", "api/run.json"),
+            ("commit", "api/commit.json"),
+            ("tools", "api/tools.json"),
+            ("sessions", "api/delete_session.json"),
+        ]:
+            assert invoke.main([function, str(EVENTS / event)]) == 0
+            statuses.append(last_json(capsys.readouterr().out)["statusCode"])
+        # the run moved the session past the commit sample's expected version: 409; tools names no real call: 400
+        assert statuses == [201, 200, 409, 400, 204]
+        assert invoke.main(["sweeper", str(EVENTS / "schedule/sweeper.json")]) == 0
+        assert last_json(capsys.readouterr().out) == {"repaired": 0}
+    finally:
+        served_from_env.cache_clear()
+
+
+def last_json(out: str) -> Any:
+    """The last JSON document printed (the handler's log and metric lines come before it)."""
+    decoder, position, last = json.JSONDecoder(), 0, None
+    while position < len(out):
+        if out[position] in "{[":
+            last, position = decoder.raw_decode(out, position)
+        else:
+            position += 1
+    return last
+
+
+def test_a_dormant_app_that_is_not_an_app_is_a_configuration_error(tmp_path: Path) -> None:
+    from dormant.errors import ConfigurationError
+
+    store = sqlite_store(tmp_path / "x.db")
+    try:
+        for spec in ("bookings", "no_such_module:app", "bookings:SERVICES", "bookings.app:INSTRUCTIONS"):
+            with pytest.raises(ConfigurationError):
+                load_served(spec, store)
+    finally:
+        store.close()
