@@ -297,6 +297,54 @@ def test_a_sweeper_rolling_back_a_slow_writer_keeps_its_late_writes_invisible(wo
     _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("other", 2))
 
 
+def test_a_rolled_back_writer_dying_after_its_late_writes_leaves_them_invisible(world: World) -> None:
+    _seeded(world)
+    arrived, resume = threading.Event(), threading.Event()
+    world.faults.pause("BatchWriteItem", 2, arrived, resume)  # after 25 of 60 items
+    world.faults.die("UpdateItem", 2)  # and it dies at its finish, so it never cleans up after itself
+    died: list[BaseException] = []
+
+    def slow() -> None:
+        try:
+            world.writer.commit(world.meta(), _events("slow", 60), 1)
+        except Died as exc:
+            died.append(exc)
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    assert arrived.wait(timeout=30)
+    world.clock.advance(1)
+    assert [r.action for r in world.store().repair_pending(older_than_s=0)] == ["rolled_back"]
+    assert world.store().commit(world.meta(), _events("other", 2), 1).ok  # version 2, another grant
+    resume.set()
+    thread.join(timeout=30)
+    assert not thread.is_alive() and died
+    assert world.raw_event_items() == 10 + 2 + 35  # the dead grant's late items are there...
+    assert world.ids() == _events_ids("base", 10) + _events_ids("other", 2)  # ...and never shown
+    _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("other", 2))
+
+
+def test_a_rolled_back_commit_never_lands_its_scoped_changes(world: World) -> None:
+    _seeded(world)
+    arrived, resume = threading.Event(), threading.Event()
+    world.faults.pause("BatchWriteItem", 2, arrived, resume)
+    results: dict[str, Any] = {}
+    changes = [ScopedStateChange("user", "u-9", "plan", "pro")]
+    slow = threading.Thread(
+        target=lambda: results.update(r=world.writer.commit(world.meta(), _events("slow", 60), 1, changes))
+    )
+    slow.start()
+    assert arrived.wait(timeout=30)
+    world.clock.advance(1)
+    assert [r.action for r in world.store().repair_pending(older_than_s=0)] == ["rolled_back"]
+    resume.set()  # it writes the rest of its events, then its finish finds the marker gone
+    slow.join(timeout=30)
+    assert not slow.is_alive()
+    assert (results["r"].ok, results["r"].version) == (False, 1)
+    assert world.reader.load_scoped_state(world.app, "user", "u-9") == {}
+    assert world.ids() == _events_ids("base", 10)
+
+
 def test_a_sweeper_rolling_forward_a_slow_writer_lets_the_writer_succeed(world: World) -> None:
     _seeded(world)
     arrived, resume = threading.Event(), threading.Event()

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("boto3")
 
-from dynamodb_faults import Faults
+from dynamodb_faults import Died, Faults
 
 from dormant.clock import frozen_clock
 from dormant.errors import ConfigurationError, EventTooLarge, InputError, StoreClosed, StoreError, StoreUnavailable
@@ -256,22 +256,33 @@ def test_a_delete_racing_a_commit_never_shows_the_old_incarnation(
     arrived, resume = threading.Event(), threading.Event()
     slow_client = local_client(ddb.meta.endpoint_url)
     try:
-        Faults(slow_client).pause("BatchWriteItem", 1, arrived, resume)
+        faults = Faults(slow_client)
+        faults.pause("BatchWriteItem", 1, arrived, resume)
+        faults.die("UpdateItem", 2)  # it dies at its finish: its items stay behind
         slow = dynamo_store(dynamodb_table, client=slow_client)
-        results: dict[str, Any] = {}
-        writer = threading.Thread(target=lambda: results.update(r=slow.commit(_meta(app), [_event(2)], 1)))
+        died: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                slow.commit(_meta(app), [_event("old-2")], 1)
+            except Died as exc:
+                died.append(exc)
+
+        writer = threading.Thread(target=write)
         writer.start()
         assert arrived.wait(timeout=30)
         store.delete(app, "s-1")
         assert store.commit(_meta(app), [_event(9)], 0).ok  # a new session under the same id
         resume.set()
         writer.join(timeout=30)
-        assert not writer.is_alive()
+        assert not writer.is_alive() and died
     finally:
         slow_client.close()
-    assert (results["r"].ok, results["r"].version) == (False, 1)
+    assert store.commit(_meta(app), [_event(10)], 1).ok  # version 2, like the straggler's items
     loaded = store.load(app, "s-1")
-    assert loaded is not None and [e.id for e in loaded.events] == ["evt-9"]
+    assert loaded is not None and [e.id for e in loaded.events] == ["evt-9", "evt-10"]
+    raw = _raw_items(ddb, dynamodb_table, session_pk(app, "s-1"))
+    assert any(i.get("eid", {}).get("S") == "evt-old-2" for i in raw)  # there, and not shown
 
 
 # -- construction, imports, the table --------------------------------------------------------------------
