@@ -15,6 +15,7 @@ As a script::
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -152,7 +153,7 @@ def dynamodb_local(startup_timeout: float = 60.0) -> Iterator[str]:
                     cwd=workdir,  # it writes a metadata file into its working directory
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    start_new_session=True,
+                    preexec_fn=_die_with_parent,  # noqa: PLW1509 (no threads yet at this point of a test run)
                 )
             endpoint = f"http://127.0.0.1:{port}"
             if _answers(endpoint, proc, startup_timeout):
@@ -166,6 +167,14 @@ def dynamodb_local(startup_timeout: float = 60.0) -> Iterator[str]:
         if proc is not None:
             _stop(proc)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _die_with_parent() -> None:
+    """In the child: a session of its own, and SIGTERM when the process that started it dies (Linux), so a
+    test run killed by a timeout leaves no Java server behind."""
+    os.setsid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
