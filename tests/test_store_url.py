@@ -32,3 +32,44 @@ def test_sqlite_file_is_created_where_the_url_says(tmp_path: Path) -> None:
 def test_a_bad_url_is_a_configuration_error(url: str) -> None:
     with pytest.raises(ConfigurationError):
         store_from_url(url)
+
+
+def test_dynamodb_names_the_table_region_endpoint_and_shards() -> None:
+    pytest.importorskip("boto3")
+    from dormant.stores.dynamodb import DynamoDBSessionStore
+
+    store = store_from_url("dynamodb://sessions-table?region=eu-west-2&endpoint=http://127.0.0.1:1&shards=8")
+    try:
+        assert isinstance(store, DynamoDBSessionStore)
+        assert (store._table, store._listing_shards) == ("sessions-table", 8)
+        assert store._client.meta.region_name == "eu-west-2"
+        assert store._client.meta.endpoint_url == "http://127.0.0.1:1"
+    finally:
+        store.close()
+    default = store_from_url("dynamodb://sessions-table?region=eu-west-2")
+    assert isinstance(default, DynamoDBSessionStore) and default._listing_shards == 4
+    default.close()
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_dynamodb_url_reaches_the_table(
+    dynamodb_endpoint: str, dynamodb_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "dormantlocal")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "dormantlocal")
+    store = store_from_url(f"dynamodb://{dynamodb_table}?region=us-east-1&endpoint={dynamodb_endpoint}")
+    try:
+        assert store.commit(StoredSession(id="s", app_name="url-app"), [], 0).ok
+        assert [s.id for s in store.list("url-app")] == ["s"]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["dynamodb://", "dynamodb://t?color=red", "dynamodb://t?shards=x", "dynamodb://t/path", "dynamodb://t?region"],
+)
+def test_a_bad_dynamodb_url_is_a_configuration_error(url: str) -> None:
+    pytest.importorskip("boto3")
+    with pytest.raises(ConfigurationError):
+        store_from_url(url)

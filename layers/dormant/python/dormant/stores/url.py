@@ -2,14 +2,16 @@
 
 * ``memory:`` — in this process's memory;
 * ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``, ``sqlite:///:memory:``;
-* ``postgresql://user:pass@host/db`` (or ``postgres://``) — the Postgres store (``dormant[postgres]``).
+* ``postgresql://user:pass@host/db`` (or ``postgres://``) — the Postgres store (``dormant[postgres]``);
+* ``dynamodb://table?region=eu-west-2&endpoint=http://127.0.0.1:8000&shards=4`` — the DynamoDB store
+  (``dormant[dynamodb]``) on that table; every parameter is optional (``shards``: listing shards).
 
 Each store module is imported only when its scheme is asked for, so naming SQLite never loads a driver.
 """
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from ..errors import ConfigurationError
 from .base import SessionStore
@@ -37,4 +39,32 @@ def store_from_url(url: str) -> SessionStore:
         from .postgres import postgres_store
 
         return postgres_store(url)
-    raise ConfigurationError(f"unknown store URL scheme {scheme!r} in {url!r}: use memory:, sqlite:///, postgresql://")
+    if scheme == "dynamodb":
+        return _dynamodb(url)
+    raise ConfigurationError(
+        f"unknown store URL scheme {scheme!r} in {url!r}: use memory:, sqlite:///, postgresql://, dynamodb://"
+    )
+
+
+def _dynamodb(url: str) -> SessionStore:
+    parts = urlsplit(url)
+    try:
+        params = {key: value for key, [value] in parse_qs(parts.query, strict_parsing=bool(parts.query)).items()}
+    except ValueError:
+        raise ConfigurationError(f"a DynamoDB store URL takes each parameter once, as key=value: {url!r}") from None
+    unknown = set(params) - {"region", "endpoint", "shards"}
+    if not parts.netloc or parts.path not in {"", "/"} or unknown:
+        raise ConfigurationError(
+            f"a DynamoDB store URL is dynamodb://table?region=...&endpoint=...&shards=N, not {url!r}"
+        )
+    shards = params.get("shards", "")
+    if shards and not shards.isdigit():
+        raise ConfigurationError(f"shards in a DynamoDB store URL is a number, not {shards!r}")
+    from .dynamodb import dynamo_store
+
+    return dynamo_store(
+        parts.netloc,
+        endpoint_url=params.get("endpoint"),
+        region=params.get("region"),
+        **({"listing_shards": int(shards)} if shards else {}),
+    )
