@@ -18,6 +18,7 @@ from .events import Event, parse_event
 from .ids import check_id
 from .models.base import ModelAdapter, ModelSpec, default_adapter
 from .session import Session
+from .state.migrations import MigrationStep
 from .state.schema import Schema
 from .state.values import check_storable
 from .stores.base import CommitResult, SessionListing, SessionStore
@@ -34,9 +35,14 @@ def adk(
     schema: Mapping[str, type[BaseModel]] | None = None,
     adapters: Mapping[str, ModelAdapter] | None = None,
     store: SessionStore | None = None,
+    migrations: Mapping[str, Sequence[MigrationStep]] | None = None,
 ) -> App:
-    """Build an app. ``schema`` maps scope names to pydantic models; ``store`` defaults to in-memory."""
-    return App(name=name, schema=schema, adapters=adapters, store=store)
+    """Build an app. ``schema`` maps scope names to pydantic models; ``store`` defaults to in-memory.
+
+    ``migrations`` lists, per scope, the steps its model went through, oldest first
+    (``RenameKey``, ``ConvertKey``, ``SplitKey``): state written under an older model is read in the new shape.
+    """
+    return App(name=name, schema=schema, adapters=adapters, store=store, migrations=migrations)
 
 
 class App:
@@ -47,9 +53,10 @@ class App:
         schema: Mapping[str, type[BaseModel]] | None = None,
         adapters: Mapping[str, ModelAdapter] | None = None,
         store: SessionStore | None = None,
+        migrations: Mapping[str, Sequence[MigrationStep]] | None = None,
     ) -> None:
         self.name = check_id(name, "app name")
-        self.schema = Schema(schema)
+        self.schema = Schema(schema, migrations)
         for provider, adapter in (adapters or {}).items():
             if not callable(getattr(adapter, "complete", None)):
                 raise ConfigurationError(f"adapters[{provider!r}] has no complete(request) method: {adapter!r}")

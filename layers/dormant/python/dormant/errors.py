@@ -4,7 +4,8 @@ The tree (with the HTTP status a handler maps each class to; ``http_status(exc)`
 
     DormantError                                  500
     ├── ConfigurationError                        500  dormant was set up wrongly (adk(), stores, agents, tools)
-    │   └── SchemaError                           500  a schema that is not scope -> pydantic model class
+    │   ├── SchemaError                           500  a schema that is not scope -> pydantic model class
+    │   └── StateMigrationError                   500  stored state no migration brings to the model (``key``)
     ├── InputError                                400  bad input from a caller; carries ``field``
     │   ├── InvalidSessionId                      400
     │   ├── ValueNotStorable                      422  NaN/Infinity, a lone surrogate or NUL (``field``)
@@ -90,6 +91,7 @@ __all__ = [
     "ScriptExhausted",
     "SessionNotFound",
     "StateError",
+    "StateMigrationError",
     "StateValidationError",
     "StoreBusy",
     "StoreClosed",
@@ -123,6 +125,23 @@ class SchemaError(ConfigurationError):
     def __init__(self, message: str, *, scope: str | None = None) -> None:
         super().__init__(message)
         self.scope = scope
+
+
+class StateMigrationError(ConfigurationError):
+    """Stored state that the app's migrations cannot bring to its current scope model.
+
+    Raised when the session (or shared scope) is loaded, before anything runs: add or fix a migration.
+    ``version`` is the schema version the value was written under, ``current`` the app's.
+    """
+
+    def __init__(self, scope: str, key: str, version: int, current: int, reason: str) -> None:
+        super().__init__(
+            f"{scope}.{key}, written under schema version {version}, cannot be read by version {current}: {reason}"
+        )
+        self.scope = scope
+        self.key = key
+        self.version = version
+        self.current = current
 
 
 class InputError(DormantError):
@@ -464,6 +483,7 @@ HTTP_STATUS: dict[type[DormantError], int] = {
     DormantError: 500,
     ConfigurationError: 500,
     SchemaError: 500,
+    StateMigrationError: 500,
     InputError: 400,
     InvalidSessionId: 400,
     ValueNotStorable: 422,

@@ -111,6 +111,8 @@ class StateChangeEvent(EventBase):
 
     ``scope_id`` is the id a shared scope is bound to (``None`` for ``session``, or for a
     shared scope that was seeded while unbound). ``new_value`` ``None`` means the key was deleted.
+    ``schema_version`` is the scope's schema version the values were written under (0: before any
+    migration, and every event written before versions existed); reads upcast older ones.
     """
 
     type: Literal["state_change"] = "state_change"
@@ -118,6 +120,7 @@ class StateChangeEvent(EventBase):
     scope_id: str | None = None
     source: StateSource
     changes: list[StateChange]
+    schema_version: int = 0
 
 
 class InvocationStartEvent(EventBase):

@@ -7,6 +7,7 @@ travel, and can later be saved as a snapshot and resumed from one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias
 
@@ -98,9 +99,12 @@ class Projection:
         "scoped_states",
         "session_state",
         "status",
+        "upcast",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, upcast: Callable[[StateChangeEvent], StateChangeEvent] | None = None) -> None:
+        # State written under an older scope model is folded in the current shape (``Schema.upcast``).
+        self.upcast = upcast
         self.count = 0
         self.session_state: dict[str, Any] = {}
         self.scoped_states: dict[str, dict[str, Any]] = {}
@@ -119,6 +123,8 @@ class Projection:
         index = self.count
         self.count += 1
         if isinstance(event, StateChangeEvent):
+            if self.upcast is not None:
+                event = self.upcast(event)
             target = self.session_state if event.scope == "session" else self.scoped_states.setdefault(event.scope, {})
             for change in event.changes:
                 if change.new_value is None:

@@ -116,7 +116,7 @@ class Session:
         self.fork_reason = fork_reason
         self._events: list[Event] = []
         self._index: dict[str, int] = {}
-        self._projection = Projection()
+        self._projection = Projection(runtime.schema.upcast)
         # Shared-scope writes not yet committed, kept as they are appended: (scope, scope id) -> key -> value.
         self._writes: dict[tuple[str, str], dict[str, Any]] = {}
         for event in events:
@@ -225,7 +225,7 @@ class Session:
     def state_at(self, index: int) -> StateSnapshot:
         """The session as it stood after event ``index`` (inclusive), replayed from the ledger."""
         position = self._position(index)
-        projection = Projection()
+        projection = Projection(self._runtime.schema.upcast)
         for event in self._events[: position + 1]:
             projection.apply(event)
         return projection.snapshot()
@@ -273,8 +273,9 @@ class Session:
 
     def scoped_changes(self) -> list[ScopedStateChange]:
         """The shared-scope writes of the uncommitted events, one per key (the last write wins)."""
+        schema = self._runtime.schema
         return [
-            ScopedStateChange(scope, scope_id, key, value)
+            ScopedStateChange(scope, scope_id, key, schema[scope].stored_form(value) if scope in schema else value)
             for (scope, scope_id), writes in self._writes.items()
             for key, value in writes.items()
         ]
@@ -343,7 +344,8 @@ class _Host:
 
     def load_scope(self, scope: str, scope_id: str) -> dict[str, Any]:
         session = self.session
-        return session._runtime.store.load_scoped_state(session.app_name, scope, scope_id)
+        stored = session._runtime.store.load_scoped_state(session.app_name, scope, scope_id)
+        return self.scope_schema(scope).from_store(stored)
 
     def uncommitted_writes(self, scope: str, scope_id: str) -> Mapping[str, Any]:
         return self.session._writes.get((scope, scope_id)) or {}

@@ -211,6 +211,7 @@ class Access:
             scope_id=scope_id,
             source=source,
             changes=[StateChange(key=key, old_value=json_copy(old), new_value=json_copy(new))],
+            schema_version=self.host.scope_schema(scope).version,
             invocation_id=invocation.id if invocation else None,
             agent_name=invocation.agent_name if invocation else None,
         )

@@ -14,7 +14,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, JsonValue, TypeAdapter, ValidationError
 
-from ..errors import SchemaError, StateValidationError
+from ..errors import SchemaError, StateMigrationError, StateValidationError
+from ..events import StateChange, StateChangeEvent
+from .migrations import ConvertKey, MigrationStep, RenameKey, SplitKey, apply_step
 from .values import json_copy
 
 __all__ = ["APP_SCOPE_ID", "SCOPES", "SHARED_SCOPES", "Schema", "ScopeSchema"]
@@ -29,6 +31,11 @@ RESERVED_KEYS = frozenset({"update", "get", "keys", "to_dict"}) | frozenset(SCOP
 
 _JSON: TypeAdapter[Any] = TypeAdapter(JsonValue)
 
+# A shared-scope value stored by a scope at schema version > 0 is wrapped so its version travels with it
+# (other sessions, and other releases, write the same keys): {VERSION: n, VALUE: value}.
+_STORED_VERSION = "__schema_version__"
+_STORED_VALUE = "__value__"
+
 
 @dataclass
 class ScopeSchema:
@@ -36,6 +43,8 @@ class ScopeSchema:
 
     name: str
     model: type[BaseModel] | None
+    steps: tuple[MigrationStep, ...] = ()
+    """The migrations the scope's model went through, oldest first: its version is their number."""
     _readers: dict[str, TypeAdapter[Any]] = field(default_factory=dict, repr=False)
     # Looked up on every state read: computed once (pydantic's ``model_fields`` is not a plain attribute).
     open: bool = field(init=False)
@@ -47,8 +56,65 @@ class ScopeSchema:
         self.open = self.model is None or self.model.model_config.get("extra") == "allow"
         self.fields = frozenset(self.model.model_fields) if self.model is not None else frozenset()
 
+    @property
+    def version(self) -> int:
+        return len(self.steps)
+
     def declares(self, key: str) -> bool:
         return key in self.fields
+
+    def upcast(self, key: str, value: Any, version: int) -> dict[str, Any]:
+        """``{key: JSON value}`` in the current model's shape for ``key`` = ``value`` written at ``version``.
+
+        A value at the current version (or a newer one, from a later release) is returned as it is. A
+        value the steps cannot bring to the current model raises ``StateMigrationError``.
+        """
+        if version >= self.version:
+            return {key: value}
+        values = {key: value}
+        try:
+            for step in self.steps[max(version, 0) :]:
+                values = {k: v for old, item in values.items() for k, v in apply_step(step, old, item).items()}
+        except Exception as exc:
+            raise StateMigrationError(self.name, key, version, self.version, f"its migration failed: {exc}") from exc
+        return {k: None if v is None else self._current_json(k, v, key, version) for k, v in values.items()}
+
+    def _current_json(self, key: str, value: Any, source: str, version: int) -> Any:
+        if self.model is None or (self.open and not self.declares(key)):
+            try:
+                return self._plain_json(key, value)
+            except StateValidationError as exc:
+                raise StateMigrationError(self.name, source, version, self.version, str(exc)) from exc
+        reader = self._reader(key)
+        if reader is None:
+            raise StateMigrationError(
+                self.name, source, version, self.version, f"it becomes key {key!r}, which the model does not declare"
+            )
+        try:
+            return reader.dump_python(reader.validate_python(value), mode="json")
+        except ValidationError as exc:
+            raise StateMigrationError(
+                self.name, source, version, self.version, f"{key!r} is refused: {exc.errors()[0]['msg']}"
+            ) from exc
+
+    def stored_form(self, value: Any) -> Any:
+        """What a shared-scope value is stored as: tagged with the version once the scope has migrations."""
+        if value is None or not self.steps:
+            return value
+        return {_STORED_VERSION: self.version, _STORED_VALUE: value}
+
+    def from_store(self, stored: Mapping[str, Any]) -> dict[str, Any]:
+        """A shared scope as stored, upcast to the current model (a newer key wins over an older one)."""
+        tagged = []
+        for key, item in stored.items():
+            if isinstance(item, dict) and item.keys() == {_STORED_VERSION, _STORED_VALUE}:
+                tagged.append((item[_STORED_VERSION], key, item[_STORED_VALUE]))
+            else:
+                tagged.append((0, key, item))
+        values: dict[str, Any] = {}
+        for version, key, item in sorted(tagged, key=lambda entry: entry[0]):
+            values.update(self.upcast(key, item, version))
+        return {key: value for key, value in values.items() if value is not None}
 
     def validate(self, current: Mapping[str, Any], key: str, value: Any) -> Any:
         """Validate ``value`` for ``key`` given the scope's current JSON values; return its JSON form."""
@@ -152,7 +218,7 @@ class ScopeSchema:
 class Schema:
     """Scope name -> ``ScopeSchema``; checked once, at ``adk()``."""
 
-    def __init__(self, models: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, models: Mapping[str, Any] | None = None, migrations: Mapping[str, Any] | None = None) -> None:
         models = dict(models or {})
         for scope, model in models.items():
             if scope not in SCOPES:
@@ -167,12 +233,59 @@ class Schema:
                     f"session state cannot have a key named {clash[0]!r}: the state view uses that name",
                     scope="session",
                 )
-        self.scopes: dict[str, ScopeSchema] = {name: ScopeSchema(name, model) for name, model in models.items()}
+        steps = _check_migrations(migrations, models)
+        self.scopes: dict[str, ScopeSchema] = {
+            name: ScopeSchema(name, model, steps.get(name, ())) for name, model in models.items()
+        }
         if "session" not in self.scopes:
-            self.scopes["session"] = ScopeSchema("session", None)
+            self.scopes["session"] = ScopeSchema("session", None, steps.get("session", ()))
+
+    @property
+    def versions(self) -> dict[str, int]:
+        """Scope -> schema version, for the scopes with migrations (what a derived snapshot must match)."""
+        return {name: scope.version for name, scope in self.scopes.items() if scope.version}
+
+    def upcast(self, event: StateChangeEvent) -> StateChangeEvent:
+        """``event`` as the current model reads it: itself when current, else a migrated copy to fold.
+
+        The copy's ``old_value``s are ``None``: it is only folded into derived state, the ledger keeps the original.
+        """
+        scope = self.scopes.get(event.scope)
+        if scope is None or event.schema_version >= scope.version:
+            return event
+        changes = [
+            StateChange(key=key, new_value=value)
+            for change in event.changes
+            for key, value in scope.upcast(change.key, change.new_value, event.schema_version).items()
+        ]
+        return event.model_copy(update={"changes": changes, "schema_version": scope.version})
 
     def __contains__(self, scope: object) -> bool:
         return scope in self.scopes
 
     def __getitem__(self, scope: str) -> ScopeSchema:
         return self.scopes[scope]
+
+
+def _check_migrations(
+    migrations: Mapping[str, Any] | None, models: Mapping[str, Any]
+) -> dict[str, tuple[MigrationStep, ...]]:
+    if migrations is None:
+        return {}
+    if not isinstance(migrations, Mapping):
+        raise SchemaError(f"migrations is a dict of scope -> list of steps, not {migrations!r}")
+    checked: dict[str, tuple[MigrationStep, ...]] = {}
+    for scope, steps in migrations.items():
+        if scope not in SCOPES or scope == "temp":
+            raise SchemaError(f"migrations for unknown scope {scope!r}", scope=str(scope))
+        if scope not in models and scope != "session":
+            raise SchemaError(f"migrations for scope {scope!r}, which the schema does not declare", scope=scope)
+        if isinstance(steps, str | bytes) or not isinstance(steps, list | tuple):
+            raise SchemaError(f"migrations[{scope!r}] is a list of steps, oldest first", scope=scope)
+        for step in steps:
+            if not isinstance(step, RenameKey | ConvertKey | SplitKey):
+                raise SchemaError(
+                    f"migrations[{scope!r}] holds {step!r}: a step is RenameKey, ConvertKey or SplitKey", scope=scope
+                )
+        checked[scope] = tuple(steps)
+    return checked
