@@ -8,7 +8,7 @@ turns the JSON back into the field's type (a nested model comes back as that mod
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -74,10 +74,22 @@ class ScopeSchema:
         values = {key: value}
         try:
             for step in self.steps[max(version, 0) :]:
-                values = {k: v for old, item in values.items() for k, v in apply_step(step, old, item).items()}
+                values = {k: v for old, item in values.items() for k, v in self._step(step, old, item, key, version)}
+        except StateMigrationError:
+            raise
         except Exception as exc:
             raise StateMigrationError(self.name, key, version, self.version, f"its migration failed: {exc}") from exc
         return {k: None if v is None else self._current_json(k, v, key, version) for k, v in values.items()}
+
+    def _step(self, step: MigrationStep, key: str, value: Any, source: str, version: int) -> Iterable[tuple[str, Any]]:
+        values = apply_step(step, key, value)
+        if isinstance(step, SplitKey) and key == step.key:
+            stray = sorted(set(values) - set(step.into))
+            if stray:
+                raise StateMigrationError(
+                    self.name, source, version, self.version, f"its split returned {stray[0]!r}, not one of {step.into}"
+                )
+        return values.items()
 
     def _current_json(self, key: str, value: Any, source: str, version: int) -> Any:
         if self.model is None or (self.open and not self.declares(key)):
