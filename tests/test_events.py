@@ -146,3 +146,13 @@ def test_any_json_payload_round_trips(key: str, old: Any, new: Any, text: str) -
     ):
         assert parse_event_json(event.model_dump_json()) == event
         assert parse_event(json.loads(json.dumps(event.model_dump(mode="json")))) == event
+
+
+def test_events_carry_their_format_version_and_one_stored_without_it_is_format_1() -> None:
+    from dormant.events import FORMAT_VERSION
+
+    data = UserEvent(text="hi").model_dump(mode="json")
+    assert data["v"] == FORMAT_VERSION == 1
+    del data["v"]
+    assert parse_event(data).v == 1
+    assert parse_event(data | {"v": 2}).v == 2  # a newer format is kept as written, not refused

@@ -3,6 +3,11 @@
 Events are frozen and JSON round-trip losslessly (``Event -> model_dump(mode="json") -> parse_event``
 gives an equal event). A field this version does not know, written by a newer one, is kept rather than
 refused, so an older process can load, fork and re-save a newer session without losing anything.
+
+Every event carries ``v``, the version of the event format it was written in (``FORMAT_VERSION``; an
+event stored without one is format 1). A release that changes the format raises ``FORMAT_VERSION`` and
+upgrades older events where they are parsed; the stored fixtures of every release (tests/fixtures)
+prove they still load.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from .errors import EventValidationError
 from .ids import new_id
 
 __all__ = [
+    "FORMAT_VERSION",
     "AssistantEvent",
     "Event",
     "EventBase",
@@ -49,7 +55,13 @@ class _Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
 
 
+FORMAT_VERSION = 1
+"""The event format this release writes."""
+
+
 class EventBase(_Record):
+    v: int = FORMAT_VERSION
+    """The event format version the event was written in."""
     id: str = Field(default_factory=new_id)
     created_at: int = Field(default_factory=now_ms, description="milliseconds since the epoch")
     invocation_id: str | None = None

@@ -1,0 +1,141 @@
+"""Sessions stored by earlier releases load, resume and commit under this one, in every store.
+
+Each ``tests/fixtures/release-*`` directory holds what that release stored, in each store's own format
+(written by its ``generate.py``): a SQLite file, the Postgres rows as INSERT statements, the raw
+DynamoDB items. Each is loaded into a real store of its kind, untouched, and must keep working.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from release_fixtures import APP, DONE, FIXTURES, USER, WAITING, fixture_app
+
+from dormant.events import StateChangeEvent, ToolResultEvent
+from dormant.stores.sqlite import sqlite_store
+
+RELEASES = sorted(path.name for path in FIXTURES.iterdir() if (path / "generate.py").exists())
+
+
+def check_resumes(store: Any) -> None:
+    """The fixture sessions load as stored, the waiting one resumes and commits on top of what is there."""
+    app, scripted, agent = fixture_app(store)
+    assert {WAITING, DONE} <= {listing.id for listing in app.sessions.list()}
+
+    done = app.sessions.require(DONE)
+    assert done.status == "completed" and done.state.approved is True and done.output.text == "Booked."
+
+    waiting = app.sessions.require(WAITING)
+    before = list(waiting.events)
+    assert any(isinstance(e, StateChangeEvent) for e in before)
+    assert {e.v for e in before} == {1}  # release 0.1 wrote event format 1
+    assert waiting.status == "awaiting_input" and [y.call_id for y in waiting.yielded_tools] == ["call-1"]
+    assert waiting.state.reason == "check-up" and waiting.state.user.display_name == "Ada"
+    assert store.load_scoped_state(APP, "user", USER)["visits"] == 1  # the completed session's booking
+
+    waiting.input.tool("call-1", {"approved": True})
+    scripted.set_responses([{"text": "Booked."}])
+    run = app.run(agent, session=waiting)
+    assert run.status == "completed"
+    app.sessions.commit(run.session)
+
+    again = app.sessions.require(WAITING)
+    assert list(again.events)[: len(before)] == before  # what the old release stored is untouched
+    assert again.status == "completed" and again.state.approved is True
+    assert [e.result for e in again.events if isinstance(e, ToolResultEvent)] == ["booked"]
+    assert store.load_scoped_state(APP, "user", USER)["visits"] == 2
+
+
+def test_there_is_a_fixture_for_every_release_so_far() -> None:
+    assert "release-0.1" in RELEASES
+    for release in RELEASES:
+        assert {"sessions.sqlite", "postgres.sql", "dynamodb.json"} <= {p.name for p in (FIXTURES / release).iterdir()}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_stored_sqlite_file_loads_resumes_and_commits(release: str, tmp_path: Path) -> None:
+    path = tmp_path / "sessions.sqlite"
+    shutil.copyfile(FIXTURES / release / "sessions.sqlite", path)  # the fixture itself is never written
+    store = sqlite_store(path, create=False)
+    try:
+        check_resumes(store)
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def postgres_schema(postgres_url: str) -> Iterator[str]:
+    """A URL on a new, empty schema, dropped afterwards."""
+    psycopg = pytest.importorskip("psycopg")
+    from psycopg.conninfo import make_conninfo
+
+    schema = f"fixture_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield make_conninfo(postgres_url, options=f"-c search_path={schema}")
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.mark.backend("postgres")
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_postgres_dump_restores_resumes_and_commits(release: str, postgres_schema: str) -> None:
+    import psycopg
+
+    from dormant.stores.postgres import postgres_store
+
+    store = postgres_store(postgres_schema)
+    try:
+        store.list(APP)  # the store makes its tables on first use; the dump holds only rows
+        statements = (FIXTURES / release / "postgres.sql").read_text().splitlines()
+        with psycopg.connect(postgres_schema, autocommit=True) as conn:
+            for statement in statements:
+                conn.execute(statement.encode())
+        check_resumes(store)
+    finally:
+        store.close()
+
+
+def _binary(value: Any) -> Any:
+    """DynamoDB JSON as the AWS CLI prints it (base64 binaries) back to what boto3 sends."""
+    if isinstance(value, dict):
+        return {
+            k: base64.b64decode(v) if k == "B" else [base64.b64decode(b) for b in v] if k == "BS" else _binary(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_binary(v) for v in value]
+    return value
+
+
+@pytest.mark.backend("dynamodb")
+@pytest.mark.parametrize("release", RELEASES)
+def test_dynamodb_items_restore_resume_and_commit(release: str, dynamodb_endpoint: str) -> None:
+    from dormant.stores.dynamodb import create_table, dynamo_store
+    from tests.servers.dynamodb import client
+
+    items = [_binary(item) for item in json.loads((FIXTURES / release / "dynamodb.json").read_text())]
+    assert items
+    table = f"fixture-{uuid.uuid4().hex[:8]}"
+    ddb = client(dynamodb_endpoint)
+    try:
+        create_table(table, client=ddb)
+        for start in range(0, len(items), 25):
+            batch = [{"PutRequest": {"Item": item}} for item in items[start : start + 25]]
+            left = ddb.batch_write_item(RequestItems={table: batch}).get("UnprocessedItems")
+            assert not left
+        store = dynamo_store(table, client=ddb)
+        check_resumes(store)
+        store.close()
+    finally:
+        ddb.delete_table(TableName=table)
+        ddb.close()
