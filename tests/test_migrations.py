@@ -15,10 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from dormant import ConvertKey, RenameKey, SplitKey, adk, openai
+from dormant import adk, openai
 from dormant.errors import SchemaError, StateMigrationError
 from dormant.events import StateChangeEvent
-from dormant.state.migrations import apply_step
+from dormant.state.migrations import ConvertKey, RenameKey, SplitKey, apply_step
 from dormant.state.schema import Schema
 from dormant.stores.sqlite import sqlite_store
 from dormant.testing import MockAdapter
@@ -148,7 +148,7 @@ def test_shared_scope_values_are_upcast_when_read_and_tagged_when_written(store:
 
 def test_a_newer_stored_key_wins_over_an_older_one_renamed_to_it(store: Any) -> None:
     store.save_scoped_state(
-        "clinic", "user", "u-2", {"nickname": "old", "display": {"__schema_version__": 1, "__value__": "new"}}
+        "clinic", "user", "u-2", {"display": {"__schema_version__": 1, "__value__": "new"}, "nickname": "old"}
     )
     app, _, _ = booking_app(store, new=True)
     state = app.sessions.create(scopes={"user": "u-2"}).invocation("i", "booker").state

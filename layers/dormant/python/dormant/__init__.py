@@ -22,13 +22,11 @@ from .events import (
 )
 from .models.base import bedrock, openai
 from .session import Session
-from .state.migrations import ConvertKey, RenameKey, SplitKey
 from .stores.memory import in_memory_store
 
 __all__ = [
     "App",
     "AssistantEvent",
-    "ConvertKey",
     "Event",
     "InvocationEndEvent",
     "InvocationResumeEvent",
@@ -36,11 +34,9 @@ __all__ = [
     "InvocationYieldEvent",
     "ModelEndEvent",
     "ModelStartEvent",
-    "RenameKey",
     "RunResult",
     "Session",
     "SessionForkedEvent",
-    "SplitKey",
     "StateChangeEvent",
     "ToolCallEvent",
     "ToolInputEvent",
