@@ -73,3 +73,25 @@ def test_a_bad_dynamodb_url_is_a_configuration_error(url: str) -> None:
     pytest.importorskip("boto3")
     with pytest.raises(ConfigurationError):
         store_from_url(url)
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_dynamodb_url_with_an_endpoint_creates_a_missing_table(
+    dynamodb_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uuid
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "dormantlocal")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "dormantlocal")
+    table = f"url-created-{uuid.uuid4().hex[:8]}"
+    url = f"dynamodb://{table}?region=us-east-1&endpoint={dynamodb_endpoint}"
+    store = store_from_url(url)
+    try:
+        assert store.commit(StoredSession(id="s", app_name="url-app"), [], 0).ok
+    finally:
+        store.close()
+    again = store_from_url(url)  # the table exists now: used as it is
+    try:
+        assert [s.id for s in again.list("url-app")] == ["s"]
+    finally:
+        again.close()

@@ -193,7 +193,11 @@ def sweeper_handler(served: Served | None = None) -> Callable[[dict[str, Any], A
 
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         store = (served or served_from_env()).app.store
-        repair: Callable[[], Any] | None = getattr(store, "repair_pending", None)
-        return {"repaired": repair() if repair is not None else 0}
+        repair: Callable[[], list[Any]] | None = getattr(store, "repair_pending", None)
+        reports = repair() if repair is not None else []
+        return {
+            "repaired": len(reports),
+            "sessions": [f"{r.app_name}/{r.session_id}@{r.version}: {r.action}" for r in reports],
+        }
 
     return handler

@@ -5,6 +5,8 @@
 * ``postgresql://user:pass@host/db`` (or ``postgres://``) — the Postgres store (``dormant[postgres]``);
 * ``dynamodb://table?region=eu-west-2&endpoint=http://127.0.0.1:8000&shards=4`` — the DynamoDB store
   (``dormant[dynamodb]``) on that table; every parameter is optional (``shards``: listing shards).
+  Given an ``endpoint`` (DynamoDB Local), the table is created if it is missing: a local table, never
+  a deployed one (the stack makes that).
 
 Each store module is imported only when its scheme is asked for, so naming SQLite never loads a driver.
 """
@@ -60,8 +62,10 @@ def _dynamodb(url: str) -> SessionStore:
     shards = params.get("shards", "")
     if shards and not shards.isdigit():
         raise ConfigurationError(f"shards in a DynamoDB store URL is a number, not {shards!r}")
-    from .dynamodb import dynamo_store
+    from .dynamodb import create_table, dynamo_store
 
+    if params.get("endpoint"):
+        create_table(parts.netloc, endpoint_url=params["endpoint"], region=params.get("region"))
     return dynamo_store(
         parts.netloc,
         endpoint_url=params.get("endpoint"),
