@@ -79,6 +79,7 @@ class DormantStack(Stack):
             environment={
                 "DORMANT_STORE": f"dynamodb://{table.table_name}?shards={shards.value_as_string}",
                 "DORMANT_APP": str(context("app") or DEFAULT_APP),
+                "DORMANT_IDEMPOTENCY_TABLE": table.table_name,
                 "POWERTOOLS_SERVICE_NAME": "dormant",
                 "POWERTOOLS_METRICS_NAMESPACE": "dormant",
                 "POWERTOOLS_TRACE_DISABLED": "false" if tracing else "true",

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambda extra")
 
 from dormant.events import InvocationStartEvent
-from dormant.serving.api import MAX_BODY_BYTES, Hooks, api_handler
+from dormant.serving.api import MAX_BODY_BYTES, Hooks, Idempotency, api_handler
 from dormant.serving.runtime import Served, load_served
 from dormant.serving.workflow import (
     StepFunctions,
@@ -44,6 +44,9 @@ class LambdaContext:
     invoked_function_arn: str = "arn:aws:lambda:eu-west-1:123456789012:function:dormant-test"
     aws_request_id: str = "req-test"
 
+    def get_remaining_time_in_millis(self) -> int:
+        return 29_000
+
 
 def load_event(path: str) -> dict[str, Any]:
     return json.loads((EVENTS / path).read_text())  # type: ignore[no-any-return]
@@ -62,8 +65,11 @@ class Client:
         body: Any = ...,
         raw_body: str | None = None,
         query: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
         event = copy.deepcopy(load_event(f"api/{name}.json"))
+        event["headers"].pop("Idempotency-Key", None)
+        event["headers"].update(headers or {})
         if session_id is not None:
             event["pathParameters"] = {"id": session_id}
             event["path"] = event["resource"].replace("{id}", session_id)
@@ -465,4 +471,52 @@ def test_a_dormant_app_that_is_not_an_app_is_a_configuration_error(tmp_path: Pat
             with pytest.raises(ConfigurationError):
                 load_served(spec, store)
     finally:
+        store.close()
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_retry_with_the_same_idempotency_key_returns_the_first_result_and_runs_nothing(
+    dynamodb_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.servers.dynamodb import ACCESS_KEY, REGION
+    from tests.servers.dynamodb import client as dynamodb_client
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
+    table = f"idempotency-{uuid.uuid4().hex[:12]}"
+    store = store_from_url(f"dynamodb://{table}?endpoint={dynamodb_endpoint}&region={REGION}")
+    ddb = dynamodb_client(dynamodb_endpoint)
+    try:
+        served = load_served("bookings:build", store)
+        client = Client(api_handler(in_process_hooks(served), served, Idempotency(table, client=ddb)))
+        for tenant in (TENANT_A, TENANT_B):
+            create(client, "s-1", tenant=tenant)
+        key = {"Idempotency-Key": "k-1"}
+        first = client.call("run", session_id="s-1", headers=key)
+        assert first[0] == 200 and first[1]["status"] == "yielded_tool"
+        ledger = client.call("session_events", session_id="s-1", query={"limit": "500"})[1]["events"]
+        again = client.call("run", session_id="s-1", headers=key)
+        assert again == first  # the first result, not a second run
+        assert client.call("session_events", session_id="s-1", query={"limit": "500"})[1]["events"] == ledger
+
+        # the same key from another tenant is another request: its own session runs
+        other = client.call("run", tenant=TENANT_B, session_id="s-1", headers=key)
+        assert other[0] == 200 and other[1]["version"] == first[1]["version"]
+        assert other[1]["yielded_tools"][0]["call_id"] != first[1]["yielded_tools"][0]["call_id"]
+
+        # answers: the retry is acknowledged with the first 202, and the agent is not resumed twice
+        call_id = first[1]["yielded_tools"][0]["call_id"]
+        answer = {"answers": [{"call_id": call_id, "input": {"approved": True}}]}
+        done = client.call("tools", session_id="s-1", body=answer, headers={"Idempotency-Key": "k-2"})
+        assert done[0] == 202 and done[1]["resumed"] == "completed"
+        assert client.call("tools", session_id="s-1", body=answer, headers={"Idempotency-Key": "k-2"}) == done
+        # without the key, the same answers are a new request: that call no longer waits
+        assert client.call("tools", session_id="s-1", body=answer)[0] == 400
+        # the records live under the tenant's own partition, and expire through the table's TTL
+        items = ddb.scan(TableName=table)["Items"]
+        records = [i for i in items if i["pk"]["S"].startswith("I#")]
+        assert {i["pk"]["S"] for i in records} == {f"I#bookings@{TENANT_A}", f"I#bookings@{TENANT_B}"}
+        assert all("expires_at" in i for i in records)
+    finally:
+        ddb.close()
         store.close()

@@ -26,6 +26,7 @@ The tree (with the HTTP status a handler maps each class to; ``http_status(exc)`
     │   ├── CommitTooLarge                        413  a commit over a store limit (``size``, ``limit``)
     │   ├── ScopeMismatch                         409  a commit whose scopes differ from the stored row's (``scope``)
     │   ├── RequestTooLarge                       413  an HTTP body over the handler's limit (``size``, ``limit``)
+    │   ├── RequestInProgress                     409  a retry of a request (same Idempotency-Key) still running
     │   └── NotAuthenticated                      401  an HTTP request with no authenticated caller
     ├── ModelError                                502  a model failed; a run records it and ends with ``error``
     │   ├── ModelProviderError                    502  the provider's API failed (``status_code``, ``code``)
@@ -83,6 +84,7 @@ __all__ = [
     "OpenAIModelError",
     "OpenAIModelUnavailable",
     "OpenAIRefusal",
+    "RequestInProgress",
     "RequestTooLarge",
     "SchemaError",
     "ScopeMismatch",
@@ -330,6 +332,10 @@ class RequestTooLarge(InputError):
         self.limit = limit
 
 
+class RequestInProgress(InputError):
+    """A request retried with the ``Idempotency-Key`` of one still running: wait, then retry for its result."""
+
+
 class NotAuthenticated(InputError):
     """An HTTP request that reached a handler with no authenticated caller (no authorizer identity)."""
 
@@ -504,6 +510,7 @@ HTTP_STATUS: dict[type[DormantError], int] = {
     CommitTooLarge: 413,
     ScopeMismatch: 409,
     RequestTooLarge: 413,
+    RequestInProgress: 409,
     NotAuthenticated: 401,
     ModelError: 502,
     ModelProviderError: 502,

@@ -10,6 +10,10 @@ tenant's) a 404; a body over ``MAX_BODY_BYTES`` a 413; a lost claim or version a
 ``{"error": <class>, "message", "field"?}``, never a traceback, and with nothing written. The tenant
 is the ``sub`` claim the Cognito authorizer verified (``requestContext.authorizer.claims.sub``).
 
+``POST /runs`` and ``POST /tools`` retried with the same ``Idempotency-Key`` header return the first
+result without running again: Powertools idempotency, persisted in the session table under the
+partition ``I#{app}@{tenant}`` (a tenant's keys never meet another's), expiring through the table's TTL.
+
 A run that yields hands the wait to ``on_yield`` (on AWS: start the Step Functions execution that
 parks the session); answers to yielded calls go to ``on_answers`` (on AWS: wake that execution).
 """
@@ -33,6 +37,7 @@ from ..errors import (
     DormantError,
     InputError,
     NotAuthenticated,
+    RequestInProgress,
     RequestTooLarge,
     StoreBusy,
     ToolInputError,
@@ -46,11 +51,73 @@ from ..stores.base import ScopedStateChange
 from .advance import AdvanceOutcome, advance
 from .runtime import Served, served_from_env
 
-__all__ = ["MAX_BODY_BYTES", "Hooks", "api_handler", "build_resolver", "session_view"]
+__all__ = [
+    "MAX_BODY_BYTES",
+    "Hooks",
+    "Idempotency",
+    "api_handler",
+    "build_resolver",
+    "idempotency_from_env",
+    "session_view",
+]
 
 _ATTEMPTS = 5
 MAX_BODY_BYTES = 256 * 1024
 """Larger bodies are refused with 413 before they are parsed (an event must fit a DynamoDB item)."""
+
+
+class Idempotency:
+    """Run a request once per ``Idempotency-Key`` (Powertools idempotency on the session table)."""
+
+    def __init__(self, table_name: str, client: Any = None, expires_after_seconds: int = 24 * 3600) -> None:
+        self.table_name = table_name
+        self.expires_after_seconds = expires_after_seconds
+        self._client = client
+
+    def once(
+        self, partition: str, key: str, route: str, work: Callable[[], dict[str, Any]], context: Any
+    ) -> dict[str, Any]:
+        from aws_lambda_powertools.utilities.idempotency import (
+            DynamoDBPersistenceLayer,
+            IdempotencyConfig,
+            idempotent_function,
+        )
+        from aws_lambda_powertools.utilities.idempotency.exceptions import IdempotencyAlreadyInProgressError
+
+        from ..stores.dynamodb import TABLE
+
+        if self._client is None:
+            import boto3
+
+            self._client = boto3.client("dynamodb")
+        layer = DynamoDBPersistenceLayer(
+            table_name=self.table_name,
+            key_attr=TABLE.partition_key[0],
+            sort_key_attr=TABLE.sort_key[0],
+            static_pk_value=f"I#{partition}",
+            expiry_attr=TABLE.ttl_attribute,
+            boto3_client=self._client,
+        )
+        config = IdempotencyConfig(expires_after_seconds=self.expires_after_seconds)
+        config.register_lambda_context(context)  # a request cut off by the Lambda timeout may be retried
+
+        def run(request: dict[str, str]) -> dict[str, Any]:
+            return work()
+
+        guarded = idempotent_function(run, data_keyword_argument="request", persistence_store=layer, config=config)
+        try:
+            result: dict[str, Any] = guarded(request={"key": key, "route": route})
+        except IdempotencyAlreadyInProgressError:
+            raise RequestInProgress(
+                f"a request with Idempotency-Key {key!r} is still running; retry later", field="Idempotency-Key"
+            ) from None
+        return result
+
+
+def idempotency_from_env() -> Idempotency | None:
+    """``DORMANT_IDEMPOTENCY_TABLE`` (set by the stack) turns idempotency on."""
+    table = os.environ.get("DORMANT_IDEMPOTENCY_TABLE")
+    return Idempotency(table) if table else None
 
 
 class _Body(BaseModel):
@@ -124,9 +191,24 @@ def _yielded(app: App, session: Session) -> list[dict[str, Any]]:
     return tools
 
 
-def build_resolver(served: Served, hooks: Hooks, metrics: Metrics, logger: Logger) -> APIGatewayRestResolver:
+def build_resolver(
+    served: Served, hooks: Hooks, metrics: Metrics, logger: Logger, idempotency: Idempotency | None = None
+) -> APIGatewayRestResolver:
     """The routes, over ``served``; each request works on the app as its tenant sees it."""
     resolver = APIGatewayRestResolver()
+
+    def once(tenant_app: App, work: Callable[[], dict[str, Any]]) -> Response[Any]:
+        """``work()`` (-> ``{"status": code, "body": ...}``) once per Idempotency-Key, when one is given."""
+        key = resolver.current_event.headers.get("Idempotency-Key") or resolver.current_event.headers.get(
+            "idempotency-key"
+        )
+        event = resolver.current_event
+        if key and idempotency is not None:
+            route = f"{event.http_method} {event.path}"
+            result = idempotency.once(tenant_app.name, key, route, work, resolver.lambda_context)
+        else:
+            result = work()
+        return _json(result["status"], result["body"])
 
     def tenant() -> str:
         context = resolver.current_event.request_context
@@ -210,46 +292,57 @@ def build_resolver(served: Served, hooks: Hooks, metrics: Metrics, logger: Logge
         }
 
     @resolver.post("/sessions/<session_id>/runs")
-    def run(session_id: str) -> dict[str, Any]:
+    def run(session_id: str) -> Response[Any]:
         request = body(RunBody)
         tenant_app = app()
         agent = served.agent(request.agent)
         run_input = {k: v for k, v in (("message", request.message), ("state", request.state)) if v is not None}
-        outcome = advance(tenant_app, agent, tenant_app.sessions.require(session_id), run_input or None)
-        _count(metrics, outcome)
-        if outcome.status == "yielded_tool" and hooks.on_yield is not None:
-            hooks.on_yield(tenant(), tenant_app, outcome)
-        return {
-            "status": outcome.status,
-            "output": {"text": outcome.output.text, "value": outcome.output.value},
-            "yielded_tools": _yielded(tenant_app, outcome.session),
-            "commit_status": outcome.commit_status,
-            "version": outcome.version,
-            "fork_id": outcome.fork_id,
-            "error": outcome.error,
-        }
+
+        def work() -> dict[str, Any]:
+            outcome = advance(tenant_app, agent, tenant_app.sessions.require(session_id), run_input or None)
+            _count(metrics, outcome)
+            if outcome.status == "yielded_tool" and hooks.on_yield is not None:
+                hooks.on_yield(tenant(), tenant_app, outcome)
+            return {
+                "status": 200,
+                "body": {
+                    "status": outcome.status,
+                    "output": {"text": outcome.output.text, "value": outcome.output.value},
+                    "yielded_tools": _yielded(tenant_app, outcome.session),
+                    "commit_status": outcome.commit_status,
+                    "version": outcome.version,
+                    "fork_id": outcome.fork_id,
+                    "error": outcome.error,
+                },
+            }
+
+        return once(tenant_app, work)
 
     @resolver.post("/sessions/<session_id>/tools")
     def answer(session_id: str) -> Response[Any]:
         request = body(ToolsBody)
         tenant_app = app()
         answers = [a.model_dump() for a in request.answers]
-        for _ in range(_ATTEMPTS):  # a version moved by park storing its token is no reason to fail
-            session = tenant_app.sessions.require(session_id)
-            try:
-                session.input.tools(answers)
-            except (UnknownCallId, ToolInputError) as exc:  # the caller's answer is wrong: a 400, as for any bad body
-                raise InputError(str(exc), field=exc.field) from None
-            try:
-                tenant_app.sessions.commit(session)  # the answers on the ledger first, then the wake-up
-                break
-            except VersionConflict:
-                continue
-        else:
-            raise StoreBusy(f"session {session_id!r} kept moving while the answers were stored; try again")
-        metrics.add_metric(name="answers", unit=MetricUnit.Count, value=len(request.answers))
-        woke = hooks.on_answers(tenant(), tenant_app, session) if hooks.on_answers is not None else None
-        return _json(202, {"version": session.version, "status": session.status, **(woke or {})})
+
+        def work() -> dict[str, Any]:
+            for _ in range(_ATTEMPTS):  # a version moved by park storing its token is no reason to fail
+                session = tenant_app.sessions.require(session_id)
+                try:
+                    session.input.tools(answers)
+                except (UnknownCallId, ToolInputError) as exc:  # a wrong answer: a 400, as for any bad body
+                    raise InputError(str(exc), field=exc.field) from None
+                try:
+                    tenant_app.sessions.commit(session)  # the answers on the ledger first, then the wake-up
+                    break
+                except VersionConflict:
+                    continue
+            else:
+                raise StoreBusy(f"session {session_id!r} kept moving while the answers were stored; try again")
+            metrics.add_metric(name="answers", unit=MetricUnit.Count, value=len(answers))
+            woke = hooks.on_answers(tenant(), tenant_app, session) if hooks.on_answers is not None else None
+            return {"status": 202, "body": {"version": session.version, "status": session.status, **(woke or {})}}
+
+        return once(tenant_app, work)
 
     @resolver.post("/sessions/<session_id>/commit")
     def remote_commit(session_id: str) -> Response[Any]:
@@ -310,11 +403,16 @@ def _error(status: int, kind: str, message: str, field: str | None = None, **ext
     return _json(status, payload)
 
 
-def api_handler(hooks: Hooks | None = None, served: Served | None = None) -> Callable[[dict[str, Any], Any], Any]:
-    """A Lambda handler serving the API (``served`` defaults to ``DORMANT_APP`` on ``DORMANT_STORE``)."""
+def api_handler(
+    hooks: Hooks | None = None, served: Served | None = None, idempotency: Idempotency | None = None
+) -> Callable[[dict[str, Any], Any], Any]:
+    """A Lambda handler serving the API (``served`` defaults to ``DORMANT_APP`` on ``DORMANT_STORE``;
+    ``idempotency`` to ``DORMANT_IDEMPOTENCY_TABLE``)."""
     logger = Logger()
     metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "dormant"))
-    resolver = build_resolver(served or served_from_env(), hooks or Hooks(), metrics, logger)
+    resolver = build_resolver(
+        served or served_from_env(), hooks or Hooks(), metrics, logger, idempotency or idempotency_from_env()
+    )
 
     @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)
     def handler(event: dict[str, Any], context: Any) -> Any:
