@@ -4,23 +4,27 @@ DynamoDB has no transaction large enough for a commit, so a commit is four steps
 interrupted after:
 
 1. **Gate**: a conditional ``UpdateItem`` of the meta item (``attribute_not_exists`` to create, else
-   ``version = expected`` and no marker) that records a pending marker: the version it grants, a random
-   grant token, the number of event items to come, the time, and what the commit will set on the row and
-   in scoped state. It does not touch ``version`` or any listed attribute, so it writes no listing entry.
-   On a conflict DynamoDB returns the stored item (``ReturnValuesOnConditionCheckFailure``): the actual
-   version comes without a second read.
+   ``version = expected``, the same scopes, and no marker) that records a pending marker: the version it
+   grants, a random grant token, the number of event items to come, the time, and what the commit will
+   set on the row and in scoped state. It does not touch ``version`` or any listed attribute, so it
+   writes no listing entry. On a conflict DynamoDB returns the stored item
+   (``ReturnValuesOnConditionCheckFailure``): the actual version comes without a second read.
 2. **Events**: ``BatchWriteItem`` calls of 25 items keyed by the granted version, the grant and the
    position in the batch. ``UnprocessedItems`` are re-sent with bounded, jittered backoff (the client's
    botocore retry configuration handles throttled calls); when that is exhausted the commit raises
    ``CommitIncomplete`` and leaves its marker for repair.
-3. + 4. **Finish**: one conditional write (``grant = ours``) that sets the new version, ``updated_at``,
-   status and scopes, clears the marker — and, when the commit carries scoped changes, writes them in the
+3. + 4. **Finish**: one conditional write (``grant = ours``) that sets the new version, ``updated_at``
+   and status, clears the marker — and, when the commit carries scoped changes, writes them in the
    same ``TransactWriteItems``. A commit whose marker was rolled back can therefore never land scoped
    values, however late its writer wakes up.
 
 Readers show events only up to the meta item's ``version``: a pending version is invisible, and so are
 the items of a rolled-back grant (listed in ``dead``) and of a deleted incarnation of the session
-(``inc``). One ``Query`` of the session partition returns the meta item first, then the events in order.
+(``inc``). One ``Query`` of the session partition returns the meta item first, then the events in order;
+``load(after=v)`` reads the meta item, then only the key range of the later versions.
+
+The checks, encoding, limits and the ``CommitResult``/``ScopeMismatch`` bookkeeping come from
+``BaseSessionStore``; this module supplies its primitives, plus ``repair_pending``.
 
 **Idempotency by event id** without reading history: the meta item carries a Bloom filter of the stored
 ids (``keys.IdFilter``), which the gate returns (``ReturnValues=ALL_OLD``) at no extra call. An id it
