@@ -113,7 +113,9 @@ def _takes_the_next_commit(world: World, version: int, before: list[str]) -> Non
 # -- the events' BatchWriteItem ------------------------------------------------------------------
 
 
-def test_the_nth_batch_write_raising_leaves_nothing_visible_and_repair_rolls_it_back(world: World) -> None:
+def test_the_nth_batch_write_raising_leaves_nothing_visible_and_repair_rolls_it_back(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
     _seeded(world)
     world.faults.fail("BatchWriteItem", nth=2)  # 60 events: three calls; the second one fails
     with pytest.raises(CommitIncomplete) as info:
@@ -125,6 +127,10 @@ def test_the_nth_batch_write_raising_leaves_nothing_visible_and_repair_rolls_it_
     world.clock.advance(1)
     (report,) = world.store().repair_pending(older_than_s=0)
     assert (report.action, report.version, report.items_found, report.items_expected) == ("rolled_back", 2, 25, 60)
+    logged = [r for r in caplog.records if r.name == "dormant.stores.dynamodb"]
+    assert [r.levelname for r in logged] == ["WARNING"]
+    assert "rolled back version 2 of session 's-1'" in logged[0].getMessage()
+    assert "25 of 60 event items present" in logged[0].getMessage()
     assert world.raw_event_items() == 10
     assert world.store().repair_pending(older_than_s=0) == []
     _takes_the_next_commit(world, 1, _events_ids("base", 10))
