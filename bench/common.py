@@ -1,12 +1,19 @@
-"""What every benchmark section shares: medians of repeated runs, and figures printed as ratios.
+"""What every benchmark section shares: paired medians of repeated runs, and figures printed as ratios.
 
 Each figure compares dormant with a *floor* measured in the same run (raw sqlite3, raw psycopg, a
 full ledger replay, ...), so the ratio carries over between machines where absolute numbers do not.
 ``BENCH_QUICK=1`` shrinks every workload (a smoke run: the code works, the numbers mean little).
+
+A store's section (``bench/<store>.py``, listed in ``__main__.SECTIONS``) has a ``run() -> list[Figure]``
+that skips itself, printing why, when its backend is missing. It builds a ``Floor`` — the raw client
+doing the same writes and reads — and times both sides with ``paired`` (interleaved, warmed up). The
+workloads and their figures are shared (``workloads.store_workloads`` runs W1, W2 and W4 on any store
+and floor), so each store's section holds only what is its own: the server and the floor.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import statistics
 import time
@@ -21,16 +28,31 @@ def scale(full: int, quick: int) -> int:
     return quick if QUICK else full
 
 
-def median_seconds(fn: Callable[[], object], *, repeat: int = 7, warmup: int = 1) -> float:
-    """Median wall time of ``fn`` over ``repeat`` runs, after ``warmup`` discarded ones."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - started)
-    return statistics.median(samples)
+def paired(
+    ours: Callable[[int], float], floor: Callable[[int], float], repeat: int, *, warmup: int = 1
+) -> tuple[float, float]:
+    """Medians of timed runs of dormant and its floor, alternating, after ``warmup`` discarded runs of each.
+
+    Each callable gets the run number (fresh ids for fresh data) and returns the seconds it measured.
+    Alternating puts both sides under the same machine load, which drifts on a shared machine. A full
+    garbage collection before each run keeps a collection of the benchmark's own heap (the workloads'
+    events, held for the whole section) from landing inside whichever side happens to trigger it.
+    """
+    samples: dict[str, list[float]] = {"ours": [], "floor": []}
+    for n in range(warmup + repeat):
+        for name, work in (("ours", ours), ("floor", floor)):
+            gc.collect()
+            elapsed = work(n)
+            if n >= warmup:
+                samples[name].append(elapsed)
+    return statistics.median(samples["ours"]), statistics.median(samples["floor"])
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Seconds one call of ``fn`` took."""
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
 
 
 @dataclass(frozen=True)
@@ -57,7 +79,7 @@ class Figure:
         sign = ">=" if self.better == "higher" else "<="
         verdict = "ok  " if self.ok else "MISS"
         return (
-            f"  {verdict} {self.name:<44} {self.ratio:>9.2f}x (target {sign} {self.target:g}x)"
+            f"  {verdict} {self.name:<50} {self.ratio:>9.2f}x (target {sign} {self.target:g}x)"
             f"   dormant {self.ours:<18} floor {self.floor}{'   ' + self.note if self.note else ''}"
         )
 

@@ -14,19 +14,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import statistics
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from dormant.stores.base import StoredSession
-
-from .common import QUICK, Figure
-from .workloads import LOAD_SIZES, W4_EVENTS, W4_SESSIONS, events, store_figures, turns
-
-APP = "bench"
-REPEAT = 3 if QUICK else 7
+from .common import Figure
+from .workloads import store_workloads
 
 
 class Floor:
@@ -94,21 +88,6 @@ class Floor:
         return self._inserts[count]
 
 
-def _meta(app: str, sid: str, version: int = 0) -> StoredSession:
-    return StoredSession(id=sid, app_name=app, version=version, created_at=1)
-
-
-def _paired(ours: Callable[[int], float], floor: Callable[[int], float], repeat: int) -> tuple[float, float]:
-    """Medians of timed runs, dormant and floor alternating (run ``n`` gets fresh ids), after one warm-up each."""
-    samples: dict[str, list[float]] = {"ours": [], "floor": []}
-    for n in range(repeat + 1):
-        for name, work in (("ours", ours), ("floor", floor)):
-            elapsed = work(n)
-            if n:
-                samples[name].append(elapsed)
-    return statistics.median(samples["ours"]), statistics.median(samples["floor"])
-
-
 @contextlib.contextmanager
 def _server() -> Iterator[str]:
     url = os.environ.get("TEST_DATABASE_URL")
@@ -150,88 +129,10 @@ def run() -> list[Figure]:
         with _server() as server, _schema(server) as url:
             store, floor = postgres_store(url), Floor(url)
             try:
-                return _measure(store, floor)
+                return store_workloads("postgres", store, floor)
             finally:
                 store.close()
                 floor.conn.close()
     except (DormantError, psycopg.OperationalError) as exc:
         print(f"  skipped: no PostgreSQL server to measure against ({exc})")
         return []
-
-
-def _measure(store: Any, floor: Floor) -> list[Figure]:
-    batches = turns()
-    rows = [[e.model_dump(mode="json") for e in batch] for batch in batches]
-
-    def w1_ours(n: int) -> float:
-        app = f"w1-ours-{n}"
-        started = time.perf_counter()
-        for version, batch in enumerate(batches):
-            assert store.commit(_meta(app, "w1", version), batch, version).ok
-        return time.perf_counter() - started
-
-    def w1_floor(n: int) -> float:
-        app = f"w1-floor-{n}"
-        started = time.perf_counter()
-        for version, batch in enumerate(rows):
-            floor.commit(app, "w1", batch, version)
-        return time.perf_counter() - started
-
-    w1 = _paired(w1_ours, w1_floor, REPEAT)
-    w2: dict[int, tuple[float, float]] = {}
-
-    for size in LOAD_SIZES:
-        sid = f"w2-{size}"
-        assert store.commit(_meta(APP, sid), events(size), 0).ok
-        assert len(floor.load(APP, sid)) == size
-
-        def w2_ours(_: int, sid: str = sid) -> float:
-            started = time.perf_counter()
-            store.load(APP, sid)
-            return time.perf_counter() - started
-
-        def w2_floor(_: int, sid: str = sid) -> float:
-            started = time.perf_counter()
-            floor.load(APP, sid)
-            return time.perf_counter() - started
-
-        w2[size] = _paired(w2_ours, w2_floor, REPEAT)
-
-    batch_events = [events(W4_EVENTS, f"s{n}-") for n in range(W4_SESSIONS)]
-    batch_rows = [[e.model_dump(mode="json") for e in batch] for batch in batch_events]
-
-    def w4_ours(n: int) -> float:
-        app = f"w4-ours-{n}"
-        started = time.perf_counter()
-        for s, batch in enumerate(batch_events):
-            assert store.commit(_meta(app, f"s{s}"), batch, 0).ok
-        return time.perf_counter() - started
-
-    def w4_floor(n: int) -> float:
-        app = f"w4-floor-{n}"
-        started = time.perf_counter()
-        for s, batch in enumerate(batch_rows):
-            floor.commit(app, f"s{s}", batch, 0)
-        return time.perf_counter() - started
-
-    create_ours, create_raw = _paired(w4_ours, w4_floor, 3 if QUICK else 5)
-    # Both list the same app's sessions (the store made them: the listing is the store's own data).
-    assert len(store.list("w4-ours-1")) == len(floor.list("w4-ours-1")) == W4_SESSIONS
-
-    def w4_list_ours(_: int) -> float:
-        started = time.perf_counter()
-        store.list("w4-ours-1")
-        return time.perf_counter() - started
-
-    def w4_list_floor(_: int) -> float:
-        started = time.perf_counter()
-        floor.list("w4-ours-1")
-        return time.perf_counter() - started
-
-    return store_figures(
-        "postgres",
-        w1=w1,
-        w2=w2,
-        w4_create=(create_ours, create_raw),
-        w4_list=_paired(w4_list_ours, w4_list_floor, REPEAT),
-    )

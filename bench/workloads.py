@@ -1,7 +1,8 @@
 """The store workloads (issue 4 and 5 name them W1, W2, W4), shared by every store's section.
 
 W1  one session, TURNS turns of 5 events of ~1 KB each, one commit per turn.
-W2  load a 1,000-event and a 10,000-event session.
+W2  load a 1,000-event and a 10,000-event session: ``store.load``, and what a user pays,
+    ``app.sessions.get`` (the load plus the fold of every event into the session's state).
 W4  create W4_SESSIONS sessions of 10 events (one commit each), then list them.
 
 A store's floor runs the same statements through the raw driver: the same DDL, one transaction per
@@ -11,9 +12,13 @@ SELECTs with ``json.loads`` of each row — what any correct code must do at lea
 
 from __future__ import annotations
 
-from dormant.events import UserEvent
+from typing import Any, Protocol
 
-from .common import Figure, millis, per_second, scale
+from dormant import adk
+from dormant.events import UserEvent
+from dormant.stores.base import SessionStore, StoredSession
+
+from .common import QUICK, Figure, millis, paired, per_second, scale, timed
 
 TURNS = scale(200, 20)
 EVENTS_PER_TURN = 5
@@ -38,15 +43,105 @@ def events(count: int, prefix: str = "e") -> list[UserEvent]:
     return [event(n, prefix) for n in range(count)]
 
 
+REPEAT = 3 if QUICK else 7
+
+
+class Floor(Protocol):
+    """The raw client doing what the store must do at least, on the same tables or items."""
+
+    def commit(self, app: str, sid: str, rows: list[dict[str, Any]], version: int) -> None:
+        """Store ``rows`` (events as JSON-ready dicts) as version ``version + 1``; ``version=0`` creates."""
+
+    def load(self, app: str, sid: str) -> list[Any]:
+        """The row and the events, each ``json.loads``-ed; returns the events."""
+
+    def list(self, app: str) -> list[Any]:
+        """The app's rows, most recently updated first."""
+
+
+def _meta(app: str, sid: str, version: int = 0) -> StoredSession:
+    return StoredSession(id=sid, app_name=app, version=version, created_at=1)
+
+
+def store_workloads(section: str, store: SessionStore, floor: Floor) -> list[Figure]:
+    """Run W1, W2 and W4 on ``store`` and ``floor`` (paired, fresh app ids each run); return the figures."""
+    batches = turns()
+    rows = [[e.model_dump(mode="json") for e in batch] for batch in batches]
+
+    def w1_ours(n: int) -> float:
+        def work() -> None:
+            for version, batch in enumerate(batches):
+                assert store.commit(_meta(f"w1-ours-{n}", "w1", version), batch, version).ok
+
+        return timed(work)
+
+    def w1_floor(n: int) -> float:
+        def work() -> None:
+            for version, batch in enumerate(rows):
+                floor.commit(f"w1-floor-{n}", "w1", batch, version)
+
+        return timed(work)
+
+    w1 = paired(w1_ours, w1_floor, REPEAT)
+
+    users = adk(name="w2", store=store)  # not closed: closing the app would close the section's store
+    w2: dict[int, tuple[float, float]] = {}
+    w2_get: dict[int, tuple[float, float]] = {}
+    for size in LOAD_SIZES:
+        sid = f"w2-{size}"
+        assert store.commit(_meta("w2", sid), events(size), 0).ok
+        assert len(floor.load("w2", sid)) == size
+        session = users.sessions.get(sid)
+        assert session is not None and len(session.events) == size
+
+        def w2_load(_: int, sid: str = sid) -> float:
+            return timed(lambda: store.load("w2", sid))
+
+        def w2_users(_: int, sid: str = sid) -> float:
+            return timed(lambda: users.sessions.get(sid))
+
+        def w2_floor(_: int, sid: str = sid) -> float:
+            return timed(lambda: floor.load("w2", sid))
+
+        w2[size] = paired(w2_load, w2_floor, REPEAT)
+        w2_get[size] = paired(w2_users, w2_floor, REPEAT)
+
+    batch_events = [events(W4_EVENTS, f"s{n}-") for n in range(W4_SESSIONS)]
+    batch_rows = [[e.model_dump(mode="json") for e in batch] for batch in batch_events]
+
+    def w4_ours(n: int) -> float:
+        def work() -> None:
+            for s, batch in enumerate(batch_events):
+                assert store.commit(_meta(f"w4-ours-{n}", f"s{s}"), batch, 0).ok
+
+        return timed(work)
+
+    def w4_floor(n: int) -> float:
+        def work() -> None:
+            for s, batch in enumerate(batch_rows):
+                floor.commit(f"w4-floor-{n}", f"s{s}", batch, 0)
+
+        return timed(work)
+
+    w4_create = paired(w4_ours, w4_floor, 3 if QUICK else 5)
+    # Both list the same app's sessions (the store made them: the listing is the store's own data).
+    assert len(store.list("w4-ours-1")) == len(floor.list("w4-ours-1")) == W4_SESSIONS
+    w4_list = paired(
+        lambda _: timed(lambda: store.list("w4-ours-1")), lambda _: timed(lambda: floor.list("w4-ours-1")), REPEAT
+    )
+    return store_figures(section, w1=w1, w2=w2, w2_get=w2_get, w4_create=w4_create, w4_list=w4_list)
+
+
 def store_figures(
     section: str,
     *,
     w1: tuple[float, float],
     w2: dict[int, tuple[float, float]],
+    w2_get: dict[int, tuple[float, float]] | None = None,
     w4_create: tuple[float, float],
     w4_list: tuple[float, float],
 ) -> list[Figure]:
-    """Every store's five figures from (dormant, floor) seconds; the targets are issues 4 and 5's."""
+    """Every store's figures from (dormant, floor) seconds; the targets are issues 4 and 5's."""
     figures = [
         Figure(
             section,
@@ -59,8 +154,20 @@ def store_figures(
         )
     ]
     figures += [
-        Figure(section, f"W2 load {size:,} events, time", millis(ours), millis(raw), ours / raw, 2, "lower")
+        Figure(section, f"W2 store.load {size:,} events, time", millis(ours), millis(raw), ours / raw, 2, "lower")
         for size, (ours, raw) in w2.items()
+    ]
+    figures += [
+        Figure(
+            section,
+            f"W2 sessions.get {size:,} events (load + fold), time",
+            millis(ours),
+            millis(raw),
+            ours / raw,
+            2,
+            "lower",
+        )
+        for size, (ours, raw) in (w2_get or {}).items()
     ]
     return [
         *figures,

@@ -197,7 +197,7 @@ class PostgresSessionStore(BaseSessionStore):
             params.append(limit)
         with self._connection() as conn:
             rows = conn.cursor(row_factory=tuple_row).execute(query, params).fetchall()
-        return [SessionListing(*row) for row in rows]
+        return SessionListing.from_rows(rows)
 
     def _close(self) -> None:
         """Close the pool the store built; a pool given to the store is left open, for its owner."""

@@ -170,7 +170,7 @@ class SQLiteSessionStore(BaseSessionStore):
             params.append(limit)
         with self._use():
             rows = self._conn.execute(sql, params).fetchall()
-        return [SessionListing._make(row) for row in rows]
+        return SessionListing.from_rows(rows)
 
     def _close(self) -> None:
         with self._lock:
