@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import builtins
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, overload
 
 from pydantic import BaseModel
@@ -13,20 +15,31 @@ from .agents.agent import Agent
 from .agents.context import ContextFactory, Renderer
 from .agents.loop import RunResult, RunStream, start_run
 from .agents.tools import Tool, ToolContext
+from .clock import now_ms
 from .errors import ConfigurationError, InputError, SessionNotFound, VersionConflict
 from .events import Event, parse_event
 from .ids import check_id
 from .models.base import ModelAdapter, ModelSpec, default_adapter
 from .session import Session
 from .state.migrations import MigrationStep
-from .state.schema import Schema
+from .state.schema import SHARED_SCOPES, Schema
 from .state.values import check_storable
 from .stores.base import CommitResult, SessionListing, SessionStore
 from .stores.memory import in_memory_store
 
-__all__ = ["App", "Sessions", "adk"]
+__all__ = ["App", "ErasureReport", "Sessions", "adk"]
 
 _MISSING: Any = object()
+
+
+@dataclass(frozen=True)
+class ErasureReport:
+    """What ``app.erase`` removed: the sessions bound to the scope id, and its shared-scope keys."""
+
+    scope: str
+    scope_id: str
+    sessions: list[str]
+    scoped_keys: list[str]
 
 
 def adk(
@@ -36,13 +49,16 @@ def adk(
     adapters: Mapping[str, ModelAdapter] | None = None,
     store: SessionStore | None = None,
     migrations: Mapping[str, Sequence[MigrationStep]] | None = None,
+    retention: timedelta | None = None,
 ) -> App:
     """Build an app. ``schema`` maps scope names to pydantic models; ``store`` defaults to in-memory.
 
     ``migrations`` lists, per scope, the steps its model went through, oldest first
     (``RenameKey``, ``ConvertKey``, ``SplitKey``): state written under an older model is read in the new shape.
+    ``retention`` is how long a session is kept after its last commit: older ones are gone from loads and
+    listings at once, and ``app.sessions.purge()`` deletes them from the store.
     """
-    return App(name=name, schema=schema, adapters=adapters, store=store, migrations=migrations)
+    return App(name=name, schema=schema, adapters=adapters, store=store, migrations=migrations, retention=retention)
 
 
 class App:
@@ -54,8 +70,13 @@ class App:
         adapters: Mapping[str, ModelAdapter] | None = None,
         store: SessionStore | None = None,
         migrations: Mapping[str, Sequence[MigrationStep]] | None = None,
+        retention: timedelta | None = None,
     ) -> None:
         self.name = check_id(name, "app name")
+        if retention is not None and (not isinstance(retention, timedelta) or retention <= timedelta(0)):
+            raise ConfigurationError(f"retention is a positive datetime.timedelta, not {retention!r}")
+        self.retention_ms = None if retention is None else retention // timedelta(milliseconds=1)
+        """Milliseconds a session is kept after its last commit (``None``: for ever)."""
         self.schema = Schema(schema, migrations)
         for provider, adapter in (adapters or {}).items():
             if not callable(getattr(adapter, "complete", None)):
@@ -169,6 +190,35 @@ class App:
         """Like ``run``, yielding each event as it lands; the ``RunResult`` is on ``.result`` at the end."""
         return start_run(self, agent, input, session, adapter_for=self.adapter_for, ephemeral=self.sessions.ephemeral)
 
+    def erase(self, *, scope: str, scope_id: str) -> ErasureReport:
+        """Remove one person's (or org's...) data: the shared ``scope`` state stored under ``scope_id``,
+        and every session bound to it, expired or not. Returns what was removed.
+
+        It reads every session row of the app once (no index maps a scope id to its sessions), then
+        deletes with the store's own ``delete``, which removes a session's events and listing entries.
+        """
+        if scope not in SHARED_SCOPES or scope == "app":
+            raise InputError(
+                f"erase takes a shared scope bound by id ({', '.join(s for s in SHARED_SCOPES if s != 'app')}), "
+                f"not {scope!r}",
+                field="scope",
+            )
+        scope_id = check_id(scope_id, f"{scope} id")
+        store, bound = self.store, []
+        for listing in self.sessions.every():
+            loaded = store.load(self.name, listing.id, after=listing.version)  # the row, no events
+            if loaded is not None and loaded.session.scopes.get(scope) == scope_id:
+                bound.append(listing.id)
+        save_scoped = getattr(store, "save_scoped_state", None)
+        if save_scoped is None:
+            raise ConfigurationError(f"erase needs a store that can write scoped state on its own, not {store!r}")
+        for session_id in bound:
+            store.delete(self.name, session_id)
+        keys = sorted(store.load_scoped_state(self.name, scope, scope_id))
+        if keys:
+            save_scoped(self.name, scope, scope_id, dict.fromkeys(keys))
+        return ErasureReport(scope=scope, scope_id=scope_id, sessions=bound, scoped_keys=keys)
+
     def close(self) -> None:
         """Close the store (so a CLI or worker exits instead of hanging on a pool)."""
         self.store.close()
@@ -219,7 +269,7 @@ class Sessions:
     def get(self, session_id: str) -> Session | None:
         app = self._app
         loaded = app.store.load(app.name, check_id(session_id))
-        if loaded is None:
+        if loaded is None or self._expired(loaded.session.updated_at, now_ms()):
             return None
         meta = loaded.session
         return Session(
@@ -244,7 +294,38 @@ class Sessions:
         """The app's stored sessions, most recently updated first (``cursor=`` a listing's ``cursor`` to go on)."""
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
             raise InputError(f"limit is an int >= 1, not {limit!r}", field="limit")
-        return self._app.store.list(self._app.name, limit=limit, cursor=cursor)
+        listed = self._app.store.list(self._app.name, limit=limit, cursor=cursor)
+        now = now_ms()
+        return [listing for listing in listed if not self._expired(listing.updated_at, now)]
+
+    def purge(self, *, page: int = 100) -> builtins.list[str]:
+        """Delete every session past the app's ``retention`` from the store; return their ids.
+
+        What a sweeper runs: expired sessions are already invisible to ``get`` and ``list``, this frees
+        their storage. It reads every page of the listing (``every``).
+        """
+        app = self._app
+        if app.retention_ms is None:
+            return []
+        now = now_ms()
+        expired = [listing.id for listing in self.every(page=page) if self._expired(listing.updated_at, now)]
+        for session_id in expired:
+            app.store.delete(app.name, session_id)
+        return expired
+
+    def every(self, *, page: int = 100) -> Iterator[SessionListing]:
+        """Every stored session of the app, expired ones too, read a page at a time (newest first)."""
+        cursor = None
+        while True:
+            listed = self._app.store.list(self._app.name, limit=page, cursor=cursor)
+            yield from listed
+            if len(listed) < page:
+                return
+            cursor = listed[-1].cursor
+
+    def _expired(self, updated_at: int, now: int) -> bool:
+        retention = self._app.retention_ms
+        return retention is not None and now >= updated_at + retention
 
     def commit(self, session: Session) -> CommitResult:
         """Store what the session holds that the store does not: its new events and shared-scope writes.

@@ -1,0 +1,92 @@
+"""Retention: a session past the app's ``retention`` is gone from loads and listings at once, in every
+store, and ``app.sessions.purge()`` deletes it from the store (time moves on an injected clock)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dormant import adk, in_memory_store
+from dormant.clock import frozen_clock
+from dormant.errors import ConfigurationError
+from dormant.stores.sqlite import sqlite_store
+
+DAY = timedelta(days=1)
+T0 = 1_767_225_600_000
+
+
+@pytest.fixture(
+    params=[
+        "memory",
+        "sqlite",
+        pytest.param("postgres", marks=pytest.mark.backend("postgres")),
+        pytest.param("dynamodb", marks=pytest.mark.backend("dynamodb")),
+    ]
+)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    if request.param == "memory":
+        made = in_memory_store()
+    elif request.param == "sqlite":
+        made = sqlite_store(tmp_path / "retention.db")
+    elif request.param == "postgres":
+        from dormant.stores.postgres import postgres_store
+
+        made = postgres_store(request.getfixturevalue("postgres_url"))
+    else:
+        from dormant.stores.dynamodb import dynamo_store
+        from tests.servers.dynamodb import client
+
+        made = dynamo_store(
+            request.getfixturevalue("dynamodb_table"), client=client(request.getfixturevalue("dynamodb_endpoint"))
+        )
+    yield made
+    made.close()
+
+
+def test_an_expired_session_is_gone_from_loads_and_listings_before_it_is_purged(store: Any) -> None:
+    app = adk(name=f"ret-{uuid.uuid4().hex[:10]}", store=store, retention=30 * DAY)
+    with frozen_clock(T0) as clock:
+        old = app.sessions.create("s-old")
+        clock.advance(int(DAY.total_seconds() * 1000) * 20)
+        fresh = app.sessions.create("s-fresh")
+        fresh.input.message("still here")
+        app.sessions.commit(fresh)
+        assert [s.id for s in app.sessions.list()] == ["s-fresh", "s-old"]
+
+        clock.advance(int(DAY.total_seconds() * 1000) * 10)  # s-old is 30 days idle, s-fresh 10
+        assert app.sessions.get(old.id) is None
+        assert [s.id for s in app.sessions.list()] == ["s-fresh"]
+        assert app.sessions.get(fresh.id) is not None
+        assert store.load(app.name, old.id) is not None  # still stored: expiry hides it first
+
+        assert app.sessions.purge() == ["s-old"]
+        assert store.load(app.name, old.id) is None and store.load(app.name, fresh.id) is not None
+        assert app.sessions.purge() == []
+
+
+def test_purge_reads_every_page(store: Any) -> None:
+    app = adk(name=f"ret-{uuid.uuid4().hex[:10]}", store=store, retention=DAY)
+    with frozen_clock(T0) as clock:
+        for n in range(5):
+            app.sessions.create(f"s-{n}")
+            clock.advance(1)
+        clock.advance(int(DAY.total_seconds() * 1000))
+        assert sorted(app.sessions.purge(page=2)) == [f"s-{n}" for n in range(5)]
+        assert store.list(app.name) == []
+
+
+def test_without_retention_nothing_expires_and_a_bad_retention_is_refused() -> None:
+    app = adk(name="keep")
+    with frozen_clock(T0) as clock:
+        app.sessions.create("s-1")
+        clock.advance(10**12)
+        assert app.sessions.get("s-1") is not None and app.sessions.purge() == []
+    with pytest.raises(ConfigurationError, match="retention"):
+        adk(name="x", retention=timedelta(0))
+    with pytest.raises(ConfigurationError, match="retention"):
+        adk(name="x", retention=30)  # type: ignore[arg-type]
