@@ -21,6 +21,7 @@ SHIPPED = {
     "projection.py",
     "serving",
     "session.py",
+    "snapshots.py",
     "state",
     "stores",
     "testing",

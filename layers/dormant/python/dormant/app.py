@@ -12,7 +12,7 @@ from typing import Any, overload
 from pydantic import BaseModel
 
 from .agents.agent import Agent
-from .agents.context import ContextFactory, Renderer
+from .agents.context import ContextFactory, HistoryRenderer, Renderer
 from .agents.loop import RunResult, RunStream, start_run
 from .agents.tools import Tool, ToolContext
 from .clock import now_ms
@@ -21,6 +21,7 @@ from .events import Event, parse_event
 from .ids import check_id
 from .models.base import ModelAdapter, ModelSpec, default_adapter
 from .session import Session
+from .snapshots import DEFAULT_EVERY, load_session, save_after_commit, save_snapshot
 from .state.migrations import MigrationStep
 from .state.schema import SHARED_SCOPES, Schema
 from .state.values import check_storable
@@ -50,6 +51,7 @@ def adk(
     store: SessionStore | None = None,
     migrations: Mapping[str, Sequence[MigrationStep]] | None = None,
     retention: timedelta | None = None,
+    snapshot_every: int | None = DEFAULT_EVERY,
 ) -> App:
     """Build an app. ``schema`` maps scope names to pydantic models; ``store`` defaults to in-memory.
 
@@ -57,8 +59,18 @@ def adk(
     (``RenameKey``, ``ConvertKey``, ``SplitKey``): state written under an older model is read in the new shape.
     ``retention`` is how long a session is kept after its last commit: older ones are gone from loads and
     listings at once, and ``app.sessions.purge()`` deletes them from the store.
+    ``snapshot_every``: events between the snapshots a commit stores, so a load reads the tail of a long
+    session (``dormant.snapshots``); ``None`` turns snapshots off (every load reads the whole ledger).
     """
-    return App(name=name, schema=schema, adapters=adapters, store=store, migrations=migrations, retention=retention)
+    return App(
+        name=name,
+        schema=schema,
+        adapters=adapters,
+        store=store,
+        migrations=migrations,
+        retention=retention,
+        snapshot_every=snapshot_every,
+    )
 
 
 class App:
@@ -71,12 +83,21 @@ class App:
         store: SessionStore | None = None,
         migrations: Mapping[str, Sequence[MigrationStep]] | None = None,
         retention: timedelta | None = None,
+        snapshot_every: int | None = DEFAULT_EVERY,
     ) -> None:
         self.name = check_id(name, "app name")
         if retention is not None and (not isinstance(retention, timedelta) or retention <= timedelta(0)):
             raise ConfigurationError(f"retention is a positive datetime.timedelta, not {retention!r}")
         self.retention_ms = None if retention is None else retention // timedelta(milliseconds=1)
         """Milliseconds a session is kept after its last commit (``None``: for ever)."""
+        if snapshot_every is not None and (
+            not isinstance(snapshot_every, int) or isinstance(snapshot_every, bool) or snapshot_every < 1
+        ):
+            raise ConfigurationError(f"snapshot_every is an int >= 1 or None, not {snapshot_every!r}")
+        self.snapshot_every = snapshot_every
+        self.history_turns: int | None = 0
+        """The widest ``history(turns=)`` window of the app's agents (``None``: one renders the whole
+        ledger): what ``sessions.get`` loads besides the tail."""
         self.schema = Schema(schema, migrations)
         for provider, adapter in (adapters or {}).items():
             if not callable(getattr(adapter, "complete", None)):
@@ -161,6 +182,9 @@ class App:
         agent = Agent.build(name=name, model=model, context=context, tools=tools, max_steps=max_steps, output=output)
         for tool in agent.tools:
             self._register(tool)
+        for renderer in agent.context:
+            if isinstance(renderer, HistoryRenderer) and self.history_turns is not None:
+                self.history_turns = None if renderer.turns is None else max(self.history_turns, renderer.turns)
         return agent
 
     def adapter_for(self, spec: ModelSpec) -> ModelAdapter:
@@ -267,20 +291,22 @@ class Sessions:
         return Session(self._app, session_id=session_id, scopes=scopes, events=parsed, committed=0)
 
     def get(self, session_id: str) -> Session | None:
+        """The stored session, or ``None``.
+
+        With snapshots on, this reads the latest snapshot and the ledger after it, plus the last turns the
+        agents' ``history(turns=N)`` windows show: a turn's load does not grow with the session. The
+        earlier ledger is fetched only when read (``session.events`` before the tail, ``state_at``,
+        ``fork_at``, ``model_input``). An agent with ``history()`` (no window) shows the whole conversation,
+        so with one the whole ledger is read on every load.
+        """
         app = self._app
-        loaded = app.store.load(app.name, check_id(session_id))
-        if loaded is None or self._expired(loaded.session.updated_at, now_ms()):
-            return None
-        meta = loaded.session
-        return Session(
+        now = now_ms()
+        return load_session(
             app,
-            session_id=meta.id,
-            scopes=meta.scopes,
-            version=meta.version,
-            created_at=meta.created_at,
-            events=loaded.events,
-            forked_from=meta.forked_from,
-            fork_reason=meta.fork_reason,
+            check_id(session_id),
+            history=app.history_turns,
+            snapshots=app.snapshot_every is not None,
+            alive=lambda row: not self._expired(row.updated_at, now),
         )
 
     def require(self, session_id: str) -> Session:
@@ -337,12 +363,25 @@ class Sessions:
         new_events = session.uncommitted_events
         if not new_events and session.version > 0:
             return CommitResult(ok=True, version=session.version, appended=0)
-        expected = session.version
+        expected, before = session.version, session.committed_count
         result = self._app.store.commit(session.stored(), new_events, expected, session.scoped_changes())
         if not result.ok:
             raise VersionConflict(session.id, expected_version=expected, actual_version=result.version)
         session.mark_committed(result.version)
+        complete = result.appended == len(new_events)
+        save_after_commit(self._app, session, before=before, every=self._app.snapshot_every, complete=complete)
         return result
+
+    def snapshot(self, session: Session) -> bool:
+        """Store a snapshot of ``session`` now (it must be committed); True when the store kept it.
+
+        Commits store one every ``snapshot_every`` events on their own; this is for a long session stored
+        before snapshots, or one about to be read by many processes.
+        """
+        self._check(session)
+        if session.uncommitted_events or session.version == 0:
+            raise InputError("snapshot takes a session with everything committed", field="session")
+        return save_snapshot(self._app, session)
 
     def _check(self, session: Session) -> None:
         if not isinstance(session, Session):

@@ -2,15 +2,19 @@
 
 ``Projection`` never looks at the event list: it is a pure fold (``apply`` one event, in order), so
 the same code keeps a live session current (one event per append), replays a prefix for time
-travel, and can later be saved as a snapshot and resumed from one.
+travel, and resumes from a snapshot: ``export()`` is the fold's state as JSON, ``Projection.restore``
+takes it back. What is exported is state, not history: invocations that ended are left out (time
+travel replays the ledger for those), so a snapshot stays the size of the state however long the
+session grows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, TypeVar
 
+from .errors import InputError
 from .events import (
     AssistantEvent,
     Event,
@@ -23,10 +27,19 @@ from .events import (
     ToolCallEvent,
     ToolInputEvent,
     ToolResultEvent,
+    UserEvent,
+    parse_event,
 )
 from .state.values import json_copy
 
-__all__ = ["InvocationNode", "Output", "Projection", "SessionStatus", "StateSnapshot", "YieldedTool"]
+__all__ = ["RECENT_TURNS", "InvocationNode", "Output", "Projection", "SessionStatus", "StateSnapshot", "YieldedTool"]
+
+RECENT_TURNS = 50
+"""User turns whose ledger positions the fold remembers: ``history(turns=N)`` for N up to this reads only
+the tail of a long session; a wider window reads the whole ledger."""
+
+_E = TypeVar("_E", ToolCallEvent, ToolInputEvent)
+_ENDED = frozenset({"completed", "error", "max_steps"})
 
 SessionStatus: TypeAlias = Literal[
     "idle",  # no invocation yet
@@ -96,10 +109,12 @@ class Projection:
         "open_invocation",
         "output",
         "pending",
+        "recent_turns",
         "scoped_states",
         "session_state",
         "status",
         "upcast",
+        "user_turns",
     )
 
     def __init__(self, upcast: Callable[[StateChangeEvent], StateChangeEvent] | None = None) -> None:
@@ -118,6 +133,10 @@ class Projection:
         # Yielded calls without an answer, and answered ones whose tool has not run yet.
         self.pending: dict[str, YieldedTool] = {}
         self.answered: dict[str, ToolInputEvent] = {}
+        self.user_turns = 0
+        """User messages so far: each starts a turn of the conversation."""
+        self.recent_turns: list[int] = []
+        """Ledger positions of the last ``RECENT_TURNS`` user messages (where ``history(turns=N)`` starts)."""
 
     def apply(self, event: Event) -> None:
         index = self.count
@@ -131,6 +150,11 @@ class Projection:
                     target.pop(change.key, None)
                 else:
                     target[change.key] = change.new_value
+        elif isinstance(event, UserEvent):
+            self.user_turns += 1
+            self.recent_turns.append(index)
+            if len(self.recent_turns) > RECENT_TURNS:
+                del self.recent_turns[0]
         elif isinstance(event, ToolCallEvent):
             self.open_calls[event.call_id] = event
         elif isinstance(event, ToolResultEvent):
@@ -202,3 +226,68 @@ class Projection:
             yielded_tools=self.yielded_tools,
             invocations=[replace(node) for node in self.invocations.values()],
         )
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    def export(self) -> dict[str, Any]:
+        """The fold's state as JSON: what a snapshot stores. Ended invocations are history: left out."""
+        return {
+            "count": self.count,
+            "session_state": json_copy(self.session_state),
+            "scoped_states": json_copy(self.scoped_states),
+            "status": self.status,
+            "current_agent_name": self.current_agent_name,
+            "output": [self.output.text, json_copy(self.output.value)],
+            "invocations": [
+                [n.invocation_id, n.agent_name, n.status, n.start_index, n.end_index, n.model_calls]
+                for n in self.invocations.values()
+                if n.status not in _ENDED
+            ],
+            "open_invocation": self.open_invocation,
+            "open_calls": [e.model_dump(mode="json") for e in self.open_calls.values()],
+            "pending": [[y.call_id, y.name, json_copy(y.args), y.invocation_id] for y in self.pending.values()],
+            "answered": [e.model_dump(mode="json") for e in self.answered.values()],
+            "user_turns": self.user_turns,
+            "recent_turns": list(self.recent_turns),
+        }
+
+    @classmethod
+    def restore(
+        cls, data: dict[str, Any], upcast: Callable[[StateChangeEvent], StateChangeEvent] | None = None
+    ) -> Projection:
+        """A projection from ``export()``'s output, folding on with ``upcast``. Anything else raises
+        (``InputError``, or ``KeyError``, ``TypeError``, ``ValueError`` from a wrong shape), for the caller
+        to replay the ledger instead. The state must be in the shape ``upcast`` folds to: a snapshot
+        records the scope versions it was folded under, and one of other versions is not restored."""
+        projection = cls(upcast)
+        projection.count = _count(data["count"])
+        projection.session_state = dict(data["session_state"])
+        projection.scoped_states = {str(k): dict(v) for k, v in data["scoped_states"].items()}
+        projection.status = data["status"]
+        projection.current_agent_name = data["current_agent_name"]
+        text, value = data["output"]
+        projection.output = Output(text, value)
+        projection.invocations = {
+            row[0]: InvocationNode(row[0], row[1], row[2], _count(row[3]), row[4], _count(row[5]))
+            for row in data["invocations"]
+        }
+        projection.open_invocation = data["open_invocation"]
+        projection.open_calls = {e.call_id: e for e in _events(data["open_calls"], ToolCallEvent)}
+        projection.pending = {row[0]: YieldedTool(row[0], row[1], dict(row[2]), row[3]) for row in data["pending"]}
+        projection.answered = {e.call_id: e for e in _events(data["answered"], ToolInputEvent)}
+        projection.user_turns = _count(data["user_turns"])
+        projection.recent_turns = [_count(i) for i in data["recent_turns"]]
+        return projection
+
+
+def _events(rows: list[Any], kind: type[_E]) -> list[_E]:
+    events = [parse_event(row) for row in rows]
+    if not all(isinstance(event, kind) for event in events):
+        raise InputError(f"a snapshot's calls are {kind.__name__} events", field="snapshot")
+    return events  # type: ignore[return-value]
+
+
+def _count(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InputError(f"a snapshot's positions are counts, not {value!r}", field="snapshot")
+    return value

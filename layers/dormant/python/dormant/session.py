@@ -3,10 +3,17 @@
 Appending an event folds it into the session's ``Projection`` once, so reading state never replays the
 ledger; ``state_at`` replays a prefix into a fresh projection. State writes are validated by the
 app's schema and become ``state_change`` events; nothing else changes state.
+
+A session loaded from a snapshot (``dormant.snapshots``) holds only the tail of its ledger: its
+projection comes from the snapshot, and the events before the tail are fetched from the store the
+first time something reads them (``events`` iterated or indexed there, ``state_at``, ``fork_at``,
+``model_input``, ``event_index_of`` of an older id). Everything a turn needs — state, status, yielded
+tools, runs, commits — works on the tail alone.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, overload
 
@@ -16,6 +23,7 @@ from .errors import (
     EventIndexError,
     EventValidationError,
     InputError,
+    SessionNotFound,
     UnknownCallId,
     UnknownEventId,
     UnknownScope,
@@ -51,37 +59,58 @@ class Runtime(Protocol):
 
 
 class EventLog(Sequence[Event]):
-    """A read-only view of the ledger (append through the session, never here)."""
+    """A read-only view of the ledger (append through the session, never here).
 
-    __slots__ = ("_events",)
+    On a session loaded from a snapshot, ``len`` and reads within the loaded tail (``[-1]``,
+    ``[i:]`` from a recent position) cost nothing more; iterating, or reading before the tail, fetches
+    the earlier ledger from the store first (once).
+    """
 
-    def __init__(self, events: list[Event]) -> None:
-        self._events = events
+    __slots__ = ("_session",)
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
 
     @overload
     def __getitem__(self, index: int) -> Event: ...
     @overload
     def __getitem__(self, index: slice) -> list[Event]: ...
     def __getitem__(self, index: int | slice) -> Event | list[Event]:
-        return self._events[index]
+        session = self._session
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                session._fetch_from(0)
+                return session._events[index]
+            if start < stop:
+                session._fetch_from(start)
+            base = session._base
+            return session._events[max(start - base, 0) : max(stop - base, 0)]
+        length = len(self)
+        position = index + length if index < 0 else index
+        if not 0 <= position < length:
+            raise EventIndexError(index, length)
+        session._fetch_from(position)
+        return session._events[position - session._base]
 
     def __len__(self) -> int:
-        return len(self._events)
+        return self._session._base + len(self._session._events)
 
     def __iter__(self) -> Iterator[Event]:
-        return iter(self._events)
+        self._session._fetch_from(0)
+        return iter(self._session._events)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, EventLog):
-            return self._events == other._events
+            return list(self) == list(other)
         if isinstance(other, list | tuple):
-            return self._events == list(other)
+            return list(self) == list(other)
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"<{len(self._events)} events>"
+        return f"<{len(self)} events>"
 
 
 class Session:
@@ -115,13 +144,21 @@ class Session:
         """For a fork: the session it was copied from (its ledger ends with a ``session_forked`` event)."""
         self.fork_reason = fork_reason
         self._events: list[Event] = []
+        """The ledger from position ``_base`` on (the whole of it unless loaded from a snapshot)."""
+        self._base = 0
         self._index: dict[str, int] = {}
+        """Event id -> ledger position, for the events held."""
+        self._anchors: list[tuple[int, int]] = [(0, 0)]
+        """Known (stored version, events stored up to it), ascending: ``load(after=version)`` starts there."""
         self._projection = Projection(runtime.schema.upcast)
         # Shared-scope writes not yet committed, kept as they are appended: (scope, scope id) -> key -> value.
         self._writes: dict[tuple[str, str], dict[str, Any]] = {}
         for event in events:
             self.append(event)
         self._committed = len(self._events) if committed is None else committed
+        """Events known to be stored (a count from the start of the ledger)."""
+        self.snapshot_at = self._committed
+        """Events covered by the latest snapshot this session knows of (``dormant.snapshots`` keeps it)."""
         if self._committed:
             self._writes = {}
             for event in self._events[self._committed :]:
@@ -141,7 +178,49 @@ class Session:
 
     @property
     def events(self) -> EventLog:
-        return EventLog(self._events)
+        """The ledger. On a session loaded from a snapshot, reading before the tail fetches the rest (see
+        ``EventLog``)."""
+        return EventLog(self)
+
+    @classmethod
+    def resume(
+        cls,
+        runtime: Runtime,
+        row: StoredSession,
+        projection: Projection,
+        events: Sequence[Event],
+        *,
+        base: int,
+        anchors: Iterable[tuple[int, int]] = (),
+    ) -> Session:
+        """A stored session from a folded ``projection`` and the ledger from position ``base`` on.
+
+        The first ``projection.count - base`` of ``events`` are already folded into ``projection``; the
+        rest are folded now. ``anchors`` are known (version, event count) pairs of the stored ledger.
+        Built by ``dormant.snapshots``; the events before ``base`` are fetched when first read.
+        """
+        folded = projection.count - base
+        if base < 0 or not 0 <= folded <= len(events):
+            raise InputError("resume: the events must start at or before the projection's end", field="base")
+        session = cls(
+            runtime,
+            session_id=row.id,
+            scopes=row.scopes,
+            version=row.version,
+            created_at=row.created_at,
+            forked_from=row.forked_from,
+            fork_reason=row.fork_reason,
+        )
+        session._base = base
+        session._projection = projection
+        session._events = list(events[:folded])
+        session._index = {event.id: base + n for n, event in enumerate(session._events)}
+        for event in events[folded:]:
+            session.append(event)
+        session._committed = base + len(session._events)
+        session._writes = {}
+        session.note_anchors([*anchors, (row.version, session._committed)])
+        return session
 
     def append(self, event: Event) -> Event:
         """Add ``event`` to the ledger and fold it into the projection (once: reads never replay).
@@ -152,7 +231,7 @@ class Session:
         """
         if event.id in self._index:
             raise EventValidationError(f"event id {event.id!r} is already in this session's ledger", field="id")
-        self._index[event.id] = len(self._events)
+        self._index[event.id] = self._base + len(self._events)
         self._events.append(event)
         self._projection.apply(event)
         self._track_write(event)
@@ -168,10 +247,62 @@ class Session:
                 writes[change.key] = change.new_value
 
     def event_index_of(self, event_id: str) -> int:
+        """The ledger position of ``event_id`` (an id older than a snapshot's tail fetches the ledger)."""
+        if event_id not in self._index:
+            self._fetch_from(0)
         try:
             return self._index[event_id]
         except KeyError:
             raise UnknownEventId(event_id) from None
+
+    def turn_window(self, turns: int | None) -> Sequence[Event]:
+        """The events ``history(turns=)`` renders from: the last ``turns`` user turns, or the whole ledger.
+
+        From the ``turns``-th last user message on when there are more user messages than that (rendering
+        those gives what rendering the whole ledger with the same window gives); otherwise, and for
+        ``None``, the whole ledger — which, on a session loaded from a snapshot, is fetched.
+        """
+        projection = self._projection
+        if turns is None or projection.user_turns <= turns or turns > len(projection.recent_turns):
+            return self.events
+        return self.events[projection.recent_turns[-turns] :]
+
+    # -- the stored ledger, fetched on demand -------------------------------------------------
+
+    def note_anchors(self, anchors: Iterable[tuple[int, int]]) -> None:
+        """Add known (stored version, events stored up to it) pairs of this session's stored ledger."""
+        known = dict(self._anchors)
+        known.update(anchors)
+        self._anchors = sorted(known.items())
+
+    def anchor_for(self, position: int) -> tuple[int, int]:
+        """The latest known (version, count) with count <= ``position``: ``load(after=version)`` reaches it."""
+        counts = [count for _, count in self._anchors]
+        return self._anchors[bisect.bisect_right(counts, position) - 1]
+
+    @property
+    def anchors(self) -> list[tuple[int, int]]:
+        """Known (stored version, events stored up to it) pairs, ascending."""
+        return list(self._anchors)
+
+    def _fetch_from(self, position: int) -> None:
+        """Make sure the events from ``position`` on are held, reading the missing ones from the store."""
+        if position >= self._base:
+            return
+        version, start = self.anchor_for(position)
+        loaded = self._runtime.store.load(self.app_name, self.id, after=version)
+        if loaded is None:
+            raise SessionNotFound(self.id)
+        missing = self._base - start
+        fetched = loaded.events[:missing]
+        joins = len(fetched) == missing and (
+            not self._events or len(loaded.events) <= missing or loaded.events[missing].id == self._events[0].id
+        )
+        if not joins or loaded.session.created_at != self.created_at:
+            raise SessionNotFound(self.id)  # deleted (and perhaps made again): the earlier ledger is gone
+        self._events[0:0] = fetched
+        self._index.update((event.id, start + n) for n, event in enumerate(fetched))
+        self._base = start
 
     @property
     def projection(self) -> Projection:
@@ -214,7 +345,7 @@ class Session:
     # -- time travel ------------------------------------------------------------------------
 
     def _position(self, index: int) -> int:
-        length = len(self._events)
+        length = self._base + len(self._events)
         if not isinstance(index, int) or isinstance(index, bool):
             raise InputError(f"an event index is an int, not {type(index).__name__}", field="index")
         position = index + length if index < 0 else index
@@ -223,8 +354,10 @@ class Session:
         return position
 
     def state_at(self, index: int) -> StateSnapshot:
-        """The session as it stood after event ``index`` (inclusive), replayed from the ledger."""
+        """The session as it stood after event ``index`` (inclusive), replayed from the ledger (fetched
+        first on a session loaded from a snapshot)."""
         position = self._position(index)
+        self._fetch_from(0)
         projection = Projection(self._runtime.schema.upcast)
         for event in self._events[: position + 1]:
             projection.apply(event)
@@ -232,8 +365,11 @@ class Session:
 
     def fork_at(self, index: int, *, reason: str = "fork_at") -> Session:
         """A new session (new id, not stored until committed): copies of events ``0..index``, then a
-        ``session_forked`` event saying where it came from and ``reason``."""
+        ``session_forked`` event saying where it came from and ``reason``.
+
+        On a session loaded from a snapshot the earlier ledger is fetched first."""
         position = self._position(index)
+        self._fetch_from(0)
         if not isinstance(reason, str) or not reason:
             raise InputError("a fork's reason is a non-empty string", field="reason")
         check_storable(reason, "reason")
@@ -244,8 +380,10 @@ class Session:
     def fork(self, reason: str) -> Session:
         """A new session holding this whole ledger, stored or not (a run that could not join its session).
 
-        ``at_event_id`` on its ``session_forked`` event is the last event known to be stored.
+        ``at_event_id`` on its ``session_forked`` event is the last event known to be stored. On a session
+        loaded from a snapshot the earlier ledger is fetched first.
         """
+        self._fetch_from(0)
         at = self._events[self._committed - 1].id if self._committed else None
         return self._fork(at, reason, list(self._events))
 
@@ -257,19 +395,27 @@ class Session:
         return fork
 
     def model_input(self, index: int) -> list[Message]:
-        """The messages the model was sent at the ``model_start`` event at ``index``, rebuilt from the ledger."""
-        return rebuild_input(self._events, self._position(index), self.event_index_of)
+        """The messages the model was sent at the ``model_start`` event at ``index``, rebuilt from the ledger
+        (fetched first on a session loaded from a snapshot)."""
+        position = self._position(index)
+        self._fetch_from(0)
+        return rebuild_input(self._events, position, self.event_index_of)
 
     # -- persistence bookkeeping ------------------------------------------------------------
 
     @property
     def uncommitted_events(self) -> list[Event]:
-        return self._events[self._committed :]
+        return self._events[self._committed - self._base :]
+
+    @property
+    def committed_count(self) -> int:
+        """How many events (from the start of the ledger) this session knows to be stored."""
+        return self._committed
 
     @property
     def committed_events(self) -> list[Event]:
-        """The events this session knows to be stored."""
-        return self._events[: self._committed]
+        """The events this session knows to be stored (fetched first on a session loaded from a snapshot)."""
+        return self.events[: self._committed]
 
     def scoped_changes(self) -> list[ScopedStateChange]:
         """The shared-scope writes of the uncommitted events, one per key (the last write wins)."""
@@ -296,8 +442,9 @@ class Session:
     def mark_committed(self, version: int) -> None:
         """Every event is now stored, at ``version`` (a commit path calls this once the store said yes)."""
         self.version = version
-        self._committed = len(self._events)
+        self._committed = self._base + len(self._events)
         self._writes = {}
+        self.note_anchors([(version, self._committed)])
 
     def replace_ledger(self, merged: Session) -> None:
         """Take over ``merged``'s ledger, all of it stored: this session's run rebased onto what landed.
@@ -307,12 +454,14 @@ class Session:
         if merged.id != self.id or merged._runtime is not self._runtime:
             raise InputError("replace_ledger takes this session rebuilt (same id, same app)", field="merged")
         self._events, self._index, self._projection = merged._events, merged._index, merged._projection
+        self._base = merged._base
+        self.note_anchors(merged._anchors)
         self.mark_committed(merged.version)
 
     def __repr__(self) -> str:
         return (
             f"<Session {self.id} app={self.app_name!r} version={self.version} "
-            f"events={len(self._events)} status={self.status!r}>"
+            f"events={self._base + len(self._events)} status={self.status!r}>"
         )
 
 

@@ -85,8 +85,10 @@ class HistoryRenderer:
         self.turns = turns
 
     def render(self, ctx: RenderContext) -> Rendered:
+        """Renders from the last ``turns`` user turns only, so a session loaded from a snapshot is not
+        made to fetch its earlier ledger (``history()`` without a window does fetch it)."""
         events = ctx.session.events
-        messages = history_messages(events, self.turns)
+        messages = history_messages(ctx.session.turn_window(self.turns), self.turns)
         upto = events[-1].id if len(events) else None
         return Rendered(messages, {"kind": "history", "turns": self.turns, "upto": upto, "count": len(messages)})
 

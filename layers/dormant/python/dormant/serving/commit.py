@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
-from ..errors import VersionConflict
+from ..errors import SessionNotFound, VersionConflict
 from ..events import (
     Event,
     InvocationStartEvent,
@@ -67,8 +67,9 @@ class CommitOutcome:
 def commit(app: App, session: Session, *, attempts: int = 5) -> CommitOutcome:
     """Commit ``session``'s new events, merging or forking instead of failing on a version conflict.
 
-    The first try is ``app.sessions.commit``; a merge folds the stored ledger once, appends the run's
-    events to it, commits that through ``app.sessions.commit`` too, and hands it to ``session``.
+    The first try is ``app.sessions.commit``; a merge loads the stored session (snapshot and tail, like
+    ``app.sessions.get``), appends the run's events to it, commits that through ``app.sessions.commit``
+    too, and hands it to ``session``.
     """
     new = session.uncommitted_events
     if not new and session.version > 0:
@@ -80,31 +81,29 @@ def commit(app: App, session: Session, *, attempts: int = 5) -> CommitOutcome:
     else:
         return CommitOutcome("committed", session.id, result.version, result.appended)
 
-    base = session.committed_events
+    count = session.committed_count
+    last = session.events[count - 1].id if count else None
     new_ids = {e.id for e in new}
     for _ in range(attempts):
-        loaded = app.store.load(app.name, session.id)
-        if loaded is None:
+        # The stored session as a load gives it (snapshot and tail); what landed after this session's
+        # version is read from there on, using what this session knows of the stored ledger.
+        merged = app.sessions.get(session.id)
+        if merged is None:
             return _orphan(app, session, ["the session was deleted"])
-        stored = loaded.events
-        if [e.id for e in stored[: len(base)]] != [e.id for e in base]:
+        merged.note_anchors(session.anchors)
+        try:
+            starts = len(merged.events) >= count and (not count or merged.events[count - 1].id == last)
+            stored = merged.events[count:]
+        except SessionNotFound:
+            starts = False
+        if not starts:
             return _orphan(app, session, ["the stored ledger no longer starts with this session's"])
-        merged = Session(
-            app,
-            session_id=session.id,
-            scopes=session.scopes,
-            version=loaded.session.version,
-            created_at=loaded.session.created_at,
-            events=stored,
-            forked_from=loaded.session.forked_from,
-            fork_reason=loaded.session.fork_reason,
-        )
         stored_ids = {e.id for e in stored}
         mine = [e for e in new if e.id not in stored_ids]
         if not mine:  # every event already landed: an earlier attempt went through
             session.replace_ledger(merged)
             return CommitOutcome("committed", session.id, merged.version)
-        landed = [e for e in stored[len(base) :] if e.id not in new_ids]
+        landed = [e for e in stored if e.id not in new_ids]
         conflicts = _conflicts(session, merged, landed, mine)
         if conflicts:
             return _orphan(app, session, conflicts)

@@ -32,6 +32,15 @@ The contract (``SessionStore``; ``dormant.testing.StoreContract`` checks every p
   time: pass ``cursor=`` the last listing's ``cursor`` to continue.
 * ``close`` releases what the store owns; calling it twice is harmless.
 
+Snapshots (``SnapshotStore``, optional): a store may also keep one derived snapshot per session — the
+session's folded state as of a version, as opaque text the session layer writes and reads — so a load
+reads the snapshot and the tail of the ledger instead of the whole of it. A snapshot is a cache, never
+authoritative: ``save_snapshot`` keeps it only when the session's row exists at that version or later
+and no snapshot of a later version is kept (so racing writers never move it back), replacing the one
+before it (old snapshots are pruned by being overwritten); ``delete`` removes it with the session; one
+larger than ``limits.max_snapshot_bytes`` is not kept. A store without snapshots still works: sessions
+are then loaded whole.
+
 ``save_scoped_state`` is not part of the Protocol: the runtime writes scoped state only with a commit.
 The built-in stores keep it (``BaseSessionStore.save_scoped_state``) for seeding shared values from
 outside any session, such as a profile edited in a back office.
@@ -46,7 +55,8 @@ A store supplies only these primitives, each documented with the concurrency it 
 * ``_write(commit: PreparedCommit)`` -> events appended, or ``Refused``: the atomic, gated step;
 * ``_save_scoped(app, writes)``: scoped writes on their own, atomically;
 * ``_load_scoped(app, scope, scope_id)`` -> ``{key: encoded value}``;
-* ``_delete(app, session_id)``, ``_list(app, limit, after)`` and ``_close()``.
+* ``_delete(app, session_id)``, ``_list(app, limit, after)`` and ``_close()``;
+* optionally ``_save_snapshot``/``_load_snapshot`` (the defaults keep none: loads are then whole).
 
 Then run ``StoreContract`` against it.
 """
@@ -89,8 +99,10 @@ __all__ = [
     "ScopedWrite",
     "SessionListing",
     "SessionStore",
+    "SnapshotStore",
     "StoreLimits",
     "StoredSession",
+    "StoredSnapshot",
     "decode_cursor",
     "encode_cursor",
 ]
@@ -177,6 +189,8 @@ class StoreLimits:
     """All of one commit's encoded events together (32 MiB)."""
     max_scoped_value_bytes: int = 256 << 10
     """One scoped value's encoded JSON (256 KiB)."""
+    max_snapshot_bytes: int = 256 << 10
+    """One snapshot's text (256 KiB; under DynamoDB's item size). A larger one is not kept: loads replay more."""
 
 
 @runtime_checkable
@@ -218,6 +232,27 @@ class SessionStore(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class StoredSnapshot:
+    """A session's derived state as of ``version``: text only the session layer reads (never authoritative)."""
+
+    version: int
+    data: str
+
+
+@runtime_checkable
+class SnapshotStore(Protocol):
+    """The optional part of the contract: one snapshot per session, for loading the tail of a long ledger."""
+
+    def save_snapshot(self, app_name: str, session_id: str, snapshot: StoredSnapshot) -> bool:
+        """Keep ``snapshot`` unless the row is gone or older, or a later snapshot is kept; True when kept."""
+        ...
+
+    def load_snapshot(self, app_name: str, session_id: str) -> StoredSnapshot | None:
+        """The snapshot kept for the session, or ``None``."""
+        ...
 
 
 # -- what the base hands a store's primitives ---------------------------------------------------
@@ -339,6 +374,22 @@ class BaseSessionStore(ABC):
             self._closed = True
             self._close()
 
+    def save_snapshot(self, app_name: str, session_id: str, snapshot: StoredSnapshot) -> bool:
+        check_id(app_name, "app name")
+        check_id(session_id)
+        if not isinstance(snapshot, StoredSnapshot) or not _is_count(snapshot.version) or snapshot.version < 1:
+            raise InputError("a snapshot is a StoredSnapshot of a stored version (>= 1)", field="snapshot")
+        if _utf8_size(snapshot.data) > self.limits.max_snapshot_bytes:
+            return False  # a cache: too big to keep is not an error
+        self._check_open()
+        return self._save_snapshot(app_name, session_id, snapshot)
+
+    def load_snapshot(self, app_name: str, session_id: str) -> StoredSnapshot | None:
+        check_id(app_name, "app name")
+        check_id(session_id)
+        self._check_open()
+        return self._load_snapshot(app_name, session_id)
+
     # -- the encoding seam ----------------------------------------------------------------------
 
     def encode_event(self, event: Event) -> str:
@@ -390,7 +441,7 @@ class BaseSessionStore(ABC):
 
     @abstractmethod
     def _delete(self, app_name: str, session_id: str) -> None:
-        """Remove the row and every event. Concurrency: a ``_write`` that follows must find no row."""
+        """Remove the row, every event and the snapshot. Concurrency: a ``_write`` that follows must find no row."""
 
     @abstractmethod
     def _list(self, app_name: str, limit: int | None, after: tuple[int, str] | None) -> builtins.list[SessionListing]:
@@ -399,6 +450,16 @@ class BaseSessionStore(ABC):
     @abstractmethod
     def _close(self) -> None:
         """Release what the store owns (called once)."""
+
+    def _save_snapshot(self, app_name: str, session_id: str, snapshot: StoredSnapshot) -> bool:
+        """Keep ``snapshot`` in place of the session's one, only if the row's version >= ``snapshot.version``
+        and the kept one is older. Concurrency: atomic against ``_write`` and ``_delete`` of the session.
+        The default keeps nothing (the store has no snapshots)."""
+        return False
+
+    def _load_snapshot(self, app_name: str, session_id: str) -> StoredSnapshot | None:
+        """The session's snapshot. The default: none."""
+        return None
 
     # -- shared steps -----------------------------------------------------------------------------
 

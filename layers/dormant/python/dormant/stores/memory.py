@@ -12,7 +12,15 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from .base import BaseSessionStore, PreparedCommit, Refused, ScopedWrite, SessionListing, StoredSession
+from .base import (
+    BaseSessionStore,
+    PreparedCommit,
+    Refused,
+    ScopedWrite,
+    SessionListing,
+    StoredSession,
+    StoredSnapshot,
+)
 
 __all__ = ["MemorySessionStore", "in_memory_store"]
 
@@ -24,6 +32,7 @@ class _Row:
     versions: list[int] = field(default_factory=list)
     """The version that stored each event (ascending: ``load(after=)`` bisects it)."""
     ids: set[str] = field(default_factory=set)
+    snapshot: StoredSnapshot | None = None
 
 
 class MemorySessionStore(BaseSessionStore):
@@ -62,6 +71,21 @@ class MemorySessionStore(BaseSessionStore):
             row.ids.update(event.id for event in fresh)
             self._merge(commit.row.app_name, commit.scoped)
             return len(fresh)
+
+    def _save_snapshot(self, app_name: str, session_id: str, snapshot: StoredSnapshot) -> bool:
+        with self._lock:
+            row = self._sessions.get((app_name, session_id))
+            if row is None or row.meta.version < snapshot.version:
+                return False
+            if row.snapshot is not None and row.snapshot.version >= snapshot.version:
+                return False
+            row.snapshot = snapshot
+            return True
+
+    def _load_snapshot(self, app_name: str, session_id: str) -> StoredSnapshot | None:
+        with self._lock:
+            row = self._sessions.get((app_name, session_id))
+            return row.snapshot if row is not None else None
 
     def _save_scoped(self, app_name: str, writes: Sequence[ScopedWrite]) -> None:
         with self._lock:

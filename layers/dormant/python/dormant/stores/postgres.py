@@ -4,7 +4,7 @@ Give it a connection string and it builds (and on ``close()`` closes) a ``psycop
 give it a pool you manage and it uses that pool as it is — never closing or re-configuring it, and
 reading rows as tuples whatever ``row_factory`` the pool's connections carry.
 
-Tables: the same three as the SQLite store (``sql_schema``; JSONB in place of TEXT), unqualified, so they land in the
+Tables: the same four as the SQLite store (``sql_schema``; JSONB in place of TEXT), unqualified, so they land in the
 connection's ``search_path``. They are created on the store's first use, once per store object. A role
 without CREATE rights works against tables that already exist; on a database without them it fails on
 that first statement with a ``ConfigurationError`` saying so. Concurrent creators — threads, or
@@ -39,7 +39,15 @@ from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from ..errors import ConfigurationError, DormantError, StoreBusy, StoreError
-from .base import BaseSessionStore, PreparedCommit, Refused, ScopedWrite, SessionListing, StoredSession
+from .base import (
+    BaseSessionStore,
+    PreparedCommit,
+    Refused,
+    ScopedWrite,
+    SessionListing,
+    StoredSession,
+    StoredSnapshot,
+)
 from .sql_schema import INDEXES, TABLES, ddl
 
 __all__ = ["DDL", "PostgresSessionStore", "postgres_store"]
@@ -99,6 +107,17 @@ _DELETE_SCOPED = (
     "DELETE FROM scoped_state WHERE app_name = %(app)s AND scope = %(scope)s AND scope_id = %(scope_id)s"
     " AND key = ANY(%(keys)s::text[])"
 )
+# Kept only while the row is at the snapshot's version or later (the SELECT reads it; a delete racing
+# this leaves at worst a snapshot whose created_at no longer matches, which loads ignore), and only
+# over an older snapshot.
+_SAVE_SNAPSHOT = (
+    "INSERT INTO snapshots (app_name, session_id, version, data)"
+    " SELECT app_name, id, %(version)s, %(data)s FROM sessions"
+    " WHERE app_name = %(app)s AND id = %(sid)s AND version >= %(version)s"
+    " ON CONFLICT (app_name, session_id) DO UPDATE SET version = excluded.version, data = excluded.data"
+    " WHERE excluded.version > snapshots.version"
+)
+_LOAD_SNAPSHOT = "SELECT version, data FROM snapshots WHERE app_name = %s AND session_id = %s"
 _LOAD_SCOPED = "SELECT key, value::text FROM scoped_state WHERE app_name = %s AND scope = %s AND scope_id = %s"
 
 _PIPELINE = psycopg.Pipeline.is_supported()
@@ -168,6 +187,18 @@ class PostgresSessionStore(BaseSessionStore):
                 return Refused(row[0], json.loads(row[1])) if row else Refused(0)
         return appended.rowcount if appended else 0
 
+    def _save_snapshot(self, app_name: str, session_id: str, snapshot: StoredSnapshot) -> bool:
+        params = {"app": app_name, "sid": session_id, "version": snapshot.version, "data": snapshot.data}
+        with self._connection() as conn:
+            with _atomic(conn):
+                saved = conn.cursor().execute(_SAVE_SNAPSHOT, params)
+            return saved.rowcount == 1
+
+    def _load_snapshot(self, app_name: str, session_id: str) -> StoredSnapshot | None:
+        with self._connection() as conn:
+            row = conn.cursor(row_factory=tuple_row).execute(_LOAD_SNAPSHOT, (app_name, session_id)).fetchone()
+        return StoredSnapshot(row[0], row[1]) if row is not None else None
+
     def _save_scoped(self, app_name: str, writes: Sequence[ScopedWrite]) -> None:
         with self._connection() as conn, _atomic(conn):
             for statement, params in _scoped_statements(app_name, writes):
@@ -184,6 +215,7 @@ class PostgresSessionStore(BaseSessionStore):
         with self._connection() as conn, _atomic(conn):
             conn.execute("DELETE FROM sessions WHERE app_name = %s AND id = %s", (app_name, session_id))
             conn.execute("DELETE FROM events WHERE app_name = %s AND session_id = %s", (app_name, session_id))
+            conn.execute("DELETE FROM snapshots WHERE app_name = %s AND session_id = %s", (app_name, session_id))
 
     def _list(self, app_name: str, limit: int | None, after: tuple[int, str] | None) -> builtins.list[SessionListing]:
         query = "SELECT id, updated_at, created_at, version, status FROM sessions WHERE app_name = %s"

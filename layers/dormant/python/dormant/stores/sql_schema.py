@@ -2,13 +2,14 @@
 
 Events are keyed by id (re-sent ids are found by the primary key) and ordered by ``(version, seq)``:
 the commit that stored them and their position in it, the position ``load(..., after=)`` reads from.
+``snapshots`` keeps one derived snapshot per session (a cache: text, overwritten, never authoritative).
 """
 
 from __future__ import annotations
 
 __all__ = ["INDEXES", "TABLES", "ddl"]
 
-TABLES = ("sessions", "events", "scoped_state")
+TABLES = ("sessions", "events", "scoped_state", "snapshots")
 INDEXES = ("idx_sessions_updated", "idx_events_order")
 
 _DDL = """
@@ -42,6 +43,13 @@ CREATE TABLE IF NOT EXISTS scoped_state (
   key TEXT NOT NULL,
   value {json} NOT NULL,
   PRIMARY KEY (app_name, scope, scope_id, key)
+);
+CREATE TABLE IF NOT EXISTS snapshots (
+  app_name TEXT NOT NULL,
+  session_id TEXT NOT NULL,
+  version INTEGER NOT NULL,
+  data TEXT NOT NULL,
+  PRIMARY KEY (app_name, session_id)
 );
 """
 

@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import ConfigurationError, StoreBusy, StoreError
-from .base import BaseSessionStore, PreparedCommit, Refused, ScopedWrite, SessionListing, StoredSession
+from .base import (
+    BaseSessionStore,
+    PreparedCommit,
+    Refused,
+    ScopedWrite,
+    SessionListing,
+    StoredSession,
+    StoredSnapshot,
+)
 from .sql_schema import TABLES, ddl
 
 __all__ = ["DDL", "SQLiteSessionStore", "sqlite_store"]
@@ -32,6 +40,13 @@ DDL = ddl("TEXT")
 
 _BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 _ID_CHUNK = 500  # event ids per "IN (...)" lookup, well under SQLite's variable limit
+# Kept only while the row is at the snapshot's version or later, and only over an older snapshot.
+_SAVE_SNAPSHOT = (
+    "INSERT INTO snapshots (app_name, session_id, version, data)"
+    " SELECT app_name, id, ?, ? FROM sessions WHERE app_name = ? AND id = ? AND version >= ?"
+    " ON CONFLICT (app_name, session_id) DO UPDATE SET version = excluded.version, data = excluded.data"
+    " WHERE excluded.version > snapshots.version"
+)
 _ROW = "SELECT version, scopes, created_at, status, updated_at, forked_from, fork_reason FROM sessions"
 
 
@@ -64,16 +79,17 @@ class SQLiteSessionStore(BaseSessionStore):
         Checking reads ``sqlite_master``, which a writer's transaction does not block in WAL mode: opening
         a store to read never waits for a writer.
         """
-        found = self._columns()
-        if found == _expected_columns():
+        found, expected = self._columns(), _expected_columns()
+        if found == expected:
             return
-        if any(found.values()):
+        if any(columns and columns != expected[table] for table, columns in found.items()):
             raise ConfigurationError(
                 f"{self.path} holds tables that are not this version's dormant tables (made by an earlier "
                 "version?): move it aside, or point the store at another file"
             )
-        if not create:
+        if not create and not any(found.values()):
             raise ConfigurationError(f"{self.path} holds no dormant tables (and create=False)")
+        # None of the tables, or an earlier file without the snapshots table: make what is missing.
         with self._transaction():
             for statement in DDL.split(";"):
                 if statement.strip():
@@ -140,6 +156,18 @@ class SQLiteSessionStore(BaseSessionStore):
             self._merge(app, commit.scoped)
             return len(fresh)
 
+    def _save_snapshot(self, app_name: str, session_id: str, snapshot: StoredSnapshot) -> bool:
+        with self._use(), self._transaction():
+            params = (snapshot.version, snapshot.data, app_name, session_id, snapshot.version)
+            return self._conn.execute(_SAVE_SNAPSHOT, params).rowcount == 1
+
+    def _load_snapshot(self, app_name: str, session_id: str) -> StoredSnapshot | None:
+        with self._use():
+            row = self._conn.execute(
+                "SELECT version, data FROM snapshots WHERE app_name = ? AND session_id = ?", (app_name, session_id)
+            ).fetchone()
+        return StoredSnapshot(row[0], row[1]) if row is not None else None
+
     def _save_scoped(self, app_name: str, writes: Sequence[ScopedWrite]) -> None:
         with self._use(), self._transaction():
             self._merge(app_name, writes)
@@ -156,6 +184,7 @@ class SQLiteSessionStore(BaseSessionStore):
         with self._use(), self._transaction():
             self._conn.execute("DELETE FROM events WHERE app_name = ? AND session_id = ?", (app_name, session_id))
             self._conn.execute("DELETE FROM sessions WHERE app_name = ? AND id = ?", (app_name, session_id))
+            self._conn.execute("DELETE FROM snapshots WHERE app_name = ? AND session_id = ?", (app_name, session_id))
 
     def _list(self, app_name: str, limit: int | None, after: tuple[int, str] | None) -> builtins.list[SessionListing]:
         sql = "SELECT id, updated_at, created_at, version, status FROM sessions WHERE app_name = ?"

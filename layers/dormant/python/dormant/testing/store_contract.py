@@ -8,6 +8,9 @@ Prove a store in a few lines — subclass, give it a name starting with ``Test``
         def make_store(self):
             return MyStore(...)
 
+A store that implements the optional ``SnapshotStore`` part is checked on it too; one that does not
+reports those tests skipped.
+
 Override ``make_peer(store)`` to return a second handle on the same storage (another connection,
 another client) and the concurrency tests race the two. Every test uses fresh app and session ids,
 so a shared database (a Postgres server, a DynamoDB table) needs no cleaning between runs.
@@ -27,7 +30,7 @@ from hypothesis import strategies as st
 from ..clock import frozen_clock
 from ..errors import CommitTooLarge, EventTooLarge, InputError, ScopeMismatch, StoreClosed
 from ..events import Event, StateChange, StateChangeEvent, ToolCallEvent, UserEvent
-from ..stores.base import ScopedStateChange, SessionStore, StoredSession, StoreLimits
+from ..stores.base import ScopedStateChange, SessionStore, SnapshotStore, StoredSession, StoredSnapshot, StoreLimits
 
 __all__ = ["StoreContract"]
 
@@ -582,6 +585,57 @@ class StoreContract:
         assert (loaded is None) == (version == 0)
         if loaded is not None:
             assert _ids(loaded.events) == ledger and loaded.session.version == version
+
+    # -- snapshots (the optional part) ------------------------------------------------------
+
+    def snapshots_of(self, store: SessionStore) -> SnapshotStore:
+        """The store as a ``SnapshotStore``; a store that keeps no snapshots reports these tests skipped."""
+        if not isinstance(store, SnapshotStore):
+            pytest.skip("this store has no snapshots (loads read the whole ledger)")
+        return store
+
+    def test_a_snapshot_is_kept_newest_first_and_goes_with_its_session(self, store: SessionStore, app: str) -> None:
+        snaps = self.snapshots_of(store)
+        meta = self.meta(app)
+        assert not snaps.save_snapshot(app, meta.id, StoredSnapshot(1, "none yet")), "no row: nothing kept"
+        store.commit(meta, [_event(1)], 0)
+        if not snaps.save_snapshot(app, meta.id, StoredSnapshot(1, "at 1")):
+            pytest.skip("this store keeps no snapshots (loads read the whole ledger)")
+        assert snaps.load_snapshot(app, meta.id) == StoredSnapshot(1, "at 1")
+        assert not snaps.save_snapshot(app, meta.id, StoredSnapshot(2, "ahead of the row"))
+        store.commit(meta, [_event(2)], 1)
+        store.commit(meta, [_event(3)], 2)
+        assert snaps.save_snapshot(app, meta.id, StoredSnapshot(3, "at 3"))
+        assert not snaps.save_snapshot(app, meta.id, StoredSnapshot(2, "older: a slow writer"))
+        assert not snaps.save_snapshot(app, meta.id, StoredSnapshot(3, "the same version again"))
+        assert snaps.load_snapshot(app, meta.id) == StoredSnapshot(3, "at 3")
+        other = self.meta(app)
+        store.commit(other, [_event(1)], 0)
+        assert snaps.load_snapshot(app, other.id) is None
+        assert snaps.load_snapshot(f"{app}-other", meta.id) is None
+        store.delete(app, meta.id)
+        assert snaps.load_snapshot(app, meta.id) is None
+        store.commit(meta, [_event(1), _event(2), _event(3), _event(4)], 0)  # made again: no snapshot of the old one
+        for version in range(1, 4):
+            store.commit(meta, [], version)
+        assert snaps.load_snapshot(app, meta.id) is None
+
+    def test_a_snapshot_over_its_limit_is_not_kept_and_bad_ones_are_refused(
+        self, store: SessionStore, app: str
+    ) -> None:
+        snaps = self.snapshots_of(store)
+        meta = self.meta(app)
+        store.commit(meta, [_event(1)], 0)
+        store.commit(meta, [_event(2)], 1)
+        limit = self.limits(store).max_snapshot_bytes
+        if not snaps.save_snapshot(app, meta.id, StoredSnapshot(1, "é" * (limit // 2))):
+            pytest.skip("this store keeps no snapshots (loads read the whole ledger)")
+        assert not snaps.save_snapshot(app, meta.id, StoredSnapshot(2, "é" * (limit // 2 + 1)))  # bytes, not chars
+        assert snaps.load_snapshot(app, meta.id) == StoredSnapshot(1, "é" * (limit // 2))
+        for bad in (StoredSnapshot(0, "x"), StoredSnapshot(-1, "x"), "x"):
+            with pytest.raises(InputError) as caught:
+                snaps.save_snapshot(app, meta.id, bad)  # type: ignore[arg-type]
+            assert caught.value.field == "snapshot"
 
     # -- lifecycle --------------------------------------------------------------------------
 

@@ -1,0 +1,203 @@
+"""Snapshots: a long session loads from its latest snapshot and the tail of its ledger.
+
+Every ``snapshot_every`` events (``adk(snapshot_every=)``, 100 by default) a commit also stores a
+snapshot: the session's ``Projection`` as of the committed version (state of every scope, status,
+yielded and answered calls, the open invocation), the ledger positions of its last user turns, and
+known (version, event count) pairs so a load can start the ledger at a turn. It holds state, not
+history, and the store keeps one per session, so storage stays linear in the ledger.
+
+A snapshot is a cache. It is written after the commit, as a separate best-effort write (a failure is
+logged and the commit stands), kept only if no later one is; it is checked on load (format, version,
+the row's ``created_at``) and anything that does not fit is ignored — the session is then loaded whole
+and the next commit writes a fresh snapshot. It is never trusted over the ledger.
+
+Format 1, JSON: ``{"format": 1, "version", "count", "created_at", "schema": {scope: version},
+"projection": Projection.export(), "anchors": [[version, count], ...]}``. The state is folded in the
+shape of the scope versions in ``schema``; a snapshot taken before a migration was added is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import InputError
+from .projection import Projection
+from .session import Runtime, Session
+from .stores.base import SnapshotStore, StoredSession, StoredSnapshot
+
+__all__ = ["DEFAULT_EVERY", "FORMAT", "load_session", "save_after_commit", "save_snapshot", "snapshot_of"]
+
+FORMAT = 1
+DEFAULT_EVERY = 100
+"""Events between snapshots: a load then reads at most about this many events past the snapshot, plus
+what the agents' history windows need."""
+
+_log = logging.getLogger("dormant.snapshots")
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    version: int
+    count: int
+    created_at: int
+    projection: Projection
+    anchors: list[tuple[int, int]]
+
+    def start(self, history: int) -> tuple[int, int] | None:
+        """The (version, count) to load the ledger after, for a window of ``history`` user turns; ``None``:
+        the window needs the whole ledger."""
+        position = self.count
+        if history:
+            projection = self.projection
+            if projection.user_turns <= history or history > len(projection.recent_turns):
+                return None
+            position = min(position, projection.recent_turns[-history])
+        return max((a for a in [(0, 0), *self.anchors, (self.version, self.count)] if a[1] <= position), key=_count)
+
+
+def _count(anchor: tuple[int, int]) -> int:
+    return anchor[1]
+
+
+def snapshot_of(session: Session) -> StoredSnapshot:
+    """``session``'s snapshot as of its committed version (every event of it must be committed)."""
+    projection = session.projection
+    anchors = sorted({session.anchor_for(position) for position in projection.recent_turns})
+    data = {
+        "format": FORMAT,
+        "version": session.version,
+        "count": session.committed_count,
+        "created_at": session.created_at,
+        "schema": session.runtime.schema.versions,
+        "projection": projection.export(),
+        "anchors": [list(anchor) for anchor in anchors],
+    }
+    return StoredSnapshot(session.version, json.dumps(data, separators=(",", ":"), allow_nan=False))
+
+
+def _decode(stored: StoredSnapshot | None, runtime: Runtime) -> _Snapshot | None:
+    """The snapshot, or ``None`` for one of another format, of other scope versions (state folded before a
+    migration was added, say), or that does not parse: it is then rebuilt."""
+    if stored is None:
+        return None
+    schema = runtime.schema
+    try:
+        data: Any = json.loads(stored.data)
+        if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != stored.version:
+            return None
+        if data.get("schema") != schema.versions:
+            return None
+        projection = Projection.restore(data["projection"], schema.upcast)
+        count, created_at = data["count"], data["created_at"]
+        if projection.count != count or not isinstance(created_at, int):
+            return None
+        anchors = [(int(version), int(at)) for version, at in data["anchors"]]
+    except (InputError, ValueError, TypeError, KeyError, AttributeError):
+        _log.warning("ignoring a snapshot that does not parse (version %s)", stored.version, exc_info=True)
+        return None
+    return _Snapshot(stored.version, count, created_at, projection, anchors)
+
+
+def load_session(
+    runtime: Runtime,
+    session_id: str,
+    *,
+    history: int | None,
+    snapshots: bool = True,
+    alive: Callable[[StoredSession], bool] | None = None,
+) -> Session | None:
+    """Load a stored session: from its snapshot and the tail of its ledger when it can, else whole.
+
+    ``alive`` may refuse the row (retention): the session then loads as ``None``.
+    ``history`` is how many user turns the app's renderers show (0: none, ``None``: the whole ledger,
+    so the whole ledger is read). The tail starts at the snapshot, or earlier when that window needs it.
+    """
+    store = runtime.store
+    if history is None or not snapshots or not isinstance(store, SnapshotStore):
+        return _whole(runtime, session_id, covered=None, alive=alive)
+    snapshot = _decode(store.load_snapshot(runtime.name, session_id), runtime)
+    if snapshot is None:
+        return _whole(runtime, session_id, covered=0, alive=alive)  # none, or unreadable: the next commit writes one
+    start = snapshot.start(history)
+    if start is None:
+        return _whole(runtime, session_id, covered=snapshot.count, created_at=snapshot.created_at, alive=alive)
+    after, base = start
+    loaded = store.load(runtime.name, session_id, after=after)
+    if loaded is None:
+        return None
+    row = loaded.session
+    if (
+        row.created_at != snapshot.created_at
+        or row.version < snapshot.version
+        or base + len(loaded.events) < snapshot.count
+    ):
+        return _whole(runtime, session_id, covered=0, alive=alive)  # the session was deleted and made again since
+    session = Session.resume(
+        runtime,
+        row,
+        snapshot.projection,
+        loaded.events,
+        base=base,
+        anchors=[*snapshot.anchors, (snapshot.version, snapshot.count)],
+    )
+    session.snapshot_at = snapshot.count
+    return session
+
+
+def _whole(
+    runtime: Runtime,
+    session_id: str,
+    *,
+    covered: int | None,
+    created_at: int | None = None,
+    alive: Callable[[StoredSession], bool] | None = None,
+) -> Session | None:
+    """The whole ledger, folded. ``covered``: events the stored snapshot covers (``None``: not looked at)."""
+    loaded = runtime.store.load(runtime.name, session_id)
+    if loaded is None or (alive is not None and not alive(loaded.session)):
+        return None
+    row = loaded.session
+    session = Session(
+        runtime,
+        session_id=row.id,
+        scopes=row.scopes,
+        version=row.version,
+        created_at=row.created_at,
+        events=loaded.events,
+        forked_from=row.forked_from,
+        fork_reason=row.fork_reason,
+    )
+    session.mark_committed(row.version)
+    if covered is not None:
+        session.snapshot_at = covered if created_at in (None, row.created_at) else 0
+    return session
+
+
+def save_snapshot(runtime: Runtime, session: Session) -> bool:
+    """Store ``session``'s snapshot now; True when the store kept it. Nothing may be uncommitted."""
+    store = runtime.store
+    session.snapshot_at = session.committed_count
+    if not isinstance(store, SnapshotStore):
+        return False
+    return store.save_snapshot(session.app_name, session.id, snapshot_of(session))
+
+
+def save_after_commit(runtime: Runtime, session: Session, *, before: int, every: int | None, complete: bool) -> None:
+    """After a commit that took the ledger from ``before`` events to ``session.committed_count``: store a
+    snapshot when it crossed a multiple of ``every``, or ``every`` events landed since the last snapshot
+    this session knows of.
+
+    ``complete`` says the store appended every event sent (else the stored ledger may order them
+    otherwise, and this session's fold is not the snapshot to keep). Best effort: an error is logged.
+    """
+    after = session.committed_count
+    if every is None or not complete or (after // every == before // every and after - session.snapshot_at < every):
+        return
+    try:
+        save_snapshot(runtime, session)
+    except Exception:  # a cache: the commit has landed and stands
+        _log.warning("could not store a snapshot of session %s", session.id, exc_info=True)
