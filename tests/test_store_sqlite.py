@@ -14,7 +14,7 @@ import pytest
 
 from dormant.errors import ConfigurationError, StoreBusy
 from dormant.events import UserEvent
-from dormant.stores.base import StoredSession
+from dormant.stores.base import StoredSession, StoredSnapshot
 from dormant.stores.sqlite import sqlite_store
 
 META = StoredSession(id="s-1", app_name="app", created_at=1)
@@ -29,7 +29,19 @@ def test_the_file_and_its_parent_directories_are_created_in_wal_mode(tmp_path: P
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert tables == {"sessions", "events", "scoped_state"}
+    assert tables == {"sessions", "events", "scoped_state", "snapshots"}
+
+
+def test_a_file_made_before_snapshots_gains_their_table_and_keeps_its_sessions(tmp_path: Path) -> None:
+    path = tmp_path / "before.db"
+    sqlite_store(path).commit(META, [UserEvent(id="e1", text="hi")], 0)
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TABLE snapshots")  # the file as the release before snapshots left it
+    store = sqlite_store(path, create=False)
+    loaded = store.load("app", "s-1")
+    assert loaded is not None and [e.id for e in loaded.events] == ["e1"]
+    assert store.save_snapshot("app", "s-1", StoredSnapshot(1, "{}"))
+    assert store.load_snapshot("app", "s-1") == StoredSnapshot(1, "{}")
 
 
 def test_opening_an_existing_file_keeps_its_data(tmp_path: Path) -> None:
