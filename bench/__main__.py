@@ -14,7 +14,7 @@ import time
 
 from .common import QUICK, Figure
 
-SECTIONS = ["ledger", "sqlite", "postgres", "dynamodb", "cold_start"]
+SECTIONS = ["ledger", "sqlite", "postgres", "dynamodb", "cold_start", "long"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -260,11 +260,11 @@ class Session:
 
         From the ``turns``-th last user message on when there are more user messages than that (rendering
         those gives what rendering the whole ledger with the same window gives); otherwise, and for
-        ``None``, the whole ledger — which, on a session loaded from a snapshot, is fetched.
+        ``None``, the whole ledger. On a session loaded from a snapshot, what the tail lacks is fetched.
         """
         projection = self._projection
         if turns is None or projection.user_turns <= turns or turns > len(projection.recent_turns):
-            return self.events
+            return self.events[:]
         return self.events[projection.recent_turns[-turns] :]
 
     # -- the stored ledger, fetched on demand -------------------------------------------------

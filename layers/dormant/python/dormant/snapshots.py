@@ -47,21 +47,6 @@ class _Snapshot:
     projection: Projection
     anchors: list[tuple[int, int]]
 
-    def start(self, history: int) -> tuple[int, int] | None:
-        """The (version, count) to load the ledger after, for a window of ``history`` user turns; ``None``:
-        the window needs the whole ledger."""
-        position = self.count
-        if history:
-            projection = self.projection
-            if projection.user_turns <= history or history > len(projection.recent_turns):
-                return None
-            position = min(position, projection.recent_turns[-history])
-        return max((a for a in [(0, 0), *self.anchors, (self.version, self.count)] if a[1] <= position), key=_count)
-
-
-def _count(anchor: tuple[int, int]) -> int:
-    return anchor[1]
-
 
 def snapshot_of(session: Session) -> StoredSnapshot:
     """``session``'s snapshot as of its committed version (every event of it must be committed)."""
@@ -114,7 +99,8 @@ def load_session(
 
     ``alive`` may refuse the row (retention): the session then loads as ``None``.
     ``history`` is how many user turns the app's renderers show (0: none, ``None``: the whole ledger,
-    so the whole ledger is read). The tail starts at the snapshot, or earlier when that window needs it.
+    so the whole ledger is read). The tail after the snapshot is read first; when it holds fewer user
+    turns than the window, the rest of the window is read from the snapshot's anchors.
     """
     store = runtime.store
     if history is None or not snapshots or not isinstance(store, SnapshotStore):
@@ -122,29 +108,25 @@ def load_session(
     snapshot = _decode(store.load_snapshot(runtime.name, session_id), runtime)
     if snapshot is None:
         return _whole(runtime, session_id, covered=0, alive=alive)  # none, or unreadable: the next commit writes one
-    start = snapshot.start(history)
-    if start is None:
-        return _whole(runtime, session_id, covered=snapshot.count, created_at=snapshot.created_at, alive=alive)
-    after, base = start
-    loaded = store.load(runtime.name, session_id, after=after)
+    loaded = store.load(runtime.name, session_id, after=snapshot.version)
     if loaded is None:
         return None
     row = loaded.session
-    if (
-        row.created_at != snapshot.created_at
-        or row.version < snapshot.version
-        or base + len(loaded.events) < snapshot.count
-    ):
+    if alive is not None and not alive(row):
+        return None
+    if row.created_at != snapshot.created_at or row.version < snapshot.version:
         return _whole(runtime, session_id, covered=0, alive=alive)  # the session was deleted and made again since
     session = Session.resume(
         runtime,
         row,
         snapshot.projection,
         loaded.events,
-        base=base,
+        base=snapshot.count,
         anchors=[*snapshot.anchors, (snapshot.version, snapshot.count)],
     )
     session.snapshot_at = snapshot.count
+    if history:
+        session.turn_window(history)  # the window's turns the tail lacks, read now rather than mid-run
     return session
 
 

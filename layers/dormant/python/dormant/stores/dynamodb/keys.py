@@ -6,6 +6,7 @@ the loader and the repair code.
 A session partition ``S#{app}#{session_id}`` holds:
 
 * the meta item, ``sk = "#M"`` (sorts before every event item, so a load's first page starts with it);
+* the session's snapshot, ``sk = "#S"`` (after the meta item, before the events; one item, overwritten);
 * one item per event (more for a large one), ``sk = "E#{version:012d}#{grant}#{seq:05d}"`` — the version
   the gate granted, the writer's random grant token, and the position in the batch. Known before
   writing, so events need no read-before-write and no counter. The token keeps a writer whose commit was
@@ -25,6 +26,7 @@ from typing import NamedTuple
 __all__ = [
     "CHUNK_BYTES",
     "META_SK",
+    "SNAPSHOT_SK",
     "EventKey",
     "IdFilter",
     "chunks",
@@ -41,6 +43,7 @@ __all__ = [
 ]
 
 META_SK = "#M"
+SNAPSHOT_SK = "#S"
 EVENT_PREFIX = "E#"
 CHUNK_BYTES = 350_000
 """Bytes of event JSON per item: DynamoDB's item limit is 400 KB, keys and attribute names included.

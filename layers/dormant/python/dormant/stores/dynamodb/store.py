@@ -66,10 +66,19 @@ from ...errors import (
     StoreError,
     StoreUnavailable,
 )
-from ..base import BaseSessionStore, PreparedCommit, Refused, ScopedWrite, SessionListing, StoredSession
+from ..base import (
+    BaseSessionStore,
+    PreparedCommit,
+    Refused,
+    ScopedWrite,
+    SessionListing,
+    StoredSession,
+    StoredSnapshot,
+)
 from .keys import (
     GRANT_LENGTH,
     META_SK,
+    SNAPSHOT_SK,
     IdFilter,
     chunks,
     event_prefix,
@@ -332,6 +341,41 @@ class DynamoDBSessionStore(BaseSessionStore):
         """In ``TransactWriteItems`` of up to 100 keys: atomic up to 100 keys (more are written 100 at a time)."""
         for start in range(0, len(writes), 100):
             self._transact([_transact_item(self._table, app_name, write) for write in writes[start : start + 100]])
+
+    def _save_snapshot(self, app_name: str, session_id: str, snapshot: StoredSnapshot) -> bool:
+        """One ``TransactWriteItems``: a check that the meta item is at the snapshot's version or later, and a
+        put of the snapshot item over an older one. A snapshot is at most ``limits.max_snapshot_bytes``
+        (256 KiB): one item, never chunked (the base keeps none larger)."""
+        pk, version = session_pk(app_name, session_id), {":v": {"N": str(snapshot.version)}}
+        try:
+            self._transact(
+                [
+                    {
+                        "ConditionCheck": {
+                            "TableName": self._table,
+                            "Key": _key(pk, META_SK),
+                            "ConditionExpression": "version >= :v",
+                            "ExpressionAttributeValues": version,
+                        }
+                    },
+                    {
+                        "Put": {
+                            "TableName": self._table,
+                            "Item": {**_key(pk, SNAPSHOT_SK), "ver": version[":v"], "d": {"S": snapshot.data}},
+                            "ConditionExpression": "attribute_not_exists(ver) OR ver < :v",
+                            "ExpressionAttributeValues": version,
+                        }
+                    },
+                ]
+            )
+        except _Cancelled:
+            return False
+        return True
+
+    def _load_snapshot(self, app_name: str, session_id: str) -> StoredSnapshot | None:
+        key = _key(session_pk(app_name, session_id), SNAPSHOT_SK)
+        item = self._call("get_item", TableName=self._table, Key=key, ConsistentRead=True).get("Item")
+        return StoredSnapshot(int(item["ver"]["N"]), item["d"]["S"]) if item else None
 
     def _list(self, app_name: str, limit: int | None, after: tuple[int, str] | None) -> builtins.list[SessionListing]:
         streams = [self._shard_stream(key, after, limit) for key in listing_keys(app_name, self._listing_shards)]
