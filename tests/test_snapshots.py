@@ -467,3 +467,34 @@ def test_snapshot_and_tail_match_a_full_replay_on_dynamodb(
         check_random_session(lambda: dynamo_store(dynamodb_table, client=ddb), plans, every, turns, name)
     finally:
         ddb.close()
+
+
+class Renamed(BaseModel):
+    total: int = 0
+    words: list[str] = []
+
+
+def test_a_snapshot_folded_before_a_migration_is_ignored() -> None:
+    """State in a snapshot is in the shape of the scope versions it was folded under: a release that adds
+    a migration must not read it as current."""
+    from dormant.state.migrations import RenameKey
+
+    store = in_memory_store()
+    app, agent, model = build(store, every=10)
+    sid = long_session(app, agent, model, 3)
+    assert store.load_snapshot("snap", sid) is not None
+    later = adk(
+        name="snap",
+        schema={"session": Renamed, "user": Profile},
+        store=store,
+        migrations={"session": [RenameKey("count", "total")]},
+        snapshot_every=10,
+    )
+    loaded = later.sessions.get(sid)
+    assert loaded is not None and loaded.state.total == sum(range(3))
+    loaded.state.total = 100
+    later.sessions.commit(loaded)  # the next commit stores a snapshot of the current shape
+    kept = store.load_snapshot("snap", sid)
+    assert kept is not None and json.loads(kept.data)["schema"] == {"session": 1}
+    again = later.sessions.get(sid)
+    assert again is not None and again.state.total == 100 and "count" not in again.projection.session_state
