@@ -216,3 +216,21 @@ def test_the_claim_event_is_the_first_invocation_event(path: Path) -> None:
     kinds = [type(e) for e in proc.app.stream(proc.agent, proc.answers(sid), session=session)]
     first_invocation = next(i for i, k in enumerate(kinds) if k in (InvocationStartEvent, InvocationResumeEvent))
     assert first_invocation < [k.__name__ for k in kinds].index("ToolResultEvent")
+
+
+def test_writes_committed_by_the_claim_stay_visible_to_the_run(tmp_path: Path) -> None:
+    """Seeds of a bound shared scope are committed with the claim; the run must still read them."""
+
+    class Patient(BaseModel):
+        name: str | None = None
+
+    model = MockAdapter([{"tool_calls": [{"name": "greet", "args": {}}]}, {"text": "ok"}])
+    app = adk(name="seeded", schema={"user": Patient}, store=sqlite_store(tmp_path / "s.db"), adapters={"openai": model})
+    seen: list[str | None] = []
+    greet = app.tool(name="greet", description="", execute=lambda ctx: seen.append(ctx.state.user.name))
+    agent = app.agent(name="agent", model=openai("m"), context=[app.context.history()], tools=[greet])
+    session = app.sessions.ephemeral(scopes={"user": "u-1"})
+    outcome = advance(app, agent, session, {"message": "hi", "initial_state": {"user": {"name": "Ada"}}})
+    assert outcome.status == "completed" and seen == ["Ada"]
+    assert not [e for e in outcome.session.events if e.type == "state_change" and e.source == "observation"]  # type: ignore[union-attr]
+    assert app.store.load_scoped_state("seeded", "user", "u-1") == {"name": "Ada"}

@@ -499,6 +499,10 @@ class _Host:
     def uncommitted_writes(self, scope: str, scope_id: str) -> Mapping[str, Any]:
         return self.session._writes.get((scope, scope_id)) or {}
 
+    @property
+    def version(self) -> int:
+        return self.session.version
+
 
 class SessionInput:
     """Input from outside an invocation: answers to yielded tool calls, and user messages."""

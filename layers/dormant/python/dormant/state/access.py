@@ -43,6 +43,11 @@ class StateHost(Protocol):
         """This ledger's shared-scope writes not yet committed, key -> value (``None``: deleted)."""
         ...
 
+    @property
+    def version(self) -> int:
+        """The stored version the ledger was last committed at."""
+        ...
+
 
 class Invocation:
     """One run of an agent inside a session: its id, its ``temp`` values, what it read from shared scopes."""
@@ -59,11 +64,20 @@ class Invocation:
         self.agent_name = agent_name
         self.temp: dict[str, Any] = {}
         self._stored = stored if stored is not None else {}
+        self._version = host.version
         self.checked: dict[str, set[str]] = {}
         self.state = StateView(Access(host, self))
 
     def store_values(self, scope: str, scope_id: str) -> dict[str, Any]:
-        """The shared scope as stored (loaded once per run), under this session's uncommitted writes."""
+        """The shared scope as stored (loaded once per run), under this session's uncommitted writes.
+
+        A commit in the middle of the run (``serving.advance`` claims the session as the invocation
+        opens) moves the writes it carried from "uncommitted" to "stored": the values loaded before
+        it are stale then, so they are loaded again.
+        """
+        if self.host.version != self._version:
+            self._stored.clear()
+            self._version = self.host.version
         values = dict(load_once(self.host, self._stored, scope, scope_id))
         for key, value in self.host.uncommitted_writes(scope, scope_id).items():
             if value is None:
