@@ -112,3 +112,29 @@ def test_bookings_on_bedrock_converse(server: FakeModelServer, tmp_path: Path) -
     assert [json.loads(block["text"]) for block in results[-1]["content"]] == [
         {"slot_id": SLOT, "approved": True, "note": None}
     ]
+
+
+def test_a_model_failure_after_an_approval_is_listed_and_resumed(server: FakeModelServer, tmp_path: Path) -> None:
+    """The answer is recorded, nothing is booked; `pending` lists the session and `resume` finishes it."""
+    down = Reply(400, {"error": {"message": "model overloaded"}}, headers={"x-should-retry": "false"})
+    server.script(
+        [
+            chat(("remember_patient", PATIENT), ("find_slots", FIND)),
+            chat(("request_approval", {"slot_id": SLOT, "summary": SUMMARY})),
+            down,
+            chat(("book_slot", {"slot_id": SLOT})),
+            chat(text="Booked physio with Sam Patel on Tuesday at 14:30."),
+        ]
+    )
+    env = {"BOOKINGS_MODEL": "openai:gpt-test", "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": f"{server.url}/v1"}
+    db = tmp_path / "b.db"
+    sid = session_id(bookings(db, "ask", REQUEST, env=env).stdout)
+    failed = bookings(db, "approve", sid, env=env)
+    assert failed.returncode == 1 and "model overloaded" in failed.stderr and f"resume {sid}" in failed.stdout
+    pending = bookings(db, "pending", env=env).stdout
+    assert "1 to run again" in pending and sid in pending and "model overloaded" in pending
+    assert bookings(db, "approve", sid, env=env).returncode == 4  # the answer is in: approving again is refused
+    resumed = bookings(db, "resume", sid, env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"confirmation BK-{sid[-6:].upper()}: physio with Sam Patel" in resumed.stdout
+    assert bookings(db, "pending", env=env).stdout.strip() == "No booking is waiting for a human."

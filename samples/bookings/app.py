@@ -1,13 +1,21 @@
 """The Bookings agent: find open slots, ask a human to approve, book, confirm.
 
 State: the session holds the request and the typed confirmation (or the refusal); the shared ``user``
-scope, bound to the patient's id, holds the patient's name and preferences, so a second request for
-the same patient starts from what the first one learned.
+scope, bound to the patient's id (``patient_id``), holds the patient's name and preferences, so a
+second request for the same patient starts from what the first one learned.
+
+A slot is booked at most once, across processes and patients: ``book_slot`` first reserves it with
+the store's create-if-absent (a session per slot, in the app ``bookings-slots``), which every store
+does under optimistic concurrency.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
+import unicodedata
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from dormant.agents.agent import Agent
 from dormant.app import App, adk
+from dormant.errors import VersionConflict
 from dormant.models.base import ModelAdapter, ModelSpec, bedrock, openai
 from dormant.stores.base import SessionStore
 from dormant.stores.sqlite import sqlite_store
@@ -22,9 +31,10 @@ from dormant.stores.sqlite import sqlite_store
 from .schedule import SERVICES, open_slots, slot_by_id
 from .scripted import ScriptedBookingsModel
 
-__all__ = ["Bookings", "Confirmation", "build"]
+__all__ = ["Bookings", "Confirmation", "Reservations", "SlotHold", "SlotTaken", "build", "patient_id"]
 
 DEFAULT_DB = "data/bookings.db"
+MEMORY = ":memory:"
 SCRIPTED = ModelSpec(provider="scripted", name="bookings-rules")
 
 INSTRUCTIONS = """You book appointments at a small clinic.
@@ -60,6 +70,8 @@ class BookingSession(BaseModel):
     approved_slot: str | None = None
     confirmation: Confirmation | None = None
     refusal: str | None = None
+    slot_taken: str | None = None
+    """The approved slot another booking got first (cleared when a booking succeeds)."""
 
 
 class RememberPatient(BaseModel):
@@ -91,13 +103,67 @@ class BookSlot(BaseModel):
     slot_id: str
 
 
-class Bookings:
-    """The sample app and its agent, on a SQLite file."""
+class SlotHold(BaseModel):
+    """Who holds a slot: the booking session and its reference."""
 
-    def __init__(self, app: App, agent: Agent, model_label: str) -> None:
+    booking: str | None = None
+    reference: str | None = None
+
+
+class SlotTaken(Exception):
+    """The approved slot was booked for someone else first."""
+
+
+class Reservations:
+    """One session per booked slot, created only if absent: the store's conditional write is the lock."""
+
+    APP = "bookings-slots"
+
+    def __init__(self, store: SessionStore) -> None:
+        self.app = adk(name=self.APP, schema={"session": SlotHold}, store=store)
+
+    def holder(self, slot_id: str) -> SlotHold | None:
+        held = self.app.sessions.get(f"slot-{slot_id}")
+        return None if held is None else SlotHold(booking=held.state.booking, reference=held.state.reference)
+
+    def reserve(self, slot_id: str, booking: str, reference: str) -> SlotHold:
+        """Reserve the slot for ``booking``; return whoever holds it now (``booking`` itself, or another)."""
+        hold = self.app.sessions.ephemeral(f"slot-{slot_id}")
+        hold.state.booking = booking
+        hold.state.reference = reference
+        try:
+            self.app.sessions.commit(hold)
+        except VersionConflict:  # someone holds it: maybe this very booking, on a retried run
+            held = self.holder(slot_id)
+            assert held is not None, "a slot reservation is never deleted"
+            return held
+        return SlotHold(booking=booking, reference=reference)
+
+
+class Bookings:
+    """The sample app, its agent and the slot reservations, on one SQLite file."""
+
+    def __init__(self, app: App, agent: Agent, model_label: str, reservations: Reservations) -> None:
         self.app = app
         self.agent = agent
         self.model_label = model_label
+        self.reservations = reservations
+
+
+def patient_id(name: str) -> str:
+    """The patient's id from their name: one id per name, whatever its script, never shared by two names.
+
+    The name is compared as written, up to Unicode normalisation (NFC), case and runs of spaces; the id
+    is a readable ASCII hint plus 80 bits of the name's SHA-256, so it is always a valid id however
+    long or non-Latin the name is ("Jö Li" and "Jå Li" get different ids).
+    """
+    canonical = " ".join(unicodedata.normalize("NFC", name).split()).casefold()
+    if not canonical:
+        raise ValueError("a patient's name cannot be empty")
+    ascii_hint = unicodedata.normalize("NFKD", canonical).encode("ascii", "ignore").decode()
+    hint = re.sub(r"[^a-z0-9]+", "-", ascii_hint).strip("-")[:24].strip("-")
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:20]
+    return f"p-{hint}-{digest}" if hint else f"p-{digest}"
 
 
 def _remember(ctx: Any) -> dict[str, Any]:
@@ -107,9 +173,13 @@ def _remember(ctx: Any) -> dict[str, Any]:
     return {"remembered": args.name}
 
 
-def _find(ctx: Any) -> dict[str, Any]:
-    args: FindSlots = ctx.args
-    return {"slots": [slot.model_dump() for slot in open_slots(args.service, args.day, args.part_of_day)]}
+def _finder(reservations: Reservations) -> Any:
+    def find(ctx: Any) -> dict[str, Any]:
+        args: FindSlots = ctx.args
+        slots = open_slots(args.service, args.day, args.part_of_day)
+        return {"slots": [slot.model_dump() for slot in slots if reservations.holder(slot.slot_id) is None]}
+
+    return find
 
 
 def _answered(ctx: Any) -> dict[str, Any]:
@@ -122,23 +192,32 @@ def _answered(ctx: Any) -> dict[str, Any]:
     return {"slot_id": ctx.args.slot_id, **answer.model_dump()}
 
 
-def _book(ctx: Any) -> dict[str, Any]:
-    slot = slot_by_id(ctx.args.slot_id)
-    if slot is None:
-        raise ValueError(f"no slot {ctx.args.slot_id!r}")
-    if ctx.state.approved_slot != slot.slot_id:
-        raise ValueError("only the slot a human approved can be booked")
-    confirmation = Confirmation(
-        reference=f"BK-{ctx.session.id[-6:].upper()}",
-        slot_id=slot.slot_id,
-        service=slot.service,
-        day=slot.day,
-        time=slot.time,
-        clinician=slot.clinician,
-        patient=ctx.state.user.name or "unknown",
-    )
-    ctx.state.confirmation = confirmation
-    return confirmation.model_dump()
+def _booker(reservations: Reservations) -> Any:
+    def book(ctx: Any) -> dict[str, Any]:
+        slot = slot_by_id(ctx.args.slot_id)
+        if slot is None:
+            raise ValueError(f"no slot {ctx.args.slot_id!r}")
+        if ctx.state.approved_slot != slot.slot_id:
+            raise ValueError("only the slot a human approved can be booked")
+        reference = f"BK-{ctx.session.id[-6:].upper()}"
+        held = reservations.reserve(slot.slot_id, ctx.session.id, reference)
+        if held.booking != ctx.session.id:
+            ctx.state.slot_taken = slot.slot_id
+            raise SlotTaken(f"slot {slot.slot_id} was booked for another patient first; nothing was booked")
+        ctx.state.slot_taken = None
+        confirmation = Confirmation(
+            reference=reference,
+            slot_id=slot.slot_id,
+            service=slot.service,
+            day=slot.day,
+            time=slot.time,
+            clinician=slot.clinician,
+            patient=ctx.state.user.name or "unknown",
+        )
+        ctx.state.confirmation = confirmation
+        return confirmation.model_dump()
+
+    return book
 
 
 def _patient_note(ctx: Any) -> str:
@@ -147,7 +226,8 @@ def _patient_note(ctx: Any) -> str:
     if not patient.name:
         return "No patient is known yet."
     wants = patient.preferences
-    return f"Known patient: {patient.name}. Last asked for: {wants.service} on {wants.day} {wants.part_of_day}."
+    name = json.dumps(patient.name, ensure_ascii=False)
+    return f"Known patient: {name}. Last asked for: {wants.service} on {wants.day} {wants.part_of_day}."
 
 
 def model_from_env(value: str | None) -> tuple[ModelSpec, str]:
@@ -162,6 +242,19 @@ def model_from_env(value: str | None) -> tuple[ModelSpec, str]:
     raise ValueError(f"BOOKINGS_MODEL is openai:<model> or bedrock:<model id>, not {value!r}")
 
 
+def database(db: str | Path | None = None) -> str:
+    """The SQLite file to use: ``db``, else ``$BOOKINGS_DB``, else ``data/bookings.db``; ``~`` expanded.
+
+    An empty ``db`` is a mistake (``--db ''``), not a request for the default: it raises ``ValueError``.
+    """
+    if db is None:
+        db = os.environ.get("BOOKINGS_DB") or DEFAULT_DB
+    text = str(db)
+    if not text.strip():
+        raise ValueError("the database path is empty: give a file (or leave --db out for data/bookings.db)")
+    return text if text == MEMORY else str(Path(text).expanduser())
+
+
 def build(
     db: str | Path | None = None,
     model: str | None = None,
@@ -169,23 +262,20 @@ def build(
     *,
     store: SessionStore | None = None,
 ) -> Bookings:
-    """The Bookings app on ``store``, else the SQLite file ``db`` (default ``$BOOKINGS_DB`` or ``data/bookings.db``).
+    """The Bookings app on ``store``, else the SQLite file ``database(db)``.
 
     ``store=`` is how a deployment serves it (``DORMANT_APP=bookings:build``): the handlers pass theirs.
     """
-    path = db or os.environ.get("BOOKINGS_DB") or DEFAULT_DB
     spec, label = model_from_env(model if model is not None else os.environ.get("BOOKINGS_MODEL"))
     adapters: dict[str, ModelAdapter] = {}
     if spec.provider == "scripted":
         adapters["scripted"] = adapter or ScriptedBookingsModel()
     elif adapter is not None:
         adapters[spec.provider] = adapter
-    app = adk(
-        name="bookings",
-        schema={"session": BookingSession, "user": Patient},
-        store=store if store is not None else sqlite_store(path),
-        adapters=adapters,
-    )
+    if store is None:
+        store = sqlite_store(database(db))
+    app = adk(name="bookings", schema={"session": BookingSession, "user": Patient}, store=store, adapters=adapters)
+    reservations = Reservations(store)
 
     tools = [
         app.tool(
@@ -198,7 +288,7 @@ def build(
             name="find_slots",
             description="Find open appointment slots for a service on a day.",
             schema=FindSlots,
-            execute=_find,
+            execute=_finder(reservations),
         ),
         app.tool(
             name="request_approval",
@@ -211,7 +301,7 @@ def build(
             name="book_slot",
             description="Book an approved slot and record the confirmation.",
             schema=BookSlot,
-            execute=_book,
+            execute=_booker(reservations),
         ),
     ]
     agent = app.agent(
@@ -221,4 +311,4 @@ def build(
         tools=tools,
         max_steps=8,
     )
-    return Bookings(app, agent, label)
+    return Bookings(app, agent, label, reservations)

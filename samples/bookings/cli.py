@@ -1,174 +1,321 @@
 """``bookings``: a sleeping agent you can run from the command line.
 
 Every command is its own process: ``ask`` runs until the agent asks a human to approve, commits the
-session to the SQLite file and exits; ``approve``/``deny`` — minutes or days later — load it, answer the
-waiting call, resume the run and commit again.
+session to the SQLite file and exits; ``approve``/``deny`` (minutes or days later) load it, answer the
+waiting call and let the agent finish. Every run goes through ``dormant.serving.advance``, which claims
+the session before any tool acts: of two people answering one approval at once, one wins and the other
+is told so, having changed nothing.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
+import os
+import shlex
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
+from typing import TextIO
 
-from dormant.errors import DormantError
-from dormant.serving import commit
+from dormant.errors import ClaimLost, DormantError, StoreBusy
+from dormant.events import InvocationEndEvent
+from dormant.serving import AdvanceOutcome, advance
 from dormant.session import Session
 from dormant.stores.base import SessionListing
 
-from .app import Bookings, build
+from .app import MEMORY, Bookings, build, database, patient_id
 from .scripted import parse_request
-from .timeline import timeline
+from .timeline import printable, timeline
 
 __all__ = ["main"]
 
-OK, RUN_FAILED, USAGE, UNKNOWN_SESSION, NOT_WAITING, ANSWERED_ELSEWHERE = 0, 1, 2, 3, 4, 5
+OK, RUN_FAILED, USAGE, UNKNOWN_SESSION, NOT_WAITING, CLAIM_LOST, BUSY, SLOT_TAKEN = range(8)
 EXIT_CODES = """exit codes:
-  0  done (for ask: the request is waiting for approval, or the agent answered)
-  1  the agent's run failed (the error is printed and on the ledger)
-  2  bad usage or configuration
+  0  done (for ask: the request waits for approval, or the agent answered)
+  1  the agent's run failed (the error is on the ledger; `bookings resume <id>` runs it again)
+  2  bad usage or configuration (also: no database at --db, for every command but ask and demo)
   3  no session with that id
-  4  the session is not waiting for an approval
-  5  someone else answered that approval first (your answer is kept in a forked session)"""
+  4  the session is not waiting for that command (the message says what it waits for)
+  5  someone else acted on the session first: nothing was recorded or run (see `bookings show <id>`)
+  6  the database is busy (another process holds its lock): retry
+  7  the approved slot was booked for another patient first: nothing was booked (ask again)
+
+The database: --db FILE (before or after the command), else $BOOKINGS_DB, else ./data/bookings.db."""
+
+APPROVAL = "request_approval"
+_READS = {"pending", "approve", "deny", "reply", "resume", "show"}
+
+
+@dataclass(frozen=True)
+class _Context:
+    bookings: Bookings
+    path: str
+    command: str
+    """How to run this command again on the same database, for the hints printed."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BrokenPipeError:
+                _silence(stream)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = _parser().parse_args(argv)
+    given = getattr(args, "db", None)
+    try:
+        path = database(given)
+        text = _text(args.text) if hasattr(args, "text") else None
+    except ValueError as exc:
+        _warn(str(exc))
+        return USAGE
+    if args.command == "demo":
+        return _demo(given)
+    if args.command in _READS:
+        if path == MEMORY:
+            _warn(f"--db {MEMORY} keeps nothing between commands: there is nothing to {args.command}; use a file")
+            return USAGE
+        if not Path(path).is_file():
+            _warn(f"no database at {path} (check --db or $BOOKINGS_DB; `bookings ask` creates one)")
+            return USAGE
+    command = "bookings" if given is None else f"bookings --db {shlex.quote(path)}"
+    try:
+        bookings = build(path)
+    except (ValueError, OSError, DormantError) as exc:
+        return _failed(exc)
+    with bookings.app:
+        try:
+            return _COMMANDS[args.command](_Context(bookings, path, command), args, text)
+        except (ValueError, DormantError) as exc:
+            return _failed(exc)
+
+
+def _failed(exc: Exception) -> int:
+    if isinstance(exc, ClaimLost):
+        _warn(
+            f"someone else acted on session {exc.session_id} first ({exc.reason}); nothing was recorded or run. "
+            f"See: bookings show {exc.session_id}"
+        )
+        return CLAIM_LOST
+    if isinstance(exc, StoreBusy):
+        _warn(f"the database is busy (another process holds its lock): retry. ({exc})")
+        return BUSY
+    _warn(str(exc))
+    return USAGE
+
+
+def _parser() -> argparse.ArgumentParser:
+    db = argparse.ArgumentParser(add_help=False)
+    db.add_argument("--db", default=argparse.SUPPRESS, help="the SQLite file (see below)")
     parser = argparse.ArgumentParser(
         prog="bookings",
         description="Book clinic appointments with an agent that sleeps while a human approves.",
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[db],
     )
-    parser.add_argument("--db", help="the SQLite file (default: $BOOKINGS_DB, else data/bookings.db)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
-    ask = commands.add_parser("ask", help="ask for an appointment; the run stops at the approval")
-    ask.add_argument("request", help='e.g. "I need physio on Tuesday afternoon, for Alex Doe"')
-    ask.add_argument("--patient", help="the patient's id (default: derived from the name in the request)")
-    commands.add_parser("pending", help="list the bookings waiting for a human")
-    approve = commands.add_parser("approve", help="approve a waiting booking and let the agent finish")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help, parents=[db])
+
+    ask = command("ask", "ask for an appointment; the run stops at the approval")
+    ask.add_argument(
+        "text", metavar="request", help='"I need physio on Tuesday afternoon, for Alex Doe" (- reads stdin)'
+    )
+    ask.add_argument("--patient", help="the patient's name, when the request does not say it")
+    command("pending", "list the bookings waiting for a human: approvals, and runs to resume")
+    approve = command("approve", "approve a waiting booking and let the agent finish")
     approve.add_argument("session_id")
     approve.add_argument("--note", help="a note for the agent")
-    deny = commands.add_parser("deny", help="refuse a waiting booking")
+    deny = command("deny", "refuse a waiting booking")
     deny.add_argument("session_id")
     deny.add_argument("reason")
-    show = commands.add_parser("show", help="the session's ledger as a timeline")
+    reply = command("reply", "answer the agent's question (a new turn in the same session)")
+    reply.add_argument("session_id")
+    reply.add_argument("text", metavar="message", help="- reads stdin")
+    resume = command("resume", "run a session again whose run failed, or whose answers are all in")
+    resume.add_argument("session_id")
+    show = command("show", "the session's ledger as a timeline")
     show.add_argument("session_id")
-    commands.add_parser("demo", help="run ask, pending, approve and show, each as its own process")
-    args = parser.parse_args(argv)
-
-    if args.command == "demo":
-        return _demo(args.db)
-    try:
-        bookings = build(args.db)
-    except (ValueError, DormantError) as exc:
-        print(f"bookings: {exc}", file=sys.stderr)
-        return USAGE
-    with bookings.app:
-        try:
-            handler: Callable[[Bookings, argparse.Namespace], int] = _COMMANDS[args.command]
-            return handler(bookings, args)
-        except DormantError as exc:
-            print(f"bookings: {exc}", file=sys.stderr)
-            return USAGE
+    command("demo", "run ask, pending, approve and show, each as its own process, on a temporary database")
+    return parser
 
 
-def _ask(bookings: Bookings, args: argparse.Namespace) -> int:
+def _text(value: str) -> str:
+    text = sys.stdin.read() if value == "-" else value
+    if not text.strip():
+        raise ValueError("the text is empty" + (" (nothing on stdin)" if value == "-" else ""))
+    return text.strip()
+
+
+# -- commands --------------------------------------------------------------------------------------------
+
+
+def _ask(ctx: _Context, args: argparse.Namespace, text: str | None) -> int:
+    assert text is not None
+    bookings = ctx.bookings
+    name = args.patient if args.patient is not None else parse_request(text)["name"]
     app = bookings.app
-    patient = args.patient or _slug(parse_request(args.request)["name"])
-    session = app.sessions.ephemeral(scopes={"user": patient} if patient else None)
+    session = app.sessions.ephemeral(scopes={"user": patient_id(name)} if name is not None else None)
     if bookings.model_label.startswith("scripted"):
-        print("(scripted model: no key, no network. Set BOOKINGS_MODEL=openai:<model> or bedrock:<id> for a real one.)")
-    result = app.run(bookings.agent, args.request, session=session)
-    commit(app, session)
-    return _report(result.status, result.error, session)
+        _say("(scripted model: no key, no network. Set BOOKINGS_MODEL=openai:<model> or bedrock:<id> for a real one.)")
+    seed = {"initial_state": {"user": {"name": name}}} if args.patient is not None else {}
+    return _report(ctx, advance(app, bookings.agent, session, {"message": text, **seed}))
 
 
-def _pending(bookings: Bookings, args: argparse.Namespace) -> int:
-    app = bookings.app
-    waiting = [listing for listing in _all_listings(bookings) if listing.status == "awaiting_input"]
-    if not waiting:
-        print("No booking is waiting for approval.")
+def _pending(ctx: _Context, args: argparse.Namespace, text: str | None) -> int:
+    waiting = [s for s in _sessions(ctx, {"awaiting_input"}) if any(c.name == APPROVAL for c in s.yielded_tools)]
+    stuck = list(_sessions(ctx, {"resumable", "error"}))
+    if not waiting and not stuck:
+        _say("No booking is waiting for a human.")
         return OK
-    print(f"{len(waiting)} booking(s) waiting for approval:")
-    for listing in waiting:
-        session = app.sessions.get(listing.id)
-        if session is None:  # deleted since it was listed
-            continue
-        since = datetime.fromtimestamp(listing.updated_at / 1000).strftime("%Y-%m-%d %H:%M")
-        for call in session.yielded_tools:
-            print(f"  {session.id}  since {since}  {call.args.get('summary', call.name)}")
+    if waiting:
+        _say(f"{len(waiting)} booking(s) waiting for approval ({ctx.command} approve <id>, or deny <id> <reason>):")
+        for session in waiting:
+            for call in session.yielded_tools:
+                _say(f"  {session.id}  since {_since(session)}  {call.args.get('summary', call.name)}")
+    if stuck:
+        _say(f"{len(stuck)} to run again ({ctx.command} resume <id>):")
+        for session in stuck:
+            why = "every answer is in" if session.status == "resumable" else f"the run failed: {_last_error(session)}"
+            _say(f"  {session.id}  since {_since(session)}  {why}")
     return OK
 
 
-def _answer(bookings: Bookings, args: argparse.Namespace, approved: bool, note: str | None) -> int:
-    app = bookings.app
-    session = app.sessions.get(args.session_id)
+def _answer(ctx: _Context, args: argparse.Namespace, approved: bool, note: str | None) -> int:
+    session = _load(ctx, args.session_id)
     if session is None:
-        print(f"bookings: no session {args.session_id!r} in {_where(bookings)}", file=sys.stderr)
         return UNKNOWN_SESSION
-    calls = [call for call in session.yielded_tools if call.name == "request_approval"]
+    calls = [call for call in session.yielded_tools if call.name == APPROVAL]
     if not calls:
-        print(
-            f"bookings: session {session.id} is not waiting for an approval (status: {session.status})", file=sys.stderr
-        )
-        return NOT_WAITING
+        return _not_waiting(ctx, session, "an approval")
     answers = [{"call_id": call.call_id, "input": {"approved": approved, "note": note}} for call in calls]
-    result = app.run(bookings.agent, {"tools": answers}, session=session)
-    outcome = commit(app, session)
-    if outcome.status == "orphaned":
-        print(
-            f"bookings: someone else answered session {session.id} first; your answer is kept in session "
-            f"{outcome.fork_id}",
-            file=sys.stderr,
-        )
-        return ANSWERED_ELSEWHERE
-    return _report(result.status, result.error, session)
+    return _report(ctx, advance(ctx.bookings.app, ctx.bookings.agent, session, {"tools": answers}))
 
 
-def _show(bookings: Bookings, args: argparse.Namespace) -> int:
-    session = bookings.app.sessions.get(args.session_id)
+def _reply(ctx: _Context, args: argparse.Namespace, text: str | None) -> int:
+    session = _load(ctx, args.session_id)
     if session is None:
-        print(f"bookings: no session {args.session_id!r} in {_where(bookings)}", file=sys.stderr)
         return UNKNOWN_SESSION
-    print("\n".join(timeline(session)))
+    if session.status not in ("completed", "max_steps", "idle"):
+        return _not_waiting(ctx, session, "a reply")
+    return _report(ctx, advance(ctx.bookings.app, ctx.bookings.agent, session, text))
+
+
+def _resume(ctx: _Context, args: argparse.Namespace, text: str | None) -> int:
+    session = _load(ctx, args.session_id)
+    if session is None:
+        return UNKNOWN_SESSION
+    if session.status not in ("error", "resumable", "max_steps"):
+        return _not_waiting(ctx, session, "a resume")
+    return _report(ctx, advance(ctx.bookings.app, ctx.bookings.agent, session))
+
+
+def _show(ctx: _Context, args: argparse.Namespace, text: str | None) -> int:
+    session = _load(ctx, args.session_id)
+    if session is None:
+        return UNKNOWN_SESSION
+    for line in timeline(session):
+        _say(line)
     return OK
 
 
-_COMMANDS: dict[str, Callable[[Bookings, argparse.Namespace], int]] = {
+_COMMANDS: dict[str, Callable[[_Context, argparse.Namespace, str | None], int]] = {
     "ask": _ask,
     "pending": _pending,
-    "approve": lambda bookings, args: _answer(bookings, args, True, args.note),
-    "deny": lambda bookings, args: _answer(bookings, args, False, args.reason),
+    "approve": lambda ctx, args, _: _answer(ctx, args, True, args.note),
+    "deny": lambda ctx, args, _: _answer(ctx, args, False, args.reason),
+    "reply": _reply,
+    "resume": _resume,
     "show": _show,
 }
 
 
-def _report(status: str, error: str | None, session: Session) -> int:
-    if session.output.text:
-        print(f"agent: {session.output.text}")
-    if status == "yielded_tool":
-        for call in session.yielded_tools:
-            print(f"waiting for approval: {call.args.get('summary', call.name)}")
-        print(f"  session: {session.id}")
-        print(f'  approve: bookings approve {session.id}    deny: bookings deny {session.id} "reason"')
+# -- what the user sees ----------------------------------------------------------------------------------
+
+
+def _report(ctx: _Context, outcome: AdvanceOutcome) -> int:
+    session = outcome.session
+    if outcome.commit_status == "orphaned":
+        _warn(f"session {outcome.session_id} moved on while this ran; the run is kept in session {outcome.fork_id}")
+        return CLAIM_LOST
+    if outcome.output.text:
+        _say(f"agent: {outcome.output.text}")
+    sid = session.id
+    if outcome.status == "yielded_tool":
+        for call in outcome.yielded_tools:
+            _say(f"waiting for approval: {call.args.get('summary', call.name)}")
+        _say(f"  session: {sid}")
+        _hint(ctx, f'approve: {ctx.command} approve {sid}    deny: {ctx.command} deny {sid} "reason"')
         return OK
     confirmation = session.state.confirmation
     if confirmation is not None:
-        print(
+        _say(
             f"confirmation {confirmation.reference}: {confirmation.service} with {confirmation.clinician}, "
             f"{confirmation.day} at {confirmation.time}, for {confirmation.patient}"
         )
-    print(f"  session: {session.id}")
-    if status != "completed":
-        print(f"bookings: the run ended with {status}: {error}", file=sys.stderr)
+    _say(f"  session: {sid}")
+    if outcome.status != "completed":
+        _warn(f"the run ended with {outcome.status}: {outcome.error}")
+        _hint(ctx, f"run it again: {ctx.command} resume {sid}")
         return RUN_FAILED
+    if confirmation is None and session.state.slot_taken is not None:
+        _warn(
+            f"slot {session.state.slot_taken} was booked for another patient before this approval: "
+            "nothing was booked; ask again for another slot"
+        )
+        return SLOT_TAKEN
+    if confirmation is None and session.state.refusal is None:
+        _hint(ctx, f'reply: {ctx.command} reply {sid} "..."')
     return OK
 
 
-def _all_listings(bookings: Bookings) -> Iterator[SessionListing]:
+def _hint(ctx: _Context, line: str) -> None:
+    if ctx.path == MEMORY:
+        _say(f"  (--db {MEMORY}: nothing is kept after this command, so there is nothing to follow up)")
+    else:
+        _say(f"  {line}")
+
+
+def _not_waiting(ctx: _Context, session: Session, what: str) -> int:
+    if session.status == "running":
+        _warn(f"someone else is acting on session {session.id} right now; nothing was recorded or run")
+        return CLAIM_LOST
+    waits = {
+        "awaiting_input": f"it waits for an approval: {ctx.command} approve|deny {session.id}",
+        "resumable": f"it waits to run again: {ctx.command} resume {session.id}",
+        "error": f"its run failed: {ctx.command} resume {session.id}",
+    }.get(session.status, f"see {ctx.command} show {session.id}")
+    _warn(f"session {session.id} is not waiting for {what} (status: {session.status}); {waits}")
+    return NOT_WAITING
+
+
+def _load(ctx: _Context, session_id: str) -> Session | None:
+    session = ctx.bookings.app.sessions.get(session_id)
+    if session is None:
+        _warn(f"no session {session_id!r} in {ctx.path}")
+    return session
+
+
+def _sessions(ctx: _Context, statuses: set[str]) -> Iterator[Session]:
+    for listing in _listings(ctx.bookings):
+        if listing.status in statuses:
+            session = ctx.bookings.app.sessions.get(listing.id)
+            if session is not None and session.status in statuses:  # it may have moved since it was listed
+                yield session
+
+
+def _listings(bookings: Bookings) -> Iterator[SessionListing]:
     cursor = None
     while True:
         page = bookings.app.sessions.list(limit=100, cursor=cursor)
@@ -178,35 +325,79 @@ def _all_listings(bookings: Bookings) -> Iterator[SessionListing]:
         cursor = page[-1].cursor
 
 
-def _where(bookings: Bookings) -> str:
-    return str(getattr(bookings.app.store, "path", "the store"))
+def _since(session: Session) -> str:
+    return datetime.fromtimestamp(session.events[-1].created_at / 1000).strftime("%Y-%m-%d %H:%M")
 
 
-def _slug(name: str | None) -> str | None:
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or None if name else None
+def _last_error(session: Session) -> str:
+    ends = (e for e in reversed(session.events) if isinstance(e, InvocationEndEvent))
+    return next((e.error for e in ends if e.error), None) or "no error recorded"
+
+
+def _say(line: str) -> None:
+    _emit(sys.stdout, printable(line) + "\n")
+
+
+def _warn(line: str) -> None:
+    _emit(sys.stderr, f"bookings: {printable(line)}\n")
+
+
+def _emit(stream: TextIO, text: str) -> None:
+    """Write, and go quiet when the reader has gone (``bookings pending | head -1``): the command still finishes."""
+    try:
+        stream.write(text)
+    except BrokenPipeError:
+        _silence(stream)
+
+
+def _silence(stream: TextIO) -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, stream.fileno())
+    os.close(devnull)
 
 
 def _demo(db: str | None) -> int:
     """The whole arc, each step a separate process, as a user would type it."""
+    with tempfile.TemporaryDirectory(prefix="bookings-demo-") as scratch:
+        try:
+            path = database(db) if db is not None else str(Path(scratch) / "bookings.db")
+        except ValueError as exc:
+            _warn(str(exc))
+            return USAGE
+        if path == MEMORY:
+            _warn(f"the demo runs each step as its own process: --db {MEMORY} would forget between them")
+            return USAGE
 
-    def step(*command: str) -> str:
-        print(f"\n$ bookings {' '.join(repr(c) if ' ' in c else c for c in command)}", flush=True)
-        prefix = [sys.executable, "-m", "bookings", *(["--db", db] if db else [])]
-        done = subprocess.run([*prefix, *command], capture_output=True, text=True, check=False)
-        sys.stdout.write(done.stdout)
-        sys.stderr.write(done.stderr)
-        if done.returncode != OK:
-            raise SystemExit(done.returncode)
-        return done.stdout
+        def step(*command: str) -> str:
+            _say("")
+            _say(f"$ bookings {shlex.join(command)}")
+            done = subprocess.run(  # the database through the environment: the hints read as you would type them
+                [sys.executable, "-m", "bookings", *command],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "BOOKINGS_DB": path},
+                check=False,
+                timeout=300,
+            )
+            _emit(sys.stdout, done.stdout)
+            _emit(sys.stderr, done.stderr)
+            if done.returncode != OK:
+                raise SystemExit(done.returncode)
+            return done.stdout
 
-    said = step("ask", "I need physio on Tuesday afternoon, for Alex Doe")
-    found = re.search(r"session: (\S+)", said)
-    if found is None:
-        print("bookings demo: ask did not report a session id", file=sys.stderr)
-        return RUN_FAILED
-    step("pending")
-    step("approve", found.group(1))
-    step("show", found.group(1))
+        said = step("ask", "I need physio on Tuesday afternoon, for Alex Doe")
+        found = next((line.split()[-1] for line in said.splitlines() if line.strip().startswith("session:")), None)
+        if found is None:
+            _warn("demo: ask did not report a session id")
+            return RUN_FAILED
+        step("pending")
+        step("approve", found)
+        step("show", found)
+    _say("")
+    if db is None:
+        _say("(The demo used a temporary database, now deleted. To keep one: bookings --db FILE demo)")
+    else:
+        _say(f"(The demo's sessions are in {path}.)")
     return OK
 
 

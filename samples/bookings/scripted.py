@@ -26,19 +26,34 @@ _SERVICES = {
     "doctor": "gp",
     "massage": "massage",
 }
-_NAME = re.compile(r"\bfor ([A-Z][\w'-]+(?: [A-Z][\w'-]+)+)")
-_KNOWN = re.compile(r"Known patient: (.+?)\.")
+_WORDS_AFTER_FOR = re.compile(r"\bfor\s+([^\W\d_][\w'\u2019-]*(?:[ \u3000][^\W\d_][\w'\u2019-]*)*)")
+_KNOWN = re.compile(r'Known patient: ("(?:[^"\\]|\\.)*")')
 
 
 def parse_request(text: str, known_name: str | None = None) -> dict[str, str | None]:
     words = re.findall(r"[a-z]+", text.lower())
-    name = _NAME.search(text)
     return {
         "service": next((_SERVICES[w] for w in words if w in _SERVICES), None),
         "day": next((d for d in DAYS if d.lower() in words), None),
         "part_of_day": next((p for p in ("morning", "afternoon", "evening") if p in words), None),
-        "name": name.group(1) if name else known_name,
+        "name": _name(text) or known_name,
     }
+
+
+def _name(text: str) -> str | None:
+    """The name after "for": the words that do not start lower-case, in any script ("for 李 小龙", "for Zoë Ångström").
+
+    Two such words at least, or one in a script without case (a Latin single word is more likely "Tuesday").
+    """
+    for found in _WORDS_AFTER_FOR.finditer(text):
+        name: list[str] = []
+        for word in found.group(1).split():
+            if word[0].islower():
+                break
+            name.append(word)
+        if len(name) >= 2 or (len(name) == 1 and not name[0][0].isupper()):
+            return " ".join(name)
+    return None
 
 
 class ScriptedBookingsModel:
@@ -51,11 +66,15 @@ class ScriptedBookingsModel:
             return _say("How can I help? Tell me the service, the day and part of day, and who it is for.")
         system = " ".join(m.content or "" for m in messages if m.role == "system")
         known = _KNOWN.search(system)
-        ask = parse_request(messages[last_user].content or "", known.group(1) if known else None)
+        requests = [m.content or "" for m in messages if m.role == "user"]
+        ask = _merged(requests, json.loads(known.group(1)) if known else None)
+        results = _results(messages[last_user + 1 :])
+        booked = _results(messages[:last_user]).get("book_slot")
+        if not results and booked and "error" not in booked:  # a new message after a booking
+            return _say(f"You are booked: reference {booked['reference']}. For another appointment, ask again.")
         missing = [label for key, label in _LABELS.items() if not ask[key]]
         if missing:
             return _say(f"I can book that once I know {' and '.join(missing)}.")
-        results = _results(messages[last_user + 1 :])
         if "remember_patient" not in results:
             find = {k: ask[k] for k in ("service", "day", "part_of_day")}
             return _call(("remember_patient", {**find, "name": ask["name"]}), ("find_slots", find))
@@ -81,6 +100,15 @@ class ScriptedBookingsModel:
 
 
 _LABELS = {"service": "the service", "day": "the day", "part_of_day": "the part of day", "name": "who it is for"}
+
+
+def _merged(requests: list[str], known_name: str | None) -> dict[str, str | None]:
+    """What the user asked for over the whole conversation: a reply fills in what was missing."""
+    merged: dict[str, str | None] = dict.fromkeys(_LABELS)
+    for text in requests:
+        merged |= {k: v for k, v in parse_request(text).items() if v is not None}
+    merged["name"] = merged["name"] or known_name
+    return merged
 
 
 def _results(messages: list[Message]) -> dict[str, Any]:

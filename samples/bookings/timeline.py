@@ -1,8 +1,14 @@
-"""A session's ledger as a readable timeline: who said what, every state change with scope, source, old -> new."""
+"""A session's ledger as a readable timeline: who said what, every state change with scope, source, old -> new.
+
+Everything in a ledger may come from a user or a model, so nothing is shown raw: ``printable`` escapes
+every control, format and line-separator character (a newline plus an ANSI escape in a request could
+otherwise print a forged line).
+"""
 
 from __future__ import annotations
 
 import json
+import unicodedata
 from datetime import datetime
 from typing import Any
 
@@ -23,7 +29,7 @@ from dormant.events import (
 )
 from dormant.session import Session
 
-__all__ = ["timeline"]
+__all__ = ["printable", "timeline"]
 
 _WIDTH = 100
 
@@ -43,9 +49,9 @@ def timeline(session: Session) -> list[str]:
 
 def _describe(event: Event) -> tuple[str, str]:
     if isinstance(event, UserEvent):
-        return "user", _quote(event.text)
+        return "user", _short(event.text)
     if isinstance(event, AssistantEvent):
-        return "agent", _quote(event.text) if event.text is not None else _short(event.value)
+        return "agent", _short(event.text) if event.text is not None else _short(event.value)
     if isinstance(event, ToolCallEvent):
         args = ", ".join(f"{k}={_short(v, 40)}" for k, v in event.args.items())
         return "agent", f"calls {event.name}({args})"
@@ -79,8 +85,20 @@ def _describe(event: Event) -> tuple[str, str]:
     return "?", event.type
 
 
-def _quote(text: str) -> str:
-    return _short(text) if len(text) > _WIDTH else f'"{text}"'
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on (C*, Zl, Zp categories) as a visible escape."""
+    return "".join(_escape(ch) if unicodedata.category(ch)[0] == "C" or ch in "\u2028\u2029" else ch for ch in text)
+
+
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    named = _NAMED.get(ch)
+    if named is not None:
+        return named
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def _short(value: Any, width: int = _WIDTH) -> str:
