@@ -1,20 +1,29 @@
-# The two commands the README starts with: `make demo` and `make test`. Both build .venv first.
+# The two commands the README starts with: `make demo` and `make test`. Both build .venv first:
+# `make demo` with dormant alone (pydantic is its one dependency), `make test` with every extra and
+# the dev tools.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 EXTRAS ?= dev,postgres,dynamodb,openai,bedrock,lambda,infra
 
 .PHONY: setup demo test lint typecheck pytest bench clean dynamodb-local invoke
 
-$(VENV)/.installed: pyproject.toml
+$(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
+
+$(VENV)/.demo: pyproject.toml | $(PY)
+	$(PIP) -e .
 	touch $@
+
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PIP) -e '.[$(EXTRAS)]'
+	touch $@ $(VENV)/.demo
 
 setup: $(VENV)/.installed
 
-demo: setup
-	DORMANT_DEMO=1 $(VENV)/bin/bookings demo
+demo: $(VENV)/.demo
+	$(VENV)/bin/bookings demo
 
 test: lint typecheck pytest
 

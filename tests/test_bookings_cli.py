@@ -222,7 +222,11 @@ def test_db_works_after_the_command_too(db: Path) -> None:
     assert asked.returncode == 0 and db.is_file()
     sid = session_id(asked.stdout)
     pending = subprocess.run(
-        [sys.executable, "-m", "bookings", "pending", "--db", str(db)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "bookings", "pending", "--db", str(db)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
     )
     assert sid in pending.stdout
 
@@ -392,3 +396,26 @@ def test_demo_without_a_db_leaves_nothing_behind(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "temporary database, now deleted" in done.stdout and list(tmp_path.iterdir()) == []
+
+
+def test_a_lost_claim_exits_5_having_run_nothing(db: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    """Another process answers between this one's load and its claim: the real conflict, made certain."""
+    import bookings.cli as cli
+    from dormant.serving import advance
+
+    sid = session_id(bookings(db, "ask", REQUEST).stdout)
+
+    def answered_first(app: Any, agent: Any, session: Any, input: Any = None) -> Any:
+        assert bookings(db, "deny", sid, "no").returncode == 0  # lands while this process holds version 2
+        return advance(app, agent, session, input)
+
+    monkeypatch.setattr(cli, "advance", answered_first)
+    code = cli.main(["--db", str(db), "approve", sid])
+    captured = capsys.readouterr()
+    assert code == 5 and f"someone else acted on session {sid} first" in captured.err
+    assert "nothing was recorded or run" in captured.err and "confirmation" not in captured.out
+    app = build(db).app
+    session = app.sessions.get(sid)
+    assert session is not None and session.state.refusal == "no" and session.state.confirmation is None
+    assert len(app.sessions.list()) == 1  # no fork
+    app.close()

@@ -225,7 +225,8 @@ def test_writes_committed_by_the_claim_stay_visible_to_the_run(tmp_path: Path) -
         name: str | None = None
 
     model = MockAdapter([{"tool_calls": [{"name": "greet", "args": {}}]}, {"text": "ok"}])
-    app = adk(name="seeded", schema={"user": Patient}, store=sqlite_store(tmp_path / "s.db"), adapters={"openai": model})
+    store = sqlite_store(tmp_path / "s.db")
+    app = adk(name="seeded", schema={"user": Patient}, store=store, adapters={"openai": model})
     seen: list[str | None] = []
     greet = app.tool(name="greet", description="", execute=lambda ctx: seen.append(ctx.state.user.name))
     agent = app.agent(name="agent", model=openai("m"), context=[app.context.history()], tools=[greet])

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ClaimLost, SessionNotFound, VersionConflict
+from ..errors import ClaimLost, VersionConflict
 from ..events import InvocationResumeEvent, InvocationStartEvent
 from ..projection import Output, YieldedTool
 from ..session import Session
@@ -65,10 +65,7 @@ def advance(
     claimed it first (nothing run, nothing written).
     """
     if isinstance(session, str):
-        loaded = app.sessions.get(session)
-        if loaded is None:
-            raise SessionNotFound(session)
-        session = loaded
+        session = app.sessions.require(session)
     if session.status == "running" and not takeover:
         raise ClaimLost(
             session.id,
