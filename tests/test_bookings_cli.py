@@ -182,7 +182,7 @@ def test_an_empty_db_is_an_error_and_a_typo_creates_nothing(tmp_path: Path) -> N
     typo = tmp_path / "bokings.db"
     for command in (["pending"], ["show", "s_1"], ["approve", "s_1"], ["deny", "s_1", "no"], ["resume", "s_1"]):
         done = bookings(typo, *command)
-        assert done.returncode == 2 and f"no database at {typo}" in done.stderr, command
+        assert done.returncode == 2 and f"no SQLite database at {typo}" in done.stderr, command
     assert bookings(typo, "reply", "s_1", "hello").returncode == 2
     assert not typo.exists() and list(tmp_path.iterdir()) == []
 
@@ -208,7 +208,7 @@ def test_memory_prints_no_follow_up_that_cannot_work(tmp_path: Path) -> None:
     assert asked.returncode == 0 and "waiting for approval" in asked.stdout
     assert "approve:" not in asked.stdout and "nothing is kept after this command" in asked.stdout
     pending = bookings(":memory:", "pending")
-    assert pending.returncode == 2 and "keeps nothing between commands" in pending.stderr
+    assert pending.returncode == 2 and "':memory:' is always a new, empty database" in pending.stderr
 
 
 def test_db_works_after_the_command_too(db: Path) -> None:

@@ -243,9 +243,10 @@ def model_from_env(value: str | None) -> tuple[ModelSpec, str]:
 
 
 def database(db: str | Path | None = None) -> str:
-    """The SQLite file to use: ``db``, else ``$BOOKINGS_DB``, else ``data/bookings.db``; ``~`` expanded.
+    """The SQLite file to use: ``db``, else ``$BOOKINGS_DB``, else ``data/bookings.db``.
 
     An empty ``db`` is a mistake (``--db ''``), not a request for the default: it raises ``ValueError``.
+    ``~`` is expanded here too (the store does it as it opens), so the hints printed hold a usable path.
     """
     if db is None:
         db = os.environ.get("BOOKINGS_DB") or DEFAULT_DB
@@ -261,8 +262,9 @@ def build(
     adapter: ModelAdapter | None = None,
     *,
     store: SessionStore | None = None,
+    create: bool = True,
 ) -> Bookings:
-    """The Bookings app on ``store``, else the SQLite file ``database(db)``.
+    """The Bookings app on ``store``, else the SQLite file ``database(db)`` (which must exist unless ``create``).
 
     ``store=`` is how a deployment serves it (``DORMANT_APP=bookings:build``): the handlers pass theirs.
     """
@@ -273,7 +275,7 @@ def build(
     elif adapter is not None:
         adapters[spec.provider] = adapter
     if store is None:
-        store = sqlite_store(database(db))
+        store = sqlite_store(database(db), create=create)
     app = adk(name="bookings", schema={"session": BookingSession, "user": Patient}, store=store, adapters=adapters)
     reservations = Reservations(store)
 

@@ -47,7 +47,6 @@ EXIT_CODES = """exit codes:
 The database: --db FILE (before or after the command), else $BOOKINGS_DB, else ./data/bookings.db."""
 
 APPROVAL = "request_approval"
-_READS = {"pending", "approve", "deny", "reply", "resume", "show"}
 
 
 @dataclass(frozen=True)
@@ -80,16 +79,9 @@ def _main(argv: Sequence[str] | None) -> int:
         return USAGE
     if args.command == "demo":
         return _demo(given)
-    if args.command in _READS:
-        if path == MEMORY:
-            _warn(f"--db {MEMORY} keeps nothing between commands: there is nothing to {args.command}; use a file")
-            return USAGE
-        if not Path(path).is_file():
-            _warn(f"no database at {path} (check --db or $BOOKINGS_DB; `bookings ask` creates one)")
-            return USAGE
     command = "bookings" if given is None else f"bookings --db {shlex.quote(path)}"
     try:
-        bookings = build(path)
+        bookings = build(path, create=args.command == "ask")  # only ask may start a database
     except (ValueError, OSError, DormantError) as exc:
         return _failed(exc)
     with bookings.app:
