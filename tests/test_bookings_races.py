@@ -1,14 +1,21 @@
 """Races through the CLI, every writer its own process: one booking per slot, no forked run, every loser told why.
 
-Each round starts, all at once: two ``approve`` of one session, an ``approve`` and a ``deny`` of another,
-and the approvals of two patients whose proposals name the same slot.
+Each round races, all at once: two ``approve`` of one session, an ``approve`` and a ``deny`` of
+another, and the approvals of two patients whose proposals name the same slot. While they start, the
+test holds the database's write lock, so every process loads its waiting session and then queues at
+its claim: most rounds end in a real lost claim (exit 5) rather than in a loser that simply came late
+(exit 4). Either way the loser must be told why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,6 +59,29 @@ def finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
     return process.returncode, out, err
 
 
+@contextlib.contextmanager
+def racing(db: Path, *commands: tuple[str, ...]) -> Iterator[list[subprocess.Popen[str]]]:
+    """Start the commands while holding the write lock; let go once each has the database open."""
+    lock = sqlite3.connect(db, isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")
+    try:
+        processes = [start(db, *command) for command in commands]
+        deadline = time.monotonic() + 30  # not a check: past it, the race just runs unaided
+        while time.monotonic() < deadline and not all(has_open(p.pid, db) for p in processes):
+            time.sleep(0.01)
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    yield processes
+
+
+def has_open(pid: int, db: Path) -> bool:
+    with contextlib.suppress(OSError):
+        fds = Path(f"/proc/{pid}/fd")
+        return any(os.readlink(fd) == str(db) for fd in fds.iterdir())
+    return False
+
+
 def told_why(code: int, err: str) -> bool:
     return (code == 5 and LOST[0] in err) or (code == 4 and LOST[1] in err)
 
@@ -66,15 +96,16 @@ def test_raced_answers_book_each_slot_once(tmp_path: Path, round_: int) -> None:
         "GP on Monday morning for Kim Poe",
         "GP on Monday morning for Lee Roe",
     )
-    processes = {
-        "approve-1": start(db, "approve", twice),
-        "approve-2": start(db, "approve", twice),
-        "approve": start(db, "approve", approve_deny),
-        "deny": start(db, "deny", approve_deny, "changed my mind"),
-        "patient-1": start(db, "approve", first),
-        "patient-2": start(db, "approve", second),
+    commands = {
+        "approve-1": ("approve", twice),
+        "approve-2": ("approve", twice),
+        "approve": ("approve", approve_deny),
+        "deny": ("deny", approve_deny, "changed my mind"),
+        "patient-1": ("approve", first),
+        "patient-2": ("approve", second),
     }
-    done = {name: finish(process) for name, process in processes.items()}
+    with racing(db, *commands.values()) as processes:
+        done = {name: finish(process) for name, process in zip(commands, processes, strict=True)}
 
     # Two approvals of one session: one books, the other is told someone else answered.
     pair = sorted([done["approve-1"], done["approve-2"]], key=lambda d: d[0])

@@ -1,4 +1,4 @@
-"""What the Lambda layer ships: the library, nothing else."""
+"""What the Lambda layer ships: the library, nothing else (no samples, no helpers that start servers)."""
 
 from __future__ import annotations
 
@@ -38,13 +38,18 @@ def test_the_layer_holds_the_dormant_package_only() -> None:
     assert {p.name for p in LIBRARY.iterdir() if p.name != "__pycache__"} == SHIPPED
 
 
-def test_the_layer_ships_no_sample() -> None:
+def test_the_layer_ships_no_sample_and_no_test_server() -> None:
     paths = {p.relative_to(LAYER).as_posix() for p in _files()}
     assert not [p for p in paths if "sample" in p or "bookings" in p]
+    assert {p for p in paths if p.startswith("dormant/testing/")} == {
+        "dormant/testing/__init__.py",
+        "dormant/testing/mock.py",
+        "dormant/testing/store_contract.py",
+    }
     assert all(p.endswith(".py") or p.endswith("py.typed") for p in paths), sorted(paths)
 
 
-def test_nothing_in_the_layer_imports_the_sample() -> None:
+def test_nothing_in_the_layer_imports_the_sample_or_starts_processes() -> None:
     for path in LIBRARY.rglob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
@@ -55,4 +60,4 @@ def test_nothing_in_the_layer_imports_the_sample() -> None:
                 names = [node.module]
             for name in names:
                 top = name.split(".")[0]
-                assert top not in {"bookings"}, f"{path.relative_to(LAYER)} imports {name}"
+                assert top not in {"bookings", "subprocess", "tests"}, f"{path.relative_to(LAYER)} imports {name}"
