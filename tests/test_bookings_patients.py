@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import unicodedata
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_bookings_cli import REQUEST
 
-from bookings import patient_id
+from bookings import build, patient_id
 from dormant.ids import check_id
+from dormant.serving import advance
+from dormant.serving.runtime import for_tenant
 
 names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=300).filter(lambda s: s.strip())
 
@@ -42,3 +46,20 @@ def test_names_that_a_slug_would_merge_get_different_ids(a: str, b: str) -> None
 def test_an_empty_name_is_refused() -> None:
     with pytest.raises(ValueError, match="empty"):
         patient_id(" \t ")
+
+
+def test_each_tenant_books_its_own_slots(tmp_path: Path) -> None:
+    """Served for tenants (``bookings@<tenant>``), the reservations are the tenant's too."""
+    bookings = build(tmp_path / "t.db")
+    with bookings.app:
+        for tenant in ("clinic-a", "clinic-b"):
+            app = for_tenant(bookings.app, tenant)
+            asked = advance(
+                app, bookings.agent, app.sessions.ephemeral(scopes={"user": patient_id("Alex Doe")}), REQUEST
+            )
+            answer = {"call_id": asked.yielded_tools[0].call_id, "input": {"approved": True}}
+            done = advance(app, bookings.agent, asked.session_id, {"tools": [answer]})
+            assert done.session.state.confirmation is not None, tenant
+        assert bookings.reservations.holder("physio-tue-1430") is None
+        for tenant in ("clinic-a", "clinic-b"):
+            assert bookings.reservations.holder("physio-tue-1430", f"bookings@{tenant}") is not None

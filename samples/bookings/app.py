@@ -5,7 +5,7 @@ scope, bound to the patient's id (``patient_id``), holds the patient's name and 
 second request for the same patient starts from what the first one learned.
 
 A slot is booked at most once, across processes and patients: ``book_slot`` first reserves it with
-the store's create-if-absent (a session per slot, in the app ``bookings-slots``), which every store
+the store's create-if-absent (a session per slot, in the app ``bookings.slots``), which every store
 does under optimistic concurrency.
 """
 
@@ -115,29 +115,38 @@ class SlotTaken(Exception):
 
 
 class Reservations:
-    """One session per booked slot, created only if absent: the store's conditional write is the lock."""
+    """One session per booked slot, created only if absent: the store's conditional write is the lock.
 
-    APP = "bookings-slots"
+    The reservations of the app ``bookings`` live in the app ``bookings.slots``; a deployment serving
+    tenants runs the app as ``bookings@<tenant>``, whose slots are then ``bookings@<tenant>.slots``.
+    """
 
     def __init__(self, store: SessionStore) -> None:
-        self.app = adk(name=self.APP, schema={"session": SlotHold}, store=store)
+        self.store = store
+        self._apps: dict[str, App] = {}
 
-    def holder(self, slot_id: str) -> SlotHold | None:
-        held = self.app.sessions.get(f"slot-{slot_id}")
+    def holder(self, slot_id: str, app_name: str = "bookings") -> SlotHold | None:
+        held = self._app(app_name).sessions.get(f"slot-{slot_id}")
         return None if held is None else SlotHold(booking=held.state.booking, reference=held.state.reference)
 
-    def reserve(self, slot_id: str, booking: str, reference: str) -> SlotHold:
+    def reserve(self, slot_id: str, booking: str, reference: str, app_name: str = "bookings") -> SlotHold:
         """Reserve the slot for ``booking``; return whoever holds it now (``booking`` itself, or another)."""
-        hold = self.app.sessions.ephemeral(f"slot-{slot_id}")
+        slots = self._app(app_name)
+        hold = slots.sessions.ephemeral(f"slot-{slot_id}")
         hold.state.booking = booking
         hold.state.reference = reference
         try:
-            self.app.sessions.commit(hold)
+            slots.sessions.commit(hold)
         except VersionConflict:  # someone holds it: maybe this very booking, on a retried run
-            held = self.holder(slot_id)
+            held = self.holder(slot_id, app_name)
             assert held is not None, "a slot reservation is never deleted"
             return held
         return SlotHold(booking=booking, reference=reference)
+
+    def _app(self, app_name: str) -> App:
+        if app_name not in self._apps:
+            self._apps[app_name] = adk(name=f"{app_name}.slots", schema={"session": SlotHold}, store=self.store)
+        return self._apps[app_name]
 
 
 class Bookings:
@@ -177,7 +186,8 @@ def _finder(reservations: Reservations) -> Any:
     def find(ctx: Any) -> dict[str, Any]:
         args: FindSlots = ctx.args
         slots = open_slots(args.service, args.day, args.part_of_day)
-        return {"slots": [slot.model_dump() for slot in slots if reservations.holder(slot.slot_id) is None]}
+        free = [slot for slot in slots if reservations.holder(slot.slot_id, ctx.session.app_name) is None]
+        return {"slots": [slot.model_dump() for slot in free]}
 
     return find
 
@@ -200,7 +210,7 @@ def _booker(reservations: Reservations) -> Any:
         if ctx.state.approved_slot != slot.slot_id:
             raise ValueError("only the slot a human approved can be booked")
         reference = f"BK-{ctx.session.id[-6:].upper()}"
-        held = reservations.reserve(slot.slot_id, ctx.session.id, reference)
+        held = reservations.reserve(slot.slot_id, ctx.session.id, reference, ctx.session.app_name)
         if held.booking != ctx.session.id:
             ctx.state.slot_taken = slot.slot_id
             raise SlotTaken(f"slot {slot.slot_id} was booked for another patient first; nothing was booked")
