@@ -177,11 +177,11 @@ def test_racing_threads_one_claim_wins(path: Path) -> None:
     outcomes: list[str] = []
 
     def race(proc: Process) -> None:
-        session = proc.app.sessions.get(sid)
+        session, answers = proc.app.sessions.get(sid), proc.answers(sid)  # everyone reads version 2 first
         proc.model.set_responses([{"text": "booked"}])
         barrier.wait()
         try:
-            advance(proc.app, proc.agent, session, proc.answers(sid))  # type: ignore[arg-type]
+            advance(proc.app, proc.agent, session, answers)  # type: ignore[arg-type]
             outcomes.append("won")
         except ClaimLost:
             outcomes.append("lost")
