@@ -290,6 +290,20 @@ def test_a_turn_reads_the_tail_and_the_window_not_the_whole_ledger(tmp_path: Pat
     assert [e.id for e in session.events] == [e.id for e in whole(app, sid).events]
 
 
+def test_the_api_view_of_a_long_session_reads_only_its_tail(tmp_path: Path) -> None:
+    from dormant.serving.api import session_view
+
+    store = CountingWithSnapshots(sqlite_store(tmp_path / "s.db"))
+    app, agent, model = build(store, every=10, turns=2)
+    sid = long_session(app, agent, model, 60)
+    session = app.sessions.get(sid)
+    assert session is not None
+    reads = len(store.loads)
+    view = session_view(app, session)
+    assert len(store.loads) == reads, "the view fetched the earlier ledger"
+    assert view["updated_at"] == whole(app, sid).events[-1].created_at and view["version"] == session.version
+
+
 def test_history_without_a_window_loads_the_whole_ledger(tmp_path: Path) -> None:
     store = CountingWithSnapshots(sqlite_store(tmp_path / "s.db"))
     app, agent, model = build(store, every=10, turns=None)

@@ -178,7 +178,8 @@ def session_view(app: App, session: Session) -> dict[str, Any]:
         "scopes": dict(session.scopes),
         "state": state,
         "yielded_tools": _yielded(app, session),
-        "updated_at": max((e.created_at for e in session.events), default=session.created_at),
+        # The last event, not a scan: on a tail-loaded session a scan would fetch the whole ledger.
+        "updated_at": session.events[-1].created_at if len(session.events) else session.created_at,
     }
 
 
