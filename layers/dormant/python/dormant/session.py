@@ -202,24 +202,31 @@ class Session:
         folded = projection.count - base
         if base < 0 or not 0 <= folded <= len(events):
             raise InputError("resume: the events must start at or before the projection's end", field="base")
-        session = cls(
-            runtime,
-            session_id=row.id,
-            scopes=row.scopes,
-            version=row.version,
-            created_at=row.created_at,
-            forked_from=row.forked_from,
-            fork_reason=row.fork_reason,
-        )
+        session = cls.from_row(runtime, row)
         session._base = base
         session._projection = projection
         session._events = list(events[:folded])
         session._index = {event.id: base + n for n, event in enumerate(session._events)}
         for event in events[folded:]:
             session.append(event)
-        session._committed = base + len(session._events)
-        session._writes = {}
-        session.note_anchors([*anchors, (row.version, session._committed)])
+        session.note_anchors(anchors)
+        session.mark_committed(row.version)
+        return session
+
+    @classmethod
+    def from_row(cls, runtime: Runtime, row: StoredSession, events: Iterable[Event] = ()) -> Session:
+        """A stored session: ``row``'s id, scopes, version and fork fields, with ``events``, all committed."""
+        session = cls(
+            runtime,
+            session_id=row.id,
+            scopes=row.scopes,
+            version=row.version,
+            created_at=row.created_at,
+            events=events,
+            forked_from=row.forked_from,
+            fork_reason=row.fork_reason,
+        )
+        session.mark_committed(row.version)
         return session
 
     def append(self, event: Event) -> Event:

@@ -143,17 +143,7 @@ def _whole(
     if loaded is None or (alive is not None and not alive(loaded.session)):
         return None
     row = loaded.session
-    session = Session(
-        runtime,
-        session_id=row.id,
-        scopes=row.scopes,
-        version=row.version,
-        created_at=row.created_at,
-        events=loaded.events,
-        forked_from=row.forked_from,
-        fork_reason=row.fork_reason,
-    )
-    session.mark_committed(row.version)
+    session = Session.from_row(runtime, row, loaded.events)
     if covered is not None:
         session.snapshot_at = covered if created_at in (None, row.created_at) else 0
     return session
