@@ -419,3 +419,41 @@ def test_a_lost_claim_exits_5_having_run_nothing(db: Path, monkeypatch: pytest.M
     assert session is not None and session.state.refusal == "no" and session.state.confirmation is None
     assert len(app.sessions.list()) == 1  # no fork
     app.close()
+
+
+def test_show_tells_a_fork_where_it_came_from(db: Path) -> None:
+    asked = bookings(db, "ask", REQUEST)
+    assert asked.returncode == 0, asked.stderr
+    original = session_id(asked.stdout)
+    app = build(db).app
+    fork = app.sessions.require(original).fork_at(0, reason="try another slot\x1b[2K")
+    app.sessions.commit(fork)
+    app.close()
+    shown = bookings(db, "show", fork.id)
+    assert shown.returncode == 0, shown.stderr
+    line = next(line for line in shown.stdout.splitlines() if "forked" in line)
+    assert f"fork    --- forked from {original} after event " in line
+    assert "try another slot\\u001b[2K" in line and "\x1b" not in line
+
+
+def test_a_run_whose_process_died_is_taken_over_only_when_asked(db: Path) -> None:
+    sid = session_id(bookings(db, "ask", REQUEST).stdout)
+    bookings_app = build(db)
+    session = bookings_app.app.sessions.require(sid)
+    answer = {"tools": [{"call_id": session.yielded_tools[0].call_id, "input": {"approved": True}}]}
+    stream = bookings_app.app.stream(bookings_app.agent, answer, session=session)
+    for event in stream:  # the approval is claimed, then this "process" dies before any tool runs
+        if event.type == "invocation_resume":
+            bookings_app.app.sessions.commit(session)
+            break
+    bookings_app.app.close()
+    assert build(db).app.sessions.require(sid).status == "running"
+
+    for command in (["approve", sid], ["resume", sid]):
+        refused = bookings(db, *command)
+        assert refused.returncode == 5, refused.stderr
+        assert f"If that process died: bookings --db {db} resume --takeover {sid}" in refused.stderr
+    taken = bookings(db, "resume", "--takeover", sid)
+    assert taken.returncode == 0, taken.stderr
+    assert "confirmation BK-" in taken.stdout
+    assert bookings(db, "resume", "--takeover", sid).returncode == 4  # completed: nothing to take over

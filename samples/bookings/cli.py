@@ -137,6 +137,12 @@ def _parser() -> argparse.ArgumentParser:
     reply.add_argument("text", metavar="message", help="- reads stdin")
     resume = command("resume", "run a session again whose run failed, or whose answers are all in")
     resume.add_argument("session_id")
+    resume.add_argument(
+        "--takeover",
+        action="store_true",
+        help="also take over a session whose run is in progress: only when you know its process died "
+        "(its unfinished tool calls run again)",
+    )
     show = command("show", "the session's ledger as a timeline")
     show.add_argument("session_id")
     command("demo", "run ask, pending, approve and show, each as its own process, on a temporary database")
@@ -208,9 +214,10 @@ def _resume(ctx: _Context, args: argparse.Namespace, text: str | None) -> int:
     session = _load(ctx, args.session_id)
     if session is None:
         return UNKNOWN_SESSION
-    if session.status not in ("error", "resumable", "max_steps"):
+    takeover = args.takeover and session.status == "running"
+    if session.status not in ("error", "resumable", "max_steps") and not takeover:
         return _not_waiting(ctx, session, "a resume")
-    return _report(ctx, advance(ctx.bookings.app, ctx.bookings.agent, session))
+    return _report(ctx, advance(ctx.bookings.app, ctx.bookings.agent, session, takeover=takeover))
 
 
 def _show(ctx: _Context, args: argparse.Namespace, text: str | None) -> int:
@@ -281,7 +288,10 @@ def _hint(ctx: _Context, line: str) -> None:
 
 def _not_waiting(ctx: _Context, session: Session, what: str) -> int:
     if session.status == "running":
-        _warn(f"someone else is acting on session {session.id} right now; nothing was recorded or run")
+        _warn(
+            f"someone else is acting on session {session.id} right now; nothing was recorded or run. "
+            f"If that process died: {ctx.command} resume --takeover {session.id}"
+        )
         return CLAIM_LOST
     waits = {
         "awaiting_input": f"it waits for an approval: {ctx.command} approve|deny {session.id}",

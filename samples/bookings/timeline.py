@@ -21,6 +21,7 @@ from dormant.events import (
     InvocationYieldEvent,
     ModelEndEvent,
     ModelStartEvent,
+    SessionForkedEvent,
     StateChangeEvent,
     ToolCallEvent,
     ToolInputEvent,
@@ -82,6 +83,9 @@ def _describe(event: Event) -> tuple[str, str]:
             return "model", f"failed: {event.error}"
         tokens = f", {event.usage.total_tokens} tokens" if event.usage.total_tokens else ""
         return "model", f"answered ({event.finish_reason}{tokens}, {event.latency_ms} ms)"
+    if isinstance(event, SessionForkedEvent):
+        where = f"after event {event.at_event_id}" if event.at_event_id is not None else "from its start"
+        return "fork", f"--- forked from {event.from_session_id} {where}: {_short(event.reason)}"
     return "?", event.type
 
 
