@@ -336,15 +336,17 @@ def test_a_refused_commit_leaves_no_rows_behind(postgres_url: str, app: str) -> 
     assert count("SELECT count(*) FROM scoped_state WHERE app_name = %s") == 0
 
 
-def test_appended_events_are_numbered_in_their_commit_after_skipped_ids(postgres_url: str, app: str) -> None:
+def test_appended_events_keep_batch_order_at_their_commit_after_skipped_ids(postgres_url: str, app: str) -> None:
     store = postgres_store(postgres_url)
     try:
         meta = _meta(app)
         store.commit(meta, [_event(1), _event(2)], 0)
-        store.commit(meta, [_event(2), _event(3), _event(1), _event(3), _event(4)], 1)
+        resent = store.commit(meta, [_event(2), _event(3), _event(1), _event(3), _event(4)], 1)
     finally:
         store.close()
+    assert resent.appended == 2
     rows = _sql(
         postgres_url, "SELECT event_id, version, seq FROM events WHERE app_name = %s ORDER BY version, seq", (app,)
     )
-    assert rows == [("evt-1", 1, 0), ("evt-2", 1, 1), ("evt-3", 2, 0), ("evt-4", 2, 1)]
+    # A skipped id keeps its place in the numbering: evt-3 and evt-4 are 2nd and 4th of the de-duplicated batch.
+    assert rows == [("evt-1", 1, 0), ("evt-2", 1, 1), ("evt-3", 2, 1), ("evt-4", 2, 3)]

@@ -425,8 +425,9 @@ class BaseSessionStore(ABC):
 
         Concurrency: all or nothing, serialised per session against every other ``_write``. The gate
         opens only when ``commit.admits(stored version, stored scopes)`` (no row: version 0). Then:
-        append ``commit.fresh(ids already stored)`` at version ``commit.row.version``, positions
-        0, 1, ... in order; store the row (see ``PreparedCommit.row``); apply ``commit.scoped``.
+        append ``commit.fresh(ids already stored)`` at version ``commit.row.version``, at increasing
+        positions in batch order (a skipped id may leave a gap); store the row (see
+        ``PreparedCommit.row``); apply ``commit.scoped``.
         When the gate stays shut nothing is written and ``Refused(stored version, stored scopes)``
         comes back (the scopes are needed only when a row exists and ``expected_version > 0``).
         """

@@ -14,10 +14,10 @@ transaction-scoped advisory lock (PostgreSQL's ``CREATE TABLE IF NOT EXISTS`` is
 A commit is one transaction on one connection, in two round trips: first the version gate (a
 conditional ``UPDATE ... RETURNING``, or ``INSERT ... ON CONFLICT DO NOTHING`` to create), which takes
 the session row's lock; then, pipelined, the event appends, the scoped-state writes and ``COMMIT``.
-The appends run after the gate, under its lock, so their statement snapshot sees every event
-committed before it: stored ids are skipped and the new events are numbered at the granted version,
-all in one ``INSERT ... SELECT``. The gate also holds the scopes fixed: the ``UPDATE`` matches only the
-row's own scopes. On a refusal the transaction is rolled back and nothing is written.
+The appends run after the gate, under its lock, in one ``INSERT ... SELECT ... ON CONFLICT DO
+NOTHING``: ids already stored are skipped by the primary key, the new events land at the granted
+version. The gate also holds the scopes fixed: the ``UPDATE`` matches only the row's own scopes. On a
+refusal the transaction is rolled back and nothing is written.
 """
 
 from __future__ import annotations
@@ -71,24 +71,20 @@ _BUMP = (
     " RETURNING version"
 )
 _REFUSED = "SELECT version, scopes::text FROM sessions WHERE app_name = %s AND id = %s"
-# Runs after the gate, holding the row's lock: no other commit can append to this session meanwhile,
-# and this statement's snapshot includes every event committed before the lock was granted. Ids already
-# stored are skipped; the rest are numbered 0, 1, ... at the granted version, in batch order.
+# Runs after the gate, holding the row's lock: no other commit can append to this session meanwhile.
+# Ids already stored are skipped by the primary key (ON CONFLICT on it: a re-sent id conflicts with
+# its stored row, in this session only); the rest are stored at the granted version, each at its place
+# in the batch, so a skipped id leaves a gap in ``seq`` that the (version, seq) order does not mind.
 #
-# Each id is probed in the primary key on its own. Spelled as a range with ORDER BY, the probe can only
-# be served in order by the primary key, so the planner picks it even without statistics (a table this
-# store just created): written as a plain equality or anti-join, it may instead walk every event of the
-# session through idx_events_order, making each commit cost O(session length).
+# Not a probe of the stored ids joined into the INSERT: a lateral join plans in about as long as the
+# commit's two round trips take, and its generic plan never looked cheaper than a fresh one, so the
+# server planned it again on every commit. This plain shape gets a cached generic plan, and its
+# conflict check is the primary key's own lookup, whatever the session's length.
 _APPEND = (
     "INSERT INTO events (app_name, session_id, event_id, version, seq, data)"
-    " SELECT %(app)s, %(sid)s, batch.event_id, %(version)s, row_number() OVER (ORDER BY batch.n) - 1,"
-    " batch.data::jsonb"
+    " SELECT %(app)s, %(sid)s, batch.event_id, %(version)s, batch.n - 1, batch.data::jsonb"
     " FROM unnest(%(ids)b::text[], %(data)b::text[]) WITH ORDINALITY AS batch (event_id, data, n)"
-    " LEFT JOIN LATERAL (SELECT true AS found FROM events AS stored"
-    " WHERE stored.app_name = %(app)s AND stored.session_id = %(sid)s"
-    " AND stored.event_id >= batch.event_id AND stored.event_id <= batch.event_id"
-    " ORDER BY stored.event_id LIMIT 1) AS stored ON true"
-    " WHERE stored.found IS NULL"
+    " ON CONFLICT (app_name, session_id, event_id) DO NOTHING"
 )
 _LOAD_ROW = (
     "SELECT version, scopes::text, created_at, status, updated_at, forked_from, fork_reason FROM sessions"
