@@ -10,6 +10,7 @@ from dormant import adk
 from dormant.clock import frozen_clock, now_ms, system_ms, use_clock
 from dormant.errors import ConfigurationError
 from dormant.events import UserEvent
+from dormant.ids import check_id, new_id
 from dormant.testing import MockAdapter
 
 T0 = 1_700_000_000_000
@@ -51,3 +52,11 @@ def test_the_clock_is_process_wide() -> None:
 def test_use_clock_takes_a_function() -> None:
     with pytest.raises(ConfigurationError), use_clock(T0):  # type: ignore[arg-type]
         pass
+
+
+def test_new_ids_sort_in_the_order_they_were_made_whatever_the_clock_says() -> None:
+    with frozen_clock(1_000):  # ids take the system clock: a frozen or earlier clock changes nothing
+        minted = [new_id() for _ in range(5_000)]
+    minted += [UserEvent(text="later").id for _ in range(100)]
+    assert minted == sorted(minted) and len(set(minted)) == len(minted)
+    assert all(len(i) == 32 and check_id(i) for i in minted)

@@ -18,9 +18,10 @@ from dynamodb_faults import Died, Faults
 from dormant.clock import frozen_clock
 from dormant.errors import ConfigurationError, EventTooLarge, InputError, StoreClosed, StoreError, StoreUnavailable
 from dormant.events import UserEvent
+from dormant.ids import new_id
 from dormant.stores.base import ScopedStateChange, SessionStore, StoredSession
 from dormant.stores.dynamodb import TABLE, DynamoDBSessionStore, create_table, dynamo_store
-from dormant.stores.dynamodb.keys import CHUNK_BYTES, session_pk
+from dormant.stores.dynamodb.keys import CHUNK_BYTES, IdFilter, session_pk
 from dormant.testing import StoreContract
 from tests.servers.dynamodb import client as local_client
 
@@ -142,6 +143,35 @@ def test_new_ids_cost_no_lookup(store: DynamoDBSessionStore, ddb: Any, app: str)
         store.commit(_meta(app), [_event(f"new-{version}-{k}") for k in range(5)], version)
     # 100 new ids against 500 stored: the filter may flag one by chance (about 1 in 10,000 each).
     assert faults.calls["Query"] <= 1
+
+
+def test_ids_minted_after_the_stored_ones_cost_no_lookup_however_full_the_filter(
+    store: DynamoDBSessionStore, ddb: Any, app: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(IdFilter, "BITS", 64)  # saturated after a few dozen ids, as 16,384 bits are by ~10,000
+    store.commit(_meta(app), [], 0)  # created empty, as sessions.create() does
+    stored = [UserEvent(id=new_id(), created_at=1, text="x") for _ in range(100)]
+    store.commit(_meta(app), stored, 1)
+    bits_alone = IdFilter(IdFilter(None).add(e.id for e in stored).dump(), None)
+    assert all(bits_alone.may_hold(new_id()) for _ in range(20))  # the bits flag every id now
+    faults = Faults(ddb)
+    for version in range(2, 12):
+        result = store.commit(_meta(app), [UserEvent(id=new_id(), created_at=1, text="y") for _ in range(5)], version)
+        assert (result.ok, result.appended) == (True, 5)
+    assert faults.calls["Query"] == 0  # above the greatest stored id: new without asking the filter
+    resent = store.commit(_meta(app), [stored[40], UserEvent(id=new_id(), created_at=1, text="z")], 12)
+    assert (resent.ok, resent.appended) == (True, 1)  # the re-sent id is still found (looked up) and skipped
+    assert faults.calls["Query"] == 1
+
+
+def test_the_id_filter_answers_alone_for_a_meta_item_without_the_greatest_id() -> None:
+    stored = [new_id() for _ in range(20_000)]
+    later = [new_id() for _ in range(100)]
+    ids = IdFilter(None).add(stored)
+    assert ids.greatest == max(stored) and not any(ids.may_hold(i) for i in later)
+    assert all(ids.may_hold(i) for i in stored[::97])
+    legacy = IdFilter(ids.dump(), None)  # written before the greatest id was kept: the bits decide
+    assert sum(legacy.may_hold(i) for i in later) > 90 and all(legacy.may_hold(i) for i in stored[::97])
 
 
 def test_loading_the_tail_reads_only_the_tail(store: DynamoDBSessionStore, ddb: Any, app: str) -> None:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 
 __all__ = [
     "CHUNK_BYTES",
@@ -119,20 +119,30 @@ def chunks(data: bytes) -> list[bytes]:
 
 
 class IdFilter:
-    """A Bloom filter of a session's stored event ids, kept on its meta item.
+    """A Bloom filter of a session's stored event ids, and the greatest of them, kept on its meta item.
 
-    It answers "certainly not stored" for nearly every new id, so a commit skips the id lookup for them:
-    only ids it flags (re-sent ones, and false positives) cost a read of the id index. 16,384 bits and
-    7 hashes: a new id is flagged about 1 time in 1,600 at 1,000 stored events, 1 in 50 at 2,000, 1 in 10
-    at 3,000, 2 in 5 at 5,000 (docs/dynamodb.md). Stored zlib-compressed, so the filter of a short
-    session costs a few hundred bytes of the meta item and at most 2 KB.
+    An id greater than every stored one is new: ``new_id`` mints ids in the order they are made, so the
+    events of a turn pass on that comparison alone, however long the session. Other ids (re-sent ones,
+    ids from a process whose clock is behind, ids a caller chose) ask the filter, which answers
+    "certainly not stored" for nearly every new one; only ids it flags (re-sent ones, and false
+    positives) cost a read of the id index. 16,384 bits and 7 hashes: a new id is flagged about 1 time in
+    1,600 at 1,000 stored events, 1 in 50 at 2,000, 1 in 10 at 3,000, 2 in 5 at 5,000 (docs/dynamodb.md).
+    Stored zlib-compressed, so the filter of a short session costs a few hundred bytes of the meta item
+    and at most 2 KB.
     """
 
     BITS = 16_384
     HASHES = 7
 
-    def __init__(self, data: bytes | None = None) -> None:
+    def __init__(self, data: bytes | None = None, greatest: str | None = None) -> None:
         self._bits = bytearray(zlib.decompress(data)) if data else bytearray(self.BITS // 8)
+        self.greatest = greatest if data else ""
+        """The greatest id stored; ``None`` when not known (a meta item written before it was kept)."""
+
+    @classmethod
+    def of(cls, meta: Mapping[str, Any]) -> IdFilter:
+        """The filter a meta item holds (attributes ``bf`` and ``hi``)."""
+        return cls(meta["bf"]["B"] if "bf" in meta else None, meta["hi"]["S"] if "hi" in meta else None)
 
     @classmethod
     def _positions(cls, event_id: str) -> list[int]:
@@ -141,10 +151,14 @@ class IdFilter:
         return [(h1 + i * h2) % cls.BITS for i in range(cls.HASHES)]
 
     def may_hold(self, event_id: str) -> bool:
+        if self.greatest is not None and event_id > self.greatest:
+            return False
         return all(self._bits[p >> 3] & (1 << (p & 7)) for p in self._positions(event_id))
 
     def add(self, event_ids: Iterable[str]) -> IdFilter:
         for event_id in event_ids:
+            if self.greatest is not None and event_id > self.greatest:
+                self.greatest = event_id
             for p in self._positions(event_id):
                 self._bits[p >> 3] |= 1 << (p & 7)
         return self

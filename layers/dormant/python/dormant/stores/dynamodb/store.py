@@ -26,9 +26,10 @@ the items of a rolled-back grant (listed in ``dead``) and of a deleted incarnati
 The checks, encoding, limits and the ``CommitResult``/``ScopeMismatch`` bookkeeping come from
 ``BaseSessionStore``; this module supplies its primitives, plus ``repair_pending``.
 
-**Idempotency by event id** without reading history: the meta item carries a Bloom filter of the stored
-ids (``keys.IdFilter``), which the gate returns (``ReturnValues=ALL_OLD``) at no extra call. An id it
-rules out is new. An id it flags is looked up in the ``ids`` local secondary index — one strongly
+**Idempotency by event id** without reading history: the meta item carries the greatest stored id and
+a Bloom filter of the stored ids (``keys.IdFilter``), which the gate returns (``ReturnValues=ALL_OLD``)
+at no extra call. An id above the greatest (``new_id`` mints them in order), or one the filter rules
+out, is new. An id it flags is looked up in the ``ids`` local secondary index — one strongly
 consistent ``Query`` for that id alone. Only re-sent ids and rare false positives pay that read.
 
 **Repair** (``repair_pending``; and a writer that meets a stale marker runs the same code first): a
@@ -281,7 +282,7 @@ class DynamoDBSessionStore(BaseSessionStore):
         if isinstance(old, Refused):
             return old
         inc = old["inc"]["S"]
-        ids = IdFilter(old["bf"]["B"] if "bf" in old else None)
+        ids = IdFilter.of(old)
         flagged = [e.id for e in commit.events if ids.may_hold(e.id)]
         stored = {i for i in flagged if self._id_stored(pk, i, inc, commit.expected_version, _dead(old))}
         fresh = commit.fresh(stored)
@@ -428,7 +429,7 @@ class DynamoDBSessionStore(BaseSessionStore):
         complete = len(items) == marker.items
         try:
             if complete:
-                ids = IdFilter(meta["bf"]["B"] if "bf" in meta else None)
+                ids = IdFilter.of(meta)
                 ids.add(i["eid"]["S"] for i in items if "eid" in i)
                 self._finish(pk, marker, ids, max(now_ms(), int(meta["lsk"]["N"]) if "lsk" in meta else 0))
             else:
@@ -608,6 +609,9 @@ class DynamoDBSessionStore(BaseSessionStore):
             ":bf": {"B": ids.dump()},
         }
         sets = "#v = :v, lsk = :u, lpk = :lpk, bf = :bf"
+        if ids.greatest is not None:  # "" (no event yet) too: only a meta item without it is read as unknown
+            values[":hi"] = {"S": ids.greatest}
+            sets += ", hi = :hi"
         removes = "pending, ppk, psk"
         if marker.status is None:
             removes += ", #st"
