@@ -1,0 +1,124 @@
+"""The ``dormant`` command. ``dormant serve``: the HTTP API on this machine (``serving.local``).
+
+Its imports are deferred to the command that needs them, so ``dormant --help`` loads no AWS library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
+
+if TYPE_CHECKING:
+    from .serving.local import Page
+
+__all__ = ["main"]
+
+SERVE_EPILOG = """The API (JSON in and out) is the one API Gateway serves on AWS, through the same handler code:
+  POST /sessions, GET /sessions, GET|DELETE /sessions/{id}, GET /sessions/{id}/events,
+  POST /sessions/{id}/runs, POST /sessions/{id}/tools, POST /sessions/{id}/commit.
+A run that waits for answers is resumed by the request that answers it (on AWS, Step Functions does).
+
+Identity is a development stand-in for the Cognito authorizer: the X-Dormant-Principal header, else
+--principal. It decides the tenant, as a token's sub claim does on AWS. Only loopback clients are
+served (any other gets 403): nothing here authenticates anyone.
+
+Stores: sqlite:///relative.db, sqlite:////absolute.db, memory:, postgresql://...,
+dynamodb://table?endpoint=http://127.0.0.1:8001&region=us-east-1 (DynamoDB Local: the table is
+created if missing; AWS credentials come from the environment, any value works locally)."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dormant", description="Agents whose sessions sleep between turns.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="command")
+    serve = commands.add_parser(
+        "serve",
+        help="serve the HTTP API locally, through the Lambda handlers",
+        description="Serve the HTTP API on this machine, through the handler code that runs on Lambda.",
+        epilog=SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    from .serving.runtime import DEFAULT_APP, DEFAULT_STORE
+
+    serve.add_argument(
+        "--app", default=os.environ.get("DORMANT_APP") or DEFAULT_APP, help=f"module:attr (default {DEFAULT_APP})"
+    )
+    serve.add_argument(
+        "--store",
+        default=os.environ.get("DORMANT_STORE") or DEFAULT_STORE,
+        help=f"a store URL (default $DORMANT_STORE, else {DEFAULT_STORE}: under the current directory)",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="the port (default 8000; 0 picks a free one)")
+    serve.add_argument(
+        "--principal", default="local", help="the caller of a request without X-Dormant-Principal (default local)"
+    )
+    serve.add_argument("--quiet", action="store_true", help="do not log each request on stderr")
+    args = parser.parse_args(argv)
+    return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .errors import DormantError
+    from .serving.local import PRINCIPAL_HEADER, LocalAPI, LocalServer
+    from .serving.runtime import load_served
+    from .stores.url import store_from_url
+
+    try:
+        store = store_from_url(args.store)
+    except DormantError as exc:
+        print(f"dormant serve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        served = load_served(args.app, store)
+        server = LocalServer(
+            LocalAPI(served, principal=args.principal, pages=default_pages()),
+            args.host,
+            args.port,
+            log_requests=not args.quiet,
+        )
+    except (DormantError, OSError) as exc:
+        store.close()
+        print(f"dormant serve: {exc}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _interrupt)
+    print(
+        f"dormant serve: {args.app} on {_redacted(args.store)} at {server.url} "
+        f"(caller without {PRINCIPAL_HEADER}: {args.principal}; Ctrl-C stops)",
+        flush=True,
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("dormant serve: stopping (requests in flight finish first)", file=sys.stderr, flush=True)
+    finally:
+        server.close()
+        store.close()
+    return 0
+
+
+def default_pages() -> list[Page]:
+    """The pages ``dormant serve`` adds beside the API (see ``serving.local``: the seam for non-API paths)."""
+    return []
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _redacted(url: str) -> str:
+    """The store URL as printed: without a password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,414 @@
+"""``dormant serve``: the HTTP API on this machine, through the same handler code that runs on Lambda.
+
+Each request to a route of ``serving.routes`` becomes the proxy event API Gateway (REST API, v1) would
+send — the caller in ``requestContext.authorizer.claims.sub``, where the Cognito authorizer puts it —
+and goes to the handler ``api.api_handler`` builds for Lambda; its response is written back as API
+Gateway would write it. Where Step Functions resumes a sleeping agent on AWS, the answers' own
+request resumes it here, in-process (``workflow.in_process_hooks``).
+
+Identity is a development stand-in for the authorizer: the ``X-Dormant-Principal`` header, else the
+server's ``principal``. Nothing here authenticates anyone, so only loopback clients are served: any
+other gets a 403.
+
+The handlers run one request at a time: Powertools' resolver keeps the current event on its class, so
+two requests in threads of one process would read each other's (Lambda gives each instance one request
+at a time, too). Reading and writing HTTP is threaded, so a slow client holds up no one.
+
+**Pages** (the seam for the session inspector): any path that is not an API route goes to the
+``pages`` given to ``LocalAPI``, in order: each is called with a ``PageRequest`` and returns a
+``Reply``, or ``None`` to pass it on; a path none takes is a 404. A page calls the API as its caller
+with ``request.call_api(...)``, so tenants and bad input behave as over HTTP.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ipaddress
+import json
+import re
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from .api import Idempotency, api_handler
+from .routes import ROUTES
+from .runtime import Served
+from .workflow import in_process_hooks
+
+__all__ = [
+    "MAX_REQUEST_BYTES",
+    "PRINCIPAL_HEADER",
+    "LocalAPI",
+    "LocalServer",
+    "Page",
+    "PageRequest",
+    "Reply",
+    "proxy_event",
+]
+
+PRINCIPAL_HEADER = "X-Dormant-Principal"
+MAX_REQUEST_BYTES = 10 * 1024 * 1024
+"""API Gateway's payload limit: a larger body is refused unread (the handler's own limit is lower)."""
+_LAMBDA_TIMEOUT_MS = 29_000  # API Gateway's integration timeout
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An HTTP response: what a page returns, and what ``call_api`` gives back."""
+
+    status: int
+    body: bytes = b""
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+    @classmethod
+    def of_json(cls, status: int, payload: Any) -> Reply:
+        return cls(status, json.dumps(payload).encode(), {"Content-Type": "application/json"})
+
+
+@dataclass(frozen=True)
+class PageRequest:
+    """A request to a non-API path, from a loopback client, with its caller already decided."""
+
+    method: str
+    path: str
+    query: Mapping[str, str]
+    headers: Mapping[str, str]
+    """Header names in lower case."""
+    body: bytes
+    principal: str
+    api: LocalAPI
+
+    def call_api(self, method: str, path: str, body: Any = None) -> Reply:
+        """Call an API route (``path`` may carry a query) as this request's caller, through the handler."""
+        raw = b"" if body is None else json.dumps(body).encode()
+        return self.api.call(method, path, {"content-type": "application/json"}, raw, self.principal)
+
+
+Page = Callable[[PageRequest], Reply | None]
+"""A handler for non-API paths: a ``Reply``, or ``None`` to leave the path to the next page."""
+
+
+@dataclass(frozen=True)
+class _Route:
+    method: str
+    resource: str
+    pattern: re.Pattern[str]
+    function: str
+
+
+def _compile(resource: str) -> re.Pattern[str]:
+    parts = re.split(r"\{(\w+)\}", resource)
+    regex = "".join(re.escape(part) if i % 2 == 0 else f"(?P<{part}>[^/]+)" for i, part in enumerate(parts))
+    return re.compile(f"^{regex}$")
+
+
+@dataclass
+class _LambdaContext:
+    """What the handler reads of Lambda's context object."""
+
+    function_name: str
+    aws_request_id: str
+    memory_limit_in_mb: int = 512
+    deadline: float = 0.0
+
+    @property
+    def invoked_function_arn(self) -> str:
+        return f"arn:aws:lambda:local:000000000000:function:{self.function_name}"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self.deadline - time.monotonic()) * 1000))
+
+
+def proxy_event(
+    method: str,
+    resource: str,
+    path: str,
+    path_parameters: Mapping[str, str],
+    query: str,
+    headers: Sequence[tuple[str, str]],
+    body: bytes,
+    principal: str,
+    source_ip: str,
+    request_id: str,
+) -> dict[str, Any]:
+    """The API Gateway proxy event (REST API, v1) for one request, as the Cognito authorizer passes it on.
+
+    Query values arrive decoded, one per name in ``queryStringParameters`` (the last) and all in
+    ``multiValueQueryStringParameters``; headers likewise. A body that is not UTF-8 is base64-encoded.
+    """
+    single_headers: dict[str, str] = {}
+    multi_headers: dict[str, list[str]] = {}
+    for name, value in headers:
+        single_headers[name] = value
+        multi_headers.setdefault(name, []).append(value)
+    multi_query = parse_qs(query, keep_blank_values=True)
+    try:
+        text, encoded = body.decode("utf-8"), False
+    except UnicodeDecodeError:
+        text, encoded = base64.b64encode(body).decode("ascii"), True
+    now = datetime.now(UTC)
+    lower = {name.lower(): value for name, value in single_headers.items()}
+    return {
+        "resource": resource,
+        "path": path,
+        "httpMethod": method,
+        "headers": single_headers or None,
+        "multiValueHeaders": multi_headers or None,
+        "queryStringParameters": {name: values[-1] for name, values in multi_query.items()} or None,
+        "multiValueQueryStringParameters": multi_query or None,
+        "pathParameters": dict(path_parameters) or None,
+        "stageVariables": None,
+        "requestContext": {
+            "resourceId": "local",
+            "resourcePath": resource,
+            "httpMethod": method,
+            "path": path,
+            "stage": "local",
+            "requestId": request_id,
+            "extendedRequestId": request_id,
+            "requestTime": now.strftime("%d/%b/%Y:%H:%M:%S +0000"),
+            "requestTimeEpoch": int(now.timestamp() * 1000),
+            "accountId": "000000000000",
+            "apiId": "local",
+            "protocol": "HTTP/1.1",
+            "domainName": lower.get("host", "localhost"),
+            "identity": {"sourceIp": source_ip, "userAgent": lower.get("user-agent")},
+            "authorizer": {"claims": {"sub": principal, "cognito:username": principal, "token_use": "id"}},
+        },
+        "body": text if body else None,
+        "isBase64Encoded": encoded,
+    }
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a client address is this machine's loopback (IPv4, IPv6, or IPv4 mapped into IPv6)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+class LocalAPI:
+    """The API's routes over ``served``, each request through the Lambda handler; other paths to ``pages``."""
+
+    def __init__(
+        self,
+        served: Served,
+        *,
+        principal: str = "local",
+        pages: Sequence[Page] = (),
+        idempotency: Idempotency | None = None,
+    ) -> None:
+        self.served = served
+        self.principal = principal
+        self.pages = list(pages)
+        self._handler = api_handler(in_process_hooks(served), served, idempotency)
+        self._routes = [_Route(m, r, _compile(r), f) for m, r, f in ROUTES]
+        self._lock = threading.Lock()
+
+    def handle(self, method: str, target: str, headers: Sequence[tuple[str, str]], body: bytes, client: str) -> Reply:
+        """Answer one HTTP request from the client at address ``client``."""
+        if not is_loopback(client):
+            return _refuse(403, "dormant serve answers loopback clients only: it authenticates no one")
+        given = [value for name, value in headers if name.lower() == PRINCIPAL_HEADER.lower()]
+        principal = given[-1].strip() if given else self.principal
+        if not principal:
+            return _refuse(400, f"{PRINCIPAL_HEADER} is empty", field=PRINCIPAL_HEADER)
+        split = urlsplit(target)
+        if self._match(split.path) is not None:
+            return self.call(method, target, headers, body, principal, client)
+        request = PageRequest(
+            method=method,
+            path=split.path,
+            query={name: values[-1] for name, values in parse_qs(split.query, keep_blank_values=True).items()},
+            headers={name.lower(): value for name, value in headers},
+            body=body,
+            principal=principal,
+            api=self,
+        )
+        for page in self.pages:
+            reply = page(request)
+            if reply is not None:
+                return reply
+        return _refuse(404, f"no route {split.path}")
+
+    def call(
+        self,
+        method: str,
+        target: str,
+        headers: Sequence[tuple[str, str]] | Mapping[str, str],
+        body: bytes,
+        principal: str,
+        client: str = "127.0.0.1",
+    ) -> Reply:
+        """One API request as ``principal``, through the Lambda handler (a 404 or 405 when no route fits)."""
+        split = urlsplit(target)
+        matched = self._match(split.path)
+        if matched is None:
+            return _refuse(404, f"no route {split.path}")
+        route = next((r for r in matched[0] if r.method == method.upper()), None)
+        if route is None:
+            allowed = ", ".join(sorted({r.method for r in matched[0]}))
+            return Reply(
+                405,
+                json.dumps({"error": "MethodNotAllowed", "message": f"{method} {split.path}: use {allowed}"}).encode(),
+                {"Content-Type": "application/json", "Allow": allowed},
+            )
+        pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+        forwarded = [(name, value) for name, value in pairs if name.lower() != PRINCIPAL_HEADER.lower()]
+        request_id = str(uuid.uuid4())
+        event = proxy_event(
+            route.method,
+            route.resource,
+            split.path,
+            matched[1],
+            split.query,
+            forwarded,
+            body,
+            principal,
+            client,
+            request_id,
+        )
+        context = _LambdaContext(f"dormant-{route.function}", request_id)
+        with self._lock:
+            context.deadline = time.monotonic() + _LAMBDA_TIMEOUT_MS / 1000
+            response = self._handler(event, context)
+        return _reply(response)
+
+    def _match(self, path: str) -> tuple[list[_Route], dict[str, str]] | None:
+        routes: list[_Route] = []
+        params: dict[str, str] = {}
+        for route in self._routes:
+            found = route.pattern.match(path)
+            if found is not None:
+                routes.append(route)
+                params = found.groupdict()
+        return (routes, params) if routes else None
+
+
+def _reply(response: Mapping[str, Any]) -> Reply:
+    headers: dict[str, str] = dict(response.get("headers") or {})
+    for name, values in (response.get("multiValueHeaders") or {}).items():
+        headers[name] = ", ".join(values)
+    raw = response.get("body") or ""
+    body = base64.b64decode(raw) if response.get("isBase64Encoded") else raw.encode()
+    return Reply(int(response["statusCode"]), body, headers)
+
+
+def _refuse(status: int, message: str, field: str | None = None) -> Reply:
+    kind = {400: "InputError", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed"}.get(status, "Error")
+    payload = {"error": kind, "message": message, **({"field": field} if field else {})}
+    return Reply.of_json(status, payload)
+
+
+class _RequestHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: every reply carries its Content-Length
+    server: LocalServer
+
+    def _serve(self) -> None:
+        length = self.headers.get("Content-Length")
+        if self.headers.get("Transfer-Encoding"):
+            self._write(_refuse(411, "send the body with a Content-Length"), close=True)
+            return
+        try:
+            size = int(length) if length else 0
+        except ValueError:
+            self._write(_refuse(400, f"Content-Length is a number, not {length!r}", field="Content-Length"), True)
+            return
+        if size > MAX_REQUEST_BYTES or size < 0:
+            self._write(_refuse(413, f"the body is {size} bytes, over {MAX_REQUEST_BYTES}"), close=True)
+            return
+        body = self.rfile.read(size)
+        if len(body) < size:  # the client went away (or the server is stopping) mid-body
+            self.close_connection = True
+            return
+        reply = self.server.api.handle(
+            self.command, self.path, list(self.headers.items()), body, self.client_address[0]
+        )
+        self._write(reply)
+
+    def _write(self, reply: Reply, close: bool = False) -> None:
+        self.send_response(reply.status)
+        for name, value in reply.headers.items():
+            if name.lower() not in {"content-length", "connection"}:
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(reply.body)))
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(reply.body)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _serve  # noqa: N815 (http.server names)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.server.log_requests:
+            super().log_message(format, *args)
+
+
+class LocalServer(ThreadingHTTPServer):
+    """``LocalAPI`` on a socket. ``close()`` lets requests in flight finish, then closes idle connections."""
+
+    daemon_threads = False
+    block_on_close = True
+
+    def __init__(self, api: LocalAPI, host: str = "127.0.0.1", port: int = 8000, *, log_requests: bool = True) -> None:
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.api = api
+        self.log_requests = log_requests
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        super().__init__((host, port), _RequestHandler)
+
+    @property
+    def url(self) -> str:
+        host, port = str(self.server_address[0]), self.server_address[1]
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{port}"
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        connection, address = super().get_request()
+        with self._connections_lock:
+            self._connections.add(connection)
+        return connection, address
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._connections_lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)
+
+    def close(self) -> None:
+        """Stop reading from every connection (a reply being written still goes out), then join their threads."""
+        with self._connections_lock:
+            open_connections = list(self._connections)
+        for connection in open_connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RD)
+        self.server_close()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[LocalServer]:
+        """Serve in a background thread for the ``with`` block (tests and benchmarks in one process)."""
+        thread = threading.Thread(target=self.serve_forever, name="dormant-serve", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self.shutdown()
+            thread.join(timeout=30)
+            self.close()

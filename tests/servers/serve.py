@@ -1,0 +1,86 @@
+"""``dormant serve`` as a separate process, for tests and benchmarks: started on a free port, stopped with Ctrl-C.
+
+``dormant_serve("--store", url)`` runs the installed ``dormant`` command (the one beside this Python), waits
+for the line that says where it listens, yields the running ``ServeProcess``, then sends SIGINT and waits
+for a clean exit. Its output goes to files, so a long run never fills a pipe; every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+_LISTENING = re.compile(r" at (http://\S+) ")
+
+
+@dataclass
+class ServeProcess:
+    url: str
+    process: subprocess.Popen[bytes]
+    logs: Path
+    kept: str | None = None
+    """The output, kept once the server stopped (its log files are gone then)."""
+
+    def output(self) -> str:
+        """What the server wrote so far (stdout, then stderr)."""
+        if self.kept is not None:
+            return self.kept
+        return "\n".join((self.logs / name).read_text(errors="replace") for name in ("stdout", "stderr"))
+
+    def stop(self, timeout: float = 30) -> int:
+        """Ctrl-C, then wait for the exit; its exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=timeout)
+            raise
+
+
+def command() -> list[str]:
+    script = Path(sys.executable).with_name("dormant")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "dormant.cli"]
+
+
+@contextlib.contextmanager
+def dormant_serve(
+    *args: str, env: Mapping[str, str] | None = None, cwd: str | Path | None = None, timeout: float = 60
+) -> Iterator[ServeProcess]:
+    """``dormant serve --port 0 *args`` running for the ``with`` block."""
+    with tempfile.TemporaryDirectory(prefix="dormant-serve-") as scratch:
+        logs = Path(scratch)
+        with (logs / "stdout").open("wb") as stdout, (logs / "stderr").open("wb") as stderr:
+            process = subprocess.Popen(
+                [*command(), "serve", "--port", "0", *args],
+                stdout=stdout,
+                stderr=stderr,
+                cwd=cwd,
+                env={**os.environ, **(env or {})},
+            )
+        server = ServeProcess("", process, logs)
+        try:
+            deadline = time.monotonic() + timeout
+            while not (found := _LISTENING.search((logs / "stdout").read_text(errors="replace"))):
+                if process.poll() is not None:
+                    raise RuntimeError(f"dormant serve exited with {process.returncode}:\n{server.output()}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"dormant serve did not start in {timeout} s:\n{server.output()}")
+                time.sleep(0.05)
+            server.url = found.group(1)
+            yield server
+        finally:
+            try:
+                server.stop()
+            finally:
+                server.kept = server.output()

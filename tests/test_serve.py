@@ -1,0 +1,301 @@
+"""``dormant serve``: the HTTP API through the Lambda handler code, as a separate process, on SQLite and DynamoDB Local.
+
+Each request becomes an API Gateway proxy event and goes through ``serving.api``'s handler; these tests
+drive the real process over real sockets (urllib), and check what a caller sees: statuses, bodies, the
+tenant the principal picks, the loopback-only rule, and a clean Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("aws_lambda_powertools", reason="dormant serve needs the lambda extra")
+
+from dormant.serving.api import MAX_BODY_BYTES
+from dormant.serving.local import LocalAPI, LocalServer, PageRequest, Reply, is_loopback, proxy_event
+from dormant.serving.runtime import load_served
+from dormant.stores.url import store_from_url
+from tests.servers.serve import ServeProcess, dormant_serve
+
+EVENTS = Path(__file__).resolve().parents[1] / "events"
+REQUEST = "I need physio on Tuesday afternoon, for Alex Doe"
+TIMEOUT = 60
+
+
+def call(
+    url: str, method: str = "GET", body: Any = None, *, raw: bytes | None = None, principal: str | None = None
+) -> tuple[int, Any]:
+    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if principal is not None:
+        headers["X-Dormant-Principal"] = principal
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+            status, text = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, text = exc.code, exc.read()
+    return status, json.loads(text) if text else None
+
+
+@pytest.fixture(params=["sqlite", pytest.param("dynamodb", marks=pytest.mark.backend("dynamodb"))])
+def store_env(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, str]]:
+    """A store URL and the environment the server needs for it: a SQLite file, or a fresh DynamoDB Local table."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'serve.db'}", {}
+    from tests.servers.dynamodb import ACCESS_KEY, REGION
+
+    endpoint = request.getfixturevalue("dynamodb_endpoint")
+    env = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": ACCESS_KEY, "AWS_DEFAULT_REGION": REGION}
+    return f"dynamodb://serve-{uuid.uuid4().hex[:12]}?endpoint={endpoint}&region={REGION}", env
+
+
+@pytest.fixture
+def server(store_env: tuple[str, dict[str, str]], tmp_path: Path) -> Iterator[ServeProcess]:
+    url, env = store_env
+    with dormant_serve("--store", url, "--principal", "clinic", env=env, cwd=tmp_path, timeout=TIMEOUT) as process:
+        yield process
+    assert "Traceback" not in process.output()
+
+
+# -- the arc, over HTTP --------------------------------------------------------------------------------------
+
+
+def test_a_booking_sleeps_is_answered_over_http_and_resumes_in_process(server: ServeProcess) -> None:
+    api = server.url
+    status, created = call(f"{api}/sessions", "POST", {"session_id": "b-1", "scopes": {"user": "alex-doe"}})
+    assert (status, created["id"], created["status"]) == (201, "b-1", "idle")
+
+    status, ran = call(f"{api}/sessions/b-1/runs", "POST", {"message": REQUEST})
+    assert status == 200 and ran["status"] == "yielded_tool" and ran["commit_status"] == "committed"
+    [waiting] = ran["yielded_tools"]
+    assert waiting["name"] == "request_approval" and waiting["answer_schema"]["required"] == ["approved"]
+
+    status, shown = call(f"{api}/sessions/b-1")
+    assert status == 200 and shown["status"] == "awaiting_input" and shown["version"] == ran["version"]
+    assert [t["call_id"] for t in shown["yielded_tools"]] == [waiting["call_id"]]
+
+    # an answer the yield schema refuses is a 400 naming the field, and records nothing
+    wrong = {"answers": [{"call_id": waiting["call_id"], "input": {"approved": "maybe"}}]}
+    status, refused = call(f"{api}/sessions/b-1/tools", "POST", wrong)
+    assert status == 400 and refused["field"].endswith("input"), refused
+    assert call(f"{api}/sessions/b-1")[1]["version"] == shown["version"]
+
+    answer = {"answers": [{"call_id": waiting["call_id"], "input": {"approved": True, "note": "ok"}}]}
+    status, answered = call(f"{api}/sessions/b-1/tools", "POST", answer)
+    assert status == 202 and answered["resumed"] == "completed"  # resumed in-process, where Step Functions would
+
+    status, done = call(f"{api}/sessions/b-1")
+    assert done["status"] == "completed" and done["yielded_tools"] == []
+    assert done["state"]["session"]["confirmation"]["slot_id"] == waiting["args"]["slot_id"]
+
+    # the ledger, paged
+    events: list[dict[str, Any]] = []
+    after: int | None = 0
+    while after is not None:
+        status, page = call(f"{api}/sessions/b-1/events?after={after}&limit=4")
+        assert status == 200 and len(page["events"]) <= 4
+        events += page["events"]
+        after = page["next"]
+    assert len({e["id"] for e in events}) == len(events) > 4
+    assert [e["type"] for e in events][-1] == "invocation_end"
+    [given] = [e for e in events if e["type"] == "tool_input"]
+    assert given["input"] == {"approved": True, "note": "ok"}
+
+    status, listed = call(f"{api}/sessions?status=completed")
+    assert status == 200 and [s["id"] for s in listed["sessions"]] == ["b-1"]
+    assert call(f"{api}/sessions/b-1", "DELETE") == (204, None)
+    assert call(f"{api}/sessions/b-1")[0] == 404
+
+
+def test_bad_input_is_a_4xx_naming_the_field_and_writes_nothing(server: ServeProcess) -> None:
+    api = server.url
+    assert call(f"{api}/sessions", "POST", {"session_id": "b-2"})[0] == 201
+    cases: list[tuple[str, str, dict[str, Any]]] = [
+        ("POST", "/sessions/b-2/runs", {"raw": b"{not json"}),
+        ("POST", "/sessions/b-2/runs", {"raw": b"\xff\xfe not utf-8"}),
+        ("POST", "/sessions/b-2/runs", {"body": {"mesage": "typo"}}),
+        ("POST", "/sessions/b-2/tools", {"body": {"answers": []}}),
+        ("POST", "/sessions/b-2/tools", {"body": {"answers": [{"call_id": "nope", "input": {}}]}}),
+        ("POST", "/sessions/b-2/commit", {"body": {"expected_version": -1, "events": []}}),
+        ("GET", "/sessions?limit=many", {}),
+        ("POST", "/sessions", {"body": {"session_id": "bad id with spaces"}}),
+    ]
+    for method, path, kwargs in cases:
+        status, body = call(api + path, method, **kwargs)
+        assert status == 400 and body["error"] and body.get("field"), (path, kwargs, status, body)
+    expectations = {"body", "mesage", "answers", "expected_version", "limit"}
+    assert expectations <= {call(api + p, m, **k)[1]["field"] for m, p, k in cases}
+
+    status, body = call(f"{api}/sessions/b-2/runs", "POST", raw=b'{"message": "' + b"x" * MAX_BODY_BYTES + b'"}')
+    assert status == 413 and body["error"] == "RequestTooLarge"
+    assert call(f"{api}/sessions/missing")[0] == 404
+    assert call(f"{api}/sessions/missing/runs", "POST", {"message": "hi"})[0] == 404
+    status, body = call(f"{api}/sessions/b-2", "PUT", {})
+    assert status == 405 and body["error"] == "MethodNotAllowed"
+    assert call(f"{api}/no/such/route")[0] == 404
+
+    shown = call(f"{api}/sessions/b-2")[1]
+    assert shown["version"] == 1 and shown["status"] == "idle"  # nothing above wrote anything
+    assert [s["id"] for s in call(f"{api}/sessions")[1]["sessions"]] == ["b-2"]
+
+
+def test_the_principal_header_picks_the_tenant(server: ServeProcess) -> None:
+    api = server.url
+    assert call(f"{api}/sessions", "POST", {"session_id": "mine"}, principal="alice")[0] == 201
+    assert call(f"{api}/sessions/mine", principal="alice")[0] == 200
+    assert call(f"{api}/sessions/mine", principal="bob")[0] == 404
+    assert call(f"{api}/sessions/mine")[0] == 404  # no header: the server's --principal, clinic
+    assert call(f"{api}/sessions")[1]["sessions"] == []
+    assert call(f"{api}/sessions", "POST", {"session_id": "mine"})[0] == 201  # clinic's own "mine"
+    status, body = call(f"{api}/sessions", principal="a@b")
+    assert status == 400 and body["field"] == "tenant"
+
+
+# -- identity: loopback only -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def local_api(tmp_path: Path) -> Iterator[LocalAPI]:
+    store = store_from_url(f"sqlite:///{tmp_path / 'local.db'}")
+    yield LocalAPI(load_served("bookings:build", store), principal="clinic")
+    store.close()
+
+
+@pytest.mark.parametrize("client", ["127.0.0.1", "127.0.0.2", "::1", "::ffff:127.0.0.1"])
+def test_loopback_clients_are_served_as_their_header_says(local_api: LocalAPI, client: str) -> None:
+    headers = [("Content-Type", "application/json"), ("X-Dormant-Principal", "alice")]
+    reply = local_api.handle("POST", "/sessions", headers, b'{"session_id": "s-1"}', client)
+    assert reply.status == 201
+    assert local_api.served.app.store.load("bookings@alice", "s-1") is not None
+
+
+@pytest.mark.parametrize("client", ["192.0.2.10", "203.0.113.7", "2001:db8::1", "::ffff:192.0.2.10", "not-an-ip"])
+@pytest.mark.parametrize("header", [True, False])
+def test_a_client_off_loopback_is_refused_with_or_without_the_header(
+    local_api: LocalAPI, client: str, header: bool
+) -> None:
+    headers = [("Content-Type", "application/json"), *([("X-Dormant-Principal", "alice")] if header else [])]
+    reply = local_api.handle("POST", "/sessions", headers, b'{"session_id": "s-1"}', client)
+    assert reply.status == 403 and reply.json()["error"] == "Forbidden"
+    store = local_api.served.app.store
+    assert store.load("bookings@alice", "s-1") is None and store.load("bookings@clinic", "s-1") is None
+
+
+def _outward_address() -> str | None:
+    """This machine's address on a non-loopback interface (no packet is sent), if it has one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if is_loopback(address) else address
+
+
+def test_a_real_connection_from_off_loopback_gets_403(local_api: LocalAPI) -> None:
+    address = _outward_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 interface to connect from")
+    with LocalServer(local_api, address, 0, log_requests=False).running() as server:
+        status, body = call(f"{server.url}/sessions", principal="alice")
+        assert status == 403 and "loopback" in body["message"]
+
+
+# -- the event is API Gateway's ---------------------------------------------------------------------------
+
+
+def _shape(value: Any) -> Any:
+    return {key: _shape(item) for key, item in value.items()} if isinstance(value, dict) else type(value).__name__
+
+
+def test_the_proxy_event_has_the_shape_of_the_sample_api_gateway_events() -> None:
+    sample = json.loads((EVENTS / "api" / "run.json").read_text())
+    built = proxy_event(
+        "POST",
+        "/sessions/{id}/runs",
+        "/sessions/s-sample/runs",
+        {"id": "s-sample"},
+        "",
+        [("Content-Type", "application/json"), ("Idempotency-Key", "k-1")],
+        b'{"message": "hi"}',
+        "alice",
+        "127.0.0.1",
+        "req-1",
+    )
+    assert set(built) == set(sample)
+    assert set(built["requestContext"]) == set(sample["requestContext"])
+    assert built["requestContext"]["authorizer"]["claims"]["sub"] == "alice"
+    assert (built["pathParameters"], built["resource"], built["body"]) == (
+        {"id": "s-sample"},
+        sample["resource"],
+        '{"message": "hi"}',
+    )
+    assert built["multiValueHeaders"]["Idempotency-Key"] == ["k-1"]
+    query = proxy_event("GET", "/sessions", "/sessions", {}, "limit=2&status=a%20b&status=c", [], b"", "a", "::1", "r")
+    assert query["queryStringParameters"] == {"limit": "2", "status": "c"}
+    assert query["multiValueQueryStringParameters"] == {"limit": ["2"], "status": ["a b", "c"]}
+    assert query["body"] is None and query["headers"] is None
+
+
+# -- pages: the seam for non-API paths ---------------------------------------------------------------------
+
+
+def test_pages_serve_other_paths_and_call_the_api_as_their_caller(tmp_path: Path) -> None:
+    seen: list[str] = []
+
+    def index(request: PageRequest) -> Reply | None:
+        seen.append(request.path)
+        if request.path != "/":
+            return None
+        listed = request.call_api("GET", "/sessions?limit=5").json()
+        ids = ", ".join(s["id"] for s in listed["sessions"])
+        return Reply(200, f"<p>{request.principal}: {ids}</p>".encode(), {"Content-Type": "text/html"})
+
+    store = store_from_url(f"sqlite:///{tmp_path / 'pages.db'}")
+    api = LocalAPI(load_served("bookings:build", store), principal="clinic", pages=[index])
+    with LocalServer(api, "127.0.0.1", 0, log_requests=False).running() as server:
+        assert call(f"{server.url}/sessions", "POST", {"session_id": "s-9"}, principal="alice")[0] == 201
+        assert call(f"{server.url}/sessions", "POST", {"session_id": "s-8"})[0] == 201
+        request = urllib.request.Request(f"{server.url}/", headers={"X-Dormant-Principal": "alice"})
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+            assert response.read() == b"<p>alice: s-9</p>" and response.headers["Content-Type"] == "text/html"
+        assert call(f"{server.url}/inspect/x")[0] == 404  # no page took it
+    store.close()
+    assert seen == ["/", "/inspect/x"]  # API routes never reach a page
+
+
+# -- stopping ----------------------------------------------------------------------------------------------
+
+
+def test_ctrl_c_stops_the_server_cleanly_with_an_idle_keep_alive_connection_open(tmp_path: Path) -> None:
+    with dormant_serve("--store", f"sqlite:///{tmp_path / 'stop.db'}", cwd=tmp_path, timeout=TIMEOUT) as server:
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        connection = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT)
+        connection.request("GET", "/sessions")
+        assert connection.getresponse().read() and connection.sock is not None  # kept alive, now idle
+        assert server.stop(timeout=TIMEOUT) == 0
+        connection.close()
+    assert "stopping" in server.output() and "Traceback" not in server.output()
+
+
+def test_a_bad_store_url_or_app_is_a_message_and_exit_2(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.servers.serve import command
+
+    for args in (["--store", "sqlite://no-third-slash"], ["--app", "no_such_module:build"]):
+        done = subprocess.run(
+            [*command(), "serve", "--port", "0", *args], capture_output=True, text=True, cwd=tmp_path, timeout=TIMEOUT
+        )
+        assert done.returncode == 2 and done.stderr.startswith("dormant serve: ") and "Traceback" not in done.stderr
