@@ -11,6 +11,7 @@ LIBRARY = LAYER / "dormant"
 # Every top-level entry of the package. A new one is a decision: add it here on purpose.
 SHIPPED = {
     "__init__.py",
+    "cli.py",
     "agents",
     "app.py",
     "clock.py",

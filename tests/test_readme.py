@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 README = Path(__file__).parent.parent / "README.md"
 
@@ -22,3 +27,31 @@ def test_the_tour_and_the_yielding_tools_run(capsys: object) -> None:
 def test_the_first_lines_are_the_two_commands() -> None:
     lines = README.read_text().splitlines()
     assert lines[2] == "```sh" and lines[3].startswith("make demo") and lines[4].startswith("make test")
+
+
+def test_the_local_api_curl_examples_run_as_written_against_dormant_serve(tmp_path: Path) -> None:
+    pytest.importorskip("aws_lambda_powertools", reason="dormant serve needs the lambda extra")
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    from tests.servers.serve import dormant_serve
+
+    [block] = [b for b in re.findall(r"```sh\n(.*?)```", README.read_text(), flags=re.S) if "curl -s localhost" in b]
+    # Each curl also writes its status code to stderr; the README's address becomes the server's free port.
+    trace = "curl() { command curl -w '%{stderr}%{http_code}\\n' \"$@\"; }\nset -e\n"
+    with dormant_serve("--store", f"sqlite:///{tmp_path / 'readme.db'}", cwd=tmp_path) as server:
+        script = trace + block.replace("localhost:8000", server.url.removeprefix("http://"))
+        done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.split() == ["201", "200", "200", "200", "202", "200", "200", "200", "400"]
+    bodies, text, decoder = [], done.stdout.strip(), json.JSONDecoder()
+    while text:  # the bodies, one after another (no newline between them)
+        body, end = decoder.raw_decode(text)
+        bodies.append(body)
+        text = text[end:].lstrip()
+    assert len(bodies) == 8  # the call id went into a variable, not to the output
+    assert bodies[1]["status"] == "yielded_tool" and bodies[2]["status"] == "awaiting_input"
+    assert bodies[3] == {"version": 4, "status": "resumable", "resumed": "completed"}
+    assert bodies[4]["status"] == "completed" and bodies[4]["state"]["session"]["confirmation"]["reference"]
+    assert len(bodies[5]["events"]) == 5
+    assert bodies[6] == {"sessions": [], "cursor": None}
+    assert bodies[7]["field"] == "mesage"

@@ -11,6 +11,7 @@ import http.client
 import json
 import socket
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 import uuid
@@ -111,7 +112,7 @@ def test_a_booking_sleeps_is_answered_over_http_and_resumes_in_process(server: S
     assert len({e["id"] for e in events}) == len(events) > 4
     assert [e["type"] for e in events][-1] == "invocation_end"
     [given] = [e for e in events if e["type"] == "tool_input"]
-    assert given["input"] == {"approved": True, "note": "ok"}
+    assert given["input"] == {"approved": True, "note": "ok"} and given["principal"] == "clinic"  # who approved
 
     status, listed = call(f"{api}/sessions?status=completed")
     assert status == 200 and [s["id"] for s in listed["sessions"]] == ["b-1"]
@@ -301,3 +302,73 @@ def test_a_bad_store_url_or_app_is_a_message_and_exit_2(tmp_path: Path) -> None:
             check=False,
         )
         assert done.returncode == 2 and done.stderr.startswith("dormant serve: ") and "Traceback" not in done.stderr
+
+
+# -- bookings --api: the arc as separate processes through dormant serve --------------------------------------
+
+
+def bookings(api: str, *args: str) -> subprocess.CompletedProcess[str]:
+    script = Path(sys.executable).with_name("bookings")
+    return subprocess.run(
+        [str(script), "--api", api, *args], capture_output=True, text=True, timeout=TIMEOUT, check=False
+    )
+
+
+def test_the_bookings_arc_through_the_api_each_command_a_process(server: ServeProcess) -> None:
+    asked = bookings(server.url, "ask", REQUEST)
+    assert asked.returncode == 0, asked.stderr
+    assert "waiting for approval: physio with Sam Patel on Tuesday at 14:30 for Alex Doe" in asked.stdout
+    [sid] = [line.split()[-1] for line in asked.stdout.splitlines() if line.strip().startswith("session:")]
+    assert f"bookings --api {server.url} approve {sid}" in asked.stdout  # the hint names the same API
+
+    pending = bookings(server.url, "pending")
+    assert pending.returncode == 0 and sid in pending.stdout and "1 booking(s) waiting" in pending.stdout
+
+    approved = bookings(server.url, "approve", sid, "--note", "see you then")
+    assert approved.returncode == 0, approved.stderr
+    assert (
+        f"confirmation BK-{sid[-6:].upper()}: physio with Sam Patel, Tuesday at 14:30, for Alex Doe" in approved.stdout
+    )
+    assert bookings(server.url, "pending").stdout.strip() == "No booking is waiting for a human."
+
+    again = bookings(server.url, "approve", sid)
+    assert again.returncode == 4 and "not waiting for an approval (status: completed)" in again.stderr
+
+    shown = bookings(server.url, "show", sid)
+    assert shown.returncode == 0 and "status completed" in shown.stdout.splitlines()[0]
+    [answer] = [line for line in shown.stdout.splitlines() if " human " in line]
+    assert 'answers request_approval: {"approved": true, "note": "see you then"}  (by "clinic")' in answer
+
+    asked = bookings(server.url, "ask", "Dentist on Friday morning for Jo Bloggs")
+    [other] = [line.split()[-1] for line in asked.stdout.splitlines() if line.strip().startswith("session:")]
+    denied = bookings(server.url, "deny", other, "the clinic is closed")
+    assert denied.returncode == 0 and "the clinic is closed" in denied.stdout, denied
+
+    missing = bookings(server.url, "show", "no-such-session")
+    assert missing.returncode == 3 and "no session 'no-such-session'" in missing.stderr
+    assert "Traceback" not in missing.stderr + denied.stderr + shown.stderr
+
+
+def test_bookings_api_that_cannot_be_reached_or_misused_exits_2(tmp_path: Path) -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]  # bound, not listening: connections are refused
+        refused = bookings(f"http://127.0.0.1:{port}", "pending")
+    assert refused.returncode == 2 and "cannot reach the API" in refused.stderr
+    assert bookings("ftp://example", "pending").returncode == 2
+    assert bookings("http://127.0.0.1:9", "demo").returncode == 2
+    both = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("bookings")),
+            "--db",
+            str(tmp_path / "x.db"),
+            "--api",
+            "http://x",
+            "pending",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert both.returncode == 2 and "give one" in both.stderr

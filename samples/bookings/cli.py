@@ -16,18 +16,18 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol, TextIO
 
 from dormant.errors import ClaimLost, DormantError, StoreBusy
-from dormant.events import InvocationEndEvent
+from dormant.events import Event, InvocationEndEvent
 from dormant.serving import AdvanceOutcome, advance
 from dormant.session import Session
 from dormant.stores.base import SessionListing
 
-from .app import MEMORY, Bookings, build, database, patient_id
+from .app import MEMORY, Bookings, Confirmation, build, database, patient_id
 from .scripted import parse_request
 from .timeline import printable, timeline
 
@@ -44,9 +44,23 @@ EXIT_CODES = """exit codes:
   6  the database is busy (another process holds its lock): retry
   7  the approved slot was booked for another patient first: nothing was booked (ask again)
 
-The database: --db FILE (before or after the command), else $BOOKINGS_DB, else ./data/bookings.db."""
+The database: --db FILE (before or after the command), else $BOOKINGS_DB, else ./data/bookings.db.
+--api URL drives the sessions through the HTTP API instead (`dormant serve`; every command but demo
+and resume --takeover), as the server's caller: exit 2 also when it cannot be reached, 6 on a 503."""
 
 APPROVAL = "request_approval"
+
+
+class Where(Protocol):
+    """Where the sessions are, for what is printed: a database here, or an API (``bookings --api``)."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def command(self) -> str:
+        """How to run this command again on the same sessions, for the hints printed."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -54,7 +68,39 @@ class _Context:
     bookings: Bookings
     path: str
     command: str
-    """How to run this command again on the same database, for the hints printed."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a run did, as the CLI reports it: from ``advance`` here, or from the API's answers."""
+
+    session_id: str
+    status: str
+    text: str | None = None
+    waiting: list[str] = field(default_factory=list)
+    """What each waiting approval asks."""
+    confirmation: Confirmation | None = None
+    slot_taken: str | None = None
+    refusal: str | None = None
+    error: str | None = None
+    commit_status: str = "committed"
+    fork_id: str | None = None
+
+    @classmethod
+    def of(cls, outcome: AdvanceOutcome) -> Outcome:
+        state = outcome.session.state
+        return cls(
+            session_id=outcome.session.id,
+            status=outcome.status,
+            text=outcome.output.text,
+            waiting=[str(call.args.get("summary", call.name)) for call in outcome.yielded_tools],
+            confirmation=state.confirmation,
+            slot_taken=state.slot_taken,
+            refusal=state.refusal,
+            error=outcome.error,
+            commit_status=outcome.commit_status,
+            fork_id=outcome.fork_id,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,8 +121,16 @@ def _main(argv: Sequence[str] | None) -> int:
         path = database(given)
         text = _text(args.text) if hasattr(args, "text") else None
     except ValueError as exc:
-        _warn(str(exc))
+        warn(str(exc))
         return USAGE
+    api = getattr(args, "api", None)
+    if api is not None:
+        if given is not None:
+            warn("--db and --api name two places for the sessions: give one")
+            return USAGE
+        from .remote import run_remote
+
+        return run_remote(api, args, text)
     if args.command == "demo":
         return _demo(given)
     command = "bookings" if given is None else f"bookings --db {shlex.quote(path)}"
@@ -93,21 +147,24 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _failed(exc: Exception) -> int:
     if isinstance(exc, ClaimLost):
-        _warn(
+        warn(
             f"someone else acted on session {exc.session_id} first ({exc.reason}); nothing was recorded or run. "
             f"See: bookings show {exc.session_id}"
         )
         return CLAIM_LOST
     if isinstance(exc, StoreBusy):
-        _warn(f"the database is busy (another process holds its lock): retry. ({exc})")
+        warn(f"the database is busy (another process holds its lock): retry. ({exc})")
         return BUSY
-    _warn(str(exc))
+    warn(str(exc))
     return USAGE
 
 
 def _parser() -> argparse.ArgumentParser:
     db = argparse.ArgumentParser(add_help=False)
     db.add_argument("--db", default=argparse.SUPPRESS, help="the SQLite file (see below)")
+    db.add_argument(
+        "--api", default=argparse.SUPPRESS, metavar="URL", help="use the HTTP API at URL (dormant serve), not a file"
+    )
     parser = argparse.ArgumentParser(
         prog="bookings",
         description="Book clinic appointments with an agent that sleeps while a human approves.",
@@ -166,27 +223,49 @@ def _ask(ctx: _Context, args: argparse.Namespace, text: str | None) -> int:
     app = bookings.app
     session = app.sessions.ephemeral(scopes={"user": patient_id(name)} if name is not None else None)
     if bookings.model_label.startswith("scripted"):
-        _say("(scripted model: no key, no network. Set BOOKINGS_MODEL=openai:<model> or bedrock:<id> for a real one.)")
+        say("(scripted model: no key, no network. Set BOOKINGS_MODEL=openai:<model> or bedrock:<id> for a real one.)")
     seed = {"initial_state": {"user": {"name": name}}} if args.patient is not None else {}
-    return _report(ctx, advance(app, bookings.agent, session, {"message": text, **seed}))
+    return report(ctx, Outcome.of(advance(app, bookings.agent, session, {"message": text, **seed})))
 
 
 def _pending(ctx: _Context, args: argparse.Namespace, text: str | None) -> int:
-    waiting = [s for s in _sessions(ctx, {"awaiting_input"}) if any(c.name == APPROVAL for c in s.yielded_tools)]
-    stuck = list(_sessions(ctx, {"resumable", "error"}))
+    waiting = [
+        Waiting(s.id, s.events[-1].created_at, [str(c.args.get("summary", c.name)) for c in s.yielded_tools])
+        for s in _sessions(ctx, {"awaiting_input"})
+        if any(c.name == APPROVAL for c in s.yielded_tools)
+    ]
+    stuck = [Waiting(s.id, s.events[-1].created_at, [], s.status, s.events) for s in _sessions(ctx, STUCK)]
+    return print_pending(ctx, waiting, stuck)
+
+
+STUCK = {"resumable", "error"}
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A session ``pending`` lists: an approval waiting (``asks``), or a run to resume (``status``)."""
+
+    session_id: str
+    since_ms: int
+    asks: list[str]
+    status: str = "awaiting_input"
+    events: Sequence[Event] = ()
+
+
+def print_pending(ctx: Where, waiting: list[Waiting], stuck: list[Waiting]) -> int:
     if not waiting and not stuck:
-        _say("No booking is waiting for a human.")
+        say("No booking is waiting for a human.")
         return OK
     if waiting:
-        _say(f"{len(waiting)} booking(s) waiting for approval ({ctx.command} approve <id>, or deny <id> <reason>):")
-        for session in waiting:
-            for call in session.yielded_tools:
-                _say(f"  {session.id}  since {_since(session)}  {call.args.get('summary', call.name)}")
+        say(f"{len(waiting)} booking(s) waiting for approval ({ctx.command} approve <id>, or deny <id> <reason>):")
+        for item in waiting:
+            for summary in item.asks:
+                say(f"  {item.session_id}  since {_since(item.since_ms)}  {summary}")
     if stuck:
-        _say(f"{len(stuck)} to run again ({ctx.command} resume <id>):")
-        for session in stuck:
-            why = "every answer is in" if session.status == "resumable" else f"the run failed: {_last_error(session)}"
-            _say(f"  {session.id}  since {_since(session)}  {why}")
+        say(f"{len(stuck)} to run again ({ctx.command} resume <id>):")
+        for item in stuck:
+            why = "every answer is in" if item.status == "resumable" else f"the run failed: {_last_error(item.events)}"
+            say(f"  {item.session_id}  since {_since(item.since_ms)}  {why}")
     return OK
 
 
@@ -196,9 +275,9 @@ def _answer(ctx: _Context, args: argparse.Namespace, approved: bool, note: str |
         return UNKNOWN_SESSION
     calls = [call for call in session.yielded_tools if call.name == APPROVAL]
     if not calls:
-        return _not_waiting(ctx, session, "an approval")
+        return not_waiting(ctx, session.id, session.status, "an approval")
     answers = [{"call_id": call.call_id, "input": {"approved": approved, "note": note}} for call in calls]
-    return _report(ctx, advance(ctx.bookings.app, ctx.bookings.agent, session, {"tools": answers}))
+    return report(ctx, Outcome.of(advance(ctx.bookings.app, ctx.bookings.agent, session, {"tools": answers})))
 
 
 def _reply(ctx: _Context, args: argparse.Namespace, text: str | None) -> int:
@@ -206,8 +285,8 @@ def _reply(ctx: _Context, args: argparse.Namespace, text: str | None) -> int:
     if session is None:
         return UNKNOWN_SESSION
     if session.status not in ("completed", "max_steps", "idle"):
-        return _not_waiting(ctx, session, "a reply")
-    return _report(ctx, advance(ctx.bookings.app, ctx.bookings.agent, session, text))
+        return not_waiting(ctx, session.id, session.status, "a reply")
+    return report(ctx, Outcome.of(advance(ctx.bookings.app, ctx.bookings.agent, session, text)))
 
 
 def _resume(ctx: _Context, args: argparse.Namespace, text: str | None) -> int:
@@ -216,8 +295,8 @@ def _resume(ctx: _Context, args: argparse.Namespace, text: str | None) -> int:
         return UNKNOWN_SESSION
     takeover = args.takeover and session.status == "running"
     if session.status not in ("error", "resumable", "max_steps") and not takeover:
-        return _not_waiting(ctx, session, "a resume")
-    return _report(ctx, advance(ctx.bookings.app, ctx.bookings.agent, session, takeover=takeover))
+        return not_waiting(ctx, session.id, session.status, "a resume")
+    return report(ctx, Outcome.of(advance(ctx.bookings.app, ctx.bookings.agent, session, takeover=takeover)))
 
 
 def _show(ctx: _Context, args: argparse.Namespace, text: str | None) -> int:
@@ -225,7 +304,7 @@ def _show(ctx: _Context, args: argparse.Namespace, text: str | None) -> int:
     if session is None:
         return UNKNOWN_SESSION
     for line in timeline(session):
-        _say(line)
+        say(line)
     return OK
 
 
@@ -243,69 +322,70 @@ _COMMANDS: dict[str, Callable[[_Context, argparse.Namespace, str | None], int]] 
 # -- what the user sees ----------------------------------------------------------------------------------
 
 
-def _report(ctx: _Context, outcome: AdvanceOutcome) -> int:
-    session = outcome.session
+def report(ctx: Where, outcome: Outcome) -> int:
+    """Print what a run did, with the commands that follow it; the exit code."""
+    sid = outcome.session_id
     if outcome.commit_status == "orphaned":
-        _warn(f"session {outcome.session_id} moved on while this ran; the run is kept in session {outcome.fork_id}")
+        warn(f"session {sid} moved on while this ran; the run is kept in session {outcome.fork_id}")
         return CLAIM_LOST
-    if outcome.output.text:
-        _say(f"agent: {outcome.output.text}")
-    sid = session.id
+    if outcome.text:
+        say(f"agent: {outcome.text}")
     if outcome.status == "yielded_tool":
-        for call in outcome.yielded_tools:
-            _say(f"waiting for approval: {call.args.get('summary', call.name)}")
-        _say(f"  session: {sid}")
+        for summary in outcome.waiting:
+            say(f"waiting for approval: {summary}")
+        say(f"  session: {sid}")
         _hint(ctx, f'approve: {ctx.command} approve {sid}    deny: {ctx.command} deny {sid} "reason"')
         return OK
-    confirmation = session.state.confirmation
+    confirmation = outcome.confirmation
     if confirmation is not None:
-        _say(
+        say(
             f"confirmation {confirmation.reference}: {confirmation.service} with {confirmation.clinician}, "
             f"{confirmation.day} at {confirmation.time}, for {confirmation.patient}"
         )
-    _say(f"  session: {sid}")
+    say(f"  session: {sid}")
     if outcome.status != "completed":
-        _warn(f"the run ended with {outcome.status}: {outcome.error}")
+        warn(f"the run ended with {outcome.status}: {outcome.error}")
         _hint(ctx, f"run it again: {ctx.command} resume {sid}")
         return RUN_FAILED
-    if confirmation is None and session.state.slot_taken is not None:
-        _warn(
-            f"slot {session.state.slot_taken} was booked for another patient before this approval: "
+    if confirmation is None and outcome.slot_taken is not None:
+        warn(
+            f"slot {outcome.slot_taken} was booked for another patient before this approval: "
             "nothing was booked; ask again for another slot"
         )
         return SLOT_TAKEN
-    if confirmation is None and session.state.refusal is None:
+    if confirmation is None and outcome.refusal is None:
         _hint(ctx, f'reply: {ctx.command} reply {sid} "..."')
     return OK
 
 
-def _hint(ctx: _Context, line: str) -> None:
+def _hint(ctx: Where, line: str) -> None:
     if ctx.path == MEMORY:
-        _say(f"  (--db {MEMORY}: nothing is kept after this command, so there is nothing to follow up)")
+        say(f"  (--db {MEMORY}: nothing is kept after this command, so there is nothing to follow up)")
     else:
-        _say(f"  {line}")
+        say(f"  {line}")
 
 
-def _not_waiting(ctx: _Context, session: Session, what: str) -> int:
-    if session.status == "running":
-        _warn(
-            f"someone else is acting on session {session.id} right now; nothing was recorded or run. "
-            f"If that process died: {ctx.command} resume --takeover {session.id}"
+def not_waiting(ctx: Where, session_id: str, status: str, what: str) -> int:
+    """Say that the session waits for something else (and for what); the exit code."""
+    if status == "running":
+        warn(
+            f"someone else is acting on session {session_id} right now; nothing was recorded or run. "
+            f"If that process died: {ctx.command} resume --takeover {session_id}"
         )
         return CLAIM_LOST
     waits = {
-        "awaiting_input": f"it waits for an approval: {ctx.command} approve|deny {session.id}",
-        "resumable": f"it waits to run again: {ctx.command} resume {session.id}",
-        "error": f"its run failed: {ctx.command} resume {session.id}",
-    }.get(session.status, f"see {ctx.command} show {session.id}")
-    _warn(f"session {session.id} is not waiting for {what} (status: {session.status}); {waits}")
+        "awaiting_input": f"it waits for an approval: {ctx.command} approve|deny {session_id}",
+        "resumable": f"it waits to run again: {ctx.command} resume {session_id}",
+        "error": f"its run failed: {ctx.command} resume {session_id}",
+    }.get(status, f"see {ctx.command} show {session_id}")
+    warn(f"session {session_id} is not waiting for {what} (status: {status}); {waits}")
     return NOT_WAITING
 
 
 def _load(ctx: _Context, session_id: str) -> Session | None:
     session = ctx.bookings.app.sessions.get(session_id)
     if session is None:
-        _warn(f"no session {session_id!r} in {ctx.path}")
+        warn(f"no session {session_id!r} in {ctx.path}")
     return session
 
 
@@ -327,20 +407,20 @@ def _listings(bookings: Bookings) -> Iterator[SessionListing]:
         cursor = page[-1].cursor
 
 
-def _since(session: Session) -> str:
-    return datetime.fromtimestamp(session.events[-1].created_at / 1000).strftime("%Y-%m-%d %H:%M")
+def _since(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M")
 
 
-def _last_error(session: Session) -> str:
-    ends = (e for e in reversed(session.events) if isinstance(e, InvocationEndEvent))
+def _last_error(events: Sequence[Event]) -> str:
+    ends = (e for e in reversed(events) if isinstance(e, InvocationEndEvent))
     return next((e.error for e in ends if e.error), None) or "no error recorded"
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     _emit(sys.stdout, printable(line) + "\n")
 
 
-def _warn(line: str) -> None:
+def warn(line: str) -> None:
     _emit(sys.stderr, f"bookings: {printable(line)}\n")
 
 
@@ -364,15 +444,15 @@ def _demo(db: str | None) -> int:
         try:
             path = database(db) if db is not None else str(Path(scratch) / "bookings.db")
         except ValueError as exc:
-            _warn(str(exc))
+            warn(str(exc))
             return USAGE
         if path == MEMORY:
-            _warn(f"the demo runs each step as its own process: --db {MEMORY} would forget between them")
+            warn(f"the demo runs each step as its own process: --db {MEMORY} would forget between them")
             return USAGE
 
         def step(*command: str) -> str:
-            _say("")
-            _say(f"$ bookings {shlex.join(command)}")
+            say("")
+            say(f"$ bookings {shlex.join(command)}")
             done = subprocess.run(  # the database through the environment: the hints read as you would type them
                 [sys.executable, "-m", "bookings", *command],
                 capture_output=True,
@@ -390,16 +470,16 @@ def _demo(db: str | None) -> int:
         said = step("ask", "I need physio on Tuesday afternoon, for Alex Doe")
         found = next((line.split()[-1] for line in said.splitlines() if line.strip().startswith("session:")), None)
         if found is None:
-            _warn("demo: ask did not report a session id")
+            warn("demo: ask did not report a session id")
             return RUN_FAILED
         step("pending")
         step("approve", found)
         step("show", found)
-    _say("")
+    say("")
     if db is None:
-        _say("(The demo used a temporary database, now deleted. To keep one: bookings --db FILE demo)")
+        say("(The demo used a temporary database, now deleted. To keep one: bookings --db FILE demo)")
     else:
-        _say(f"(The demo's sessions are in {path}.)")
+        say(f"(The demo's sessions are in {path}.)")
     return OK
 
 

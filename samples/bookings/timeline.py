@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -30,18 +31,26 @@ from dormant.events import (
 )
 from dormant.session import Session
 
-__all__ = ["printable", "timeline"]
+__all__ = ["header", "ledger", "printable", "timeline"]
 
 _WIDTH = 100
 
 
 def timeline(session: Session) -> list[str]:
-    scopes = ", ".join(f"{scope}={scope_id}" for scope, scope_id in session.scopes.items()) or "none"
-    lines = [
-        f"Session {session.id}  (app {session.app_name}, version {session.version}, status {session.status}, "
-        f"scopes: {scopes})",
-    ]
-    for index, event in enumerate(session.events):
+    head = header(session.id, f"app {session.app_name}", session.version, session.status, session.scopes)
+    return [head, *ledger(session.events)]
+
+
+def header(session_id: str, where: str, version: int, status: str, scopes: Mapping[str, str]) -> str:
+    """The timeline's first line; ``where`` says where the session lives (its app, or the API's address)."""
+    bound = ", ".join(f"{scope}={scope_id}" for scope, scope_id in scopes.items()) or "none"
+    return f"Session {session_id}  ({where}, version {version}, status {status}, scopes: {bound})"
+
+
+def ledger(events: Iterable[Event]) -> list[str]:
+    """One line per event: its index, time, who acted and what happened."""
+    lines = []
+    for index, event in enumerate(events):
         when = datetime.fromtimestamp(event.created_at / 1000).strftime("%H:%M:%S")
         who, what = _describe(event)
         lines.append(f"{index:>4}  {when}  {who:<7} {what}")
@@ -61,7 +70,8 @@ def _describe(event: Event) -> tuple[str, str]:
             return "tool", f"{event.name} failed: {event.error}"
         return "tool", f"{event.name} -> {_short(event.result)}"
     if isinstance(event, ToolInputEvent):
-        return "human", f"answers {event.name}: {_short(event.input)}"
+        by = f"  (by {json.dumps(event.principal, ensure_ascii=False)})" if event.principal is not None else ""
+        return "human", f"answers {event.name}: {_short(event.input)}{by}"
     if isinstance(event, StateChangeEvent):
         target = event.scope if event.scope_id is None else f"{event.scope}[{event.scope_id}]"
         parts = [f"{target}.{c.key}: {_short(c.old_value, 40)} -> {_short(c.new_value, 40)}" for c in event.changes]

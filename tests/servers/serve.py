@@ -37,15 +37,19 @@ class ServeProcess:
         return "\n".join((self.logs / name).read_text(errors="replace") for name in ("stdout", "stderr"))
 
     def stop(self, timeout: float = 30) -> int:
-        """Ctrl-C, then wait for the exit; its exit code."""
+        """Ctrl-C, then wait for the exit; its exit code. A server that does not stop dumps its threads and dies."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
         try:
             return self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=timeout)
-            raise
+            self.process.send_signal(signal.SIGABRT)  # faulthandler (PYTHONFAULTHANDLER) prints every thread's stack
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=timeout)
+            raise TimeoutError(f"dormant serve did not stop in {timeout} s:\n{self.output()}") from None
 
 
 def command() -> list[str]:
@@ -66,7 +70,7 @@ def dormant_serve(
                 stdout=stdout,
                 stderr=stderr,
                 cwd=cwd,
-                env={**os.environ, **(env or {})},
+                env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})},
             )
         server = ServeProcess("", process, logs)
         try:

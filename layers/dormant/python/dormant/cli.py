@@ -10,7 +10,6 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from types import FrameType
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
@@ -86,7 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
         store.close()
         print(f"dormant serve: {exc}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(
         f"dormant serve: {args.app} on {_redacted(args.store)} at {server.url} "
         f"(caller without {PRINCIPAL_HEADER}: {args.principal}; Ctrl-C stops)",
@@ -96,8 +95,12 @@ def _serve(args: argparse.Namespace) -> int:
         server.serve_forever()
     except KeyboardInterrupt:
         print("dormant serve: stopping (requests in flight finish first)", file=sys.stderr, flush=True)
-    finally:
+    try:
         server.close()
+    except KeyboardInterrupt:  # a second Ctrl-C: stop now
+        print("dormant serve: stopped without waiting for requests in flight", file=sys.stderr)
+        return 130
+    finally:
         store.close()
     return 0
 
@@ -105,10 +108,6 @@ def _serve(args: argparse.Namespace) -> int:
 def default_pages() -> list[Page]:
     """The pages ``dormant serve`` adds beside the API (see ``serving.local``: the seam for non-API paths)."""
     return []
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
 
 
 def _redacted(url: str) -> str:

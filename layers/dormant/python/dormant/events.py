@@ -104,12 +104,17 @@ class ToolResultEvent(EventBase):
 
 
 class ToolInputEvent(EventBase):
-    """The answer to a yielded tool call, from a human or another system."""
+    """The answer to a yielded tool call, from a human or another system.
+
+    ``principal`` is who gave it, as authenticated where it came in (the API's caller), so the audit says
+    who approved; ``None`` for an answer given in-process, and in ledgers written before it was recorded.
+    """
 
     type: Literal["tool_input"] = "tool_input"
     call_id: str
     name: str
     input: JsonValue = None
+    principal: str | None = None
 
 
 class StateChange(_Record):

@@ -521,14 +521,17 @@ class SessionInput:
         """Answer a yielded call; the answer is validated against the tool's ``yield_schema`` first."""
         return self.tools([{"call_id": call_id, "input": input}])[0]
 
-    def tools(self, answers: Sequence[Mapping[str, Any]]) -> list[ToolInputEvent]:
-        """Answer several yielded calls at once: all are checked before any is recorded."""
-        events = self.prepare(answers)
+    def tools(self, answers: Sequence[Mapping[str, Any]], *, principal: str | None = None) -> list[ToolInputEvent]:
+        """Answer several yielded calls at once: all are checked before any is recorded.
+
+        ``principal``: who answers, as authenticated by the caller of this (recorded on each answer).
+        """
+        events = self.prepare(answers, principal=principal)
         for event in events:
             self._session.append(event)
         return events
 
-    def prepare(self, answers: Sequence[Mapping[str, Any]]) -> list[ToolInputEvent]:
+    def prepare(self, answers: Sequence[Mapping[str, Any]], *, principal: str | None = None) -> list[ToolInputEvent]:
         """Check answers and build their events without recording them."""
         session = self._session
         if isinstance(answers, str | bytes) or not isinstance(answers, Sequence):
@@ -561,6 +564,7 @@ class SessionInput:
                     input=value,
                     invocation_id=call.invocation_id,
                     agent_name=session.current_agent_name,
+                    principal=principal,
                 )
             )
         return events

@@ -329,7 +329,7 @@ def build_resolver(
             for _ in range(_ATTEMPTS):  # a version moved by park storing its token is no reason to fail
                 session = tenant_app.sessions.require(session_id)
                 try:
-                    session.input.tools(answers)
+                    session.input.tools(answers, principal=tenant())  # the audit says who answered
                 except (UnknownCallId, ToolInputError) as exc:  # a wrong answer: a 400, as for any bad body
                     raise InputError(str(exc), field=exc.field) from None
                 try:
