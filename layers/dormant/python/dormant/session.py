@@ -54,6 +54,7 @@ class Runtime(Protocol):
     name: str
     schema: Schema
     store: SessionStore
+    retention_ms: int | None
 
     def tool_named(self, name: str) -> AnswerCheck | None: ...
 
@@ -444,6 +445,7 @@ class Session:
             status=self.status,
             forked_from=self.forked_from,
             fork_reason=self.fork_reason,
+            retention_ms=self._runtime.retention_ms,
         )
 
     def mark_committed(self, version: int) -> None:

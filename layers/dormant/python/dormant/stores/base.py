@@ -124,6 +124,10 @@ class StoredSession:
     """For a fork (a run that could not join its session): the session it was taken from."""
     fork_reason: str | None = None
     """Why the fork was taken."""
+    retention_ms: int | None = None
+    """How long the session is kept after its last commit (the app's ``retention``; ``None``: for ever).
+    A store with its own expiry (DynamoDB's TTL attribute) writes it from this at each commit; the others
+    leave expiry to the app, which hides and purges by it."""
 
 
 @dataclass(frozen=True)
@@ -520,6 +524,7 @@ class BaseSessionStore(ABC):
             updated_at=now,
             forked_from=session.forked_from,
             fork_reason=session.fork_reason,
+            retention_ms=session.retention_ms,
         )
         return PreparedCommit(row, expected_version, tuple(events), self._scoped_writes(scoped_changes or ()))
 

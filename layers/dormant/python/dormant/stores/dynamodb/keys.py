@@ -13,7 +13,10 @@ A session partition ``S#{app}#{session_id}`` holds:
   rolled back (and who writes on, unaware) from ever touching the items of the commit that took its
   version next: the meta item lists rolled-back grants in ``dead`` and readers skip their items.
 * the chunks of an event larger than one item, ``sk = "{event sk}#{chunk:03d}"`` (chunk 0 is the event
-  item itself, which carries the id and the chunk count).
+  item itself, which carries the id and the chunk count);
+* one small *touch* item per commit, ``sk = "T#{updated_at:013d}"``: the only items the listing index
+  holds. A commit adds its touch (one index write) instead of moving an index entry (a delete and a
+  put); the touch it superseded is marked expired by the commit after it, and AWS's TTL removes it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ __all__ = [
     "listing_key",
     "listing_keys",
     "parse_event_sk",
+    "touch_sk",
     "pending_key",
     "scoped_pk",
     "session_pk",
@@ -45,6 +49,7 @@ __all__ = [
 META_SK = "#M"
 SNAPSHOT_SK = "#S"
 EVENT_PREFIX = "E#"
+TOUCH_PREFIX = "T#"
 CHUNK_BYTES = 350_000
 """Bytes of event JSON per item: DynamoDB's item limit is 400 KB, keys and attribute names included.
 An event at the stores' limit (``StoreLimits.max_event_bytes``, 1 MiB) takes 3 items."""
@@ -103,6 +108,11 @@ def event_prefix(version: int, grant: str | None = None) -> str:
 def event_sk(version: int, grant: str, seq: int, chunk: int = 0) -> str:
     base = f"{event_prefix(version, grant)}{seq:05d}"
     return base if chunk == 0 else f"{base}#{chunk:03d}"
+
+
+def touch_sk(updated_at: int) -> str:
+    """The sort key of the touch a commit at ``updated_at`` (epoch ms) leaves in the listing index."""
+    return f"{TOUCH_PREFIX}{updated_at:013d}"
 
 
 def parse_event_sk(sk: str) -> EventKey | None:

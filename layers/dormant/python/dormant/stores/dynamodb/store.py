@@ -91,6 +91,7 @@ from .keys import (
     scoped_pk,
     session_pk,
     split_session_pk,
+    touch_sk,
 )
 from .table import IDS_INDEX, LISTING_INDEX, PENDING_INDEX, TABLE
 
@@ -117,6 +118,7 @@ MAX_SCOPED_KEYS = 99
 MAX_MARKER_BYTES = 300_000
 """What a pending marker may hold (the scoped changes, as JSON): it lives on the 400 KB meta item."""
 _BATCH = 25
+TTL = TABLE.ttl_attribute
 _SET_MARKER = "pending = :p, ppk = :ppk, psk = :psk"
 _THROTTLED = {
     "ProvisionedThroughputExceededException",
@@ -150,18 +152,21 @@ class _Marker:
     status: str | None
     scoped: str
     """JSON ``[[scope, scope_id, key, value JSON or null], ...]``."""
+    retention: int | None = None
+    """The session's retention (ms after its last commit; ``None``: for ever), from the row."""
 
     def attribute(self) -> dict[str, Any]:
-        return {
-            "M": {
-                "v": {"N": str(self.version)},
-                "t": {"S": self.grant},
-                "n": {"N": str(self.items)},
-                "at": {"N": str(self.at)},
-                "st": {"NULL": True} if self.status is None else {"S": self.status},
-                "sc": {"S": self.scoped},
-            }
+        marker = {
+            "v": {"N": str(self.version)},
+            "t": {"S": self.grant},
+            "n": {"N": str(self.items)},
+            "at": {"N": str(self.at)},
+            "st": {"NULL": True} if self.status is None else {"S": self.status},
+            "sc": {"S": self.scoped},
         }
+        if self.retention is not None:
+            marker["r"] = {"N": str(self.retention)}
+        return {"M": marker}
 
     @classmethod
     def of(cls, meta: Mapping[str, Any]) -> _Marker | None:
@@ -175,7 +180,64 @@ class _Marker:
             int(m["at"]["N"]),
             m["st"].get("S"),
             m["sc"]["S"],
+            int(m["r"]["N"]) if "r" in m else None,
         )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a granted commit writes besides its events, worked out from its marker and the meta item as
+    the gate found it — so the writer and a repair rolling the commit forward reach the same values.
+
+    Expiry (retention): the meta item's ``expires_at`` is ``updated_at + retention``; every other item
+    of the session carries ``expires_at >= horizon`` (``xh`` on the meta item), and ``horizon >=`` the
+    meta's. A commit whose new expiry passes the horizon first rewrites every item's ``expires_at`` to a
+    new horizon, half a retention further (``refresh``), so AWS never deletes a piece of a living session.
+    """
+
+    updated_at: int
+    touch: str
+    """The sort key of this commit's touch item."""
+    stale: int | None
+    """The ``updated_at`` of a superseded touch to mark expired now (the meta item's ``plsk``)."""
+    previous: int | None
+    """The touch this commit supersedes (the next commit marks it): the meta item's new ``plsk``."""
+    expires: int | None
+    """The meta item's ``expires_at`` (epoch seconds), or ``None``: kept for ever."""
+    horizon: int | None
+    refresh: bool
+    """Items stored before this commit carry an expiry below ``horizon`` (or one that must go)."""
+
+
+def _plan(marker: _Marker, old: Mapping[str, Any]) -> _Plan:
+    """``old`` is the meta item before the gate (``{}`` for a create)."""
+    old_lsk = int(old["lsk"]["N"]) if "lsk" in old else None
+    old_previous = int(old["plsk"]["N"]) if "plsk" in old else None
+    updated_at = max(marker.at, old_lsk or 0)
+    # A meta item written before touches carries its own listing entry ("lpk"): no touch to supersede.
+    superseded = old_lsk is not None and old_lsk != updated_at and "lpk" not in old
+    stale = old_previous if old_previous is not None and old_previous not in (old_lsk, updated_at) else None
+    old_horizon = int(old["xh"]["N"]) if "xh" in old else None
+    retention = marker.retention
+    if retention is None:
+        expires = horizon = None
+        refresh = old_horizon is not None
+    else:
+        expires = -(-(updated_at + retention) // 1000)
+        slack = -(-retention // 2000)
+        if old_horizon is not None and expires <= old_horizon <= expires + 2 * slack:
+            horizon, refresh = old_horizon, False
+        else:  # past the horizon, never given one, or a retention cut short: rewrite the items' expiry
+            horizon, refresh = expires + slack, marker.version > 1
+    return _Plan(
+        updated_at,
+        touch_sk(updated_at),
+        stale,
+        old_lsk if superseded else None,
+        expires,
+        horizon,
+        refresh,
+    )
 
 
 class _MarkerGone(Exception):
@@ -221,8 +283,11 @@ class DynamoDBSessionStore(BaseSessionStore):
     def _read(self, app_name: str, session_id: str, after: int) -> tuple[StoredSession, Sequence[str]] | None:
         """One Query of the partition (meta item first); with ``after``, the meta item, then the tail's range."""
         pk = session_pk(app_name, session_id)
+        now = now_ms()
         if after:
             meta = self._call("get_item", TableName=self._table, Key=_key(pk, META_SK), ConsistentRead=True).get("Item")
+            if meta is not None and _expired(meta, now):
+                return None
             if meta is None or int(meta["version"]["N"]) <= after:
                 return None if meta is None or int(meta["version"]["N"]) == 0 else (_stored(meta, pk), [])
             # Committed versions are immutable: events read after the meta item are the ones it vouches for.
@@ -239,15 +304,15 @@ class DynamoDBSessionStore(BaseSessionStore):
             return _stored(meta, pk), _visible_events(meta, items)
         everything = self._query(
             TableName=self._table,
-            KeyConditionExpression="pk = :pk",
-            ExpressionAttributeValues={":pk": {"S": pk}},
+            KeyConditionExpression="pk = :pk AND sk < :touches",  # the meta item, snapshot and events
+            ExpressionAttributeValues={":pk": {"S": pk}, ":touches": {"S": touch_sk(0)[:2]}},
             ConsistentRead=True,
         )
         if not everything or everything[0]["sk"]["S"] != META_SK:
             return None  # no session (or a deleted one's stragglers)
         meta = everything[0]
-        if int(meta["version"]["N"]) == 0:
-            return None  # its creating commit is still pending
+        if int(meta["version"]["N"]) == 0 or _expired(meta, now):
+            return None  # its creating commit is still pending, or it expired
         return _stored(meta, pk), _visible_events(meta, everything[1:])
 
     def _write(self, commit: PreparedCommit) -> int | Refused:
@@ -265,9 +330,10 @@ class DynamoDBSessionStore(BaseSessionStore):
             version=row.version,
             grant=secrets.token_hex(GRANT_LENGTH // 2),
             items=sum(len(chunks(data[e.id])) for e in commit.events),
-            at=now_ms(),
+            at=row.updated_at,
             status=row.status,
             scoped=json.dumps(scoped, separators=(",", ":")),
+            retention=row.retention_ms,
         )
         if len(marker.scoped) > MAX_MARKER_BYTES:
             raise CommitTooLarge(
@@ -282,19 +348,24 @@ class DynamoDBSessionStore(BaseSessionStore):
         if isinstance(old, Refused):
             return old
         inc = old["inc"]["S"]
+        plan = _plan(marker, old)
         ids = IdFilter.of(old)
         flagged = [e.id for e in commit.events if ids.may_hold(e.id)]
         stored = {i for i in flagged if self._id_stored(pk, i, inc, commit.expected_version, _dead(old))}
         fresh = commit.fresh(stored)
-        items = _event_items(pk, marker, inc, [(e.id, data[e.id]) for e in fresh])
+        items = _event_items(pk, marker, inc, [(e.id, data[e.id]) for e in fresh], plan.horizon)
         if len(items) != marker.items:  # re-sent ids were skipped: the marker must count what is written
             try:
                 self._recount(pk, marker, len(items))
             except _MarkerGone as gone:
-                return self._after_lost_marker(pk, marker, inc, gone.item, len(fresh), items)
+                return self._after_lost_marker(pk, marker, inc, gone.item, len(fresh), items, plan)
             marker = dataclasses.replace(marker, items=len(items))
+        # The touch goes last: a repair that finds it knows every earlier write of the commit was made.
+        writes = [*items, *self._touches(pk, plan, marker.grant)]
         try:
-            self._write_batches([{"PutRequest": {"Item": item}} for item in items])
+            if plan.refresh:
+                self._refresh(pk, plan.horizon)
+            self._write_batches([{"PutRequest": {"Item": item}} for item in writes])
         except (_Exhausted, StoreError) as exc:
             raise CommitIncomplete(
                 f"commit of version {marker.version} to session {row.id!r} did not write all its events "
@@ -302,11 +373,10 @@ class DynamoDBSessionStore(BaseSessionStore):
                 session_id=row.id,
                 version=marker.version,
             ) from exc
-        prev_updated = int(old["lsk"]["N"]) if "lsk" in old else 0
         try:
-            self._finish(pk, marker, ids.add(e.id for e in fresh), max(row.updated_at, prev_updated))
+            self._finish(pk, marker, ids.add(e.id for e in fresh), plan)
         except _MarkerGone as gone:
-            return self._after_lost_marker(pk, marker, inc, gone.item, len(fresh), items)
+            return self._after_lost_marker(pk, marker, inc, gone.item, len(fresh), items, plan)
         except StoreError as exc:
             raise CommitIncomplete(
                 f"commit of version {marker.version} to session {row.id!r} wrote its events but not its "
@@ -348,6 +418,18 @@ class DynamoDBSessionStore(BaseSessionStore):
         put of the snapshot item over an older one. A snapshot is at most ``limits.max_snapshot_bytes``
         (256 KiB): one item, never chunked (the base keeps none larger)."""
         pk, version = session_pk(app_name, session_id), {":v": {"N": str(snapshot.version)}}
+        # It expires with the session's other items (the horizon, ``xh``); the check below holds the meta
+        # item to that horizon, so an expiry refresh in between leaves this snapshot unkept (a cache).
+        meta = self._call(
+            "get_item", TableName=self._table, Key=_key(pk, META_SK), ProjectionExpression="xh", ConsistentRead=True
+        ).get("Item")
+        if meta is None:
+            return False
+        item = {**_key(pk, SNAPSHOT_SK), "ver": version[":v"], "d": {"S": snapshot.data}}
+        check, check_values = "version >= :v AND attribute_not_exists(xh)", dict(version)
+        if "xh" in meta:
+            item[TTL] = meta["xh"]
+            check, check_values = "version >= :v AND xh = :h", {**version, ":h": meta["xh"]}
         try:
             self._transact(
                 [
@@ -355,14 +437,14 @@ class DynamoDBSessionStore(BaseSessionStore):
                         "ConditionCheck": {
                             "TableName": self._table,
                             "Key": _key(pk, META_SK),
-                            "ConditionExpression": "version >= :v",
-                            "ExpressionAttributeValues": version,
+                            "ConditionExpression": check,
+                            "ExpressionAttributeValues": check_values,
                         }
                     },
                     {
                         "Put": {
                             "TableName": self._table,
-                            "Item": {**_key(pk, SNAPSHOT_SK), "ver": version[":v"], "d": {"S": snapshot.data}},
+                            "Item": item,
                             "ConditionExpression": "attribute_not_exists(ver) OR ver < :v",
                             "ExpressionAttributeValues": version,
                         }
@@ -379,9 +461,71 @@ class DynamoDBSessionStore(BaseSessionStore):
         return StoredSnapshot(int(item["ver"]["N"]), item["d"]["S"]) if item else None
 
     def _list(self, app_name: str, limit: int | None, after: tuple[int, str] | None) -> builtins.list[SessionListing]:
-        streams = [self._shard_stream(key, after, limit) for key in listing_keys(app_name, self._listing_shards)]
-        merged = heapq.merge(*streams, key=lambda s: (s.updated_at, s.id), reverse=True)
-        return builtins.list(itertools.islice(merged, limit))
+        """The shards' touches merged newest first, each kept only when its session's meta item (read in
+        batches, consistently) has that ``updated_at``: a superseded touch, the touch of a commit still in
+        flight or rolled back, and an expired or deleted session's touches are all skipped. The row comes
+        from the meta item."""
+        page = None if limit is None else 2 * limit + 2  # about two touches a session: its live one, the one before
+        streams = [self._shard_stream(key, after, page) for key in listing_keys(app_name, self._listing_shards)]
+        touches = heapq.merge(*streams, reverse=True)
+        metas: dict[str, dict[str, Any] | None] = {}
+        listed: builtins.list[SessionListing] = []
+        seen: set[str] = set()
+        now = now_ms()
+        while limit is None or len(listed) < limit:
+            batch = builtins.list(itertools.islice(touches, 100 if limit is None else max(limit - len(listed), 25)))
+            if not batch:
+                break
+            metas |= self._metas([pk for _, _, pk in batch if pk not in metas])
+            for updated_at, session_id, pk in batch:
+                meta = metas[pk]
+                if (
+                    session_id in seen
+                    or meta is None
+                    or int(meta["version"]["N"]) == 0
+                    or "lsk" not in meta
+                    or int(meta["lsk"]["N"]) != updated_at
+                    or _expired(meta, now)
+                ):
+                    continue
+                seen.add(session_id)
+                listed.append(
+                    SessionListing(
+                        session_id,
+                        updated_at,
+                        int(meta["created_at"]["N"]),
+                        int(meta["version"]["N"]),
+                        meta["status"]["S"] if "status" in meta else None,
+                    )
+                )
+                if limit is not None and len(listed) == limit:
+                    break
+        return listed
+
+    def _metas(self, pks: Sequence[str]) -> dict[str, dict[str, Any] | None]:
+        """The listed attributes of these sessions' meta items (``None``: no item), by ``BatchGetItem``."""
+        found: dict[str, dict[str, Any] | None] = dict.fromkeys(pks)
+        unique = builtins.list(found)
+        for start in range(0, len(unique), 100):
+            request: dict[str, Any] = {
+                self._table: {
+                    "Keys": [_key(pk, META_SK) for pk in unique[start : start + 100]],
+                    "ProjectionExpression": "pk, version, created_at, lsk, #st, #x",
+                    "ExpressionAttributeNames": {"#st": "status", "#x": TTL},
+                    "ConsistentRead": True,
+                }
+            }
+            for attempt in range(self._unprocessed_retries + 1):
+                answer = self._call("batch_get_item", RequestItems=request)
+                for item in answer.get("Responses", {}).get(self._table, []):
+                    found[item["pk"]["S"]] = item
+                request = answer.get("UnprocessedKeys") or {}
+                if not request:
+                    break
+                if attempt == self._unprocessed_retries:
+                    raise StoreBusy(f"DynamoDB left meta items unread after {attempt + 1} BatchGetItem calls")
+                time.sleep(min(1.0, 0.025 * 2**attempt) * (0.5 + random.random() / 2))
+        return found
 
     def _close(self) -> None:
         """Close the client the store built; a client given to the store is left open, for its owner."""
@@ -425,13 +569,18 @@ class DynamoDBSessionStore(BaseSessionStore):
             ProjectionExpression="pk, sk, eid",
             ConsistentRead=True,
         )
+        plan = _plan(marker, meta)
+        # The writer puts its touch last (after any expiry refresh and every event item): with it, all is there.
+        touch = self._call(
+            "get_item", TableName=self._table, Key=_key(pk, plan.touch), ProjectionExpression="t", ConsistentRead=True
+        ).get("Item")
         app_name, session_id = split_session_pk(pk)
-        complete = len(items) == marker.items
+        complete = len(items) == marker.items and touch is not None and touch.get("t", {}).get("S") == marker.grant
         try:
             if complete:
                 ids = IdFilter.of(meta)
                 ids.add(i["eid"]["S"] for i in items if "eid" in i)
-                self._finish(pk, marker, ids, max(now_ms(), int(meta["lsk"]["N"]) if "lsk" in meta else 0))
+                self._finish(pk, marker, ids, plan)
             else:
                 self._roll_back(pk, meta, marker)
         except _MarkerGone:
@@ -439,6 +588,7 @@ class DynamoDBSessionStore(BaseSessionStore):
         if not complete:
             with contextlib.suppress(StoreError):  # invisible already; a later repair or delete finds the rest
                 self._write_batches([{"DeleteRequest": {"Key": {"pk": i["pk"], "sk": i["sk"]}}} for i in items])
+                self._drop_touch(pk, plan, marker.grant, meta)
         report = RepairReport(
             app_name,
             session_id,
@@ -493,15 +643,21 @@ class DynamoDBSessionStore(BaseSessionStore):
         row, expected = commit.row, commit.expected_version
         app_name, session_id = row.app_name, row.id
         scopes = json.dumps(row.scopes, separators=(",", ":"), sort_keys=True)
+        now = now_ms()
         values: dict[str, Any] = {
             ":p": marker.attribute(),
             ":ppk": {"S": pending_key(app_name, session_id, self._pending_shards)},
             ":psk": {"N": str(marker.at)},
+            ":now": {"N": str(now // 1000)},
         }
+        names = {"#x": TTL}
         if expected == 0:
             inc = secrets.token_hex(4)  # this incarnation of the session id: a re-creation gets another
             update = "SET #id = :id, created_at = :created, scopes = :so, inc = :inc, version = :zero"
-            condition = "attribute_not_exists(pk)"
+            # An expired session is gone: its id may be taken again, as after a delete (a new incarnation).
+            condition = "attribute_not_exists(pk) OR #x <= :now"
+            removes = ["bf", "hi", "dead", "lsk", "plsk", "xh", "#x", "#st", "lpk"]
+            names["#st"] = "status"
             values |= {
                 ":id": {"S": session_id},
                 ":created": {"N": str(row.created_at)},
@@ -513,14 +669,19 @@ class DynamoDBSessionStore(BaseSessionStore):
                 if value is not None:
                     update += f", {name} = :{name}"
                     values[f":{name}"] = {"S": value}
-            update += ", " + _SET_MARKER
-            names = {"#id": "id"}
+                else:
+                    removes.append(name)
+            update += ", " + _SET_MARKER + " REMOVE " + ", ".join(removes)
+            names["#id"] = "id"
         else:
             update = "SET " + _SET_MARKER
-            # Scopes are fixed at creation: a commit naming others must not open the gate.
-            condition = "version = :e AND attribute_not_exists(pending) AND scopes = :so"
+            # Scopes are fixed at creation: a commit naming others must not open the gate; nor may an expired
+            # session take commits (AWS may have deleted some of its items already).
+            condition = (
+                "version = :e AND attribute_not_exists(pending) AND scopes = :so"
+                " AND (attribute_not_exists(#x) OR #x > :now)"
+            )
             values |= {":e": {"N": str(expected)}, ":so": {"S": scopes}}
-            names = {}
         deadline = time.monotonic() + self._live_wait_s
         pause = 0.005
         repaired = False
@@ -533,18 +694,16 @@ class DynamoDBSessionStore(BaseSessionStore):
                     UpdateExpression=update,
                     ConditionExpression=condition,
                     ExpressionAttributeValues=values,
-                    **({"ExpressionAttributeNames": names} if names else {}),
+                    ExpressionAttributeNames=names,
                     ReturnValues="ALL_OLD",
                     ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 )
             except _ConditionFailed as failed:
                 item = failed.item
             else:
-                old = dict(granted.get("Attributes") or {})
-                if expected == 0:
-                    old["inc"] = {"S": inc}
-                return old
-            if item is None:
+                # A create starts from nothing (what ALL_OLD holds then is an expired incarnation's).
+                return {"inc": {"S": inc}} if expected == 0 else dict(granted.get("Attributes") or {})
+            if item is None or _expired(item, now):
                 return Refused(0)
             refused = Refused(int(item["version"]["N"]), json.loads(item["scopes"]["S"]))
             blocking = _Marker.of(item)
@@ -598,21 +757,29 @@ class DynamoDBSessionStore(BaseSessionStore):
         except _ConditionFailed as failed:
             raise _MarkerGone(failed.item) from None
 
-    def _finish(self, pk: str, marker: _Marker, ids: IdFilter, updated_at: int) -> None:
-        """Make the marker's version the stored one and clear the marker; with its scoped writes, atomically."""
-        app_name, session_id = split_session_pk(pk)
+    def _finish(self, pk: str, marker: _Marker, ids: IdFilter, plan: _Plan) -> None:
+        """Make the marker's version the stored one and clear the marker; with its scoped writes, atomically.
+
+        It also drops a listing entry the meta item carried itself (``lpk``, written before touches):
+        from here the session's touches list it."""
+        app_name, _ = split_session_pk(pk)
         values: dict[str, Any] = {
             ":t": {"S": marker.grant},
             ":v": {"N": str(marker.version)},
-            ":u": {"N": str(updated_at)},
-            ":lpk": {"S": listing_key(app_name, session_id, self._listing_shards)},
+            ":u": {"N": str(plan.updated_at)},
             ":bf": {"B": ids.dump()},
         }
-        sets = "#v = :v, lsk = :u, lpk = :lpk, bf = :bf"
+        sets = "#v = :v, lsk = :u, bf = :bf"
         if ids.greatest is not None:  # "" (no event yet) too: only a meta item without it is read as unknown
             values[":hi"] = {"S": ids.greatest}
             sets += ", hi = :hi"
-        removes = "pending, ppk, psk"
+        removes = "pending, ppk, psk, lpk"
+        for name, value in (("plsk", plan.previous), ("#x", plan.expires), ("xh", plan.horizon)):
+            if value is None:
+                removes += f", {name}"
+            else:
+                sets += f", {name} = :{name.lstrip('#')}"
+                values[f":{name.lstrip('#')}"] = {"N": str(value)}
         if marker.status is None:
             removes += ", #st"
         else:
@@ -623,7 +790,7 @@ class DynamoDBSessionStore(BaseSessionStore):
             "Key": _key(pk, META_SK),
             "UpdateExpression": f"SET {sets} REMOVE {removes}",
             "ConditionExpression": "pending.t = :t",
-            "ExpressionAttributeNames": {"#v": "version", "#st": "status"},
+            "ExpressionAttributeNames": {"#v": "version", "#st": "status", "#x": TTL},
             "ExpressionAttributeValues": values,
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
@@ -639,6 +806,77 @@ class DynamoDBSessionStore(BaseSessionStore):
             self._transact([{"Update": update}, *writes])
         except _Cancelled as cancelled:
             raise _MarkerGone(cancelled.items[0]) from None
+
+    def _touches(self, pk: str, plan: _Plan, grant: str) -> builtins.list[dict[str, Any]]:
+        """The commit's touch (its one listing-index write), after the superseded touch it marks expired.
+
+        The marking rewrites that touch with its keys unchanged and an ``expires_at`` of now: the index
+        holds keys only, so it costs no index write, and AWS's TTL deletes the item (free of write units).
+        """
+        app_name, session_id = split_session_pk(pk)
+        lpk = {"S": listing_key(app_name, session_id, self._listing_shards)}
+        touch = {"pk": {"S": pk}, "sk": {"S": plan.touch}, "lpk": lpk, "lsk": {"N": str(plan.updated_at)}}
+        touch["t"] = {"S": grant}
+        if plan.horizon is not None:
+            touch[TTL] = {"N": str(plan.horizon)}
+        if plan.stale is None:
+            return [touch]
+        stale = {"pk": {"S": pk}, "sk": {"S": touch_sk(plan.stale)}, "lpk": lpk, "lsk": {"N": str(plan.stale)}}
+        stale[TTL] = {"N": str(now_ms() // 1000)}
+        return [stale, touch]
+
+    def _drop_touch(self, pk: str, plan: _Plan, grant: str, meta: Mapping[str, Any] | None) -> None:
+        """Delete the touch of a commit that did not land, unless a later commit (or the meta item's own
+        ``updated_at``) has made that key the session's live entry."""
+        if meta is not None and "lsk" in meta and int(meta["lsk"]["N"]) == plan.updated_at:
+            return  # the same key as the live touch (a commit in the same millisecond): it stays
+        with contextlib.suppress(_ConditionFailed):
+            self._call(
+                "delete_item",
+                TableName=self._table,
+                Key=_key(pk, plan.touch),
+                ConditionExpression="t = :t",
+                ExpressionAttributeValues={":t": {"S": grant}},
+            )
+
+    def _refresh(self, pk: str, horizon: int | None) -> None:
+        """Rewrite every item of the session but the meta item to expire at ``horizon`` (``None``: never).
+
+        Runs before the commit's own writes, while its marker holds the session; the meta item's new
+        expiry lands only with the finish, after this. Items are immutable, so each is put back whole
+        (BatchWriteItem), keys unchanged: no index write. The snapshot, which a concurrent save may
+        replace, is updated in place instead.
+        """
+        now = now_ms() // 1000
+        puts = []
+        for item in self._query(
+            TableName=self._table,
+            KeyConditionExpression="pk = :pk AND sk > :m",
+            ExpressionAttributeValues={":pk": {"S": pk}, ":m": {"S": META_SK}},
+            ConsistentRead=True,
+        ):
+            if TTL in item and int(item[TTL]["N"]) <= now:
+                continue  # a superseded touch on its way out
+            if item["sk"]["S"] == SNAPSHOT_SK:
+                expiry: dict[str, Any] = {"UpdateExpression": "REMOVE #x"}
+                if horizon is not None:
+                    values = {":h": {"N": str(horizon)}}
+                    expiry = {"UpdateExpression": "SET #x = :h", "ExpressionAttributeValues": values}
+                with contextlib.suppress(_ConditionFailed):
+                    self._call(
+                        "update_item",
+                        TableName=self._table,
+                        Key=_key(pk, SNAPSHOT_SK),
+                        ConditionExpression="attribute_exists(pk)",
+                        ExpressionAttributeNames={"#x": TTL},
+                        **expiry,
+                    )
+                continue
+            renewed = {name: value for name, value in item.items() if name != TTL}
+            if horizon is not None:
+                renewed[TTL] = {"N": str(horizon)}
+            puts.append({"PutRequest": {"Item": renewed}})
+        self._write_batches(puts)
 
     def _transact(self, items: Sequence[Mapping[str, Any]]) -> None:
         """One ``TransactWriteItems``, re-sent while another transaction holds one of its keys.
@@ -664,6 +902,7 @@ class DynamoDBSessionStore(BaseSessionStore):
         item: Mapping[str, Any] | None,
         appended: int,
         items: Sequence[Mapping[str, Any]],
+        plan: _Plan,
     ) -> int | Refused:
         """Our marker vanished under us: a repair finished or undid the commit, or the session was deleted."""
         if (
@@ -675,6 +914,7 @@ class DynamoDBSessionStore(BaseSessionStore):
             return appended  # a repair rolled it forward: the commit landed
         with contextlib.suppress(StoreError):  # invisible already; deleting them only saves space
             self._write_batches([{"DeleteRequest": {"Key": {"pk": i["pk"], "sk": i["sk"]}}} for i in items])
+            self._drop_touch(pk, plan, marker.grant, item)
         if item is None:
             return Refused(0)
         return Refused(int(item["version"]["N"]), json.loads(item["scopes"]["S"]))
@@ -694,8 +934,11 @@ class DynamoDBSessionStore(BaseSessionStore):
 
     # -- listing ----------------------------------------------------------------------------
 
-    def _shard_stream(self, key: str, after: tuple[int, str] | None, limit: int | None) -> Iterator[SessionListing]:
-        """One shard's listings, newest first; ties on ``updated_at`` by id, descending, like the merge."""
+    def _shard_stream(
+        self, key: str, after: tuple[int, str] | None, limit: int | None
+    ) -> Iterator[tuple[int, str, str]]:
+        """One shard's touches as ``(updated_at, session id, pk)``, newest first; ties on ``updated_at`` by id,
+        descending, like the merge."""
         condition, values = "lpk = :k", {":k": {"S": key}}
         if after is not None:
             condition += " AND lsk <= :u"
@@ -708,22 +951,17 @@ class DynamoDBSessionStore(BaseSessionStore):
             ScanIndexForward=False,
             **({"Limit": limit + 1} if limit is not None else {}),
         )
-        group: builtins.list[SessionListing] = []
+        group: builtins.list[tuple[int, str, str]] = []
         for item in pages:
-            listing = SessionListing(
-                item["id"]["S"],
-                int(item["lsk"]["N"]),
-                int(item["created_at"]["N"]),
-                int(item["version"]["N"]),
-                item["status"]["S"] if "status" in item else None,
-            )
-            if after is not None and (listing.updated_at, listing.id) >= after:
+            pk = item["pk"]["S"]
+            touch = (int(item["lsk"]["N"]), split_session_pk(pk)[1], pk)
+            if after is not None and touch[:2] >= after:
                 continue
-            if group and group[0].updated_at != listing.updated_at:
-                yield from sorted(group, key=lambda s: s.id, reverse=True)
+            if group and group[0][0] != touch[0]:
+                yield from sorted(group, reverse=True)
                 group = []
-            group.append(listing)
-        yield from sorted(group, key=lambda s: s.id, reverse=True)
+            group.append(touch)
+        yield from sorted(group, reverse=True)
 
     # -- calls ------------------------------------------------------------------------------
 
@@ -784,6 +1022,11 @@ def _key(pk: str, sk: str) -> dict[str, Any]:
     return {"pk": {"S": pk}, "sk": {"S": sk}}
 
 
+def _expired(meta: Mapping[str, Any], now: int) -> bool:
+    """Past its expiry (``now`` in ms): gone for readers and writers, whenever AWS's TTL gets to deleting it."""
+    return TTL in meta and int(meta[TTL]["N"]) * 1000 <= now
+
+
 def _dead(meta: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(meta["dead"]["SS"]) if "dead" in meta else frozenset()
 
@@ -824,7 +1067,9 @@ def _visible_events(meta: Mapping[str, Any], items: Sequence[Mapping[str, Any]])
     return events
 
 
-def _event_items(pk: str, marker: _Marker, inc: str, events: Sequence[tuple[str, bytes]]) -> list[dict[str, Any]]:
+def _event_items(
+    pk: str, marker: _Marker, inc: str, events: Sequence[tuple[str, bytes]], expires: int | None
+) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     for seq, (event_id, data) in enumerate(events):
         pieces = chunks(data)
@@ -839,6 +1084,8 @@ def _event_items(pk: str, marker: _Marker, inc: str, events: Sequence[tuple[str,
                 item["eid"] = {"S": event_id}
                 if len(pieces) > 1:
                     item["c"] = {"N": str(len(pieces))}
+            if expires is not None:
+                item[TTL] = {"N": str(expires)}
             items.append(item)
     return items
 

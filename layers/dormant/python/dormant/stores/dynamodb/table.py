@@ -8,7 +8,10 @@ Key design (one table, string ``pk``/``sk``):
 * a session partition ``pk = "S#{app}#{session_id}"`` holds the meta item and the event items;
 * scoped state lives in ``pk = "X#{app}#{scope}#{scope_id}"``, one item per key;
 * the listing index (``LISTING_INDEX``) is keyed by ``lpk`` — the app name, write-sharded as
-  ``{app}#{k}`` when a store lists over more than one shard — and sorted by ``lsk`` (``updated_at``);
+  ``{app}#{k}`` when a store lists over more than one shard — and sorted by ``lsk`` (``updated_at``).
+  Its entries are the sessions' *touch* items (``keys.touch_sk``), one per commit, keys only: a listing
+  reads them newest first and keeps an entry only when its session's meta item has the same
+  ``updated_at`` (older touches are superseded and expire by TTL);
 * the pending-marker index (``PENDING_INDEX``) is sparse: only a meta item with a live commit marker
   carries ``ppk``/``psk``, so the sweeper queries stale markers instead of scanning;
 * the event-id index (``IDS_INDEX``) is a *local* secondary index on ``eid``, which only event items
@@ -96,14 +99,9 @@ IDS_INDEX = "ids"
 
 TABLE = TableShape(
     indexes=(
-        # Projects only what a listing shows, so a commit that changes none of it writes no GSI item.
-        IndexShape(
-            LISTING_INDEX,
-            ("lpk", "S"),
-            ("lsk", "N"),
-            "INCLUDE",
-            ("id", "created_at", "version", "status"),
-        ),
+        # Keys only: a listing takes the row from the meta item, so marking a touch expired (its TTL
+        # attribute, not projected) writes no index entry.
+        IndexShape(LISTING_INDEX, ("lpk", "S"), ("lsk", "N"), "KEYS_ONLY"),
         IndexShape(PENDING_INDEX, ("ppk", "S"), ("psk", "N"), "KEYS_ONLY"),
         # Local: its partition key is the table's. Projects the incarnation, so an id written by a deleted
         # session's straggler is told apart from one of the live session.
