@@ -370,3 +370,111 @@ def test_create_table_builds_the_shape_once(ddb: Any) -> None:
     ttl = ddb.describe_time_to_live(TableName=name)["TimeToLiveDescription"]
     assert ttl["AttributeName"] == "expires_at"
     ddb.delete_table(TableName=name)
+
+
+# -- the listing index: one touch per commit -----------------------------------------------------------
+
+
+class _Units:
+    """Write units by index, read from ``ReturnConsumedCapacity=INDEXES`` (added to every write by a hook)."""
+
+    def __init__(self, client: Any) -> None:
+        self.by_index: dict[str, float] = {}
+        client.meta.events.register("before-parameter-build.dynamodb", self._ask)
+        client.meta.events.register("after-call.dynamodb", self._read)
+
+    def _ask(self, params: dict[str, Any], model: Any, **_: Any) -> None:
+        if model.name in {"UpdateItem", "PutItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"}:
+            params["ReturnConsumedCapacity"] = "INDEXES"
+
+    def _read(self, parsed: dict[str, Any], **_: Any) -> None:
+        consumed = parsed.get("ConsumedCapacity") or []
+        for entry in consumed if isinstance(consumed, list) else [consumed]:
+            for name, used in (entry.get("GlobalSecondaryIndexes") or {}).items():
+                self.by_index[name] = self.by_index.get(name, 0.0) + used["CapacityUnits"]
+
+    def take(self, index: str) -> float:
+        return self.by_index.pop(index, 0.0)
+
+
+def _touches(ddb: Any, table: str, app: str, sid: str) -> list[dict[str, Any]]:
+    return [i for i in _raw_items(ddb, table, session_pk(app, sid)) if i["sk"]["S"].startswith("T#")]
+
+
+def test_a_commit_costs_one_listing_index_write_and_marks_the_touch_it_superseded(
+    ddb: Any, dynamodb_table: str, app: str
+) -> None:
+    store = dynamo_store(dynamodb_table, client=ddb)
+    units = _Units(ddb)
+    with frozen_clock(1_800_000_000_000) as clock:
+        for version in range(8):
+            assert store.commit(_meta(app, status=f"turn-{version}"), [_event(version)], version).ok
+            assert units.take("listing") == 1  # the new touch: no entry moved, none deleted
+            clock.advance(1000)
+        touches = _touches(ddb, dynamodb_table, app, "s-1")
+        now_s = 1_800_000_000 + 8
+        live, previous, *stale = sorted(touches, key=lambda t: -int(t["lsk"]["N"]))
+        assert "expires_at" not in live and "expires_at" not in previous  # the one before waits for the next commit
+        assert len(stale) == 6 and all(int(t["expires_at"]["N"]) <= now_s for t in stale)  # AWS's TTL deletes these
+        (listed,) = store.list(app)
+        assert (listed.version, listed.status, listed.updated_at) == (8, "turn-7", int(live["lsk"]["N"]))
+
+
+def test_a_listing_shows_only_committed_rows_whatever_touches_are_left(
+    ddb: Any, dynamodb_table: str, app: str
+) -> None:
+    store = dynamo_store(dynamodb_table, client=ddb, listing_shards=2)
+    with frozen_clock(1_800_000_000_000) as clock:
+        for n in range(5):
+            for version in range(3):
+                assert store.commit(_meta(app, f"s{n}"), [_event(f"{n}-{version}")], version).ok
+                clock.advance(10)
+        # A commit in flight: its touch is written, its finish is not (the writer died there).
+        dying = local_client(ddb.meta.endpoint_url)
+        faults = Faults(dying)
+        faults.die("UpdateItem", nth=2)
+        clock.advance(10)
+        with pytest.raises(Died):
+            dynamo_store(dynamodb_table, client=dying).commit(_meta(app, "s0", status="late"), [_event("late")], 3)
+        dying.close()
+        assert len(_touches(ddb, dynamodb_table, app, "s0")) == 4
+        listed = store.list(app)
+        assert [s.id for s in listed] == ["s4", "s3", "s2", "s1", "s0"]  # once each, s0 at its committed place
+        assert [(s.version, s.status) for s in listed][-1] == (3, None)
+        pages, cursor = [], None
+        while page := store.list(app, limit=2, cursor=cursor):
+            pages += [s.id for s in page]
+            cursor = page[-1].cursor
+        assert pages == ["s4", "s3", "s2", "s1", "s0"]
+
+        # Repair finds an event item missing (deleted here), so it rolls the commit back: its touch goes too.
+        (event_item,) = [i for i in _raw_items(ddb, dynamodb_table, session_pk(app, "s0")) if "late" in str(i.get("eid"))]
+        ddb.delete_item(TableName=dynamodb_table, Key={"pk": event_item["pk"], "sk": event_item["sk"]})
+        (report,) = dynamo_store(dynamodb_table, client=ddb).repair_pending(older_than_s=0)
+        assert report.action == "rolled_back"
+        assert len(_touches(ddb, dynamodb_table, app, "s0")) == 3
+        assert [s.id for s in store.list(app)] == ["s4", "s3", "s2", "s1", "s0"]
+        clock.advance(10)
+        assert store.commit(_meta(app, "s0"), [_event("again")], 3).ok
+        assert [s.id for s in store.list(app)] == ["s0", "s4", "s3", "s2", "s1"]
+        store.delete(app, "s1")
+        assert [s.id for s in store.list(app)] == ["s0", "s4", "s3", "s2"]
+
+
+def test_a_rolled_back_commit_in_the_same_millisecond_keeps_the_live_touch(
+    ddb: Any, dynamodb_table: str, app: str
+) -> None:
+    store = dynamo_store(dynamodb_table, client=ddb)
+    with frozen_clock(1_800_000_000_000):  # every commit at the same updated_at: one touch key for all
+        assert store.commit(_meta(app), [_event(1)], 0).ok
+        dying = local_client(ddb.meta.endpoint_url)
+        Faults(dying).die("UpdateItem", nth=2)
+        with pytest.raises(Died):
+            dynamo_store(dynamodb_table, client=dying).commit(_meta(app), [_event(2), _event(3)], 1)
+        dying.close()
+        (event_item,) = [i for i in _raw_items(ddb, dynamodb_table, session_pk(app, "s-1")) if i.get("eid") == {"S": "evt-3"}]
+        ddb.delete_item(TableName=dynamodb_table, Key={"pk": event_item["pk"], "sk": event_item["sk"]})
+        (report,) = store.repair_pending(older_than_s=0)
+        assert report.action == "rolled_back"
+        assert len(_touches(ddb, dynamodb_table, app, "s-1")) == 1
+        assert [(s.id, s.version) for s in store.list(app)] == [("s-1", 1)]

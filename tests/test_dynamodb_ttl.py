@@ -1,0 +1,149 @@
+"""Retention on DynamoDB: every item of a session carries the TTL attribute, never below the meta item's.
+
+DynamoDB Local does not delete expired items, so these tests read the raw items' ``expires_at`` and check
+that the store hides an expired session itself (AWS deletes lazily, up to days late).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+pytest.importorskip("boto3")
+
+from dormant import adk
+from dormant.clock import frozen_clock
+from dormant.stores.base import StoredSession
+from dormant.stores.dynamodb import DynamoDBSessionStore, dynamo_store
+from dormant.stores.dynamodb.keys import session_pk
+from tests.servers.dynamodb import client as local_client
+
+pytestmark = pytest.mark.backend("dynamodb")
+
+DAY_MS = 86_400_000
+T0 = 1_800_000_000_000
+
+
+@pytest.fixture
+def ddb(dynamodb_endpoint: str) -> Iterator[Any]:
+    c = local_client(dynamodb_endpoint)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def store(ddb: Any, dynamodb_table: str) -> DynamoDBSessionStore:
+    return dynamo_store(dynamodb_table, client=ddb)
+
+
+def _items(ddb: Any, table: str, app: str, sid: str) -> list[dict[str, Any]]:
+    answer = ddb.query(
+        TableName=table,
+        KeyConditionExpression="pk = :pk",
+        ExpressionAttributeValues={":pk": {"S": session_pk(app, sid)}},
+        ConsistentRead=True,
+    )
+    assert "LastEvaluatedKey" not in answer
+    return list(answer["Items"])
+
+
+def _expiries(ddb: Any, table: str, app: str, sid: str, now_ms: int) -> tuple[int | None, dict[str, int | None]]:
+    """The meta item's expires_at, and every other live item's (superseded touches, already expired, left out)."""
+    meta, others = None, {}
+    for item in _items(ddb, table, app, sid):
+        expiry = int(item["expires_at"]["N"]) if "expires_at" in item else None
+        if item["sk"]["S"] == "#M":
+            meta = expiry
+        elif expiry is None or expiry * 1000 > now_ms:
+            others[item["sk"]["S"]] = expiry
+    return meta, others
+
+
+def test_every_item_outlives_the_meta_item_as_the_expiry_slides(ddb: Any, dynamodb_table: str, store: Any) -> None:
+    app = adk(name=f"ttl-{uuid.uuid4().hex[:8]}", store=store, retention=timedelta(days=30), snapshot_every=4)
+    refreshes = 0
+    with frozen_clock(T0) as clock:
+        session = app.sessions.create("s-1")
+        # Turns an hour to three weeks apart, over about five months: the expiry slides far past where it began.
+        gaps_h = [1, 2, 30, 200, 5, 400, 1, 1, 500, 72, 300, 24, 450, 3, 100, 480, 2, 350, 12, 6]
+        previous: dict[str, int | None] = {}
+        for turn, gap in enumerate(gaps_h):
+            clock.advance(gap * 3_600_000)
+            session.input.message(f"turn {turn}")
+            app.sessions.commit(session)
+            now = clock()
+            meta, others = _expiries(ddb, dynamodb_table, app.name, "s-1", now)
+            row = store.load(app.name, "s-1", after=session.version)
+            assert meta == math.ceil((row.session.updated_at + 30 * DAY_MS) / 1000)
+            assert turn < 4 or "#S" in others  # the snapshot too, once there is one
+            assert all(e is not None and meta <= e <= meta + 30 * 86_400 for e in others.values()), (turn, others)
+            if any(previous.get(sk) not in (None, e) for sk, e in others.items()):
+                refreshes += 1
+            previous = others
+    # About five months of 30-day retention, refreshed when the expiry passes a horizon half a retention ahead.
+    assert 3 <= refreshes <= 10
+    loaded = app.sessions.get("s-1")
+    assert loaded is not None and len([e for e in loaded.events if e.type == "user"]) == len(gaps_h)
+
+
+def test_an_expired_session_is_hidden_refused_and_its_id_free_before_aws_deletes_it(
+    ddb: Any, dynamodb_table: str, store: Any
+) -> None:
+    app = adk(name=f"ttl-{uuid.uuid4().hex[:8]}", store=store, retention=timedelta(days=1))
+    with frozen_clock(T0) as clock:
+        old = app.sessions.create("s-old")
+        old.input.message("keep me a day")
+        app.sessions.commit(old)
+        keep = app.sessions.create("s-keep")
+        clock.advance(DAY_MS // 2)
+        keep.input.message("still here")
+        app.sessions.commit(keep)
+        clock.advance(DAY_MS // 2 + 1000)
+        # Past its expiry: the store itself shows nothing of it, though every item is still stored.
+        assert store.load(app.name, "s-old") is None and store.load(app.name, "s-old", after=1) is None
+        assert [s.id for s in store.list(app.name)] == ["s-keep"]
+        stored = _items(ddb, dynamodb_table, app.name, "s-old")
+        assert len(stored) >= 3
+        # A writer holding it from before cannot bring it back: it is gone, as if deleted (nothing written).
+        late = store.commit(StoredSession(id="s-old", app_name=app.name, created_at=T0), [], 2)
+        assert (late.ok, late.version) == (False, 0)
+        assert _items(ddb, dynamodb_table, app.name, "s-old") == stored
+        # Its id may be taken again: a new session, none of the old one's events.
+        again = app.sessions.create("s-old")
+        assert again.version == 1
+        loaded = app.sessions.get("s-old")
+        assert loaded is not None and list(loaded.events) == []
+        assert [s.id for s in store.list(app.name)] == ["s-old", "s-keep"]
+
+
+def test_items_stored_without_expiry_get_one_and_lose_it_when_retention_goes(
+    ddb: Any, dynamodb_table: str, store: Any
+) -> None:
+    name = f"ttl-{uuid.uuid4().hex[:8]}"
+    forever = adk(name=name, store=store)
+    kept = adk(name=name, store=store, retention=timedelta(days=7))
+    with frozen_clock(T0) as clock:
+        session = forever.sessions.create("s-1")
+        session.input.message("before retention")
+        forever.sessions.commit(session)
+        meta, others = _expiries(ddb, dynamodb_table, name, "s-1", clock())
+        assert meta is None and set(others.values()) == {None}
+
+        clock.advance(1000)
+        later = kept.sessions.require("s-1")
+        later.input.message("under retention")
+        kept.sessions.commit(later)
+        meta, others = _expiries(ddb, dynamodb_table, name, "s-1", clock())
+        assert meta is not None and len(others) >= 3 and all(e is not None and e >= meta for e in others.values())
+
+        clock.advance(1000)
+        last = forever.sessions.require("s-1")
+        last.input.message("retention lifted")
+        forever.sessions.commit(last)
+        meta, others = _expiries(ddb, dynamodb_table, name, "s-1", clock())
+        assert meta is None and set(others.values()) == {None}
