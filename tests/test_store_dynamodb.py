@@ -478,3 +478,19 @@ def test_a_rolled_back_commit_in_the_same_millisecond_keeps_the_live_touch(
         assert report.action == "rolled_back"
         assert len(_touches(ddb, dynamodb_table, app, "s-1")) == 1
         assert [(s.id, s.version) for s in store.list(app)] == [("s-1", 1)]
+
+
+def test_repair_rolls_back_a_commit_whose_touch_never_landed(ddb: Any, dynamodb_table: str, app: str) -> None:
+    """Without its touch a commit cannot land: rolled forward, its session would drop out of the listing."""
+    store = dynamo_store(dynamodb_table, client=ddb)
+    with frozen_clock(1_800_000_000_000) as clock:
+        assert store.commit(_meta(app), [_event(1)], 0).ok
+        clock.advance(1000)
+        dying = local_client(ddb.meta.endpoint_url)
+        Faults(dying).die("BatchWriteItem", nth=1)  # a commit with no new events: the touch is all it writes
+        with pytest.raises(Died):
+            dynamo_store(dynamodb_table, client=dying).commit(_meta(app, status="done"), [], 1)
+        dying.close()
+        (report,) = store.repair_pending(older_than_s=0)
+        assert (report.action, report.items_found, report.items_expected) == ("rolled_back", 0, 0)
+        assert [(s.id, s.version, s.status) for s in store.list(app)] == [("s-1", 1, None)]
