@@ -4,11 +4,14 @@ The endpoint is ``TEST_DYNAMODB_ENDPOINT`` when set, else a DynamoDB Local start
 (``tests/servers/dynamodb.py``). The floor is the least a store on this table must do, in raw boto3:
 a commit is one conditional ``UpdateItem`` of the meta item (version check, new version and
 ``updated_at``) and ``BatchWriteItem`` of the event items; a load is the session partition's ``Query``
-pages with ``json.loads`` of each event; a listing queries the same listing shards and merges them.
-It has no crash safety: the gate-marker-finish protocol is what the store's third call buys.
+pages with ``json.loads`` of each event; a listing queries the same listing shards and merges their
+entries (the store also reads the listed sessions' meta items, to keep only live entries). The floor has
+no crash safety: the gate-marker-finish protocol is what the store's third call buys. The timed
+workloads (W1, W2 with ``sessions.get`` beside ``store.load``, W4) are every store's
+(``bench/workloads.py``).
 
-Calls are counted and capacity units read (``ReturnConsumedCapacity=INDEXES``, added to every write by
-a botocore hook) on the clients themselves; the store's code is not touched. DynamoDB Local's latency is
+Calls are counted and capacity units read (``ReturnConsumedCapacity=INDEXES`` on every write, ``TOTAL``
+on every read, added by a botocore hook) on the clients themselves; the store's code is not touched. DynamoDB Local's latency is
 not AWS's: the times compare the two codes on one engine; the calls and units carry over to AWS as they are.
 """
 
@@ -22,24 +25,26 @@ import statistics
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from dormant.stores.base import StoredSession
 
 from .common import QUICK, Figure
-from .workloads import EVENTS_PER_TURN, LOAD_SIZES, TURNS, W4_EVENTS, W4_SESSIONS, events, store_figures, turns
+from .workloads import EVENTS_PER_TURN, LOAD_SIZES, TURNS, W4_SESSIONS, events, store_workloads, turns
 
 REPEAT = 2 if QUICK else 3
 _WRITES = {"UpdateItem", "PutItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"}
+_READS = {"Query", "BatchGetItem"}
 
 
 class Meter:
-    """Counts a client's calls by operation and sums the write capacity units by table and index."""
+    """Counts a client's calls by operation, sums the write capacity units by table and index, and the read units."""
 
     def __init__(self, client: Any) -> None:
         self.calls: Counter[str] = Counter()
         self.units: defaultdict[str, float] = defaultdict(float)
+        self.read_units = 0.0
         events = client.meta.events
         events.register("before-parameter-build.dynamodb", self._params)
         events.register("after-call.dynamodb", self._answer)
@@ -47,15 +52,20 @@ class Meter:
     def reset(self) -> None:
         self.calls.clear()
         self.units.clear()
+        self.read_units = 0.0
 
     def _params(self, params: dict[str, Any], model: Any, **_: Any) -> None:
         self.calls[model.name] += 1
-        if model.name in _WRITES:
-            params["ReturnConsumedCapacity"] = "INDEXES"
+        if model.name in _WRITES or model.name in _READS:
+            params["ReturnConsumedCapacity"] = "INDEXES" if model.name in _WRITES else "TOTAL"
 
-    def _answer(self, parsed: dict[str, Any], **_: Any) -> None:
+    def _answer(self, parsed: dict[str, Any], model: Any, **_: Any) -> None:
         consumed = parsed.get("ConsumedCapacity") or []
-        for entry in consumed if isinstance(consumed, list) else [consumed]:
+        entries = consumed if isinstance(consumed, list) else [consumed]
+        if model.name in _READS:
+            self.read_units += sum(entry.get("CapacityUnits", 0.0) for entry in entries)
+            return
+        for entry in entries:
             self.units["table"] += entry.get("Table", {}).get("CapacityUnits", 0.0)
             for kind in ("GlobalSecondaryIndexes", "LocalSecondaryIndexes"):
                 for name, used in (entry.get(kind) or {}).items():
@@ -116,7 +126,7 @@ class Floor:
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     def list(self, app: str) -> list[tuple[int, str]]:
-        from dormant.stores.dynamodb.keys import listing_keys
+        from dormant.stores.dynamodb.keys import listing_keys, split_session_pk
 
         listed = []
         for key in listing_keys(app, self.shards):
@@ -129,7 +139,7 @@ class Floor:
             }
             while True:
                 page = self.client.query(**kwargs)
-                listed += [(int(i["lsk"]["N"]), i["id"]["S"]) for i in page["Items"]]
+                listed += [(int(i["lsk"]["N"]), split_session_pk(i["pk"]["S"])[1]) for i in page["Items"]]
                 if "LastEvaluatedKey" not in page:
                     break
                 kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
@@ -138,17 +148,6 @@ class Floor:
 
 def _meta(app: str, sid: str, version: int = 0) -> StoredSession:
     return StoredSession(id=sid, app_name=app, version=version, created_at=1)
-
-
-def _paired(ours: Callable[[int], float], floor: Callable[[int], float], repeat: int) -> tuple[float, float]:
-    """Medians of timed runs, dormant and floor alternating (run ``n`` gets fresh ids), after one warm-up each."""
-    samples: dict[str, list[float]] = {"ours": [], "floor": []}
-    for n in range(repeat + 1):
-        for name, work in (("ours", ours), ("floor", floor)):
-            elapsed = work(n)
-            if n:
-                samples[name].append(elapsed)
-    return statistics.median(samples["ours"]), statistics.median(samples["floor"])
 
 
 @contextlib.contextmanager
@@ -191,26 +190,12 @@ def run() -> list[Figure]:
 
 
 def _measure(store: Any, floor: Floor, ours_meter: Meter, floor_meter: Meter, ours_client: Any) -> list[Figure]:
+    # The timed workloads are every store's (bench/workloads.py), paired with the floor; fewer runs, as
+    # DynamoDB Local is slow. What follows them is this store's own: calls, pages and capacity units.
+    figures = store_workloads("dynamodb", store, floor, repeat=REPEAT, create_repeat=1)
     batches = turns()
-    rows = [[e.model_dump(mode="json") for e in batch] for batch in batches]
 
-    def w1_ours(n: int) -> float:
-        app = f"w1-ours-{n}"
-        started = time.perf_counter()
-        for version, batch in enumerate(batches):
-            assert store.commit(_meta(app, "w1", version), batch, version).ok
-        return time.perf_counter() - started
-
-    def w1_floor(n: int) -> float:
-        app = f"w1-floor-{n}"
-        started = time.perf_counter()
-        for version, batch in enumerate(rows):
-            floor.commit(app, "w1", batch, version)
-        return time.perf_counter() - started
-
-    w1 = _paired(w1_ours, w1_floor, REPEAT)
-
-    # Calls and capacity of one W1 run, metered (the timed runs above are not).
+    # Calls and capacity of one W1 run, metered (the timed runs are not).
     ours_meter.reset()
     floor_meter.reset()
     per_commit: list[int] = []
@@ -218,68 +203,26 @@ def _measure(store: Any, floor: Floor, ours_meter: Meter, floor_meter: Meter, ou
         before = sum(ours_meter.calls.values())
         assert store.commit(_meta("w1-metered", "w1", version), batch, version).ok
         per_commit.append(sum(ours_meter.calls.values()) - before)
-    w1_floor(99)
+    for version, batch in enumerate(batches):
+        floor.commit("w1-metered-floor", "w1", [e.model_dump(mode="json") for e in batch], version)
     ours_calls, floor_calls = sum(per_commit) / TURNS, sum(floor_meter.calls.values()) / TURNS
     ours_units = {k: v / TURNS for k, v in ours_meter.units.items()}
     floor_units = {k: v / TURNS for k, v in floor_meter.units.items()}
     ours_ops, floor_ops = dict(ours_meter.calls), dict(floor_meter.calls)
 
-    w2: dict[int, tuple[float, float]] = {}
     load_pages: dict[int, tuple[int, float]] = {}
     for size in LOAD_SIZES:
-        sid = f"w2-{size}"
-        assert store.commit(_meta("bench", sid), events(size), 0).ok
-        assert len(floor.load("bench", sid)) == size
-
-        def w2_ours(_: int, sid: str = sid) -> float:
-            started = time.perf_counter()
-            store.load("bench", sid)
-            return time.perf_counter() - started
-
-        def w2_floor(_: int, sid: str = sid) -> float:
-            started = time.perf_counter()
-            floor.load("bench", sid)
-            return time.perf_counter() - started
-
-        w2[size] = _paired(w2_ours, w2_floor, REPEAT)
         ours_meter.reset()
-        loaded = store.load("bench", sid)
+        loaded = store.load("w2", f"w2-{size}")  # stored by the W2 workload
         megabytes = sum(len(e.model_dump_json()) for e in loaded.events) / 1e6
         load_pages[size] = (ours_meter.calls["Query"], megabytes)
 
-    batch_events = [events(W4_EVENTS, f"s{n}-") for n in range(W4_SESSIONS)]
-    batch_rows = [[e.model_dump(mode="json") for e in batch] for batch in batch_events]
+    page = 50
+    ours_meter.reset()
+    listed = store.list("w4-ours-1", limit=page)  # the W4 workload's sessions
+    assert len(listed) == page
+    list_calls, list_reads = dict(ours_meter.calls), ours_meter.read_units
 
-    def w4_ours(n: int) -> float:
-        app = f"w4-ours-{n}"
-        started = time.perf_counter()
-        for s, batch in enumerate(batch_events):
-            assert store.commit(_meta(app, f"s{s}"), batch, 0).ok
-        return time.perf_counter() - started
-
-    def w4_floor(n: int) -> float:
-        app = f"w4-floor-{n}"
-        started = time.perf_counter()
-        for s, batch in enumerate(batch_rows):
-            floor.commit(app, f"s{s}", batch, 0)
-        return time.perf_counter() - started
-
-    create = _paired(w4_ours, w4_floor, 1)
-    assert len(store.list("w4-ours-1")) == len(floor.list("w4-ours-1")) == W4_SESSIONS
-
-    def w4_list_ours(_: int) -> float:
-        started = time.perf_counter()
-        store.list("w4-ours-1")
-        return time.perf_counter() - started
-
-    def w4_list_floor(_: int) -> float:
-        started = time.perf_counter()
-        floor.list("w4-ours-1")
-        return time.perf_counter() - started
-
-    figures = store_figures(
-        "dynamodb", w1=w1, w2=w2, w4_create=create, w4_list=_paired(w4_list_ours, w4_list_floor, REPEAT)
-    )
     target_calls = 2 + math.ceil(EVENTS_PER_TURN / 25)
     over = sum(1 for calls in per_commit if calls > target_calls)
     figures.append(
@@ -318,13 +261,14 @@ def _measure(store: Any, floor: Floor, ours_meter: Meter, floor_meter: Meter, ou
             listing_writes,
             1,
             "lower",
-            "a commit moves the entry (updated_at is its sort key): a delete and a put; see docs/dynamodb.md",
+            "the commit's touch; the floor moves its meta item's entry (a delete and a put)",
         )
     )
     print("  write capacity units per W1 commit (ReturnConsumedCapacity=INDEXES):")
     for name in sorted(set(ours_units) | set(floor_units)):
         print(f"    {name:<10} dormant {ours_units.get(name, 0.0):6.2f}   floor {floor_units.get(name, 0.0):6.2f}")
     print(f"  calls in {TURNS} W1 commits: dormant {ours_ops}, floor {floor_ops}")
+    print(f"  a listing page of {page} (of {W4_SESSIONS:,} sessions): calls {list_calls}, read units {list_reads:.1f}")
     _small_commits(store, ours_client, ours_meter)
     return figures
 

@@ -63,8 +63,13 @@ def _meta(app: str, sid: str, version: int = 0) -> StoredSession:
     return StoredSession(id=sid, app_name=app, version=version, created_at=1)
 
 
-def store_workloads(section: str, store: SessionStore, floor: Floor) -> list[Figure]:
-    """Run W1, W2 and W4 on ``store`` and ``floor`` (paired, fresh app ids each run); return the figures."""
+def store_workloads(
+    section: str, store: SessionStore, floor: Floor, *, repeat: int = REPEAT, create_repeat: int | None = None
+) -> list[Figure]:
+    """Run W1, W2 and W4 on ``store`` and ``floor`` (paired, fresh app ids each run); return the figures.
+
+    ``repeat`` (and ``create_repeat`` for W4's creates) shrink the runs for a slow engine (DynamoDB Local).
+    """
     batches = turns()
     rows = [[e.model_dump(mode="json") for e in batch] for batch in batches]
 
@@ -82,7 +87,7 @@ def store_workloads(section: str, store: SessionStore, floor: Floor) -> list[Fig
 
         return timed(work)
 
-    w1 = paired(w1_ours, w1_floor, REPEAT)
+    w1 = paired(w1_ours, w1_floor, repeat)
 
     users = adk(name="w2", store=store)  # not closed: closing the app would close the section's store
     w2: dict[int, tuple[float, float]] = {}
@@ -103,8 +108,8 @@ def store_workloads(section: str, store: SessionStore, floor: Floor) -> list[Fig
         def w2_floor(_: int, sid: str = sid) -> float:
             return timed(lambda: floor.load("w2", sid))
 
-        w2[size] = paired(w2_load, w2_floor, REPEAT)
-        w2_get[size] = paired(w2_users, w2_floor, REPEAT)
+        w2[size] = paired(w2_load, w2_floor, repeat)
+        w2_get[size] = paired(w2_users, w2_floor, repeat)
 
     batch_events = [events(W4_EVENTS, f"s{n}-") for n in range(W4_SESSIONS)]
     batch_rows = [[e.model_dump(mode="json") for e in batch] for batch in batch_events]
@@ -123,11 +128,11 @@ def store_workloads(section: str, store: SessionStore, floor: Floor) -> list[Fig
 
         return timed(work)
 
-    w4_create = paired(w4_ours, w4_floor, 3 if QUICK else 5)
+    w4_create = paired(w4_ours, w4_floor, create_repeat or (3 if QUICK else 5))
     # Both list the same app's sessions (the store made them: the listing is the store's own data).
     assert len(store.list("w4-ours-1")) == len(floor.list("w4-ours-1")) == W4_SESSIONS
     w4_list = paired(
-        lambda _: timed(lambda: store.list("w4-ours-1")), lambda _: timed(lambda: floor.list("w4-ours-1")), REPEAT
+        lambda _: timed(lambda: store.list("w4-ours-1")), lambda _: timed(lambda: floor.list("w4-ours-1")), repeat
     )
     return store_figures(section, w1=w1, w2=w2, w2_get=w2_get, w4_create=w4_create, w4_list=w4_list)
 

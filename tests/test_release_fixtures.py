@@ -135,6 +135,12 @@ def test_dynamodb_items_restore_resume_and_commit(release: str, dynamodb_endpoin
             assert not left
         store = dynamo_store(table, client=ddb)
         check_resumes(store)
+        # Release 0.1 kept each session's listing entry on its meta item; the commit moved WAITING's to a
+        # touch item. Each session is listed once, the committed one first.
+        assert [listing.id for listing in store.list(APP)][:2] == [WAITING, DONE]
+        assert len(store.list(APP)) == len({listing.id for listing in store.list(APP)})
+        meta = ddb.get_item(TableName=table, Key={"pk": {"S": f"S#{APP}#{WAITING}"}, "sk": {"S": "#M"}})["Item"]
+        assert "lpk" not in meta
         store.close()
     finally:
         ddb.delete_table(TableName=table)

@@ -462,9 +462,10 @@ class DynamoDBSessionStore(BaseSessionStore):
 
     def _list(self, app_name: str, limit: int | None, after: tuple[int, str] | None) -> builtins.list[SessionListing]:
         """The shards' touches merged newest first, each kept only when its session's meta item (read in
-        batches, consistently) has that ``updated_at``: a superseded touch, the touch of a commit still in
-        flight or rolled back, and an expired or deleted session's touches are all skipped. The row comes
-        from the meta item."""
+        batches) has that ``updated_at``: a superseded touch, the touch of a commit still in flight or
+        rolled back, and an expired or deleted session's touches are all skipped. The row comes from the
+        meta item. The index is eventually consistent, so the meta items are read so too (half the units):
+        a listing may lag a commit by the index's propagation, never show a session twice."""
         page = None if limit is None else 2 * limit + 2  # about two touches a session: its live one, the one before
         streams = [self._shard_stream(key, after, page) for key in listing_keys(app_name, self._listing_shards)]
         touches = heapq.merge(*streams, reverse=True)
@@ -512,7 +513,6 @@ class DynamoDBSessionStore(BaseSessionStore):
                     "Keys": [_key(pk, META_SK) for pk in unique[start : start + 100]],
                     "ProjectionExpression": "pk, version, created_at, lsk, #st, #x",
                     "ExpressionAttributeNames": {"#st": "status", "#x": TTL},
-                    "ConsistentRead": True,
                 }
             }
             for attempt in range(self._unprocessed_retries + 1):
