@@ -11,8 +11,9 @@ workloads (W1, W2 with ``sessions.get`` beside ``store.load``, W4) are every sto
 (``bench/workloads.py``).
 
 Calls are counted and capacity units read (``ReturnConsumedCapacity=INDEXES`` on every write, ``TOTAL``
-on every read, added by a botocore hook) on the clients themselves; the store's code is not touched. DynamoDB Local's latency is
-not AWS's: the times compare the two codes on one engine; the calls and units carry over to AWS as they are.
+on every read, added by a botocore hook) on the clients themselves; the store's code is not touched.
+DynamoDB Local's latency is not AWS's: the times compare the two codes on one engine; the calls and units
+carry over to AWS as they are.
 """
 
 from __future__ import annotations
