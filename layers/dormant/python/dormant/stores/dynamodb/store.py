@@ -13,10 +13,15 @@ interrupted after:
    position in the batch. ``UnprocessedItems`` are re-sent with bounded, jittered backoff (the client's
    botocore retry configuration handles throttled calls); when that is exhausted the commit raises
    ``CommitIncomplete`` and leaves its marker for repair.
-3. + 4. **Finish**: one conditional write (``grant = ours``) that sets the new version, ``updated_at``
-   and status, clears the marker — and, when the commit carries scoped changes, writes them in the
-   same ``TransactWriteItems``. A commit whose marker was rolled back can therefore never land scoped
-   values, however late its writer wakes up.
+   The last batch ends with the commit's *touch* (``keys.touch_sk``), its one listing-index entry.
+3. + 4. **Finish**: one conditional write (``grant = ours``) that sets the new version, ``updated_at``,
+   status and expiry, clears the marker — and, when the commit carries scoped changes, writes them in
+   the same ``TransactWriteItems``. A commit whose marker was rolled back can therefore never land
+   scoped values, however late its writer wakes up.
+
+**Listing** (``_list``): the touches, newest first, each kept only when its session's meta item has the
+same ``updated_at``. **Retention**: with ``row.retention_ms`` every item carries ``expires_at``, never
+below the meta item's (``_Plan``); an expired session is gone for readers and writers at once.
 
 Readers show events only up to the meta item's ``version``: a pending version is invisible, and so are
 the items of a rolled-back grant (listed in ``dead``) and of a deleted incarnation of the session
@@ -107,9 +112,9 @@ __all__ = [
 log = logging.getLogger("dormant.stores.dynamodb")
 
 DEFAULT_LISTING_SHARDS = 4
-"""Listing-index shards per app. A commit moves its session's listing entry (a delete and a put, two
-index writes) and one index partition takes about 1,000 writes/s: one shard caps an app near 500
-commits/s, four near 2,000, at the price of four Queries per listing page (docs/decisions.md)."""
+"""Listing-index shards per app. A commit writes one listing entry (its touch) and one index partition
+takes about 1,000 writes/s: one shard caps an app near 1,000 commits/s, four near 4,000, at the price of
+four Queries per listing page (docs/dynamodb.md)."""
 DEFAULT_PENDING_SHARDS = 8
 """Pending-marker index shards for the whole table (a marker is put and deleted by every commit: about
 500 commits/s a shard). Every store and the sweeper on one table must use the same number."""
