@@ -4,8 +4,9 @@ The endpoint is ``TEST_DYNAMODB_ENDPOINT`` when set, else a DynamoDB Local start
 (``tests/servers/dynamodb.py``). The floor is the least a store on this table must do, in raw boto3:
 a commit is one conditional ``UpdateItem`` of the meta item (version check, new version and
 ``updated_at``) and ``BatchWriteItem`` of the event items; a load is the session partition's ``Query``
-pages with ``json.loads`` of each event; a listing queries the same listing shards and merges their
-entries (the store also reads the listed sessions' meta items, to keep only live entries). The floor has
+pages with ``json.loads`` of each event; a listing queries the same listing shards, merges their
+entries and reads the rows they name (``BatchGetItem`` of the meta items: the index holds keys only), as
+the store does, less its check that each entry is its session's live one. The floor has
 no crash safety: the gate-marker-finish protocol is what the store's third call buys. The timed
 workloads (W1, W2 with ``sessions.get`` beside ``store.load``, W4) are every store's
 (``bench/workloads.py``).
@@ -126,10 +127,12 @@ class Floor:
                 return rows
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
-    def list(self, app: str) -> list[tuple[int, str]]:
+    def list(self, app: str) -> list[tuple[int, str, int, str | None]]:
+        """The index entries of every shard, newest first, then the rows they name (the index holds keys
+        only: version and status are on the meta items). No check that an entry is its session's live one."""
         from dormant.stores.dynamodb.keys import listing_keys, split_session_pk
 
-        listed = []
+        entries = []
         for key in listing_keys(app, self.shards):
             kwargs: dict[str, Any] = {
                 "TableName": self.table,
@@ -140,11 +143,28 @@ class Floor:
             }
             while True:
                 page = self.client.query(**kwargs)
-                listed += [(int(i["lsk"]["N"]), split_session_pk(i["pk"]["S"])[1]) for i in page["Items"]]
+                entries += [(int(i["lsk"]["N"]), i["pk"]["S"]) for i in page["Items"]]
                 if "LastEvaluatedKey" not in page:
                     break
                 kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-        return sorted(listed, reverse=True)
+        entries.sort(reverse=True)
+        rows: dict[str, dict[str, Any]] = {}
+        for start in range(0, len(entries), 100):
+            request: dict[str, Any] = {
+                self.table: {
+                    "Keys": [{"pk": {"S": pk}, "sk": {"S": "#M"}} for _, pk in entries[start : start + 100]],
+                    "ProjectionExpression": "pk, version, #st",
+                    "ExpressionAttributeNames": {"#st": "status"},
+                }
+            }
+            while request:
+                answer = self.client.batch_get_item(RequestItems=request)
+                rows |= {item["pk"]["S"]: item for item in answer["Responses"][self.table]}
+                request = answer.get("UnprocessedKeys") or {}
+        return [
+            (at, split_session_pk(pk)[1], int(rows[pk]["version"]["N"]), rows[pk].get("status", {}).get("S"))
+            for at, pk in entries
+        ]
 
 
 def _meta(app: str, sid: str, version: int = 0) -> StoredSession:
