@@ -12,10 +12,12 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +25,20 @@ import pytest
 
 pytest.importorskip("aws_lambda_powertools", reason="dormant serve needs the lambda extra")
 
+from pydantic import BaseModel
+
+from dormant import adk, openai
 from dormant.serving.api import MAX_BODY_BYTES
 from dormant.serving.local import LocalAPI, LocalServer, PageRequest, Reply, is_loopback, proxy_event
-from dormant.serving.runtime import load_served
+from dormant.serving.runtime import Served, load_served
 from dormant.stores.url import store_from_url
+from dormant.testing import MockAdapter
 from tests.servers.serve import ServeProcess, command, dormant_serve
 
 EVENTS = Path(__file__).resolve().parents[1] / "events"
 REQUEST = "I need physio on Tuesday afternoon, for Alex Doe"
 TIMEOUT = 60
+OVERLAP_WAIT = 3
 
 
 def call(
@@ -372,3 +379,37 @@ def test_bookings_api_that_cannot_be_reached_or_misused_exits_2(tmp_path: Path) 
         check=False,
     )
     assert both.returncode == 2 and "give one" in both.stderr
+
+
+def test_a_request_never_enters_the_handler_while_another_is_inside(tmp_path: Path) -> None:
+    """Powertools keeps the current request on the resolver's class: a second request inside the handler
+    at the same time would swap the first one's caller. So while a run is inside (its tool holding), another
+    caller's request must not complete. The tool gives it ``OVERLAP_WAIT`` seconds to (it never can)."""
+    inside, other_done = threading.Event(), threading.Event()
+    overlapped: list[bool] = []
+
+    class Empty(BaseModel):
+        pass
+
+    def hold(ctx: Any) -> dict[str, Any]:
+        inside.set()
+        overlapped.append(other_done.wait(timeout=OVERLAP_WAIT))
+        return {}
+
+    store = store_from_url(f"sqlite:///{tmp_path / 'hold.db'}")
+    script = MockAdapter([{"tool_calls": [{"name": "hold", "args": {}}]}, {"text": "done"}])
+    app = adk(name="hold", store=store, adapters={"openai": script})
+    agent = app.agent(
+        name="holder", model=openai("scripted"), tools=[app.tool(name="hold", schema=Empty, execute=hold)]
+    )
+    api = LocalAPI(Served(app, {"holder": agent}))
+    with LocalServer(api, "127.0.0.1", 0, log_requests=False).running() as server, ThreadPoolExecutor(2) as pool:
+        assert call(f"{server.url}/sessions", "POST", {"session_id": "s-1"}, principal="alice")[0] == 201
+        run = pool.submit(call, f"{server.url}/sessions/s-1/runs", "POST", {"message": "go"}, principal="alice")
+        assert inside.wait(timeout=TIMEOUT)
+        listed = pool.submit(call, f"{server.url}/sessions", principal="bob")
+        listed.add_done_callback(lambda _: other_done.set())
+        assert run.result(timeout=TIMEOUT)[1]["output"]["text"] == "done"
+        assert listed.result(timeout=TIMEOUT) == (200, {"sessions": [], "cursor": None})
+    store.close()
+    assert overlapped == [False]
