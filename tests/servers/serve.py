@@ -62,11 +62,20 @@ def dormant_serve(
     *args: str, env: Mapping[str, str] | None = None, cwd: str | Path | None = None, timeout: float = 60
 ) -> Iterator[ServeProcess]:
     """``dormant serve --port 0 *args`` running for the ``with`` block."""
+    with serving_process([*command(), "serve", "--port", "0", *args], env=env, cwd=cwd, timeout=timeout) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def serving_process(
+    argv: list[str], env: Mapping[str, str] | None = None, cwd: str | Path | None = None, timeout: float = 60
+) -> Iterator[ServeProcess]:
+    """Any server process that prints ``... at http://host:port ...`` once it listens, and stops on SIGINT."""
     with tempfile.TemporaryDirectory(prefix="dormant-serve-") as scratch:
         logs = Path(scratch)
         with (logs / "stdout").open("wb") as stdout, (logs / "stderr").open("wb") as stderr:
             process = subprocess.Popen(
-                [*command(), "serve", "--port", "0", *args],
+                argv,
                 stdout=stdout,
                 stderr=stderr,
                 cwd=cwd,
@@ -77,9 +86,9 @@ def dormant_serve(
             deadline = time.monotonic() + timeout
             while not (found := _LISTENING.search((logs / "stdout").read_text(errors="replace"))):
                 if process.poll() is not None:
-                    raise RuntimeError(f"dormant serve exited with {process.returncode}:\n{server.output()}")
+                    raise RuntimeError(f"{argv[0]} exited with {process.returncode}:\n{server.output()}")
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"dormant serve did not start in {timeout} s:\n{server.output()}")
+                    raise TimeoutError(f"{argv[0]} did not start in {timeout} s:\n{server.output()}")
                 time.sleep(0.05)
             server.url = found.group(1)
             yield server

@@ -317,6 +317,7 @@ def _refuse(status: int, message: str, field: str | None = None) -> Reply:
 
 class _RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: every reply carries its Content-Length
+    disable_nagle_algorithm = True  # headers and body are two writes: Nagle would hold the body for the ACK
     server: LocalServer
 
     def _serve(self) -> None:

@@ -1,0 +1,220 @@
+"""Local API (dormant serve): p50/p99 latency of GET /sessions/{id} and POST /runs, 8 concurrent clients.
+
+Ours: ``dormant serve`` in its own process (the Bookings sample with its scripted model, on a SQLite
+file), driven by 8 client threads over keep-alive connections; each request is one API Gateway event
+through the Lambda handler, one at a time (the handler's lock). ``GET`` reads a completed booking (27
+events); ``POST /runs`` runs a new booking's first turn until it waits for approval (3 commits).
+Floor: the same requests, clients and store, served by a bare ``http.server`` process that does the
+same work directly (``sessions.require`` + ``session_view``; ``serving.advance``), without the proxy
+event, the Powertools resolver or the lock. The bare round trip (a fixed reply) is printed beside.
+Target: each percentile at most 2x the floor's.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from .common import Figure, millis, scale
+
+CLIENTS = 8
+TARGET = 2.0
+REQUEST = "I need physio on Tuesday afternoon, for Alex Doe"
+
+
+class Client:
+    """One keep-alive connection; ``call`` returns the status, the JSON body and the seconds it took."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self.connection = http.client.HTTPConnection(host, int(port), timeout=120)
+
+    def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any, float]:
+        data = None if body is None else json.dumps(body).encode()
+        started = time.perf_counter()
+        self.connection.request(method, path, body=data, headers={"Content-Type": "application/json"})
+        response = self.connection.getresponse()
+        raw = response.read()
+        elapsed = time.perf_counter() - started
+        return response.status, json.loads(raw) if raw else None, elapsed
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    cuts = statistics.quantiles(samples, n=100, method="inclusive")
+    return statistics.median(samples), cuts[98]
+
+
+def concurrently(url: str, work: Callable[[Client, int], list[float]]) -> list[float]:
+    """``work(client, n)`` in CLIENTS threads at once, each with its own connection; every latency measured."""
+    start = threading.Barrier(CLIENTS, timeout=120)
+
+    def one(n: int) -> list[float]:
+        client = Client(url)
+        start.wait()
+        try:
+            return work(client, n)
+        finally:
+            client.connection.close()
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        return [s for samples in pool.map(one, range(CLIENTS), timeout=600) for s in samples]
+
+
+def _expect(status: int, wanted: int, body: Any) -> None:
+    if status != wanted:
+        raise RuntimeError(f"HTTP {status} (expected {wanted}): {body}")
+
+
+def measure(url: str, tag: str) -> dict[str, list[float]]:
+    """The two workloads against the server at ``url`` (fresh session ids under ``tag``)."""
+    setup = Client(url)
+    for n in range(CLIENTS):  # a completed booking to read, per client
+        sid = f"{tag}-read-{n}"
+        status, body, _ = setup.call("POST", "/sessions", {"session_id": sid})
+        _expect(status, 201, body)
+        status, body, _ = setup.call("POST", f"/sessions/{sid}/runs", {"message": REQUEST})
+        _expect(status, 200, body)
+    setup.connection.close()
+    reads, runs = scale(200, 20), scale(25, 3)
+
+    def read(client: Client, n: int) -> list[float]:
+        samples = []
+        for _ in range(reads):
+            status, body, elapsed = client.call("GET", f"/sessions/{tag}-read-{n}")
+            _expect(status, 200, body)
+            samples.append(elapsed)
+        return samples
+
+    def run(client: Client, n: int) -> list[float]:
+        samples = []
+        for i in range(runs):
+            sid = f"{tag}-run-{n}-{i}"
+            status, body, _ = client.call("POST", "/sessions", {"session_id": sid})
+            _expect(status, 201, body)
+            status, body, elapsed = client.call("POST", f"/sessions/{sid}/runs", {"message": REQUEST})
+            _expect(status, 200, body)
+            if body["status"] != "yielded_tool":
+                raise RuntimeError(f"the run ended {body['status']}, not waiting for approval: {body}")
+            samples.append(elapsed)
+        return samples
+
+    def bare(client: Client, n: int) -> list[float]:
+        samples = []
+        for _ in range(reads):
+            status, body, elapsed = client.call("GET", "/bare")
+            _expect(status, 200, body)
+            samples.append(elapsed)
+        return samples
+
+    found = {"get": concurrently(url, read), "runs": concurrently(url, run)}
+    if tag == "floor":
+        found["bare"] = concurrently(url, bare)
+    return found
+
+
+def run() -> list[Figure]:
+    try:
+        import aws_lambda_powertools  # noqa: F401
+    except ImportError:
+        print("  skipped: dormant serve needs the lambda extra (pip install 'dormant[lambda]')")
+        return []
+    from tests.servers.serve import dormant_serve, serving_process
+
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as scratch:
+        store = f"sqlite:///{Path(scratch) / 'serve.db'}"
+        with dormant_serve("--store", store, "--quiet", cwd=scratch, timeout=120) as server:
+            measure(server.url, "warm-ours")
+            ours = measure(server.url, "ours")
+        floor_argv = [sys.executable, "-m", "bench.serve", "floor", store]
+        with serving_process(floor_argv, cwd=Path(__file__).resolve().parents[1], timeout=120) as server:
+            measure(server.url, "warm-floor")
+            floor = measure(server.url, "floor")
+    bare50, bare99 = percentiles(floor["bare"])
+    figures = []
+    for key, label in (("get", "GET /sessions/{id}"), ("runs", "POST /sessions/{id}/runs")):
+        ours50, ours99 = percentiles(ours[key])
+        floor50, floor99 = percentiles(floor[key])
+        for name, mine, theirs, bare in (("p50", ours50, floor50, bare50), ("p99", ours99, floor99, bare99)):
+            figures.append(
+                Figure(
+                    "serve",
+                    f"{label} {name}, {CLIENTS} clients ({len(ours[key])} requests)",
+                    millis(mine),
+                    f"{millis(theirs)} (the same work, bare http.server)",
+                    mine / theirs,
+                    TARGET,
+                    "lower",
+                    note=f"bare round trip {millis(bare)}" if key == "get" else "",
+                )
+            )
+    return figures
+
+
+# -- the floor: the same work behind a bare http.server ----------------------------------------------------
+
+
+def floor_server(store_url: str) -> None:
+    """Serve GET /sessions/{id}, POST /sessions, POST /sessions/{id}/runs and GET /bare, doing the work directly."""
+    from dormant.serving import advance
+    from dormant.serving.api import session_view
+    from dormant.serving.runtime import load_served
+    from dormant.stores.url import store_from_url
+
+    served = load_served("bookings:build", store_from_url(store_url))
+    app = served.for_tenant("local")
+    agent = served.agent(None)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # as dormant serve's handler
+
+        def reply(self, status: int, payload: Any) -> None:
+            body = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path == "/bare":
+                self.reply(200, {"ok": True})
+                return
+            session_id = self.path.removeprefix("/sessions/")
+            self.reply(200, session_view(app, app.sessions.require(session_id)))
+
+        def do_POST(self) -> None:
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/sessions":
+                self.reply(201, session_view(app, app.sessions.create(request["session_id"])))
+                return
+            session_id = self.path.removeprefix("/sessions/").removesuffix("/runs")
+            outcome = advance(app, agent, app.sessions.require(session_id), {"message": request["message"]})
+            self.reply(200, {"status": outcome.status, "version": outcome.version, "output": outcome.output.text})
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    print(f"floor at http://127.0.0.1:{server.server_address[1]} (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["floor"]:
+        floor_server(sys.argv[2])
