@@ -2,8 +2,9 @@
 
 Ours: ``dormant serve`` in its own process (the Bookings sample with its scripted model, on a SQLite
 file), driven by 8 client threads over keep-alive connections; each request is one API Gateway event
-through the Lambda handler, one at a time (the handler's lock). ``GET`` reads a completed booking (27
-events); ``POST /runs`` runs a new booking's first turn until it waits for approval (3 commits).
+through the Lambda handler, one at a time (the handler's lock). ``GET`` reads a booking waiting for
+approval (14 events); ``POST /runs`` runs a new booking's first turn until it waits for approval (two
+commits: the claim, then the turn).
 Floor: the same requests, clients and store, served by a bare ``http.server`` process that does the
 same work directly (``sessions.require`` + ``session_view``; ``serving.advance``), without the proxy
 event, the Powertools resolver or the lock. The bare round trip (a fixed reply) is printed beside.
