@@ -102,3 +102,46 @@ def test_without_retention_nothing_expires_and_a_bad_retention_is_refused() -> N
         adk(name="x", retention=timedelta(0))
     with pytest.raises(ConfigurationError, match="retention"):
         adk(name="x", retention=30)  # type: ignore[arg-type]
+
+
+def test_a_commit_to_an_expired_session_finds_it_gone_and_writes_nothing(store: Any) -> None:
+    """A runner that loaded the session before it expired commits after: gone, like a load (no fork either)."""
+    from dormant.errors import SessionNotFound
+    from dormant.serving import commit
+
+    app = adk(name=f"ret-{uuid.uuid4().hex[:10]}", store=store, retention=30 * DAY)
+    with frozen_clock(T0) as clock:
+        held = app.sessions.create("s-held")
+        held.input.message("written after it expired")
+        clock.advance(int(DAY.total_seconds() * 1000) * 31)
+        with pytest.raises(SessionNotFound):
+            commit(app, held)
+        with pytest.raises(SessionNotFound):
+            app.sessions.commit(held)
+        row = store.load(app.name, "s-held")
+        assert row is not None and row.session.version == 1 and row.events == []
+        assert [s.id for s in store.list(app.name)] == ["s-held"]  # no fork was written either
+
+        app.sessions.purge()  # once purged, the same: gone, not a conflict that forks
+        with pytest.raises(SessionNotFound):
+            commit(app, held)
+        assert store.list(app.name) == []
+
+
+def test_a_commit_to_a_session_another_writer_kept_alive_goes_on(store: Any) -> None:
+    """The held copy is old, but the stored row is not: the commit is a conflict to merge, not a gone session."""
+    from dormant.serving import commit
+
+    app = adk(name=f"ret-{uuid.uuid4().hex[:10]}", store=store, retention=30 * DAY)
+    with frozen_clock(T0) as clock:
+        held = app.sessions.create("s-busy")
+        clock.advance(int(DAY.total_seconds() * 1000) * 20)
+        other = app.sessions.require("s-busy")
+        other.input.message("kept alive")
+        app.sessions.commit(other)
+        clock.advance(int(DAY.total_seconds() * 1000) * 11)  # held's own view is 31 days old; the row 11
+        held.input.message("late but welcome")
+        outcome = commit(app, held)
+        assert outcome.status == "merged" and outcome.version == 3
+        texts = [e.text for e in app.sessions.require("s-busy").events if e.type == "user"]  # type: ignore[union-attr]
+        assert texts == ["kept alive", "late but welcome"]

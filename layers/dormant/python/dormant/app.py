@@ -353,20 +353,31 @@ class Sessions:
         retention = self._app.retention_ms
         return retention is not None and now >= updated_at + retention
 
+    def _gone(self, session: Session, now: int) -> bool:
+        """Whether the stored row is expired or deleted. Asked only when this session's own ``updated_at``
+        is expired, so a commit reads nothing more unless a later writer may have kept the row alive."""
+        loaded = self._app.store.load(self._app.name, session.id, after=session.version)
+        return loaded is None or self._expired(loaded.session.updated_at, now)
+
     def commit(self, session: Session) -> CommitResult:
         """Store what the session holds that the store does not: its new events and shared-scope writes.
 
         Raises ``VersionConflict`` (writing nothing) when another writer committed first; see
-        ``dormant.serving.commit`` for the version that merges instead.
+        ``dormant.serving.commit`` for the version that merges instead. A session past the app's
+        ``retention`` is gone, as it is from ``get``: ``SessionNotFound``, nothing written.
         """
         self._check(session)
         new_events = session.uncommitted_events
         if not new_events and session.version > 0:
             return CommitResult(ok=True, version=session.version, appended=0)
+        now = now_ms()
+        if session.version > 0 and self._expired(session.updated_at, now) and self._gone(session, now):
+            raise SessionNotFound(session.id)
         expected, before = session.version, session.committed_count
         result = self._app.store.commit(session.stored(), new_events, expected, session.scoped_changes())
         if not result.ok:
             raise VersionConflict(session.id, expected_version=expected, actual_version=result.version)
+        session.updated_at = max(session.updated_at, now)
         session.mark_committed(result.version)
         complete = result.appended == len(new_events)
         save_after_commit(self._app, session, before=before, every=self._app.snapshot_every, complete=complete)

@@ -141,6 +141,8 @@ class Session:
         self.scopes = _check_scopes(scopes, runtime.schema)
         self.version = version
         self.created_at = created_at if created_at is not None else now_ms()
+        self.updated_at = self.created_at
+        """When the stored row last changed, as this session knows it: retention counts from there."""
         self.forked_from = forked_from
         """For a fork: the session it was copied from (its ledger ends with a ``session_forked`` event)."""
         self.fork_reason = fork_reason
@@ -227,6 +229,7 @@ class Session:
             forked_from=row.forked_from,
             fork_reason=row.fork_reason,
         )
+        session.updated_at = row.updated_at
         session.mark_committed(row.version)
         return session
 
@@ -464,6 +467,7 @@ class Session:
             raise InputError("replace_ledger takes this session rebuilt (same id, same app)", field="merged")
         self._events, self._index, self._projection = merged._events, merged._index, merged._projection
         self._base = merged._base
+        self.updated_at = max(self.updated_at, merged.updated_at)
         self.note_anchors(merged._anchors)
         self.mark_committed(merged.version)
 
