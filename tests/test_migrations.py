@@ -229,3 +229,33 @@ def test_the_readme_upgrading_example_runs() -> None:
     namespace: dict[str, Any] = {}
     exec(compile(block, "README.md (upgrading)", "exec", dont_inherit=True), namespace)
     assert namespace["woken"].state.age == 36
+
+
+def test_a_renamed_shared_key_once_deleted_stays_deleted(store: Any) -> None:
+    """The old release stored ``nickname``; the new one reads it as ``display``. Deleting ``display`` must
+    not let the stored ``nickname`` show through again to a later run reading the user's stored state."""
+    old_session(store)  # stores the user's nickname "Countess" under the old model
+    app, scripted, _ = booking_app(store, new=True)
+    seen: list[Any] = []
+
+    def look(ctx: Any) -> str:
+        seen.append(ctx.state.user.to_dict().get("display"))
+        return "looked"
+
+    def forget(ctx: Any) -> str:
+        del ctx.state.user.display
+        return "forgotten"
+
+    tools = [app.tool(name=name, execute=fn) for name, fn in (("look", look), ("forget", forget))]
+    agent = app.agent(name="reader", model=openai("m"), tools=tools)
+
+    def run(tool: str) -> None:
+        scripted.set_responses([{"tool_calls": [{"name": tool, "args": {}}]}, {"text": "ok"}])
+        done = app.run(agent, "go", session=app.sessions.create(scopes={"user": "u-ada"}))
+        assert done.status == "completed", done.error
+        app.sessions.commit(done.session)
+
+    run("look")
+    run("forget")
+    run("look")
+    assert seen == ["Countess", None]

@@ -110,8 +110,12 @@ class ScopeSchema:
             ) from exc
 
     def stored_form(self, value: Any) -> Any:
-        """What a shared-scope value is stored as: tagged with the version once the scope has migrations."""
-        if value is None or not self.steps:
+        """What a shared-scope value is stored as: tagged with the version once the scope has migrations.
+
+        A deletion is stored too, as a tagged ``None``: a key an older model stored under another name
+        (``RenameKey``, ``SplitKey``) would otherwise show through again once the new key is gone.
+        """
+        if not self.steps:
             return value
         return {_STORED_VERSION: self.version, _STORED_VALUE: value}
 
