@@ -29,7 +29,7 @@ class Handler:
 
 
 HANDLERS = (
-    Handler("sessions", "Create, list, show and delete sessions; page a session's ledger", 29),
+    Handler("sessions", "Create, list, show and delete sessions; page a session's ledger; erase a person", 29),
     Handler("run", "Claim and run one turn; a turn that yields starts the resume workflow", 29),
     Handler("tools", "Store answers to yielded tools and wake the workflow waiting on them", 29),
     Handler("commit", "Commit events from a runner that runs agents elsewhere", 29),

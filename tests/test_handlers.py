@@ -126,7 +126,7 @@ def test_every_sample_api_event_is_served(client: Client) -> None:
     # the events name session s-sample; create it first so each route meets a real session
     assert client.call("create_session")[0] == 201
     statuses = {}
-    for name in ("get_session", "list_sessions", "session_events", "commit", "run", "tools", "delete_session"):
+    for name in ("get_session", "list_sessions", "session_events", "commit", "run", "tools", "delete_session", "erase"):
         statuses[name] = client.call(name)[0]
     # tools answers a call id the sample run did not make: a 400 naming the call, like any bad answer
     assert statuses == {
@@ -137,6 +137,7 @@ def test_every_sample_api_event_is_served(client: Client) -> None:
         "run": 200,
         "tools": 400,
         "delete_session": 204,
+        "erase": 200,
     }
 
 
@@ -211,6 +212,10 @@ def test_no_authenticated_caller_is_a_401(client: Client) -> None:
         ("tools", {"answers": []}, "answers"),
         ("commit", {"expected_version": -1, "events": []}, "expected_version"),
         ("commit", {"expected_version": 1, "events": [{"type": "no-such-event"}]}, "events.0"),
+        ("erase", {"scope": "session", "scope_id": "s-1"}, "scope"),
+        ("erase", {"scope": "user"}, "scope_id"),
+        ("erase", {"scope": "user", "scope_id": "alex doe"}, "scope_id"),
+        ("erase", {"scope": "user", "scope_id": "alex-doe", "everyone": True}, "everyone"),
     ],
 )
 def test_a_bad_body_is_a_400_naming_the_field_and_writes_nothing(
@@ -308,6 +313,38 @@ def test_remote_commit_appends_or_answers_409_with_the_actual_version(client: Cl
     assert status == 409 and conflict["actual_version"] == 2
     ledger = client.call("session_events", session_id="s-1")[1]["events"]
     assert [e["text"] for e in ledger if e["type"] == "user"] == ["hello from elsewhere"]
+
+
+# -- erasure ---------------------------------------------------------------------------------------
+
+
+def test_an_erasure_removes_one_person_within_the_callers_tenant_only(client: Client, served: Served) -> None:
+    for tenant in (TENANT_A, TENANT_B):
+        create(client, "s-1", tenant=tenant)  # bound to user alex-doe, in each tenant
+        tenant_app = served.for_tenant(tenant)
+        tenant_app.store.save_scoped_state(tenant_app.name, "user", "alex-doe", {"name": "Alex Doe"})
+    status, other = client.call("create_session", body={"session_id": "s-2", "scopes": {"user": "sam-roe"}})
+    assert status == 201, other
+
+    status, report = client.call("erase", body={"scope": "user", "scope_id": "alex-doe"})
+    assert status == 200, report
+    assert report == {"scope": "user", "scope_id": "alex-doe", "sessions": ["s-1"], "scoped_keys": ["name"]}
+    assert client.call("get_session", session_id="s-1")[0] == 404
+    assert client.call("get_session", session_id="s-2")[0] == 200
+    store, a, b = served.app.store, served.for_tenant(TENANT_A), served.for_tenant(TENANT_B)
+    assert store.load_scoped_state(a.name, "user", "alex-doe") == {}
+    # the same person in another tenant is another tenant's data: untouched
+    assert client.call("get_session", tenant=TENANT_B, session_id="s-1")[0] == 200
+    assert store.load_scoped_state(b.name, "user", "alex-doe") == {"name": "Alex Doe"}
+    # erasing again finds nothing: the same 200, an empty report
+    status, again = client.call("erase", body={"scope": "user", "scope_id": "alex-doe"})
+    assert (status, again["sessions"], again["scoped_keys"]) == (200, [], [])
+
+
+def test_an_erasure_needs_an_authenticated_caller(client: Client) -> None:
+    create(client)
+    assert client.call("erase", tenant=None)[0] == 401
+    assert client.call("get_session", session_id="s-1")[0] == 200
 
 
 # -- the workflow and the sweeper ------------------------------------------------------------------
@@ -440,11 +477,12 @@ def test_each_function_module_serves_its_sample_event(
             ("commit", "api/commit.json"),
             ("tools", "api/tools.json"),
             ("sessions", "api/delete_session.json"),
+            ("sessions", "api/erase.json"),
         ]:
             assert invoke.main([function, str(EVENTS / event)]) == 0
             statuses.append(last_json(capsys.readouterr().out)["statusCode"])
         # the run moved the session past the commit sample's expected version: 409; tools names no real call: 400
-        assert statuses == [201, 200, 409, 400, 204]
+        assert statuses == [201, 200, 409, 400, 204, 200]
         assert invoke.main(["sweeper", str(EVENTS / "schedule/sweeper.json")]) == 0
         assert last_json(capsys.readouterr().out) == {"repaired": 0, "sessions": []}
     finally:

@@ -227,7 +227,7 @@ class App:
                 f"not {scope!r}",
                 field="scope",
             )
-        scope_id = check_id(scope_id, f"{scope} id")
+        scope_id = check_id(scope_id, "scope_id")
         store, bound = self.store, []
         for listing in self.sessions.every():
             loaded = store.load(self.name, listing.id, after=listing.version)  # the row, no events

@@ -10,6 +10,10 @@ tenant's) a 404; a body over ``MAX_BODY_BYTES`` a 413; a lost claim or version a
 ``{"error": <class>, "message", "field"?}``, never a traceback, and with nothing written. The tenant
 is the ``sub`` claim the Cognito authorizer verified (``requestContext.authorizer.claims.sub``).
 
+``POST /erasures`` (``{scope, scope_id}``) runs ``app.erase`` and answers its report. Any caller may
+erase, and only within its own tenant: the app it erases from is ``{app}@{tenant}``, so another
+tenant's sessions and shared state are out of its reach by construction, like everything else here.
+
 ``POST /runs`` and ``POST /tools`` retried with the same ``Idempotency-Key`` header return the first
 result without running again: Powertools idempotency, persisted in the session table under the
 partition ``I#{app}@{tenant}`` (a tenant's keys never meet another's), expiring through the table's TTL.
@@ -20,6 +24,7 @@ parks the session); answers to yielded calls go to ``on_answers`` (on AWS: wake 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -149,6 +154,11 @@ class ScopedChange(_Body):
     scope_id: str
     key: str
     value: Any = None
+
+
+class EraseBody(_Body):
+    scope: str
+    scope_id: str
 
 
 class CommitBody(_Body):
@@ -364,6 +374,17 @@ def build_resolver(
             return _json(409, {"error": "VersionConflict", "actual_version": result.version})
         metrics.add_metric(name="commits", unit=MetricUnit.Count, value=1)
         return _json(200, {"version": result.version, "appended": result.appended})
+
+    @resolver.post("/erasures")
+    def erase() -> dict[str, Any]:
+        request = body(EraseBody)
+        report = app().erase(scope=request.scope, scope_id=request.scope_id)
+        metrics.add_metric(name="erasures", unit=MetricUnit.Count, value=1)
+        # What was erased, counted, for the audit; the person's id stays out of the logs.
+        logger.info(
+            "erased", extra={"scope": report.scope, "sessions": len(report.sessions), "keys": len(report.scoped_keys)}
+        )
+        return dataclasses.asdict(report)
 
     def dormant_error(exc: DormantError) -> Response[Any]:
         status = http_status(exc)

@@ -19,4 +19,5 @@ ROUTES: tuple[Route, ...] = (
     ("POST", "/sessions/{id}/runs", "run"),
     ("POST", "/sessions/{id}/tools", "tools"),
     ("POST", "/sessions/{id}/commit", "commit"),
+    ("POST", "/erasures", "sessions"),
 )
