@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from dormant import adk, in_memory_store
 from dormant.errors import InputError
+from dormant.stores.sql_schema import bound_id
 from dormant.stores.sqlite import sqlite_store
 
 
@@ -125,3 +126,90 @@ def test_erase_refuses_what_is_not_a_bound_scope() -> None:
         app.erase(scope="session", scope_id="x")
     with pytest.raises(InputError, match="shared scope"):
         app.erase(scope="app", scope_id="app")
+
+
+def test_erase_reads_the_persons_sessions_through_the_binding_index_not_the_apps(
+    store_and_raw: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, _ = store_and_raw
+    app = adk(name=f"erase-{uuid.uuid4().hex[:10]}", store=store, schema={"user": Profile, "org": Profile})
+    for n in range(12):
+        app.sessions.create(f"s-other-{n}", scopes={"user": f"u-{n}", "org": "o-1"})
+    mine = [app.sessions.create(f"s-mine-{n}", scopes={"user": "u-gone", "org": "o-1"}).id for n in range(2)]
+    loads: list[str] = []
+    real_read = store._read
+
+    def no_listing(*args: Any) -> Any:
+        raise AssertionError("erase listed the app's sessions")
+
+    def read(app_name: str, session_id: str, after: int) -> Any:
+        loads.append(session_id)
+        return real_read(app_name, session_id, after)
+
+    monkeypatch.setattr(store, "_list", no_listing)
+    monkeypatch.setattr(store, "_read", read)
+    report = app.erase(scope="user", scope_id="u-gone")
+    assert report.sessions == mine
+    assert set(loads) <= set(mine)  # no other session's row is read
+    monkeypatch.undo()
+    assert store.bound_sessions(app.name, "user", "u-gone") == []
+    assert len(store.bound_sessions(app.name, "org", "o-1")) == 12 and len(app.sessions.list()) == 12
+
+
+def test_the_sqlite_binding_lookup_is_an_index_search(tmp_path: Path) -> None:
+    store = sqlite_store(tmp_path / "plan.db")
+    try:
+        for scope in ("user", "patient", "practice", "org", "team"):
+            query = f"SELECT id FROM sessions WHERE app_name = ? AND {bound_id('TEXT', scope)} = ?"
+            plan = store._conn.execute(f"EXPLAIN QUERY PLAN {query}", ("a", "x")).fetchall()
+            assert f"USING INDEX idx_sessions_bound_{scope}" in repr(plan), plan
+    finally:
+        store.close()
+
+
+def test_a_file_made_before_the_binding_index_gains_it_and_finds_older_sessions(tmp_path: Path) -> None:
+    path = tmp_path / "older.db"
+    store = sqlite_store(path)
+    app = adk(name="older", store=store, schema={"user": Profile})
+    app.sessions.create("s-1", scopes={"user": "u-1"})
+    store.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP INDEX idx_sessions_bound_user")
+    reopened = sqlite_store(path, create=False)
+    try:
+        assert reopened.bound_sessions("older", "user", "u-1") == ["s-1"]
+        with sqlite3.connect(path) as conn:
+            names = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert "idx_sessions_bound_user" in names
+    finally:
+        reopened.close()
+
+
+@pytest.mark.backend("dynamodb")
+def test_erase_on_dynamodb_checks_each_binding_and_leaves_none_behind(
+    dynamodb_table: str, dynamodb_endpoint: str
+) -> None:
+    from dormant.stores.dynamodb import dynamo_store
+    from tests.servers.dynamodb import client
+
+    ddb = client(dynamodb_endpoint)
+    store = dynamo_store(dynamodb_table, client=ddb)
+    try:
+        app = adk(name=f"erase-{uuid.uuid4().hex[:10]}", store=store, schema={"user": Profile})
+        app.sessions.create("s-theirs", scopes={"user": "u-kept"})
+        app.sessions.create("s-mine", scopes={"user": "u-gone"})
+        # entries a refused create or a cut-short delete leaves: one names another's session, one none
+        for stale in ("s-theirs", "s-vanished"):
+            ddb.put_item(TableName=dynamodb_table, Item={"pk": {"S": f"B#{app.name}#user#u-gone"}, "sk": {"S": stale}})
+        assert app.erase(scope="user", scope_id="u-gone").sessions == ["s-mine"]
+        assert app.sessions.get("s-theirs") is not None
+        left = ddb.query(
+            TableName=dynamodb_table,
+            KeyConditionExpression="pk = :pk",
+            ExpressionAttributeValues={":pk": {"S": f"B#{app.name}#user#u-gone"}},
+        )["Items"]
+        assert left == []
+        assert store.bound_sessions(app.name, "user", "u-kept") == ["s-theirs"]
+    finally:
+        store.close()
+        ddb.close()

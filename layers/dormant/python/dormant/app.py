@@ -23,9 +23,9 @@ from .models.base import ModelAdapter, ModelSpec, default_adapter
 from .session import Session
 from .snapshots import DEFAULT_EVERY, load_session, save_after_commit, save_snapshot
 from .state.migrations import MigrationStep
-from .state.schema import SHARED_SCOPES, Schema
+from .state.schema import BOUND_SCOPES, Schema
 from .state.values import check_storable
-from .stores.base import CommitResult, SessionListing, SessionStore
+from .stores.base import BaseSessionStore, CommitResult, SessionListing, SessionStore
 from .stores.memory import in_memory_store
 
 __all__ = ["App", "ErasureReport", "Sessions", "adk"]
@@ -218,29 +218,26 @@ class App:
         """Remove one person's (or org's...) data: the shared ``scope`` state stored under ``scope_id``,
         and every session bound to it, expired or not. Returns what was removed.
 
-        It reads every session row of the app once (no index maps a scope id to its sessions), then
-        deletes with the store's own ``delete``, which removes a session's events and listing entries.
+        The sessions are found through the store's index of bindings (``bound_sessions``), so an erasure
+        reads that person's sessions, not the app's; each goes with the store's own ``delete``, which
+        removes its events, snapshot and listing entries. A session created for the person while the
+        erasure runs may outlive it: erase once they have no live traffic.
         """
-        if scope not in SHARED_SCOPES or scope == "app":
+        if scope not in BOUND_SCOPES:
             raise InputError(
-                f"erase takes a shared scope bound by id ({', '.join(s for s in SHARED_SCOPES if s != 'app')}), "
-                f"not {scope!r}",
-                field="scope",
+                f"erase takes a shared scope bound by id ({', '.join(BOUND_SCOPES)}), not {scope!r}", field="scope"
             )
         scope_id = check_id(scope_id, "scope_id")
-        store, bound = self.store, []
-        for listing in self.sessions.every():
-            loaded = store.load(self.name, listing.id, after=listing.version)  # the row, no events
-            if loaded is not None and loaded.session.scopes.get(scope) == scope_id:
-                bound.append(listing.id)
-        save_scoped = getattr(store, "save_scoped_state", None)
-        if save_scoped is None:
-            raise ConfigurationError(f"erase needs a store that can write scoped state on its own, not {store!r}")
+        store = self.store
+        if not isinstance(store, BaseSessionStore):
+            raise ConfigurationError(f"erase needs a store that indexes bindings (a BaseSessionStore), not {store!r}")
+        bound = store.bound_sessions(self.name, scope, scope_id)
         for session_id in bound:
             store.delete(self.name, session_id)
+        store.forget_bound(self.name, scope, scope_id)
         keys = sorted(store.load_scoped_state(self.name, scope, scope_id))
         if keys:
-            save_scoped(self.name, scope, scope_id, dict.fromkeys(keys))
+            store.save_scoped_state(self.name, scope, scope_id, dict.fromkeys(keys))
         return ErasureReport(scope=scope, scope_id=scope_id, sessions=bound, scoped_keys=keys)
 
     def close(self) -> None:

@@ -19,9 +19,11 @@ from ..events import StateChange, StateChangeEvent
 from .migrations import ConvertKey, MigrationStep, RenameKey, SplitKey, apply_step
 from .values import json_copy
 
-__all__ = ["APP_SCOPE_ID", "SCOPES", "SHARED_SCOPES", "Schema", "ScopeSchema"]
+__all__ = ["APP_SCOPE_ID", "BOUND_SCOPES", "SCOPES", "SHARED_SCOPES", "Schema", "ScopeSchema"]
 
 SHARED_SCOPES: tuple[str, ...] = ("user", "patient", "practice", "org", "team", "app")
+BOUND_SCOPES: tuple[str, ...] = SHARED_SCOPES[:-1]
+"""The shared scopes a session is bound to by id (``app`` needs no binding)."""
 SCOPES: tuple[str, ...] = ("session", *SHARED_SCOPES, "temp")
 APP_SCOPE_ID = "app"
 """The id the ``app`` scope is stored under: it needs no binding, every session of the app shares it."""

@@ -86,6 +86,7 @@ from ..errors import (
 )
 from ..events import Event, EventBase, parse_event_json
 from ..ids import check_id
+from ..state.schema import BOUND_SCOPES
 from ..state.values import check_storable
 
 __all__ = [
@@ -363,6 +364,31 @@ class BaseSessionStore(ABC):
         self._check_open()
         self._save_scoped(app_name, writes)
 
+    def bound_sessions(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
+        """The ids of the app's sessions bound to ``scope_id`` in ``scope``, read from an index of the
+        bindings (what ``app.erase`` reads instead of every session of the app), sorted."""
+        check_id(app_name, "app name")
+        if scope not in BOUND_SCOPES:
+            raise InputError(f"sessions are bound by id to {', '.join(BOUND_SCOPES)}, not {scope!r}", field="scope")
+        check_id(scope_id, "scope_id")
+        self._check_open()
+        return self._bound(app_name, scope, scope_id)
+
+    def forget_bound(self, app_name: str, scope: str, scope_id: str) -> None:
+        """Drop what the binding index still holds of ``scope_id`` once its sessions are deleted (the
+        last step of an erasure)."""
+        check_id(app_name, "app name")
+        check_id(scope_id, "scope_id")
+        self._check_open()
+        self._forget_bound(app_name, scope, scope_id)
+
+    def app_names(self, prefix: str) -> builtins.list[str] | None:
+        """The app names holding sessions that start with ``prefix`` (``"{app}@"``: an app's tenants), or
+        ``None`` from a store that cannot list them without a scan (DynamoDB, whose TTL expires sessions
+        where a sweeper would purge them)."""
+        self._check_open()
+        return self._app_names(prefix)
+
     def list(
         self, app_name: str, *, limit: int | None = None, cursor: str | None = None
     ) -> builtins.list[SessionListing]:
@@ -455,6 +481,20 @@ class BaseSessionStore(ABC):
     @abstractmethod
     def _close(self) -> None:
         """Release what the store owns (called once)."""
+
+    @abstractmethod
+    def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
+        """Ids of the app's stored sessions whose scopes bind ``scope`` to ``scope_id``, sorted, from an index
+        (the SQL stores: a partial expression index on ``scopes``), never from a read of every session."""
+
+    def _forget_bound(self, app_name: str, scope: str, scope_id: str) -> None:
+        """Delete the binding index's entries of ``scope_id``. The default has none to delete: an index
+        derived from the session rows goes with them."""
+        return None
+
+    def _app_names(self, prefix: str) -> builtins.list[str] | None:
+        """The distinct app names with sessions, starting with ``prefix``; ``None``: not without a scan."""
+        return None
 
     def _save_snapshot(self, app_name: str, session_id: str, snapshot: StoredSnapshot) -> bool:
         """Keep ``snapshot`` in place of the session's one, only if the row's version >= ``snapshot.version``

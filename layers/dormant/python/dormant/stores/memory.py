@@ -109,6 +109,18 @@ class MemorySessionStore(BaseSessionStore):
             metas = metas[:limit]
         return [SessionListing(m.id, m.updated_at, m.created_at, m.version, m.status) for m in metas]
 
+    def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
+        with self._lock:
+            return sorted(
+                sid
+                for (app, sid), row in self._sessions.items()
+                if app == app_name and row.meta.scopes.get(scope) == scope_id
+            )
+
+    def _app_names(self, prefix: str) -> builtins.list[str]:
+        with self._lock:
+            return sorted({app for app, _ in self._sessions if app.startswith(prefix)})
+
     def _close(self) -> None:
         """Nothing to release: the data goes with the object."""
 

@@ -48,7 +48,7 @@ from .base import (
     StoredSession,
     StoredSnapshot,
 )
-from .sql_schema import INDEXES, TABLES, ddl
+from .sql_schema import INDEXES, TABLES, bound_id, ddl
 
 __all__ = ["DDL", "PostgresSessionStore", "postgres_store"]
 
@@ -226,6 +226,22 @@ class PostgresSessionStore(BaseSessionStore):
         with self._connection() as conn:
             rows = conn.cursor(row_factory=tuple_row).execute(query, params).fetchall()
         return SessionListing.from_rows(rows)
+
+    def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
+        query = f"SELECT id FROM sessions WHERE app_name = %s AND {bound_id('JSONB', scope)} = %s ORDER BY id"
+        with self._connection() as conn:
+            rows = conn.cursor(row_factory=tuple_row).execute(query, (app_name, scope_id)).fetchall()
+        return [sid for (sid,) in rows]
+
+    def _app_names(self, prefix: str) -> builtins.list[str]:
+        # Byte order (COLLATE "C"), where '~' sorts after every id character, whatever the database's collation.
+        query = (
+            'SELECT DISTINCT app_name FROM sessions WHERE app_name COLLATE "C" >= %s AND app_name COLLATE "C" < %s'
+            " ORDER BY 1"
+        )
+        with self._connection() as conn:
+            rows = conn.cursor(row_factory=tuple_row).execute(query, (prefix, prefix + "~")).fetchall()
+        return [name for (name,) in rows]
 
     def _close(self) -> None:
         """Close the pool the store built; a pool given to the store is left open, for its owner."""

@@ -3,14 +3,19 @@
 Events are keyed by id (re-sent ids are found by the primary key) and ordered by ``(version, seq)``:
 the commit that stored them and their position in it, the position ``load(..., after=)`` reads from.
 ``snapshots`` keeps one derived snapshot per session (a cache: text, overwritten, never authoritative).
+``idx_sessions_bound_{scope}``: one partial expression index per bindable scope, on the id the session's
+``scopes`` names, so ``bound_sessions`` (what ``app.erase`` reads) finds one person's sessions without
+reading the app's; built from the rows themselves, so a file made before them is indexed whole.
 """
 
 from __future__ import annotations
 
-__all__ = ["INDEXES", "TABLES", "ddl"]
+from ..state.schema import BOUND_SCOPES
+
+__all__ = ["INDEXES", "TABLES", "bound_id", "ddl"]
 
 TABLES = ("sessions", "events", "scoped_state", "snapshots")
-INDEXES = ("idx_sessions_updated", "idx_events_order")
+INDEXES = ("idx_sessions_updated", "idx_events_order", *(f"idx_sessions_bound_{scope}" for scope in BOUND_SCOPES))
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -54,6 +59,18 @@ CREATE TABLE IF NOT EXISTS snapshots (
 """
 
 
+def bound_id(json_type: str, scope: str) -> str:
+    """The SQL expression of the id ``scopes`` binds ``scope`` to, as the index spells it (a query must match)."""
+    if scope not in BOUND_SCOPES:  # spliced into SQL: only the known names
+        raise ValueError(f"not a bindable scope: {scope!r}")
+    return f"(scopes ->> '{scope}')" if json_type == "JSONB" else f"json_extract(scopes, '$.{scope}')"
+
+
 def ddl(json_type: str) -> str:
     """The statements, ``;``-separated, with ``json_type`` for JSON columns (SQLite needs TEXT affinity)."""
-    return _DDL.format(json=json_type)
+    bound = "".join(
+        f"CREATE INDEX IF NOT EXISTS idx_sessions_bound_{scope} ON sessions (app_name, {bound_id(json_type, scope)})"
+        f" WHERE {bound_id(json_type, scope)} IS NOT NULL;\n"
+        for scope in BOUND_SCOPES
+    )
+    return _DDL.format(json=json_type) + bound

@@ -32,7 +32,7 @@ from .base import (
     StoredSession,
     StoredSnapshot,
 )
-from .sql_schema import TABLES, ddl
+from .sql_schema import INDEXES, TABLES, bound_id, ddl
 
 __all__ = ["DDL", "SQLiteSessionStore", "sqlite_store"]
 
@@ -80,7 +80,7 @@ class SQLiteSessionStore(BaseSessionStore):
         a store to read never waits for a writer.
         """
         found, expected = self._columns(), _expected_columns()
-        if found == expected:
+        if found == expected and self._indexes() >= set(INDEXES):
             return
         if any(columns and columns != expected[table] for table, columns in found.items()):
             raise ConfigurationError(
@@ -89,11 +89,14 @@ class SQLiteSessionStore(BaseSessionStore):
             )
         if not create and not any(found.values()):
             raise ConfigurationError(f"{self.path} holds no dormant tables (and create=False)")
-        # None of the tables, or an earlier file without the snapshots table: make what is missing.
+        # None of the tables, or an earlier file without the snapshots table or an index: make what is missing.
         with self._transaction():
             for statement in DDL.split(";"):
                 if statement.strip():
                     self._conn.execute(statement)
+
+    def _indexes(self) -> set[str]:
+        return {name for (name,) in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
 
     def _columns(self) -> dict[str, tuple[str, ...]]:
         return {table: tuple(row[1] for row in self._conn.execute(f"PRAGMA table_info({table})")) for table in TABLES}
@@ -200,6 +203,17 @@ class SQLiteSessionStore(BaseSessionStore):
         with self._use():
             rows = self._conn.execute(sql, params).fetchall()
         return SessionListing.from_rows(rows)
+
+    def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
+        sql = f"SELECT id FROM sessions WHERE app_name = ? AND {bound_id('TEXT', scope)} = ? ORDER BY id"
+        with self._use():
+            return [sid for (sid,) in self._conn.execute(sql, (app_name, scope_id))]
+
+    def _app_names(self, prefix: str) -> builtins.list[str]:
+        # A range on the primary key ('~' sorts after every id character): no LIKE, whose _ is a wildcard.
+        sql = "SELECT DISTINCT app_name FROM sessions WHERE app_name >= ? AND app_name < ? ORDER BY app_name"
+        with self._use():
+            return [name for (name,) in self._conn.execute(sql, (prefix, prefix + "~"))]
 
     def _close(self) -> None:
         with self._lock:

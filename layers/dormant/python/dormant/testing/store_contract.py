@@ -30,7 +30,15 @@ from hypothesis import strategies as st
 from ..clock import frozen_clock
 from ..errors import CommitTooLarge, EventTooLarge, InputError, ScopeMismatch, StoreClosed
 from ..events import Event, StateChange, StateChangeEvent, ToolCallEvent, UserEvent
-from ..stores.base import ScopedStateChange, SessionStore, SnapshotStore, StoredSession, StoredSnapshot, StoreLimits
+from ..stores.base import (
+    BaseSessionStore,
+    ScopedStateChange,
+    SessionStore,
+    SnapshotStore,
+    StoredSession,
+    StoredSnapshot,
+    StoreLimits,
+)
 
 __all__ = ["StoreContract"]
 
@@ -245,6 +253,25 @@ class StoreContract:
 
     def test_deleting_a_missing_session_is_harmless(self, store: SessionStore, app: str) -> None:
         store.delete(app, "never-was")
+
+    # -- bindings (what an erasure reads) -----------------------------------------------------
+
+    def test_bound_sessions_names_the_sessions_bound_to_one_id(self, store: SessionStore, app: str) -> None:
+        if not isinstance(store, BaseSessionStore):
+            pytest.skip("bound_sessions is part of BaseSessionStore")
+        store.commit(self.meta(app, "s-b", scopes={"user": "u-1", "org": "o-1"}), [_event(1)], 0)
+        store.commit(self.meta(app, "s-a", scopes={"user": "u-1"}), [], 0)
+        store.commit(self.meta(app, "s-c", scopes={"user": "u-2", "org": "o-1"}), [], 0)
+        store.commit(self.meta(f"{app}-other", "s-d", scopes={"user": "u-1"}), [], 0)
+        assert store.bound_sessions(app, "user", "u-1") == ["s-a", "s-b"]
+        assert store.bound_sessions(app, "org", "o-1") == ["s-b", "s-c"]
+        assert store.bound_sessions(app, "patient", "u-1") == []
+        store.delete(app, "s-b")
+        assert store.bound_sessions(app, "user", "u-1") == ["s-a"]
+        assert store.bound_sessions(app, "org", "o-1") == ["s-c"]
+        with pytest.raises(InputError) as refused:
+            store.bound_sessions(app, "app", "app")
+        assert refused.value.field == "scope"
 
     # -- listing ----------------------------------------------------------------------------
 

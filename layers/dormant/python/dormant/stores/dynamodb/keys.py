@@ -17,6 +17,9 @@ A session partition ``S#{app}#{session_id}`` holds:
 * one small *touch* item per commit, ``sk = "T#{updated_at:013d}"``: the only items the listing index
   holds. A commit adds its touch (one index write) instead of moving an index entry (a delete and a
   put); the touch it superseded is marked expired by the commit after it, and AWS's TTL removes it.
+
+Outside it, ``B#{app}#{scope}#{scope_id}`` lists the sessions bound to one person (``sk`` = session id):
+written before the session is created, deleted with it, read by an erasure.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ __all__ = [
     "SNAPSHOT_SK",
     "EventKey",
     "IdFilter",
+    "binding_pk",
     "chunks",
     "event_prefix",
     "event_sk",
@@ -68,6 +72,11 @@ def split_session_pk(pk: str) -> tuple[str, str]:
 
 def scoped_pk(app_name: str, scope: str, scope_id: str) -> str:
     return f"X#{app_name}#{scope}#{scope_id}"
+
+
+def binding_pk(app_name: str, scope: str, scope_id: str) -> str:
+    """The partition listing the sessions bound to ``scope_id`` (one item each, ``sk`` = the session id)."""
+    return f"B#{app_name}#{scope}#{scope_id}"
 
 
 def shard_of(session_id: str, shards: int) -> int:

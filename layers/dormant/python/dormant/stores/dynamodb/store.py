@@ -1,7 +1,8 @@
 """The DynamoDB store: one table, a gated commit of versioned event batches, sharded listing, repair.
 
 DynamoDB has no transaction large enough for a commit, so a commit is four steps, each safe to be
-interrupted after:
+interrupted after (a create of a bound session puts its binding entries first, ``keys.binding_pk``, so
+an erasure never misses it):
 
 1. **Gate**: a conditional ``UpdateItem`` of the meta item (``attribute_not_exists`` to create, else
    ``version = expected``, the same scopes, and no marker) that records a pending marker: the version it
@@ -86,6 +87,7 @@ from .keys import (
     META_SK,
     SNAPSHOT_SK,
     IdFilter,
+    binding_pk,
     chunks,
     event_prefix,
     event_sk,
@@ -349,6 +351,11 @@ class DynamoDBSessionStore(BaseSessionStore):
                 field="scoped_changes",
             )
         pk = session_pk(row.app_name, row.id)
+        if commit.expected_version == 0 and row.scopes:
+            # Before the session exists: an erasure can never miss a session it did not see bound.
+            self._write_batches(
+                [{"PutRequest": {"Item": key}} for key in _binding_keys(row.app_name, row.id, row.scopes)]
+            )
         old = self._pass_gate(pk, commit, marker)
         if isinstance(old, Refused):
             return old
@@ -394,11 +401,45 @@ class DynamoDBSessionStore(BaseSessionStore):
     def _delete(self, app_name: str, session_id: str) -> None:
         pk = session_pk(app_name, session_id)
         # The meta item first: from here every commit to this session conflicts and every load is None.
-        self._call("delete_item", TableName=self._table, Key=_key(pk, META_SK))
+        meta = self._call("delete_item", TableName=self._table, Key=_key(pk, META_SK), ReturnValues="ALL_OLD")
         keys = self._query(
             TableName=self._table,
             KeyConditionExpression="pk = :pk",
             ExpressionAttributeValues={":pk": {"S": pk}},
+            ProjectionExpression="pk, sk",
+            ConsistentRead=True,
+        )
+        scopes = meta.get("Attributes", {}).get("scopes")
+        if scopes is not None:  # and the session's entries in the binding partitions
+            keys += _binding_keys(app_name, session_id, json.loads(scopes["S"]))
+        self._write_batches([{"DeleteRequest": {"Key": key}} for key in keys])
+
+    def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
+        """The binding partition, each entry checked against its session's meta item (an entry may outlive a
+        create the gate refused, or a delete cut short); a create still in flight counts as bound."""
+        entries = self._query(
+            TableName=self._table,
+            KeyConditionExpression="pk = :pk",
+            ExpressionAttributeValues={":pk": {"S": binding_pk(app_name, scope, scope_id)}},
+            ProjectionExpression="sk",
+            ConsistentRead=True,
+        )
+        bound = []
+        for entry in entries:
+            session_id = entry["sk"]["S"]
+            key = _key(session_pk(app_name, session_id), META_SK)
+            meta = self._call(
+                "get_item", TableName=self._table, Key=key, ProjectionExpression="scopes", ConsistentRead=True
+            ).get("Item")
+            if meta is not None and json.loads(meta["scopes"]["S"]).get(scope) == scope_id:
+                bound.append(session_id)
+        return bound
+
+    def _forget_bound(self, app_name: str, scope: str, scope_id: str) -> None:
+        keys = self._query(
+            TableName=self._table,
+            KeyConditionExpression="pk = :pk",
+            ExpressionAttributeValues={":pk": {"S": binding_pk(app_name, scope, scope_id)}},
             ProjectionExpression="pk, sk",
             ConsistentRead=True,
         )
@@ -1030,6 +1071,10 @@ def _key(pk: str, sk: str) -> dict[str, Any]:
 def _expired(meta: Mapping[str, Any], now: int) -> bool:
     """Past its expiry (``now`` in ms): gone for readers and writers, whenever AWS's TTL gets to deleting it."""
     return TTL in meta and int(meta[TTL]["N"]) * 1000 <= now
+
+
+def _binding_keys(app_name: str, session_id: str, scopes: Mapping[str, str]) -> list[dict[str, Any]]:
+    return [_key(binding_pk(app_name, scope, scope_id), session_id) for scope, scope_id in scopes.items()]
 
 
 def _dead(meta: Mapping[str, Any]) -> frozenset[str]:
