@@ -29,7 +29,7 @@ from dormant.serving.workflow import (
     sweeper_handler,
     workflow_handler,
 )
-from dormant.stores.sqlite import sqlite_store
+from dormant.stores.sqlite import SQLiteSessionStore, sqlite_store
 from dormant.stores.url import store_from_url
 
 EVENTS = Path(__file__).resolve().parents[1] / "events"
@@ -450,7 +450,33 @@ def test_the_sweeper_event_runs_the_sweeper(served: Served) -> None:
     assert sweeper_handler(served)(load_event("schedule/sweeper.json"), LambdaContext()) == {
         "repaired": 0,
         "sessions": [],
+        "purged": [],
     }
+
+
+def test_the_sweeper_purges_expired_sessions_of_every_tenant_on_sql_stores(
+    client: Client, served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On SQLite the sweeper deletes what retention hides; on DynamoDB it leaves that to the table's TTL."""
+    from dormant.clock import frozen_clock, system_ms
+
+    day = 24 * 3600 * 1000
+    monkeypatch.setattr(served.app, "retention_ms", 30 * day)
+    with frozen_clock(system_ms()) as clock:
+        for tenant in (TENANT_A, TENANT_B):
+            create(client, "s-old", tenant=tenant)
+        clock.advance(20 * day)
+        create(client, "s-new")
+        clock.advance(11 * day)
+        assert client.call("get_session", session_id="s-old")[0] == 404  # hidden at once, purged or not
+        swept = sweeper_handler(served)(load_event("schedule/sweeper.json"), LambdaContext())
+        store, a = served.app.store, served.for_tenant(TENANT_A)
+        if isinstance(store, SQLiteSessionStore):
+            assert sorted(swept["purged"]) == [f"bookings@{TENANT_A}/s-old", f"bookings@{TENANT_B}/s-old"]
+            assert store.load(a.name, "s-old") is None
+        else:
+            assert swept["purged"] == [] and store.load(a.name, "s-old") is not None
+        assert store.load(a.name, "s-new") is not None
 
 
 def test_each_function_module_serves_its_sample_event(
@@ -484,7 +510,7 @@ def test_each_function_module_serves_its_sample_event(
         # the run moved the session past the commit sample's expected version: 409; tools names no real call: 400
         assert statuses == [201, 200, 409, 400, 204, 200]
         assert invoke.main(["sweeper", str(EVENTS / "schedule/sweeper.json")]) == 0
-        assert last_json(capsys.readouterr().out) == {"repaired": 0, "sessions": []}
+        assert last_json(capsys.readouterr().out) == {"repaired": 0, "sessions": [], "purged": []}
     finally:
         served_from_env.cache_clear()
 

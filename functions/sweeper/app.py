@@ -1,4 +1,4 @@
-"""Lambda (EventBridge schedule): repair commits a stopped writer left pending."""
+"""Lambda (EventBridge schedule): repair commits a stopped writer left pending; purge sessions past retention."""
 
 from dormant.serving.workflow import sweeper_handler
 

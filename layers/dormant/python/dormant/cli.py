@@ -1,4 +1,17 @@
-"""The ``dormant`` command. ``dormant serve``: the HTTP API on this machine (``serving.local``).
+"""The ``dormant`` command.
+
+* ``dormant serve``: the HTTP API on this machine (``serving.local``).
+* ``dormant erase --scope user --id ID [--tenant T]`` runs ``app.erase`` and prints its report (JSON).
+* ``dormant purge [--tenant T]`` deletes the sessions past the app's ``retention``, in the app and every
+  tenant of it (as the scheduled sweeper does), or in one tenant, and prints their ids (JSON).
+
+Every command names the app as the handlers do: ``--app module:attr`` (default ``DORMANT_APP``, else
+the Bookings sample) on ``--store URL`` (default ``DORMANT_STORE``, else ``sqlite:///data/dormant.db``).
+``erase`` and ``purge`` need the store to exist (a mistyped path is an error, not a new empty
+database); their ``--tenant`` is the caller's ``sub`` the HTTP API keeps that tenant's data under
+(``{app}@{tenant}``); without it the app's own name is used, as by a program that runs the app itself.
+They exit 0 when done, 2 on bad input or configuration (the message names the field), 1 when the store
+failed.
 
 Its imports are deferred to the command that needs them, so ``dormant --help`` loads no AWS library.
 """
@@ -6,21 +19,24 @@ Its imports are deferred to the command that needs them, so ``dormant --help`` l
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
+    from .app import App
     from .serving.local import Page
 
 __all__ = ["main"]
 
 SERVE_EPILOG = """The API (JSON in and out) is the one API Gateway serves on AWS, through the same handler code:
   POST /sessions, GET /sessions, GET|DELETE /sessions/{id}, GET /sessions/{id}/events,
-  POST /sessions/{id}/runs, POST /sessions/{id}/tools, POST /sessions/{id}/commit.
+  POST /sessions/{id}/runs, POST /sessions/{id}/tools, POST /sessions/{id}/commit, POST /erasures.
 A run that waits for answers is resumed by the request that answers it (on AWS, Step Functions does).
 
 Identity is a development stand-in for the Cognito authorizer: the X-Dormant-Principal header, else
@@ -58,8 +74,59 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--principal", default="local", help="the caller of a request without X-Dormant-Principal (default local)"
     )
     serve.add_argument("--quiet", action="store_true", help="do not log each request on stderr")
+    serve.set_defaults(run=_serve)
+    for name, help, run in (
+        ("erase", "remove one person's shared state and every session bound to them", _erase),
+        ("purge", "delete the sessions past the app's retention", _purge),
+    ):
+        sub = commands.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".")
+        sub.add_argument("--app", default=serve.get_default("app"), help=f"module:attr (default {DEFAULT_APP})")
+        sub.add_argument("--store", default=serve.get_default("store"), help="the URL of an existing store")
+        sub.add_argument("--tenant", help="the tenant (the API caller's sub) whose data it is")
+        sub.set_defaults(run=_operate, operation=run)
+        if name == "erase":
+            sub.add_argument("--scope", required=True, help="user, patient, practice, org or team")
+            sub.add_argument("--id", required=True, help="the id the scope is bound to")
     args = parser.parse_args(argv)
-    return _serve(args)
+    code: int = args.run(args)
+    return code
+
+
+def _operate(args: argparse.Namespace) -> int:
+    """Run ``erase`` or ``purge`` on the app (as ``--tenant`` sees it) and print the result as JSON."""
+    from .errors import ConfigurationError, DormantError, InputError
+    from .serving.runtime import for_tenant, load_served
+    from .stores.url import store_from_url
+
+    try:
+        store = store_from_url(args.store, create=False)
+        try:
+            app = load_served(args.app, store).app
+            result = args.operation(for_tenant(app, args.tenant) if args.tenant is not None else app, args)
+        finally:
+            store.close()
+    except (InputError, ConfigurationError) as exc:
+        field = getattr(exc, "field", None)
+        print(f"dormant {args.command}: {exc}" + (f" (field: {field})" if field else ""), file=sys.stderr)
+        return 2
+    except DormantError as exc:
+        print(f"dormant {args.command}: the store failed: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _erase(app: App, args: argparse.Namespace) -> Any:
+    return dataclasses.asdict(app.erase(scope=args.scope, scope_id=args.id))
+
+
+def _purge(app: App, args: argparse.Namespace) -> Any:
+    from .serving.runtime import purge_tenants
+
+    if app.retention_ms is None:
+        print(f"dormant purge: app {app.name!r} has no retention: nothing expires", file=sys.stderr)
+    purged = {app.name: app.sessions.purge()} if args.tenant else purge_tenants(app)
+    return {"purged": {name: ids for name, ids in purged.items() if ids}}
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -24,10 +24,10 @@ from ..agents.agent import Agent
 from ..app import App, Sessions
 from ..errors import ConfigurationError, InputError
 from ..ids import check_id
-from ..stores.base import SessionStore
+from ..stores.base import BaseSessionStore, SessionStore
 from ..stores.url import store_from_url
 
-__all__ = ["Served", "for_tenant", "load_served", "served_from_env"]
+__all__ = ["Served", "for_tenant", "load_served", "purge_tenants", "served_from_env"]
 
 DEFAULT_APP = "bookings:build"
 DEFAULT_STORE = "sqlite:///data/dormant.db"
@@ -62,6 +62,20 @@ def for_tenant(app: App, tenant: str) -> App:
     view.name = check_id(f"{app.name}@{tenant}", "app name")
     view.sessions = Sessions(view)
     return view
+
+
+def purge_tenants(app: App) -> dict[str, list[str]]:
+    """Purge the sessions past ``app``'s retention, its own and each tenant's: app name -> ids deleted.
+
+    What the sweeper and ``dormant purge`` run. Nothing without a retention, and nothing on a store that
+    cannot list its app names without a scan (``app_names`` is ``None``: DynamoDB, whose TTL deletes them).
+    """
+    store = app.store
+    names = store.app_names(f"{app.name}@") if isinstance(store, BaseSessionStore) else None
+    if app.retention_ms is None or names is None:
+        return {}
+    views = [app, *(for_tenant(app, name.partition("@")[2]) for name in names if name.count("@") == 1)]
+    return {view.name: purged for view in views if (purged := view.sessions.purge())}
 
 
 def load_served(spec: str, store: SessionStore) -> Served:

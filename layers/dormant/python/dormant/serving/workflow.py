@@ -29,7 +29,7 @@ from ..session import Session
 from ..stores.base import ScopedStateChange
 from .advance import AdvanceOutcome, advance
 from .api import Hooks
-from .runtime import Served, served_from_env
+from .runtime import Served, purge_tenants, served_from_env
 
 __all__ = [
     "TOKEN_SCOPE",
@@ -189,15 +189,17 @@ def workflow_handler(
 
 
 def sweeper_handler(served: Served | None = None) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
-    """The scheduled sweeper: repair commits a stopped writer left pending (stores that gate commits)."""
+    """The scheduled sweeper: repair commits a stopped writer left pending (stores that gate commits), and
+    purge the sessions past the app's retention, in every tenant (``purge_tenants``: the SQL stores)."""
 
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-        store = (served or served_from_env()).app.store
-        repair: Callable[[], list[Any]] | None = getattr(store, "repair_pending", None)
+        app = (served or served_from_env()).app
+        repair: Callable[[], list[Any]] | None = getattr(app.store, "repair_pending", None)
         reports = repair() if repair is not None else []
         return {
             "repaired": len(reports),
             "sessions": [f"{r.app_name}/{r.session_id}@{r.version}: {r.action}" for r in reports],
+            "purged": [f"{name}/{sid}" for name, ids in purge_tenants(app).items() for sid in ids],
         }
 
     return handler

@@ -21,8 +21,12 @@ from .base import SessionStore
 __all__ = ["store_from_url"]
 
 
-def store_from_url(url: str) -> SessionStore:
-    """The store ``url`` names (see the module docstring); a ``ConfigurationError`` says what is wrong."""
+def store_from_url(url: str, *, create: bool = True) -> SessionStore:
+    """The store ``url`` names (see the module docstring); a ``ConfigurationError`` says what is wrong.
+
+    ``create=False``: the storage must exist already (a SQLite file with dormant's tables, a DynamoDB
+    Local table), for a command where a mistyped name must not quietly start an empty store.
+    """
     if not isinstance(url, str) or not url:
         raise ConfigurationError(f"a store URL is a non-empty string, not {url!r}")
     scheme = url.split(":", 1)[0].lower()
@@ -36,19 +40,19 @@ def store_from_url(url: str) -> SessionStore:
             raise ConfigurationError(f"a SQLite store URL is sqlite:///path (three slashes), not {url!r}")
         from .sqlite import sqlite_store
 
-        return sqlite_store(parts.path[1:])
+        return sqlite_store(parts.path[1:], create=create)
     if scheme in {"postgresql", "postgres"}:
         from .postgres import postgres_store
 
         return postgres_store(url)
     if scheme == "dynamodb":
-        return _dynamodb(url)
+        return _dynamodb(url, create)
     raise ConfigurationError(
         f"unknown store URL scheme {scheme!r} in {url!r}: use memory:, sqlite:///, postgresql://, dynamodb://"
     )
 
 
-def _dynamodb(url: str) -> SessionStore:
+def _dynamodb(url: str, create: bool) -> SessionStore:
     parts = urlsplit(url)
     try:
         params = {key: value for key, [value] in parse_qs(parts.query, strict_parsing=bool(parts.query)).items()}
@@ -64,7 +68,7 @@ def _dynamodb(url: str) -> SessionStore:
         raise ConfigurationError(f"shards in a DynamoDB store URL is a number, not {shards!r}")
     from .dynamodb import create_table, dynamo_store
 
-    if params.get("endpoint"):
+    if params.get("endpoint") and create:
         create_table(parts.netloc, endpoint_url=params["endpoint"], region=params.get("region"))
     return dynamo_store(
         parts.netloc,

@@ -1,0 +1,122 @@
+"""``dormant erase`` and ``dormant purge``: the app named as the handlers name it, on a store URL, per tenant."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dormant.cli import main
+from dormant.clock import frozen_clock, system_ms
+from dormant.serving.runtime import for_tenant, load_served
+from dormant.stores.sqlite import sqlite_store
+
+DAY_MS = 24 * 3600 * 1000
+RETAINED_APP = """
+import bookings
+
+
+def build(store):
+    served = bookings.build(store=store)
+    served.app.retention_ms = {ms}
+    return served
+"""
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    """A SQLite file holding the Bookings app's sessions: user alex-doe in tenants t-1 and t-2, and sam-roe."""
+    path = tmp_path / "dormant.db"
+    store = sqlite_store(path)
+    app = load_served("bookings:build", store).app
+    for tenant in ("t-1", "t-2"):
+        view = for_tenant(app, tenant)
+        view.sessions.create("s-alex", scopes={"user": "alex-doe"})
+        view.sessions.create("s-sam", scopes={"user": "sam-roe"})
+        store.save_scoped_state(view.name, "user", "alex-doe", {"name": "Alex Doe"})
+    store.close()
+    return path
+
+
+def run(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, Any, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, json.loads(out) if out.strip() else None, err
+
+
+def test_erase_removes_one_person_in_one_tenant(db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, report, _ = run(
+        "erase", "--store", f"sqlite:///{db}", "--tenant", "t-1", "--scope", "user", "--id", "alex-doe", capsys=capsys
+    )
+    assert code == 0
+    assert report == {"scope": "user", "scope_id": "alex-doe", "sessions": ["s-alex"], "scoped_keys": ["name"]}
+    store = sqlite_store(db, create=False)
+    try:
+        assert store.load("bookings@t-1", "s-alex") is None and store.load("bookings@t-1", "s-sam") is not None
+        assert store.load_scoped_state("bookings@t-1", "user", "alex-doe") == {}
+        assert store.load("bookings@t-2", "s-alex") is not None  # another tenant's alex-doe: untouched
+        assert store.load_scoped_state("bookings@t-2", "user", "alex-doe") == {"name": "Alex Doe"}
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--scope", "session", "--id", "s-alex"], "field: scope"),
+        (["--scope", "user", "--id", "alex doe"], "field: scope_id"),
+        (["--scope", "user", "--id", "alex-doe", "--tenant", "t@1"], "field: tenant"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_field_and_erases_nothing(
+    db: Path, capsys: pytest.CaptureFixture[str], argv: list[str], named: str
+) -> None:
+    code, out, err = run("erase", "--store", f"sqlite:///{db}", "--tenant", "t-1", *argv, capsys=capsys)
+    assert (code, out) == (2, None)
+    assert named in err and "Traceback" not in err
+    store = sqlite_store(db, create=False)
+    try:
+        assert store.load("bookings@t-1", "s-alex") is not None
+        assert store.load_scoped_state("bookings@t-1", "user", "alex-doe") == {"name": "Alex Doe"}
+    finally:
+        store.close()
+
+
+def test_a_missing_database_is_an_error_not_a_new_empty_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "typo.db"
+    code, out, err = run("purge", "--store", f"sqlite:///{missing}", capsys=capsys)
+    assert (code, out) == (2, None) and "typo.db" in err
+    assert not missing.exists()
+
+
+def test_purge_deletes_expired_sessions_in_every_tenant(
+    db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "retained.py").write_text(RETAINED_APP.format(ms=30 * DAY_MS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    url = f"sqlite:///{db}"
+    with frozen_clock(system_ms() + 31 * DAY_MS) as clock:  # the fixture's sessions are 31 days idle
+        store = sqlite_store(db, create=False)
+        for_tenant(load_served("retained:build", store).app, "t-1").sessions.create("s-new")
+        store.close()
+        code, done, _ = run("purge", "--app", "retained:build", "--store", url, "--tenant", "t-2", capsys=capsys)
+        assert code == 0 and done == {"purged": {"bookings@t-2": ["s-sam", "s-alex"]}}
+        code, done, _ = run("purge", "--app", "retained:build", "--store", url, capsys=capsys)
+        assert code == 0 and done == {"purged": {"bookings@t-1": ["s-sam", "s-alex"]}}
+        clock.advance(31 * DAY_MS)
+        code, done, _ = run("purge", "--app", "retained:build", "--store", url, capsys=capsys)
+        assert done == {"purged": {"bookings@t-1": ["s-new"]}}
+    code, done, err = run("purge", "--store", url, capsys=capsys)  # Bookings itself keeps sessions for ever
+    assert (code, done) == (0, {"purged": {}}) and "no retention" in err
+
+
+def test_the_console_script_runs_as_its_own_process(db: Path) -> None:
+    script = Path(sys.executable).parent / "dormant"
+    argv = [str(script), "erase", "--store", f"sqlite:///{db}", "--tenant", "t-2", "--scope", "user", "--id", "sam-roe"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["sessions"] == ["s-sam"]
