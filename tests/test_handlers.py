@@ -469,6 +469,9 @@ def test_the_sweeper_purges_expired_sessions_of_every_tenant_on_sql_stores(
         create(client, "s-new")
         clock.advance(11 * day)
         assert client.call("get_session", session_id="s-old")[0] == 404  # hidden at once, purged or not
+        late = {"expected_version": 1, "events": [{"type": "user", "text": "too late"}]}
+        assert client.call("commit", session_id="s-old", body=late)[0] == 404  # and not revived by a commit
+        assert client.call("run", session_id="s-old")[0] == 404
         swept = sweeper_handler(served)(load_event("schedule/sweeper.json"), LambdaContext())
         store, a = served.app.store, served.for_tenant(TENANT_A)
         if isinstance(store, SQLiteSessionStore):

@@ -14,6 +14,7 @@ SHIPPED = {
     "cli.py",
     "agents",
     "app.py",
+    "cli.py",
     "clock.py",
     "errors.py",
     "events.py",
