@@ -10,6 +10,7 @@ reading the app's; built from the rows themselves, so a file made before them is
 
 from __future__ import annotations
 
+from ..errors import InputError
 from ..state.schema import BOUND_SCOPES
 
 __all__ = ["INDEXES", "TABLES", "bound_id", "ddl"]
@@ -62,7 +63,7 @@ CREATE TABLE IF NOT EXISTS snapshots (
 def bound_id(json_type: str, scope: str) -> str:
     """The SQL expression of the id ``scopes`` binds ``scope`` to, as the index spells it (a query must match)."""
     if scope not in BOUND_SCOPES:  # spliced into SQL: only the known names
-        raise ValueError(f"not a bindable scope: {scope!r}")
+        raise InputError(f"sessions are bound by id to {', '.join(BOUND_SCOPES)}, not {scope!r}", field="scope")
     return f"(scopes ->> '{scope}')" if json_type == "JSONB" else f"json_extract(scopes, '$.{scope}')"
 
 
