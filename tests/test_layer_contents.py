@@ -14,7 +14,6 @@ SHIPPED = {
     "cli.py",
     "agents",
     "app.py",
-    "cli.py",
     "clock.py",
     "errors.py",
     "events.py",
