@@ -126,7 +126,8 @@ def test_every_sample_api_event_is_served(client: Client) -> None:
     # the events name session s-sample; create it first so each route meets a real session
     assert client.call("create_session")[0] == 201
     statuses = {}
-    for name in ("get_session", "list_sessions", "session_events", "commit", "run", "tools", "delete_session", "erase"):
+    names = ("get_session", "list_sessions", "session_events", "commit", "run", "tools")
+    for name in (*names, "session_state", "key_audit", "fork_session", "delete_session", "erase"):
         statuses[name] = client.call(name)[0]
     # tools answers a call id the sample run did not make: a 400 naming the call, like any bad answer
     assert statuses == {
@@ -136,6 +137,9 @@ def test_every_sample_api_event_is_served(client: Client) -> None:
         "commit": 200,
         "run": 200,
         "tools": 400,
+        "session_state": 200,
+        "key_audit": 200,
+        "fork_session": 201,
         "delete_session": 204,
         "erase": 200,
     }
@@ -299,6 +303,145 @@ def test_a_run_on_a_session_held_by_another_run_is_a_409_and_runs_nothing(client
     status, error = client.call("run", session_id="s-1")
     assert status == 409 and error["error"] == "ClaimLost", error
     assert client.call("get_session", session_id="s-1")[1]["version"] == session.version
+
+
+# -- the inspector's reads: state at an event, the audit of a key, forks --------------------------
+
+
+def booked(client: Client, session_id: str = "s-1") -> list[dict[str, Any]]:
+    """Run the Bookings arc to completion through the API; return its ledger."""
+    create(client, session_id)
+    call = client.call("run", session_id=session_id)[1]["yielded_tools"][0]
+    assert approve(client, session_id, call["call_id"])[0] == 202
+    status, ledger = client.call("session_events", session_id=session_id, query={"limit": "500"})
+    assert status == 200 and ledger["next"] is None
+    return ledger["events"]  # type: ignore[no-any-return]
+
+
+def test_state_at_every_event_is_the_ledger_replayed_with_what_that_event_changed(
+    client: Client, served: Served
+) -> None:
+    ledger = booked(client)
+    session = served.for_tenant(TENANT_A).sessions.require("s-1")
+    for index, event in enumerate(ledger):
+        status, view = client.call("session_state", session_id="s-1", query={"at": str(index)})
+        assert status == 200, view
+        snapshot = session.state_at(index)
+        assert view["index"] == index and view["since"] == index - 1
+        assert view["state"] == {"session": snapshot.session_state, **snapshot.scoped_states}
+        assert view["status"] == snapshot.status
+        assert [(y["call_id"], y["name"]) for y in view["yielded_tools"]] == [
+            (y.call_id, y.name) for y in snapshot.yielded_tools
+        ]
+        expected = [
+            {"scope": event["scope"], "key": c["key"], "before": c["old_value"], "after": c["new_value"]}
+            for c in (event["changes"] if event["type"] == "state_change" else [])
+        ]
+        assert view["changes"] == expected, (index, event["type"])
+    # the waiting call at the yield, gone once answered; the invocation tree at the end
+    yielded = next(i for i, e in enumerate(ledger) if e["type"] == "invocation_yield")
+    waiting = client.call("session_state", session_id="s-1", query={"at": str(yielded)})[1]
+    assert waiting["status"] == "awaiting_input" and waiting["yielded_tools"][0]["name"] == "request_approval"
+    last = client.call("session_state", session_id="s-1", query={})[1]
+    assert last["index"] == len(ledger) - 1 and last["status"] == "completed"
+    (invocation,) = last["invocations"]
+    assert invocation["status"] == "completed" and invocation["end_index"] == len(ledger) - 1
+    assert invocation["model_calls"] == sum(e["type"] == "model_start" for e in ledger)
+
+
+def test_state_since_an_event_is_the_diff_between_the_two(client: Client) -> None:
+    ledger = booked(client)
+    status, view = client.call("session_state", session_id="s-1", query={"at": str(len(ledger) - 1), "since": "0"})
+    assert status == 200 and view["since"] == 0
+    changed = {(c["scope"], c["key"]): (c["before"], c["after"]) for c in view["changes"]}
+    assert set(changed) == {
+        ("session", "approved_slot"),
+        ("session", "confirmation"),
+        ("user", "name"),
+        ("user", "preferences"),
+    }
+    assert changed["session", "approved_slot"] == (None, "physio-tue-1430")
+    # backwards: the same keys, before and after swapped
+    back = client.call("session_state", session_id="s-1", query={"at": "0", "since": str(len(ledger) - 1)})[1]
+    assert {(c["scope"], c["key"]): (c["after"], c["before"]) for c in back["changes"]} == changed
+
+
+def test_state_of_a_bad_index_is_a_4xx(client: Client) -> None:
+    create(client)
+    assert client.call("session_state", session_id="s-1", query={})[1]["error"] == "EventIndexError"  # no events
+    booked(client, "s-2")
+    status, error = client.call("session_state", session_id="s-2", query={"at": "999"})
+    assert status == 404 and error["error"] == "EventIndexError"
+    assert client.call("session_state", session_id="s-2", query={"at": "x"})[1]["field"] == "at"
+    assert client.call("session_state", session_id="s-2", query={"at": "-1"})[1]["field"] == "at"
+    assert client.call("session_state", session_id="s-2", query={"since": "999"})[0] == 404
+
+
+def test_the_audit_of_a_key_names_each_change_its_invocation_and_tool(client: Client) -> None:
+    ledger = booked(client)
+    status, audit = client.call("key_audit", session_id="s-1", query={"scope": "session", "key": "confirmation"})
+    assert status == 200
+    (change,) = audit["changes"]
+    event = ledger[change["index"]]
+    assert event["type"] == "state_change" and change["event_id"] == event["id"]
+    assert change["created_at"] == event["created_at"] and change["invocation_id"] == event["invocation_id"]
+    assert (change["source"], change["tool"], change["old_value"]) == ("mutation", "book_slot", None)
+    assert change["new_value"]["patient"] == "Alex Doe"
+    call = next(e for e in ledger if e["type"] == "tool_call" and e["name"] == "book_slot")
+    assert change["call_id"] == call["call_id"]
+    # the approval's answer set approved_slot inside request_approval's run; user.name by remember_patient
+    approved = client.call("key_audit", session_id="s-1", query={"scope": "session", "key": "approved_slot"})[1]
+    assert [c["tool"] for c in approved["changes"]] == ["request_approval"]
+    named = client.call("key_audit", session_id="s-1", query={"scope": "user", "key": "name"})[1]
+    assert [(c["tool"], c["scope_id"], c["new_value"]) for c in named["changes"]] == [
+        ("remember_patient", "alex-doe", "Alex Doe")
+    ]
+    assert client.call("key_audit", session_id="s-1", query={"scope": "session", "key": "refusal"})[1]["changes"] == []
+
+
+def test_the_audit_needs_a_known_scope_and_a_key(client: Client) -> None:
+    create(client)
+    assert client.call("key_audit", session_id="s-1", query={"key": "x"})[1]["field"] == "scope"
+    assert client.call("key_audit", session_id="s-1", query={"scope": "session"})[1]["field"] == "key"
+    status, error = client.call("key_audit", session_id="s-1", query={"scope": "galaxy", "key": "x"})
+    assert status == 400 and error["field"] == "scope"
+
+
+def test_a_fork_at_an_event_is_a_new_session_holding_the_ledger_up_to_it(client: Client) -> None:
+    ledger = booked(client)
+    yielded = next(i for i, e in enumerate(ledger) if e["type"] == "invocation_yield")
+    status, forked = client.call("fork_session", session_id="s-1", body={"at": yielded, "reason": "ask again"})
+    assert status == 201, forked
+    assert forked["id"] != "s-1" and forked["status"] == "awaiting_input"
+    assert [y["name"] for y in forked["yielded_tools"]] == ["request_approval"]
+    copied = client.call("session_events", session_id=forked["id"], query={"limit": "500"})[1]["events"]
+    assert [e["id"] for e in copied[:-1]] == [e["id"] for e in ledger[: yielded + 1]]
+    assert copied[-1]["type"] == "session_forked" and copied[-1]["from_session_id"] == "s-1"
+    assert copied[-1]["at_event_id"] == ledger[yielded]["id"] and copied[-1]["reason"] == "ask again"
+    listed = {s["id"] for s in client.call("list_sessions")[1]["sessions"]}
+    assert listed == {"s-1", forked["id"]}
+    # the fork answers on its own; the original is untouched
+    call_id = forked["yielded_tools"][0]["call_id"]
+    assert approve(client, forked["id"], call_id)[1]["resumed"] == "completed"
+    assert client.call("session_events", session_id="s-1", query={"limit": "500"})[1]["events"] == ledger
+
+
+def test_a_bad_fork_is_a_4xx_and_stores_nothing(client: Client) -> None:
+    booked(client)
+    for body, expected in (({"at": -1}, 400), ({"at": "x"}, 400), ({}, 400), ({"at": 0, "reason": ""}, 400)):
+        status, error = client.call("fork_session", session_id="s-1", body=body)
+        assert status == expected and error["field"] in {"at", "reason"}, (body, error)
+    assert client.call("fork_session", session_id="s-1", body={"at": 999})[0] == 404
+    assert client.call("fork_session", tenant=TENANT_B, session_id="s-1", body={"at": 0})[0] == 404
+    assert [s["id"] for s in client.call("list_sessions")[1]["sessions"]] == ["s-1"]
+    assert client.call("list_sessions", tenant=TENANT_B)[1]["sessions"] == []
+
+
+def test_another_tenant_reads_no_state_and_no_audit(client: Client) -> None:
+    booked(client)
+    assert client.call("session_state", tenant=TENANT_B, session_id="s-1", query={})[0] == 404
+    query = {"scope": "session", "key": "confirmation"}
+    assert client.call("key_audit", tenant=TENANT_B, session_id="s-1", query=query)[0] == 404
 
 
 # -- commits from remote runners -------------------------------------------------------------------

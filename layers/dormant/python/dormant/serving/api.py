@@ -28,7 +28,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
@@ -38,8 +38,10 @@ from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..app import App
+from ..audit import key_history, state_diff
 from ..errors import (
     DormantError,
+    EventIndexError,
     InputError,
     NotAuthenticated,
     RequestInProgress,
@@ -51,6 +53,7 @@ from ..errors import (
     http_status,
 )
 from ..events import parse_event
+from ..projection import Projection
 from ..session import Session
 from ..stores.base import ScopedStateChange
 from .advance import AdvanceOutcome, advance
@@ -64,6 +67,7 @@ __all__ = [
     "build_resolver",
     "idempotency_from_env",
     "session_view",
+    "state_view",
 ]
 
 _ATTEMPTS = 5
@@ -161,6 +165,11 @@ class EraseBody(_Body):
     scope_id: str
 
 
+class ForkBody(_Body):
+    at: int = Field(ge=0)
+    reason: str = Field(default="forked in the inspector", min_length=1)
+
+
 class CommitBody(_Body):
     expected_version: int = Field(ge=0)
     events: list[dict[str, Any]]
@@ -190,6 +199,31 @@ def session_view(app: App, session: Session) -> dict[str, Any]:
         "yielded_tools": _yielded(app, session),
         # The last event, not a scan: on a tail-loaded session a scan would fetch the whole ledger.
         "updated_at": session.events[-1].created_at if len(session.events) else session.created_at,
+    }
+
+
+def state_view(session: Session, at: int | None, since: int | None) -> dict[str, Any]:
+    """What ``GET /sessions/{id}/state`` answers: the session as it stood after event ``at`` (default: the
+    last), replayed from the ledger, and what differs from event ``since`` (default: the one before ``at``,
+    so ``changes`` is what event ``at`` changed)."""
+    if not len(session.events):
+        raise EventIndexError(at or 0, 0)
+    after = session.state_at(len(session.events) - 1 if at is None else at)
+    if since is None:
+        since = after.index - 1
+    before = session.state_at(since) if since >= 0 else Projection().snapshot()
+    return {
+        "index": after.index,
+        "since": before.index,
+        "status": after.status,
+        "current_agent_name": after.current_agent_name,
+        "state": {"session": after.session_state, **after.scoped_states},
+        "changes": [asdict(diff) for diff in state_diff(before, after)],
+        "yielded_tools": [
+            {"call_id": y.call_id, "name": y.name, "args": y.args, "invocation_id": y.invocation_id}
+            for y in after.yielded_tools
+        ],
+        "invocations": [asdict(node) for node in after.invocations],
     }
 
 
@@ -260,6 +294,12 @@ def build_resolver(
             raise InputError(f"{name} is >= 0, not {number}", field=name)
         return number
 
+    def query_str(name: str) -> str:
+        value = resolver.current_event.get_query_string_value(name)
+        if not value:
+            raise InputError(f"{name} is required", field=name)
+        return value
+
     @resolver.post("/sessions")
     def create() -> Response[Any]:
         request = body(CreateBody)
@@ -301,6 +341,29 @@ def build_resolver(
             "events": [e.model_dump(mode="json") for e in page],
             "next": following if following < len(session.events) else None,
         }
+
+    @resolver.get("/sessions/<session_id>/state")
+    def state(session_id: str) -> dict[str, Any]:
+        at, since = query_int("at"), query_int("since")
+        return state_view(app().sessions.require(session_id), at, since)
+
+    @resolver.get("/sessions/<session_id>/audit")
+    def audit(session_id: str) -> dict[str, Any]:
+        scope, key = query_str("scope"), query_str("key")
+        tenant_app = app()
+        if scope not in tenant_app.schema:
+            raise InputError(f"scope {scope!r} is not one of the app's scopes", field="scope")
+        session = tenant_app.sessions.require(session_id)
+        changes = key_history(session.events, scope, key)
+        return {"scope": scope, "key": key, "changes": [asdict(change) for change in changes]}
+
+    @resolver.post("/sessions/<session_id>/forks")
+    def fork(session_id: str) -> Response[Any]:
+        request = body(ForkBody)
+        tenant_app = app()
+        forked = tenant_app.sessions.require(session_id).fork_at(request.at, reason=request.reason)
+        tenant_app.sessions.commit(forked)
+        return _json(201, session_view(tenant_app, forked))
 
     @resolver.post("/sessions/<session_id>/runs")
     def run(session_id: str) -> Response[Any]:
