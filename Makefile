@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 EXTRAS ?= dev,postgres,dynamodb,openai,bedrock,lambda,infra
 
-.PHONY: setup demo test lint typecheck pytest bench clean dynamodb-local invoke
+.PHONY: setup demo test lint typecheck pytest bench clean dynamodb-local invoke screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,3 +51,7 @@ clean:
 # Run one Lambda handler on one sample event, here: make invoke FUNCTION=sessions EVENT=events/api/list_sessions.json
 invoke: setup
 	$(PY) functions/invoke.py $(FUNCTION) $(EVENT)
+
+# The README's screenshots of the session inspector, taken by its browser test from a real page.
+screenshots: setup
+	DORMANT_SCREENSHOTS=docs/img $(PY) -m pytest tests/test_inspector.py -q -k booking_from_ask

@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ROOT / "layers" / "dormant" / "python" / "dormant"
 PYTHON_VERSION = "3.12"
 PLATFORM = "manylinux2014_aarch64"
+LEFT_OUT = ("inspector",)
+"""Parts of the library no Lambda function uses: the inspector's web page is served by ``dormant serve`` only."""
 # Shipped by the Lambda runtime itself.
 _PROVIDED = {"boto3", "botocore", "s3transfer", "jmespath", "urllib3", "python-dateutil", "six"}
 
@@ -65,12 +67,18 @@ def bundle_library(output_dir: Path, requirements: Sequence[str] | None = None) 
         timeout=600,
     )
     shutil.rmtree(target / "bin", ignore_errors=True)  # console scripts: nothing in a layer runs them
-    copy_packages(target, [LIBRARY])
+    copy_packages(target, [LIBRARY], leave_out=LEFT_OUT)
 
 
-def copy_packages(target: Path, packages: Sequence[Path]) -> None:
+def copy_packages(target: Path, packages: Sequence[Path], leave_out: Sequence[str] = ()) -> None:
+    """Copy each package into ``target``, without bytecode and without its subpackages named in ``leave_out``."""
     for package in packages:
-        shutil.copytree(package, target / package.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+
+        def ignore(directory: str, names: list[str], package: Path = package) -> set[str]:
+            top = Path(directory) == package
+            return {n for n in names if n == "__pycache__" or n.endswith(".pyc") or (top and n in leave_out)}
+
+        shutil.copytree(package, target / package.name, ignore=ignore)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,12 +1,24 @@
-"""What the Lambda layer ships: the library, nothing else (no samples, no helpers that start servers)."""
+"""What the Lambda layer ships: the library, nothing else (no samples, no helpers that start servers, no
+web page). The library is copied as ``infra.bundle`` copies it into the layer (without the wheels pip adds).
+"""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-LAYER = Path(__file__).resolve().parents[1] / "layers" / "dormant" / "python"
-LIBRARY = LAYER / "dormant"
+import pytest
+
+from infra.bundle import LEFT_OUT, copy_packages
+from infra.bundle import LIBRARY as SOURCE
+
+
+@pytest.fixture(scope="module")
+def layer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    target = tmp_path_factory.mktemp("layer") / "python"
+    copy_packages(target, [SOURCE], leave_out=LEFT_OUT)
+    return target
+
 
 # Every top-level entry of the package. A new one is a decision: add it here on purpose.
 SHIPPED = {
@@ -14,6 +26,8 @@ SHIPPED = {
     "cli.py",
     "agents",
     "app.py",
+    "audit.py",
+    "cli.py",
     "clock.py",
     "errors.py",
     "events.py",
@@ -30,17 +44,20 @@ SHIPPED = {
 }
 
 
-def _files() -> list[Path]:
-    return [p for p in LAYER.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
+def _files(layer: Path) -> list[Path]:
+    return [p for p in layer.rglob("*") if p.is_file()]
 
 
-def test_the_layer_holds_the_dormant_package_only() -> None:
-    assert {p.name for p in LAYER.iterdir() if p.name != "__pycache__"} == {"dormant"}
-    assert {p.name for p in LIBRARY.iterdir() if p.name != "__pycache__"} == SHIPPED
+def test_the_layer_holds_the_dormant_package_only(layer: Path) -> None:
+    assert {p.name for p in layer.iterdir()} == {"dormant"}
+    assert {p.name for p in (layer / "dormant").iterdir()} == SHIPPED
+    # the source holds the inspector too; the copy leaves it (and any bytecode) out
+    assert {p.name for p in SOURCE.iterdir() if p.name != "__pycache__"} == SHIPPED | {"inspector"}
+    assert not [p for p in _files(layer) if p.suffix == ".pyc" or "__pycache__" in p.parts]
 
 
-def test_the_layer_ships_no_sample_and_no_test_server() -> None:
-    paths = {p.relative_to(LAYER).as_posix() for p in _files()}
+def test_the_layer_ships_no_sample_and_no_test_server(layer: Path) -> None:
+    paths = {p.relative_to(layer).as_posix() for p in _files(layer)}
     assert not [p for p in paths if "sample" in p or "bookings" in p]
     assert {p for p in paths if p.startswith("dormant/testing/")} == {
         "dormant/testing/__init__.py",
@@ -50,8 +67,8 @@ def test_the_layer_ships_no_sample_and_no_test_server() -> None:
     assert all(p.endswith(".py") or p.endswith("py.typed") for p in paths), sorted(paths)
 
 
-def test_nothing_in_the_layer_imports_the_sample_or_starts_processes() -> None:
-    for path in LIBRARY.rglob("*.py"):
+def test_nothing_in_the_layer_imports_the_sample_or_starts_processes(layer: Path) -> None:
+    for path in (layer / "dormant").rglob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             names = []
@@ -61,4 +78,4 @@ def test_nothing_in_the_layer_imports_the_sample_or_starts_processes() -> None:
                 names = [node.module]
             for name in names:
                 top = name.split(".")[0]
-                assert top not in {"bookings", "subprocess", "tests"}, f"{path.relative_to(LAYER)} imports {name}"
+                assert top not in {"bookings", "subprocess", "tests"}, f"{path.relative_to(layer)} imports {name}"

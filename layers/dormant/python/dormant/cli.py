@@ -36,7 +36,9 @@ __all__ = ["main"]
 
 SERVE_EPILOG = """The API (JSON in and out) is the one API Gateway serves on AWS, through the same handler code:
   POST /sessions, GET /sessions, GET|DELETE /sessions/{id}, GET /sessions/{id}/events,
-  POST /sessions/{id}/runs, POST /sessions/{id}/tools, POST /sessions/{id}/commit, POST /erasures.
+  POST /sessions/{id}/runs, POST /sessions/{id}/tools, POST /sessions/{id}/commit, POST /erasures,
+  GET /sessions/{id}/state?at=&since=, GET /sessions/{id}/audit?scope=&key=, POST /sessions/{id}/forks.
+The session inspector, a web page over the same API, is at / (open it in a browser on this machine).
 A run that waits for answers is resumed by the request that answers it (on AWS, Step Functions does).
 
 Identity is a development stand-in for the Cognito authorizer: the X-Dormant-Principal header, else
@@ -173,8 +175,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def default_pages() -> list[Page]:
-    """The pages ``dormant serve`` adds beside the API (see ``serving.local``: the seam for non-API paths)."""
-    return []
+    """The pages ``dormant serve`` adds beside the API (see ``serving.local``: the seam for non-API paths):
+    the session inspector, at ``/`` and ``/inspect/...``."""
+    from .inspector import page
+
+    return [page]
 
 
 def _redacted(url: str) -> str:
