@@ -21,6 +21,7 @@ import pytest
 pytest.importorskip("aws_lambda_powertools", reason="dormant serve needs the lambda extra")
 
 from dormant.cli import default_pages
+from dormant.clock import frozen_clock
 from dormant.inspector import asset
 from dormant.serving.local import LocalAPI, LocalServer
 from dormant.serving.runtime import Served, load_served
@@ -414,13 +415,21 @@ def test_html_in_a_message_or_a_state_value_is_shown_as_text_and_never_runs(brow
 @pytest.mark.backend("browser")
 def test_every_view_has_its_own_url_and_the_page_acts_as_its_caller(browser: Any, site: Site) -> None:
     driver = browser
-    for n, status in enumerate(["idle", "idle", "idle"]):
-        assert site.call("POST", "/sessions", {"session_id": f"s-{n}"})[1]["status"] == status
-    # another principal's session is not the page's caller's: not listed, and its URL is a 404 as over curl
-    assert site.call("POST", "/sessions", {"session_id": "theirs"}, principal="someone-else")[0] == 201
+    with frozen_clock(1_796_000_000_000) as clock:
+        for n in range(23):
+            assert site.call("POST", "/sessions", {"session_id": f"s-{n:02}"})[0] == 201
+            clock.advance(1000)
+        # another principal's session is not the page's caller's: not listed, and its URL is a 404 as over curl
+        assert site.call("POST", "/sessions", {"session_id": "theirs"}, principal="someone-else")[0] == 201
     driver.get(site.url("/inspect/sessions"))
     wait_for(driver, shown("#sessions tbody tr"), "the listing")
-    assert [r.get_attribute("data-id") for r in css_all(driver, "#sessions tbody tr")] == ["s-2", "s-1", "s-0"]
+    newest_first = [f"s-{n:02}" for n in reversed(range(23))]
+    assert [r.get_attribute("data-id") for r in css_all(driver, "#sessions tbody tr")] == newest_first[:20]
+    css(driver, ".pager a").click()
+    wait_for(driver, lambda d: "cursor=" in d.current_url, "the next page's URL")
+    wait_for(driver, lambda d: len(css_all(d, "#sessions tbody tr")) == 3, "the next page")
+    assert [r.get_attribute("data-id") for r in css_all(driver, "#sessions tbody tr")] == newest_first[20:]
+    assert [a.text for a in css_all(driver, ".pager a")] == ["← first page"]
     driver.get(site.url("/inspect/sessions/theirs"))
     wait_for(driver, shown("main .error"), "the error")
     assert "404 SessionNotFound" in css(driver, "main .error").text
