@@ -182,6 +182,36 @@ def test_listing_pages_with_a_cursor(client: Client) -> None:
     assert sorted(seen) == [f"s-{n}" for n in range(5)] and len(seen) == 5
 
 
+def test_a_listing_by_status_reads_on_until_its_page_is_full(client: Client) -> None:
+    from dormant.clock import frozen_clock
+
+    with frozen_clock(1_796_000_000_000) as clock:
+        for n in range(7):
+            create(client, f"s-{n}")
+            clock.advance(1000)
+        for n in (0, 1, 3):  # the oldest ones wait on a human
+            assert client.call("run", session_id=f"s-{n}")[1]["status"] == "yielded_tool"
+            clock.advance(1000)
+        for n in range(4, 7):  # and the newest were touched last
+            assert client.call("commit", session_id=f"s-{n}", body={"expected_version": 1, "events": []})[0] == 200
+            clock.advance(1000)
+    query = {"limit": "2", "status": "awaiting_input"}
+    seen, cursor, pages = [], None, 0
+    while True:
+        status, page = client.call("list_sessions", query={**query, **({"cursor": cursor} if cursor else {})})
+        assert status == 200 and len(page["sessions"]) <= 2
+        assert {s["status"] for s in page["sessions"]} <= {"awaiting_input"}
+        seen += [s["id"] for s in page["sessions"]]
+        pages += 1
+        cursor = page["cursor"]
+        if cursor is None:
+            break
+    assert seen == ["s-3", "s-1", "s-0"] and pages <= 3
+    # the first page is full although the newest sessions in the store do not match
+    first = client.call("list_sessions", query=query)[1]
+    assert [s["id"] for s in first["sessions"]] == ["s-3", "s-1"]
+
+
 def test_a_tenant_sees_only_its_own_sessions(client: Client, served: Served) -> None:
     create(client, "shared-id", tenant=TENANT_A)
     assert client.call("get_session", tenant=TENANT_B, session_id="shared-id")[0] == 404

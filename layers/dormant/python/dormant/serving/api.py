@@ -55,7 +55,7 @@ from ..errors import (
 from ..events import parse_event
 from ..projection import Projection
 from ..session import Session
-from ..stores.base import ScopedStateChange
+from ..stores.base import ScopedStateChange, SessionListing
 from .advance import AdvanceOutcome, advance
 from .runtime import Served, served_from_env
 
@@ -71,6 +71,7 @@ __all__ = [
 ]
 
 _ATTEMPTS = 5
+_SCAN_PAGES = 10
 MAX_BODY_BYTES = 256 * 1024
 """Larger bodies are refused with 413 before they are parsed (an event must fit a DynamoDB item)."""
 
@@ -312,11 +313,22 @@ def build_resolver(
         limit = query_int("limit")
         if limit == 0:
             raise InputError("limit is >= 1", field="limit")
+        limit = limit or 50
         status = resolver.current_event.get_query_string_value("status")
         cursor = resolver.current_event.get_query_string_value("cursor")
-        page = app().sessions.list(limit=limit or 50, cursor=cursor)
-        rows = [s._asdict() for s in page if status is None or s.status == status]
-        return {"sessions": rows, "cursor": page[-1].cursor if page and len(page) == (limit or 50) else None}
+        sessions = app().sessions
+        # With a status, read on (up to _SCAN_PAGES store pages) until the page is full, so a filtered
+        # listing is not a run of empty pages; the cursor goes on after the last session looked at.
+        rows: list[SessionListing] = []
+        for _ in range(_SCAN_PAGES if status is not None else 1):
+            page = sessions.list(limit=limit, cursor=cursor)
+            rows += [s for s in page if status is None or s.status == status]
+            cursor = page[-1].cursor if len(page) == limit else None
+            if len(rows) >= limit or cursor is None:
+                break
+        if len(rows) > limit:
+            rows, cursor = rows[:limit], rows[limit - 1].cursor
+        return {"sessions": [s._asdict() for s in rows], "cursor": cursor}
 
     @resolver.get("/sessions/<session_id>")
     def show(session_id: str) -> dict[str, Any]:
