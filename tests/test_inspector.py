@@ -263,6 +263,8 @@ def test_a_booking_from_ask_through_approval_on_the_page_to_completion(browser: 
             assert body == event["text"]
         elif event["type"] in ("tool_call", "tool_result", "tool_input"):
             assert event["name"] in body and event["call_id"] in body
+            if event["type"] == "tool_input":  # who answered: the page's caller, recorded by the API
+                assert event["principal"] == PRINCIPAL and f"by {PRINCIPAL}" in body
         elif event["type"] == "state_change":
             (change,) = event["changes"]
             (shown_change,) = row.find_elements("css selector", "li.change")
@@ -394,7 +396,8 @@ def test_html_in_a_message_or_a_state_value_is_shown_as_text_and_never_runs(brow
     (user,) = [i for i, e in enumerate(ledger) if e["type"] == "user"]
     assert ledger[user]["text"] == HOSTILE
     assert css(driver, f"#event-{user} .event-body").text == HOSTILE
-    state_row = css(driver, "#state-panel section.scope[data-scope='session'] tr[data-key='refusal'] td")
+    refusal = "#state-panel section.scope[data-scope='session'] tr[data-key='refusal'] td"
+    (state_row,) = wait_for(driver, shown(refusal), "the state value")
     assert state_row.text == HOSTILE
     # nothing it holds became an element, and nothing ran
     assert css_all(driver, "main script, main img, main b") == []

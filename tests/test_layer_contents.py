@@ -27,7 +27,6 @@ SHIPPED = {
     "agents",
     "app.py",
     "audit.py",
-    "cli.py",
     "clock.py",
     "errors.py",
     "events.py",

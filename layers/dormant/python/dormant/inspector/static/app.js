@@ -351,12 +351,12 @@ function showCurrentState(side, session) {
 async function showStateAt(side, session, at, since) {
   const query = new URLSearchParams({ at });
   if (since !== null && since !== "") query.set("since", since);
-  side.dataset.at = at;
   let view;
   try {
     view = await get(`${sessionApi(session.id)}/state?${query}`);
   } catch (error) {
     clear(side, h("h2", null, `State after event #${at}`), h("p", { class: "error" }, errorText(error)));
+    side.dataset.at = at;
     return;
   }
   const index = view.index;
@@ -446,6 +446,8 @@ async function showStateAt(side, session, at, since) {
       : null,
     h("section", { class: "fork" }, h("h3", null, "Fork"), forkForm),
   );
+  side.dataset.at = at; // set once the panel shows it: what a reader (or a test) waits for
+  side.dataset.since = since ?? "";
 }
 
 function scopeTable(sessionId, scope, values, changed) {

@@ -62,10 +62,18 @@ const RENDER = {
     e.error ? h("p", { class: "error" }, e.error) : compact(e.result),
   ],
   tool_input: (e) => {
-    const known = new Set(["v", "id", "created_at", "invocation_id", "agent_name", "type", "call_id", "name", "input"]);
+    const known = new Set(["v", "id", "created_at", "invocation_id", "agent_name", "type", "call_id", "name", "input", "principal"]);
     const extra = Object.entries(e).filter(([k]) => !known.has(k));
     return [
-      h("p", null, "answer to ", h("code", { class: "tool" }, e.name), " ", h("span", { class: "call-id" }, e.call_id)),
+      h(
+        "p",
+        null,
+        "answer to ",
+        h("code", { class: "tool" }, e.name),
+        " ",
+        h("span", { class: "call-id" }, e.call_id),
+        e.principal ? [" by ", h("strong", { class: "principal" }, e.principal)] : null,
+      ),
       compact(e.input),
       extra.map(([k, v]) => h("p", { class: "muted" }, `${k}: ${short(v)}`)),
     ];
