@@ -148,9 +148,14 @@ def shots(tmp_path: Path) -> Path:
 
 
 def wait_for(driver: Any, condition: Callable[[Any], Any], what: str) -> Any:
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, WAIT).until(condition, message=f"waited {WAIT}s for {what}")
+    # an element read while the page replaces it is stale: look again
+    ignored = (NoSuchElementException, StaleElementReferenceException)
+    return WebDriverWait(driver, WAIT, ignored_exceptions=ignored).until(
+        condition, message=f"waited {WAIT}s for {what}"
+    )
 
 
 def css(driver: Any, selector: str) -> Any:
@@ -322,7 +327,8 @@ def test_a_booking_from_ask_through_approval_on_the_page_to_completion(browser: 
     css(driver, "#compare input").send_keys("0")
     css(driver, "#compare button").click()
     wait_for(driver, lambda d: d.current_url.endswith(f"?at={last}&since=0"), "the diff's own URL")
-    wait_for(driver, lambda d: css(d, "#changes h3").text.lower() == f"diff from event #0 to #{last}", "the diff")
+    wait_for(driver, lambda d: css(d, "#state-panel").get_attribute("data-since") == "0", "the diff")
+    assert css(driver, "#changes h3").text.lower() == f"diff from event #0 to #{last}"
     diff = {
         (r.get_attribute("data-scope"), r.get_attribute("data-key")) for r in css_all(driver, "#changes tr[data-key]")
     }
