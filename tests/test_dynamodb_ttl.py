@@ -147,3 +147,50 @@ def test_items_stored_without_expiry_get_one_and_lose_it_when_retention_goes(
         forever.sessions.commit(last)
         meta, others = _expiries(ddb, dynamodb_table, name, "s-1", clock())
         assert meta is None and set(others.values()) == {None}
+
+
+def test_a_commit_cut_off_during_or_after_its_refresh_never_leaves_an_item_below_the_meta_item(
+    ddb: Any, dynamodb_table: str, store: Any
+) -> None:
+    from dynamodb_faults import Died, Faults
+
+    from dormant.events import UserEvent
+
+    app, retention = f"ttl-{uuid.uuid4().hex[:8]}", 10 * DAY_MS
+
+    def row() -> StoredSession:
+        return StoredSession(id="s-1", app_name=app, created_at=T0, retention_ms=retention)
+
+    def events(prefix: str) -> list[UserEvent]:
+        return [UserEvent(id=f"{prefix}-{n}", created_at=1, text="x") for n in range(30)]
+
+    def dying(operation: str, nth: int) -> DynamoDBSessionStore:
+        c = local_client(ddb.meta.endpoint_url)
+        Faults(c).die(operation, nth)
+        return dynamo_store(dynamodb_table, client=c)
+
+    def check(now: int) -> int:
+        meta, others = _expiries(ddb, dynamodb_table, app, "s-1", now)
+        assert meta is not None and all(e is not None and e >= meta for e in others.values()), (meta, others)
+        return meta
+
+    with frozen_clock(T0) as clock:
+        assert store.commit(row(), events("a"), 0).ok
+        first = check(clock())
+        clock.advance(8 * DAY_MS)  # the new expiry passes the horizon (5 days past the first): a refresh
+        with pytest.raises(Died):
+            dying("BatchWriteItem", 1).commit(row(), events("b"), 1)  # dies in the refresh's first batch
+        assert check(clock()) == first
+        (report,) = store.repair_pending(older_than_s=0)
+        assert report.action == "rolled_back"  # no touch: the commit never got past its refresh
+        assert check(clock()) == first
+
+        clock.advance(1000)
+        with pytest.raises(Died):
+            dying("UpdateItem", 2).commit(row(), events("c"), 1)  # refresh and items written, no finish
+        (report,) = store.repair_pending(older_than_s=0)
+        assert report.action == "rolled_forward"
+        assert check(clock()) == math.ceil((clock() + retention) / 1000) > first
+        loaded = store.load(app, "s-1")
+        assert loaded is not None and [e.id for e in loaded.events][-1] == "c-29"
+        assert [s.version for s in store.list(app)] == [2]
