@@ -230,7 +230,7 @@ def _plan(marker: _Marker, old: Mapping[str, Any]) -> _Plan:
         expires = horizon = None
         refresh = old_horizon is not None
     else:
-        expires = -(-(updated_at + retention) // 1000)
+        expires = (updated_at + retention) // 1000  # rounded down: gone no later than the app says
         slack = -(-retention // 2000)
         if old_horizon is not None and expires <= old_horizon <= expires + 2 * slack:
             horizon, refresh = old_horizon, False
