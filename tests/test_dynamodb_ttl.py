@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("boto3")
@@ -213,6 +213,7 @@ def test_a_commit_cut_off_during_or_after_its_refresh_never_leaves_an_item_below
     retention_h=st.integers(min_value=1, max_value=24 * 60),
     gaps=st.lists(st.floats(min_value=0, max_value=3), min_size=1, max_size=6),
 )
+@example(retention_h=1, gaps=[2.46875, 1.0])  # expired exactly at a retention, at a time of no whole second
 def test_whatever_the_retention_and_the_gaps_no_item_expires_before_the_meta_item(
     ddb: Any, dynamodb_table: str, store: Any, retention_h: int, gaps: list[float]
 ) -> None:
@@ -235,3 +236,22 @@ def test_whatever_the_retention_and_the_gaps_no_item_expires_before_the_meta_ite
             meta, others = _expiries(ddb, dynamodb_table, app.name, "s-1", clock(), live_only=True)
             assert meta is not None and others
             assert all(e is not None and meta <= e <= meta + -(-retention // 1000) for e in others.values())
+
+
+def test_a_shorter_retention_pulls_every_items_expiry_in_at_the_next_commit(
+    ddb: Any, dynamodb_table: str, store: Any
+) -> None:
+    name = f"ttl-{uuid.uuid4().hex[:8]}"
+    with frozen_clock(T0) as clock:
+        long = adk(name=name, store=store, retention=timedelta(days=60))
+        session = long.sessions.create("s-1")
+        session.input.message("kept two months")
+        long.sessions.commit(session)
+        short = adk(name=name, store=store, retention=timedelta(days=1))
+        clock.advance(1000)
+        again = short.sessions.require("s-1")
+        again.input.message("now a day")
+        short.sessions.commit(again)
+        meta, others = _expiries(ddb, dynamodb_table, name, "s-1", clock())
+        assert meta == (clock() + DAY_MS) // 1000
+        assert len(others) >= 3 and all(e is not None and meta <= e <= meta + 86_400 for e in others.values())
