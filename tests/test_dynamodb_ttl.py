@@ -255,3 +255,29 @@ def test_a_shorter_retention_pulls_every_items_expiry_in_at_the_next_commit(
         meta, others = _expiries(ddb, dynamodb_table, name, "s-1", clock())
         assert meta == (clock() + DAY_MS) // 1000
         assert len(others) >= 3 and all(e is not None and meta <= e <= meta + 86_400 for e in others.values())
+
+
+def test_a_bound_sessions_binding_entries_expire_with_it(ddb: Any, dynamodb_table: str, store: Any) -> None:
+    """The entries an erasure finds a person's sessions by live outside the session's partition: they get the
+    horizon too, and follow it when it moves."""
+    from dormant.events import UserEvent
+    from dormant.stores.dynamodb.keys import binding_pk
+
+    app = f"ttl-{uuid.uuid4().hex[:8]}"
+    row = StoredSession(id="s-1", app_name=app, scopes={"user": "u-1"}, created_at=T0, retention_ms=10 * DAY_MS)
+
+    def binding() -> int | None:
+        key = {"pk": {"S": binding_pk(app, "user", "u-1")}, "sk": {"S": "s-1"}}
+        item = ddb.get_item(TableName=dynamodb_table, Key=key, ConsistentRead=True)["Item"]
+        return int(item["expires_at"]["N"]) if "expires_at" in item else None
+
+    with frozen_clock(T0) as clock:
+        assert store.commit(row, [UserEvent(id="e-1", created_at=1, text="x")], 0).ok
+        first = binding()
+        meta, _ = _expiries(ddb, dynamodb_table, app, "s-1", clock())
+        assert meta is not None and first is not None and meta <= first
+        clock.advance(8 * DAY_MS)  # past the horizon: the next commit refreshes it
+        assert store.commit(row, [UserEvent(id="e-2", created_at=1, text="y")], 1).ok
+        meta, _ = _expiries(ddb, dynamodb_table, app, "s-1", clock())
+        moved = binding()
+        assert meta is not None and moved is not None and first < meta <= moved

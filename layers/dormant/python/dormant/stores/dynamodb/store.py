@@ -352,9 +352,14 @@ class DynamoDBSessionStore(BaseSessionStore):
             )
         pk = session_pk(row.app_name, row.id)
         if commit.expected_version == 0 and row.scopes:
-            # Before the session exists: an erasure can never miss a session it did not see bound.
+            # Before the session exists: an erasure can never miss a session it did not see bound. They expire
+            # with the session's items (a create's horizon depends on nothing stored).
+            horizon = _plan(marker, {}).horizon
             self._write_batches(
-                [{"PutRequest": {"Item": key}} for key in _binding_keys(row.app_name, row.id, row.scopes)]
+                [
+                    {"PutRequest": {"Item": _expiring(key, horizon)}}
+                    for key in _binding_keys(row.app_name, row.id, row.scopes)
+                ]
             )
         old = self._pass_gate(pk, commit, marker)
         if isinstance(old, Refused):
@@ -376,7 +381,7 @@ class DynamoDBSessionStore(BaseSessionStore):
         writes = [*items, *self._touches(pk, plan, marker.grant)]
         try:
             if plan.refresh:
-                self._refresh(pk, plan.horizon)
+                self._refresh(pk, plan.horizon, row.scopes)
             self._write_batches([{"PutRequest": {"Item": item}} for item in writes])
         except (_Exhausted, StoreError) as exc:
             raise CommitIncomplete(
@@ -885,8 +890,9 @@ class DynamoDBSessionStore(BaseSessionStore):
                 ExpressionAttributeValues={":t": {"S": grant}},
             )
 
-    def _refresh(self, pk: str, horizon: int | None) -> None:
-        """Rewrite every item of the session but the meta item to expire at ``horizon`` (``None``: never).
+    def _refresh(self, pk: str, horizon: int | None, scopes: Mapping[str, str]) -> None:
+        """Rewrite every item of the session but the meta item — and its binding entries, outside its
+        partition — to expire at ``horizon`` (``None``: never).
 
         Runs before the commit's own writes, while its marker holds the session; the meta item's new
         expiry lands only with the finish, after this. Items are immutable, so each is put back whole
@@ -918,10 +924,11 @@ class DynamoDBSessionStore(BaseSessionStore):
                         **expiry,
                     )
                 continue
-            renewed = {name: value for name, value in item.items() if name != TTL}
-            if horizon is not None:
-                renewed[TTL] = {"N": str(horizon)}
-            puts.append({"PutRequest": {"Item": renewed}})
+            puts.append({"PutRequest": {"Item": _expiring(item, horizon)}})
+        app_name, session_id = split_session_pk(pk)
+        puts += [
+            {"PutRequest": {"Item": _expiring(key, horizon)}} for key in _binding_keys(app_name, session_id, scopes)
+        ]
         self._write_batches(puts)
 
     def _transact(self, items: Sequence[Mapping[str, Any]]) -> None:
@@ -1071,6 +1078,14 @@ def _key(pk: str, sk: str) -> dict[str, Any]:
 def _expired(meta: Mapping[str, Any], now: int) -> bool:
     """Past its expiry (``now`` in ms): gone for readers and writers, whenever AWS's TTL gets to deleting it."""
     return TTL in meta and int(meta[TTL]["N"]) * 1000 <= now
+
+
+def _expiring(item: Mapping[str, Any], expires: int | None) -> dict[str, Any]:
+    """``item`` with the TTL attribute set to ``expires`` (removed when ``None``)."""
+    renewed = {name: value for name, value in item.items() if name != TTL}
+    if expires is not None:
+        renewed[TTL] = {"N": str(expires)}
+    return renewed
 
 
 def _binding_keys(app_name: str, session_id: str, scopes: Mapping[str, str]) -> list[dict[str, Any]]:
