@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import signal
 import statistics
 import sys
 import tempfile
@@ -207,6 +208,9 @@ def floor_server(store_url: str) -> None:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    signal.signal(
+        signal.SIGINT, signal.default_int_handler
+    )  # as dormant serve: stop on SIGINT, even started ignoring it
     print(f"floor at http://127.0.0.1:{server.server_address[1]} (Ctrl-C stops)", flush=True)
     try:
         server.serve_forever()

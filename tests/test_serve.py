@@ -7,6 +7,7 @@ tenant the principal picks, the loopback-only rule, and a clean Ctrl-C.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import socket
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -22,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("aws_lambda_powertools", reason="dormant serve needs the lambda extra")
 
@@ -257,6 +261,33 @@ def test_the_proxy_event_has_the_shape_of_the_sample_api_gateway_events() -> Non
     assert query["body"] is None and query["headers"] is None
 
 
+_names = st.text(alphabet=st.characters(codec="ascii", categories=["L", "N"]), min_size=1, max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    query=st.lists(st.tuples(_names, st.text(max_size=12)), max_size=5),
+    header=st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=20),
+    body=st.binary(max_size=40) | st.text(max_size=40).map(lambda t: t.encode("utf-8", "surrogatepass")),
+)
+def test_what_the_handler_reads_of_the_event_is_what_the_client_sent(
+    query: list[tuple[str, str]], header: str, body: bytes
+) -> None:
+    """Through Powertools' own view of the event: query values decoded (the last of each name), headers,
+    and the body byte for byte (base64 when it is not UTF-8, as API Gateway sends binary)."""
+    from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEvent
+
+    raw_query = urllib.parse.urlencode(query)
+    seen = APIGatewayProxyEvent(
+        proxy_event("POST", "/sessions", "/sessions", {}, raw_query, [("X-Note", header)], body, "a", "::1", "r")
+    )
+    for name, _ in query:
+        assert seen.get_query_string_value(name) == [v for n, v in query if n == name][-1]
+    assert seen.headers.get("X-Note") == header and seen.request_context.authorizer.claims["sub"] == "a"
+    sent = base64.b64decode(seen.body or "") if seen.is_base64_encoded else (seen.body or "").encode()
+    assert sent == body
+
+
 # -- pages: the seam for non-API paths ---------------------------------------------------------------------
 
 
@@ -287,8 +318,12 @@ def test_pages_serve_other_paths_and_call_the_api_as_their_caller(tmp_path: Path
 # -- stopping ----------------------------------------------------------------------------------------------
 
 
-def test_ctrl_c_stops_the_server_cleanly_with_an_idle_keep_alive_connection_open(tmp_path: Path) -> None:
-    with dormant_serve("--store", f"sqlite:///{tmp_path / 'stop.db'}", cwd=tmp_path, timeout=TIMEOUT) as server:
+@pytest.mark.parametrize("ignoring_sigint", [False, True])
+def test_ctrl_c_stops_the_server_cleanly_with_an_idle_keep_alive_connection_open(
+    tmp_path: Path, ignoring_sigint: bool
+) -> None:
+    store = f"sqlite:///{tmp_path / 'stop.db'}"
+    with dormant_serve("--store", store, cwd=tmp_path, timeout=TIMEOUT, ignoring_sigint=ignoring_sigint) as server:
         host, port = server.url.removeprefix("http://").rsplit(":", 1)
         connection = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT)
         connection.request("GET", "/sessions")

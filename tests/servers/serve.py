@@ -59,23 +59,33 @@ def command() -> list[str]:
 
 @contextlib.contextmanager
 def dormant_serve(
-    *args: str, env: Mapping[str, str] | None = None, cwd: str | Path | None = None, timeout: float = 60
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    timeout: float = 60,
+    ignoring_sigint: bool = False,
 ) -> Iterator[ServeProcess]:
-    """``dormant serve --port 0 *args`` running for the ``with`` block."""
-    with serving_process([*command(), "serve", "--port", "0", *args], env=env, cwd=cwd, timeout=timeout) as server:
+    """``dormant serve --port 0 *args`` running for the ``with`` block (``ignoring_sigint``: started as a
+    shell starts a background job, with SIGINT ignored)."""
+    argv = [*command(), "serve", "--port", "0", *args]
+    with serving_process(argv, env=env, cwd=cwd, timeout=timeout, ignoring_sigint=ignoring_sigint) as server:
         yield server
 
 
 @contextlib.contextmanager
 def serving_process(
-    argv: list[str], env: Mapping[str, str] | None = None, cwd: str | Path | None = None, timeout: float = 60
+    argv: list[str],
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    timeout: float = 60,
+    ignoring_sigint: bool = False,
 ) -> Iterator[ServeProcess]:
     """Any server process that prints ``... at http://host:port ...`` once it listens, and stops on SIGINT."""
     with tempfile.TemporaryDirectory(prefix="dormant-serve-") as scratch:
         logs = Path(scratch)
         with (logs / "stdout").open("wb") as stdout, (logs / "stderr").open("wb") as stderr:
             process = subprocess.Popen(
-                argv,
+                ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv] if ignoring_sigint else argv,
                 stdout=stdout,
                 stderr=stderr,
                 cwd=cwd,

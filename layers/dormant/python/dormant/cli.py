@@ -154,7 +154,8 @@ def _serve(args: argparse.Namespace) -> int:
         store.close()
         print(f"dormant serve: {exc}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    for stop in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a shell starts background jobs with it ignored
+        signal.signal(stop, signal.default_int_handler)
     print(
         f"dormant serve: {args.app} on {_redacted(args.store)} at {server.url} "
         f"(caller without {PRINCIPAL_HEADER}: {args.principal}; Ctrl-C stops)",
