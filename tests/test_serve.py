@@ -46,10 +46,16 @@ OVERLAP_WAIT = 3
 
 
 def call(
-    url: str, method: str = "GET", body: Any = None, *, raw: bytes | None = None, principal: str | None = None
+    url: str,
+    method: str = "GET",
+    body: Any = None,
+    *,
+    raw: bytes | None = None,
+    principal: str | None = None,
+    extra: dict[str, str] | None = None,
 ) -> tuple[int, Any]:
     data = raw if raw is not None else None if body is None else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", **(extra or {})}
     if principal is not None:
         headers["X-Dormant-Principal"] = principal
     request = urllib.request.Request(url, data=data, method=method, headers=headers)
@@ -129,6 +135,21 @@ def test_a_booking_sleeps_is_answered_over_http_and_resumes_in_process(server: S
     assert status == 200 and [s["id"] for s in listed["sessions"]] == ["b-1"]
     assert call(f"{api}/sessions/b-1", "DELETE") == (204, None)
     assert call(f"{api}/sessions/b-1")[0] == 404
+
+
+def test_a_retried_run_with_an_idempotency_key_runs_once_on_dynamodb(
+    server: ServeProcess, store_env: tuple[str, dict[str, str]]
+) -> None:
+    api = server.url
+    assert call(f"{api}/sessions", "POST", {"session_id": "b-3"})[0] == 201
+    key = {"Idempotency-Key": "run-1"}
+    first = call(f"{api}/sessions/b-3/runs", "POST", {"message": REQUEST}, extra=key)
+    assert first[0] == 200 and first[1]["status"] == "yielded_tool"
+    again = call(f"{api}/sessions/b-3/runs", "POST", {"message": REQUEST}, extra=key)
+    if store_env[0].startswith("dynamodb:"):  # Powertools' records in the session table, as deployed
+        assert again == first and call(f"{api}/sessions/b-3")[1]["version"] == first[1]["version"]
+    else:  # no idempotency table next to SQLite: the retry is a new request (README, decisions)
+        assert again != first
 
 
 def test_bad_input_is_a_4xx_naming_the_field_and_writes_nothing(server: ServeProcess) -> None:

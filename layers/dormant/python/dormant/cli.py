@@ -30,7 +30,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
     from .app import App
+    from .serving.api import Idempotency
     from .serving.local import Page
+    from .stores.base import SessionStore
 
 __all__ = ["main"]
 
@@ -145,7 +147,9 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         served = load_served(args.app, store)
         server = LocalServer(
-            LocalAPI(served, principal=args.principal, pages=default_pages()),
+            LocalAPI(
+                served, principal=args.principal, pages=default_pages(), idempotency=_idempotency(args.store, store)
+            ),
             args.host,
             args.port,
             log_requests=not args.quiet,
@@ -173,6 +177,16 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 0
+
+
+def _idempotency(url: str, store: SessionStore) -> Idempotency | None:
+    """On DynamoDB, ``Idempotency-Key`` works as deployed: Powertools' records in the session table."""
+    if urlsplit(url).scheme.lower() != "dynamodb":
+        return None
+    from .serving.api import Idempotency
+    from .stores.dynamodb import DynamoDBSessionStore
+
+    return Idempotency(store.table_name, client=store.client) if isinstance(store, DynamoDBSessionStore) else None
 
 
 def default_pages() -> list[Page]:

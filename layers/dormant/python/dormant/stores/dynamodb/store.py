@@ -285,6 +285,15 @@ class DynamoDBSessionStore(BaseSessionStore):
         self._live_wait_s = live_wait_s
         self._unprocessed_retries = unprocessed_retries
 
+    @property
+    def table_name(self) -> str:
+        return self._table
+
+    @property
+    def client(self) -> Any:
+        """The boto3 DynamoDB client the store uses (``dormant serve`` keeps idempotency records with it)."""
+        return self._client
+
     # -- the primitives of BaseSessionStore ------------------------------------------------------
 
     def _read(self, app_name: str, session_id: str, after: int) -> tuple[StoredSession, Sequence[str]] | None:
