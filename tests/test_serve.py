@@ -43,6 +43,7 @@ EVENTS = Path(__file__).resolve().parents[1] / "events"
 REQUEST = "I need physio on Tuesday afternoon, for Alex Doe"
 TIMEOUT = 60
 OVERLAP_WAIT = 3
+PAGE_FAILED = "the page failed; the server's log says why"
 
 
 def call(
@@ -317,6 +318,8 @@ def test_pages_serve_other_paths_and_call_the_api_as_their_caller(tmp_path: Path
 
     def index(request: PageRequest) -> Reply | None:
         seen.append(request.path)
+        if request.path == "/broken":
+            raise RuntimeError("a bug in a page")
         if request.path != "/":
             return None
         listed = request.call_api("GET", "/sessions?limit=5").json()
@@ -332,8 +335,10 @@ def test_pages_serve_other_paths_and_call_the_api_as_their_caller(tmp_path: Path
         with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
             assert response.read() == b"<p>alice: s-9</p>" and response.headers["Content-Type"] == "text/html"
         assert call(f"{server.url}/inspect/x")[0] == 404  # no page took it
+        assert call(f"{server.url}/broken") == (500, {"error": "InternalError", "message": PAGE_FAILED})
+        assert call(f"{server.url}/sessions")[0] == 200  # and the server goes on
     store.close()
-    assert seen == ["/", "/inspect/x"]  # API routes never reach a page
+    assert seen == ["/", "/inspect/x", "/broken"]  # API routes never reach a page
 
 
 # -- stopping ----------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import base64
 import contextlib
 import ipaddress
 import json
+import logging
 import re
 import socket
 import threading
@@ -58,6 +59,7 @@ PRINCIPAL_HEADER = "X-Dormant-Principal"
 MAX_REQUEST_BYTES = 10 * 1024 * 1024
 """API Gateway's payload limit: a larger body is refused unread (the handler's own limit is lower)."""
 _LAMBDA_TIMEOUT_MS = 29_000  # API Gateway's integration timeout
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -241,7 +243,11 @@ class LocalAPI:
             api=self,
         )
         for page in self.pages:
-            reply = page(request)
+            try:
+                reply = page(request)
+            except Exception:  # a page's bug: logged here, a plain 500 to the client
+                logger.exception("page %r failed on %s %s", page, method, split.path)
+                return _refuse(500, "the page failed; the server's log says why")
             if reply is not None:
                 return reply
         return _refuse(404, f"no route {split.path}")
@@ -310,7 +316,8 @@ def _reply(response: Mapping[str, Any]) -> Reply:
 
 
 def _refuse(status: int, message: str, field: str | None = None) -> Reply:
-    kind = {400: "InputError", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed"}.get(status, "Error")
+    kinds = {400: "InputError", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed", 500: "InternalError"}
+    kind = kinds.get(status, "Error")
     payload = {"error": kind, "message": message, **({"field": field} if field else {})}
     return Reply.of_json(status, payload)
 
