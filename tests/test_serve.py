@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +34,10 @@ pytest.importorskip("aws_lambda_powertools", reason="dormant serve needs the lam
 from pydantic import BaseModel
 
 from dormant import adk, openai
-from dormant.serving.api import MAX_BODY_BYTES
+from dormant.serving.api import MAX_BODY_BYTES, api_handler
 from dormant.serving.local import LocalAPI, LocalServer, PageRequest, Reply, is_loopback, proxy_event
 from dormant.serving.runtime import Served, load_served
+from dormant.serving.workflow import in_process_hooks
 from dormant.stores.url import store_from_url
 from dormant.testing import MockAdapter
 from tests.servers.serve import ServeProcess, command, dormant_serve
@@ -195,6 +198,55 @@ def test_the_principal_header_picks_the_tenant(server: ServeProcess) -> None:
     assert call(f"{api}/sessions", "POST", {"session_id": "mine"})[0] == 201  # clinic's own "mine"
     status, body = call(f"{api}/sessions", principal="a@b")
     assert status == 400 and body["field"] == "tenant"
+
+
+@dataclass
+class _Context:
+    function_name: str = "dormant-direct"
+    memory_limit_in_mb: int = 512
+    invoked_function_arn: str = "arn:aws:lambda:local:000000000000:function:dormant-direct"
+    aws_request_id: str = "req-direct"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 29_000
+
+
+def test_every_sample_event_gets_over_http_what_the_handler_gives_it_directly(tmp_path: Path) -> None:
+    """The sample API Gateway events of ``events/api``, in order: once straight into the Lambda handler,
+    once as HTTP requests to ``dormant serve`` (as the events' caller). Same statuses; same error bodies."""
+    names = ["create_session", "get_session", "list_sessions", "session_events", "commit", "run", "tools"]
+    names.append("delete_session")
+    samples = {name: json.loads((EVENTS / "api" / f"{name}.json").read_text()) for name in names}
+    sub = samples["run"]["requestContext"]["authorizer"]["claims"]["sub"]
+
+    store = store_from_url(f"sqlite:///{tmp_path / 'direct.db'}")
+    served = load_served("bookings:build", store)
+    handler = api_handler(in_process_hooks(served), served)
+    direct = {}
+    for name, event in samples.items():
+        response = handler(event, _Context())
+        direct[name] = (response["statusCode"], json.loads(response["body"]) if response["body"] else None)
+    store.close()
+
+    over_http = {}
+    with dormant_serve("--store", f"sqlite:///{tmp_path / 'http.db'}", "--principal", sub, cwd=tmp_path) as server:
+        for name, event in samples.items():
+            query = urllib.parse.urlencode(event["queryStringParameters"] or {})
+            target = f"{server.url}{event['path']}{'?' + query if query else ''}"
+            raw = event["body"].encode() if event["body"] else None
+            over_http[name] = call(target, event["httpMethod"], raw=raw)
+
+    assert {n: s for n, (s, _) in over_http.items()} == {n: s for n, (s, _) in direct.items()}
+    assert direct["tools"][0] == 400  # the sample answers a call the sample run did not make
+
+    def fresh_ids_masked(body: Any) -> str:
+        return re.sub(r"call_[0-9a-f]{32}", "call_*", json.dumps(body, sort_keys=True))
+
+    for name, (status, body) in direct.items():
+        if status >= 400:
+            assert fresh_ids_masked(over_http[name][1]) == fresh_ids_masked(body)
+        elif body is not None:
+            assert set(over_http[name][1]) == set(body)
 
 
 # -- identity: loopback only -----------------------------------------------------------------------------------
