@@ -37,9 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 SERVE_EPILOG = """The API (JSON in and out) is the one API Gateway serves on AWS, through the same handler code:
-  POST /sessions, GET /sessions, GET|DELETE /sessions/{id}, GET /sessions/{id}/events,
-  POST /sessions/{id}/runs, POST /sessions/{id}/tools, POST /sessions/{id}/commit, POST /erasures,
-  GET /sessions/{id}/state?at=&since=, GET /sessions/{id}/audit?scope=&key=, POST /sessions/{id}/forks.
+{routes}
 The session inspector, a web page over the same API, is at / (open it in a browser on this machine).
 A run that waits for answers is resumed by the request that answers it (on AWS, Step Functions does).
 
@@ -53,13 +51,15 @@ created if missing; AWS credentials come from the environment, any value works l
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .serving.routes import ROUTES
+
     parser = argparse.ArgumentParser(prog="dormant", description="Agents whose sessions sleep between turns.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
     serve = commands.add_parser(
         "serve",
         help="serve the HTTP API locally, through the Lambda handlers",
         description="Serve the HTTP API on this machine, through the handler code that runs on Lambda.",
-        epilog=SERVE_EPILOG,
+        epilog=SERVE_EPILOG.format(routes="\n".join(f"  {method} {path}" for method, path, _ in ROUTES)),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     from .serving.runtime import DEFAULT_APP, DEFAULT_STORE
