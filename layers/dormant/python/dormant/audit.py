@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .events import (
     Event,
@@ -45,8 +45,7 @@ class KeyChange:
     call_id: str | None
 
 
-@dataclass(frozen=True)
-class StateDiff:
+class StateDiff(NamedTuple):
     """One key that differs between two snapshots (``None``: absent on that side)."""
 
     scope: str

@@ -219,7 +219,7 @@ def state_view(session: Session, at: int | None, since: int | None) -> dict[str,
         "status": after.status,
         "current_agent_name": after.current_agent_name,
         "state": {"session": after.session_state, **after.scoped_states},
-        "changes": [asdict(diff) for diff in state_diff(before, after)],
+        "changes": [diff._asdict() for diff in state_diff(before, after)],
         "yielded_tools": [
             {"call_id": y.call_id, "name": y.name, "args": y.args, "invocation_id": y.invocation_id}
             for y in after.yielded_tools
@@ -367,7 +367,8 @@ def build_resolver(
             raise InputError(f"scope {scope!r} is not one of the app's scopes", field="scope")
         session = tenant_app.sessions.require(session_id)
         changes = key_history(session.events, scope, key)
-        return {"scope": scope, "key": key, "changes": [asdict(change) for change in changes]}
+        # vars(), not asdict(): the values are the ledger's JSON, and a deep copy of each was most of the time
+        return {"scope": scope, "key": key, "changes": [dict(vars(change)) for change in changes]}
 
     @resolver.post("/sessions/<session_id>/forks")
     def fork(session_id: str) -> Response[Any]:
