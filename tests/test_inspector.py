@@ -69,6 +69,22 @@ def test_no_script_of_the_page_writes_html() -> None:
             assert sink not in text, f"{script.name} uses {sink}"
 
 
+def test_the_dormant_serve_command_serves_the_page(tmp_path: Path) -> None:
+    """The installed command, as a user starts it: the page at ``/``, its scripts, and the API beside it."""
+    import urllib.request
+
+    from tests.servers.serve import dormant_serve
+
+    with dormant_serve("--store", f"sqlite:///{tmp_path / 'cli.db'}", "--quiet", cwd=tmp_path, timeout=60) as server:
+        assert f"the session inspector is at {server.url}/" in server.output()
+        for path, kind in (("/", "text/html"), ("/inspect/assets/app.js", "text/javascript")):
+            with urllib.request.urlopen(server.url + path, timeout=60) as response:
+                assert response.headers["Content-Type"].startswith(kind)
+                assert "script-src 'self'" in response.headers["Content-Security-Policy"]
+        with urllib.request.urlopen(server.url + "/sessions", timeout=60) as response:
+            assert json.load(response) == {"sessions": [], "cursor": None}
+
+
 # -- the browser -----------------------------------------------------------------------------------------
 
 

@@ -162,7 +162,8 @@ def _serve(args: argparse.Namespace) -> int:
         signal.signal(stop, signal.default_int_handler)
     print(
         f"dormant serve: {args.app} on {_redacted(args.store)} at {server.url} "
-        f"(caller without {PRINCIPAL_HEADER}: {args.principal}; Ctrl-C stops)",
+        f"(caller without {PRINCIPAL_HEADER}: {args.principal}; Ctrl-C stops)\n"
+        f"dormant serve: the session inspector is at {server.url}/",
         flush=True,
     )
     try:
