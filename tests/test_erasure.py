@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from dormant import adk, in_memory_store
 from dormant.errors import InputError
-from dormant.stores.sql_schema import bound_id
+from dormant.stores.base import StoredSession
 from dormant.stores.sqlite import sqlite_store
 
 
@@ -157,11 +157,23 @@ def test_erase_reads_the_persons_sessions_through_the_binding_index_not_the_apps
 
 
 def test_the_sqlite_binding_lookup_is_an_index_search(tmp_path: Path) -> None:
+    """The statement ``bound_sessions`` runs, as SQLite plans it on a file with many sessions of the app."""
     store = sqlite_store(tmp_path / "plan.db")
     try:
+        app = adk(
+            name="plan",
+            store=store,
+            schema={scope: Profile for scope in ("user", "patient", "practice", "org", "team")},
+        )
+        for n in range(50):
+            app.sessions.create(f"s-{n}", scopes={"user": f"u-{n}", "org": "o-1"})
         for scope in ("user", "patient", "practice", "org", "team"):
-            query = f"SELECT id FROM sessions WHERE app_name = ? AND {bound_id('TEXT', scope)} = ?"
-            plan = store._conn.execute(f"EXPLAIN QUERY PLAN {query}", ("a", "x")).fetchall()
+            ran: list[str] = []
+            store._conn.set_trace_callback(ran.append)
+            store.bound_sessions("plan", scope, "u-1")
+            store._conn.set_trace_callback(None)
+            [query] = [q for q in ran if q.startswith("SELECT")]
+            plan = store._conn.execute(f"EXPLAIN QUERY PLAN {query}").fetchall()
             assert f"USING INDEX idx_sessions_bound_{scope}" in repr(plan), plan
     finally:
         store.close()
@@ -213,3 +225,27 @@ def test_erase_on_dynamodb_checks_each_binding_and_leaves_none_behind(
     finally:
         store.close()
         ddb.close()
+
+
+@pytest.mark.backend("postgres")
+def test_the_postgres_binding_lookup_uses_its_index(postgres_url: str) -> None:
+    """The statement ``bound_sessions`` runs, as PostgreSQL plans it once the app has many sessions."""
+    import psycopg
+
+    from dormant.stores.postgres import postgres_store
+    from dormant.stores.sql_schema import bound_id
+
+    store = postgres_store(postgres_url)
+    name = f"plan-{uuid.uuid4().hex[:8]}"
+    try:
+        app = adk(name=name, store=store, schema={"user": Profile})
+        for n in range(2000):
+            store.commit(StoredSession(id=f"s-{n}", app_name=name, scopes={"user": f"u-{n}"}, created_at=1), [], 0)
+        assert app.erase(scope="user", scope_id="u-7").sessions == ["s-7"]
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute("ANALYZE sessions")
+            query = f"SELECT id FROM sessions WHERE app_name = %s AND {bound_id('JSONB', 'user')} = %s"  # the store's
+            plan = conn.execute(f"EXPLAIN {query}", (name, "u-8")).fetchall()
+            assert "idx_sessions_bound_user" in repr(plan), plan
+    finally:
+        store.close()

@@ -228,10 +228,11 @@ class PostgresSessionStore(BaseSessionStore):
         return SessionListing.from_rows(rows)
 
     def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
-        query = f"SELECT id FROM sessions WHERE app_name = %s AND {bound_id('JSONB', scope)} = %s ORDER BY id"
+        # No ORDER BY: it could tempt the planner into the primary key's order instead of the binding index.
+        query = f"SELECT id FROM sessions WHERE app_name = %s AND {bound_id('JSONB', scope)} = %s"
         with self._connection() as conn:
             rows = conn.cursor(row_factory=tuple_row).execute(query, (app_name, scope_id)).fetchall()
-        return [sid for (sid,) in rows]
+        return sorted(sid for (sid,) in rows)
 
     def _app_names(self, prefix: str) -> builtins.list[str]:
         # Byte order (COLLATE "C"), where '~' sorts after every id character, whatever the database's collation.
