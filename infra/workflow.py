@@ -10,6 +10,12 @@ A run that yields starts an execution with ``{tenant, session_id}``::
 ``Park`` is a ``.waitForTaskToken`` task: the park function stores the token with the session and the
 execution sleeps, at no cost, until ``POST /tools`` sends the answers or the wait times out (up to a year).
 Its result goes to ``$.answer`` so the execution input (tenant, session) survives the callback.
+
+Every task retries, with backoff and jitter, what may pass by itself: dormant's retryable errors
+(``dormant.errors.retryable_error_names()``: a busy or unreachable store, a model that is down) and
+Lambda throttling, on top of the Lambda service errors CDK already retries. Anything else goes
+straight to its Catch. A retried park stores the new token; a retried resume claims the session
+again (``serving.advance``), so a retry never runs a turn twice.
 """
 
 from __future__ import annotations
@@ -21,8 +27,24 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
+from dormant.errors import retryable_error_names
+
 MAX_WAIT_SECONDS = 365 * 24 * 3600
 _TIMEOUTS = ["States.Timeout", "States.HeartbeatTimeout"]
+RETRYABLE_ERRORS = [*retryable_error_names(), "Lambda.TooManyRequestsException"]
+"""What the tasks retry beyond CDK's Lambda service errors: the errors that say "try again later"."""
+
+
+def _retry_transient(task: tasks.LambdaInvoke) -> None:
+    """Up to 4 retries, 1 s apart and doubling (at most 30 s), fully jittered so retries do not stampede."""
+    task.add_retry(
+        errors=RETRYABLE_ERRORS,
+        interval=Duration.seconds(1),
+        backoff_rate=2,
+        max_attempts=4,
+        max_delay=Duration.seconds(30),
+        jitter_strategy=sfn.JitterType.FULL,
+    )
 
 
 def _session(action: str, **extra: object) -> sfn.TaskInput:
@@ -76,6 +98,8 @@ class ResumeWorkflow(Construct):
             payload=_session("fail", error=sfn.JsonPath.object_at("$.error")),
             result_path=sfn.JsonPath.DISCARD,
         )
+        for task in (wait, run_on, expire, record_failure):
+            _retry_transient(task)
         failed = sfn.Fail(self, "Failed", error="ResumeFailed", cause="the error is recorded on the session's ledger")
         record_failure.next(failed)
         expire.next(sfn.Succeed(self, "Expired", comment="the wait timed out; the session is marked expired"))

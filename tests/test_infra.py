@@ -1,18 +1,15 @@
 """The CDK app: what the synthesized template holds, and that cfn-lint and cdk-nag pass on it.
 
-One synthesis per module (the jsii kernel starts once): the app is synthesized with the cdk-nag
-AwsSolutions plugin and CDK's own template validation, so a finding or a circular dependency fails
-the fixture itself.
+One synthesis per module (the jsii kernel starts once), by ``tests.cdk_template.synthesize``: with the
+cdk-nag AwsSolutions plugin and CDK's own template validation, so a finding or a circular dependency
+fails the fixture itself.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,64 +17,20 @@ import pytest
 
 pytestmark = pytest.mark.backend("cdk")
 
-os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
-cdk = pytest.importorskip("aws_cdk", reason="the infra tests need the infra extra (pip install 'dormant[infra]')")
-cdk_nag = pytest.importorskip("cdk_nag", reason="the infra tests need cdk-nag (the infra extra)")
+pytest.importorskip("aws_cdk", reason="the infra tests need the infra extra (pip install 'dormant[infra]')")
+pytest.importorskip("cdk_nag", reason="the infra tests need cdk-nag (the infra extra)")
 
 from dormant.serving.routes import ROUTES  # noqa: E402
 from dormant.stores.dynamodb import TABLE  # noqa: E402
 from infra.functions import HANDLERS  # noqa: E402
-from infra.stack import TABLE_ACTIONS, DormantStack  # noqa: E402
-from infra.workflow import MAX_WAIT_SECONDS  # noqa: E402
-
-STACK = "Dormant"
-
-
-class Synth:
-    def __init__(self, outdir: Path) -> None:
-        self.outdir = outdir
-        self.path = outdir / f"{STACK}.template.json"
-        self.template: dict[str, Any] = json.loads(self.path.read_text())
-        self.resources: dict[str, dict[str, Any]] = self.template["Resources"]
-        self.report: dict[str, Any] = json.loads((outdir / "validation-report.json").read_text())
-
-    def of_type(self, kind: str) -> dict[str, dict[str, Any]]:
-        return {key: r for key, r in self.resources.items() if r["Type"] == kind}
-
-    def one(self, kind: str) -> tuple[str, dict[str, Any]]:
-        found = self.of_type(kind)
-        assert len(found) == 1, sorted(found)
-        return next(iter(found.items()))
+from infra.stack import TABLE_ACTIONS  # noqa: E402
+from infra.workflow import MAX_WAIT_SECONDS, RETRYABLE_ERRORS  # noqa: E402
+from tests.cdk_template import STACK, Synth, definition_of, function_of, synthesize  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def synth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synth]:
-    outdir = tmp_path_factory.mktemp("cdk.out")
-    app = cdk.App(
-        outdir=str(outdir),
-        context={
-            # Assets point at their sources: no pip download of the layer's wheels in the unit tests.
-            "aws:cdk:bundling-stacks": [],
-            "@aws-cdk/core:validateAgainstDefaultRules": True,
-            # What the cdk CLI adds: construct paths (to find resources by name) and asset paths.
-            "aws:cdk:enable-path-metadata": True,
-            "aws:cdk:enable-asset-metadata": True,
-        },
-    )
-    DormantStack(app, STACK, env=cdk.Environment(account="123456789012", region="eu-west-1"))
-    cdk.Validations.of(app).add_plugins(cdk_nag.AwsSolutionsChecks(app))
-    app.synth()  # raises on any unacknowledged cdk-nag finding
-    yield Synth(outdir)
-
-
-def function_of(synth: Synth, name: str) -> tuple[str, dict[str, Any]]:
-    matches = [
-        (key, r)
-        for key, r in synth.of_type("AWS::Lambda::Function").items()
-        if r["Metadata"]["aws:cdk:path"] == f"{STACK}/Functions/{name.capitalize()}/Function/Resource"
-    ]
-    assert len(matches) == 1, name
-    return matches[0]
+def synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    return synthesize(tmp_path_factory.mktemp("cdk.out"))
 
 
 def statements_of_role(synth: Synth, role_id: str) -> list[dict[str, Any]]:
@@ -250,22 +203,6 @@ def test_every_method_is_behind_the_cognito_authorizer(synth: Synth) -> None:
 # -- the resume workflow -------------------------------------------------------------------------
 
 
-def definition_of(synth: Synth, substitutions: dict[str, str] | None = None) -> dict[str, Any]:
-    """The state machine's ASL, its CloudFormation references replaced by ``<Ref>``/``<Id.Arn>`` placeholders."""
-    _, machine = synth.one("AWS::StepFunctions::StateMachine")
-    parts = machine["Properties"]["DefinitionString"]["Fn::Join"][1]
-    text = ""
-    for part in parts:
-        if isinstance(part, str):
-            text += part
-            continue
-        name = part["Ref"] if "Ref" in part else ".".join(part["Fn::GetAtt"])
-        value = (substitutions or {}).get(name, f"<{name}>")
-        inside_a_string = len(re.findall(r'(?<!\\)"', text)) % 2 == 1
-        text += value if inside_a_string else json.dumps(value)
-    return json.loads(text)  # type: ignore[no-any-return]
-
-
 def test_the_workflow_parks_resumes_and_ends_cleanly(synth: Synth) -> None:
     asl = definition_of(synth)
     states = asl["States"]
@@ -297,6 +234,30 @@ def test_the_workflow_parks_resumes_and_ends_cleanly(synth: Synth) -> None:
     for name in ("Park", "Resume", "Expire", "RecordFailure"):
         assert states[name]["Parameters"]["Payload"]["session_id.$"] == "$.session_id"
         assert states[name]["Parameters"]["Payload"]["tenant.$"] == "$.tenant"
+
+
+def test_every_task_retries_transient_errors_with_backoff_and_nothing_else(synth: Synth) -> None:
+    from dormant.errors import retryable_error_names
+
+    states = definition_of(synth)["States"]
+    assert set(retryable_error_names()) >= {"StoreBusy", "StoreUnavailable", "CommitIncomplete", "ModelUnavailable"}
+    assert RETRYABLE_ERRORS == [*retryable_error_names(), "Lambda.TooManyRequestsException"]
+    for name in ("Park", "Resume", "Expire", "RecordFailure"):
+        retries = {tuple(r["ErrorEquals"]): r for r in states[name]["Retry"]}
+        ours = retries.pop(tuple(RETRYABLE_ERRORS))
+        assert ours["IntervalSeconds"] == 1 and ours["BackoffRate"] == 2 and ours["MaxAttempts"] == 4
+        assert ours["MaxDelaySeconds"] == 30 and ours["JitterStrategy"] == "FULL"
+        # what is left is CDK's retry of the Lambda service's own errors
+        ((errors, service),) = retries.items()
+        assert set(errors) == {
+            "Lambda.ClientExecutionTimeoutException",
+            "Lambda.ServiceException",
+            "Lambda.AWSLambdaException",
+            "Lambda.SdkClientException",
+        }
+        assert service["BackoffRate"] == 2 and service["MaxAttempts"] >= 1
+        # a timeout is not retried (it is the end of the wait), nor a failure of the agent's own making
+        assert not any(e.startswith("States.") for r in states[name]["Retry"] for e in r["ErrorEquals"])
 
 
 def test_the_wait_timeout_is_a_parameter_of_up_to_a_year(synth: Synth) -> None:
