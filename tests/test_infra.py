@@ -241,7 +241,7 @@ def test_every_task_retries_transient_errors_with_backoff_and_nothing_else(synth
 
     states = definition_of(synth)["States"]
     assert set(retryable_error_names()) >= {"StoreBusy", "StoreUnavailable", "CommitIncomplete", "ModelUnavailable"}
-    assert RETRYABLE_ERRORS == [*retryable_error_names(), "Lambda.TooManyRequestsException"]
+    assert [*retryable_error_names(), "Lambda.TooManyRequestsException"] == RETRYABLE_ERRORS
     for name in ("Park", "Resume", "Expire", "RecordFailure"):
         retries = {tuple(r["ErrorEquals"]): r for r in states[name]["Retry"]}
         ours = retries.pop(tuple(RETRYABLE_ERRORS))
