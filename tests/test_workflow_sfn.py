@@ -59,6 +59,10 @@ def eventually(check: Callable[[], T | None], what: str) -> T:
         time.sleep(0.05)
 
 
+def function_arn(name: str) -> str:
+    return f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:dormant-{name}"
+
+
 def load_function(name: str) -> Callable[[dict[str, Any], Any], Any]:
     """``functions/<name>/app.py`` as Lambda loads it: a fresh module, configured by the environment."""
     spec = importlib.util.spec_from_file_location(f"function_{name}_{uuid.uuid4().hex}", FUNCTIONS / name / "app.py")
@@ -149,7 +153,8 @@ class Deployment:
         return call  # type: ignore[no-any-return]
 
     def answer(self, session_id: str, call_id: str, answer: Any) -> dict[str, Any]:
-        status, body = self.call("tools", session_id=session_id, body={"answers": [{"call_id": call_id, "input": answer}]})
+        body = {"answers": [{"call_id": call_id, "input": answer}]}
+        status, body = self.call("tools", session_id=session_id, body=body)
         assert status == 202, body
         return body  # type: ignore[no-any-return]
 
@@ -175,15 +180,8 @@ def deploy(
 
     def deploy(app: str = "bookings:build", wait_seconds: int = 3600) -> Deployment:
         monkeypatch.setenv("DORMANT_APP", app)
-        asl = definition_of(
-            template,
-            {
-                "AWS::Partition": "aws",
-                f"{function_of(template, 'park')[0]}.Arn": f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:dormant-park",
-                f"{function_of(template, 'resume')[0]}.Arn": f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:dormant-resume",
-                "WaitTimeoutSeconds": wait_seconds,
-            },
-        )
+        functions = {f"{function_of(template, name)[0]}.Arn": function_arn(name) for name in ("park", "resume")}
+        asl = definition_of(template, {"AWS::Partition": "aws", "WaitTimeoutSeconds": wait_seconds, **functions})
         sfn = boto3.client("stepfunctions", region_name=REGION)
         arn = sfn.create_state_machine(
             name=f"resume-{uuid.uuid4().hex[:8]}",

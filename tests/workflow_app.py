@@ -40,7 +40,7 @@ def build(store: SessionStore) -> SignOffApp:
     )
     app = adk(name="signoff", adapters={"scripted": script}, store=store)
     sign_off = app.tool(
-        name="sign_off", description="Ask a human to sign off one step.", schema=Step, execute=None, yield_schema=SignOff
+        name="sign_off", description="Ask a human to sign off a step.", schema=Step, execute=None, yield_schema=SignOff
     )
     agent = app.agent(name="signoff", model={"provider": "scripted", "name": "script"}, tools=[sign_off])
     return SignOffApp(app, agent)
