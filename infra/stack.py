@@ -83,6 +83,9 @@ class DormantStack(Stack):
                 "POWERTOOLS_SERVICE_NAME": "dormant",
                 "POWERTOOLS_METRICS_NAMESPACE": "dormant",
                 "POWERTOOLS_TRACE_DISABLED": "false" if tracing else "true",
+                # No pydantic plugins are deployed: skip pydantic's scan of every installed package's
+                # entry points, which the first model built would otherwise pay at cold start.
+                "PYDANTIC_DISABLE_PLUGINS": "__all__",
             },
             log_retention_days=retention.value_as_number,
             tracing=tracing,

@@ -96,6 +96,7 @@ def test_every_handler_is_a_python_312_arm64_function_with_both_layers(synth: Sy
         env = props["Environment"]["Variables"]
         assert env["DORMANT_APP"] == "bookings:build"
         assert env["POWERTOOLS_TRACE_DISABLED"] == "true"
+        assert env["PYDANTIC_DISABLE_PLUGINS"] == "__all__"  # no entry-point scan at cold start
         table_id, _ = synth.one("AWS::DynamoDB::Table")
         assert env["DORMANT_IDEMPOTENCY_TABLE"] == {"Ref": table_id}  # idempotency records share the table
         store_url = json.dumps(env["DORMANT_STORE"])

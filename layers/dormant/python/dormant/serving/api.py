@@ -28,7 +28,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
@@ -57,6 +57,7 @@ from ..projection import Projection
 from ..session import Session
 from ..stores.base import ScopedStateChange, SessionListing
 from .advance import AdvanceOutcome, advance
+from .hooks import Hooks
 from .runtime import Served, served_from_env
 
 __all__ = [
@@ -175,15 +176,6 @@ class CommitBody(_Body):
     expected_version: int = Field(ge=0)
     events: list[dict[str, Any]]
     scoped_changes: list[ScopedChange] | None = None
-
-
-@dataclass(frozen=True)
-class Hooks:
-    """What happens around a sleep: ``on_yield(tenant, app, outcome)`` once a run yields, and
-    ``on_answers(tenant, app, session)`` once answers are stored (``None``: nothing)."""
-
-    on_yield: Callable[[str, App, AdvanceOutcome], None] | None = None
-    on_answers: Callable[[str, App, Session], dict[str, Any] | None] | None = None
 
 
 def session_view(app: App, session: Session) -> dict[str, Any]:

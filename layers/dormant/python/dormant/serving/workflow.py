@@ -28,7 +28,7 @@ from ..events import InvocationEndEvent
 from ..session import Session
 from ..stores.base import ScopedStateChange
 from .advance import AdvanceOutcome, advance
-from .api import Hooks
+from .hooks import Hooks
 from .runtime import Served, purge_tenants, served_from_env
 
 __all__ = [
@@ -82,7 +82,7 @@ def end_invocation(app: App, session_id: str, error: str, error_type: str) -> di
 
 
 class StepFunctions:
-    """Start and wake the resume workflow's executions (boto3 is imported on first use only)."""
+    """Start and wake the resume workflow's executions (the AWS SDK is imported on first use only)."""
 
     def __init__(self, state_machine_arn: str, client: Any = None) -> None:
         self.state_machine_arn = state_machine_arn
@@ -91,9 +91,9 @@ class StepFunctions:
     @property
     def client(self) -> Any:
         if self._client is None:
-            import boto3
+            import botocore.session
 
-            self._client = boto3.client("stepfunctions")
+            self._client = botocore.session.get_session().create_client("stepfunctions")
         return self._client
 
     def on_yield(self, tenant: str, app: App, outcome: AdvanceOutcome) -> None:

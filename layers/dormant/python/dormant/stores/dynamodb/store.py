@@ -1175,8 +1175,10 @@ def _transact_item(table: str, app_name: str, write: ScopedWrite) -> dict[str, A
 
 
 def _client(endpoint_url: str | None, region: str | None) -> Any:
+    # botocore's own session, not boto3's: the same client without importing boto3 (and s3transfer),
+    # which a Lambda cold start would otherwise pay for nothing.
     try:
-        import boto3
+        import botocore.session
         from botocore.config import Config
     except ImportError as exc:
         raise ConfigurationError("the DynamoDB store needs boto3: pip install 'dormant[dynamodb]'") from exc
@@ -1187,7 +1189,8 @@ def _client(endpoint_url: str | None, region: str | None) -> Any:
         tcp_keepalive=True,
     )
     try:
-        return boto3.client("dynamodb", endpoint_url=endpoint_url, region_name=region, config=config)
+        session = botocore.session.get_session()
+        return session.create_client("dynamodb", endpoint_url=endpoint_url, region_name=region, config=config)
     except Exception as exc:  # botocore says what is missing (a region, usually)
         raise ConfigurationError(f"cannot build a DynamoDB client: {exc}") from exc
 
