@@ -705,3 +705,45 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_first_result_and_runs
     finally:
         ddb.close()
         store.close()
+
+
+# -- the cold path ---------------------------------------------------------------------------------
+
+# What importing a function module must not load: boto3 and s3transfer (the clients are botocore's),
+# the X-Ray SDK (tracing is off), a client or the app (both are built by the first request).
+COLD_PATH_EXCLUDES = {"boto3", "s3transfer", "aws_xray_sdk", "botocore.client", "bookings"}
+# The workflow's functions serve no HTTP: no Powertools resolver, no pydantic request models.
+WORKFLOW_EXCLUDES = {"aws_lambda_powertools.event_handler", "dormant.serving.api"}
+
+
+@pytest.mark.parametrize("name", ["sessions", "run", "tools", "commit", "park", "resume", "sweeper"])
+def test_a_function_module_imports_only_what_its_cold_path_needs(name: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "DORMANT_STORE": "dynamodb://cold-table?region=us-east-1",
+        "DORMANT_APP": "bookings:build",
+        "DORMANT_STATE_MACHINE": "arn:aws:states:us-east-1:123456789012:stateMachine:cold",
+        "DORMANT_IDEMPOTENCY_TABLE": "cold-table",
+        "POWERTOOLS_TRACE_DISABLED": "true",
+        "AWS_LAMBDA_FUNCTION_NAME": f"dormant-{name}",
+    }
+    code = (
+        "import importlib.util, json, sys\n"
+        "spec = importlib.util.spec_from_file_location('app', sys.argv[1])\n"
+        "module = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n"
+        "assert callable(module.handler)\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    path = EVENTS.parent / "functions" / name / "app.py"
+    run = [sys.executable, "-c", code, str(path)]
+    done = subprocess.run(run, check=False, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = set(json.loads(done.stdout.splitlines()[-1]))
+    excluded = COLD_PATH_EXCLUDES | (WORKFLOW_EXCLUDES if name in {"park", "resume", "sweeper"} else set())
+    assert "dormant.serving" in loaded  # it did load the handler's own code
+    assert sorted(m for m in loaded if m in excluded or m.split(".")[0] in excluded) == []

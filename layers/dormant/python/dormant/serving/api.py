@@ -25,6 +25,7 @@ parks the session); answers to yielded calls go to ``on_answers`` (on AWS: wake 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -497,17 +498,23 @@ def api_handler(
     hooks: Hooks | None = None, served: Served | None = None, idempotency: Idempotency | None = None
 ) -> Callable[[dict[str, Any], Any], Any]:
     """A Lambda handler serving the API (``served`` defaults to ``DORMANT_APP`` on ``DORMANT_STORE``;
-    ``idempotency`` to ``DORMANT_IDEMPOTENCY_TABLE``)."""
+    ``idempotency`` to ``DORMANT_IDEMPOTENCY_TABLE``), which builds its routes over the app on its first
+    request."""
     logger = Logger()
     metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "dormant"))
-    resolver = build_resolver(
-        served or served_from_env(), hooks or Hooks(), metrics, logger, idempotency or idempotency_from_env()
-    )
+
+    @functools.cache
+    def resolver() -> APIGatewayRestResolver:
+        # Built by the first request, as the workflow's handlers build theirs: importing the function
+        # module stays cheap, and the app and its store client are made where they are first needed.
+        return build_resolver(
+            served or served_from_env(), hooks or Hooks(), metrics, logger, idempotency or idempotency_from_env()
+        )
 
     @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)
     def handler(event: dict[str, Any], context: Any) -> Any:
         try:
-            return resolver.resolve(event, context)
+            return resolver().resolve(event, context)
         finally:
             if metrics.metric_set:
                 metrics.flush_metrics()
