@@ -1,7 +1,8 @@
 """Build the library layer on this machine, without Docker, for the Lambda runtime (Python 3.12, arm64).
 
 pip fetches wheels built for that runtime (``--platform``/``--only-binary``), then the library is copied
-beside them. ``cdk synth``/``cdk deploy`` run this as the layer's local bundling step (infra/layer.py);
+beside them, and every module is compiled for the runtime's Python. ``cdk synth``/``cdk deploy`` run
+this as the layer's local bundling step (infra/layer.py);
 ``python -m infra.bundle DIR`` runs it on its own, to inspect the layer or pre-build it. It imports no
 CDK, so it needs no Node.
 
@@ -10,6 +11,7 @@ boto3 is left out: the Lambda runtime ships it, and a second copy would only add
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -68,6 +70,13 @@ def bundle_library(output_dir: Path, requirements: Sequence[str] | None = None) 
     )
     shutil.rmtree(target / "bin", ignore_errors=True)  # console scripts: nothing in a layer runs them
     copy_packages(target, [LIBRARY], leave_out=LEFT_OUT)
+    compile_for_runtime(target)
+
+
+def bundle_app(output_dir: Path, packages: Sequence[Path]) -> None:
+    """Write the app layer into ``output_dir/python``: the agent app's packages, compiled."""
+    copy_packages(output_dir / "python", packages)
+    compile_for_runtime(output_dir / "python")
 
 
 def copy_packages(target: Path, packages: Sequence[Path], leave_out: Sequence[str] = ()) -> None:
@@ -79,6 +88,44 @@ def copy_packages(target: Path, packages: Sequence[Path], leave_out: Sequence[st
             return {n for n in names if n == "__pycache__" or n.endswith(".pyc") or (top and n in leave_out)}
 
         shutil.copytree(package, target / package.name, ignore=ignore)
+
+
+def runtime_python() -> str | None:
+    """A Python of the runtime's version: ``DORMANT_LAYER_PYTHON``, else ``python3.12`` on PATH, if it runs."""
+    python = os.environ.get("DORMANT_LAYER_PYTHON") or shutil.which(f"python{PYTHON_VERSION}")
+    if python is None:
+        return None
+    probe = "import sys; print('%d.%d' % sys.version_info[:2])"
+    try:
+        done = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    except OSError:
+        return None
+    return python if done.returncode == 0 and done.stdout.strip() == PYTHON_VERSION else None
+
+
+def compile_for_runtime(target: Path) -> bool:
+    """Compile every module under ``target`` with the runtime's Python (``runtime_python()``); ``False``,
+    with a warning, when this machine has none.
+
+    A layer is read-only on Lambda, where Python cannot keep what it compiles: a module shipped without
+    its ``.pyc`` is compiled again by every cold start (here that nearly doubled a handler's import). The
+    ``.pyc`` are hash-based and unchecked: they do not depend on file times, which the asset's zip does
+    not keep, and nothing changes a layer's sources after it is built.
+    """
+    python = runtime_python()
+    if python is None:
+        print(
+            f"infra.bundle: no Python {PYTHON_VERSION} (python{PYTHON_VERSION} on PATH, or DORMANT_LAYER_PYTHON): "
+            f"{target} ships no .pyc, so every cold start compiles its modules",
+            file=sys.stderr,
+        )
+        return False
+    subprocess.run(
+        [python, "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "unchecked-hash", str(target)],
+        check=True,
+        timeout=600,
+    )
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -14,7 +14,7 @@ from aws_cdk import AssetHashType, BundlingOptions, DockerImage, ILocalBundling
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
-from .bundle import LIBRARY, bundle_library, copy_packages
+from .bundle import LIBRARY, bundle_app, bundle_library
 
 RUNTIME = lambda_.Runtime.PYTHON_3_12
 ARCHITECTURE = lambda_.Architecture.ARM_64
@@ -61,7 +61,7 @@ class Layers(Construct):
         self.app = lambda_.LayerVersion(
             self,
             "App",
-            code=_locally_bundled(packages[0].parent, lambda out: copy_packages(out / "python", packages)),
+            code=_locally_bundled(packages[0].parent, lambda out: bundle_app(out, packages)),
             compatible_runtimes=[RUNTIME],
             compatible_architectures=[ARCHITECTURE],
             description=f"the agent app: {', '.join(p.name for p in packages)}",
