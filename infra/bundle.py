@@ -91,16 +91,21 @@ def copy_packages(target: Path, packages: Sequence[Path], leave_out: Sequence[st
 
 
 def runtime_python() -> str | None:
-    """A Python of the runtime's version: ``DORMANT_LAYER_PYTHON``, else ``python3.12`` on PATH, if it runs."""
-    python = os.environ.get("DORMANT_LAYER_PYTHON") or shutil.which(f"python{PYTHON_VERSION}")
-    if python is None:
-        return None
+    """A Python of the runtime's version: ``DORMANT_LAYER_PYTHON``, else ``python3.12`` on PATH, else one
+    pyenv installed (``$PYENV_ROOT/versions/3.12.*``, which its shim hides unless selected), if it runs."""
+    name = f"python{PYTHON_VERSION}"
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    candidates = [os.environ.get("DORMANT_LAYER_PYTHON"), shutil.which(name)]
+    candidates += [str(p) for p in sorted(pyenv.glob(f"{PYTHON_VERSION}.*/bin/{name}"), reverse=True)]
     probe = "import sys; print('%d.%d' % sys.version_info[:2])"
-    try:
-        done = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
-    except OSError:
-        return None
-    return python if done.returncode == 0 and done.stdout.strip() == PYTHON_VERSION else None
+    for python in filter(None, candidates):
+        try:
+            done = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+        except OSError:
+            continue
+        if done.returncode == 0 and done.stdout.strip() == PYTHON_VERSION:
+            return python
+    return None
 
 
 def compile_for_runtime(target: Path) -> bool:
@@ -115,8 +120,8 @@ def compile_for_runtime(target: Path) -> bool:
     python = runtime_python()
     if python is None:
         print(
-            f"infra.bundle: no Python {PYTHON_VERSION} (python{PYTHON_VERSION} on PATH, or DORMANT_LAYER_PYTHON): "
-            f"{target} ships no .pyc, so every cold start compiles its modules",
+            f"infra.bundle: no Python {PYTHON_VERSION} (DORMANT_LAYER_PYTHON, python{PYTHON_VERSION} on PATH, "
+            f"or pyenv): {target} ships no .pyc, so every cold start compiles its modules",
             file=sys.stderr,
         )
         return False

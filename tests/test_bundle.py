@@ -11,12 +11,14 @@ import pytest
 from infra.bundle import PYTHON_VERSION, bundle_app, compile_for_runtime, runtime_python
 
 RUNTIME_PYTHON = runtime_python()
+# CI requires this backend (DORMANT_REQUIRE_BACKENDS): the layers built there ship compiled modules.
 needs_runtime_python = pytest.mark.skipif(
     RUNTIME_PYTHON is None,
-    reason=f"no Python {PYTHON_VERSION} (python{PYTHON_VERSION} on PATH, or DORMANT_LAYER_PYTHON)",
+    reason=f"no Python {PYTHON_VERSION} (DORMANT_LAYER_PYTHON, python{PYTHON_VERSION} on PATH, or pyenv)",
 )
 
 
+@pytest.mark.backend("runtime-python")
 @needs_runtime_python
 def test_the_app_layer_ships_unchecked_hash_pyc_that_the_runtime_python_loads(tmp_path: Path) -> None:
     source = tmp_path / "src" / "agentapp"
@@ -52,6 +54,7 @@ def test_without_the_runtime_python_the_layer_ships_sources_and_says_so(
 ) -> None:
     (tmp_path / "module.py").write_text("X = 1\n")
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "no-pyenv"))
     monkeypatch.delenv("DORMANT_LAYER_PYTHON", raising=False)
     assert compile_for_runtime(tmp_path) is False
     assert "ships no .pyc" in capsys.readouterr().err
