@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambda extra")
 
 from dormant.events import InvocationStartEvent
-from dormant.serving.api import MAX_BODY_BYTES, Hooks, Idempotency, api_handler
+from dormant.serving.api import MAX_BODY_BYTES, MAX_LIST_LIMIT, Hooks, Idempotency, api_handler
 from dormant.serving.runtime import Served, load_served
 from dormant.serving.workflow import (
     StepFunctions,
@@ -30,6 +30,8 @@ from dormant.serving.workflow import (
 from dormant.stores.sqlite import SQLiteSessionStore, sqlite_store
 from dormant.stores.url import store_from_url
 from tests.lambda_events import EVENTS, TENANT_A, TENANT_B, Client, LambdaContext, load_event
+
+REQUEST = "I need physio on Tuesday afternoon, for Alex Doe"
 
 
 @pytest.fixture(params=["sqlite", pytest.param("dynamodb", marks=pytest.mark.backend("dynamodb"))])
@@ -223,6 +225,10 @@ def test_an_oversized_body_is_a_413_and_writes_nothing(client: Client) -> None:
 def test_a_bad_query_parameter_is_a_400(client: Client) -> None:
     assert client.call("list_sessions", query={"limit": "many"})[1]["field"] == "limit"
     assert client.call("list_sessions", query={"limit": "0"})[0] == 400
+    for huge in (str(MAX_LIST_LIMIT + 1), "99999999999999999999"):  # beyond any store's integer
+        status, error = client.call("list_sessions", query={"limit": huge})
+        assert (status, error["field"]) == (400, "limit"), error
+    assert client.call("list_sessions", query={"limit": str(MAX_LIST_LIMIT)})[0] == 200
 
 
 def test_unknown_sessions_are_404s(client: Client) -> None:
@@ -276,6 +282,37 @@ def test_a_run_on_a_session_held_by_another_run_is_a_409_and_runs_nothing(client
     status, error = client.call("run", session_id="s-1")
     assert status == 409 and error["error"] == "ClaimLost", error
     assert client.call("get_session", session_id="s-1")[1]["version"] == session.version
+
+
+def test_a_run_left_running_by_a_dead_process_is_taken_over_only_when_asked(client: Client, served: Served) -> None:
+    create(client)
+    app = served.for_tenant(TENANT_A)
+    session = app.sessions.require("s-1")
+    session.append(InvocationStartEvent(invocation_id="inv-died", agent_name="bookings"))
+    app.sessions.commit(session)
+    for bad in ("yes", 1, None):
+        status, error = client.call("run", session_id="s-1", body={"message": "hi", "takeover": bad})
+        assert (status, error["field"]) == (400, "takeover"), error
+    assert client.call("run", session_id="s-1")[0] == 409
+    assert client.call("get_session", session_id="s-1")[1]["version"] == session.version
+
+    status, ran = client.call("run", session_id="s-1", body={"message": REQUEST, "takeover": True})
+    assert status == 200 and ran["status"] == "yielded_tool", ran
+    assert client.call("get_session", session_id="s-1")[1]["status"] == "awaiting_input"
+
+
+def test_an_answer_that_another_answer_beat_is_a_409_and_stores_nothing(client: Client) -> None:
+    """Two people approve at once: both read the call waiting, one answer lands; the other is a conflict
+    (the caller lost a race, as with ``ClaimLost``), not a 400 as for a call that never waited."""
+    create(client)
+    call = client.call("run", session_id="s-1")[1]["yielded_tools"][0]
+    assert approve(client, "s-1", call["call_id"])[0] == 202
+    version = client.call("get_session", session_id="s-1")[1]["version"]
+    status, error = approve(client, "s-1", call["call_id"])
+    assert (status, error["error"], error["field"]) == (409, "UnknownCallId", "tools.call_id"), error
+    status, error = client.call("tools", session_id="s-1", body={"answers": [{"call_id": "c-never", "input": {}}]})
+    assert (status, error["error"]) == (400, "InputError"), error
+    assert client.call("get_session", session_id="s-1")[1]["version"] == version
 
 
 # -- the inspector's reads: state at an event, the audit of a key, forks --------------------------

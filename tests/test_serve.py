@@ -279,6 +279,42 @@ def test_a_client_off_loopback_is_refused_with_or_without_the_header(
     assert store.load("bookings@alice", "s-1") is None and store.load("bookings@clinic", "s-1") is None
 
 
+@pytest.mark.parametrize(
+    "browser",
+    [
+        [("Origin", "https://evil.example")],  # another site's page: a simple POST needs no preflight
+        [("Host", "127.0.0.1:8000"), ("Origin", "http://localhost:8000")],  # another origin on this machine
+        [("Host", "127.0.0.1:8000"), ("Origin", "null")],  # a sandboxed frame, a file: page
+        [("Host", "rebound.evil.example:8000")],  # DNS rebinding: the attacker's name, resolving to 127.0.0.1
+        [("Host", "[::1")],
+        [("Host", "127.0.0.1:8000"), ("Sec-Fetch-Site", "cross-site")],
+        [("Host", "127.0.0.1:8000"), ("Sec-Fetch-Site", "same-site")],
+    ],
+)
+def test_a_cross_site_request_from_a_browser_on_this_machine_is_refused_and_writes_nothing(
+    local_api: LocalAPI, browser: list[tuple[str, str]]
+) -> None:
+    headers = [("Content-Type", "text/plain"), *browser]
+    reply = local_api.handle("POST", "/sessions", headers, b'{"session_id": "s-1"}', "127.0.0.1")
+    assert reply.status == 403 and reply.json()["error"] == "Forbidden", reply
+    assert local_api.served.app.store.load("bookings@clinic", "s-1") is None
+
+
+@pytest.mark.parametrize(
+    "own",
+    [
+        [("Host", "127.0.0.1:8000"), ("Origin", "http://127.0.0.1:8000"), ("Sec-Fetch-Site", "same-origin")],
+        [("Host", "localhost:8000"), ("Sec-Fetch-Site", "none")],  # typed into the address bar
+        [("Host", "[::1]:8000")],
+        [],  # curl over HTTP/1.0, a test client
+    ],
+)
+def test_the_pages_own_requests_and_local_tools_are_served(local_api: LocalAPI, own: list[tuple[str, str]]) -> None:
+    reply = local_api.handle("POST", "/sessions", own, b'{"session_id": "s-1"}', "127.0.0.1")
+    assert reply.status == 201, reply
+    assert local_api.served.app.store.load("bookings@clinic", "s-1") is not None
+
+
 def _outward_address() -> str | None:
     """This machine's address on a non-loopback interface (no packet is sent), if it has one."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
@@ -467,6 +503,28 @@ def test_the_bookings_arc_through_the_api_each_command_a_process(server: ServePr
     missing = bookings(server.url, "show", "no-such-session")
     assert missing.returncode == 3 and "no session 'no-such-session'" in missing.stderr
     assert "Traceback" not in missing.stderr + denied.stderr + shown.stderr
+
+
+def test_bookings_api_takes_over_a_run_whose_server_died_and_loses_a_double_answer_with_5(
+    server: ServeProcess,
+) -> None:
+    api = server.url
+    assert call(f"{api}/sessions", "POST", {"session_id": "died", "scopes": {"user": "alex-doe"}})[0] == 201
+    opened = [  # what a server killed mid-run leaves: an invocation started and never ended
+        {"type": "invocation_start", "invocation_id": "inv-died", "agent_name": "bookings"},
+        {"type": "user", "text": REQUEST, "invocation_id": "inv-died", "agent_name": "bookings"},
+    ]
+    assert call(f"{api}/sessions/died/commit", "POST", {"expected_version": 1, "events": opened})[0] == 200
+    refused = bookings(api, "resume", "died")
+    assert refused.returncode == 5 and f"bookings --api {api} resume --takeover died" in refused.stderr
+    taken = bookings(api, "resume", "--takeover", "died")
+    assert taken.returncode == 0 and "waiting for approval" in taken.stdout, taken.stderr
+    [waiting] = call(f"{api}/sessions/died")[1]["yielded_tools"]
+
+    answer = {"answers": [{"call_id": waiting["call_id"], "input": {"approved": True}}]}
+    assert call(f"{api}/sessions/died/tools", "POST", answer)[0] == 202
+    status, error = call(f"{api}/sessions/died/tools", "POST", answer)  # the slower of two approvers
+    assert (status, error["error"]) == (409, "UnknownCallId"), error
 
 
 def test_bookings_api_that_cannot_be_reached_or_misused_exits_2(tmp_path: Path) -> None:

@@ -45,8 +45,8 @@ EXIT_CODES = """exit codes:
   7  the approved slot was booked for another patient first: nothing was booked (ask again)
 
 The database: --db FILE (before or after the command), else $BOOKINGS_DB, else ./data/bookings.db.
---api URL drives the sessions through the HTTP API instead (`dormant serve`; every command but demo
-and resume --takeover), as the server's caller: exit 2 also when it cannot be reached, 6 on a 503."""
+--api URL drives the sessions through the HTTP API instead (`dormant serve`; every command but demo),
+as the server's caller: exit 2 also when it cannot be reached, 6 on a 503."""
 
 APPROVAL = "request_approval"
 

@@ -111,8 +111,8 @@ class _Remote:
 
 def run_remote(url: str, args: argparse.Namespace, text: str | None) -> int:
     """Run ``args.command`` against the API at ``url``; the exit code."""
-    if args.command == "demo" or getattr(args, "takeover", False):
-        warn(f"{args.command}{' --takeover' if args.command == 'resume' else ''} is not available with --api")
+    if args.command == "demo":
+        warn("demo is not available with --api")
         return USAGE
     if args.command == "ask" and args.patient is not None:
         warn("--patient is not available with --api: name the patient in the request")
@@ -154,9 +154,10 @@ def _reply(remote: _Remote, args: argparse.Namespace, text: str | None) -> int:
 
 def _resume(remote: _Remote, args: argparse.Namespace, text: str | None) -> int:
     shown = remote.session(args.session_id)
-    if shown["status"] not in ("error", "resumable", "max_steps"):
+    takeover = args.takeover and shown["status"] == "running"
+    if shown["status"] not in ("error", "resumable", "max_steps") and not takeover:
         return not_waiting(remote, args.session_id, shown["status"], "a resume")
-    return _run(remote, args.session_id, {})
+    return _run(remote, args.session_id, {"takeover": True} if takeover else {})
 
 
 def _run(remote: _Remote, session_id: str, body: dict[str, Any]) -> int:

@@ -53,7 +53,7 @@ from ..errors import (
     VersionConflict,
     http_status,
 )
-from ..events import parse_event
+from ..events import ToolInputEvent, parse_event
 from ..projection import Projection
 from ..session import Session
 from ..stores.base import ScopedStateChange, SessionListing
@@ -63,6 +63,7 @@ from .runtime import Served, served_from_env
 
 __all__ = [
     "MAX_BODY_BYTES",
+    "MAX_LIST_LIMIT",
     "Hooks",
     "Idempotency",
     "api_handler",
@@ -74,6 +75,8 @@ __all__ = [
 
 _ATTEMPTS = 5
 _SCAN_PAGES = 10
+MAX_LIST_LIMIT = 1000
+"""The most sessions one ``GET /sessions`` page holds (a larger ``limit`` is a 400, not a table read)."""
 MAX_BODY_BYTES = 256 * 1024
 """Larger bodies are refused with 413 before they are parsed (an event must fit a DynamoDB item)."""
 
@@ -145,6 +148,8 @@ class RunBody(_Body):
     agent: str | None = None
     message: str | None = None
     state: dict[str, Any] | None = None
+    takeover: bool = Field(default=False, strict=True)
+    """Run a session left ``running`` by a process that died (``advance(takeover=True)``)."""
 
 
 class Answer(_Body):
@@ -304,8 +309,8 @@ def build_resolver(
     @resolver.get("/sessions")
     def listing() -> dict[str, Any]:
         limit = query_int("limit")
-        if limit == 0:
-            raise InputError("limit is >= 1", field="limit")
+        if limit == 0 or (limit is not None and limit > MAX_LIST_LIMIT):
+            raise InputError(f"limit is 1 to {MAX_LIST_LIMIT}, not {limit}", field="limit")
         limit = limit or 50
         status = resolver.current_event.get_query_string_value("status")
         cursor = resolver.current_event.get_query_string_value("cursor")
@@ -379,7 +384,8 @@ def build_resolver(
         run_input = {k: v for k, v in (("message", request.message), ("state", request.state)) if v is not None}
 
         def work() -> dict[str, Any]:
-            outcome = advance(tenant_app, agent, tenant_app.sessions.require(session_id), run_input or None)
+            session = tenant_app.sessions.require(session_id)
+            outcome = advance(tenant_app, agent, session, run_input or None, takeover=request.takeover)
             _count(metrics, outcome)
             if outcome.status == "yielded_tool" and hooks.on_yield is not None:
                 hooks.on_yield(tenant(), tenant_app, outcome)
@@ -409,7 +415,11 @@ def build_resolver(
                 session = tenant_app.sessions.require(session_id)
                 try:
                     session.input.tools(answers, principal=tenant())  # the audit says who answered
-                except (UnknownCallId, ToolInputError) as exc:  # a wrong answer: a 400, as for any bad body
+                except UnknownCallId as exc:
+                    if _answered(session, exc.call_id):  # another caller's answer landed first: a 409
+                        raise
+                    raise InputError(str(exc), field=exc.field) from None  # a wrong answer: a 400
+                except ToolInputError as exc:
                     raise InputError(str(exc), field=exc.field) from None
                 try:
                     tenant_app.sessions.commit(session)  # the answers on the ledger first, then the wake-up
@@ -473,6 +483,11 @@ def build_resolver(
         resolver.exception_handler(kind)(on_error)
 
     return resolver
+
+
+def _answered(session: Session, call_id: str) -> bool:
+    """Whether ``call_id`` was answered on ``session`` already (read only when an answer is refused)."""
+    return any(isinstance(e, ToolInputEvent) and e.call_id == call_id for e in session.events)
 
 
 def _count(metrics: Metrics, outcome: AdvanceOutcome) -> None:

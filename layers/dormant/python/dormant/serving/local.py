@@ -8,7 +8,9 @@ request resumes it here, in-process (``workflow.in_process_hooks``).
 
 Identity is a development stand-in for the authorizer: the ``X-Dormant-Principal`` header, else the
 server's ``principal``. Nothing here authenticates anyone, so only loopback clients are served: any
-other gets a 403.
+other gets a 403. A loopback client may be a browser running another site's script, so a request a
+browser marks as cross-site (``Origin`` not this server, ``Sec-Fetch-Site: cross-site``) or one whose
+``Host`` is not a loopback name (DNS rebinding) gets a 403 too, before it reaches a handler.
 
 The handlers run one request at a time: Powertools' resolver keeps the current event on its class, so
 two requests in threads of one process would read each other's (Lambda gives each instance one request
@@ -226,6 +228,9 @@ class LocalAPI:
         """Answer one HTTP request from the client at address ``client``."""
         if not is_loopback(client):
             return _refuse(403, "dormant serve answers loopback clients only: it authenticates no one")
+        foreign = _cross_site(headers)
+        if foreign is not None:
+            return _refuse(403, f"dormant serve answers its own pages and local tools only, not {foreign}")
         given = [value for name, value in headers if name.lower() == PRINCIPAL_HEADER.lower()]
         principal = given[-1].strip() if given else self.principal
         if not principal:
@@ -304,6 +309,36 @@ class LocalAPI:
                 routes.append(route)
                 params = found.groupdict()
         return (routes, params) if routes else None
+
+
+def _cross_site(headers: Sequence[tuple[str, str]]) -> str | None:
+    """What marks a request as sent by another site's page in a browser on this machine, or ``None``.
+
+    Such a page can reach a loopback port (a simple POST needs no preflight) and, through a host name it
+    rebinds to 127.0.0.1, read the answers: its ``Host`` is its own name, and its ``Origin`` not ours.
+    """
+    given = {name.lower(): value.strip() for name, value in headers}
+    host = given.get("host")
+    if host is not None and not _loopback_host(host):
+        return f"Host {host!r}"
+    origin = given.get("origin")
+    if origin is not None and (
+        host is None or origin.lower() not in {f"http://{host.lower()}", f"https://{host.lower()}"}
+    ):
+        return f"Origin {origin!r}"
+    site = given.get("sec-fetch-site")
+    if site is not None and site not in {"same-origin", "none"}:
+        return f"Sec-Fetch-Site {site!r}"
+    return None
+
+
+def _loopback_host(host: str) -> bool:
+    """Whether a ``Host`` header (``name[:port]``) names this machine's loopback."""
+    try:
+        name = urlsplit(f"//{host}").hostname or ""
+    except ValueError:  # a malformed IPv6 literal
+        return False
+    return name == "localhost" or name.endswith(".localhost") or is_loopback(name)
 
 
 def _reply(response: Mapping[str, Any]) -> Reply:
