@@ -732,8 +732,17 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_first_result_and_runs
         done = client.call("tools", session_id="s-1", body=answer, headers={"Idempotency-Key": "k-2"})
         assert done[0] == 202 and done[1]["resumed"] == "completed"
         assert client.call("tools", session_id="s-1", body=answer, headers={"Idempotency-Key": "k-2"}) == done
-        # without the key, the same answers are a new request: that call no longer waits
-        assert client.call("tools", session_id="s-1", body=answer)[0] == 400
+        # without the key, the same answers are a new request: that call was answered (a 409, a lost race)
+        assert client.call("tools", session_id="s-1", body=answer)[0] == 409
+        # the key again with another body: refused, not the first result passed off as this one's
+        changed = {"answers": [{"call_id": call_id, "input": {"approved": False, "note": "changed my mind"}}]}
+        status, error = client.call("tools", session_id="s-1", body=changed, headers={"Idempotency-Key": "k-2"})
+        assert (status, error["field"]) == (400, "Idempotency-Key"), error
+        status, error = client.call("run", session_id="s-1", body={"message": "another"}, headers=key)
+        assert (status, error["field"]) == (400, "Idempotency-Key"), error
+        # the same body, spelled differently, is the same request
+        respaced = json.dumps(answer, indent=2)
+        assert client.call("tools", session_id="s-1", raw_body=respaced, headers={"Idempotency-Key": "k-2"}) == done
         # the records live under the tenant's own partition, and expire through the table's TTL
         items = ddb.scan(TableName=table)["Items"]
         records = [i for i in items if i["pk"]["S"].startswith("I#")]

@@ -90,14 +90,25 @@ class Idempotency:
         self._client = client
 
     def once(
-        self, partition: str, key: str, route: str, work: Callable[[], dict[str, Any]], context: Any
+        self,
+        partition: str,
+        key: str,
+        route: str,
+        work: Callable[[], dict[str, Any]],
+        context: Any,
+        payload: str = "",
     ) -> dict[str, Any]:
+        """``work()``, or the result of the request that ran first with ``key`` on ``route``; ``payload`` (the
+        request's body) must be that request's: a key reused for another body is refused, not replayed."""
         from aws_lambda_powertools.utilities.idempotency import (
             DynamoDBPersistenceLayer,
             IdempotencyConfig,
             idempotent_function,
         )
-        from aws_lambda_powertools.utilities.idempotency.exceptions import IdempotencyAlreadyInProgressError
+        from aws_lambda_powertools.utilities.idempotency.exceptions import (
+            IdempotencyAlreadyInProgressError,
+            IdempotencyValidationError,
+        )
 
         from ..stores.dynamodb import TABLE
 
@@ -113,7 +124,11 @@ class Idempotency:
             expiry_attr=TABLE.ttl_attribute,
             boto3_client=self._client,
         )
-        config = IdempotencyConfig(expires_after_seconds=self.expires_after_seconds)
+        config = IdempotencyConfig(
+            event_key_jmespath="[key, route]",
+            payload_validation_jmespath="body",
+            expires_after_seconds=self.expires_after_seconds,
+        )
         config.register_lambda_context(context)  # a request cut off by the Lambda timeout may be retried
 
         def run(request: dict[str, str]) -> dict[str, Any]:
@@ -121,7 +136,12 @@ class Idempotency:
 
         guarded = idempotent_function(run, data_keyword_argument="request", persistence_store=layer, config=config)
         try:
-            result: dict[str, Any] = guarded(request={"key": key, "route": route})
+            result: dict[str, Any] = guarded(request={"key": key, "route": route, "body": payload})
+        except IdempotencyValidationError:
+            raise InputError(
+                f"Idempotency-Key {key!r} was used for another request body; use a new key for a new request",
+                field="Idempotency-Key",
+            ) from None
         except IdempotencyAlreadyInProgressError:
             raise RequestInProgress(
                 f"a request with Idempotency-Key {key!r} is still running; retry later", field="Idempotency-Key"
@@ -249,7 +269,8 @@ def build_resolver(
         event = resolver.current_event
         if key and idempotency is not None:
             route = f"{event.http_method} {event.path}"
-            result = idempotency.once(tenant_app.name, key, route, work, resolver.lambda_context)
+            payload = json.dumps(json.loads(event.body), sort_keys=True) if event.body else ""  # parsed already
+            result = idempotency.once(tenant_app.name, key, route, work, resolver.lambda_context, payload)
         else:
             result = work()
         return _json(result["status"], result["body"])
