@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -120,3 +121,50 @@ def test_the_console_script_runs_as_its_own_process(db: Path) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["sessions"] == ["s-sam"]
+
+
+@pytest.mark.backend("dynamodb")
+def test_erase_on_dynamodb_removes_the_apis_results_kept_for_retries(
+    dynamodb_endpoint: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run over the API with an Idempotency-Key keeps its answer (the patient's name in it) for retries:
+    ``dormant erase`` deletes those records with the sessions, in the tenant erased only."""
+    import uuid
+
+    from dormant.serving.api import Idempotency, records
+    from dormant.stores.dynamodb import DynamoDBSessionStore
+    from dormant.stores.url import store_from_url
+    from tests.servers.dynamodb import ACCESS_KEY, REGION
+    from tests.servers.dynamodb import client as dynamodb_client
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
+    url = f"dynamodb://cli-{uuid.uuid4().hex[:12]}?endpoint={dynamodb_endpoint}&region={REGION}"
+    store = store_from_url(url)
+    assert isinstance(store, DynamoDBSessionStore)
+    ddb = dynamodb_client(dynamodb_endpoint)
+    try:
+        app = load_served("bookings:build", store).app
+        context = SimpleNamespace(function_name="dormant-cli-test", get_remaining_time_in_millis=lambda: 29_000)
+        idempotency = Idempotency(store.table_name, client=ddb)
+        for tenant in ("t-1", "t-2"):
+            view = for_tenant(app, tenant)
+            view.sessions.create("s-alex", scopes={"user": "alex-doe"})
+            idempotency.once(
+                records(view, "s-alex"), "k-1", "POST /sessions/s-alex/runs", lambda: {"for": "Alex Doe"}, context
+            )
+
+        def kept() -> set[str]:
+            return {
+                i["pk"]["S"] for i in ddb.scan(TableName=store.table_name)["Items"] if i["pk"]["S"].startswith("I#")
+            }
+
+        assert kept() == {"I#bookings@t-1#s-alex", "I#bookings@t-2#s-alex"}
+        code, report, _ = run(
+            "erase", "--store", url, "--tenant", "t-1", "--scope", "user", "--id", "alex-doe", capsys=capsys
+        )
+        assert code == 0 and report["sessions"] == ["s-alex"]
+        assert kept() == {"I#bookings@t-2#s-alex"}
+    finally:
+        ddb.close()
+        store.close()

@@ -743,11 +743,25 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_first_result_and_runs
         # the same body, spelled differently, is the same request
         respaced = json.dumps(answer, indent=2)
         assert client.call("tools", session_id="s-1", raw_body=respaced, headers={"Idempotency-Key": "k-2"}) == done
-        # the records live under the tenant's own partition, and expire through the table's TTL
+        # the records live under the tenant's own partition for the session, and expire through the table's TTL
         items = ddb.scan(TableName=table)["Items"]
         records = [i for i in items if i["pk"]["S"].startswith("I#")]
-        assert {i["pk"]["S"] for i in records} == {f"I#bookings@{TENANT_A}", f"I#bookings@{TENANT_B}"}
+        assert {i["pk"]["S"] for i in records} == {f"I#bookings@{TENANT_A}#s-1", f"I#bookings@{TENANT_B}#s-1"}
         assert all("expires_at" in i for i in records)
+
+        # erasing the person erases the results kept for retries too (they hold the patient's name);
+        # another tenant's records, and its session, stay
+        assert "Alex Doe" in repr(records)
+        status, report = client.call("erase", body={"scope": "user", "scope_id": "alex-doe"})
+        assert status == 200 and report["sessions"] == ["s-1"], report
+        left = ddb.scan(TableName=table)["Items"]
+        tenant_a = [repr(i) for i in left if f"bookings@{TENANT_A}" in repr(i)]  # its slot holds stay
+        assert not [i for i in tenant_a if "Alex Doe" in i or "alex-doe" in i or "'I#" in i]
+        assert "Alex Doe" in repr(left)
+        assert {i["pk"]["S"] for i in left if i["pk"]["S"].startswith("I#")} == {f"I#bookings@{TENANT_B}#s-1"}
+        # a deleted session's records go with it
+        assert client.call("delete_session", tenant=TENANT_B, session_id="s-1")[0] == 204
+        assert not [i for i in ddb.scan(TableName=table)["Items"] if i["pk"]["S"].startswith("I#")]
     finally:
         ddb.close()
         store.close()

@@ -121,7 +121,14 @@ def _operate(args: argparse.Namespace) -> int:
 
 
 def _erase(app: App, args: argparse.Namespace) -> Any:
-    return dataclasses.asdict(app.erase(scope=args.scope, scope_id=args.id))
+    report = app.erase(scope=args.scope, scope_id=args.id)
+    idempotency = _idempotency(args.store, app.store)
+    if idempotency is not None:  # the API's answers kept for retries hold what the sessions held
+        from .serving.api import records
+
+        for session_id in report.sessions:
+            idempotency.forget(records(app, session_id))
+    return dataclasses.asdict(report)
 
 
 def _purge(app: App, args: argparse.Namespace) -> Any:

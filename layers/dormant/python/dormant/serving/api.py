@@ -69,6 +69,7 @@ __all__ = [
     "api_handler",
     "build_resolver",
     "idempotency_from_env",
+    "records",
     "session_view",
     "state_view",
 ]
@@ -112,17 +113,13 @@ class Idempotency:
 
         from ..stores.dynamodb import TABLE
 
-        if self._client is None:
-            import boto3
-
-            self._client = boto3.client("dynamodb")
         layer = DynamoDBPersistenceLayer(
             table_name=self.table_name,
             key_attr=TABLE.partition_key[0],
             sort_key_attr=TABLE.sort_key[0],
             static_pk_value=f"I#{partition}",
             expiry_attr=TABLE.ttl_attribute,
-            boto3_client=self._client,
+            boto3_client=self._boto(),
         )
         config = IdempotencyConfig(
             event_key_jmespath="[key, route]",
@@ -147,6 +144,34 @@ class Idempotency:
                 f"a request with Idempotency-Key {key!r} is still running; retry later", field="Idempotency-Key"
             ) from None
         return result
+
+    def forget(self, partition: str) -> None:
+        """Delete every record under ``partition`` (results cached for retries hold what the session held)."""
+        from ..stores.dynamodb import TABLE
+
+        client = self._boto()
+        query: dict[str, Any] = {
+            "TableName": self.table_name,
+            "KeyConditionExpression": "#pk = :pk",
+            "ExpressionAttributeNames": {"#pk": TABLE.partition_key[0], "#sk": TABLE.sort_key[0]},
+            "ExpressionAttributeValues": {":pk": {"S": f"I#{partition}"}},
+            "ProjectionExpression": "#pk, #sk",
+            "ConsistentRead": True,
+        }
+        while True:
+            page = client.query(**query)
+            for item in page.get("Items", []):
+                client.delete_item(TableName=self.table_name, Key=item)
+            if "LastEvaluatedKey" not in page:
+                return
+            query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def _boto(self) -> Any:
+        if self._client is None:
+            import boto3
+
+            self._client = boto3.client("dynamodb")
+        return self._client
 
 
 def idempotency_from_env() -> Idempotency | None:
@@ -261,8 +286,9 @@ def build_resolver(
     """The routes, over ``served``; each request works on the app as its tenant sees it."""
     resolver = APIGatewayRestResolver()
 
-    def once(tenant_app: App, work: Callable[[], dict[str, Any]]) -> Response[Any]:
-        """``work()`` (-> ``{"status": code, "body": ...}``) once per Idempotency-Key, when one is given."""
+    def once(tenant_app: App, session_id: str, work: Callable[[], dict[str, Any]]) -> Response[Any]:
+        """``work()`` (-> ``{"status": code, "body": ...}``) once per Idempotency-Key, when one is given; the
+        record is kept with the session (``records``), so it goes when the session is deleted or erased."""
         key = resolver.current_event.headers.get("Idempotency-Key") or resolver.current_event.headers.get(
             "idempotency-key"
         )
@@ -270,7 +296,8 @@ def build_resolver(
         if key and idempotency is not None:
             route = f"{event.http_method} {event.path}"
             payload = json.dumps(json.loads(event.body), sort_keys=True) if event.body else ""  # parsed already
-            result = idempotency.once(tenant_app.name, key, route, work, resolver.lambda_context, payload)
+            partition = records(tenant_app, session_id)
+            result = idempotency.once(partition, key, route, work, resolver.lambda_context, payload)
         else:
             result = work()
         return _json(result["status"], result["body"])
@@ -359,6 +386,8 @@ def build_resolver(
         tenant_app = app()
         tenant_app.sessions.require(session_id)
         tenant_app.sessions.delete(session_id)
+        if idempotency is not None:  # the answers kept for retries hold what the session held
+            idempotency.forget(records(tenant_app, session_id))
         return Response(status_code=204, content_type=content_types.APPLICATION_JSON, body="")
 
     @resolver.get("/sessions/<session_id>/events")
@@ -423,7 +452,7 @@ def build_resolver(
                 },
             }
 
-        return once(tenant_app, work)
+        return once(tenant_app, session_id, work)
 
     @resolver.post("/sessions/<session_id>/tools")
     def answer(session_id: str) -> Response[Any]:
@@ -453,7 +482,7 @@ def build_resolver(
             woke = hooks.on_answers(tenant(), tenant_app, session) if hooks.on_answers is not None else None
             return {"status": 202, "body": {"version": session.version, "status": session.status, **(woke or {})}}
 
-        return once(tenant_app, work)
+        return once(tenant_app, session_id, work)
 
     @resolver.post("/sessions/<session_id>/commit")
     def remote_commit(session_id: str) -> Response[Any]:
@@ -478,7 +507,11 @@ def build_resolver(
     @resolver.post("/erasures")
     def erase() -> dict[str, Any]:
         request = body(EraseBody)
-        report = app().erase(scope=request.scope, scope_id=request.scope_id)
+        tenant_app = app()
+        report = tenant_app.erase(scope=request.scope, scope_id=request.scope_id)
+        if idempotency is not None:  # the answers kept for retries hold what the sessions held
+            for session_id in report.sessions:
+                idempotency.forget(records(tenant_app, session_id))
         metrics.add_metric(name="erasures", unit=MetricUnit.Count, value=1)
         # What was erased, counted, for the audit; the person's id stays out of the logs.
         logger.info(
@@ -504,6 +537,11 @@ def build_resolver(
         resolver.exception_handler(kind)(on_error)
 
     return resolver
+
+
+def records(app: App, session_id: str) -> str:
+    """The partition of a session's idempotency records (ids hold no ``#``: one partition per session)."""
+    return f"{app.name}#{session_id}"
 
 
 def _answered(session: Session, call_id: str) -> bool:
