@@ -223,6 +223,9 @@ def test_an_oversized_body_is_a_413_and_writes_nothing(client: Client) -> None:
 
 
 def test_a_bad_query_parameter_is_a_400(client: Client) -> None:
+    create(client)
+    status, error = client.call("session_events", session_id="s-1", query={"limit": "0"})
+    assert (status, error["field"]) == (400, "limit"), error  # not the default page
     assert client.call("list_sessions", query={"limit": "many"})[1]["field"] == "limit"
     assert client.call("list_sessions", query={"limit": "0"})[0] == 400
     for huge in (str(MAX_LIST_LIMIT + 1), "99999999999999999999"):  # beyond any store's integer
@@ -381,7 +384,9 @@ def test_state_of_a_bad_index_is_a_4xx(client: Client) -> None:
     assert client.call("session_state", session_id="s-1", query={})[1]["error"] == "EventIndexError"  # no events
     booked(client, "s-2")
     status, error = client.call("session_state", session_id="s-2", query={"at": "999"})
-    assert status == 404 and error["error"] == "EventIndexError"
+    assert (status, error["error"], error["field"]) == (404, "EventIndexError", "at"), error
+    status, error = client.call("session_state", session_id="s-2", query={"at": "3", "since": "999"})
+    assert (status, error["field"]) == (404, "since"), error  # the parameter that is out of range
     assert client.call("session_state", session_id="s-2", query={"at": "x"})[1]["field"] == "at"
     assert client.call("session_state", session_id="s-2", query={"at": "-1"})[1]["field"] == "at"
     assert client.call("session_state", session_id="s-2", query={"since": "999"})[0] == 404
@@ -438,10 +443,12 @@ def test_a_fork_at_an_event_is_a_new_session_holding_the_ledger_up_to_it(client:
 
 def test_a_bad_fork_is_a_4xx_and_stores_nothing(client: Client) -> None:
     booked(client)
-    for body, expected in (({"at": -1}, 400), ({"at": "x"}, 400), ({}, 400), ({"at": 0, "reason": ""}, 400)):
+    bad = (({"at": -1}, 400), ({"at": "x"}, 400), ({"at": True}, 400), ({}, 400), ({"at": 0, "reason": ""}, 400))
+    for body, expected in bad:
         status, error = client.call("fork_session", session_id="s-1", body=body)
         assert status == expected and error["field"] in {"at", "reason"}, (body, error)
-    assert client.call("fork_session", session_id="s-1", body={"at": 999})[0] == 404
+    status, error = client.call("fork_session", session_id="s-1", body={"at": 999})
+    assert (status, error["field"]) == (404, "at"), error
     assert client.call("fork_session", tenant=TENANT_B, session_id="s-1", body={"at": 0})[0] == 404
     assert [s["id"] for s in client.call("list_sessions")[1]["sessions"]] == ["s-1"]
     assert client.call("list_sessions", tenant=TENANT_B)[1]["sessions"] == []

@@ -315,6 +315,23 @@ def test_the_pages_own_requests_and_local_tools_are_served(local_api: LocalAPI, 
     assert local_api.served.app.store.load("bookings@clinic", "s-1") is not None
 
 
+@pytest.mark.parametrize(("length", "status"), [("-5", 400), ("five", 400), (str(10 * 1024 * 1024 + 1), 413)])
+def test_a_bad_content_length_is_refused_naming_it_and_writes_nothing(
+    local_api: LocalAPI, length: str, status: int
+) -> None:
+    with LocalServer(local_api, port=0, log_requests=False).running() as server:
+        connection = http.client.HTTPConnection(server.url.removeprefix("http://"), timeout=TIMEOUT)
+        connection.putrequest("POST", "/sessions")
+        connection.putheader("Content-Length", length)
+        connection.endheaders()
+        response = connection.getresponse()
+        error = json.loads(response.read())
+        connection.close()
+    assert response.status == status, error
+    assert status == 413 or error["field"] == "Content-Length"
+    assert local_api.served.app.store.list("bookings@clinic") == []
+
+
 def _outward_address() -> str | None:
     """This machine's address on a non-loopback interface (no packet is sent), if it has one."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:

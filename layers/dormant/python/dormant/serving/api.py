@@ -219,7 +219,7 @@ class EraseBody(_Body):
 
 
 class ForkBody(_Body):
-    at: int = Field(ge=0)
+    at: int = Field(ge=0, strict=True)  # JSON true is not event 1
     reason: str = Field(default="forked in the inspector", min_length=1)
 
 
@@ -393,7 +393,10 @@ def build_resolver(
     @resolver.get("/sessions/<session_id>/events")
     def ledger(session_id: str) -> dict[str, Any]:
         after = query_int("after") or 0
-        limit = query_int("limit") or 100
+        limit = query_int("limit")
+        if limit == 0:
+            raise InputError("limit is >= 1", field="limit")
+        limit = limit or 100
         session = app().sessions.require(session_id)
         page = list(session.events)[after : after + limit]
         following = after + len(page)
@@ -405,7 +408,12 @@ def build_resolver(
     @resolver.get("/sessions/<session_id>/state")
     def state(session_id: str) -> dict[str, Any]:
         at, since = query_int("at"), query_int("since")
-        return state_view(app().sessions.require(session_id), at, since)
+        session = app().sessions.require(session_id)
+        try:
+            return state_view(session, at, since)
+        except EventIndexError as exc:  # name the parameter, not the ledger's index
+            exc.field = "since" if since is not None and exc.index == since and exc.index != at else "at"
+            raise
 
     @resolver.get("/sessions/<session_id>/audit")
     def audit(session_id: str) -> dict[str, Any]:
@@ -422,7 +430,11 @@ def build_resolver(
     def fork(session_id: str) -> Response[Any]:
         request = body(ForkBody)
         tenant_app = app()
-        forked = tenant_app.sessions.require(session_id).fork_at(request.at, reason=request.reason)
+        try:
+            forked = tenant_app.sessions.require(session_id).fork_at(request.at, reason=request.reason)
+        except EventIndexError as exc:
+            exc.field = "at"
+            raise
         tenant_app.sessions.commit(forked)
         return _json(201, session_view(tenant_app, forked))
 

@@ -372,7 +372,10 @@ class _RequestHandler(BaseHTTPRequestHandler):
         except ValueError:
             self._write(_refuse(400, f"Content-Length is a number, not {length!r}", field="Content-Length"), True)
             return
-        if size > MAX_REQUEST_BYTES or size < 0:
+        if size < 0:
+            self._write(_refuse(400, f"Content-Length is >= 0, not {size}", field="Content-Length"), close=True)
+            return
+        if size > MAX_REQUEST_BYTES:
             self._write(_refuse(413, f"the body is {size} bytes, over {MAX_REQUEST_BYTES}"), close=True)
             return
         body = self.rfile.read(size)
