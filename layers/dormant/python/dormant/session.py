@@ -153,19 +153,16 @@ class Session:
         """Event id -> ledger position, for the events held."""
         self._anchors: list[tuple[int, int]] = [(0, 0)]
         """Known (stored version, events stored up to it), ascending: ``load(after=version)`` starts there."""
-        self._projection = Projection(runtime.schema.upcast)
+        self._projection = Projection(runtime.schema.upcaster)
         # Shared-scope writes not yet committed, kept as they are appended: (scope, scope id) -> key -> value.
         self._writes: dict[tuple[str, str], dict[str, Any]] = {}
-        for event in events:
-            self.append(event)
+        self._hold(events)  # a load builds here: each event held and folded once, writes tracked below
         self._committed = len(self._events) if committed is None else committed
         """Events known to be stored (a count from the start of the ledger)."""
         self.snapshot_at = self._committed
         """Events covered by the latest snapshot this session knows of (``dormant.snapshots`` keeps it)."""
-        if self._committed:
-            self._writes = {}
-            for event in self._events[self._committed :]:
-                self._track_write(event)
+        for event in self._events[self._committed :]:
+            self._track_write(event)
         self._host = _Host(self)
         self.access = Access(self._host, None)
         """The state rules for writes from outside an invocation (``state`` goes through it)."""
@@ -240,13 +237,19 @@ class Session:
         ledger is refused. The event is not checked for text no store can keep (inputs are checked where
         they enter); the store's encoder refuses it at commit with ``ValueNotStorable``.
         """
-        if event.id in self._index:
-            raise EventValidationError(f"event id {event.id!r} is already in this session's ledger", field="id")
-        self._index[event.id] = self._base + len(self._events)
-        self._events.append(event)
-        self._projection.apply(event)
+        self._hold((event,))
         self._track_write(event)
         return event
+
+    def _hold(self, events: Iterable[Event]) -> None:
+        """Index, keep and fold ``events`` (one loop: a load of 10,000 events runs it 10,000 times)."""
+        index, held, fold, base = self._index, self._events, self._projection.apply, self._base
+        for event in events:
+            if event.id in index:
+                raise EventValidationError(f"event id {event.id!r} is already in this session's ledger", field="id")
+            index[event.id] = base + len(held)
+            held.append(event)
+            fold(event)
 
     def _track_write(self, event: Event) -> None:
         if isinstance(event, StateChangeEvent) and event.source != "observation" and event.scope != "session":
@@ -369,7 +372,7 @@ class Session:
         first on a session loaded from a snapshot)."""
         position = self._position(index)
         self._fetch_from(0)
-        projection = Projection(self._runtime.schema.upcast)
+        projection = Projection(self._runtime.schema.upcaster)
         for event in self._events[: position + 1]:
             projection.apply(event)
         return projection.snapshot()

@@ -76,7 +76,7 @@ def _decode(stored: StoredSnapshot | None, runtime: Runtime) -> _Snapshot | None
             return None
         if data.get("schema") != schema.versions:
             return None
-        projection = Projection.restore(data["projection"], schema.upcast)
+        projection = Projection.restore(data["projection"], schema.upcaster)
         count, created_at = data["count"], data["created_at"]
         if projection.count != count or not isinstance(created_at, int):
             return None

@@ -8,7 +8,7 @@ turns the JSON back into the field's type (a nested model comes back as that mod
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -262,6 +262,11 @@ class Schema:
     def versions(self) -> dict[str, int]:
         """Scope -> schema version, for the scopes with migrations (what a derived snapshot must match)."""
         return {name: scope.version for name, scope in self.scopes.items() if scope.version}
+
+    @property
+    def upcaster(self) -> Callable[[StateChangeEvent], StateChangeEvent] | None:
+        """``upcast`` for a fold, or ``None`` when no scope has migrations: the fold then skips it per event."""
+        return self.upcast if self.versions else None
 
     def upcast(self, event: StateChangeEvent) -> StateChangeEvent:
         """``event`` as the current model reads it: itself when current, else a migrated copy to fold.
