@@ -475,6 +475,32 @@ def test_remote_commit_appends_or_answers_409_with_the_actual_version(client: Cl
     assert [e["text"] for e in ledger if e["type"] == "user"] == ["hello from elsewhere"]
 
 
+def test_a_remote_commit_writing_shared_state_the_session_is_not_bound_to_is_a_400_and_writes_nothing(
+    client: Client, served: Served
+) -> None:
+    """A run cannot write another user's state (``ScopeNotBound``), so neither can a remote runner's commit."""
+    create(client)  # bound to user alex-doe
+    write = {"type": "state_change", "scope": "user", "scope_id": "other", "source": "direct"}
+    write["changes"] = [{"key": "k", "new_value": 1}]
+    for body, field in (
+        ({"scoped_changes": [{"scope": "user", "scope_id": "other", "key": "k", "value": 1}]}, "scoped_changes.0"),
+        ({"scoped_changes": [{"scope": "team", "scope_id": "t-1", "key": "k", "value": 1}]}, "scoped_changes.0"),
+        ({"events": [{"type": "user", "text": "hi"}, write]}, "events.1"),
+    ):
+        status, error = client.call("commit", session_id="s-1", body={"expected_version": 1, "events": [], **body})
+        assert (status, error["error"], error["field"]) == (400, "ScopeNotBound", f"{field}.scope_id"), error
+    assert client.call("get_session", session_id="s-1")[1]["version"] == 1
+    app = served.for_tenant(TENANT_A)
+    assert app.store.load_scoped_state(app.name, "user", "other") == {}
+    assert app.store.load_scoped_state(app.name, "team", "t-1") == {}
+    own = {"scope": "user", "scope_id": "alex-doe", "key": "k", "value": 1}
+    status, done = client.call(
+        "commit", session_id="s-1", body={"expected_version": 1, "events": [], "scoped_changes": [own]}
+    )
+    assert status == 200, done
+    assert app.store.load_scoped_state(app.name, "user", "alex-doe")["k"] == 1
+
+
 # -- erasure ---------------------------------------------------------------------------------------
 
 

@@ -290,6 +290,34 @@ def test_a_write_to_an_unbound_shared_scope_is_a_typed_error(store: Any) -> None
     assert str(ScopeNotBound("user")).startswith("shared scope 'user' is not bound")
 
 
+def test_a_commit_writing_a_shared_scope_id_the_session_is_not_bound_to_is_refused(store: Any) -> None:
+    """A run cannot write another user's state (``ScopeNotBound``); a commit carrying such a write, however
+    the events were assembled, is refused the same way, through ``serving.commit`` too, writing nothing."""
+    from dormant.serving import commit
+
+    app, _scripted, _agent = profile_app(store, [])
+    session = app.sessions.create("s-1", scopes={"user": "u-1"})
+    for scope, scope_id in (("user", "u-2"), ("team", "t-1"), ("app", "not-app")):
+        stranger = app.sessions.require("s-1")
+        stranger.append(UserEvent(text="hi"))
+        change = {"key": "visits", "old_value": None, "new_value": 99}
+        stranger.append(StateChangeEvent(scope=scope, scope_id=scope_id, source="direct", changes=[change]))
+        for committing in (app.sessions.commit, lambda s: commit(app, s)):
+            with pytest.raises(ScopeNotBound) as caught:
+                committing(stranger)
+            assert (caught.value.field, caught.value.scope, caught.value.scope_id) == (
+                "events.1.scope_id",
+                scope,
+                scope_id,
+            )
+        assert store.load_scoped_state("profiles", scope, scope_id) == {}
+    assert app.sessions.require("s-1").version == session.version
+    mine = app.sessions.require("s-1")
+    mine.append(StateChangeEvent(scope="user", scope_id="u-1", source="direct", changes=[change]))
+    app.sessions.commit(mine)  # its own id: stored
+    assert store.load_scoped_state("profiles", "user", "u-1") == {"visits": 99}
+
+
 def test_a_direct_write_on_a_loaded_session_is_recorded_and_persisted(store: Any) -> None:
     app, _ = concierge(store, [])
     app.sessions.create("s-1", scopes={})

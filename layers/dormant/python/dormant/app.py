@@ -359,11 +359,13 @@ class Sessions:
     def commit(self, session: Session) -> CommitResult:
         """Store what the session holds that the store does not: its new events and shared-scope writes.
 
-        Raises ``VersionConflict`` (writing nothing) when another writer committed first; see
+        Raises ``ScopeNotBound`` (writing nothing) for a state change under a shared scope id the session
+        is not bound to, and ``VersionConflict`` (writing nothing) when another writer committed first; see
         ``dormant.serving.commit`` for the version that merges instead. A session past the app's
         ``retention`` is gone, as it is from ``get``: ``SessionNotFound``, nothing written.
         """
         self._check(session)
+        session.check_writes()
         new_events = session.uncommitted_events
         if not new_events and session.version > 0:
             return CommitResult(ok=True, version=session.version, appended=0)

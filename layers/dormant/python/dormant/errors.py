@@ -13,7 +13,7 @@ The tree (with the HTTP status a handler maps each class to; ``http_status(exc)`
     │   │   ├── StateValidationError              422  value refused by the scope's model (``scope``, ``key``)
     │   │   ├── UnknownStateKey                   400  a key the scope's model does not declare (an AttributeError)
     │   │   ├── UnknownScope                      400  a scope the schema does not declare
-    │   │   ├── ScopeNotBound                     400  a shared scope written with no id bound to the session
+    │   │   ├── ScopeNotBound                     400  a shared scope written under an id not bound to the session
     │   │   ├── ScopeNotAssignable                400  ``state.user = ...`` (write its keys; an AttributeError)
     │   │   └── TempOutsideInvocation             400  ``temp`` touched outside an invocation
     │   ├── EventValidationError                  400  a dict that is not a valid event
@@ -203,15 +203,20 @@ class UnknownScope(StateError):
 
 
 class ScopeNotBound(StateError):
-    """A shared scope written inside an invocation while the session carries no id for it."""
+    """A shared scope written while the session carries no id for it, or under an id it is not bound to
+    (``scope_id``): a session writes only the shared state it is bound to."""
 
-    def __init__(self, scope: str) -> None:
-        super().__init__(
-            f"shared scope {scope!r} is not bound to this session: create the session with "
-            f"scopes={{{scope!r}: '<id>'}} to write it",
-            field=f"state.{scope}",
-        )
+    def __init__(self, scope: str, *, scope_id: str | None = None, field: str | None = None) -> None:
+        if scope_id is None:
+            message = (
+                f"shared scope {scope!r} is not bound to this session: create the session with "
+                f"scopes={{{scope!r}: '<id>'}} to write it"
+            )
+        else:
+            message = f"shared scope {scope!r} is not bound to id {scope_id!r} in this session: it writes only its own"
+        super().__init__(message, field=field or f"state.{scope}")
         self.scope = scope
+        self.scope_id = scope_id
 
 
 class ScopeNotAssignable(StateError, AttributeError):

@@ -23,6 +23,7 @@ from .errors import (
     EventIndexError,
     EventValidationError,
     InputError,
+    ScopeNotBound,
     SessionNotFound,
     UnknownCallId,
     UnknownEventId,
@@ -355,6 +356,19 @@ class Session:
         if scope == "app":
             return APP_SCOPE_ID
         return self.scopes.get(scope)
+
+    def check_bound(self, scope: str, scope_id: str, field: str) -> None:
+        """Refuse a shared-scope write under an id this session is not bound to (``ScopeNotBound`` naming
+        ``field``): a run could not make it, so no commit, whoever assembled it, stores it."""
+        if scope_id != self.scope_id(scope):
+            raise ScopeNotBound(scope, scope_id=scope_id, field=field)
+
+    def check_writes(self) -> None:
+        """``check_bound`` for each uncommitted state change that names its scope id; ``field`` is
+        ``events.<n>.scope_id``, ``n`` counting the uncommitted events."""
+        for position, event in enumerate(self.uncommitted_events):
+            if isinstance(event, StateChangeEvent) and event.scope != "session" and event.scope_id is not None:
+                self.check_bound(event.scope, event.scope_id, f"events.{position}.scope_id")
 
     # -- time travel ------------------------------------------------------------------------
 

@@ -506,7 +506,11 @@ def build_resolver(
                 session.append(parse_event(raw))
             except InputError as exc:
                 raise InputError(str(exc), field=f"events.{position}") from None
-        changes = [ScopedStateChange(c.scope, c.scope_id, c.key, c.value) for c in request.scoped_changes or []]
+        session.check_writes()  # a session writes only the shared state it is bound to, as a run does
+        changes = []
+        for position, change in enumerate(request.scoped_changes or []):
+            session.check_bound(change.scope, change.scope_id, f"scoped_changes.{position}.scope_id")
+            changes.append(ScopedStateChange(change.scope, change.scope_id, change.key, change.value))
         result = tenant_app.store.commit(
             session.stored(), session.uncommitted_events, request.expected_version, changes
         )
