@@ -12,12 +12,14 @@ from pydantic import BaseModel, field_validator
 from dormant import adk, in_memory_store, openai
 from dormant.errors import (
     AgentMismatch,
+    AwaitingInput,
     ConfigurationError,
     InputError,
     StateValidationError,
     ToolInputError,
     UnknownCallId,
     ValueNotStorable,
+    http_status,
 )
 from dormant.events import (
     InvocationEndEvent,
@@ -622,15 +624,25 @@ def test_two_pending_calls_answered_in_two_separate_resumes() -> None:
     assert sorted(m.tool_call_id for m in tool_messages) == ["a", "b"]
 
 
-def test_a_run_while_every_call_still_waits_changes_nothing_but_keeps_the_message() -> None:
+def test_a_message_while_every_call_still_waits_is_refused_and_writes_nothing() -> None:
+    """Nothing could act on it, and kept for the resume it sat between the call and its result in the
+    transcript, which no provider accepts: the caller answers the calls first (``AwaitingInput``)."""
     app, scripted, agent, _ = approval_app()
-    scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "x"}, "call_id": "c"}]}])
+    scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "x"}, "call_id": "c"}]}, {"text": "ok"}])
     run = app.run(agent, "Book x.")
     before = len(run.session.events)
-    again = app.run(agent, "Any news?", session=run.session)
+    with pytest.raises(AwaitingInput) as caught:
+        app.run(agent, "Any news?", session=run.session)
+    assert (caught.value.field, caught.value.call_ids) == ("message", ["c"])
+    assert http_status(caught.value) == 409
+    assert len(run.session.events) == before and len(scripted.requests) == 1
+    again = app.run(agent, session=run.session)  # no input: nothing to do, nothing written
     assert again.status == "yielded_tool" and [y.call_id for y in again.yielded_tools] == ["c"]
-    assert types(run.session.events[before:]) == ["user"]
-    assert len(scripted.requests) == 1
+    assert len(run.session.events) == before
+    done = app.run(agent, {"tools": [{"call_id": "c", "input": {"approved": True}}]}, session=run.session)
+    assert done.status == "completed"
+    sent = scripted.requests[-1].messages
+    assert [m.role for m in sent] == ["user", "assistant", "tool"]  # the call's result follows the call
 
 
 def test_a_yielding_tool_without_execute_returns_the_answer() -> None:

@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel
 
 from dormant import adk, openai
-from dormant.errors import ClaimLost, InputError, SessionNotFound, VersionConflict, http_status
+from dormant.errors import AwaitingInput, ClaimLost, InputError, SessionNotFound, VersionConflict, http_status
 from dormant.events import InvocationResumeEvent, InvocationStartEvent
 from dormant.serving import advance
 from dormant.stores.sqlite import sqlite_store
@@ -159,13 +159,16 @@ def test_input_that_opens_no_invocation_is_claimed_at_the_end(path: Path) -> Non
     assert (outcome.status, outcome.commit_status, outcome.version) == ("yielded_tool", "committed", 4)
     assert [t.call_id for t in outcome.yielded_tools] == ["c1"] and first.ran == ["c0"]
 
+    with pytest.raises(AwaitingInput):  # c1 still waits: a message is refused, with nothing written
+        advance(first.app, first.agent, sid, "any news?")
     stale = second.app.sessions.get(sid)
-    note = advance(first.app, first.agent, sid, "any news?")  # c1 still waits: no invocation opens, nothing runs
+    note = advance(first.app, first.agent, sid, {"state": {"note": "call back"}})  # no invocation opens, nothing runs
     assert (note.status, note.commit_status, note.version) == ("yielded_tool", "committed", 5)
     with pytest.raises(ClaimLost):
-        advance(second.app, second.agent, stale, "me too")  # type: ignore[arg-type]
+        advance(second.app, second.agent, stale, {"state": {"note": "me too"}})  # type: ignore[arg-type]
     stored = first.app.sessions.get(sid)
-    assert stored is not None and [e.text for e in stored.events if e.type == "user"] == ["book it", "any news?"]  # type: ignore[union-attr]
+    assert stored is not None and stored.projection.session_state["note"] == "call back"
+    assert [e.text for e in stored.events if e.type == "user"] == ["book it"]  # type: ignore[union-attr]
     nothing = advance(first.app, first.agent, sid)
     assert (nothing.commit_status, nothing.version) == ("skipped", 5)
 

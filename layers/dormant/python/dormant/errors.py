@@ -20,6 +20,7 @@ The tree (with the HTTP status a handler maps each class to; ``http_status(exc)`
     │   ├── EventIndexError                       404  an event index out of range (an IndexError)
     │   ├── UnknownEventId                        404  an event id not in the ledger (a KeyError)
     │   ├── UnknownCallId                         409  an answer for a tool call that is not waiting
+    │   ├── AwaitingInput                         409  a message to a session waiting on yielded calls (``call_ids``)
     │   ├── ToolInputError                        422  an answer refused by the tool's ``yield_schema``
     │   ├── AgentMismatch                         409  resuming with another agent than the one waiting
     │   ├── EventTooLarge                         413  an event over the store's ``max_event_bytes`` (``event_id``)
@@ -62,6 +63,7 @@ __all__ = [
     "HTTP_STATUS",
     "RETRYABLE",
     "AgentMismatch",
+    "AwaitingInput",
     "BedrockMalformedResponse",
     "BedrockModelError",
     "BedrockModelUnavailable",
@@ -266,6 +268,20 @@ class UnknownCallId(InputError):
         super().__init__(f"tool call {call_id!r} is not waiting for input ({hint})", field="tools.call_id")
         self.call_id = call_id
         self.waiting = waiting
+
+
+class AwaitingInput(InputError):
+    """A message for a session whose every yielded call waits for an answer: nothing could act on it until
+    they are answered, and a message between a call and its result is no transcript a model accepts."""
+
+    def __init__(self, session_id: str, call_ids: list[str]) -> None:
+        super().__init__(
+            f"session {session_id!r} waits for answers to calls {', '.join(call_ids)}: answer them first "
+            "(input={'tools': [...]}, or POST /sessions/{id}/tools), then send the message",
+            field="message",
+        )
+        self.session_id = session_id
+        self.call_ids = call_ids
 
 
 class ToolInputError(InputError):
@@ -509,6 +525,7 @@ HTTP_STATUS: dict[type[DormantError], int] = {
     EventIndexError: 404,
     UnknownEventId: 404,
     UnknownCallId: 409,
+    AwaitingInput: 409,
     ToolInputError: 422,
     AgentMismatch: 409,
     EventTooLarge: 413,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 from pydantic import JsonValue, TypeAdapter, ValidationError
 from pydantic_core import to_jsonable_python
 
-from ..errors import AgentMismatch, ConfigurationError, InputError, ModelError
+from ..errors import AgentMismatch, AwaitingInput, ConfigurationError, InputError, ModelError
 from ..events import (
     AssistantEvent,
     Event,
@@ -163,6 +163,8 @@ def start_run(
         state = session.access.check("session", run_input.state, base=base)
     answers = session.input.prepare(run_input.tools)
     projection = session.projection
+    if run_input.message is not None and not answers and projection.pending and not projection.unexecuted_calls():
+        raise AwaitingInput(session.id, list(projection.pending))  # nothing could act on it yet
     if projection.open_invocation is not None:
         waiting = projection.invocations[projection.open_invocation].agent_name
         if waiting != agent.name:
@@ -213,10 +215,7 @@ class _Run:
         yield from self._new()
 
         if projection.pending and not projection.unexecuted_calls():
-            # Still waiting on every yielded call: nothing can run. Keep the message for the resume.
-            if self.input.message is not None:
-                session.input.message(self.input.message)
-            yield from self._new()
+            # Still waiting on every yielded call: nothing can run (a message was refused by start_run).
             return self._result("yielded_tool", projection.open_invocation)
 
         agent_name = self.agent.name

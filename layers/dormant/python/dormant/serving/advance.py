@@ -8,7 +8,7 @@ them under optimistic concurrency: the *claim*. Of two callers racing on one ses
 whose claim lands runs tools; the other gets ``ClaimLost`` (HTTP 409), having run and written
 nothing. The winner runs on and commits the rest through ``serving.commit``.
 
-A run that opens no invocation (answers that leave other calls waiting) is claimed by the same strict
+A run that opens no invocation (``state`` set while every call still waits) is claimed by the same strict
 commit at its end: nothing ran, so a loser again has nothing to undo.
 
 A session whose invocation is open and not paused (status ``running``) is held by a run in progress,
