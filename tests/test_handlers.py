@@ -270,6 +270,8 @@ def test_run_yields_then_answers_resume_it_to_completion(client: Client) -> None
     assert answered["resumed"] == "completed"
     shown = client.call("get_session", session_id="s-1")[1]
     assert shown["status"] == "completed" and shown["yielded_tools"] == []
+    # resumed in this request: its answer is the session after the resume, not "resumable" from before it
+    assert (answered["status"], answered["version"]) == ("completed", shown["version"])
     assert shown["state"]["session"]["confirmation"]["patient"] == "Alex Doe"
 
     status, ledger = client.call("session_events", session_id="s-1", query={"after": "0", "limit": "3"})
@@ -316,6 +318,23 @@ def test_an_answer_that_another_answer_beat_is_a_409_and_stores_nothing(client: 
     status, error = client.call("tools", session_id="s-1", body={"answers": [{"call_id": "c-never", "input": {}}]})
     assert (status, error["error"]) == (400, "InputError"), error
     assert client.call("get_session", session_id="s-1")[1]["version"] == version
+
+
+def test_a_message_to_a_session_waiting_for_answers_is_a_409_naming_the_calls_and_writes_nothing(
+    client: Client,
+) -> None:
+    """It was stored and never acted on (a 200 saying ``yielded_tool``), and two of them both landed."""
+    create(client)
+    call = client.call("run", session_id="s-1")[1]["yielded_tools"][0]
+    shown = client.call("get_session", session_id="s-1")[1]
+    assert shown["status"] == "awaiting_input"
+    for text in ("Any news?", "Make it Wednesday instead"):
+        status, error = client.call("run", session_id="s-1", body={"message": text})
+        assert (status, error["error"], error["field"]) == (409, "AwaitingInput", "message"), error
+        assert call["call_id"] in error["message"] and "/tools" in error["message"]
+    assert client.call("get_session", session_id="s-1")[1] == shown
+    status, answered = approve(client, "s-1", call["call_id"])
+    assert status == 202 and answered["resumed"] == "completed", answered
 
 
 # -- the inspector's reads: state at an event, the audit of a key, forks --------------------------

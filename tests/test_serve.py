@@ -120,6 +120,7 @@ def test_a_booking_sleeps_is_answered_over_http_and_resumes_in_process(server: S
 
     status, done = call(f"{api}/sessions/b-1")
     assert done["status"] == "completed" and done["yielded_tools"] == []
+    assert (answered["status"], answered["version"]) == ("completed", done["version"])  # after the resume
     assert done["state"]["session"]["confirmation"]["slot_id"] == waiting["args"]["slot_id"]
 
     # the ledger, paged

@@ -21,7 +21,8 @@ __all__ = ["Hooks"]
 @dataclass(frozen=True)
 class Hooks:
     """What happens around a sleep: ``on_yield(tenant, app, outcome)`` once a run yields, and
-    ``on_answers(tenant, app, session)`` once answers are stored (``None``: nothing)."""
+    ``on_answers(tenant, app, session)`` once answers are stored (``None``: nothing; what it returns is
+    merged into the ``POST /tools`` answer, over its ``status`` and ``version``)."""
 
     on_yield: Callable[[str, App, AdvanceOutcome], None] | None = None
     on_answers: Callable[[str, App, Session], dict[str, Any] | None] | None = None

@@ -151,10 +151,14 @@ def workflow_hooks() -> Hooks:
 
 
 def in_process_hooks(served: Served) -> Hooks:
-    """Locally, where there is no Step Functions: the answers' request runs the agent on itself."""
+    """Locally, where there is no Step Functions: the answers' request runs the agent on itself, and its
+    answer gives the session's status and version after that run (on AWS they are those before the resume,
+    which happens later)."""
 
     def on_answers(tenant: str, app: App, session: Session) -> dict[str, Any]:
-        return {"resumed": resume(served, app, session.id)["status"]}
+        resumed = resume(served, app, session.id)["status"]
+        after = app.sessions.require(session.id)
+        return {"resumed": resumed, "status": after.status, "version": after.version}
 
     return Hooks(on_answers=on_answers)
 
