@@ -54,7 +54,14 @@ def test_erase_removes_one_person_in_one_tenant(db: Path, capsys: pytest.Capture
         "erase", "--store", f"sqlite:///{db}", "--tenant", "t-1", "--scope", "user", "--id", "alex-doe", capsys=capsys
     )
     assert code == 0
-    assert report == {"scope": "user", "scope_id": "alex-doe", "sessions": ["s-alex"], "scoped_keys": ["name"]}
+    # residue None: the store zeroed what it deleted and truncated its write-ahead log
+    assert report == {
+        "scope": "user",
+        "scope_id": "alex-doe",
+        "sessions": ["s-alex"],
+        "scoped_keys": ["name"],
+        "residue": None,
+    }
     store = sqlite_store(db, create=False)
     try:
         assert store.load("bookings@t-1", "s-alex") is None and store.load("bookings@t-1", "s-sam") is not None

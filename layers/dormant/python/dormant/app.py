@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,16 +32,19 @@ from .stores.memory import in_memory_store
 __all__ = ["App", "ErasureReport", "Sessions", "adk"]
 
 _MISSING: Any = object()
+_log = logging.getLogger("dormant.app")
 
 
 @dataclass(frozen=True)
 class ErasureReport:
-    """What ``app.erase`` removed: the sessions bound to the scope id, and its shared-scope keys."""
+    """What ``app.erase`` removed: the sessions bound to the scope id, and its shared-scope keys.
+    ``residue`` says what in the store's raw storage may still hold the erased data (``None``: nothing)."""
 
     scope: str
     scope_id: str
     sessions: list[str]
     scoped_keys: list[str]
+    residue: str | None = None
 
 
 def adk(
@@ -221,7 +225,9 @@ class App:
         The sessions are found through the store's index of bindings (``bound_sessions``), so an erasure
         reads that person's sessions, not the app's; each goes with the store's own ``delete``, which
         removes its events, snapshot and listing entries. A session created for the person while the
-        erasure runs may outlive it: erase once they have no live traffic.
+        erasure runs may outlive it: erase once they have no live traffic. Last, the store scrubs what
+        the deletes left in its files (``store.scrub``: SQLite truncates its write-ahead log); what it
+        could not is the report's ``residue``, and logged.
         """
         if scope not in BOUND_SCOPES:
             raise InputError(
@@ -238,7 +244,10 @@ class App:
         keys = sorted(store.load_scoped_state(self.name, scope, scope_id))
         if keys:
             store.save_scoped_state(self.name, scope, scope_id, dict.fromkeys(keys))
-        return ErasureReport(scope=scope, scope_id=scope_id, sessions=bound, scoped_keys=keys)
+        residue = store.scrub()
+        if residue is not None:
+            _log.warning("erasure in %s: %s", self.name, residue)
+        return ErasureReport(scope=scope, scope_id=scope_id, sessions=bound, scoped_keys=keys, residue=residue)
 
     def close(self) -> None:
         """Close the store (so a CLI or worker exits instead of hanging on a pool)."""

@@ -382,6 +382,12 @@ class BaseSessionStore(ABC):
         self._check_open()
         self._forget_bound(app_name, scope, scope_id)
 
+    def scrub(self) -> str | None:
+        """Make what deletes removed unreadable in the store's raw storage, where the store can (the last
+        step of an erasure). Returns what may still hold deleted data, or ``None``: nothing does."""
+        self._check_open()
+        return self._scrub()
+
     def app_names(self, prefix: str) -> builtins.list[str] | None:
         """The app names holding sessions that start with ``prefix`` (``"{app}@"``: an app's tenants), or
         ``None`` from a store that cannot list them without a scan (DynamoDB, whose TTL expires sessions
@@ -490,6 +496,10 @@ class BaseSessionStore(ABC):
     def _forget_bound(self, app_name: str, scope: str, scope_id: str) -> None:
         """Delete the binding index's entries of ``scope_id``. The default has none to delete: an index
         derived from the session rows goes with them."""
+        return None
+
+    def _scrub(self) -> str | None:
+        """The default: a delete is final, nothing of the deleted data is left to scrub."""
         return None
 
     def _app_names(self, prefix: str) -> builtins.list[str] | None:

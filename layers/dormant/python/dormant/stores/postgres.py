@@ -244,6 +244,13 @@ class PostgresSessionStore(BaseSessionStore):
             rows = conn.cursor(row_factory=tuple_row).execute(query, (prefix, prefix + "~")).fetchall()
         return [name for (name,) in rows]
 
+    def _scrub(self) -> str | None:
+        # Not VACUUM here: VACUUM FULL locks the tables, and when to pay for it is the operator's call.
+        return (
+            "PostgreSQL keeps deleted row versions in the table files until they are rewritten: run"
+            " VACUUM FULL on sessions, events, snapshots and scoped_state (WAL and backups keep them until they expire)"
+        )
+
     def _close(self) -> None:
         """Close the pool the store built; a pool given to the store is left open, for its owner."""
         if self._owns_pool:

@@ -7,6 +7,8 @@ Opening a store takes the write lock only when the tables need making, so reader
 behind a writer.
 Several processes may share a file: OCC picks the winner, and a locked database is waited on for up to
 ``timeout`` seconds before ``StoreBusy`` is raised (never a raw "database is locked").
+Deleted content is zeroed (``secure_delete``, whatever the build's default), and an erasure ends by
+truncating the write-ahead log (``scrub``), whose frames hold rows deleted since the last checkpoint.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ DDL = ddl("TEXT")
 
 _BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 _ID_CHUNK = 500  # event ids per "IN (...)" lookup, well under SQLite's variable limit
+_SCRUB_WAIT = 2.0  # seconds a scrub waits for other connections to leave the write-ahead log
 # Kept only while the row is at the snapshot's version or later, and only over an older snapshot.
 _SAVE_SNAPSHOT = (
     "INSERT INTO snapshots (app_name, session_id, version, data)"
@@ -62,11 +65,13 @@ class SQLiteSessionStore(BaseSessionStore):
         if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise ConfigurationError(f"synchronous is OFF, NORMAL, FULL or EXTRA, not {synchronous!r}")
         self.path = _resolve(path, create)
+        self._timeout = timeout
         self._lock = threading.RLock()
         try:
             self._conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute(f"PRAGMA synchronous={synchronous}")
+            self._conn.execute("PRAGMA secure_delete=ON")  # a deleted row's bytes are zeroed, not left in the page
             self._ensure_tables(create)
         except sqlite3.Error as exc:
             if _is_busy(exc):
@@ -188,6 +193,26 @@ class SQLiteSessionStore(BaseSessionStore):
             self._conn.execute("DELETE FROM events WHERE app_name = ? AND session_id = ?", (app_name, session_id))
             self._conn.execute("DELETE FROM sessions WHERE app_name = ? AND id = ?", (app_name, session_id))
             self._conn.execute("DELETE FROM snapshots WHERE app_name = ? AND session_id = ?", (app_name, session_id))
+
+    def _scrub(self) -> str | None:
+        """Checkpoint the write-ahead log into the file and truncate it: until then its frames still hold
+        the rows deleted since the last checkpoint. Another connection reading or writing the file holds
+        the log: SQLite's busy handler retries for up to ``_SCRUB_WAIT`` seconds, then the log is reported
+        (an erasure run again once the file is idle finishes the job)."""
+        if self.path == ":memory:":
+            return None
+        with self._use():
+            self._conn.execute(f"PRAGMA busy_timeout = {int(min(_SCRUB_WAIT, self._timeout) * 1000)}")
+            try:
+                busy = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+            finally:
+                self._conn.execute(f"PRAGMA busy_timeout = {int(self._timeout * 1000)}")
+        if not busy:
+            return None
+        return (
+            f"the write-ahead log {self.path}-wal still holds the erased data: another connection held it;"
+            " erase again once the file is idle"
+        )
 
     def _list(self, app_name: str, limit: int | None, after: tuple[int, str] | None) -> builtins.list[SessionListing]:
         sql = "SELECT id, updated_at, created_at, version, status FROM sessions WHERE app_name = ?"
