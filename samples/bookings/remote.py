@@ -1,7 +1,7 @@
 """``bookings --api URL ...``: the same commands, through the HTTP API (``dormant serve``, or a deployment's).
 
 Each command is a few JSON requests (stdlib ``urllib``); what it prints and its exit code are the local
-command's (``cli.report``, ``cli.print_pending``, ``timeline``). The server runs the agent: ``ask`` is
+command's (``output.report``, ``output.print_pending``, ``timeline``). The server runs the agent: ``ask`` is
 ``POST /sessions`` then ``POST /runs``; ``approve``/``deny`` is ``POST /tools``, after which the server
 resumes the agent (``dormant serve`` before it answers; Step Functions soon after on AWS, so the
 command waits for the run to settle, up to ``SETTLE_SECONDS``).
@@ -22,7 +22,7 @@ from typing import Any
 from dormant.events import Event, InvocationEndEvent, parse_event
 
 from .app import Confirmation, patient_id
-from .cli import (
+from .output import (
     APPROVAL,
     BUSY,
     CLAIM_LOST,
