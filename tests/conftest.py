@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -106,6 +107,16 @@ def dynamodb_endpoint() -> Iterator[str]:
         except LocalUnavailable as exc:
             pytest.skip(f"no DynamoDB: TEST_DYNAMODB_ENDPOINT is not set and DynamoDB Local cannot run here ({exc})")
         yield endpoint
+
+
+@pytest.fixture
+def ddb(dynamodb_endpoint: str) -> Iterator[Any]:
+    """A boto3 DynamoDB client on the test endpoint, closed after the test."""
+    from tests.servers.dynamodb import client
+
+    c = client(dynamodb_endpoint)
+    yield c
+    c.close()
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ that the store hides an expired session itself (AWS deletes lazily, up to days l
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -28,13 +27,6 @@ pytestmark = pytest.mark.backend("dynamodb")
 
 DAY_MS = 86_400_000
 T0 = 1_800_000_000_000
-
-
-@pytest.fixture
-def ddb(dynamodb_endpoint: str) -> Iterator[Any]:
-    c = local_client(dynamodb_endpoint)
-    yield c
-    c.close()
 
 
 @pytest.fixture

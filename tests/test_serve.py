@@ -21,7 +21,6 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +39,9 @@ from dormant.serving.runtime import Served, load_served
 from dormant.serving.workflow import in_process_hooks
 from dormant.stores.url import store_from_url
 from dormant.testing import MockAdapter
+from tests.lambda_events import EVENTS, LambdaContext
 from tests.servers.serve import ServeProcess, command, dormant_serve
 
-EVENTS = Path(__file__).resolve().parents[1] / "events"
 REQUEST = "I need physio on Tuesday afternoon, for Alex Doe"
 TIMEOUT = 60
 OVERLAP_WAIT = 3
@@ -201,17 +200,6 @@ def test_the_principal_header_picks_the_tenant(server: ServeProcess) -> None:
     assert status == 400 and body["field"] == "tenant"
 
 
-@dataclass
-class _Context:
-    function_name: str = "dormant-direct"
-    memory_limit_in_mb: int = 512
-    invoked_function_arn: str = "arn:aws:lambda:local:000000000000:function:dormant-direct"
-    aws_request_id: str = "req-direct"
-
-    def get_remaining_time_in_millis(self) -> int:
-        return 29_000
-
-
 def test_every_sample_event_gets_over_http_what_the_handler_gives_it_directly(tmp_path: Path) -> None:
     """The sample API Gateway events of ``events/api``, in order: once straight into the Lambda handler,
     once as HTTP requests to ``dormant serve`` (as the events' caller). Same statuses; same error bodies."""
@@ -225,7 +213,7 @@ def test_every_sample_event_gets_over_http_what_the_handler_gives_it_directly(tm
     handler = api_handler(in_process_hooks(served), served)
     direct = {}
     for name, event in samples.items():
-        response = handler(event, _Context())
+        response = handler(event, LambdaContext())
         direct[name] = (response["statusCode"], json.loads(response["body"]) if response["body"] else None)
     store.close()
 

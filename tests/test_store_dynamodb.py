@@ -64,13 +64,6 @@ def app() -> str:
 
 
 @pytest.fixture
-def ddb(dynamodb_endpoint: str) -> Iterator[Any]:
-    c = local_client(dynamodb_endpoint)
-    yield c
-    c.close()
-
-
-@pytest.fixture
 def store(ddb: Any, dynamodb_table: str) -> DynamoDBSessionStore:
     return dynamo_store(dynamodb_table, client=ddb)
 
