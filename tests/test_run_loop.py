@@ -795,3 +795,14 @@ def test_max_steps_counts_model_calls_across_resumes() -> None:
     last = app.run(agent, {"tools": [{"call_id": "c2", "input": {"approved": True}}]}, session=session)
     assert last.status == "max_steps" and len(scripted.requests) == 2
     assert session.projection.invocations[last.invocation_id].model_calls == 2
+
+
+def test_a_models_json_schema_is_built_once_and_shared() -> None:
+    """The loop sends an agent's output schema on every model call, the API a yield's on every view."""
+    from dormant.agents.tools import json_schema
+
+    class Verdict(BaseModel):
+        approved: bool
+
+    first = json_schema(Verdict)
+    assert first == Verdict.model_json_schema() and json_schema(Verdict) is first

@@ -44,7 +44,7 @@ from ..state.values import check_storable, repaired, storable_text, unstorable
 from ..transcript import digest
 from .agent import Agent
 from .context import RenderContext
-from .tools import Tool, ToolArgumentsError, ToolContext
+from .tools import Tool, ToolArgumentsError, ToolContext, json_schema
 
 if TYPE_CHECKING:
     from ..state.view import StateView
@@ -323,7 +323,7 @@ class _Run:
             model=spec,
             messages=messages,
             tools=tools,
-            output_schema=agent.output.model_json_schema() if agent.output else None,
+            output_schema=json_schema(agent.output) if agent.output else None,
             output_name=agent.output.__name__ if agent.output else None,
         )
         started = time.perf_counter()

@@ -7,6 +7,7 @@ with it as ``ctx.input``. Without ``execute`` a yielding tool returns the answer
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from ..session import Session
     from ..state.view import StateView
 
-__all__ = ["Tool", "ToolArgumentsError", "ToolContext"]
+__all__ = ["Tool", "ToolArgumentsError", "ToolContext", "json_schema"]
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -41,6 +42,13 @@ class ToolContext:
     agent_name: str
     tool_name: str
     input: Any = None
+
+
+@functools.cache
+def json_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON schema, built once per class (pydantic builds it anew on every call, and the run
+    loop and the API ask on every model call and every session view). Shared: do not mutate it."""
+    return model.model_json_schema()
 
 
 @dataclass(eq=False)
@@ -72,6 +80,11 @@ class Tool:
     @property
     def yields(self) -> bool:
         return self.yield_schema is not None
+
+    @property
+    def answer_schema(self) -> dict[str, Any] | None:
+        """The JSON schema an answer to this tool's yield must match (``None``: the tool does not yield)."""
+        return json_schema(self.yield_schema) if self.yield_schema is not None else None
 
     def definition(self) -> dict[str, Any]:
         """The tool as the model is told of it: name, description, JSON schema of the arguments."""

@@ -275,7 +275,7 @@ def _yielded(app: App, session: Session) -> list[dict[str, Any]]:
     tools = []
     for call in session.yielded_tools:
         tool = app.tool_named(call.name)
-        schema = tool.yield_schema.model_json_schema() if tool is not None and tool.yield_schema else None
+        schema = tool.answer_schema if tool is not None else None
         tools.append({"call_id": call.call_id, "name": call.name, "args": call.args, "answer_schema": schema})
     return tools
 
