@@ -254,11 +254,13 @@ def test_run_yields_then_answers_resume_it_to_completion(client: Client) -> None
     assert call["answer_schema"]["properties"]["approved"]["type"] == "boolean"
     version = ran["version"]
 
-    # an answer that fails the yield schema, or answers an unknown call: 400, nothing stored
-    status, error = client.call(
-        "tools", session_id="s-1", body={"answers": [{"call_id": call["call_id"], "input": {"approved": "perhaps"}}]}
-    )
-    assert status == 400 and error["field"] == "tools.input", error
+    # an answer that fails the yield schema (as strict JSON: 1 or "yes" is no approval), or answers an
+    # unknown call: 400 naming the value, nothing stored
+    for wrong in ("perhaps", 1, "yes", "true"):
+        status, error = client.call(
+            "tools", session_id="s-1", body={"answers": [{"call_id": call["call_id"], "input": {"approved": wrong}}]}
+        )
+        assert status == 400 and error["field"] == "answers.0.input.approved", (wrong, error)
     status, error = client.call("tools", session_id="s-1", body={"answers": [{"call_id": "c-x", "input": {}}]})
     assert status == 400 and error["field"] == "tools.call_id", error
     assert client.call("get_session", session_id="s-1")[1]["version"] == version

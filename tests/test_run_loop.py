@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
 import pytest
 from examples import SEED, SORE_THROAT, triage
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import BaseModel, field_validator
 
 from dormant import adk, in_memory_store, openai
@@ -503,7 +506,7 @@ def test_a_yielding_tool_pauses_the_run_and_resumes_in_another_process() -> None
     assert session.status == "awaiting_input" and [y.call_id for y in session.yielded_tools] == ["call-1"]
     with pytest.raises(ToolInputError) as caught:
         session.input.tool("call-1", {"approved": "perhaps"})
-    assert caught.value.field == "tools.input"
+    assert caught.value.field == "tools.0.input.approved"
     with pytest.raises(UnknownCallId):
         session.input.tool("call-2", {"approved": True})
     assert len(session.events) == len(run.session.events)  # the refused answers wrote nothing
@@ -543,13 +546,22 @@ def test_a_yielding_tool_pauses_the_run_and_resumes_in_another_process() -> None
         (None, "input"),
         ("yes", "input"),
         ([True], "input"),
+        # what lax validation would coerce to True: an approval is a record that a human sent true
+        ({"approved": 1}, "approved"),
+        ({"approved": 1.0}, "approved"),
+        ({"approved": "yes"}, "approved"),
+        ({"approved": "true"}, "approved"),
+        ({"approved": 0}, "approved"),
+        ({"approved": True, "note": 5.5}, "note"),
+        ({"approved": True, "note": object()}, "input"),  # not JSON at all
     ],
 )
-def test_a_yield_answer_is_validated_against_its_schema(answer: Any, where: str) -> None:
+def test_a_yield_answer_is_validated_against_its_schema_as_strict_json(answer: Any, where: str) -> None:
     app, scripted, agent, executed = approval_app()
     scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "x"}, "call_id": "c"}]}])
     session = app.run(agent, "Book x.").session
     before = list(session.events)
+    field = "tools.0.input" if where == "input" else f"tools.0.input.{where}"
     for attempt in (
         lambda: session.input.tool("c", answer),
         lambda: app.run(agent, {"tools": [{"call_id": "c", "input": answer}]}, session=session),
@@ -557,17 +569,59 @@ def test_a_yield_answer_is_validated_against_its_schema(answer: Any, where: str)
         with pytest.raises(ToolInputError) as caught:
             attempt()
         error = caught.value
-        assert (error.call_id, error.tool, error.field) == ("c", "book", "tools.input")
+        assert (error.call_id, error.tool, error.field) == ("c", "book", field)
         assert str(error).startswith(f"invalid answer for book call c: {where}")
     assert session.events == before and session.status == "awaiting_input" and executed == []
     assert len(scripted.requests) == 1
+
+
+_TEXT = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=6)
+_SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | _TEXT
+_JSON_VALUES = st.recursive(
+    _SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3), max_leaves=6
+)
+_LAX_BOOLS = st.sampled_from([0, 1, 0.0, 1.0, "0", "1", "true", "false", "True", "yes", "no", "on", "off", "t", "f"])
+"""What pydantic's lax mode would read as a bool."""
+_FIELD = _LAX_BOOLS | _SCALARS | _JSON_VALUES
+
+
+@functools.cache
+def _awaiting_approval() -> tuple[Any, str, list[dict[str, Any]]]:
+    """An app and the JSON of a session waiting on call ``c`` of ``book`` (its answer: ``Approval``)."""
+    app, scripted, agent, _ = approval_app()
+    scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "x"}, "call_id": "c"}]}])
+    session = app.run(agent, "Book x.").session
+    return app, session.id, [e.model_dump(mode="json") for e in session.events]
+
+
+@given(_JSON_VALUES | st.fixed_dictionaries({"approved": _FIELD}, optional={"note": _FIELD, "unknown": _JSON_VALUES}))
+def test_any_json_answer_is_recorded_exactly_when_it_is_an_approval_as_sent(answer: Any) -> None:
+    """The oracle is the JSON types themselves, not pydantic: ``approved`` a JSON boolean, ``note`` a
+    string or null (or absent); other keys are ignored, as the model says; anything else is refused,
+    naming where, with nothing written."""
+    app, session_id, wire = _awaiting_approval()
+    session = app.sessions.from_events(wire, session_id=session_id)
+    is_approval = (
+        isinstance(answer, dict)
+        and isinstance(answer.get("approved"), bool)
+        and (answer.get("note") is None or isinstance(answer["note"], str))
+    )
+    if is_approval:
+        event = session.input.tool("c", answer)
+        assert event.input == {"approved": answer["approved"], "note": answer.get("note")}
+        assert session.events[-1] is event
+    else:
+        with pytest.raises(ToolInputError) as caught:
+            session.input.tool("c", answer)
+        assert caught.value.field is not None and caught.value.field.startswith("tools.0.input")
+        assert len(session.events) == len(wire) and session.status == "awaiting_input"
 
 
 def test_a_yield_answer_is_recorded_in_its_schemas_json_form() -> None:
     app, scripted, agent, executed = approval_app()
     scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "x"}, "call_id": "c"}]}])
     session = app.run(agent, "Book x.").session
-    event = session.input.tool("c", Approval(approved=True))  # a model instance, or lax input such as "true"
+    event = session.input.tool("c", Approval(approved=True))  # a model instance: validated as its JSON
     assert event.input == {"approved": True, "note": None}
     scripted.set_responses([{"text": "done"}])
     app.run(agent, session=session)

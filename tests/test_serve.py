@@ -107,10 +107,12 @@ def test_a_booking_sleeps_is_answered_over_http_and_resumes_in_process(server: S
     assert status == 200 and shown["status"] == "awaiting_input" and shown["version"] == ran["version"]
     assert [t["call_id"] for t in shown["yielded_tools"]] == [waiting["call_id"]]
 
-    # an answer the yield schema refuses is a 400 naming the field, and records nothing
-    wrong = {"answers": [{"call_id": waiting["call_id"], "input": {"approved": "maybe"}}]}
-    status, refused = call(f"{api}/sessions/b-1/tools", "POST", wrong)
-    assert status == 400 and refused["field"].endswith("input"), refused
+    # an answer the yield schema refuses (as strict JSON: 1 is no approval) is a 400 naming the value in
+    # the body, and records nothing
+    for approved in ("maybe", 1):
+        wrong = {"answers": [{"call_id": waiting["call_id"], "input": {"approved": approved}}]}
+        status, refused = call(f"{api}/sessions/b-1/tools", "POST", wrong)
+        assert status == 400 and refused["field"] == "answers.0.input.approved", refused
     assert call(f"{api}/sessions/b-1")[1]["version"] == shown["version"]
 
     answer = {"answers": [{"call_id": waiting["call_id"], "input": {"approved": True, "note": "ok"}}]}

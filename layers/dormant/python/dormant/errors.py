@@ -285,12 +285,18 @@ class AwaitingInput(InputError):
 
 
 class ToolInputError(InputError):
-    """An answer to a yielded call refused by the tool's ``yield_schema``."""
+    """An answer to a yielded call refused by the tool's ``yield_schema``.
 
-    def __init__(self, message: str, *, call_id: str, tool: str) -> None:
-        super().__init__(message, field="tools.input")
+    ``field`` is the refused value's path, ``tools.{position}.input.{path}``: ``position`` is the
+    answer's place in its batch, ``path`` the place inside the answer (``""``: the answer as a whole).
+    """
+
+    def __init__(self, message: str, *, call_id: str, tool: str, position: int = 0, path: str = "") -> None:
+        super().__init__(message, field=f"tools.{position}.input" + (f".{path}" if path else ""))
         self.call_id = call_id
         self.tool = tool
+        self.position = position
+        self.path = path
 
 
 class AgentMismatch(InputError):

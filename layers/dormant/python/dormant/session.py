@@ -46,7 +46,7 @@ __all__ = ["AnswerCheck", "EventLog", "Runtime", "Session", "SessionInput"]
 class AnswerCheck(Protocol):
     """What a session needs of a yielding tool to record an answer to it (``agents.tools.Tool`` is one)."""
 
-    def check_input(self, call_id: str, value: Any) -> Any: ...
+    def check_input(self, call_id: str, value: Any, position: int = 0) -> Any: ...
 
 
 class Runtime(Protocol):
@@ -578,7 +578,9 @@ class SessionInput:
                     f"tool {call.name!r} is not registered with app {session.app_name!r}: "
                     "define it (app.tool) in this process before answering its calls"
                 )
-            value = tool.check_input(call_id, answer.get("input"))
+            given = answer.get("input")
+            check_storable(given, f"tools.{position}.input")  # named as unstorable, not as "not JSON"
+            value = tool.check_input(call_id, given, position)
             check_storable(value, f"tools.{position}.input")
             events.append(
                 ToolInputEvent(

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError, to_json
 
 from ..errors import ConfigurationError, ToolArgumentsError, ToolInputError
 
@@ -99,19 +100,34 @@ class Tool:
             )
             raise ToolArgumentsError(f"invalid arguments for {self.name}: {problems}") from exc
 
-    def check_input(self, call_id: str, value: Any) -> Any:
-        """Validate an answer to a yielded call; return its JSON form (what the ledger records)."""
+    def check_input(self, call_id: str, value: Any, position: int = 0) -> Any:
+        """Validate an answer to a yielded call; return its JSON form (what the ledger records).
+
+        An answer is a record of what a human decided, so it is validated as the JSON it is (or, from
+        Python, would be on the wire) in pydantic's strict mode: ``1`` or ``"yes"`` is not ``true``.
+        JSON-strict still reads ISO strings as dates, times and UUIDs, and integers as floats.
+        ``position`` is the answer's place in its batch, for the error's ``field``.
+        """
         assert self.yield_schema is not None
-        try:
-            return self.yield_schema.model_validate(value).model_dump(mode="json")
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "input"
-            raise ToolInputError(
-                f"invalid answer for {self.name} call {call_id}: {where}: {first['msg']}",
+
+        def refused(where: str, why: str) -> ToolInputError:
+            return ToolInputError(
+                f"invalid answer for {self.name} call {call_id}: {where or 'input'}: {why}",
                 call_id=call_id,
                 tool=self.name,
-            ) from exc
+                position=position,
+                path=where,
+            )
+
+        try:
+            text = to_json(value, inf_nan_mode="constants")  # NaN stays NaN, for check_storable to name
+        except PydanticSerializationError as exc:
+            raise refused("", f"not a JSON value ({exc})") from exc
+        try:
+            return self.yield_schema.model_validate_json(text, strict=True).model_dump(mode="json")
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise refused(".".join(str(p) for p in first["loc"]), first["msg"]) from exc
 
     def typed_input(self, value: Any) -> Any:
         return self.yield_schema.model_validate(value) if self.yield_schema is not None else value

@@ -481,8 +481,9 @@ def build_resolver(
                     if _answered(session, exc.call_id):  # another caller's answer landed first: a 409
                         raise
                     raise InputError(str(exc), field=exc.field) from None  # a wrong answer: a 400
-                except ToolInputError as exc:
-                    raise InputError(str(exc), field=exc.field) from None
+                except ToolInputError as exc:  # a 400 naming the value in this body: answers.N.input.key
+                    field = f"answers.{exc.position}.input" + (f".{exc.path}" if exc.path else "")
+                    raise InputError(str(exc), field=field) from None
                 try:
                     tenant_app.sessions.commit(session)  # the answers on the ledger first, then the wake-up
                     break
