@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -128,6 +129,34 @@ def test_the_console_script_runs_as_its_own_process(db: Path) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["sessions"] == ["s-sam"]
+
+
+def test_erase_that_leaves_residue_exits_3_naming_it_and_a_second_run_exits_0(db: Path) -> None:
+    """Another process reading the SQLite file holds its write-ahead log, so the erased rows stay in the
+    ``-wal`` file: the erasure is done as far as the database goes, but not gone from the disk."""
+    script = Path(sys.executable).parent / "dormant"
+    argv = [str(script), "erase", "--store", f"sqlite:///{db}", "--tenant", "t-1", "--scope", "user", "--id"]
+    reader = sqlite3.connect(db, isolation_level=None, timeout=5)
+    try:
+        reader.execute("BEGIN")
+        assert reader.execute("SELECT count(*) FROM sessions").fetchone()[0] > 0  # a read snapshot held
+        done = subprocess.run([*argv, "alex-doe"], capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        reader.close()
+    assert done.returncode == 3, (done.returncode, done.stderr)
+    report = json.loads(done.stdout)  # the report is still printed: what was removed, what remains
+    assert report["sessions"] == ["s-alex"] and f"{db}-wal" in report["residue"]
+    assert "dormant erase:" in done.stderr and f"{db}-wal" in done.stderr and "Traceback" not in done.stderr
+
+    again = subprocess.run([*argv, "alex-doe"], capture_output=True, text=True, timeout=120, check=False)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == {
+        "scope": "user",
+        "scope_id": "alex-doe",
+        "sessions": [],
+        "scoped_keys": [],
+        "residue": None,
+    }
 
 
 @pytest.mark.backend("dynamodb")

@@ -11,7 +11,10 @@ the Bookings sample) on ``--store URL`` (default ``DORMANT_STORE``, else ``sqlit
 database); their ``--tenant`` is the caller's ``sub`` the HTTP API keeps that tenant's data under
 (``{app}@{tenant}``); without it the app's own name is used, as by a program that runs the app itself.
 They exit 0 when done, 2 on bad input or configuration (the message names the field), 1 when the store
-failed.
+failed, and 3 when ``erase`` removed everything from the store but its report's ``residue`` says the
+store's files may still hold it (SQLite: another connection held the write-ahead log, erase again once
+the file is idle; PostgreSQL: always, until an operator runs ``VACUUM FULL``); the report is printed
+all the same, and the residue on stderr.
 
 Its imports are deferred to the command that needs them, so ``dormant --help`` loads no AWS library.
 """
@@ -97,7 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _operate(args: argparse.Namespace) -> int:
-    """Run ``erase`` or ``purge`` on the app (as ``--tenant`` sees it) and print the result as JSON."""
+    """Run ``erase`` or ``purge`` on the app (as ``--tenant`` sees it), print the result as JSON, and exit
+    with the code the module's docstring gives."""
     from .errors import ConfigurationError, DormantError, InputError
     from .serving.runtime import for_tenant, load_served
     from .stores.url import store_from_url
@@ -117,10 +121,14 @@ def _operate(args: argparse.Namespace) -> int:
         print(f"dormant {args.command}: the store failed: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(result, indent=2))
+    residue = result.get("residue")
+    if residue is not None:  # done in the database, not gone from the disk: a script must not read it as 0
+        print(f"dormant {args.command}: erased, but not gone from the store's files: {residue}", file=sys.stderr)
+        return 3
     return 0
 
 
-def _erase(app: App, args: argparse.Namespace) -> Any:
+def _erase(app: App, args: argparse.Namespace) -> dict[str, Any]:
     report = app.erase(scope=args.scope, scope_id=args.id)
     idempotency = _idempotency(args.store, app.store)
     if idempotency is not None:  # the API's answers kept for retries hold what the sessions held
@@ -131,7 +139,7 @@ def _erase(app: App, args: argparse.Namespace) -> Any:
     return dataclasses.asdict(report)
 
 
-def _purge(app: App, args: argparse.Namespace) -> Any:
+def _purge(app: App, args: argparse.Namespace) -> dict[str, Any]:
     from .serving.runtime import purge_tenants
 
     if app.retention_ms is None:
