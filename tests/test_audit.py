@@ -63,10 +63,11 @@ def test_json_equality_tells_true_from_1() -> None:
     assert state_diff(snapshot({"a": [1, {"b": 2}]}, {}), snapshot({"a": [1, {"b": 2}]}, {})) == []
 
 
-def change(key: str, new: Any, invocation: str | None = "inv-1") -> StateChangeEvent:
+def change(key: str, new: Any, invocation: str | None = "inv-1", source: Any = None) -> StateChangeEvent:
+    """A change as release 0.1 wrote it: without the tool call that made it."""
     return StateChangeEvent(
         scope="session",
-        source="mutation" if invocation else "direct",
+        source=source or ("mutation" if invocation else "direct"),
         changes=[StateChange(key=key, new_value=new)],
         invocation_id=invocation,
     )
@@ -86,6 +87,7 @@ def test_a_change_belongs_to_the_tool_whose_result_follows_it() -> None:
         ModelStartEvent(invocation_id="inv-1", model=model, input=[], message_count=0, digest="d"),
         ToolCallEvent(call_id="c3", name="third", invocation_id="inv-1"),
         change("other", 9),
+        change("k", 8, source="observation"),  # what "third" saw stored: not a change it made
         change("k", 3),  # while "third" runs
         ToolResultEvent(call_id="c3", name="third", invocation_id="inv-1"),
         change("k", 4),  # the ledger ends with it: no tool
@@ -95,8 +97,9 @@ def test_a_change_belongs_to_the_tool_whose_result_follows_it() -> None:
         (0, 0, None, None),
         (4, 1, "first", "c1"),
         (7, 2, None, None),
-        (11, 3, "third", "c3"),
-        (13, 4, None, None),
+        (11, 8, None, None),
+        (12, 3, "third", "c3"),
+        (14, 4, None, None),
     ]
     assert key_history(events, "user", "k") == []
     # replaying the history gives the key's value as the fold has it

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bookings import Confirmation, build, patient_id
-from dormant.events import StateChangeEvent, ToolInputEvent
+from dormant.events import StateChangeEvent, ToolCallEvent, ToolInputEvent
 from dormant.stores.sqlite import sqlite_store
 
 REQUEST = "I need physio on Tuesday afternoon, for Alex Doe"
@@ -92,7 +92,10 @@ def test_ask_pending_approve(db: Path) -> None:
 
     shown = bookings(db, "show", sid)
     assert shown.returncode == 0
-    assert f'user[{patient_id("Alex Doe")}].name: - -> "Alex Doe"  (mutation)' in shown.stdout
+    # which tool call wrote it: the one the ledger records for remember_patient
+    [remembered] = [e for e in session.events if isinstance(e, ToolCallEvent) and e.name == "remember_patient"]
+    by = f"by remember_patient [{remembered.call_id}]"
+    assert f'user[{patient_id("Alex Doe")}].name: - -> "Alex Doe"  (mutation {by})' in shown.stdout
     assert "human   answers request_approval" in shown.stdout and "--- ends: completed" in shown.stdout
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from release_fixtures import APP, DONE, FIXTURES, USER, WAITING, fixture_app
 
+from dormant.audit import key_history
 from dormant.events import StateChangeEvent, ToolResultEvent
 from dormant.stores.sqlite import sqlite_store
 
@@ -31,6 +32,10 @@ def check_resumes(store: Any) -> None:
 
     done = app.sessions.require(DONE)
     assert done.status == "completed" and done.state.approved is True and done.output.text == "Booked."
+    # 0.1 recorded no tool call on a state change: the field reads as absent, the audit infers it
+    assert all(e.call_id is None for e in done.events if isinstance(e, StateChangeEvent))
+    history = key_history(done.events, "session", "approved")
+    assert [(c.source, c.tool, c.call_id) for c in history] == [("direct", None, None), ("mutation", "book", "call-1")]
 
     waiting = app.sessions.require(WAITING)
     before = list(waiting.events)
@@ -48,6 +53,8 @@ def check_resumes(store: Any) -> None:
 
     again = app.sessions.require(WAITING)
     assert list(again.events)[: len(before)] == before  # what the old release stored is untouched
+    made = [e for e in list(again.events)[len(before) :] if isinstance(e, StateChangeEvent)]
+    assert {(e.call_id, e.tool) for e in made if e.source == "mutation"} == {("call-1", "book")}  # recorded now
     assert again.status == "completed" and again.state.approved is True
     assert [e.result for e in again.events if isinstance(e, ToolResultEvent)] == ["booked"]
     assert store.load_scoped_state(APP, "user", USER)["visits"] == 2

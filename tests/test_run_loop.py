@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, field_validator
 
 from dormant import adk, in_memory_store, openai
+from dormant.audit import key_history
 from dormant.errors import (
     AgentMismatch,
     AwaitingInput,
@@ -34,6 +35,7 @@ from dormant.events import (
     ToolInputEvent,
     ToolResultEvent,
     UserEvent,
+    parse_event_json,
 )
 from dormant.models.base import ModelRequest, ModelResponse, Usage
 from dormant.testing import MockAdapter
@@ -455,6 +457,64 @@ def test_bad_run_input_raises_a_typed_error_naming_the_field_and_writes_nothing(
     assert list(session.events) == [] and t.model.requests == []
 
 
+def test_a_state_change_names_the_tool_call_that_made_it_and_only_that() -> None:
+    """``call_id`` and ``tool`` on a ``state_change``: set when a tool's ``execute`` wrote through its
+    ``ctx.state`` (shared scopes too), absent for a write from outside, a renderer's, or an observation."""
+
+    class Notes(BaseModel):
+        note: str | None = None
+        renders: int = 0
+
+    class Profile(BaseModel):
+        name: str = ""
+
+    class Note(BaseModel):
+        text: str
+
+    def render(ctx: Any) -> str:
+        ctx.state.renders = ctx.state.renders + 1  # a renderer's write: inside the invocation, no tool
+        return "Take notes."
+
+    def write(ctx: Any) -> str:
+        ctx.state.note = ctx.args.text
+        ctx.state.user.name = "Ada"
+        return "noted"
+
+    scripted = MockAdapter()
+    app = adk(name="notes", schema={"session": Notes, "user": Profile}, adapters={"openai": scripted})
+    tool = app.tool(name="write_note", description="", schema=Note, execute=write)
+    agent = app.agent(name="a", model=openai("m"), context=[app.context.system(render)], tools=[tool])
+    scripted.set_responses([{"tool_calls": [{"name": "write_note", "args": {"text": "hi"}}]}, {"text": "done"}])
+    session = app.sessions.create("s-1", scopes={"user": "u-1"})
+    app.store.save_scoped_state("notes", "user", "u-1", {"name": "Bo"})  # moved under it: observed
+    run = app.run(agent, {"message": "note hi", "state": {"note": "seed"}}, session=session)
+    assert run.status == "completed"
+    [call] = [e for e in run.events if isinstance(e, ToolCallEvent)]
+    made = [
+        (e.source, e.scope, e.changes[0].key, e.call_id, e.tool) for e in run.events if isinstance(e, StateChangeEvent)
+    ]
+    assert made == [
+        ("direct", "session", "note", None, None),
+        ("mutation", "session", "renders", None, None),
+        ("mutation", "session", "note", call.call_id, "write_note"),
+        ("observation", "user", "name", None, None),  # what the tool saw stored ("Bo"): not its change
+        ("mutation", "user", "name", call.call_id, "write_note"),
+        ("mutation", "session", "renders", None, None),
+    ]
+    for event in run.events:  # kept through the JSON the stores hold
+        assert parse_event_json(event.model_dump_json()) == event
+
+    app.sessions.commit(session)
+    stored = app.sessions.require("s-1")
+    [history] = [c for c in key_history(stored.events, "session", "note") if c.source == "mutation"]
+    assert (history.tool, history.call_id) == ("write_note", call.call_id)
+    # cut between the tool's write and its result, a ledger can only say who wrote by recording it
+    at = next(i for i, e in enumerate(stored.events) if isinstance(e, StateChangeEvent) and e.call_id)
+    fork = stored.fork_at(at)
+    [cut] = [c for c in key_history(fork.events, "session", "note") if c.source == "mutation"]
+    assert (cut.tool, cut.call_id) == ("write_note", call.call_id)
+
+
 # -- yielding tools ---------------------------------------------------------------------------
 
 
@@ -518,6 +578,8 @@ def test_a_yielding_tool_pauses_the_run_and_resumes_in_another_process() -> None
     assert resumed.status == "completed" and resumed.output.text == "Booked Tuesday 14:30."
     assert executed2 == [("Tue 14:30", Approval(approved=True, note="ok by Dr. Ray"))]
     assert resumed.state.booked == "Tue 14:30"
+    [booked] = [e for e in resumed.events if isinstance(e, StateChangeEvent)]
+    assert (booked.call_id, booked.tool) == ("call-1", "book")  # the approved call's write says so
     assert resumed.invocation_id == run.invocation_id  # the same invocation, resumed
     assert types(resumed.events) == [
         "invocation_resume",

@@ -75,7 +75,8 @@ def _describe(event: Event) -> tuple[str, str]:
     if isinstance(event, StateChangeEvent):
         target = event.scope if event.scope_id is None else f"{event.scope}[{event.scope_id}]"
         parts = [f"{target}.{c.key}: {_short(c.old_value, 40)} -> {_short(c.new_value, 40)}" for c in event.changes]
-        return "state", f"{'; '.join(parts)}  ({event.source})"
+        by = f" by {event.tool} [{event.call_id}]" if event.call_id is not None else ""  # the tool call that wrote it
+        return "state", f"{'; '.join(parts)}  ({event.source}{by})"
     if isinstance(event, InvocationStartEvent):
         return "run", f"--- {event.agent_name} starts ({event.invocation_id})"
     if isinstance(event, InvocationYieldEvent):

@@ -41,7 +41,9 @@ class KeyChange:
     invocation_id: str | None
     agent_name: str | None
     tool: str | None
-    """The tool whose run made the change (``None``: made outside any tool, e.g. seeded or observed)."""
+    """The tool whose run made the change (``None``: made outside any tool, e.g. seeded or observed):
+    as the event records it, or for a ledger written before events recorded it, as the ledger's order
+    shows it."""
     call_id: str | None
 
 
@@ -69,22 +71,26 @@ def key_history(events: Sequence[Event], scope: str, key: str) -> list[KeyChange
             source=event.source,
             invocation_id=event.invocation_id,
             agent_name=event.agent_name,
-            tool=call.name if call is not None else None,
-            call_id=call.call_id if call is not None else None,
+            tool=tool,
+            call_id=call_id,
         )
-        for index, event, call in _state_changes(events)
+        for index, event, (tool, call_id) in _state_changes(events)
         if event.scope == scope
         for change in event.changes
         if change.key == key
     ]
 
 
-def _state_changes(events: Sequence[Event]) -> Iterator[tuple[int, StateChangeEvent, ToolCallEvent | None]]:
-    """Each state change with the tool call whose run made it.
+_NO_TOOL: tuple[str | None, str | None] = (None, None)
 
-    The run loop executes one tool at a time and appends its result as soon as it returns, so a change
-    made by a tool lies after that tool's call and before its result, with no model call, yield or end
-    of its invocation in between.
+
+def _state_changes(events: Sequence[Event]) -> Iterator[tuple[int, StateChangeEvent, tuple[str | None, str | None]]]:
+    """Each state change with the tool (name, call id) whose run made it.
+
+    A change records its tool call (``call_id``, ``tool``) since the release after 0.1. Before, it is
+    inferred: the run loop executes one tool at a time and appends its result as soon as it returns,
+    so a mutation made by a tool lies after that tool's call and before its result, with no model call,
+    yield or end of its invocation in between.
     """
     calls: dict[str, tuple[int, ToolCallEvent]] = {}
     waiting: list[tuple[int, StateChangeEvent]] = []
@@ -92,8 +98,10 @@ def _state_changes(events: Sequence[Event]) -> Iterator[tuple[int, StateChangeEv
         if isinstance(event, ToolCallEvent):
             calls[event.call_id] = (index, event)
         elif isinstance(event, StateChangeEvent):
-            if event.invocation_id is None:
-                yield index, event, None
+            if event.call_id is not None:
+                yield index, event, (event.tool, event.call_id)
+            elif event.invocation_id is None or event.source != "mutation":
+                yield index, event, _NO_TOOL
             else:
                 waiting.append((index, event))
             continue
@@ -101,13 +109,15 @@ def _state_changes(events: Sequence[Event]) -> Iterator[tuple[int, StateChangeEv
             continue
         if isinstance(event, ToolResultEvent):
             called = calls.get(event.call_id)
-            made_by = called[1] if called is not None and called[0] < waiting[0][0] else None
+            made_by = (
+                (called[1].name, called[1].call_id) if called is not None and called[0] < waiting[0][0] else _NO_TOOL
+            )
             yield from ((i, change, made_by) for i, change in waiting)
             waiting = []
         elif isinstance(event, ModelStartEvent | InvocationYieldEvent | InvocationEndEvent):
-            yield from ((i, change, None) for i, change in waiting)
+            yield from ((i, change, _NO_TOOL) for i, change in waiting)
             waiting = []
-    yield from ((i, change, None) for i, change in waiting)
+    yield from ((i, change, _NO_TOOL) for i, change in waiting)
 
 
 def state_diff(before: StateSnapshot, after: StateSnapshot) -> list[StateDiff]:

@@ -130,6 +130,10 @@ class StateChangeEvent(EventBase):
     shared scope that was seeded while unbound). ``new_value`` ``None`` means the key was deleted.
     ``schema_version`` is the scope's schema version the values were written under (0: before any
     migration, and every event written before versions existed); reads upcast older ones.
+    ``call_id`` and ``tool`` name the tool call whose ``execute`` made a ``mutation`` (through its
+    ``ctx.state``), so the audit can say which approved call set a value; ``None`` for any other write
+    (from outside, by a context renderer), for an ``observation``, and in ledgers written before they
+    were recorded (``dormant.audit`` infers them there). Optional: the event format stays 1.
     """
 
     type: Literal["state_change"] = "state_change"
@@ -138,6 +142,8 @@ class StateChangeEvent(EventBase):
     source: StateSource
     changes: list[StateChange]
     schema_version: int = 0
+    call_id: str | None = None
+    tool: str | None = None
 
 
 class InvocationStartEvent(EventBase):

@@ -416,7 +416,7 @@ class _Run:
             return result(answer.input if answer else None)
         context = ToolContext(
             args=args,
-            state=invocation.state,
+            state=invocation.tool_state(call.call_id, tool.name),
             session=self.session,
             call_id=call.call_id,
             invocation_id=invocation.id,

@@ -68,6 +68,10 @@ class Invocation:
         self.checked: dict[str, set[str]] = {}
         self.state = StateView(Access(host, self))
 
+    def tool_state(self, call_id: str, tool: str) -> StateView:
+        """The state a tool's ``execute`` gets: its writes record the call that made them."""
+        return StateView(Access(self.host, self, (call_id, tool)))
+
     def store_values(self, scope: str, scope_id: str) -> dict[str, Any]:
         """The shared scope as stored (loaded once per run), under this session's uncommitted writes.
 
@@ -94,13 +98,15 @@ def load_once(host: StateHost, cache: dict[str, dict[str, Any]], scope: str, sco
 
 
 class Access:
-    """Reads and writes state for one writer: the outside world (``invocation`` None) or an invocation."""
+    """Reads and writes state for one writer: the outside world (``invocation`` None) or an invocation,
+    and in it, for a tool's ``execute``, the tool call (``call``: call id and tool name)."""
 
-    __slots__ = ("host", "invocation")
+    __slots__ = ("call", "host", "invocation")
 
-    def __init__(self, host: StateHost, invocation: Invocation | None) -> None:
+    def __init__(self, host: StateHost, invocation: Invocation | None, call: tuple[str, str] | None = None) -> None:
         self.host = host
         self.invocation = invocation
+        self.call = call
 
     def scope_view(self, scope: str) -> ScopeView:
         self.host.scope_schema(scope)
@@ -220,6 +226,7 @@ class Access:
         self, scope: str, scope_id: str | None, source: StateSource, key: str, old: Any, new: Any
     ) -> StateChangeEvent:
         invocation = self.invocation
+        call_id, tool = self.call if self.call is not None and source == "mutation" else (None, None)
         return StateChangeEvent(
             scope=scope,
             scope_id=scope_id,
@@ -228,6 +235,8 @@ class Access:
             schema_version=self.host.scope_schema(scope).version,
             invocation_id=invocation.id if invocation else None,
             agent_name=invocation.agent_name if invocation else None,
+            call_id=call_id,
+            tool=tool,
         )
 
     def _require_invocation(self) -> Invocation:
