@@ -522,6 +522,21 @@ def test_a_remote_commit_writing_shared_state_the_session_is_not_bound_to_is_a_4
     assert app.store.load_scoped_state(app.name, "user", "alex-doe")["k"] == 1
 
 
+def test_a_remote_commit_of_an_answer_its_tool_refuses_as_strict_json_is_a_400_and_writes_nothing(
+    client: Client,
+) -> None:
+    """An answer a remote runner commits is held to what ``POST /tools`` holds it to: ``1`` is no approval."""
+    create(client)
+    answer = {"type": "tool_input", "call_id": "c-1", "name": "request_approval"}
+    for value, field in (({"approved": 1}, "events.1.input.approved"), ("yes", "events.1.input")):
+        body = {"expected_version": 1, "events": [{"type": "user", "text": "hi"}, {**answer, "input": value}]}
+        status, error = client.call("commit", session_id="s-1", body=body)
+        assert (status, error["field"]) == (400, field), error
+    assert client.call("get_session", session_id="s-1")[1]["version"] == 1
+    body = {"expected_version": 1, "events": [{**answer, "input": {"approved": True}}]}
+    assert client.call("commit", session_id="s-1", body=body)[0] == 200
+
+
 # -- erasure ---------------------------------------------------------------------------------------
 
 

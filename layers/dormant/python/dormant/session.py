@@ -25,6 +25,7 @@ from .errors import (
     InputError,
     ScopeNotBound,
     SessionNotFound,
+    ToolInputError,
     UnknownCallId,
     UnknownEventId,
     UnknownScope,
@@ -45,6 +46,9 @@ __all__ = ["AnswerCheck", "EventLog", "Runtime", "Session", "SessionInput"]
 
 class AnswerCheck(Protocol):
     """What a session needs of a yielding tool to record an answer to it (``agents.tools.Tool`` is one)."""
+
+    @property
+    def yields(self) -> bool: ...
 
     def check_input(self, call_id: str, value: Any, position: int = 0) -> Any: ...
 
@@ -369,6 +373,24 @@ class Session:
         for position, event in enumerate(self.uncommitted_events):
             if isinstance(event, StateChangeEvent) and event.scope != "session" and event.scope_id is not None:
                 self.check_bound(event.scope, event.scope_id, f"events.{position}.scope_id")
+
+    def check_answers(self) -> None:
+        """Each uncommitted answer to a yielded call checked as ``input`` checks it (``ToolInputError``
+        naming ``events.<n>.input...``): for events appended around ``input``, by a remote runner's commit.
+
+        Not part of every commit: a fork copies answers recorded under the tool's schema of their day.
+        A tool this process does not define cannot be checked."""
+        for position, event in enumerate(self.uncommitted_events):
+            if not isinstance(event, ToolInputEvent):
+                continue
+            tool = self._runtime.tool_named(event.name)
+            if tool is None or not tool.yields:
+                continue
+            try:
+                tool.check_input(event.call_id, event.input)
+            except ToolInputError as exc:
+                exc.field = f"events.{position}.input" + (f".{exc.path}" if exc.path else "")
+                raise
 
     # -- time travel ------------------------------------------------------------------------
 

@@ -508,6 +508,10 @@ def build_resolver(
             except InputError as exc:
                 raise InputError(str(exc), field=f"events.{position}") from None
         session.check_writes()  # a session writes only the shared state it is bound to, as a run does
+        try:
+            session.check_answers()  # and answers as strict as POST /tools takes them
+        except ToolInputError as exc:  # a 400, as from POST /tools
+            raise InputError(str(exc), field=exc.field) from None
         changes = []
         for position, change in enumerate(request.scoped_changes or []):
             session.check_bound(change.scope, change.scope_id, f"scoped_changes.{position}.scope_id")
