@@ -292,6 +292,8 @@ def test_a_booking_from_ask_through_approval_on_the_page_to_completion(browser: 
             assert shown_change.get_attribute("data-scope") == event["scope"]
             assert shown_change.get_attribute("data-key") == change["key"]
             assert event["source"] in shown_change.text
+            if event.get("call_id"):  # the tool call that wrote it
+                assert f"by {event['tool']} [{event['call_id']}]" in shown_change.text
         elif event["type"] == "model_end":
             assert f"{event['usage']['total_tokens']} total" in body
         elif event["type"] == "invocation_end":

@@ -96,6 +96,7 @@ const RENDER = {
           h("span", { class: "arrow" }, " → "),
           h("span", { class: "new" }, c.new_value === null ? "(deleted)" : short(c.new_value)),
           h("span", { class: `source source-${e.source}`, title: SOURCE_TEXT[e.source] || e.source }, e.source),
+          e.call_id ? h("span", { class: "by" }, ` by ${e.tool} [${e.call_id}]`) : null,
         ),
       ),
     ),
