@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from .common import Figure, millis, paired, scale
@@ -28,6 +31,15 @@ module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 assert callable(module.handler)
 """
+SERVE = """
+import json, types
+context = types.SimpleNamespace(function_name="bench", memory_limit_in_mb=512, aws_request_id="bench",
+                                invoked_function_arn="arn:aws:lambda:us-east-1:123456789012:function:bench")
+answer = module.handler(json.loads(open(sys.argv[2]).read()), context)
+assert answer["statusCode"] < 500, answer
+"""
+FIRST_REQUESTS = {"sessions": "create_session.json", "commit": "commit.json"}
+"""The functions that never run an agent, and a first request of each (a sample event of its route)."""
 ENV = {
     "DORMANT_STORE": "dynamodb://bench-table?region=us-east-1",
     "DORMANT_APP": "bookings:build",
@@ -66,7 +78,7 @@ def run() -> list[Figure]:
         for path in sorted(FUNCTIONS.glob("*/app.py")):
             name = path.parent.name
             ours, floor = paired(
-                lambda n, path=path: fresh_interpreter(["-c", LOAD, str(path)], env),
+                importing(path, env),
                 lambda n: fresh_interpreter(["-c", "import boto3"], env),
                 runs,
             )
@@ -81,4 +93,40 @@ def run() -> list[Figure]:
                     "lower",
                 )
             )
+            if name in FIRST_REQUESTS:
+                first_request(name, path, ours, floor, env, runs, Path(pycache))
     return figures
+
+
+def importing(path: Path, env: dict[str, str]) -> Callable[[int], float]:
+    return lambda n: fresh_interpreter(["-c", LOAD, str(path)], env)
+
+
+def first_request(
+    name: str, path: Path, imported: float, floor: float, env: dict[str, str], runs: int, scratch: Path
+) -> None:
+    """Print what the import leaves to the first request: the app, and the validators its route builds.
+
+    Printed for reference, not judged: on AWS the first request also makes the store's client and its
+    first calls, which no local figure measures fairly. The store is a SQLite file holding the sample
+    session (``create_session.json``), copied afresh for each run, so the figure is the library's work.
+    """
+    template, db = scratch / "first-request.db", scratch / "served.db"
+    env = {**env, "DORMANT_STORE": f"sqlite:///{db}"}
+    env.pop("DORMANT_IDEMPOTENCY_TABLE")  # no Idempotency-Key in these events: no table needed
+    if not template.exists():
+        serve(FUNCTIONS / "sessions" / "app.py", "create_session.json", env)
+        shutil.copyfile(db, template)
+    samples = []
+    for _ in range(runs):
+        shutil.copyfile(template, db)
+        samples.append(serve(path, FIRST_REQUESTS[name], env))
+    both = statistics.median(samples)
+    print(
+        f"  (for reference) functions/{name} imported + its first request ({FIRST_REQUESTS[name]}): {millis(both)}, "
+        f"{both / floor:.2f}x import boto3; the request's share {millis(both - imported)}"
+    )
+
+
+def serve(path: Path, event: str, env: dict[str, str]) -> float:
+    return fresh_interpreter(["-c", LOAD + SERVE, str(path), str(ROOT / "events" / "api" / event)], env)

@@ -845,8 +845,9 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_first_result_and_runs
 # -- the cold path ---------------------------------------------------------------------------------
 
 # What importing a function module must not load: boto3 and s3transfer (the clients are botocore's),
-# the X-Ray SDK (tracing is off), a client or the app (both are built by the first request).
-COLD_PATH_EXCLUDES = {"boto3", "s3transfer", "aws_xray_sdk", "botocore.client", "bookings"}
+# the X-Ray SDK (tracing is off), a client or the app (both are built by the first request), and the run
+# loop (only a request that runs an agent needs it).
+COLD_PATH_EXCLUDES = {"boto3", "s3transfer", "aws_xray_sdk", "botocore.client", "bookings", "dormant.agents.loop"}
 # The workflow's functions serve no HTTP: no Powertools resolver, no pydantic request models.
 WORKFLOW_EXCLUDES = {"aws_lambda_powertools.event_handler", "dormant.serving.api"}
 
@@ -872,6 +873,10 @@ def test_a_function_module_imports_only_what_its_cold_path_needs(name: str) -> N
         "module = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(module)\n"
         "assert callable(module.handler)\n"
+        "from pydantic import BaseModel\n"
+        "library = [m for n, m in list(sys.modules.items()) if n.startswith('dormant')]\n"
+        "models = [c for m in library for c in vars(m).values() if isinstance(c, type) and issubclass(c, BaseModel)]\n"
+        "print(json.dumps(sorted({c.__qualname__ for c in models if c.__pydantic_complete__})))\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
     path = EVENTS.parent / "functions" / name / "app.py"
@@ -879,6 +884,9 @@ def test_a_function_module_imports_only_what_its_cold_path_needs(name: str) -> N
     done = subprocess.run(run, check=False, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     loaded = set(json.loads(done.stdout.splitlines()[-1]))
+    # Validators are built by the first request that uses them, not by the import (a function builds the
+    # request bodies of its own routes only).
+    assert json.loads(done.stdout.splitlines()[-2]) == []
     excluded = COLD_PATH_EXCLUDES | (WORKFLOW_EXCLUDES if name in {"park", "resume", "sweeper"} else set())
     assert "dormant.serving" in loaded  # it did load the handler's own code
     assert sorted(m for m in loaded if m in excluded or m.split(".")[0] in excluded) == []

@@ -2,20 +2,34 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import types
+
+import pytest
 
 import dormant
 import dormant.errors
 
 
-def test_all_is_exactly_the_public_non_module_names() -> None:
-    public = {
-        name
-        for name, value in vars(dormant).items()
-        if not name.startswith("_") and not isinstance(value, types.ModuleType)
-    }
-    assert public | {"errors"} == set(dormant.__all__)
+def test_all_is_exactly_the_public_names_and_each_resolves() -> None:
+    assert [name for name in dir(dormant) if not name.startswith("_")] == sorted(dormant.__all__)
     assert len(dormant.__all__) == len(set(dormant.__all__)) <= 25  # small, no duplicates
+    for name in dormant.__all__:
+        value = getattr(dormant, name)
+        assert isinstance(value, types.ModuleType) == (name == "errors"), name
+        assert name in {"errors", "Event"} or value.__name__ == name  # Event is an Annotated union
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        dormant.nothing
+
+
+def test_importing_the_package_loads_none_of_it() -> None:
+    """The names load when first used: ``import dormant`` alone, or a function that only commits, never
+    pays for the run loop or the event models it does not touch."""
+    code = "import json, sys, dormant; print(json.dumps(sorted(m for m in sys.modules if m.startswith('dormant'))))"
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60)
+    assert json.loads(done.stdout) == ["dormant"]
 
 
 def test_every_error_is_a_dormant_error_and_is_listed() -> None:

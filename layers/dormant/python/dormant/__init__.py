@@ -1,28 +1,65 @@
-"""dormant: agents whose sessions sleep between turns, on an auditable, append-only ledger."""
+"""dormant: agents whose sessions sleep between turns, on an auditable, append-only ledger.
 
-from . import errors
-from .agents.loop import RunResult
-from .app import App, adk
-from .events import (
-    AssistantEvent,
-    Event,
-    InvocationEndEvent,
-    InvocationResumeEvent,
-    InvocationStartEvent,
-    InvocationYieldEvent,
-    ModelEndEvent,
-    ModelStartEvent,
-    SessionForkedEvent,
-    StateChangeEvent,
-    ToolCallEvent,
-    ToolInputEvent,
-    ToolResultEvent,
-    UserEvent,
-    parse_event,
+The names below are imported when first used (PEP 562): ``import dormant`` costs nothing, and a process
+that only reads or commits sessions (an API function, a sweeper) never loads the run loop.
+"""
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from . import errors
+    from .agents.loop import RunResult
+    from .app import App, adk
+    from .events import (
+        AssistantEvent,
+        Event,
+        InvocationEndEvent,
+        InvocationResumeEvent,
+        InvocationStartEvent,
+        InvocationYieldEvent,
+        ModelEndEvent,
+        ModelStartEvent,
+        SessionForkedEvent,
+        StateChangeEvent,
+        ToolCallEvent,
+        ToolInputEvent,
+        ToolResultEvent,
+        UserEvent,
+        parse_event,
+    )
+    from .models.base import bedrock, openai
+    from .session import Session
+    from .stores.memory import in_memory_store
+
+_EVENTS = (
+    "AssistantEvent",
+    "Event",
+    "InvocationEndEvent",
+    "InvocationResumeEvent",
+    "InvocationStartEvent",
+    "InvocationYieldEvent",
+    "ModelEndEvent",
+    "ModelStartEvent",
+    "SessionForkedEvent",
+    "StateChangeEvent",
+    "ToolCallEvent",
+    "ToolInputEvent",
+    "ToolResultEvent",
+    "UserEvent",
+    "parse_event",
 )
-from .models.base import bedrock, openai
-from .session import Session
-from .stores.memory import in_memory_store
+_HOMES = {
+    "App": ".app",
+    "RunResult": ".agents.loop",
+    "Session": ".session",
+    "adk": ".app",
+    "bedrock": ".models.base",
+    "errors": ".errors",
+    "in_memory_store": ".stores.memory",
+    "openai": ".models.base",
+    **dict.fromkeys(_EVENTS, ".events"),
+}
 
 __all__ = [
     "App",
@@ -49,3 +86,17 @@ __all__ = [
     "openai",
     "parse_event",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'dormant' has no attribute {name!r}")
+    module = importlib.import_module(home, __name__)
+    value = module if name == "errors" else getattr(module, name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__"))})

@@ -8,13 +8,12 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from pydantic import BaseModel
 
 from .agents.agent import Agent
 from .agents.context import ContextFactory, HistoryRenderer, Renderer
-from .agents.loop import RunResult, RunStream, start_run
 from .agents.tools import Tool, ToolContext
 from .clock import now_ms
 from .errors import ConfigurationError, InputError, SessionNotFound, VersionConflict
@@ -28,6 +27,9 @@ from .state.schema import BOUND_SCOPES, Schema
 from .state.values import check_storable
 from .stores.base import BaseSessionStore, CommitResult, SessionListing, SessionStore
 from .stores.memory import in_memory_store
+
+if TYPE_CHECKING:
+    from .agents.loop import RunResult, RunStream
 
 __all__ = ["App", "ErasureReport", "Sessions", "adk"]
 
@@ -216,6 +218,9 @@ class App:
 
     def stream(self, agent: Agent, input: Any = None, *, session: Session | None = None) -> RunStream:
         """Like ``run``, yielding each event as it lands; the ``RunResult`` is on ``.result`` at the end."""
+        # Imported on the first run: a process that only reads or commits sessions never loads the loop.
+        from .agents.loop import start_run
+
         return start_run(self, agent, input, session, adapter_for=self.adapter_for, ephemeral=self.sessions.ephemeral)
 
     def erase(self, *, scope: str, scope_id: str) -> ErasureReport:

@@ -12,6 +12,7 @@ prove they still load.
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
@@ -51,8 +52,9 @@ InvocationStatus: TypeAlias = Literal["completed", "error", "max_steps"]
 
 
 class _Record(BaseModel):
-    # No NaN or Infinity anywhere in an event: JSON cannot hold them (see ``state.values``).
-    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
+    # No NaN or Infinity anywhere in an event: JSON cannot hold them (see ``state.values``). The validators
+    # are built when first used, not at import: a cold start builds only the models its requests touch.
+    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False, defer_build=True)
 
 
 FORMAT_VERSION = 1
@@ -260,7 +262,11 @@ Event: TypeAlias = Annotated[
     Field(discriminator="type"),
 ]
 
-_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+@functools.cache
+def _adapter() -> TypeAdapter[Event]:
+    """The union's validator, built on the first parse (with the event models': they are deferred)."""
+    return TypeAdapter(Event)
 
 
 def parse_event(data: Any) -> Event:
@@ -268,7 +274,7 @@ def parse_event(data: Any) -> Event:
     if isinstance(data, EventBase):
         return data  # type: ignore[return-value]
     try:
-        return _ADAPTER.validate_python(data)
+        return _adapter().validate_python(data)
     except ValidationError as exc:
         raise EventValidationError(_describe(exc, data), field=_loc(exc)) from exc
 
@@ -276,7 +282,7 @@ def parse_event(data: Any) -> Event:
 def parse_event_json(data: str | bytes) -> Event:
     """Parse an event from its JSON text (what the stores keep)."""
     try:
-        return _ADAPTER.validate_json(data)
+        return _adapter().validate_json(data)
     except ValidationError as exc:
         raise EventValidationError(_describe(exc, None), field=_loc(exc)) from exc
 

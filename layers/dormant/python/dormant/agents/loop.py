@@ -15,7 +15,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from pydantic import JsonValue, TypeAdapter, ValidationError
+from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
 from ..errors import AgentMismatch, AwaitingInput, ConfigurationError, InputError, ModelError
@@ -40,7 +40,7 @@ from ..models.base import Message, ModelAdapter, ModelRequest, ModelResponse, Mo
 from ..projection import Output, YieldedTool
 from ..session import Runtime, Session
 from ..state.access import Invocation
-from ..state.values import check_storable, repaired, storable_text, unstorable
+from ..state.values import check_storable, json_values, repaired, storable_text, unstorable
 from ..transcript import digest
 from .agent import Agent
 from .context import RenderContext
@@ -52,7 +52,6 @@ if TYPE_CHECKING:
 __all__ = ["RunInput", "RunResult", "RunStatus", "RunStream", "start_run"]
 
 RunStatus: TypeAlias = Literal["completed", "yielded_tool", "error", "max_steps"]
-_JSON: TypeAdapter[Any] = TypeAdapter(JsonValue)
 
 
 @dataclass(frozen=True)
@@ -429,7 +428,7 @@ class _Run:
         except Exception as exc:
             return result(error=f"{tool.name} failed: {_describe(exc)}")
         try:
-            returned = repaired(_JSON.validate_python(to_jsonable_python(value)))
+            returned = repaired(json_values().validate_python(to_jsonable_python(value)))
         except Exception as exc:
             return result(error=f"{tool.name} returned a value that is not JSON: {_describe(exc)}")
         problem = unstorable(returned)
@@ -493,7 +492,7 @@ def _callable_with(tool: Tool, call: ToolCallEvent) -> bool:
 def _json_args(args: Any) -> tuple[dict[str, Any], str | None]:
     """The arguments as storable JSON, or ``{}`` and why they cannot be (the model sees that error)."""
     try:
-        value = repaired(_JSON.validate_python(to_jsonable_python(args)))
+        value = repaired(json_values().validate_python(to_jsonable_python(args)))
     except Exception:
         return {}, None
     if not isinstance(value, dict):

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import PydanticSerializationError, to_json
 
 from ..errors import ConfigurationError, ToolArgumentsError, ToolInputError
@@ -28,7 +28,7 @@ _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class _NoArgs(BaseModel):
-    pass
+    model_config = ConfigDict(defer_build=True)
 
 
 @dataclass

@@ -30,7 +30,7 @@ __all__ = [
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)  # built on first use, not at import
 
 
 class ToolCall(_Frozen):

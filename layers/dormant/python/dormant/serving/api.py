@@ -181,7 +181,8 @@ def idempotency_from_env() -> Idempotency | None:
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Built on first use: each function's cold start builds only the bodies of the routes it serves.
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class CreateBody(_Body):

@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from pydantic import BaseModel, JsonValue, TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ..errors import SchemaError, StateMigrationError, StateValidationError
 from ..events import StateChange, StateChangeEvent
 from .migrations import ConvertKey, MigrationStep, RenameKey, SplitKey, apply_step
-from .values import json_copy
+from .values import json_copy, json_values
 
 __all__ = ["APP_SCOPE_ID", "BOUND_SCOPES", "SCOPES", "SHARED_SCOPES", "Schema", "ScopeSchema"]
 
@@ -31,7 +31,6 @@ APP_SCOPE_ID = "app"
 # Attribute names the state views keep for themselves: a session key cannot be called this.
 RESERVED_KEYS = frozenset({"update", "get", "keys", "to_dict"}) | frozenset(SCOPES)
 
-_JSON: TypeAdapter[Any] = TypeAdapter(JsonValue)
 
 # A shared-scope value stored by a scope at schema version > 0 is wrapped so its version travels with it
 # (other sessions, and other releases, write the same keys): {VERSION: n, VALUE: value}.
@@ -222,7 +221,7 @@ class ScopeSchema:
         if isinstance(value, BaseModel):
             return value.model_dump(mode="json")
         try:
-            return _JSON.validate_python(value)
+            return json_values().validate_python(value)
         except ValidationError as exc:
             raise StateValidationError(
                 f"{self.name}.{key} must be a JSON value (str, int, float, bool, list, dict), "

@@ -8,13 +8,17 @@ is repaired (``repaired``: each such character becomes U+FFFD) so a run never fa
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ValueNotStorable
 
-__all__ = ["check_storable", "json_copy", "json_equal", "repaired", "storable_text", "unstorable"]
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter
+
+__all__ = ["check_storable", "json_copy", "json_equal", "json_values", "repaired", "storable_text", "unstorable"]
 
 _BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
 _REPLACEMENT = "\ufffd"
@@ -32,6 +36,14 @@ def json_equal(a: Any, b: Any) -> bool:
     if isinstance(a, list):
         return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
     return bool(a == b)
+
+
+@functools.cache
+def json_values() -> TypeAdapter[Any]:
+    """pydantic's validator of JSON values, built on first use: a cold start that never needs it skips it."""
+    from pydantic import JsonValue, TypeAdapter
+
+    return TypeAdapter(JsonValue)
 
 
 def json_copy(value: Any) -> Any:
