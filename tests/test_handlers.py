@@ -111,6 +111,33 @@ def test_create_show_list_page_delete(client: Client) -> None:
     assert client.call("delete_session", session_id="s-1")[0] == 404
 
 
+def test_a_page_of_the_ledger_near_its_head_reads_only_the_tail_from_the_store(tmp_path: Path) -> None:
+    from tests.test_snapshots import CountingWithSnapshots, build
+
+    store = CountingWithSnapshots(sqlite_store(tmp_path / "pages.db"))
+    app, agent, _ = build(store)  # its agent shows the last 2 turns: a load reads a snapshot and the tail
+    served = Served(app, {agent.name: agent})
+    client = Client(api_handler(in_process_hooks(served), served))
+    assert client.call("create_session", body={"session_id": "s-1"})[0] == 201
+    for version in range(1, 41):  # 120 events, one snapshot every few commits
+        events = [{"type": "user", "text": f"note {version}.{n}"} for n in range(3)]
+        status, body = client.call("commit", session_id="s-1", body={"expected_version": version, "events": events})
+        assert status == 200, body
+    whole = client.call("session_events", session_id="s-1", query={"limit": "500"})[1]["events"]
+    assert len(whole) == 120
+    # Remote commits go through the app's commit, which keeps snapshots as a run's commits do.
+    assert store.inner.load_snapshot(f"{app.name}@{TENANT_A}", "s-1") is not None
+
+    store.loads.clear()
+    status, page = client.call("session_events", session_id="s-1", query={"after": "110", "limit": "5"})
+    assert status == 200 and page["events"] == whole[110:115] and page["next"] == 115
+    assert store.loads and min(after for after, _ in store.loads) > 30  # the tail after a recent snapshot
+    assert sum(size for _, size in store.loads) < 20
+
+    status, page = client.call("session_events", session_id="s-1", query={"after": "3", "limit": "4"})
+    assert status == 200 and page["events"] == whole[3:7] and page["next"] == 7  # an old page still reads
+
+
 def test_listing_pages_with_a_cursor(client: Client) -> None:
     for n in range(5):
         create(client, f"s-{n}")

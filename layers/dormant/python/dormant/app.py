@@ -25,7 +25,7 @@ from .snapshots import DEFAULT_EVERY, load_session, save_after_commit, save_snap
 from .state.migrations import MigrationStep
 from .state.schema import BOUND_SCOPES, Schema
 from .state.values import check_storable
-from .stores.base import BaseSessionStore, CommitResult, SessionListing, SessionStore
+from .stores.base import BaseSessionStore, CommitResult, ScopedStateChange, SessionListing, SessionStore
 from .stores.memory import in_memory_store
 
 if TYPE_CHECKING:
@@ -370,24 +370,27 @@ class Sessions:
         loaded = self._app.store.load(self._app.name, session.id, after=session.version)
         return loaded is None or self._expired(loaded.session.updated_at, now)
 
-    def commit(self, session: Session) -> CommitResult:
+    def commit(self, session: Session, *, scoped_changes: Sequence[ScopedStateChange] | None = None) -> CommitResult:
         """Store what the session holds that the store does not: its new events and shared-scope writes.
 
         Raises ``ScopeNotBound`` (writing nothing) for a state change under a shared scope id the session
         is not bound to, and ``VersionConflict`` (writing nothing) when another writer committed first; see
         ``dormant.serving.commit`` for the version that merges instead. A session past the app's
         ``retention`` is gone, as it is from ``get``: ``SessionNotFound``, nothing written.
+        ``scoped_changes`` replaces the shared-scope writes the session's state changes make (a remote
+        runner's commit names its own).
         """
         self._check(session)
         session.check_writes()
         new_events = session.uncommitted_events
-        if not new_events and session.version > 0:
+        scoped = session.scoped_changes() if scoped_changes is None else scoped_changes
+        if not new_events and not scoped and session.version > 0:
             return CommitResult(ok=True, version=session.version, appended=0)
         now = now_ms()
         if session.version > 0 and self._expired(session.updated_at, now) and self._gone(session, now):
             raise SessionNotFound(session.id)
         expected, before = session.version, session.committed_count
-        result = self._app.store.commit(session.stored(), new_events, expected, session.scoped_changes())
+        result = self._app.store.commit(session.stored(), new_events, expected, scoped)
         if not result.ok:
             raise VersionConflict(session.id, expected_version=expected, actual_version=result.version)
         session.updated_at = max(session.updated_at, now)
