@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -94,7 +93,7 @@ def run() -> list[Figure]:
                 )
             )
             if name in FIRST_REQUESTS:
-                first_request(name, path, ours, floor, env, runs, Path(pycache))
+                first_request(name, path, env, runs, Path(pycache))
     return figures
 
 
@@ -102,14 +101,13 @@ def importing(path: Path, env: dict[str, str]) -> Callable[[int], float]:
     return lambda n: fresh_interpreter(["-c", LOAD, str(path)], env)
 
 
-def first_request(
-    name: str, path: Path, imported: float, floor: float, env: dict[str, str], runs: int, scratch: Path
-) -> None:
+def first_request(name: str, path: Path, env: dict[str, str], runs: int, scratch: Path) -> None:
     """Print what the import leaves to the first request: the app, and the validators its route builds.
 
     Printed for reference, not judged: on AWS the first request also makes the store's client and its
     first calls, which no local figure measures fairly. The store is a SQLite file holding the sample
     session (``create_session.json``), copied afresh for each run, so the figure is the library's work.
+    The import alone is measured again, interleaved, so both see the same machine.
     """
     template, db = scratch / "first-request.db", scratch / "served.db"
     env = {**env, "DORMANT_STORE": f"sqlite:///{db}"}
@@ -117,14 +115,15 @@ def first_request(
     if not template.exists():
         serve(FUNCTIONS / "sessions" / "app.py", "create_session.json", env)
         shutil.copyfile(db, template)
-    samples = []
-    for _ in range(runs):
+
+    def served(n: int) -> float:
         shutil.copyfile(template, db)
-        samples.append(serve(path, FIRST_REQUESTS[name], env))
-    both = statistics.median(samples)
+        return serve(path, FIRST_REQUESTS[name], env)
+
+    both, imported = paired(served, importing(path, env), runs)
     print(
-        f"  (for reference) functions/{name} imported + its first request ({FIRST_REQUESTS[name]}): {millis(both)}, "
-        f"{both / floor:.2f}x import boto3; the request's share {millis(both - imported)}"
+        f"  (for reference) functions/{name} imported and serving its first request ({FIRST_REQUESTS[name]}): "
+        f"{millis(both)}, the import alone {millis(imported)}: the request adds {millis(both - imported)}"
     )
 
 
