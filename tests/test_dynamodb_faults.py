@@ -259,6 +259,153 @@ def test_a_rolled_forward_commit_lands_its_scoped_changes(world: World) -> None:
     _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("s", 3))
 
 
+# -- a commit whose touch rides in its finish (no events, or a last batch too full for it) -------------
+
+
+def _touches(world: World) -> dict[int, str | None]:
+    """The session's touches that are not marked expired: ``updated_at`` -> the grant that wrote it."""
+    answer = world.writer_client.query(
+        TableName=world.table,
+        KeyConditionExpression="pk = :pk AND begins_with(sk, :t)",
+        ExpressionAttributeValues={":pk": {"S": session_pk(world.app, world.sid)}, ":t": {"S": "T#"}},
+        ConsistentRead=True,
+    )
+    return {int(t["lsk"]["N"]): t.get("t", {}).get("S") for t in answer["Items"] if "expires_at" not in t}
+
+
+def _listed(world: World) -> list[tuple[str, int, str | None, int]]:
+    return [(s.id, s.version, s.status, s.updated_at) for s in world.reader.list(world.app)]
+
+
+@pytest.mark.parametrize("count", [24, 50])
+def test_writer_dies_before_a_finish_carrying_the_touch_and_repair_rolls_it_forward(world: World, count: int) -> None:
+    _seeded(world)
+    at = world.clock.advance(1000)
+    world.faults.die("TransactWriteItems", nth=1)  # the events filled their batches: the touch rides here
+    with pytest.raises(Died):
+        world.writer.commit(world.meta(status="done"), _events("full", count), 1)
+    assert world.raw_event_items() == 10 + count  # every event item is there...
+    assert world.ids() == _events_ids("base", 10) and at not in _touches(world)  # ...none visible, no touch
+    assert [row[:3] for row in _listed(world)] == [("s-1", 1, None)]
+
+    world.clock.advance(1)
+    (report,) = world.store().repair_pending(older_than_s=0)
+    assert (report.action, report.items_found, report.items_expected) == ("rolled_forward", count, count)
+    assert world.ids() == _events_ids("base", 10) + _events_ids("full", count)
+    assert _listed(world) == [("s-1", 2, "done", at)]  # listed once, at the commit's own time
+    assert _touches(world)[at] is not None  # the roll-forward wrote the touch with the finish
+    _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("full", count))
+    assert len(_listed(world)) == 1
+
+
+@pytest.mark.parametrize("scopes", [{}, {"user": "u-1"}])
+def test_a_create_with_no_events_dying_after_its_gate_is_rolled_back(world: World, scopes: dict[str, str]) -> None:
+    # The gate is an UpdateItem, or with bound scopes a transaction with the binding entries; the finish, a
+    # transaction with the touch.
+    world.faults.die("TransactWriteItems", nth=2 if scopes else 1)
+    with pytest.raises(Died):
+        world.writer.commit(world.meta(scopes=scopes), [], 0)
+    assert world.reader.load(world.app, world.sid) is None and _listed(world) == []
+    # While its marker stands the create is in flight: an erasure of its scope finds it.
+    assert world.reader.bound_sessions(world.app, "user", "u-1") == (["s-1"] if scopes else [])
+
+    world.clock.advance(1)
+    (report,) = world.store().repair_pending(older_than_s=0)
+    assert (report.action, report.items_found, report.items_expected) == ("rolled_back", 0, 0)
+    assert world.reader.load(world.app, world.sid) is None and _listed(world) == [] and _touches(world) == {}
+    assert world.reader.bound_sessions(world.app, "user", "u-1") == []
+    assert world.store().repair_pending(older_than_s=0) == []
+    created = world.store().commit(world.meta(scopes=scopes), [], 0)
+    assert (created.ok, created.version) == (True, 1)
+    assert [row[:2] for row in _listed(world)] == [("s-1", 1)]
+
+
+def test_a_bound_create_dying_in_its_gate_writes_nothing_and_a_refused_one_no_binding(world: World) -> None:
+    world.faults.die("TransactWriteItems", nth=1)
+    with pytest.raises(Died):
+        world.writer.commit(world.meta(scopes={"user": "u-1"}), [], 0)
+    raw = world.writer_client.query(
+        TableName=world.table,
+        KeyConditionExpression="pk = :pk",
+        ExpressionAttributeValues={":pk": {"S": f"B#{world.app}#user#u-1"}},
+        ConsistentRead=True,
+    )
+    assert raw["Items"] == [] and world.reader.load(world.app, world.sid) is None
+    assert world.store().commit(world.meta(scopes={"user": "u-1"}), [], 0).ok
+    refused = world.store().commit(world.meta(scopes={"user": "u-2"}), [], 0)  # the id is taken
+    assert (refused.ok, refused.version) == (False, 1)
+    assert world.reader.bound_sessions(world.app, "user", "u-1") == ["s-1"]
+    raw = world.writer_client.query(
+        TableName=world.table,
+        KeyConditionExpression="pk = :pk",
+        ExpressionAttributeValues={":pk": {"S": f"B#{world.app}#user#u-2"}},
+        ConsistentRead=True,
+    )
+    assert raw["Items"] == []  # the refused create's binding entry went with its gate
+
+
+def test_a_sweeper_rolling_forward_a_slow_writer_whose_finish_carries_the_touch(world: World) -> None:
+    _seeded(world)
+    at = world.clock.advance(1000)
+    arrived, resume = threading.Event(), threading.Event()
+    world.faults.pause("TransactWriteItems", 1, arrived, resume)  # 24 events written, the finish not yet sent
+    results: dict[str, Any] = {}
+    slow = threading.Thread(target=lambda: results.update(r=world.writer.commit(world.meta(), _events("slow", 24), 1)))
+    slow.start()
+    assert arrived.wait(timeout=30)
+    world.clock.advance(1)
+    (report,) = world.store().repair_pending(older_than_s=0)
+    assert report.action == "rolled_forward"
+    resume.set()  # its finish finds the marker gone, and the commit landed: it succeeded
+    slow.join(timeout=30)
+    assert not slow.is_alive()
+    assert (results["r"].ok, results["r"].version, results["r"].appended) == (True, 2, 24)
+    assert world.ids() == _events_ids("base", 10) + _events_ids("slow", 24)
+    assert [row[:2] for row in _listed(world)] == [("s-1", 2)] and at in _touches(world)
+
+
+def test_a_sweeper_rolling_back_a_slow_writer_with_no_events_keeps_its_touch_out(world: World) -> None:
+    _seeded(world)
+    at = world.clock.advance(1000)
+    arrived, resume = threading.Event(), threading.Event()
+    world.faults.pause("TransactWriteItems", 1, arrived, resume)  # a status change: its gate, then its finish
+    results: dict[str, Any] = {}
+    slow = threading.Thread(target=lambda: results.update(r=world.writer.commit(world.meta(status="x"), [], 1)))
+    slow.start()
+    assert arrived.wait(timeout=30)
+    world.clock.advance(1)
+    (report,) = world.store().repair_pending(older_than_s=0)
+    assert report.action == "rolled_back"
+    resume.set()  # its finish (with the touch) is refused whole: the marker is gone
+    slow.join(timeout=30)
+    assert not slow.is_alive()
+    assert (results["r"].ok, results["r"].version) == (False, 1)
+    assert [row[:3] for row in _listed(world)] == [("s-1", 1, None)] and at not in _touches(world)
+    _takes_the_next_commit(world, 1, _events_ids("base", 10))
+
+
+def test_a_sweeper_rolling_back_a_slow_writer_mid_events_on_the_finish_touch_path(world: World) -> None:
+    _seeded(world)
+    slow_at = world.clock.advance(1000)
+    arrived, resume = threading.Event(), threading.Event()
+    world.faults.pause("BatchWriteItem", 2, arrived, resume)  # 49 events: 25 written, 24 to go, touch in the finish
+    results: dict[str, Any] = {}
+    slow = threading.Thread(target=lambda: results.update(r=world.writer.commit(world.meta(), _events("slow", 49), 1)))
+    slow.start()
+    assert arrived.wait(timeout=30)
+    world.clock.advance(1)
+    (report,) = world.store().repair_pending(older_than_s=0)
+    assert (report.action, report.items_found, report.items_expected) == ("rolled_back", 25, 49)
+    assert world.store().commit(world.meta(), _events("other", 2), 1).ok  # version 2, another grant
+    resume.set()
+    slow.join(timeout=30)
+    assert not slow.is_alive()
+    assert (results["r"].ok, results["r"].version) == (False, 2)
+    assert world.ids() == _events_ids("base", 10) + _events_ids("other", 2)
+    assert [row[:2] for row in _listed(world)] == [("s-1", 2)] and slow_at not in _touches(world)
+    _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("other", 2))
+
+
 # -- a second writer, a sweeper, and a slow writer ------------------------------------------------------
 
 

@@ -96,8 +96,8 @@ def test_a_commit_is_a_gate_its_batches_and_a_finish(store: DynamoDBSessionStore
     faults = Faults(ddb)
     meta = _meta(app, scopes={"user": "u-1"})
     assert store.commit(meta, [_event(n) for n in range(5)], 0).ok
-    # a create of a bound session puts its binding entry first (what an erasure reads): one more batch
-    assert dict(faults.calls) == {"UpdateItem": 2, "BatchWriteItem": 2}
+    # a create of a bound session puts its binding entry (what an erasure reads) in the gate's transaction
+    assert dict(faults.calls) == {"TransactWriteItems": 1, "BatchWriteItem": 1, "UpdateItem": 1}
     faults.calls.clear()
     assert store.commit(meta, [_event(n) for n in range(5, 65)], 1).ok  # 60 events: 3 batches
     assert dict(faults.calls) == {"UpdateItem": 2, "BatchWriteItem": 3}
@@ -474,17 +474,92 @@ def test_a_rolled_back_commit_in_the_same_millisecond_keeps_the_live_touch(
         assert [(s.id, s.version) for s in store.list(app)] == [("s-1", 1)]
 
 
-def test_repair_rolls_back_a_commit_whose_touch_never_landed(ddb: Any, dynamodb_table: str, app: str) -> None:
-    """Without its touch a commit cannot land: rolled forward, its session would drop out of the listing."""
+def test_repair_rolls_back_a_commit_with_no_events_that_never_finished(ddb: Any, dynamodb_table: str, app: str) -> None:
+    """A commit with no events writes nothing between its gate and its finish (which carries its touch):
+    nothing shows its writer got past the gate, so it is undone."""
     store = dynamo_store(dynamodb_table, client=ddb)
     with frozen_clock(1_800_000_000_000) as clock:
         assert store.commit(_meta(app), [_event(1)], 0).ok
         clock.advance(1000)
         dying = local_client(ddb.meta.endpoint_url)
-        Faults(dying).die("BatchWriteItem", nth=1)  # a commit with no new events: the touch is all it writes
+        Faults(dying).die("TransactWriteItems", nth=1)  # the finish, carrying the touch
         with pytest.raises(Died):
             dynamo_store(dynamodb_table, client=dying).commit(_meta(app, status="done"), [], 1)
         dying.close()
         (report,) = store.repair_pending(older_than_s=0)
         assert (report.action, report.items_found, report.items_expected) == ("rolled_back", 0, 0)
         assert [(s.id, s.version, s.status) for s in store.list(app)] == [("s-1", 1, None)]
+        assert len(_touches(ddb, dynamodb_table, app, "s-1")) == 1
+
+
+def _strip_touch_flag(ddb: Any, table: str, app: str, sid: str) -> None:
+    """Make the session's pending marker one written before touches could ride in the finish."""
+    ddb.update_item(
+        TableName=table,
+        Key={"pk": {"S": session_pk(app, sid)}, "sk": {"S": "#M"}},
+        UpdateExpression="REMOVE pending.f",
+        ConditionExpression="attribute_exists(pending.f)",
+    )
+
+
+def test_an_old_marker_still_needs_its_touch_to_roll_forward(ddb: Any, dynamodb_table: str, app: str) -> None:
+    """A marker without the flag was written by a writer that put its touch last in its batches: all of its
+    event items without the touch means that writer died before its last batch completed. Rolled back."""
+    store = dynamo_store(dynamodb_table, client=ddb)
+    with frozen_clock(1_800_000_000_000) as clock:
+        assert store.commit(_meta(app), [_event(1)], 0).ok
+        clock.advance(1000)
+        dying = local_client(ddb.meta.endpoint_url)
+        Faults(dying).die("TransactWriteItems", nth=1)  # 24 events fill the batch: the touch rides in the finish
+        with pytest.raises(Died):
+            dynamo_store(dynamodb_table, client=dying).commit(_meta(app), [_event(n) for n in range(2, 26)], 1)
+        dying.close()
+        _strip_touch_flag(ddb, dynamodb_table, app, "s-1")
+        (report,) = store.repair_pending(older_than_s=0)
+        assert (report.action, report.items_found, report.items_expected) == ("rolled_back", 24, 24)
+        assert [(s.id, s.version) for s in store.list(app)] == [("s-1", 1)]
+
+
+# -- calls per commit: 2 + ceil(events / 25), whatever the count -------------------------------------
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 23, 24, 25, 26, 49, 50])
+def test_every_commit_takes_at_most_two_calls_plus_one_per_25_events(
+    ddb: Any, dynamodb_table: str, app: str, count: int
+) -> None:
+    store = dynamo_store(dynamodb_table, client=ddb)
+    faults = Faults(ddb)
+    bound = 2 + -(-count // 25)
+    serial = iter(range(100_000))
+
+    def commit(meta: StoredSession, version: int, changes: list[ScopedStateChange] | None = None) -> None:
+        events = [_event(f"{next(serial):05d}") for _ in range(count)]
+        faults.calls.clear()
+        result = store.commit(meta, events, version, changes)
+        calls = sum(faults.calls.values())
+        assert (result.ok, result.version, result.appended) == (True, version + 1, count)
+        assert calls <= bound, f"{meta.id} at version {version}: {calls} calls ({dict(faults.calls)}), bound {bound}"
+
+    with frozen_clock(1_800_000_000_000) as clock:
+        plain, bound_to = _meta(app, "plain"), _meta(app, "bound", scopes={"user": "u-1", "org": "o-1"})
+        commit(plain, 0)  # a create
+        commit(bound_to, 0)  # a create of a session bound to shared scopes (its binding entries)
+        for version in (1, 2, 3):  # from version 2 on, each commit also marks a superseded touch
+            clock.advance(1000)
+            commit(bound_to, version)
+        clock.advance(1000)
+        commit(bound_to, 4, [ScopedStateChange("user", "u-1", "seen", count), ScopedStateChange("org", "o-1", "k", 1)])
+        clock.advance(1000)
+        commit(plain, 1, [ScopedStateChange("user", "u-2", "k", count)])
+
+    # Whole, listed once each at its last commit, bound as it was created, the scoped changes landed.
+    listed = {s.id: (s.version, s.updated_at) for s in store.list(app)}
+    assert listed == {"bound": (5, 1_800_000_004_000), "plain": (2, 1_800_000_005_000)}
+    loaded = store.load(app, "bound")
+    assert loaded is not None and len(loaded.events) == 5 * count
+    assert [e.id for e in loaded.events] == sorted(e.id for e in loaded.events)
+    assert store.bound_sessions(app, "user", "u-1") == ["bound"]
+    assert store.load_scoped_state(app, "user", "u-1") == {"seen": count}
+    assert store.load_scoped_state(app, "user", "u-2") == {"k": count}
+    live = [t for t in _touches(ddb, dynamodb_table, app, "bound") if "expires_at" not in t]
+    assert sorted(int(t["lsk"]["N"]) for t in live) == [1_800_000_003_000, 1_800_000_004_000]  # the rest marked

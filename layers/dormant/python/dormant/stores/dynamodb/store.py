@@ -120,8 +120,11 @@ four Queries per listing page (docs/dynamodb.md)."""
 DEFAULT_PENDING_SHARDS = 8
 """Pending-marker index shards for the whole table (a marker is put and deleted by every commit: about
 500 commits/s a shard). Every store and the sweeper on one table must use the same number."""
-MAX_SCOPED_KEYS = 99
-"""Scoped keys one commit may change: they are written in one ``TransactWriteItems`` with the finish."""
+MAX_SCOPED_KEYS = 97
+"""Scoped keys one commit may change: they are written in one ``TransactWriteItems`` (at most 100 items)
+with the finish's meta update and, when they ride there, the touch and the marking of the superseded one."""
+MAX_BOUND_SCOPES = 99
+"""Scopes one session may bind: a create puts their binding entries in the gate's ``TransactWriteItems``."""
 MAX_MARKER_BYTES = 300_000
 """What a pending marker may hold (the scoped changes, as JSON): it lives on the 400 KB meta item."""
 _BATCH = 25
@@ -161,6 +164,11 @@ class _Marker:
     """JSON ``[[scope, scope_id, key, value JSON or null], ...]``."""
     retention: int | None = None
     """The session's retention (ms after its last commit; ``None``: for ever), from the row."""
+    touch_in_finish: bool = False
+    """The commit's touch (and the marking of the superseded one) is written by the finish, in its
+    ``TransactWriteItems``, not after the events: there are none, or the touch would spill into a batch of
+    its own (``_touch_in_finish``). Its event items alone then prove the commit complete. A marker written
+    before this existed has none: its touch went last in the batches."""
 
     def attribute(self) -> dict[str, Any]:
         marker = {
@@ -173,6 +181,8 @@ class _Marker:
         }
         if self.retention is not None:
             marker["r"] = {"N": str(self.retention)}
+        if self.touch_in_finish:
+            marker["f"] = {"BOOL": True}
         return {"M": marker}
 
     @classmethod
@@ -188,7 +198,16 @@ class _Marker:
             m["st"].get("S"),
             m["sc"]["S"],
             int(m["r"]["N"]) if "r" in m else None,
+            m.get("f", {}).get("BOOL", False),
         )
+
+
+def _touch_in_finish(items: int, create: bool) -> bool:
+    """Whether the commit's touches must ride in the finish to keep it at ``2 + ceil(items / 25)`` calls:
+    no event items, or too few free slots in the last batch of 25 for the touch and the marking of the
+    superseded touch. Decided at the gate, before the plan is known, so it counts the marking a create
+    never has but any later commit may (``_Plan.stale``)."""
+    return (-items) % _BATCH < (1 if create else 2)
 
 
 @dataclass(frozen=True)
@@ -245,6 +264,11 @@ def _plan(marker: _Marker, old: Mapping[str, Any]) -> _Plan:
         horizon,
         refresh,
     )
+
+
+def _touch_in_batch(marker: _Marker, plan: _Plan) -> bool:
+    """Whether the writer puts the touches after its event items (the finish may write them again)."""
+    return not marker.touch_in_finish or plan.refresh
 
 
 class _MarkerGone(Exception):
@@ -341,15 +365,24 @@ class DynamoDBSessionStore(BaseSessionStore):
                 limit=MAX_SCOPED_KEYS,
                 field="scoped_changes",
             )
+        if commit.expected_version == 0 and len(row.scopes) > MAX_BOUND_SCOPES:
+            raise CommitTooLarge(
+                f"a session binds at most {MAX_BOUND_SCOPES} scopes on DynamoDB, not {len(row.scopes)}",
+                size=len(row.scopes),
+                limit=MAX_BOUND_SCOPES,
+                field="scopes",
+            )
         data = {event.id: event.data.encode() for event in commit.events}
+        count = sum(len(chunks(data[e.id])) for e in commit.events)
         marker = _Marker(
             version=row.version,
             grant=secrets.token_hex(GRANT_LENGTH // 2),
-            items=sum(len(chunks(data[e.id])) for e in commit.events),
+            items=count,
             at=row.updated_at,
             status=row.status,
             scoped=json.dumps(scoped, separators=(",", ":")),
             retention=row.retention_ms,
+            touch_in_finish=_touch_in_finish(count, commit.expected_version == 0),
         )
         if len(marker.scoped) > MAX_MARKER_BYTES:
             raise CommitTooLarge(
@@ -360,16 +393,6 @@ class DynamoDBSessionStore(BaseSessionStore):
                 field="scoped_changes",
             )
         pk = session_pk(row.app_name, row.id)
-        if commit.expected_version == 0 and row.scopes:
-            # Before the session exists: an erasure can never miss a session it did not see bound. They expire
-            # with the session's items (a create's horizon depends on nothing stored).
-            horizon = _plan(marker, {}).horizon
-            self._write_batches(
-                [
-                    {"PutRequest": {"Item": _expiring(key, horizon)}}
-                    for key in _binding_keys(row.app_name, row.id, row.scopes)
-                ]
-            )
         old = self._pass_gate(pk, commit, marker)
         if isinstance(old, Refused):
             return old
@@ -381,13 +404,18 @@ class DynamoDBSessionStore(BaseSessionStore):
         fresh = commit.fresh(stored)
         items = _event_items(pk, marker, inc, [(e.id, data[e.id]) for e in fresh], plan.horizon)
         if len(items) != marker.items:  # re-sent ids were skipped: the marker must count what is written
+            recounted = dataclasses.replace(
+                marker, items=len(items), touch_in_finish=_touch_in_finish(len(items), commit.expected_version == 0)
+            )
             try:
-                self._recount(pk, marker, len(items))
+                self._recount(pk, marker, recounted)
             except _MarkerGone as gone:
                 return self._after_lost_marker(pk, marker, inc, gone.item, len(fresh), items, plan)
-            marker = dataclasses.replace(marker, items=len(items))
-        # The touch goes last: a repair that finds it knows every earlier write of the commit was made.
-        writes = [*items, *self._touches(pk, plan, marker.grant)]
+            marker = recounted
+        # A touch written here goes last: a repair that finds it knows every earlier write of the commit was
+        # made. A touch riding in the finish is written with it, atomically; an expiry refresh puts it here
+        # too (before the finish writes it again), as nothing else would prove the refresh complete.
+        writes = [*items, *(self._touches(pk, plan, marker.grant) if _touch_in_batch(marker, plan) else [])]
         try:
             if plan.refresh:
                 self._refresh(pk, plan.horizon, row.scopes)
@@ -630,12 +658,22 @@ class DynamoDBSessionStore(BaseSessionStore):
             ConsistentRead=True,
         )
         plan = _plan(marker, meta)
-        # The writer puts its touch last (after any expiry refresh and every event item): with it, all is there.
-        touch = self._call(
-            "get_item", TableName=self._table, Key=_key(pk, plan.touch), ProjectionExpression="t", ConsistentRead=True
-        ).get("Item")
+        complete = len(items) == marker.items
+        if not _touch_in_batch(marker, plan):
+            # Its touch rides in the finish: the event items alone prove the writer got there. A commit with
+            # none (a create, a status change) has nothing to show it got past the gate: undone, as before.
+            complete = complete and marker.items > 0
+        elif complete:
+            # The writer put its touch last (after any expiry refresh and every event item): with it, all is there.
+            touch = self._call(
+                "get_item",
+                TableName=self._table,
+                Key=_key(pk, plan.touch),
+                ProjectionExpression="t",
+                ConsistentRead=True,
+            ).get("Item")
+            complete = touch is not None and touch.get("t", {}).get("S") == marker.grant
         app_name, session_id = split_session_pk(pk)
-        complete = len(items) == marker.items and touch is not None and touch.get("t", {}).get("S") == marker.grant
         try:
             if complete:
                 ids = IdFilter.of(meta)
@@ -742,24 +780,37 @@ class DynamoDBSessionStore(BaseSessionStore):
                 " AND (attribute_not_exists(#x) OR #x > :now)"
             )
             values |= {":e": {"N": str(expected)}, ":so": {"S": scopes}}
+        gate = {
+            "TableName": self._table,
+            "Key": _key(pk, META_SK),
+            "UpdateExpression": update,
+            "ConditionExpression": condition,
+            "ExpressionAttributeValues": values,
+            "ExpressionAttributeNames": names,
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+        # A create of a bound session puts its binding entries (keys.binding_pk) in the gate's transaction:
+        # the meta item never exists without them, so an erasure never misses the session. They expire with
+        # the session's items (a create's horizon depends on nothing stored).
+        horizon = _plan(marker, {}).horizon
+        bindings = [
+            {"Put": {"TableName": self._table, "Item": _expiring(key, horizon)}}
+            for key in (_binding_keys(app_name, session_id, row.scopes) if expected == 0 else [])
+        ]
         deadline = time.monotonic() + self._live_wait_s
         pause = 0.005
         repaired = False
         while True:
             try:
-                granted = self._call(
-                    "update_item",
-                    TableName=self._table,
-                    Key=_key(pk, META_SK),
-                    UpdateExpression=update,
-                    ConditionExpression=condition,
-                    ExpressionAttributeValues=values,
-                    ExpressionAttributeNames=names,
-                    ReturnValues="ALL_OLD",
-                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                )
+                if bindings:
+                    self._transact([{"Update": gate}, *bindings])
+                    granted: dict[str, Any] = {}
+                else:
+                    granted = self._call("update_item", **gate, ReturnValues="ALL_OLD")
             except _ConditionFailed as failed:
                 item = failed.item
+            except _Cancelled as cancelled:
+                item = cancelled.items[0]
             else:
                 # A create starts from nothing (what ALL_OLD holds then is an expired incarnation's).
                 return {"inc": {"S": inc}} if expected == 0 else dict(granted.get("Attributes") or {})
@@ -803,22 +854,28 @@ class DynamoDBSessionStore(BaseSessionStore):
                 return True
         return False
 
-    def _recount(self, pk: str, marker: _Marker, items: int) -> None:
+    def _recount(self, pk: str, marker: _Marker, recounted: _Marker) -> None:
+        """Record the marker's corrected item count (and where its touch goes, which depends on it)."""
         try:
             self._call(
                 "update_item",
                 TableName=self._table,
                 Key=_key(pk, META_SK),
-                UpdateExpression="SET pending.n = :n",
+                UpdateExpression="SET pending.n = :n, pending.f = :f",
                 ConditionExpression="pending.t = :t",
-                ExpressionAttributeValues={":n": {"N": str(items)}, ":t": {"S": marker.grant}},
+                ExpressionAttributeValues={
+                    ":n": {"N": str(recounted.items)},
+                    ":f": {"BOOL": recounted.touch_in_finish},
+                    ":t": {"S": marker.grant},
+                },
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except _ConditionFailed as failed:
             raise _MarkerGone(failed.item) from None
 
     def _finish(self, pk: str, marker: _Marker, ids: IdFilter, plan: _Plan) -> None:
-        """Make the marker's version the stored one and clear the marker; with its scoped writes, atomically.
+        """Make the marker's version the stored one and clear the marker; with its scoped writes and (when
+        they ride here, ``_Marker.touch_in_finish``) its touches, atomically.
 
         It also drops a listing entry the meta item carried itself (``lpk``, written before touches):
         from here the session's touches list it."""
@@ -854,14 +911,15 @@ class DynamoDBSessionStore(BaseSessionStore):
             "ExpressionAttributeValues": values,
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
-        scoped = json.loads(marker.scoped)
-        if not scoped:
+        writes = [_transact_item(self._table, app_name, ScopedWrite(*write)) for write in json.loads(marker.scoped)]
+        if marker.touch_in_finish:
+            writes += [{"Put": {"TableName": self._table, "Item": t}} for t in self._touches(pk, plan, marker.grant)]
+        if not writes:
             try:
                 self._call("update_item", **update)
             except _ConditionFailed as failed:
                 raise _MarkerGone(failed.item) from None
             return
-        writes = [_transact_item(self._table, app_name, ScopedWrite(*write)) for write in scoped]
         try:
             self._transact([{"Update": update}, *writes])
         except _Cancelled as cancelled:
