@@ -290,8 +290,60 @@ def _measure(store: Any, floor: Floor, ours_meter: Meter, floor_meter: Meter, ou
         print(f"    {name:<10} dormant {ours_units.get(name, 0.0):6.2f}   floor {floor_units.get(name, 0.0):6.2f}")
     print(f"  calls in {TURNS} W1 commits: dormant {ours_ops}, floor {floor_ops}")
     print(f"  a listing page of {page} (of {W4_SESSIONS:,} sessions): calls {list_calls}, read units {list_reads:.1f}")
+    figures.append(_edge_commits(store, ours_meter))
     _small_commits(store, ours_client, ours_meter)
     return figures
+
+
+def _edge_commits(store: Any, meter: Meter) -> Figure:
+    """The commits at the edges of the call bound: none or few free slots in the last batch of 25 (the touch
+    and the marking of the superseded touch ride in the finish's transaction then), and creates, with and
+    without binding entries (those ride in the gate's transaction)."""
+    repeat = 3 if QUICK else 20
+    app = f"edge-{uuid.uuid4().hex[:6]}"
+    cases: list[tuple[str, int, dict[str, str] | None]] = [
+        ("create, 0 events", 0, None),
+        ("create bound to a scope, 0 events", 0, {"user": "u-1"}),
+        ("create bound to a scope, 24 events", 24, {"user": "u-1"}),
+        *((f"{count} events", count, {}) for count in (0, 1, 23, 24, 25, 49, 50)),
+    ]
+    worst = 0.0
+    print("  commits at the edges of the bound (calls: max over the runs; WCU per commit, mean):")
+    for case, (label, count, scopes) in enumerate(cases):
+        sid = f"c{case}"
+        if scopes == {}:  # a later commit: two before it, so it also marks a superseded touch
+            for version in range(2):
+                assert store.commit(_meta(app, sid, version), events(1, f"{sid}-s{version}-"), version).ok
+        calls: list[int] = []
+        meter.reset()
+        started = time.perf_counter()
+        for n in range(repeat):
+            batch = events(count, f"{sid}-{n}-")
+            if scopes is None or scopes:
+                meta = StoredSession(id=f"{sid}-{n}", app_name=app, created_at=1, scopes=scopes or {})
+                version = 0
+            else:
+                meta, version = _meta(app, sid, 2 + n), 2 + n
+            before = sum(meter.calls.values())
+            assert store.commit(meta, batch, version).ok
+            calls.append(sum(meter.calls.values()) - before)
+        seconds = (time.perf_counter() - started) / repeat
+        bound = 2 + math.ceil(count / 25)
+        worst = max(worst, max(calls) / bound)
+        units = ", ".join(f"{k} {v / repeat:.2f}" for k, v in sorted(meter.units.items()))
+        ops = ", ".join(f"{k} {v / repeat:g}" for k, v in sorted(meter.calls.items()))
+        print(f"    {label:<36} {max(calls)} calls (bound {bound}: {ops})  {seconds * 1000:6.2f} ms  WCU: {units}")
+    return Figure(
+        "dynamodb",
+        "calls per commit at the edges (0-50 events, creates), worst",
+        f"{worst:.2f}x the bound",
+        "2 + ceil(events/25)",
+        worst,
+        1,
+        "lower",
+        "0, 1, 23, 24, 25, 49, 50 events and creates with and without scopes: the figures above",
+        counted=True,
+    )
 
 
 def _small_commits(store: Any, client: Any, meter: Meter) -> None:
