@@ -153,8 +153,16 @@ def test_items_stored_without_expiry_get_one_and_lose_it_when_retention_goes(
         assert meta is None and set(others.values()) == {None}
 
 
+@pytest.mark.parametrize(
+    ("count", "finish", "action"),
+    [
+        (30, ("UpdateItem", 2), "rolled_forward"),  # the touch goes after the events, the finish is an update
+        (24, ("TransactWriteItems", 1), "rolled_forward"),  # the touch rides in the finish
+        (0, ("TransactWriteItems", 1), "rolled_back"),  # nothing shows it got past its gate (and refresh)
+    ],
+)
 def test_a_commit_cut_off_during_or_after_its_refresh_never_leaves_an_item_below_the_meta_item(
-    ddb: Any, dynamodb_table: str, store: Any
+    ddb: Any, dynamodb_table: str, store: Any, count: int, finish: tuple[str, int], action: str
 ) -> None:
     from dynamodb_faults import Died, Faults
 
@@ -165,8 +173,8 @@ def test_a_commit_cut_off_during_or_after_its_refresh_never_leaves_an_item_below
     def row() -> StoredSession:
         return StoredSession(id="s-1", app_name=app, created_at=T0, retention_ms=retention)
 
-    def events(prefix: str) -> list[UserEvent]:
-        return [UserEvent(id=f"{prefix}-{n}", created_at=1, text="x") for n in range(30)]
+    def events(prefix: str, count: int = count) -> list[UserEvent]:
+        return [UserEvent(id=f"{prefix}-{n}", created_at=1, text="x") for n in range(count)]
 
     def dying(operation: str, nth: int) -> DynamoDBSessionStore:
         c = local_client(ddb.meta.endpoint_url)
@@ -179,7 +187,7 @@ def test_a_commit_cut_off_during_or_after_its_refresh_never_leaves_an_item_below
         return meta
 
     with frozen_clock(T0) as clock:
-        assert store.commit(row(), events("a"), 0).ok
+        assert store.commit(row(), events("a", 30), 0).ok
         first = check(clock())
         clock.advance(8 * DAY_MS)  # the new expiry passes the horizon (5 days past the first): a refresh
         with pytest.raises(Died):
@@ -191,12 +199,16 @@ def test_a_commit_cut_off_during_or_after_its_refresh_never_leaves_an_item_below
 
         clock.advance(1000)
         with pytest.raises(Died):
-            dying("UpdateItem", 2).commit(row(), events("c"), 1)  # refresh and items written, no finish
+            dying(*finish).commit(row(), events("c"), 1)  # refresh and items written, no finish
         (report,) = store.repair_pending(older_than_s=0)
-        assert report.action == "rolled_forward"
-        assert check(clock()) == (clock() + retention) // 1000 > first
+        assert report.action == action
         loaded = store.load(app, "s-1")
-        assert loaded is not None and [e.id for e in loaded.events][-1] == "c-29"
+        assert loaded is not None
+        if action == "rolled_back":
+            assert check(clock()) == first and [s.version for s in store.list(app)] == [1]
+            return
+        assert check(clock()) == (clock() + retention) // 1000 > first
+        assert [e.id for e in loaded.events][-1] == f"c-{count - 1}"
         assert [s.version for s in store.list(app)] == [2]
 
 

@@ -229,11 +229,36 @@ def test_a_session_of_several_megabytes_loads_whole_a_page_per_megabyte(
 def test_too_many_scoped_keys_are_refused_before_anything_is_written(
     store: DynamoDBSessionStore, ddb: Any, app: str
 ) -> None:
-    changes = [ScopedStateChange("user", "u-1", f"k{n}", n) for n in range(100)]
+    changes = [ScopedStateChange("user", "u-1", f"k{n}", n) for n in range(98)]
     faults = Faults(ddb)
     with pytest.raises(InputError) as info:
         store.commit(_meta(app, scopes={"user": "u-1"}), [_event(1)], 0, changes)
     assert info.value.field == "scoped_changes"
+    assert not faults.calls
+    assert store.load(app, "s-1") is None
+
+
+def test_the_most_scoped_keys_fit_one_finish_with_the_touches(store: DynamoDBSessionStore, app: str) -> None:
+    """97 keys, the meta update, the touch and the marking of the superseded touch: 100 items, the most one
+    transaction holds."""
+    meta = _meta(app, scopes={"user": "u-1"})
+    with frozen_clock(1_800_000_000_000) as clock:
+        for version in range(2):
+            assert store.commit(meta, [_event(version)], version).ok
+            clock.advance(1000)
+        changes = [ScopedStateChange("user", "u-1", f"k{n:02d}", n) for n in range(97)]
+        assert store.commit(meta, [], 2, changes).ok
+    assert store.load_scoped_state(app, "user", "u-1") == {f"k{n:02d}": n for n in range(97)}
+    assert [(s.version, s.updated_at) for s in store.list(app)] == [(3, 1_800_000_002_000)]
+
+
+def test_a_session_bound_to_too_many_scopes_is_refused_before_anything_is_written(
+    store: DynamoDBSessionStore, ddb: Any, app: str
+) -> None:
+    faults = Faults(ddb)
+    with pytest.raises(InputError) as info:
+        store.commit(_meta(app, scopes={f"s{n}": "x" for n in range(100)}), [], 0)
+    assert info.value.field == "scopes"
     assert not faults.calls
     assert store.load(app, "s-1") is None
 

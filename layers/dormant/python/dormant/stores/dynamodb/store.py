@@ -266,11 +266,6 @@ def _plan(marker: _Marker, old: Mapping[str, Any]) -> _Plan:
     )
 
 
-def _touch_in_batch(marker: _Marker, plan: _Plan) -> bool:
-    """Whether the writer puts the touches after its event items (the finish may write them again)."""
-    return not marker.touch_in_finish or plan.refresh
-
-
 class _MarkerGone(Exception):
     """The finishing write found the marker it was finishing gone; ``item`` is the meta item now."""
 
@@ -413,9 +408,8 @@ class DynamoDBSessionStore(BaseSessionStore):
                 return self._after_lost_marker(pk, marker, inc, gone.item, len(fresh), items, plan)
             marker = recounted
         # A touch written here goes last: a repair that finds it knows every earlier write of the commit was
-        # made. A touch riding in the finish is written with it, atomically; an expiry refresh puts it here
-        # too (before the finish writes it again), as nothing else would prove the refresh complete.
-        writes = [*items, *(self._touches(pk, plan, marker.grant) if _touch_in_batch(marker, plan) else [])]
+        # made (any expiry refresh included). One riding in the finish is written with it, atomically.
+        writes = [*items, *([] if marker.touch_in_finish else self._touches(pk, plan, marker.grant))]
         try:
             if plan.refresh:
                 self._refresh(pk, plan.horizon, row.scopes)
@@ -659,9 +653,10 @@ class DynamoDBSessionStore(BaseSessionStore):
         )
         plan = _plan(marker, meta)
         complete = len(items) == marker.items
-        if not _touch_in_batch(marker, plan):
-            # Its touch rides in the finish: the event items alone prove the writer got there. A commit with
-            # none (a create, a status change) has nothing to show it got past the gate: undone, as before.
+        if marker.touch_in_finish:
+            # Its touch rides in the finish: the event items alone prove the writer got there (they follow any
+            # expiry refresh). A commit with none (a create, a status change) has nothing to show its writer
+            # got past the gate: undone, as when its touch went in a batch of its own.
             complete = complete and marker.items > 0
         elif complete:
             # The writer put its touch last (after any expiry refresh and every event item): with it, all is there.
