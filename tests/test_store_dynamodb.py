@@ -22,6 +22,7 @@ from dormant.ids import new_id
 from dormant.stores.base import ScopedStateChange, SessionStore, StoredSession
 from dormant.stores.dynamodb import TABLE, DynamoDBSessionStore, create_table, dynamo_store
 from dormant.stores.dynamodb.keys import CHUNK_BYTES, IdFilter, session_pk
+from dormant.stores.dynamodb.store import _touch_in_finish
 from dormant.testing import StoreContract
 from tests.servers.dynamodb import client as local_client
 
@@ -546,6 +547,15 @@ def test_an_old_marker_still_needs_its_touch_to_roll_forward(ddb: Any, dynamodb_
 
 
 # -- calls per commit: 2 + ceil(events / 25), whatever the count -------------------------------------
+
+
+def test_the_touch_rides_in_the_finish_exactly_when_the_batches_have_no_room_for_it() -> None:
+    """Every item count a commit can have (chunks included): after the events, the touch and the marking
+    (a create has no marking) would add a batch exactly when the finish carries them instead."""
+    for create, touches in ((True, 1), (False, 2)):
+        for items in range(30_001):
+            spills = -(-(items + touches) // 25) > -(-items // 25)
+            assert _touch_in_finish(items, create) == spills, (items, create)
 
 
 @pytest.mark.parametrize("count", [0, 1, 5, 23, 24, 25, 26, 49, 50])

@@ -19,7 +19,7 @@ A session partition ``S#{app}#{session_id}`` holds:
   put); the touch it superseded is marked expired by the commit after it, and AWS's TTL removes it.
 
 Outside it, ``B#{app}#{scope}#{scope_id}`` lists the sessions bound to one person (``sk`` = session id):
-written before the session is created, deleted with it, read by an erasure.
+written with the gate that creates the session (one transaction), deleted with it, read by an erasure.
 """
 
 from __future__ import annotations

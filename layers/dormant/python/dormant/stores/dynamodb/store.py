@@ -1,24 +1,27 @@
 """The DynamoDB store: one table, a gated commit of versioned event batches, sharded listing, repair.
 
-DynamoDB has no transaction large enough for a commit, so a commit is four steps, each safe to be
-interrupted after (a create of a bound session puts its binding entries first, ``keys.binding_pk``, so
-an erasure never misses it):
+DynamoDB has no transaction large enough for a commit, so a commit is three steps, each safe to be
+interrupted after, in at most ``2 + ceil(events / 25)`` calls whatever the count:
 
 1. **Gate**: a conditional ``UpdateItem`` of the meta item (``attribute_not_exists`` to create, else
    ``version = expected``, the same scopes, and no marker) that records a pending marker: the version it
-   grants, a random grant token, the number of event items to come, the time, and what the commit will
-   set on the row and in scoped state. It does not touch ``version`` or any listed attribute, so it
-   writes no listing entry. On a conflict DynamoDB returns the stored item
-   (``ReturnValuesOnConditionCheckFailure``): the actual version comes without a second read.
+   grants, a random grant token, the number of event items to come, the time, what the commit will
+   set on the row and in scoped state, and where its touch goes (below). It does not touch ``version``
+   or any listed attribute, so it writes no listing entry. On a conflict DynamoDB returns the stored item
+   (``ReturnValuesOnConditionCheckFailure``): the actual version comes without a second read. A create
+   of a bound session makes it a ``TransactWriteItems`` with the session's binding entries
+   (``keys.binding_pk``): the meta item never exists without them, so an erasure never misses it.
 2. **Events**: ``BatchWriteItem`` calls of 25 items keyed by the granted version, the grant and the
    position in the batch. ``UnprocessedItems`` are re-sent with bounded, jittered backoff (the client's
    botocore retry configuration handles throttled calls); when that is exhausted the commit raises
    ``CommitIncomplete`` and leaves its marker for repair.
-   The last batch ends with the commit's *touch* (``keys.touch_sk``), its one listing-index entry.
-3. + 4. **Finish**: one conditional write (``grant = ours``) that sets the new version, ``updated_at``,
-   status and expiry, clears the marker — and, when the commit carries scoped changes, writes them in
-   the same ``TransactWriteItems``. A commit whose marker was rolled back can therefore never land
-   scoped values, however late its writer wakes up.
+   The last batch ends with the commit's *touch* (``keys.touch_sk``), its one listing-index entry, and
+   the marking of the touch it superseded — unless they would spill into a batch of their own, or there
+   are no events: then they ride in the finish (``_Marker.touch_in_finish``).
+3. **Finish**: one conditional write (``grant = ours``) that sets the new version, ``updated_at``,
+   status and expiry, clears the marker — and, when the commit carries scoped changes or its touch rides
+   here, writes them in the same ``TransactWriteItems``. A commit whose marker was rolled back can
+   therefore never land scoped values or a listing entry, however late its writer wakes up.
 
 **Listing** (``_list``): the touches, newest first, each kept only when its session's meta item has the
 same ``updated_at``. **Retention**: with ``row.retention_ms`` every item carries ``expires_at``, never
@@ -39,8 +42,10 @@ out, is new. An id it flags is looked up in the ``ids`` local secondary index �
 consistent ``Query`` for that id alone. Only re-sent ids and rare false positives pay that read.
 
 **Repair** (``repair_pending``; and a writer that meets a stale marker runs the same code first): a
-marker's version is rolled forward when all of its event items are present (finish, as the writer would
-have), else rolled back (the grant is added to ``dead``, the marker removed, the partial items deleted).
+marker's version is rolled forward when all of its event items are present — with its touch, written
+last, when the touch went in the batches; at least one, when it rides in the finish — (finish, as the
+writer would have), else rolled back (the grant is added to ``dead``, the marker removed, the partial
+items and the touch deleted).
 Both are conditional on the marker's grant, so sweepers racing each other or a slow writer agree.
 """
 
@@ -787,11 +792,13 @@ class DynamoDBSessionStore(BaseSessionStore):
         # A create of a bound session puts its binding entries (keys.binding_pk) in the gate's transaction:
         # the meta item never exists without them, so an erasure never misses the session. They expire with
         # the session's items (a create's horizon depends on nothing stored).
-        horizon = _plan(marker, {}).horizon
-        bindings = [
-            {"Put": {"TableName": self._table, "Item": _expiring(key, horizon)}}
-            for key in (_binding_keys(app_name, session_id, row.scopes) if expected == 0 else [])
-        ]
+        bindings = []
+        if expected == 0:
+            horizon = _plan(marker, {}).horizon
+            bindings = [
+                {"Put": {"TableName": self._table, "Item": _expiring(key, horizon)}}
+                for key in _binding_keys(app_name, session_id, row.scopes)
+            ]
         deadline = time.monotonic() + self._live_wait_s
         pause = 0.005
         repaired = False
