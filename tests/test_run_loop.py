@@ -761,6 +761,33 @@ def test_a_message_while_every_call_still_waits_is_refused_and_writes_nothing() 
     assert [m.role for m in sent] == ["user", "assistant", "tool"]  # the call's result follows the call
 
 
+def test_a_message_sent_with_the_answers_follows_the_results_of_the_calls_it_answers() -> None:
+    """The ledger keeps the order the model needs: call, its result, then the user's new message."""
+    app, scripted, agent, executed = approval_app()
+    scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "x"}, "call_id": "c"}]}, {"text": "ok"}])
+    run = app.run(agent, "Book x.")
+    answer = [{"call_id": "c", "input": {"approved": True}}]
+    done = app.run(agent, {"tools": answer, "message": "and send me a reminder"}, session=run.session)
+    assert done.status == "completed" and len(executed) == 1
+    assert types(done.events)[:5] == ["tool_input", "invocation_resume", "state_change", "tool_result", "user"]
+    sent = scripted.requests[-1].messages
+    assert [m.role for m in sent] == ["user", "assistant", "tool", "user"]
+    assert sent[-1].content == "and send me a reminder"
+
+
+def test_a_message_with_answers_that_leave_a_call_waiting_is_refused_and_writes_nothing() -> None:
+    """The waiting call's result would land after the message: the caller answers every call first."""
+    app, scripted, agent, executed = approval_app()
+    calls = [{"name": "book", "args": {"slot": s}, "call_id": s} for s in ("a", "b")]
+    scripted.set_responses([{"tool_calls": calls}])
+    run = app.run(agent, "Book a and b.")
+    before = len(run.session.events)
+    with pytest.raises(AwaitingInput) as caught:
+        app.run(agent, {"tools": [{"call_id": "a", "input": {"approved": True}}], "message": "hi"}, session=run.session)
+    assert caught.value.call_ids == ["b"] and executed == []
+    assert len(run.session.events) == before
+
+
 def test_a_yielding_tool_without_execute_returns_the_answer() -> None:
     scripted = MockAdapter([{"tool_calls": [{"name": "ask_human", "args": {}, "call_id": "q"}]}, {"text": "thanks"}])
     app = adk(name="x", adapters={"openai": scripted})

@@ -271,8 +271,8 @@ class UnknownCallId(InputError):
 
 
 class AwaitingInput(InputError):
-    """A message for a session whose every yielded call waits for an answer: nothing could act on it until
-    they are answered, and a message between a call and its result is no transcript a model accepts."""
+    """A message for a session with a yielded call that this input leaves unanswered: its result would come
+    after the message, and a message between a call and its result is no transcript a model accepts."""
 
     def __init__(self, session_id: str, call_ids: list[str]) -> None:
         super().__init__(

@@ -162,8 +162,13 @@ def start_run(
         state = session.access.check("session", run_input.state, base=base)
     answers = session.input.prepare(run_input.tools)
     projection = session.projection
-    if run_input.message is not None and not answers and projection.pending and not projection.unexecuted_calls():
-        raise AwaitingInput(session.id, list(projection.pending))  # nothing could act on it yet
+    if run_input.message is not None:
+        # A call left waiting would get its result after the message, a transcript no provider accepts:
+        # every yielded call is answered first (now, or before).
+        answering = {answer.call_id for answer in answers}
+        unanswered = [call_id for call_id in projection.pending if call_id not in answering]
+        if unanswered:
+            raise AwaitingInput(session.id, unanswered)
     if projection.open_invocation is not None:
         waiting = projection.invocations[projection.open_invocation].agent_name
         if waiting != agent.name:
@@ -193,8 +198,16 @@ class _Run:
         self.stored = stored
         """Shared scopes as stored, loaded once for the whole run."""
         self.answers = answers
+        self.message = run_input.message
+        """The user's message, appended once the calls it follows have their results."""
         self.start = self.mark = len(session.events)
         self.usage = Usage()
+
+    def _hear(self, invocation: Invocation) -> None:
+        """Append the user's message (once)."""
+        assert self.message is not None
+        self.session.append(UserEvent(text=self.message, invocation_id=invocation.id, agent_name=invocation.agent_name))
+        self.message = None
 
     def _new(self) -> list[Event]:
         events = self.session.events[self.mark :]
@@ -225,8 +238,8 @@ class _Run:
             invocation_id = new_id("inv_")
             session.append(InvocationStartEvent(invocation_id=invocation_id, agent_name=agent_name))
         invocation = session.invocation(invocation_id, agent_name, stored=self.stored)
-        if self.input.message is not None:
-            session.append(UserEvent(text=self.input.message, invocation_id=invocation_id, agent_name=agent_name))
+        if self.message is not None and not projection.unexecuted_calls():
+            self._hear(invocation)  # with the invocation's start: a claim of the turn holds its message
         yield from self._new()
         try:
             status = yield from self._loop(invocation)
@@ -252,6 +265,9 @@ class _Run:
                     waiting = True
                     continue
                 self.session.append(self._execute(invocation, tool, call, projection.answered.get(call.call_id)))
+                yield from self._new()
+            if self.message is not None:  # after the results of the calls it follows, before the model's turn
+                self._hear(invocation)
                 yield from self._new()
             if waiting or projection.pending:
                 pending = [
