@@ -1,19 +1,24 @@
 """Local API (dormant serve): p50/p99 latency of GET /sessions/{id} and POST /runs, 8 concurrent clients.
 
-Ours: ``dormant serve`` in its own process (the Bookings sample with its scripted model, on a SQLite
-file), driven by 8 client threads over keep-alive connections; each request is one API Gateway event
-through the Lambda handler, one at a time (the handler's lock). ``GET`` reads a booking waiting for
-approval (14 events); ``POST /runs`` runs a new booking's first turn until it waits for approval (two
-commits: the claim, then the turn).
-Floor: the same requests, clients and store, served by a bare ``http.server`` process that does the
-same work directly (``sessions.require`` + ``session_view``; ``serving.advance``), without the proxy
-event, the Powertools resolver or the lock. The bare round trip (a fixed reply) is printed beside.
-Target: each percentile at most 2x the floor's.
+Ours: ``dormant serve`` as started by default (the Bookings sample with its scripted model, on a SQLite
+file; its default worker processes), driven by 8 client threads over keep-alive connections; each
+request is one API Gateway event through the Lambda handler, in a worker taking one at a time. ``GET``
+reads a booking waiting for approval (14 events); ``POST /runs`` runs a new booking's first turn until
+it waits for approval (two commits: the claim, then the turn).
+Floor: the same requests, clients and store, served by a bare threaded ``http.server`` process that does
+the same work directly (``sessions.require`` + ``session_view``; ``serving.advance``), without the proxy
+event, the Powertools resolver or the workers. The bare round trip (a fixed reply) is printed beside.
+Both servers run at once and are measured in turns, ``ROUNDS`` times each, so a machine whose load
+drifts weighs on both alike. Target: each percentile at most 2x the floor's.
+Slow runs: ``GET`` p99 (8 clients, an idle session of ``tests.serve_app``) while ``SLOW_RUNS`` runs each
+wait ``SLOW_SECONDS`` in their tool, as on a slow model, against the same server's ``GET`` p99 with none in
+flight (measured in turns): what one request at a time would make a second or more. Target 2x.
 """
 
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import signal
 import statistics
@@ -30,6 +35,9 @@ from typing import Any
 from .common import Figure, millis, scale
 
 CLIENTS = 8
+ROUNDS = scale(3, 1)
+SLOW_RUNS = 2
+SLOW_SECONDS = 1.0
 TARGET = 2.0
 REQUEST = "I need physio on Tuesday afternoon, for Alex Doe"
 
@@ -119,7 +127,7 @@ def measure(url: str, tag: str) -> dict[str, list[float]]:
         return samples
 
     found = {"get": concurrently(url, read), "runs": concurrently(url, run)}
-    if tag == "floor":
+    if tag.startswith("floor"):
         found["bare"] = concurrently(url, bare)
     return found
 
@@ -132,17 +140,23 @@ def run() -> list[Figure]:
         return []
     from tests.servers.serve import dormant_serve, serving_process
 
+    ours: dict[str, list[float]] = {}
+    floor: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as scratch:
         store = f"sqlite:///{Path(scratch) / 'serve.db'}"
-        with dormant_serve("--store", store, "--quiet", cwd=scratch, timeout=120) as server:
-            measure(server.url, "warm-ours")
-            ours = measure(server.url, "ours")
         floor_argv = [sys.executable, "-m", "bench.serve", "floor", store]
-        with serving_process(floor_argv, cwd=Path(__file__).resolve().parents[1], timeout=120) as server:
-            measure(server.url, "warm-floor")
-            floor = measure(server.url, "floor")
+        with (
+            dormant_serve("--store", store, "--quiet", cwd=scratch, timeout=120) as served,
+            serving_process(floor_argv, cwd=Path(__file__).resolve().parents[1], timeout=120) as bare,
+        ):
+            measure(served.url, "warm-ours")
+            measure(bare.url, "warm-floor")
+            for turn in range(ROUNDS):
+                for url, tag, into in ((served.url, "ours", ours), (bare.url, "floor", floor)):
+                    for key, samples in measure(url, f"{tag}-{turn}").items():
+                        into.setdefault(key, []).extend(samples)
+    figures = [slow_runs()]
     bare50, bare99 = percentiles(floor["bare"])
-    figures = []
     for key, label in (("get", "GET /sessions/{id}"), ("runs", "POST /sessions/{id}/runs")):
         ours50, ours99 = percentiles(ours[key])
         floor50, floor99 = percentiles(floor[key])
@@ -160,6 +174,70 @@ def run() -> list[Figure]:
                 )
             )
     return figures
+
+
+def slow_runs() -> Figure:
+    """``GET`` p99 while slow runs hold workers, against ``GET`` p99 with none in flight, on one server."""
+    from tests.servers.serve import dormant_serve
+
+    root = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory(prefix="bench-slow-") as scratch:
+        env = {"PYTHONPATH": str(root), "HOLD_DIR": scratch, "HOLD_SECONDS": str(SLOW_SECONDS)}
+        store = f"sqlite:///{Path(scratch) / 'slow.db'}"
+        args = ("--store", store, "--app", "tests.serve_app:build", "--quiet")
+        with dormant_serve(*args, env=env, cwd=scratch, timeout=120) as server:
+            setup = Client(server.url)
+            for n in range(CLIENTS):
+                status, body, _ = setup.call("POST", "/sessions", {"session_id": f"read-{n}"})
+                _expect(status, 201, body)
+            reads = scale(100, 10)
+
+            def read(client: Client, n: int) -> list[float]:
+                samples = []
+                for _ in range(reads):
+                    status, body, elapsed = client.call("GET", f"/sessions/read-{n}")
+                    _expect(status, 200, body)
+                    samples.append(elapsed)
+                return samples
+
+            def slow(n: int, turn: int, stop: threading.Event) -> None:
+                client = Client(server.url)
+                for i in itertools.count():
+                    if stop.is_set():
+                        break
+                    sid = f"slow-{turn}-{n}-{i}"
+                    status, body, _ = client.call("POST", "/sessions", {"session_id": sid})
+                    _expect(status, 201, body)
+                    status, body, _ = client.call("POST", f"/sessions/{sid}/runs", {"message": "hold"})
+                    _expect(status, 200, body)
+                client.connection.close()
+
+            quiet: list[float] = []
+            held: list[float] = []
+            concurrently(server.url, read)  # warm up
+            for turn in range(ROUNDS):
+                quiet += concurrently(server.url, read)
+                stop = threading.Event()
+                with ThreadPoolExecutor(SLOW_RUNS) as pool:
+                    running = [pool.submit(slow, n, turn, stop) for n in range(SLOW_RUNS)]
+                    while not (Path(scratch) / "inside").exists():  # the tool creates it: a run is holding
+                        time.sleep(0.01)
+                    held += concurrently(server.url, read)
+                    stop.set()
+                    for future in running:
+                        future.result(timeout=120)
+                (Path(scratch) / "inside").unlink()
+            setup.connection.close()
+    quiet99, held99 = percentiles(quiet)[1], percentiles(held)[1]
+    return Figure(
+        "serve",
+        f"GET p99 beside {SLOW_RUNS} runs of {SLOW_SECONDS:g} s, {CLIENTS} clients ({len(held)} requests)",
+        millis(held99),
+        f"{millis(quiet99)} (the same GETs, no run in flight)",
+        held99 / quiet99,
+        TARGET,
+        "lower",
+    )
 
 
 # -- the floor: the same work behind a bare http.server ----------------------------------------------------

@@ -22,27 +22,35 @@ Its imports are deferred to the command that needs them, so ``dormant --help`` l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
 import json
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
     from .app import App
     from .serving.api import Idempotency
-    from .serving.local import Page
+    from .serving.local import LocalAPI, Page
     from .stores.base import SessionStore
 
 __all__ = ["main"]
+
+DEFAULT_WORKERS = 4
+"""``dormant serve``'s worker processes: a worker mostly waits (on the model, on the store), so the CPUs do
+not bound it; four let three slow runs go on while the fourth answers everyone else."""
 
 SERVE_EPILOG = """The API (JSON in and out) is the one API Gateway serves on AWS, through the same handler code:
 {routes}
 The session inspector, a web page over the same API, is at / (open it in a browser on this machine).
 A run that waits for answers is resumed by the request that answers it (on AWS, Step Functions does).
+Requests run side by side in --workers processes (each its own app and store connection, taking one
+request at a time, as a Lambda instance does), so a slow run holds up no one else.
 
 Identity is a development stand-in for the Cognito authorizer: the X-Dormant-Principal header, else
 --principal. It decides the tenant, as a token's sub claim does on AWS. Only loopback clients are
@@ -79,6 +87,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=8000, help="the port (default 8000; 0 picks a free one)")
     serve.add_argument(
         "--principal", default="local", help="the caller of a request without X-Dormant-Principal (default local)"
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        help=f"processes serving requests side by side, each one at a time (default {DEFAULT_WORKERS}; 1 with a"
+        " memory: store; 1 serves in this process)",
     )
     serve.add_argument("--quiet", action="store_true", help="do not log each request on stderr")
     serve.set_defaults(run=_serve)
@@ -150,49 +164,72 @@ def _purge(app: App, args: argparse.Namespace) -> dict[str, Any]:
 
 def _serve(args: argparse.Namespace) -> int:
     from .errors import DormantError
-    from .serving.local import PRINCIPAL_HEADER, LocalAPI, LocalServer
+    from .serving.local import PRINCIPAL_HEADER, Handler, LocalServer, Workers, can_fork
+
+    count = args.workers if args.workers is not None else DEFAULT_WORKERS
+    if count < 1:
+        print(f"dormant serve: --workers is >= 1, not {count} (field: workers)", file=sys.stderr)
+        return 2
+    if count > 1 and urlsplit(args.store).scheme.lower() == "memory":
+        if args.workers is not None:
+            print("dormant serve: a memory: store lives in one process: serving with one worker", file=sys.stderr)
+        count = 1
+    if count > 1 and not can_fork():
+        print("dormant serve: this platform cannot fork worker processes: serving with one worker", file=sys.stderr)
+        count = 1
+    for stop in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a shell starts background jobs with it ignored
+        signal.signal(stop, signal.default_int_handler)
+    with contextlib.ExitStack() as stack:
+        try:
+            api = stack.enter_context(_local_api(args))  # the store made (schema, table) once, before the workers
+            handler: Handler = api
+            if count > 1:
+                stack.close()  # each worker opens its own store: a connection must not cross a fork
+                workers = Workers(functools.partial(_local_api, args), count)
+                stack.callback(workers.close)
+                handler = workers
+            server = LocalServer(handler, args.host, args.port, log_requests=not args.quiet)
+        except (DormantError, OSError) as exc:
+            print(f"dormant serve: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 130
+        print(
+            f"dormant serve: {args.app} on {_redacted(args.store)} at {server.url} "
+            f"(caller without {PRINCIPAL_HEADER}: {args.principal}; "
+            f"{count} worker{'s' if count > 1 else ''}; Ctrl-C stops)\n"
+            f"dormant serve: the session inspector is at {server.url}/",
+            flush=True,
+        )
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            print("dormant serve: stopping (requests in flight finish first)", file=sys.stderr, flush=True)
+        try:
+            server.close()
+        except KeyboardInterrupt:  # a second Ctrl-C: stop now
+            if count > 1:
+                workers.close(timeout=0)
+            print("dormant serve: stopped without waiting for requests in flight", file=sys.stderr)
+            return 130
+    return 0
+
+
+@contextlib.contextmanager
+def _local_api(args: argparse.Namespace) -> Iterator[LocalAPI]:
+    """The API ``dormant serve`` serves, on a store of its own, closed afterwards (one per worker process)."""
+    from .serving.local import LocalAPI
     from .serving.runtime import load_served
     from .stores.url import store_from_url
 
-    try:
-        store = store_from_url(args.store)
-    except DormantError as exc:
-        print(f"dormant serve: {exc}", file=sys.stderr)
-        return 2
+    store = store_from_url(args.store)
     try:
         served = load_served(args.app, store)
-        server = LocalServer(
-            LocalAPI(
-                served, principal=args.principal, pages=default_pages(), idempotency=_idempotency(args.store, store)
-            ),
-            args.host,
-            args.port,
-            log_requests=not args.quiet,
+        yield LocalAPI(
+            served, principal=args.principal, pages=default_pages(), idempotency=_idempotency(args.store, store)
         )
-    except (DormantError, OSError) as exc:
-        store.close()
-        print(f"dormant serve: {exc}", file=sys.stderr)
-        return 2
-    for stop in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a shell starts background jobs with it ignored
-        signal.signal(stop, signal.default_int_handler)
-    print(
-        f"dormant serve: {args.app} on {_redacted(args.store)} at {server.url} "
-        f"(caller without {PRINCIPAL_HEADER}: {args.principal}; Ctrl-C stops)\n"
-        f"dormant serve: the session inspector is at {server.url}/",
-        flush=True,
-    )
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        print("dormant serve: stopping (requests in flight finish first)", file=sys.stderr, flush=True)
-    try:
-        server.close()
-    except KeyboardInterrupt:  # a second Ctrl-C: stop now
-        print("dormant serve: stopped without waiting for requests in flight", file=sys.stderr)
-        return 130
     finally:
         store.close()
-    return 0
 
 
 def _idempotency(url: str, store: SessionStore) -> Idempotency | None:
