@@ -259,6 +259,9 @@ def test_a_bad_query_parameter_is_a_400(client: Client) -> None:
         status, error = client.call("list_sessions", query={"limit": huge})
         assert (status, error["field"]) == (400, "limit"), error
     assert client.call("list_sessions", query={"limit": str(MAX_LIST_LIMIT)})[0] == 200
+    status, error = client.call("list_sessions", query={"status": "awaiting"})  # a typo lists nothing, silently
+    assert (status, error["field"]) == (400, "status") and "awaiting_input" in error["message"], error
+    assert client.call("list_sessions", query={"status": "idle"})[1]["sessions"][0]["id"] == "s-1"
 
 
 def test_unknown_sessions_are_404s(client: Client) -> None:

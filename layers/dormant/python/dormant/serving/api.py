@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import json
 import os
+import typing
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -54,7 +55,7 @@ from ..errors import (
     http_status,
 )
 from ..events import ToolInputEvent, parse_event
-from ..projection import Projection
+from ..projection import Projection, SessionStatus
 from ..session import Session
 from ..stores.base import ScopedStateChange, SessionListing
 from .advance import AdvanceOutcome, advance
@@ -78,6 +79,8 @@ _ATTEMPTS = 5
 _SCAN_PAGES = 10
 MAX_LIST_LIMIT = 1000
 """The most sessions one ``GET /sessions`` page holds (a larger ``limit`` is a 400, not a table read)."""
+STATUSES: tuple[str, ...] = typing.get_args(SessionStatus)
+"""What ``GET /sessions?status=`` may ask for."""
 MAX_BODY_BYTES = 256 * 1024
 """Larger bodies are refused with 413 before they are parsed (an event must fit a DynamoDB item)."""
 
@@ -362,6 +365,8 @@ def build_resolver(
             raise InputError(f"limit is 1 to {MAX_LIST_LIMIT}, not {limit}", field="limit")
         limit = limit or 50
         status = resolver.current_event.get_query_string_value("status")
+        if status is not None and status not in STATUSES:  # else a typo reads ten pages to list nothing
+            raise InputError(f"status is one of {', '.join(STATUSES)}, not {status!r}", field="status")
         cursor = resolver.current_event.get_query_string_value("cursor")
         sessions = app().sessions
         # With a status, read on (up to _SCAN_PAGES store pages) until the page is full, so a filtered
