@@ -85,6 +85,20 @@ def _expect(status: int, wanted: int, body: Any) -> None:
         raise RuntimeError(f"HTTP {status} (expected {wanted}): {body}")
 
 
+def reader(reads: int, path: Callable[[int], str]) -> Callable[[Client, int], list[float]]:
+    """Client ``n``'s work: ``reads`` GETs of ``path(n)``, each one's time."""
+
+    def read(client: Client, n: int) -> list[float]:
+        samples = []
+        for _ in range(reads):
+            status, body, elapsed = client.call("GET", path(n))
+            _expect(status, 200, body)
+            samples.append(elapsed)
+        return samples
+
+    return read
+
+
 def measure(url: str, tag: str) -> dict[str, list[float]]:
     """The two workloads against the server at ``url`` (fresh session ids under ``tag``)."""
     setup = Client(url)
@@ -97,13 +111,7 @@ def measure(url: str, tag: str) -> dict[str, list[float]]:
     setup.connection.close()
     reads, runs = scale(200, 20), scale(25, 3)
 
-    def read(client: Client, n: int) -> list[float]:
-        samples = []
-        for _ in range(reads):
-            status, body, elapsed = client.call("GET", f"/sessions/{tag}-read-{n}")
-            _expect(status, 200, body)
-            samples.append(elapsed)
-        return samples
+    read = reader(reads, lambda n: f"/sessions/{tag}-read-{n}")
 
     def run(client: Client, n: int) -> list[float]:
         samples = []
@@ -160,7 +168,7 @@ def run() -> list[Figure]:
     for key, label in (("get", "GET /sessions/{id}"), ("runs", "POST /sessions/{id}/runs")):
         ours50, ours99 = percentiles(ours[key])
         floor50, floor99 = percentiles(floor[key])
-        for name, mine, theirs, bare in (("p50", ours50, floor50, bare50), ("p99", ours99, floor99, bare99)):
+        for name, mine, theirs, trip in (("p50", ours50, floor50, bare50), ("p99", ours99, floor99, bare99)):
             figures.append(
                 Figure(
                     "serve",
@@ -170,7 +178,7 @@ def run() -> list[Figure]:
                     mine / theirs,
                     TARGET,
                     "lower",
-                    note=f"bare round trip {millis(bare)}" if key == "get" else "",
+                    note=f"bare round trip {millis(trip)}" if key == "get" else "",
                 )
             )
     return figures
@@ -192,13 +200,7 @@ def slow_runs() -> Figure:
                 _expect(status, 201, body)
             reads = scale(100, 10)
 
-            def read(client: Client, n: int) -> list[float]:
-                samples = []
-                for _ in range(reads):
-                    status, body, elapsed = client.call("GET", f"/sessions/read-{n}")
-                    _expect(status, 200, body)
-                    samples.append(elapsed)
-                return samples
+            read = reader(reads, lambda n: f"/sessions/read-{n}")
 
             def slow(n: int, turn: int, stop: threading.Event) -> None:
                 client = Client(server.url)

@@ -344,26 +344,6 @@ def test_a_bound_create_dying_in_its_gate_writes_nothing_and_a_refused_one_no_bi
     assert raw["Items"] == []  # the refused create's binding entry went with its gate
 
 
-def test_a_sweeper_rolling_forward_a_slow_writer_whose_finish_carries_the_touch(world: World) -> None:
-    _seeded(world)
-    at = world.clock.advance(1000)
-    arrived, resume = threading.Event(), threading.Event()
-    world.faults.pause("TransactWriteItems", 1, arrived, resume)  # 24 events written, the finish not yet sent
-    results: dict[str, Any] = {}
-    slow = threading.Thread(target=lambda: results.update(r=world.writer.commit(world.meta(), _events("slow", 24), 1)))
-    slow.start()
-    assert arrived.wait(timeout=30)
-    world.clock.advance(1)
-    (report,) = world.store().repair_pending(older_than_s=0)
-    assert report.action == "rolled_forward"
-    resume.set()  # its finish finds the marker gone, and the commit landed: it succeeded
-    slow.join(timeout=30)
-    assert not slow.is_alive()
-    assert (results["r"].ok, results["r"].version, results["r"].appended) == (True, 2, 24)
-    assert world.ids() == _events_ids("base", 10) + _events_ids("slow", 24)
-    assert [row[:2] for row in _listed(world)] == [("s-1", 2)] and at in _touches(world)
-
-
 def test_a_sweeper_rolling_back_a_slow_writer_with_no_events_keeps_its_touch_out(world: World) -> None:
     _seeded(world)
     at = world.clock.advance(1000)
@@ -498,22 +478,33 @@ def test_a_rolled_back_commit_never_lands_its_scoped_changes(world: World) -> No
     assert world.ids() == _events_ids("base", 10)
 
 
-def test_a_sweeper_rolling_forward_a_slow_writer_lets_the_writer_succeed(world: World) -> None:
+@pytest.mark.parametrize(
+    ("finish", "nth", "count"),
+    [("UpdateItem", 2, 7), ("TransactWriteItems", 1, 24)],  # the gate is UpdateItem 1
+    ids=["touch-after-the-events", "touch-in-the-finish"],
+)
+def test_a_sweeper_rolling_forward_a_slow_writer_lets_the_writer_succeed(
+    world: World, finish: str, nth: int, count: int
+) -> None:
     _seeded(world)
+    at = world.clock.advance(1000)
     arrived, resume = threading.Event(), threading.Event()
-    world.faults.pause("UpdateItem", 2, arrived, resume)  # events written, the finish not yet sent
+    world.faults.pause(finish, nth, arrived, resume)  # events written, the finish not yet sent
     results: dict[str, Any] = {}
-    slow = threading.Thread(target=lambda: results.update(r=world.writer.commit(world.meta(), _events("slow", 7), 1)))
+    slow = threading.Thread(
+        target=lambda: results.update(r=world.writer.commit(world.meta(), _events("slow", count), 1))
+    )
     slow.start()
     assert arrived.wait(timeout=30)
     world.clock.advance(1)
     (report,) = world.store().repair_pending(older_than_s=0)
     assert report.action == "rolled_forward"
-    resume.set()
+    resume.set()  # its finish finds the marker gone, and the commit landed: it succeeded
     slow.join(timeout=30)
     assert not slow.is_alive()
-    assert (results["r"].ok, results["r"].version, results["r"].appended) == (True, 2, 7)
-    assert world.ids() == _events_ids("base", 10) + _events_ids("slow", 7)
+    assert (results["r"].ok, results["r"].version, results["r"].appended) == (True, 2, count)
+    assert world.ids() == _events_ids("base", 10) + _events_ids("slow", count)
+    assert [row[:2] for row in _listed(world)] == [("s-1", 2)] and at in _touches(world)
 
 
 def test_two_sweepers_racing_repair_a_marker_once(world: World) -> None:

@@ -32,23 +32,6 @@ if TYPE_CHECKING:
     from .session import Session
     from .stores.memory import in_memory_store
 
-_EVENTS = (
-    "AssistantEvent",
-    "Event",
-    "InvocationEndEvent",
-    "InvocationResumeEvent",
-    "InvocationStartEvent",
-    "InvocationYieldEvent",
-    "ModelEndEvent",
-    "ModelStartEvent",
-    "SessionForkedEvent",
-    "StateChangeEvent",
-    "ToolCallEvent",
-    "ToolInputEvent",
-    "ToolResultEvent",
-    "UserEvent",
-    "parse_event",
-)
 _HOMES = {
     "App": ".app",
     "RunResult": ".agents.loop",
@@ -58,8 +41,8 @@ _HOMES = {
     "errors": ".errors",
     "in_memory_store": ".stores.memory",
     "openai": ".models.base",
-    **dict.fromkeys(_EVENTS, ".events"),
 }
+"""Where each public name lives; every other name of ``__all__`` is an event's (``dormant.events``)."""
 
 __all__ = [
     "App",
@@ -89,10 +72,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
+    if name not in __all__:
         raise AttributeError(f"module 'dormant' has no attribute {name!r}")
-    module = importlib.import_module(home, __name__)
+    module = importlib.import_module(_HOMES.get(name, ".events"), __name__)
     value = module if name == "errors" else getattr(module, name)
     globals()[name] = value  # later lookups skip this function
     return value
