@@ -11,6 +11,7 @@ import os
 import signal
 import sqlite3
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 from test_serve import REQUEST, TIMEOUT, call
 
-from tests.servers.serve import command, dormant_serve
+from tests.servers.serve import command, dormant_serve, serving_process
 
 pytest.importorskip("aws_lambda_powertools", reason="dormant serve needs the lambda extra")
 
@@ -222,6 +223,21 @@ def test_a_memory_store_is_served_by_one_worker(
         assert call(f"{server.url}/sessions", "POST", {"session_id": "s-1"})[0] == 201
         assert call(f"{server.url}/sessions/s-1")[0] == 200
     assert "1 worker;" in server.output() and (message is None or message in server.output())
+
+
+def test_where_fork_is_missing_one_worker_serves_and_says_so(tmp_path: Path) -> None:
+    """As on Windows: ``can_fork`` false. The server serves in its own process, with a message, not a traceback."""
+    script = (
+        "import sys; import dormant.serving.local as local; local.can_fork = lambda: False; "
+        "from dormant.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    argv = [sys.executable, "-c", script, "serve", "--port", "0", "--store", f"sqlite:///{tmp_path / 'one.db'}"]
+    with serving_process(argv, cwd=tmp_path, timeout=TIMEOUT) as server:
+        assert children(server.process.pid) == set()
+        assert call(f"{server.url}/sessions", "POST", {"session_id": "s-1"})[0] == 201
+    output = server.output()
+    assert "cannot fork worker processes: serving with one worker" in output and "1 worker;" in output
+    assert "Traceback" not in output
 
 
 def test_zero_workers_is_refused_naming_the_option(tmp_path: Path) -> None:
