@@ -33,6 +33,7 @@ SHIPPED = {
     "ids.py",
     "models",
     "projection.py",
+    "py.typed",
     "serving",
     "session.py",
     "snapshots.py",

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +45,37 @@ def test_every_error_is_a_dormant_error_and_is_listed() -> None:
     assert all(issubclass(cls, dormant.errors.DormantError) for cls in classes.values())
     documented = dormant.errors.__doc__ or ""
     assert all(name in documented for name in classes)
+
+
+USER_CODE = """\
+import dormant
+from dormant import App, UserEvent, adk, parse_event
+
+
+def build() -> App:
+    return adk(name="typed")
+
+
+first: UserEvent = UserEvent(text="hi")
+wrong: int = first.text
+parsed = parse_event({"type": "user", "text": "x"})
+reveal_type(parsed.id)
+dormant.Sesion
+"""
+
+
+@pytest.mark.slow
+def test_a_user_type_checking_against_the_package_gets_its_types(tmp_path: Path) -> None:
+    """The package is typed (``py.typed``) and its lazy names are seen by a type checker as the real ones:
+    a wrong type or a misspelt name in the user's code is reported, not hidden behind ``Any``."""
+    user = tmp_path / "user.py"
+    user.write_text(USER_CODE)
+    cache = tmp_path / "cache"
+    command = [sys.executable, "-m", "mypy", "--strict", "--no-error-summary", "--cache-dir", str(cache), str(user)]
+    done = subprocess.run(command, check=False, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    lines = [line.split(": ", 1)[1] for line in done.stdout.splitlines()]
+    assert lines == [
+        'error: Incompatible types in assignment (expression has type "str", variable has type "int")  [assignment]',
+        'note: Revealed type is "str"',
+        'error: Module has no attribute "Sesion"; maybe "Session"?  [attr-defined]',
+    ], done.stdout + done.stderr

@@ -71,13 +71,15 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module 'dormant' has no attribute {name!r}")
-    module = importlib.import_module(_HOMES.get(name, ".events"), __name__)
-    value = module if name == "errors" else getattr(module, name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+if not TYPE_CHECKING:  # a type checker sees the imports above: a misspelt name is an error, not ``Any``
+
+    def __getattr__(name: str) -> Any:
+        if name not in __all__:
+            raise AttributeError(f"module 'dormant' has no attribute {name!r}")
+        module = importlib.import_module(_HOMES.get(name, ".events"), __name__)
+        value = module if name == "errors" else getattr(module, name)
+        globals()[name] = value  # later lookups skip this function
+        return value
 
 
 def __dir__() -> list[str]:
