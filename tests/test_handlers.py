@@ -217,6 +217,10 @@ def test_no_authenticated_caller_is_a_401(client: Client) -> None:
         ("run", {"message": 42}, "message"),
         ("tools", {"answers": []}, "answers"),
         ("commit", {"expected_version": -1, "events": []}, "expected_version"),
+        # the session is at version 1: JSON true or "1" is no version (else they would write)
+        ("commit", {"expected_version": True, "events": [{"type": "user", "text": "hi"}]}, "expected_version"),
+        ("commit", {"expected_version": "1", "events": [{"type": "user", "text": "hi"}]}, "expected_version"),
+        ("commit", {"expected_version": 1.0, "events": [{"type": "user", "text": "hi"}]}, "expected_version"),
         ("commit", {"expected_version": 1, "events": [{"type": "no-such-event"}]}, "events.0"),
         ("erase", {"scope": "session", "scope_id": "s-1"}, "scope"),
         ("erase", {"scope": "user"}, "scope_id"),

@@ -228,7 +228,7 @@ class ForkBody(_Body):
 
 
 class CommitBody(_Body):
-    expected_version: int = Field(ge=0)
+    expected_version: int = Field(ge=0, strict=True)  # JSON true or "1" is no version
     events: list[dict[str, Any]]
     scoped_changes: list[ScopedChange] | None = None
 
