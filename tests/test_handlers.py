@@ -296,7 +296,10 @@ def test_run_yields_then_answers_resume_it_to_completion(client: Client) -> None
         )
         assert status == 400 and error["field"] == "answers.0.input.approved", (wrong, error)
     status, error = client.call("tools", session_id="s-1", body={"answers": [{"call_id": "c-x", "input": {}}]})
-    assert status == 400 and error["field"] == "tools.call_id", error
+    assert status == 400 and error["field"] == "answers.0.call_id", error
+    right = {"call_id": call["call_id"], "input": {"approved": True}}  # with a wrong one after it: neither lands
+    status, error = client.call("tools", session_id="s-1", body={"answers": [right, {"call_id": "c-x", "input": {}}]})
+    assert status == 400 and error["field"] == "answers.1.call_id", error
     assert client.call("get_session", session_id="s-1")[1]["version"] == version
 
     status, answered = client.call(
@@ -350,7 +353,7 @@ def test_an_answer_that_another_answer_beat_is_a_409_and_stores_nothing(client: 
     assert approve(client, "s-1", call["call_id"])[0] == 202
     version = client.call("get_session", session_id="s-1")[1]["version"]
     status, error = approve(client, "s-1", call["call_id"])
-    assert (status, error["error"], error["field"]) == (409, "UnknownCallId", "tools.call_id"), error
+    assert (status, error["error"], error["field"]) == (409, "UnknownCallId", "answers.0.call_id"), error
     status, error = client.call("tools", session_id="s-1", body={"answers": [{"call_id": "c-never", "input": {}}]})
     assert (status, error["error"]) == (400, "InputError"), error
     assert client.call("get_session", session_id="s-1")[1]["version"] == version

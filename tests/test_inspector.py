@@ -510,5 +510,5 @@ def test_an_answer_the_api_refuses_shows_the_apis_error_and_changes_nothing(brow
     css(driver, "#waiting button[type=submit]").click()
     wait_for(driver, lambda d: css(d, "#waiting .form-error").text, "the API's refusal")
     message = css(driver, "#waiting .form-error").text
-    assert message.startswith("409 UnknownCallId (tools.call_id)"), message  # a race lost: a conflict
+    assert message.startswith("409 UnknownCallId (answers.0.call_id)"), message  # a race lost: a conflict
     assert site.ledger("s-late") == before

@@ -442,7 +442,7 @@ def test_without_a_session_a_run_builds_an_ephemeral_one() -> None:
         ({"initial_state": {"session": "intake"}}, InputError, "initial_state.session"),
         ({"message": "a\x00b"}, ValueNotStorable, "message"),
         ({"initial_state": {"temp": {}}}, InputError, "initial_state.temp"),
-        ({"tools": [{"call_id": "nope", "input": {}}]}, UnknownCallId, "tools.call_id"),
+        ({"tools": [{"call_id": "nope", "input": {}}]}, UnknownCallId, "tools.0.call_id"),
         ({"tools": "nope"}, InputError, "tools"),
     ],
 )

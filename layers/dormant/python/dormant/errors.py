@@ -263,11 +263,13 @@ class UnknownEventId(InputError, KeyError):
 class UnknownCallId(InputError):
     """An answer for a tool call that is not waiting for one."""
 
-    def __init__(self, call_id: str, waiting: list[str]) -> None:
+    def __init__(self, call_id: str, waiting: list[str], position: int) -> None:
         hint = f"waiting: {', '.join(waiting)}" if waiting else "no call is waiting"
-        super().__init__(f"tool call {call_id!r} is not waiting for input ({hint})", field="tools.call_id")
+        super().__init__(f"tool call {call_id!r} is not waiting for input ({hint})", field=f"tools.{position}.call_id")
         self.call_id = call_id
         self.waiting = waiting
+        self.position = position
+        """The answer's place in the list given (over HTTP, ``answers.N.call_id``)."""
 
 
 class AwaitingInput(InputError):

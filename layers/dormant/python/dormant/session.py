@@ -592,7 +592,7 @@ class SessionInput:
                 raise InputError(f"tool call {call_id!r} is answered twice in this batch", field=f"tools.{position}")
             call = pending.get(call_id) if isinstance(call_id, str) else None
             if call is None:
-                raise UnknownCallId(str(call_id), [c for c in pending if c not in seen])
+                raise UnknownCallId(str(call_id), [c for c in pending if c not in seen], position)
             seen.add(call_id)
             tool = session.runtime.tool_named(call.name)
             if tool is None:

@@ -484,6 +484,7 @@ def build_resolver(
                 try:
                     session.input.tools(answers, principal=tenant())  # the audit says who answered
                 except UnknownCallId as exc:
+                    exc.field = f"answers.{exc.position}.call_id"  # named in this body
                     if _answered(session, exc.call_id):  # another caller's answer landed first: a 409
                         raise
                     raise InputError(str(exc), field=exc.field) from None  # a wrong answer: a 400
