@@ -14,6 +14,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# No wall-clock window in a property (the machine may be loaded): no deadline, no too-slow health check.
+settings.register_profile("dormant", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("dormant")
 
 REQUIRED = {name.strip() for name in os.environ.get("DORMANT_REQUIRE_BACKENDS", "").split(",") if name.strip()}
 _backend_of: dict[str, str] = {}

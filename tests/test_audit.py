@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dormant.audit import key_history, state_diff
@@ -107,3 +107,10 @@ def test_a_change_belongs_to_the_tool_whose_result_follows_it() -> None:
     for event in events:
         projection.apply(event)
     assert projection.session_state["k"] == history[-1].new_value
+
+
+def test_properties_have_no_wall_clock_window() -> None:
+    """On a shared, loaded machine a draw can take seconds: Hypothesis's deadline and its too-slow health
+    check would fail a correct property on timing alone (the rule: no wall-clock windows in tests)."""
+    assert settings.default.deadline is None
+    assert HealthCheck.too_slow in settings.default.suppress_health_check

@@ -212,7 +212,7 @@ def test_a_commit_cut_off_during_or_after_its_refresh_never_leaves_an_item_below
         assert [s.version for s in store.list(app)] == [2]
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(
     retention_h=st.integers(min_value=1, max_value=24 * 60),
     gaps=st.lists(st.floats(min_value=0, max_value=3), min_size=1, max_size=6),

@@ -466,7 +466,7 @@ def test_fork_at_on_a_tail_loaded_session_holds_the_whole_prefix() -> None:
 
 
 @pytest.mark.backend("dynamodb")
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(**RANDOM)
 def test_snapshot_and_tail_match_a_full_replay_on_dynamodb(
     dynamodb_endpoint: str, dynamodb_table: str, plans: list[str], every: int, turns: int
