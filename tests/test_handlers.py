@@ -212,6 +212,8 @@ def test_no_authenticated_caller_is_a_401(client: Client) -> None:
     ("route", "body", "field"),
     [
         ("create_session", {"session_id": "s-9", "scopes": "not-a-map"}, "scopes"),
+        ("create_session", {"session_id": "s-9", "scopes": {"user": "bad id"}}, "scopes.user"),
+        ("create_session", {"session_id": "s-9", "scopes": {"patient": "p-1"}}, "scopes.patient"),  # not declared
         ("create_session", {"session_id": "s-9", "colour": "red"}, "colour"),
         ("create_session", {"session_id": "bad id with spaces"}, "session_id"),
         ("run", {"message": 42}, "message"),

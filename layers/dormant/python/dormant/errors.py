@@ -199,8 +199,8 @@ class UnknownStateKey(StateError, AttributeError):
 class UnknownScope(StateError):
     """A scope the app's schema does not declare."""
 
-    def __init__(self, scope: str) -> None:
-        super().__init__(f"scope {scope!r} is not declared in the app's schema", field=f"state.{scope}")
+    def __init__(self, scope: str, field: str | None = None) -> None:
+        super().__init__(f"scope {scope!r} is not declared in the app's schema", field=field or f"state.{scope}")
         self.scope = scope
 
 

@@ -637,6 +637,10 @@ def _check_scopes(scopes: Mapping[str, str] | None, schema: Schema) -> dict[str,
                 field=f"scopes.{scope}",
             )
         if scope not in schema:
-            raise UnknownScope(scope)
-        bound[scope] = check_id(scope_id, f"{scope} id")
+            raise UnknownScope(scope, field=f"scopes.{scope}")
+        try:
+            bound[scope] = check_id(scope_id, f"{scope} id")
+        except InputError as exc:  # named where the caller gave it
+            exc.field = f"scopes.{scope}"
+            raise
     return bound
