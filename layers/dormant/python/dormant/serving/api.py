@@ -326,6 +326,8 @@ def build_resolver(
             data = json.loads(raw) if raw else {}
         except ValueError as exc:
             raise InputError(f"the body is not JSON: {exc}", field="body") from None
+        except RecursionError:  # a small body can nest deeper than the parser goes: bad input, not a 500
+            raise InputError("the body nests too deeply to be read", field="body") from None
         try:
             return model.model_validate(data)
         except ValidationError as exc:
