@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import ast
 import builtins
+import copy
 import importlib
 import inspect
+import pickle
 import pkgutil
 import re
 from pathlib import Path
@@ -163,3 +165,24 @@ def test_every_error_class_is_drawn_in_the_tree_with_its_status(name: str) -> No
     drawn = re.search(rf"\b{name}\s+(\d{{3}})\b", errors.__doc__ or "")
     assert drawn is not None, f"{name} is not in the tree"
     assert int(drawn.group(1)) == HTTP_STATUS[error_classes()[name]]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        errors.UnknownCallId("call-1", ["call-2"], 1),
+        errors.AwaitingInput("s-1", ["call-2"]),
+        errors.EventIndexError(9, 3),
+        errors.ToolInputError("no", call_id="call-1", tool="book", position=2, path="approved"),
+        errors.VersionConflict("s-1", expected_version=1, actual_version=2),
+        errors.SessionNotFound("s-1"),
+        errors.UnknownScope("patient", field="scopes.patient"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
+def test_an_error_survives_pickling_and_copying(error: errors.DormantError) -> None:
+    """An error raised in a worker process reaches its parent (multiprocessing pickles it) as itself:
+    the same class, message, field and attributes, although its constructor takes other arguments."""
+    for again in (pickle.loads(pickle.dumps(error)), copy.deepcopy(error), copy.copy(error)):
+        assert type(again) is type(error)
+        assert (str(again), again.args, vars(again)) == (str(error), error.args, vars(error))

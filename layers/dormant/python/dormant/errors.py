@@ -59,6 +59,8 @@ Errors a caller must act on carry the facts as attributes, not only in the messa
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "HTTP_STATUS",
     "RETRYABLE",
@@ -117,6 +119,18 @@ __all__ = [
 
 class DormantError(Exception):
     """Root of every error dormant raises."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from its state, not by calling __init__ with ``args`` (the message): most errors take other
+        # arguments, and an error a worker process raises must reach its parent (pickle, copy) as itself.
+        return (_rebuilt, (type(self), self.args, vars(self)))
+
+
+def _rebuilt(cls: type[DormantError], args: tuple[Any, ...], state: dict[str, Any]) -> DormantError:
+    error = cls.__new__(cls)
+    error.args = args
+    vars(error).update(state)
+    return error
 
 
 class ConfigurationError(DormantError):
