@@ -276,6 +276,11 @@ def test_a_bad_query_parameter_is_a_400(client: Client) -> None:
         status, error = client.call("list_sessions", query={"limit": huge})
         assert (status, error["field"]) == (400, "limit"), error
     assert client.call("list_sessions", query={"limit": str(MAX_LIST_LIMIT)})[0] == 200
+    for loose in ("1_000", " 1", "-5", "+3", "\u0661"):  # int() would take all but -5; -5 said ">= 0"
+        status, error = client.call("session_events", session_id="s-1", query={"after": loose})
+        assert (status, error["field"]) == (400, "after"), (loose, error)
+    status, error = client.call("session_events", session_id="s-1", query={"limit": str(MAX_LIST_LIMIT + 1)})
+    assert (status, error["field"]) == (400, "limit"), error
     status, error = client.call("list_sessions", query={"status": "awaiting"})  # a typo lists nothing, silently
     assert (status, error["field"]) == (400, "status") and "awaiting_input" in error["message"], error
     assert client.call("list_sessions", query={"status": "idle"})[1]["sessions"][0]["id"] == "s-1"
@@ -575,16 +580,35 @@ def test_a_remote_commit_writing_shared_state_the_session_is_not_bound_to_is_a_4
 def test_a_remote_commit_of_an_answer_its_tool_refuses_as_strict_json_is_a_400_and_writes_nothing(
     client: Client,
 ) -> None:
-    """An answer a remote runner commits is held to what ``POST /tools`` holds it to: ``1`` is no approval."""
+    """An answer a remote runner commits is held to what ``POST /tools`` holds it to: ``1`` is no approval,
+    and only a waiting call takes one."""
     create(client)
-    answer = {"type": "tool_input", "call_id": "c-1", "name": "request_approval"}
+    ran = client.call("run", session_id="s-1")[1]
+    (call,) = ran["yielded_tools"]
+    version = ran["version"]
+    answer = {"type": "tool_input", "call_id": call["call_id"], "name": "request_approval"}
     for value, field in (({"approved": 1}, "events.1.input.approved"), ("yes", "events.1.input")):
-        body = {"expected_version": 1, "events": [{"type": "user", "text": "hi"}, {**answer, "input": value}]}
+        body = {"expected_version": version, "events": [{"type": "user", "text": "hi"}, {**answer, "input": value}]}
         status, error = client.call("commit", session_id="s-1", body=body)
         assert (status, error["field"]) == (400, field), error
-    assert client.call("get_session", session_id="s-1")[1]["version"] == 1
-    body = {"expected_version": 1, "events": [{**answer, "input": {"approved": True}}]}
+    for call_id in ("c-never-made", ""):  # no such call is waiting: an answer to it would be written as one
+        body = {"expected_version": version, "events": [{**answer, "call_id": call_id, "input": {"approved": True}}]}
+        status, error = client.call("commit", session_id="s-1", body=body)
+        assert (status, error["error"], error["field"]) == (409, "UnknownCallId", "events.0.call_id"), error
+    twice = [{**answer, "input": {"approved": True}}, {**answer, "input": {"approved": False}}]
+    status, error = client.call("commit", session_id="s-1", body={"expected_version": version, "events": twice})
+    assert (status, error["field"]) == (409, "events.1.call_id"), error
+    assert client.call("get_session", session_id="s-1")[1]["version"] == version
+    body = {"expected_version": version, "events": [{**answer, "input": {"approved": True}}]}
     assert client.call("commit", session_id="s-1", body=body)[0] == 200
+    yielded = {"type": "invocation_yield", "invocation_id": "inv-r", "pending": [{"call_id": "c-r", "name": "x"}]}
+    answered = {**answer, "call_id": "c-r", "name": "x", "input": {"ok": 1}}  # a call this commit yields itself
+    assert (
+        client.call("commit", session_id="s-1", body={"expected_version": version + 1, "events": [yielded, answered]})[
+            0
+        ]
+        == 200
+    )
 
 
 # -- erasure ---------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from .errors import (
     UnknownEventId,
     UnknownScope,
 )
-from .events import Event, SessionForkedEvent, StateChangeEvent, ToolInputEvent, UserEvent
+from .events import Event, InvocationYieldEvent, SessionForkedEvent, StateChangeEvent, ToolInputEvent, UserEvent
 from .ids import check_id, new_id
 from .models.base import Message
 from .projection import Output, Projection, SessionStatus, StateSnapshot, YieldedTool
@@ -374,15 +374,25 @@ class Session:
             if isinstance(event, StateChangeEvent) and event.scope != "session" and event.scope_id is not None:
                 self.check_bound(event.scope, event.scope_id, f"events.{position}.scope_id")
 
-    def check_answers(self) -> None:
+    def check_answers(self, waiting: Iterable[str]) -> None:
         """Each uncommitted answer to a yielded call checked as ``input`` checks it (``ToolInputError``
         naming ``events.<n>.input...``): for events appended around ``input``, by a remote runner's commit.
+        ``waiting`` are the calls that waited before those events; an answer to any other call (or a
+        second answer) is ``UnknownCallId`` naming ``events.<n>.call_id``.
 
         Not part of every commit: a fork copies answers recorded under the tool's schema of their day.
         A tool this process does not define cannot be checked."""
+        open_calls = set(waiting)
         for position, event in enumerate(self.uncommitted_events):
+            if isinstance(event, InvocationYieldEvent):
+                open_calls |= {call.call_id for call in event.pending}
             if not isinstance(event, ToolInputEvent):
                 continue
+            if event.call_id not in open_calls:
+                unknown = UnknownCallId(event.call_id, sorted(open_calls), position)
+                unknown.field = f"events.{position}.call_id"
+                raise unknown
+            open_calls.discard(event.call_id)
             tool = self._runtime.tool_named(event.name)
             if tool is None or not tool.yields:
                 continue

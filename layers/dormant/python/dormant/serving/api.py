@@ -339,13 +339,9 @@ def build_resolver(
         value = resolver.current_event.get_query_string_value(name)
         if value is None:
             return None
-        try:
-            number = int(value)
-        except ValueError:
-            raise InputError(f"{name} is an integer, not {value!r}", field=name) from None
-        if number < 0:
-            raise InputError(f"{name} is >= 0, not {number}", field=name)
-        return number
+        if not (value.isascii() and value.isdigit()):  # int() takes "1_000", " 1", "-5" and other scripts' digits
+            raise InputError(f"{name} is a whole number written in digits 0-9, not {value!r}", field=name)
+        return int(value)
 
     def query_str(name: str) -> str:
         value = resolver.current_event.get_query_string_value(name)
@@ -402,8 +398,8 @@ def build_resolver(
     def ledger(session_id: str) -> dict[str, Any]:
         after = query_int("after") or 0
         limit = query_int("limit")
-        if limit == 0:
-            raise InputError("limit is >= 1", field="limit")
+        if limit == 0 or (limit is not None and limit > MAX_LIST_LIMIT):
+            raise InputError(f"limit is 1 to {MAX_LIST_LIMIT}, not {limit}", field="limit")
         limit = limit or 100
         session = app().sessions.require(session_id)
         page = session.events[after : after + limit]  # a page near the head reads no older ledger
@@ -511,6 +507,7 @@ def build_resolver(
         request = body(CommitBody)
         tenant_app = app()
         session = tenant_app.sessions.require(session_id)
+        waiting = list(session.projection.pending)  # the calls an answer in these events may answer
         for position, raw in enumerate(request.events):
             try:
                 session.append(parse_event(raw))
@@ -518,7 +515,7 @@ def build_resolver(
                 raise InputError(str(exc), field=f"events.{position}") from None
         session.check_writes()  # a session writes only the shared state it is bound to, as a run does
         try:
-            session.check_answers()  # and answers as strict as POST /tools takes them
+            session.check_answers(waiting)  # and answers as strict as POST /tools takes them
         except ToolInputError as exc:  # a 400, as from POST /tools
             raise InputError(str(exc), field=exc.field) from None
         changes = []
