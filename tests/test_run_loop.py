@@ -690,6 +690,17 @@ def test_a_yield_answer_is_recorded_in_its_schemas_json_form() -> None:
     assert executed == [("x", Approval(approved=True, note=None))]  # execute gets the typed answer
 
 
+def test_an_answer_with_a_key_besides_call_id_and_input_is_refused_and_writes_nothing() -> None:
+    """A misspelt "input" would answer the call with nothing: refused, as POST /tools refuses it."""
+    app, scripted, agent, executed = approval_app()
+    scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "x"}, "call_id": "c"}]}])
+    session = app.run(agent, "Book x.").session
+    before = len(session.events)
+    with pytest.raises(InputError, match="not 'inptu'") as caught:
+        app.run(agent, {"tools": [{"call_id": "c", "inptu": {"approved": True}}]}, session=session)
+    assert caught.value.field == "tools.0.inptu" and len(session.events) == before and executed == []
+
+
 def test_the_same_call_answered_twice_in_one_batch_says_so() -> None:
     app, scripted, agent, _ = approval_app()
     scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "x"}, "call_id": "c"}]}])

@@ -597,6 +597,11 @@ class SessionInput:
         for position, answer in enumerate(answers):
             if not isinstance(answer, Mapping) or "call_id" not in answer:
                 raise InputError("each tool answer is {'call_id': ..., 'input': ...}", field=f"tools.{position}")
+            unknown = sorted(str(key) for key in answer if key not in ("call_id", "input"))
+            if unknown:  # a misspelt "input" would otherwise answer None, as HTTP refuses it too
+                raise InputError(
+                    f"a tool answer holds call_id and input, not {unknown[0]!r}", field=f"tools.{position}.{unknown[0]}"
+                )
             call_id = answer["call_id"]
             if isinstance(call_id, str) and call_id in seen:
                 raise InputError(f"tool call {call_id!r} is answered twice in this batch", field=f"tools.{position}")
