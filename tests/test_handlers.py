@@ -27,6 +27,7 @@ from dormant.serving.workflow import (
     sweeper_handler,
     workflow_handler,
 )
+from dormant.session import Session
 from dormant.stores.sqlite import SQLiteSessionStore, sqlite_store
 from dormant.stores.url import store_from_url
 from tests.lambda_events import EVENTS, TENANT_A, TENANT_B, Client, LambdaContext, load_event
@@ -335,12 +336,18 @@ def test_run_yields_then_answers_resume_it_to_completion(client: Client) -> None
     assert status == 200 and len(ledger["events"]) == 3 and ledger["next"] == 3
 
 
-def test_a_run_on_a_session_held_by_another_run_is_a_409_and_runs_nothing(client: Client, served: Served) -> None:
-    create(client)
+def started_elsewhere(served: Served, invocation_id: str) -> Session:
+    """Session s-1 as another process leaves it once it has claimed a run (an invocation started)."""
     app = served.for_tenant(TENANT_A)
     session = app.sessions.require("s-1")
-    session.append(InvocationStartEvent(invocation_id="inv-elsewhere", agent_name="bookings"))
+    session.append(InvocationStartEvent(invocation_id=invocation_id, agent_name="bookings"))
     app.sessions.commit(session)
+    return session
+
+
+def test_a_run_on_a_session_held_by_another_run_is_a_409_and_runs_nothing(client: Client, served: Served) -> None:
+    create(client)
+    session = started_elsewhere(served, "inv-elsewhere")
     status, error = client.call("run", session_id="s-1")
     assert status == 409 and error["error"] == "ClaimLost", error
     assert client.call("get_session", session_id="s-1")[1]["version"] == session.version
@@ -348,10 +355,7 @@ def test_a_run_on_a_session_held_by_another_run_is_a_409_and_runs_nothing(client
 
 def test_a_run_left_running_by_a_dead_process_is_taken_over_only_when_asked(client: Client, served: Served) -> None:
     create(client)
-    app = served.for_tenant(TENANT_A)
-    session = app.sessions.require("s-1")
-    session.append(InvocationStartEvent(invocation_id="inv-died", agent_name="bookings"))
-    app.sessions.commit(session)
+    session = started_elsewhere(served, "inv-died")
     for bad in ("yes", 1, None):
         status, error = client.call("run", session_id="s-1", body={"message": "hi", "takeover": bad})
         assert (status, error["field"]) == (400, "takeover"), error

@@ -513,7 +513,6 @@ def build_resolver(
                 session.append(parse_event(raw))
             except InputError as exc:
                 raise InputError(str(exc), field=f"events.{position}") from None
-        session.check_writes()  # a session writes only the shared state it is bound to, as a run does
         try:
             session.check_answers(waiting)  # and answers as strict as POST /tools takes them
         except ToolInputError as exc:  # a 400, as from POST /tools
@@ -524,7 +523,8 @@ def build_resolver(
             changes.append(ScopedStateChange(change.scope, change.scope_id, change.key, change.value))
         if request.expected_version != session.version:  # a 409, as the store would answer (nothing written)
             raise VersionConflict(session_id, expected_version=request.expected_version, actual_version=session.version)
-        # Through the app's commit, as a run's: the retention check, and the snapshots that keep a load of a
+        # Through the app's commit, as a run's: the bound-scope and retention checks (before anything is
+        # written), and the snapshots that keep a load of a
         # session only remote runners write from growing with its ledger.
         result = tenant_app.sessions.commit(session, scoped_changes=changes)
         metrics.add_metric(name="commits", unit=MetricUnit.Count, value=1)
