@@ -343,6 +343,13 @@ def build_resolver(
             raise InputError(f"{name} is a whole number written in digits 0-9, not {value!r}", field=name)
         return int(value)
 
+    def query_limit(default: int) -> int:
+        """A page's ``limit``: 1 to ``MAX_LIST_LIMIT`` (a larger one is a 400, not a table read)."""
+        limit = query_int("limit")
+        if limit == 0 or (limit is not None and limit > MAX_LIST_LIMIT):
+            raise InputError(f"limit is 1 to {MAX_LIST_LIMIT}, not {limit}", field="limit")
+        return limit or default
+
     def query_str(name: str) -> str:
         value = resolver.current_event.get_query_string_value(name)
         if not value:
@@ -358,10 +365,7 @@ def build_resolver(
 
     @resolver.get("/sessions")
     def listing() -> dict[str, Any]:
-        limit = query_int("limit")
-        if limit == 0 or (limit is not None and limit > MAX_LIST_LIMIT):
-            raise InputError(f"limit is 1 to {MAX_LIST_LIMIT}, not {limit}", field="limit")
-        limit = limit or 50
+        limit = query_limit(50)
         status = resolver.current_event.get_query_string_value("status")
         if status is not None and status not in STATUSES:  # else a typo reads ten pages to list nothing
             raise InputError(f"status is one of {', '.join(STATUSES)}, not {status!r}", field="status")
@@ -397,10 +401,7 @@ def build_resolver(
     @resolver.get("/sessions/<session_id>/events")
     def ledger(session_id: str) -> dict[str, Any]:
         after = query_int("after") or 0
-        limit = query_int("limit")
-        if limit == 0 or (limit is not None and limit > MAX_LIST_LIMIT):
-            raise InputError(f"limit is 1 to {MAX_LIST_LIMIT}, not {limit}", field="limit")
-        limit = limit or 100
+        limit = query_limit(100)
         session = app().sessions.require(session_id)
         page = session.events[after : after + limit]  # a page near the head reads no older ledger
         following = after + len(page)
@@ -524,8 +525,7 @@ def build_resolver(
         if request.expected_version != session.version:  # a 409, as the store would answer (nothing written)
             raise VersionConflict(session_id, expected_version=request.expected_version, actual_version=session.version)
         # Through the app's commit, as a run's: the bound-scope and retention checks (before anything is
-        # written), and the snapshots that keep a load of a
-        # session only remote runners write from growing with its ledger.
+        # written), and the snapshots that keep a load of a session only remote runners write from growing.
         result = tenant_app.sessions.commit(session, scoped_changes=changes)
         metrics.add_metric(name="commits", unit=MetricUnit.Count, value=1)
         return _json(200, {"version": result.version, "appended": result.appended})
