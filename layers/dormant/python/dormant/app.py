@@ -29,7 +29,7 @@ from .stores.base import BaseSessionStore, CommitResult, ScopedStateChange, Sess
 from .stores.memory import in_memory_store
 
 if TYPE_CHECKING:
-    from .agents.loop import RunResult, RunStream
+    from .agents.loop import Checkpoint, RunResult, RunStream
 
 __all__ = ["App", "ErasureReport", "Sessions", "adk"]
 
@@ -216,12 +216,36 @@ class App:
         """
         return self.stream(agent, input, session=session).finish()
 
-    def stream(self, agent: Agent, input: Any = None, *, session: Session | None = None) -> RunStream:
-        """Like ``run``, yielding each event as it lands; the ``RunResult`` is on ``.result`` at the end."""
+    def stream(
+        self,
+        agent: Agent,
+        input: Any = None,
+        *,
+        session: Session | None = None,
+        invocation_id: str | None = None,
+        deadline: int | None = None,
+        checkpoint: Checkpoint | None = None,
+    ) -> RunStream:
+        """Like ``run``, yielding each event as it lands; the ``RunResult`` is on ``.result`` at the end.
+
+        For runners that commit as they go (``dormant.serving.turns``): ``invocation_id`` names a new
+        invocation, ``deadline`` (ms since the epoch) is recorded on its start or resume event, and
+        ``checkpoint`` is called before each model call and tool execution (``False`` ends the run there,
+        status ``handed_on``)."""
         # Imported on the first run: a process that only reads or commits sessions never loads the loop.
         from .agents.loop import start_run
 
-        return start_run(self, agent, input, session, adapter_for=self.adapter_for, ephemeral=self.sessions.ephemeral)
+        return start_run(
+            self,
+            agent,
+            input,
+            session,
+            adapter_for=self.adapter_for,
+            ephemeral=self.sessions.ephemeral,
+            invocation_id=invocation_id,
+            deadline=deadline,
+            checkpoint=checkpoint,
+        )
 
     def erase(self, *, scope: str, scope_id: str) -> ErasureReport:
         """Remove one person's (or org's...) data: the shared ``scope`` state stored under ``scope_id``,

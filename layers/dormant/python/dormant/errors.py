@@ -101,6 +101,7 @@ __all__ = [
     "StateValidationError",
     "StoreBusy",
     "StoreClosed",
+    "TurnNotClaimed",
     "StoreError",
     "StoreUnavailable",
     "TempOutsideInvocation",
@@ -528,6 +529,14 @@ class StoreClosed(StoreError):
     """The store was used after ``close()``."""
 
 
+class TurnNotClaimed(DormantError):
+    """A workflow was started for an invocation that is not on the ledger (yet): its claim has not landed.
+
+    The API starts a turn's execution just before it commits the claim, so the execution may look first.
+    The state machine retries this for about a minute; past that the claim never landed and the execution
+    ends with nothing to do."""
+
+
 HTTP_STATUS: dict[type[DormantError], int] = {
     DormantError: 500,
     ConfigurationError: 500,
@@ -577,6 +586,7 @@ HTTP_STATUS: dict[type[DormantError], int] = {
     StoreUnavailable: 503,
     CommitIncomplete: 503,
     StoreClosed: 500,
+    TurnNotClaimed: 503,
 }
 """The HTTP status a handler answers with for each error class (the tree above shows them)."""
 
