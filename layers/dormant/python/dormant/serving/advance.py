@@ -4,9 +4,10 @@
 the input (a user message, answers to yielded calls) and runs the agent as a stream. When the run
 opens its invocation (``invocation_start`` or ``invocation_resume``) the input and that event are on
 the ledger and no tool has run yet (tools run only after it, in the run loop). That moment it commits
-them under optimistic concurrency: the *claim*. Of two callers racing on one session only the one
-whose claim lands runs tools; the other gets ``ClaimLost`` (HTTP 409), having run and written
-nothing. The winner runs on and commits the rest through ``serving.commit``.
+them under optimistic concurrency, a strict ``app.sessions.write`` (``on_conflict="fail"``): the *claim*.
+Of two callers racing on one session only the one whose claim lands runs tools; the other gets
+``ClaimLost`` (HTTP 409), having run and written nothing. The winner runs on and commits the rest
+through ``serving.commit`` (the same write, merging).
 
 A run that opens no invocation (``state`` set while every call still waits) is claimed by the same strict
 commit at its end: nothing ran, so a loser again has nothing to undo.
@@ -25,6 +26,7 @@ from ..errors import ClaimLost, VersionConflict
 from ..events import InvocationResumeEvent, InvocationStartEvent
 from ..projection import Output, YieldedTool
 from ..session import Session
+from ..writes import WriteResult
 from .commit import CommitStatus, commit
 
 if TYPE_CHECKING:
@@ -85,8 +87,8 @@ def advance(
         outcome = commit(app, session)
         commit_status, version, fork_id = outcome.status, outcome.version, outcome.fork_id
     else:
-        commit_status = "committed" if session.uncommitted_events or session.version == 0 else "skipped"
-        version, fork_id = _claim(app, session), None
+        claim = _claim(app, session)  # strict: only committed or skipped come back
+        commit_status, version, fork_id = ("skipped" if claim.status == "skipped" else "committed"), claim.version, None
     return AdvanceOutcome(
         status=result.status,
         session_id=session.id,
@@ -100,11 +102,12 @@ def advance(
     )
 
 
-def _claim(app: App, session: Session) -> int:
-    """Commit what the session holds now, or raise ``ClaimLost``: another writer got there first."""
+def _claim(app: App, session: Session) -> WriteResult[None]:
+    """Commit what the session holds now (a strict write: no retry, no merge), or raise ``ClaimLost``:
+    another writer got there first."""
     expected = session.version
     try:
-        return app.sessions.commit(session).version
+        return app.sessions.write(session=session, change=_as_run, on_conflict="fail")
     except VersionConflict as conflict:
         raise ClaimLost(
             session.id,
@@ -112,3 +115,7 @@ def _claim(app: App, session: Session) -> int:
             actual_version=conflict.actual_version,
             reason=f"another writer moved it from version {expected} to {conflict.actual_version} first",
         ) from None
+
+
+def _as_run(session: Session) -> None:
+    """The claim's change is what the run appended already (its input and the invocation's start)."""
