@@ -365,6 +365,9 @@ def test_bad_arguments_are_input_errors_naming_them(world: World) -> None:
     with pytest.raises(InputError) as missing:
         app.sessions.write("s-1")
     assert missing.value.field == "change"
+    with pytest.raises(InputError, match="write takes a Session") as not_a_session:
+        app.sessions.write(change=say("x"), session="s-1")  # type: ignore[arg-type]
+    assert not_a_session.value.field == "session"
     with pytest.raises(InputError) as other_session:
         app.sessions.write("s-2", say("x"), session=app.sessions.require("s-1"))
     assert other_session.value.field == "session"

@@ -431,7 +431,7 @@ class Sessions:
         was written.
         """
         if session is not None:
-            self._check(session)
+            self._check(session, "write")
         return write(
             self,
             session_id,
@@ -454,10 +454,10 @@ class Sessions:
             raise InputError("snapshot takes a session with everything committed", field="session")
         return save_snapshot(self._app, session)
 
-    def _check(self, session: Session) -> None:
+    def _check(self, session: Session, verb: str = "commit") -> None:
         if not isinstance(session, Session):
             raise InputError(
-                f"commit takes a Session (from app.sessions), not {type(session).__name__}", field="session"
+                f"{verb} takes a Session (from app.sessions), not {type(session).__name__}", field="session"
             )
         if session.runtime is not self._app:
             raise InputError("that session belongs to another app", field="session")

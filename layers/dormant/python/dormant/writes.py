@@ -29,10 +29,11 @@ Then the merged ledger folds to L's state plus R's writes, and every ``old_value
 the value it replaced. Reads are not tracked: this is snapshot isolation, not serializability — a run
 that decided from a key only it read, which another writer then changed, still merges.
 
-A forked run's shared-scope writes are not applied (its fork is parked for someone to review); the
-session object it came from is left as it was. The fork says what it is, on its row (``forked_from``,
-``fork_reason``: the conflicts) and in its ledger (a final ``session_forked`` event naming the session,
-the last event both share as stored, and the reason).
+Shared-scope writes a caller names (``scoped_changes=``) are not part of the rules: they are written
+as given, the last writer's value winning. A forked run's shared-scope writes are not applied (its fork
+is parked for someone to review); the session object it came from is left as it was. The fork says what
+it is, on its row (``forked_from``, ``fork_reason``: the conflicts) and in its ledger (a final
+``session_forked`` event naming the session, the last event both share as stored, and the reason).
 """
 
 from __future__ import annotations
