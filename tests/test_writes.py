@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from dormant import adk, in_memory_store
+from dormant import adk, in_memory_store, openai
 from dormant.app import App
 from dormant.clock import frozen_clock
 from dormant.errors import (
@@ -32,10 +32,11 @@ from dormant.errors import (
     VersionConflict,
     http_status,
 )
-from dormant.events import SessionForkedEvent, UserEvent
+from dormant.events import InvocationEndEvent, SessionForkedEvent, ToolInputEvent, UserEvent
 from dormant.session import Session
 from dormant.stores.base import ScopedStateChange
 from dormant.stores.sqlite import sqlite_store
+from dormant.testing import MockAdapter
 
 
 class Notes(BaseModel):
@@ -43,6 +44,10 @@ class Notes(BaseModel):
     b: int = 0
     shared: str = ""
     open: bool = True
+
+
+class Approval(BaseModel):
+    approved: bool
 
 
 class Closed(InputError):
@@ -60,7 +65,9 @@ class World:
     def handle(self, **options: Any) -> App:
         store = self.make_store()
         self.stores.append(store)
-        return adk(name=self.name, schema={"session": Notes}, store=store, **options)
+        app = adk(name=self.name, schema={"session": Notes}, store=store, adapters={"openai": MockAdapter()}, **options)
+        app.tool(name="approve", description="", execute=None, yield_schema=Approval)
+        return app
 
 
 def store_maker(kind: str, request: pytest.FixtureRequest, directory: Path) -> Callable[[], Any]:
@@ -372,6 +379,109 @@ def test_bad_arguments_are_input_errors_naming_them(world: World) -> None:
         app.sessions.write("s-2", say("x"), session=app.sessions.require("s-1"))
     assert other_session.value.field == "session"
     assert app.sessions.require("s-1").version == 1
+
+
+# -- the integrator's callers: answers, park's token, ending a wait ------------------------------------------
+
+
+def waiting_session(app: App) -> str:
+    """A stored session whose invocation waits on the yielded call ``ask``."""
+    model = app.adapters["openai"]
+    assert isinstance(model, MockAdapter)
+    agent = app.agent(name="agent", model=openai("m"), tools=[app.tool_named("approve")])  # type: ignore[list-item]
+    model.set_responses([{"tool_calls": [{"name": "approve", "args": {}, "call_id": "ask"}]}])
+    session = app.sessions.create("s-1")
+    assert app.run(agent, "may I?", session=session).status == "yielded_tool"
+    app.sessions.commit(session)
+    return session.id
+
+
+def answered(session: Session) -> list[bool]:
+    return [e.input["approved"] for e in session.events if isinstance(e, ToolInputEvent)]
+
+
+def test_a_second_answer_to_one_call_is_refused_after_the_reload(world: World) -> None:
+    """POST /tools: answers retry past a version moved by anything, but not past the same call answered."""
+    mine, other = world.handle(), world.handle()
+    sid = waiting_session(mine)
+    runs: list[Session] = []
+
+    def answer(session: Session) -> None:
+        runs.append(session)
+        if len(runs) == 1:
+            theirs = other.sessions.require(sid)
+            theirs.input.tool("ask", {"approved": False})
+            other.sessions.commit(theirs)
+        session.input.tool("ask", {"approved": True})
+
+    with pytest.raises(UnknownCallId) as caught:
+        mine.sessions.write(sid, answer, on_conflict="retry")
+    assert caught.value.call_id == "ask" and len(runs) == 2
+    stored = other.sessions.require(sid)
+    assert (answered(stored), stored.status) == ([False], "resumable")
+
+
+def token(value: str) -> Callable[[Session], list[ScopedStateChange]]:
+    """Park's write: the task token, only while the session still waits for answers."""
+
+    def changes(session: Session) -> list[ScopedStateChange]:
+        if session.status != "awaiting_input":
+            return []
+        return [ScopedStateChange("workflow", session.id, "task_token", value)]
+
+    return changes
+
+
+def test_park_stores_its_token_unless_answers_landed_first(world: World) -> None:
+    """The park-vs-answer race: answers that land between park's load and its commit move the version; the
+    retry sees them, stores no token (``skipped``) and tells park so (``value``), which wakes itself."""
+    mine, other = world.handle(), world.handle()
+    sid = waiting_session(mine)
+    parked = mine.sessions.write(sid, lambda s: s.status, on_conflict="retry", scoped_changes=token("t-1"))
+    assert (parked.status, parked.value, parked.appended) == ("committed", "awaiting_input", 0)
+    assert other.store.load_scoped_state(other.name, "workflow", sid) == {"task_token": "t-1"}
+
+    runs: list[Session] = []
+
+    def status(session: Session) -> str:
+        runs.append(session)
+        if len(runs) == 1:  # the answer lands while the second wait parks
+            theirs = other.sessions.require(sid)
+            theirs.input.tool("ask", {"approved": True})
+            other.sessions.commit(theirs)
+        return session.status
+
+    late = mine.sessions.write(sid, status, on_conflict="retry", scoped_changes=token("t-2"))
+    assert (late.status, late.value, late.attempts, late.version) == ("skipped", "resumable", 2, parked.version + 1)
+    assert other.store.load_scoped_state(other.name, "workflow", sid) == {"task_token": "t-1"}
+
+
+def test_ending_a_wait_is_refused_once_answers_landed(world: World) -> None:
+    """Expire ends a wait only while the session still waits on that invocation: answers that land as the
+    wait times out are honoured (the precondition, checked again after the reload, refuses the end)."""
+    mine, other = world.handle(), world.handle()
+    sid = waiting_session(mine)
+    invocation = mine.sessions.require(sid).projection.open_invocation
+    assert invocation is not None
+
+    def still_waiting(session: Session) -> None:
+        if session.status != "awaiting_input" or session.projection.open_invocation != invocation:
+            raise Closed(f"session {session.id!r} no longer waits on {invocation}", field="invocation_id")
+
+    runs: list[Session] = []
+
+    def end(session: Session) -> None:
+        runs.append(session)
+        if len(runs) == 1:
+            theirs = other.sessions.require(sid)
+            theirs.input.tool("ask", {"approved": True})
+            other.sessions.commit(theirs)
+        session.append(InvocationEndEvent(invocation_id=invocation, status="error", error="timed out"))
+
+    with pytest.raises(Closed):
+        mine.sessions.write(sid, end, on_conflict="retry", precondition=still_waiting)
+    stored = other.sessions.require(sid)
+    assert (stored.status, answered(stored), len(runs)) == ("resumable", [True], 1)
 
 
 # -- N interleaved writers ------------------------------------------------------------------------------
