@@ -56,7 +56,6 @@ from ..errors import (
     NotAuthenticated,
     RequestInProgress,
     RequestTooLarge,
-    StoreBusy,
     ToolInputError,
     UnknownCallId,
     VersionConflict,
@@ -529,26 +528,21 @@ def build_resolver(
         tenant_app = app()
         answers = [a.model_dump() for a in request.answers]
 
+        def store(session: Session) -> None:
+            try:
+                session.input.tools(answers, principal=tenant())  # the audit says who answered
+            except UnknownCallId as exc:
+                exc.field = f"answers.{exc.position}.call_id"  # named in this body
+                if _answered(session, exc.call_id):  # another caller's answer landed first: a 409
+                    raise
+                raise InputError(str(exc), field=exc.field) from None  # a wrong answer: a 400
+            except ToolInputError as exc:  # a 400 naming the value in this body: answers.N.input.key
+                field = f"answers.{exc.position}.input" + (f".{exc.path}" if exc.path else "")
+                raise InputError(str(exc), field=field) from None
+
         def work() -> dict[str, Any]:
-            for _ in range(_ATTEMPTS):  # a version moved by park storing its token is no reason to fail
-                session = tenant_app.sessions.require(session_id)
-                try:
-                    session.input.tools(answers, principal=tenant())  # the audit says who answered
-                except UnknownCallId as exc:
-                    exc.field = f"answers.{exc.position}.call_id"  # named in this body
-                    if _answered(session, exc.call_id):  # another caller's answer landed first: a 409
-                        raise
-                    raise InputError(str(exc), field=exc.field) from None  # a wrong answer: a 400
-                except ToolInputError as exc:  # a 400 naming the value in this body: answers.N.input.key
-                    field = f"answers.{exc.position}.input" + (f".{exc.path}" if exc.path else "")
-                    raise InputError(str(exc), field=field) from None
-                try:
-                    tenant_app.sessions.commit(session)  # the answers on the ledger first, then the wake-up
-                    break
-                except VersionConflict:
-                    continue
-            else:
-                raise StoreBusy(f"session {session_id!r} kept moving while the answers were stored; try again")
+            # A version moved by park storing its token is no reason to fail: the answers go on a fresh load.
+            session = tenant_app.sessions.write(session_id, store, on_conflict="retry", attempts=_ATTEMPTS).session
             metrics.add_metric(name="answers", unit=MetricUnit.Count, value=len(answers))
             woke = hooks.on_answers(tenant(), tenant_app, session) if hooks.on_answers is not None else None
             answered = {"version": session.version, "status": session.status, **(woke or {})}
@@ -581,9 +575,11 @@ def build_resolver(
             changes.append(ScopedStateChange(change.scope, change.scope_id, change.key, change.value))
         if request.expected_version != session.version:  # a 409, as the store would answer (nothing written)
             raise VersionConflict(session_id, expected_version=request.expected_version, actual_version=session.version)
-        # Through the app's commit, as a run's: the bound-scope and retention checks (before anything is
+        # Through the write path, as a run's: the bound-scope and retention checks (before anything is
         # written), and the snapshots that keep a load of a session only remote runners write from growing.
-        result = tenant_app.sessions.commit(session, scoped_changes=changes)
+        result = tenant_app.sessions.write(
+            session=session, change=lambda _: None, on_conflict="fail", scoped_changes=lambda _: changes
+        )
         metrics.add_metric(name="commits", unit=MetricUnit.Count, value=1)
         return _json(200, {"version": result.version, "appended": result.appended})
 

@@ -76,7 +76,7 @@ class _Checkpoint:
     def __call__(self) -> bool:
         if self.session.uncommitted_events:
             try:
-                self.app.sessions.commit(self.session)
+                self.app.sessions.write(session=self.session, change=_as_run, on_conflict="fail")
             except VersionConflict as conflict:
                 self.lost = conflict
                 return False
@@ -229,10 +229,11 @@ def _finish(
 
 
 def _claim(app: App, session: Session) -> int:
-    """Commit what the session holds now, or raise ``ClaimLost``: another writer got there first."""
+    """Commit what the session holds now (a strict write: no retry, no merge), or raise ``ClaimLost``:
+    another writer got there first."""
     expected = session.version
     try:
-        return app.sessions.commit(session).version
+        return app.sessions.write(session=session, change=_as_run, on_conflict="fail").version
     except VersionConflict as conflict:
         raise ClaimLost(
             session.id,
@@ -240,6 +241,10 @@ def _claim(app: App, session: Session) -> int:
             actual_version=conflict.actual_version,
             reason=f"another writer moved it from version {expected} to {conflict.actual_version} first",
         ) from None
+
+
+def _as_run(session: Session) -> None:
+    """A claim's or a step's change is what the run appended already (its input, its steps)."""
 
 
 def check_wait(value: str | None, field: str) -> int:

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..app import App
 from ..clock import now_ms
-from ..errors import ClaimLost, DormantError, InputError, StoreBusy, TurnNotClaimed, VersionConflict
+from ..errors import ClaimLost, DormantError, InputError, TurnNotClaimed
 from ..events import InvocationEndEvent
 from ..session import Session
 from ..stores.base import ScopedStateChange
@@ -69,21 +69,20 @@ def end_invocation(
 ) -> dict[str, Any]:
     """End invocation ``invocation_id`` as an ``error`` with the reason, if it is still open (and, with
     ``only_waiting``, still waiting on answers); report the session's status either way."""
-    for _ in range(_ATTEMPTS):
-        session = app.sessions.require(session_id)
+
+    def end(session: Session) -> None:
         if session.projection.open_invocation != invocation_id:
-            return {"status": session.status}
+            return  # ended already, or another invocation's: nothing to end
         if only_waiting and session.status != "awaiting_input":
-            return {"status": session.status}
+            return  # answered as the wait timed out: honoured, the state machine runs it on
         session.append(
             InvocationEndEvent(invocation_id=invocation_id, status="error", error=error, error_type=error_type)
         )
-        try:
-            app.sessions.commit(session)
-        except VersionConflict:
-            continue
-        return {"status": session.status, "version": session.version}
-    raise StoreBusy(f"session {session_id!r} kept moving while its invocation was being ended")
+
+    written = app.sessions.write(session_id, end, on_conflict="retry", attempts=_ATTEMPTS)
+    if written.status == "skipped":
+        return {"status": written.session.status}
+    return {"status": written.session.status, "version": written.version}
 
 
 def run_action(served: Served, app: App, session_id: str, invocation_id: str, deadline: int | None) -> dict[str, Any]:
@@ -155,17 +154,21 @@ class StepFunctions:
         return True
 
     def park(self, app: App, session_id: str, invocation_id: str, token: str) -> dict[str, Any]:
-        """Store ``token`` with the session, gated on its version; if answers arrived first, wake at once."""
-        for _ in range(_ATTEMPTS):
-            session = app.sessions.require(session_id)
-            if session.status != "awaiting_input" or session.projection.open_invocation != invocation_id:
-                return {"woke": self.wake(token), "status": session.status}
-            stored = app.store.commit(
-                session.stored(), [], session.version, [ScopedStateChange(TOKEN_SCOPE, session_id, "task_token", token)]
-            )
-            if stored.ok:
-                return {"woke": False, "status": session.status}
-        raise StoreBusy(f"session {session_id!r} kept moving while its task token was being stored")
+        """Store ``token`` with the session while it waits on ``invocation_id``; if answers arrived first (or
+        the wait is over), send the token back at once, so the execution goes on."""
+
+        def waiting(session: Session) -> bool:
+            return session.status == "awaiting_input" and session.projection.open_invocation == invocation_id
+
+        def token_while_waiting(session: Session) -> list[ScopedStateChange]:
+            return [ScopedStateChange(TOKEN_SCOPE, session_id, "task_token", token)] if waiting(session) else []
+
+        written = app.sessions.write(
+            session_id, waiting, on_conflict="retry", scoped_changes=token_while_waiting, attempts=_ATTEMPTS
+        )
+        if written.value:
+            return {"woke": False, "status": written.session.status}
+        return {"woke": self.wake(token), "status": written.session.status}
 
 
 def step_functions_hooks(machine: StepFunctions) -> Hooks:
