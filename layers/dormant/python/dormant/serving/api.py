@@ -69,7 +69,7 @@ from ..stores.base import ScopedStateChange, SessionListing
 from .hooks import Hooks, Started
 from .routes import ROUTES
 from .runtime import Served, served_from_env
-from .turns import CLAIM_GRACE_MS, AdvanceOutcome, check_wait, claim_turn, run_claimed
+from .turns import CLAIM_GRACE_MS, AdvanceOutcome, check_wait, claim_turn, run_to_end
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -506,7 +506,7 @@ def build_resolver(
             )
             metrics.add_metric(name="turns", unit=MetricUnit.Count, value=1)
             if claim.invocation_id is None or (hooks.run is None and hooks.before_claim is None):
-                outcome: AdvanceOutcome | None = run_claimed(tenant_app, claim)  # this request runs it
+                outcome: AdvanceOutcome | None = run_to_end(tenant_app, claim, served.agent)  # this request runs it
             else:
                 started = hooks.run(tenant(), tenant_app, claim) if hooks.run is not None else None
                 outcome = _await(tenant_app, session_id, claim.version, started, wait)

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLAIM_GRACE_MS",
+    "RUNNER_TURN_MS",
     "MAX_WAIT_S",
     "STEP_RESERVE_MS",
     "AdvanceOutcome",
@@ -46,8 +47,12 @@ __all__ = [
     "claim_turn",
     "resume_turn",
     "run_claimed",
+    "run_to_end",
 ]
 
+RUNNER_TURN_MS = 2 * 60_000
+"""How long a runner in a long-lived process (``advance``, ``dormant serve``) holds a turn before it hands on to
+itself: the deadline it records, so a runner that died is found within minutes."""
 CLAIM_GRACE_MS = 5 * 60_000
 """The deadline a claim records: its runner must have taken the turn on by then (else the sweeper does)."""
 MAX_WAIT_S = 25
@@ -172,6 +177,21 @@ def run_claimed(app: App, claim: Claim, *, deadline: int | None = None) -> Advan
     outcome = _finish(app, claim.session, stream, checkpoint, claimed=claimed)
     if not claimed and claim.wrote:
         return replace(outcome, commit_status="committed", version=claim.version)
+    return outcome
+
+
+def run_to_end(
+    app: App, claim: Claim, agent_for: Callable[[str | None], Agent], *, turn_ms: int = RUNNER_TURN_MS
+) -> AdvanceOutcome:
+    """Run a claim here to its end, as a runner with ``turn_ms`` at a time: each time its deadline nears it
+    hands on to itself (a resume, recorded with a new deadline), so a sweeper can tell a live runner from one
+    that died, whatever the turn's length."""
+    outcome = run_claimed(app, claim, deadline=now_ms() + turn_ms)
+    while outcome.status == "handed_on" and claim.invocation_id is not None:
+        resumed = resume_turn(app, agent_for, claim.session.id, claim.invocation_id, deadline=now_ms() + turn_ms)
+        if not isinstance(resumed, AdvanceOutcome):
+            break
+        outcome = resumed
     return outcome
 
 

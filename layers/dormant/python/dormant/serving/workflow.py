@@ -36,10 +36,9 @@ from ..session import Session
 from ..stores.base import ScopedStateChange
 from .hooks import Hooks, Started
 from .runtime import Served, purge_tenants, served_from_env, tenant_views
-from .turns import AdvanceOutcome, Claim, claim_turn, resume_turn, run_claimed
+from .turns import RUNNER_TURN_MS, AdvanceOutcome, Claim, claim_turn, resume_turn, run_to_end
 
 __all__ = [
-    "LOCAL_TURN_MS",
     "TOKEN_SCOPE",
     "StepFunctions",
     "end_invocation",
@@ -52,8 +51,6 @@ __all__ = [
 ]
 
 TOKEN_SCOPE = "workflow"
-LOCAL_TURN_MS = 15 * 60_000
-"""How long a local runner holds a turn before it hands on to itself (as a Lambda invocation would)."""
 _ATTEMPTS = 5
 _GONE = {"InvalidToken", "TaskDoesNotExist", "TaskTimedOut"}
 
@@ -211,36 +208,23 @@ def join_local_turns(timeout: float | None = None) -> None:
         thread.join(timeout)
 
 
-def _run_locally(served: Served, app: App, claim: Claim) -> AdvanceOutcome:
-    """Run a claim here to its end, handing on to itself each time its local deadline passes."""
-    outcome = run_claimed(app, claim, deadline=now_ms() + LOCAL_TURN_MS)
-    while outcome.status == "handed_on" and claim.invocation_id is not None:
-        resumed = resume_turn(
-            app, served.agent, claim.session.id, claim.invocation_id, deadline=now_ms() + LOCAL_TURN_MS
-        )
-        if not isinstance(resumed, AdvanceOutcome):
-            break
-        outcome = resumed
-    return outcome
-
-
 def in_process_hooks(served: Served) -> Hooks:
     """Locally, where there is no Step Functions: a thread of this process runs each claimed turn, and
     answers that leave nothing to wait for start the resumed turn the same way."""
 
     def run(tenant: str, app: App, claim: Claim) -> Started:
-        return _Thread(lambda: _run_locally(served, app, claim))
+        return _Thread(lambda: run_to_end(app, claim, served.agent))
 
     def on_answers(tenant: str, app: App, session: Session) -> dict[str, Any]:
         if session.status != "resumable":
             return {}
         try:
             claim = claim_turn(
-                app, served.agent(session.current_agent_name), session.id, deadline=now_ms() + LOCAL_TURN_MS
+                app, served.agent(session.current_agent_name), session.id, deadline=now_ms() + RUNNER_TURN_MS
             )
         except ClaimLost:  # another request resumed it first
             return {}
-        _Thread(lambda: _run_locally(served, app, claim))
+        _Thread(lambda: run_to_end(app, claim, served.agent))
         return {"status": claim.session.status, "version": claim.version}
 
     return Hooks(run=run, on_answers=on_answers)
@@ -309,7 +293,7 @@ def sweep_turns(served: Served, app: App, *, grace_ms: int = 60_000) -> list[str
             done.append(f"{session.id}@{invocation}: ended")
             continue
         try:
-            outcome = resume_turn(app, served.agent, session.id, invocation, deadline=now_ms() + LOCAL_TURN_MS)
+            outcome = resume_turn(app, served.agent, session.id, invocation, deadline=now_ms() + RUNNER_TURN_MS)
         except ClaimLost:
             continue
         done.append(f"{session.id}@{invocation}: handed on ({outcome.status})")
