@@ -143,6 +143,15 @@ class Deployment:
         client.create_table(**self.template.table())
         client.get_waiter("table_exists").wait(TableName=self.table_name)
 
+    def update(self, parameters: dict[str, Any]) -> None:
+        """A stack update with new parameter values: the state machine's definition is re-resolved (new
+        executions use it, as on AWS). Parameters that reach a function's environment are refused here."""
+        self.template.names.parameters.update(parameters)
+        if any(f.environment != self.template.functions()[n].environment for n, f in self.functions.items()):
+            raise ValueError(f"{sorted(parameters)} change a function's environment: start a new Deployment")
+        self.machine_arn, self.definition = self.template.state_machine()
+        self.sfn.create_state_machine(self.machine_arn, self.definition)
+
     def close(self) -> None:
         self.sfn.close()
         self.lambdas.close()
