@@ -303,6 +303,109 @@ def test_an_execution_ends_at_its_time_limit() -> None:
     assert ended.status == "TIMED_OUT"
 
 
+# -- the Lambda sandboxes ---------------------------------------------------------------------------------------
+
+_HANDLER = """
+import json, os, sys, time
+
+def handler(event, context):
+    kind = event["kind"]
+    if kind == "env":
+        return {"env": dict(os.environ), "path": sys.path, "remaining": context.get_remaining_time_in_millis()}
+    if kind == "sleep":
+        time.sleep(event["seconds"])
+        return {"slept": True}
+    if kind == "big":
+        return "x" * (6 * 1024 * 1024 + 1)
+    if kind == "raise":
+        raise LookupError("no such thing")
+    if kind == "aws":
+        import botocore.session
+        client = botocore.session.get_session().create_client("dynamodb")
+        try:
+            client.get_item(TableName=event["table"], Key={"pk": {"S": "x"}})
+        except client.exceptions.ClientError as exc:
+            return {"error": exc.response["Error"]["Code"], "message": exc.response["Error"]["Message"]}
+        return {"error": None}
+"""
+
+
+@pytest.fixture
+def sandboxes(tmp_path: Path) -> Iterator[Any]:
+    from tests.fidelity.lambda_ import LambdaService
+    from tests.fidelity.template import Function
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "app.py").write_text(_HANDLER)
+    layer = tmp_path / "layer"
+    layer.mkdir()
+    function = Function(
+        name="probe",
+        logical_id="Probe",
+        function_name="Dormant-Probe",
+        arn="arn:aws:lambda:eu-west-1:123456789012:function:Dormant-Probe",
+        handler="app.handler",
+        timeout=2,
+        memory=256,
+        environment={"ONLY_THIS": "1"},
+        code_dir=code,
+        layers=["Layer"],
+        role="ProbeRole",
+        statements=[_allow(["dynamodb:GetItem"], ["arn:aws:dynamodb:eu-west-1:123456789012:table/allowed"])],
+    )
+    # an endpoint nothing listens on: an allowed call fails to connect, a denied one never leaves
+    service = LambdaService(
+        {"probe": function}, {"Layer": layer}, {"AWS_ENDPOINT_URL_DYNAMODB": "http://127.0.0.1:9"}, tmp_path
+    )
+    try:
+        yield service
+    finally:
+        service.close()
+
+
+def test_a_sandbox_sees_only_its_environment_and_lambdas_path(sandboxes: Any, tmp_path: Path) -> None:
+    seen = sandboxes.invoke("probe", {"kind": "env"})
+    assert seen.ok, seen.error()
+    env = seen.payload["env"]
+    assert env["ONLY_THIS"] == "1" and env["AWS_LAMBDA_FUNCTION_NAME"] == "Dormant-Probe" and env["TZ"] == ":UTC"
+    assert "PYTHONPATH" not in env and "HOME" not in env and "PYTEST_CURRENT_TEST" not in env
+    assert seen.payload["path"][:2] == [str(tmp_path / "code"), str(tmp_path / "layer")]
+    assert 0 < seen.payload["remaining"] <= 2000
+
+
+def test_a_sandbox_enforces_the_role_timeouts_crashes_and_the_response_limit(sandboxes: Any) -> None:
+    denied = sandboxes.invoke("probe", {"kind": "aws", "table": "other"})
+    assert denied.ok and denied.payload["error"] == "AccessDeniedException", denied.payload
+    assert "dynamodb:GetItem" in denied.payload["message"]
+    allowed = sandboxes.invoke("probe", {"kind": "aws", "table": "allowed"})
+    assert allowed.error_type == "EndpointConnectionError"  # allowed: it went to the (absent) endpoint
+    assert [(c.action, c.allowed) for c in sandboxes.calls] == [("dynamodb:GetItem", False), ("dynamodb:GetItem", True)]
+
+    raised = sandboxes.invoke("probe", {"kind": "raise"})
+    assert (raised.ok, raised.error_type) == (False, "LookupError")
+    too_big = sandboxes.invoke("probe", {"kind": "big"})
+    assert (too_big.ok, too_big.error_type) == (False, "Function.ResponseSizeTooLarge")
+    timed_out = sandboxes.invoke("probe", {"kind": "sleep", "seconds": 5})
+    assert (timed_out.ok, timed_out.error_type) == (False, "Sandbox.Timedout")
+    assert sandboxes.invoke("probe", {"kind": "sleep", "seconds": 0}).ok  # a fresh sandbox after the timeout
+
+    import threading
+
+    killed: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: killed.append(sandboxes.invoke("probe", {"kind": "sleep", "seconds": 1.5}))
+    )
+    worker.start()
+    deadline = time.monotonic() + 5
+    while not sandboxes.busy("probe") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert sandboxes.kill("probe") == 1
+    worker.join()
+    assert (killed[0].ok, killed[0].error_type) == (False, "Runtime.ExitError")
+
+
 # -- the deployment --------------------------------------------------------------------------------------------
 
 TENANT = "tenant-a"

@@ -177,9 +177,7 @@ class LambdaService:
         return sandbox
 
     def _discard(self, name: str, sandbox: _Sandbox) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            sandbox.process.kill()
-        sandbox.process.wait()
+        _end(sandbox)
         with self._lock, contextlib.suppress(ValueError):
             self._busy[name].remove(sandbox)
 
@@ -259,9 +257,16 @@ class LambdaService:
         with self._lock:
             sandboxes = [s for group in (*self._idle.values(), *self._busy.values()) for s in group]
         for sandbox in sandboxes:
-            with contextlib.suppress(ProcessLookupError):
-                sandbox.process.kill()
-            sandbox.process.wait()
+            _end(sandbox)
+
+
+def _end(sandbox: _Sandbox) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        sandbox.process.kill()
+    sandbox.process.wait()
+    if sandbox.process.stdin is not None:
+        with contextlib.suppress(OSError):
+            sandbox.process.stdin.close()
 
 
 def scratch() -> Path:

@@ -1,6 +1,6 @@
 """The agent app the fidelity harness deploys (``-c app=fidelity_app:build``, its package as ``app_packages``).
 
-A sign-off agent whose scripted model reads its orders from the first user message, so one warm
+A sign-off agent whose scripted model reads its orders from the user's messages, so one warm
 function serves many sessions, each with its own script: ``signoffs=N`` (yielding tool calls before the
 final answer, default 1), ``sleep=S`` (seconds each model call takes), ``fail=model`` (the model raises a
 non-retryable error on its call after the first sign-off), ``steps=K`` (plain tool steps first: events
@@ -31,13 +31,19 @@ class SignOff(BaseModel):
     approved: bool
 
 
+class Person(BaseModel):
+    """A user scope, so sessions can be bound to a person and erased with them."""
+
+    note: str | None = None
+
+
 class ScriptedFailure(RuntimeError):
     """The scripted model's provider crashed (not a retryable error)."""
 
 
 def _orders(request: ModelRequest) -> dict[str, str]:
-    first = next((m.content or "" for m in request.messages if m.role == "user"), "")
-    return dict(re.findall(r"(\w+)=(\S+)", first))
+    said = " ".join(m.content or "" for m in request.messages if m.role == "user")
+    return dict(re.findall(r"\b(signoffs|sleep|fail|steps)=(\w+)", said))
 
 
 class OrderedModel:
@@ -67,7 +73,9 @@ class FidelityApp:
 
 
 def build(store: SessionStore) -> FidelityApp:
-    app = adk(name="fidelity", adapters={"ordered": OrderedModel()}, store=store, snapshot_every=10)
+    app = adk(
+        name="fidelity", schema={"user": Person}, adapters={"ordered": OrderedModel()}, store=store, snapshot_every=10
+    )
     sign_off = app.tool(
         name="sign_off", description="Ask a human to sign off a step.", schema=Step, execute=None, yield_schema=SignOff
     )
@@ -76,5 +84,11 @@ def build(store: SessionStore) -> FidelityApp:
         return {"noted": context.args.step}
 
     noted = app.tool(name="note", description="Note a step.", schema=Step, execute=note)
-    agent = app.agent(name="signoff", model={"provider": "ordered", "name": "script"}, tools=[sign_off, noted])
+    agent = app.agent(
+        name="signoff",
+        model={"provider": "ordered", "name": "script"},
+        context=[app.context.history()],
+        tools=[sign_off, noted],
+        max_steps=50,
+    )
     return FidelityApp(app, agent)
