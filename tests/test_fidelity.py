@@ -294,6 +294,19 @@ def test_a_task_token_wait_answers_times_out_and_refuses_spent_tokens() -> None:
     assert json.loads(sfn.executions[arn].output or "")["error"]["Error"] == "States.Timeout"
 
 
+def test_an_execution_fails_past_the_history_limit() -> None:
+    definition = {
+        "StartAt": "Loop",
+        "States": {
+            "Loop": {"Type": "Pass", "Next": "Again"},
+            "Again": {"Type": "Choice", "Choices": [{"Variable": "$", "IsPresent": True, "Next": "Loop"}]},
+        },
+    }
+    ended = _run(definition, _Functions({}), {})
+    assert ended.status == "FAILED" and "25,000" in (ended.cause or "")
+    assert len(ended.history) == 25_002  # the event past the cap, then ExecutionFailed
+
+
 def test_an_execution_ends_at_its_time_limit() -> None:
     definition = {
         "StartAt": "W",
@@ -482,10 +495,8 @@ def ended(d: Any, execution: Any, timeout: float = 30) -> Any:
 def parked(d: Any, sid: str) -> Any:
     """The session's one live execution, asleep in ``Park``."""
     live = [e for e in d.executions_of(TENANT, sid) if e.status == "RUNNING"]
-    assert len(live) == 1, (
-        [(e.name[:8], e.status, e.states, e.error) for e in d.executions_of(TENANT, sid)],
-        evidence(d),
-    )
+    executions = [(e.name[:8], e.status, e.states, e.error) for e in d.executions_of(TENANT, sid)]
+    assert len(live) == 1, f"{len(live)} live executions for {sid} (all: {executions}); {evidence(d)}"
     assert live[0].states[-1] == "Park", (live[0].states, evidence(d))
     return live[0]
 
@@ -588,6 +599,36 @@ def test_the_sweeper_gives_a_waiting_session_without_an_execution_one(deployment
 
 
 @pytest.mark.backend("dynamodb")
+def test_a_runner_killed_half_way_is_ended_with_its_committed_steps_kept(deployment: Any) -> None:
+    import threading
+
+    d, sid = deployment, fresh("killed")
+    create(d, sid)
+    answers: list[Any] = []
+    request = threading.Thread(
+        target=lambda: answers.append(d.api("POST", f"/sessions/{sid}/runs", {"message": "steps=4 sleep=1 signoffs=0"}))
+    )
+    request.start()
+    # the turn runs in the workflow (target) or in the request (today): kill whichever runs it, mid-turn
+    deadline = time.monotonic() + 20
+    while not (d.lambdas.busy("resume") or d.lambdas.busy("run")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(2.5)
+    assert d.kill("resume") + d.kill("run") >= 1, "no runner was running the turn"
+    request.join(30)
+    d.settle()
+    if show(d, sid)["status"] == "running":
+        event = json.loads((Path(__file__).resolve().parents[1] / "events/schedule/sweeper.json").read_text())
+        ok, result = d.invoke("sweeper", event)
+        assert ok, (result, evidence(d))
+        d.settle()
+    shown = show(d, sid)
+    assert shown["status"] != "running", f"still running after the runner died and a sweep ({answers}); {evidence(d)}"
+    steps = [e for e in ledger(d, sid) if e["type"] == "tool_result"]
+    assert steps, "the steps completed before the kill were not kept"
+
+
+@pytest.mark.backend("dynamodb")
 def test_erasure(deployment: Any) -> None:
     d, sid, person = deployment, fresh("erase"), fresh("person")
     create(d, sid, scopes={"user": person})
@@ -595,6 +636,16 @@ def test_erasure(deployment: Any) -> None:
     assert status in (200, 202), (status, body, evidence(d))
     status, _, body = d.api("GET", f"/sessions/{sid}")
     assert status == 404, (status, body)
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_commit_from_a_remote_runner(deployment: Any) -> None:
+    d, sid = deployment, fresh("remote")
+    create(d, sid)
+    body = {"expected_version": 1, "events": [{"type": "user", "text": "from a remote runner"}]}
+    status, _, committed = d.api("POST", f"/sessions/{sid}/commit", body)
+    assert status in (200, 201), (status, committed, evidence(d))
+    assert [e["text"] for e in ledger(d, sid) if e["type"] == "user"] == ["from a remote runner"]
 
 
 @pytest.mark.backend("dynamodb")
@@ -629,7 +680,15 @@ def test_zz_the_policies_grant_exactly_what_the_code_calls(deployment: Any) -> N
         if not calls:
             idle.append(name)
             continue
-        unused += [(name, *g) for g in sorted(iam.grants(function.statements)) if not iam.grant_used(g, calls)]
+        granted: dict[str, list[str]] = {}
+        for action, resource in iam.grants(function.statements):
+            granted.setdefault(action, []).append(resource)
+        # an action counts as used when some call needed it on one of the resources it is granted on
+        unused += [
+            (name, action)
+            for action, resources in sorted(granted.items())
+            if not any(iam.grant_used((action, resource), calls) for resource in resources)
+        ]
     machine_denied = [c for c in d.sfn.role_calls if not c[2]]
     assert not denied and not machine_denied, f"denied: {denied} {machine_denied}"
     assert not unused, f"granted but never used (functions no scenario called: {idle}): {unused}"
