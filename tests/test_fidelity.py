@@ -294,6 +294,34 @@ def test_a_task_token_wait_answers_times_out_and_refuses_spent_tokens() -> None:
     assert json.loads(sfn.executions[arn].output or "")["error"]["Error"] == "States.Timeout"
 
 
+def test_the_api_speaks_to_botocore_with_aws_errors() -> None:
+    import botocore.session
+
+    sfn = StepFunctions(_Functions({"park": [(True, {})]}))
+    definition = {"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}
+    sfn.create_state_machine(MACHINE_ARN, definition)
+    try:
+        client = botocore.session.get_session().create_client(
+            "stepfunctions",
+            endpoint_url=sfn.serve(),
+            region_name="eu-west-1",
+            aws_access_key_id="x",
+            aws_secret_access_key="x",
+        )
+        started = client.start_execution(stateMachineArn=MACHINE_ARN, name="n1", input='{"a": 1}')
+        assert started["executionArn"].endswith(":execution:M:n1")
+        with pytest.raises(client.exceptions.ExecutionAlreadyExists):
+            client.start_execution(stateMachineArn=MACHINE_ARN, name="n1", input='{"a": 2}')
+        with pytest.raises(client.exceptions.InvalidToken):
+            client.send_task_success(taskToken="nonsense", output="{}")
+        described = client.describe_execution(executionArn=started["executionArn"])
+        assert described["name"] == "n1" and described["status"] in ("RUNNING", "SUCCEEDED")
+        listed = client.list_executions(stateMachineArn=MACHINE_ARN)["executions"]
+        assert [e["name"] for e in listed] == ["n1"]
+    finally:
+        sfn.close()
+
+
 def test_an_execution_fails_past_the_history_limit() -> None:
     definition = {
         "StartAt": "Loop",
