@@ -719,4 +719,5 @@ def test_zz_the_policies_grant_exactly_what_the_code_calls(deployment: Any) -> N
         ]
     machine_denied = [c for c in d.sfn.role_calls if not c[2]]
     assert not denied and not machine_denied, f"denied: {denied} {machine_denied}"
-    assert not unused, f"granted but never used (functions no scenario called: {idle}): {unused}"
+    assert not idle, f"no scenario called {idle}: run the whole module (this test reads what the others called)"
+    assert not unused, f"granted but never used: {unused}"

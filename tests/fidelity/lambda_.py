@@ -201,10 +201,13 @@ class LambdaService:
         except OSError:
             self._discard(name, sandbox)
             return self._record(Invocation(name, False, error_type="Runtime.ExitError", error_message="died"))
-        message = self._next(sandbox, time.monotonic() + function.timeout)
+        until = time.monotonic() + function.timeout
+        message = self._next(sandbox, until)
         seconds = time.monotonic() - started
         if message is None:
-            timed_out = sandbox.process.poll() is None
+            # None before the deadline: the process closed its end (it died). Asking the process instead
+            # races with the kernel, which closes a killed process's files before it can be reaped.
+            timed_out = time.monotonic() >= until
             self._discard(name, sandbox)
             if timed_out:
                 text = f"Task timed out after {function.timeout:.2f} seconds"
