@@ -415,6 +415,15 @@ def test_a_sandbox_sees_only_its_environment_and_lambdas_path(sandboxes: Any, tm
     assert 0 < seen.payload["remaining"] <= 2000
 
 
+def test_a_sandbox_can_be_killed_just_before_a_call(sandboxes: Any) -> None:
+    sandboxes.crash_before("probe", "dynamodb:GetItem")
+    died = sandboxes.invoke("probe", {"kind": "aws", "table": "allowed"})
+    assert (died.ok, died.error_type) == (False, "Runtime.ExitError")
+    assert sandboxes.calls == []  # killed before the call was made (or checked)
+    again = sandboxes.invoke("probe", {"kind": "aws", "table": "other"})
+    assert again.ok and again.payload["error"] == "AccessDeniedException"  # once only, in a fresh sandbox
+
+
 def test_a_sandbox_enforces_the_role_timeouts_crashes_and_the_response_limit(sandboxes: Any) -> None:
     denied = sandboxes.invoke("probe", {"kind": "aws", "table": "other"})
     assert denied.ok and denied.payload["error"] == "AccessDeniedException", denied.payload
@@ -654,6 +663,23 @@ def test_a_runner_killed_half_way_is_ended_with_its_committed_steps_kept(deploym
     assert shown["status"] != "running", f"still running after the runner died and a sweep ({answers}); {evidence(d)}"
     steps = [e for e in ledger(d, sid) if e["type"] == "tool_result"]
     assert steps, "the steps completed before the kill were not kept"
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_run_that_dies_before_starting_its_execution_is_picked_up_by_the_sweeper(deployment: Any) -> None:
+    d, sid = deployment, fresh("nostart")
+    create(d, sid)
+    d.crash_before("run", "states:StartExecution")
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=1"})
+    d.settle()
+    assert not d.executions_of(TENANT, sid), "the run started an execution although it died before the call"
+    event = json.loads((Path(__file__).resolve().parents[1] / "events/schedule/sweeper.json").read_text())
+    ok, result = d.invoke("sweeper", event)
+    assert ok, (result, evidence(d))
+    d.settle()
+    shown = show(d, sid)
+    assert shown["status"] == "awaiting_input", (status, body, shown["status"], evidence(d))
+    parked(d, sid)
 
 
 @pytest.mark.backend("dynamodb")

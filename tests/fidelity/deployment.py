@@ -320,7 +320,12 @@ class Deployment:
         return [c for c in self.lambdas.calls if not c.allowed]
 
     def kill(self, function: str) -> int:
+        """``kill -9`` the function's sandboxes that are running an invocation now."""
         return self.lambdas.kill(function)
+
+    def crash_before(self, function: str, action: str) -> None:
+        """Kill ``function``'s sandbox just before its next call needing ``action`` (e.g. states:StartExecution)."""
+        self.lambdas.crash_before(function, action)
 
     def errors(self, function: str | None = None) -> list[tuple[str, str | None, str]]:
         """(function, errorType, errorMessage) of each failed invocation."""

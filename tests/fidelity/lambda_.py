@@ -128,6 +128,7 @@ class LambdaService:
             "memory": function.memory,
             "role": function.role,
             "statements": function.statements,
+            "crash_file": str(self.workdir / f"{function.name}.crash"),
         }
         path = self.workdir / f"{function.name}.json"
         path.write_text(json.dumps(config))
@@ -251,6 +252,10 @@ class LambdaService:
             with contextlib.suppress(ProcessLookupError):
                 sandbox.process.kill()
         return len(busy)
+
+    def crash_before(self, name: str, action: str) -> None:
+        """The next call of ``action`` by ``name`` is not made: its sandbox is killed just before it."""
+        (self.workdir / f"{name}.crash").write_text(action)
 
     def busy(self, name: str) -> int:
         with self._lock:

@@ -109,9 +109,26 @@ def _guard_botocore(config: dict[str, Any], iam: Any, send: Any) -> None:
         except Exception:
             return None
 
+    crash_file = config["crash_file"]
+
+    def crash_before(action: str) -> None:
+        """Die (SIGKILL) before the call, when the harness asked for it: a writer killed between two calls."""
+        try:
+            with open(crash_file, encoding="utf-8") as f:
+                wanted = f.read().strip()
+        except OSError:
+            return
+        if wanted == action:
+            try:
+                os.rename(crash_file, f"{crash_file}.{os.getpid()}")  # one sandbox claims it
+            except OSError:
+                return
+            os.kill(os.getpid(), 9)
+
     def checked(self: Any, operation_name: str, api_params: dict[str, Any]) -> Any:
         service = self.meta.service_model.endpoint_prefix
         for action, resource in iam.required(service, operation_name, api_params, token_owner=token_owner):
+            crash_before(action)
             granted = iam.allowed(statements, action, resource)
             send(
                 {
