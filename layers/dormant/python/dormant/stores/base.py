@@ -26,6 +26,8 @@ The contract (``SessionStore``; ``dormant.testing.StoreContract`` checks every p
   scoped value at most ``max_scoped_value_bytes`` once encoded. Over a limit, ``EventTooLarge`` or
   ``CommitTooLarge`` is raised before anything is written. Every store accepts everything within the
   defaults, so an app can move between stores.
+* Expiry: creating the id of a session past its retention (``StoredSession.retention_ms`` after its
+  ``updated_at``) starts a new session in its place (``PreparedCommit.replaces``), on every store.
 * ``updated_at`` never goes backwards: a commit stores ``max(now, previous)``, so listings keep their
   order when clocks of several writers disagree.
 * ``list`` returns an app's sessions (never another app's), most recently updated first, a page at a
@@ -312,6 +314,18 @@ class PreparedCommit:
     def admits(self, version: int, scopes: Mapping[str, str] | None) -> bool:
         """The gate, for stores that read the row under their lock: the version, and fixed scopes."""
         return version == self.expected_version and (version == 0 or scopes == self.row.scopes)
+
+    def replaces(self, stored_updated_at: int) -> bool:
+        """Whether this create takes the id of a stored session past its retention (judged as the app judges
+        it, by ``row.retention_ms`` after the stored ``updated_at``): that session is gone, so the create
+        starts a new one in its place — none of the old events, snapshot or version shows — as on every
+        store, never a conflict that reveals the expired session's version."""
+        retention = self.row.retention_ms
+        return (
+            self.expected_version == 0
+            and retention is not None
+            and self.row.updated_at >= stored_updated_at + retention
+        )
 
     def fresh(self, stored_ids: set[str] | frozenset[str]) -> builtins.list[EncodedEvent]:
         """The events not stored yet, in order."""

@@ -597,6 +597,30 @@ class StoreContract:
         assert [s.id for s in store.list(app, limit=5, cursor=encode_cursor(MAX_CURSOR_TIME, "s-zzz"))] == ["s-only"]
         assert store.list(app, limit=5, cursor=encode_cursor(0, "s-0")) == []
 
+    # -- expiry -----------------------------------------------------------------------------
+
+    def test_creating_the_id_of_an_expired_session_starts_it_afresh(self, store: SessionStore, app: str) -> None:
+        """A session past its retention is gone for writers on every store: creating its id again starts a
+        new session (version 1, none of the old events), never a conflict revealing the old version; while it
+        lives, its id is taken."""
+        hour = 3_600_000
+        with frozen_clock(2_000_000_000_000) as clock:
+            meta = self.meta(app, "s-again", retention_ms=hour)
+            assert store.commit(meta, [_event(1), _event(2)], 0).ok
+            assert store.commit(meta, [_event(3)], 1).ok
+            clock.advance(hour // 2)
+            taken = store.commit(meta, [_event(9)], 0)
+            assert (taken.ok, taken.version) == (False, 2)
+            clock.advance(hour)  # an hour and a half after its last commit
+            again = store.commit(meta, [_event(1), _event(9)], 0)
+            assert (again.ok, again.version, again.appended) == (True, 1, 2)  # evt-1 is new to this session
+            loaded = store.load(app, "s-again")
+            assert loaded is not None and loaded.session.version == 1
+            assert _ids(loaded.events) == ["evt-1", "evt-9"]
+            assert [(s.id, s.version) for s in store.list(app)] == [("s-again", 1)]
+            assert store.commit(meta, [_event(10)], 1).ok
+            assert store.commit(meta, [_event(11)], 0).version == 2  # and the new one's id is taken
+
     # -- the clock --------------------------------------------------------------------------
 
     def test_updated_at_never_goes_backwards(self, store: SessionStore, app: str) -> None:
