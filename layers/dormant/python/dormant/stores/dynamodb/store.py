@@ -47,6 +47,11 @@ last, when the touch went in the batches; at least one, when it rides in the fin
 writer would have), else rolled back (the grant is added to ``dead``, the marker removed, the partial
 items and the touch deleted).
 Both are conditional on the marker's grant, so sweepers racing each other or a slow writer agree.
+
+**Liveness** (``_call``, ``_pass_gate``): a call refused because another request's transaction held one of
+its items (``TransactionConflict``) was not applied and is re-sent with ``_backoff``, then ``StoreBusy``. A
+gate re-sent after its answer was lost finds its own marker (the attempt's grant) and goes on as granted;
+one that got no answer at all takes its marker back before raising.
 """
 
 from __future__ import annotations
