@@ -124,12 +124,23 @@ class Faults:
         else:
             self._at(operation, nth, arm)
 
-    def lose(self, operation: str, attempts: int = 1, then: Callable[[], None] | None = None) -> None:
-        """The next ``attempts`` HTTP attempts of ``operation`` reach DynamoDB, which applies them, and their
-        answers are lost: each raises a read timeout instead (after running ``then``, if given)."""
-        self._lost[operation] += attempts
-        if then is not None:
-            self._after_lost[operation] = then
+    def lose(
+        self, operation: str, attempts: int = 1, then: Callable[[], None] | None = None, nth: int | None = None
+    ) -> None:
+        """The next ``attempts`` HTTP attempts of ``operation`` (from its ``nth`` call from now, if given) reach
+        DynamoDB, which applies them, and their answers are lost: each raises a read timeout instead (after
+        running ``then``, if given)."""
+
+        def arm(_: dict[str, Any] | None = None) -> None:
+            with self._lock:
+                self._lost[operation] += attempts
+                if then is not None:
+                    self._after_lost[operation] = then
+
+        if nth is None:
+            arm()
+        else:
+            self._at(operation, nth, arm)
 
     # -- hooks ------------------------------------------------------------------------------
 

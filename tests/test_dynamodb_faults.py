@@ -506,6 +506,24 @@ def test_a_create_whose_gate_answer_was_lost_finds_its_own_marker(world: World, 
     assert (after.ok, after.version) == (True, 2)
 
 
+@pytest.mark.parametrize("changes", [[], [ScopedStateChange("user", "u-1", "name", "Ada")]])
+def test_a_finish_whose_answer_was_lost_is_a_commit_that_landed_once(
+    world: World, changes: list[ScopedStateChange]
+) -> None:
+    _seeded(world)
+    # DynamoDB applies the finish and its answer is lost; botocore sends it again and finds the marker gone.
+    # The finish is the commit's second UpdateItem, or with scoped changes its TransactWriteItems (whose
+    # re-send carries the same idempotency token).
+    world.faults.lose("TransactWriteItems" if changes else "UpdateItem", nth=1 if changes else 2)
+    before = world.faults.sent["UpdateItem"]
+    result = world.writer.commit(world.meta(), _events("t", 5), 1, changes)
+    assert (result.ok, result.version, result.appended) == (True, 2, 5)
+    assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
+    assert world.reader.load_scoped_state(world.app, "user", "u-1") == ({"name": "Ada"} if changes else {})
+    assert world.faults.sent["UpdateItem"] - before == (1 if changes else 3)  # the gate; the finish twice
+    assert world.store().repair_pending(older_than_s=0) == []
+
+
 def test_a_gate_left_unanswered_past_the_retries_takes_its_marker_back(world: World) -> None:
     _seeded(world)
     store = world.store(world._client(retries={"mode": "standard", "total_max_attempts": 1}))
