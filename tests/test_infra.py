@@ -166,7 +166,7 @@ def test_the_state_machine_may_invoke_only_park_and_resume_and_start_only_itself
     assert {fid for fid in (park_id, resume_id) if any(fid in r for r in invoked)} == {park_id, resume_id}
     others = {key for key in synth.of_type("AWS::Lambda::Function")} - {park_id, resume_id}
     assert not any(other in r for other in others for r in invoked)
-    assert len(started) == 1 and started[0].endswith(f':stateMachine:{name}\"]]}}'), started
+    assert len(started) == 1 and started[0].endswith(f':stateMachine:{name}"]]}}'), started
 
 
 # -- the API -------------------------------------------------------------------------------------
