@@ -69,6 +69,7 @@ class ResumeWorkflow(Construct):
         wait_timeout_seconds: float,
         log_retention_days: float,
         tracing: bool,
+        state_machine_name: str | None = None,
     ) -> None:
         super().__init__(scope, id)
         wait = tasks.LambdaInvoke(
@@ -120,6 +121,8 @@ class ResumeWorkflow(Construct):
             state_machine_type=sfn.StateMachineType.STANDARD,
             logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=False),
             tracing_enabled=tracing,
+            # (infra) A fixed name, so the stack can write the ARN without referencing this resource.
+            state_machine_name=state_machine_name,
         )
         acks = [
             Acknowledgment(
