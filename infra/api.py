@@ -74,8 +74,10 @@ class Api(Construct):
                     user=True,
                 ),
             ),
-            cloud_watch_role=True,
-            cloud_watch_role_removal_policy=RemovalPolicy.DESTROY,
+            # The account's API Gateway logging role (AWS::ApiGateway::Account) is one per account and region: a
+            # stack that created it would break every other API's logging when deleted or replaced. It is set
+            # once per account (README, Deploy); the stage's access and execution logs need it.
+            cloud_watch_role=False,
             default_method_options=apigw.MethodOptions(
                 authorizer=authorizer, authorization_type=apigw.AuthorizationType.COGNITO
             ),
@@ -100,12 +102,6 @@ class Api(Construct):
                 id="AwsSolutions::AwsSolutions-APIG2",
                 reason="Request parameters are validated here; bodies by the handlers' pydantic models, which answer "
                 "400 naming the field. A second schema in API Gateway would drift from them and answer differently.",
-            ),
-            Acknowledgment(
-                id="AwsSolutions::AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
-                "AmazonAPIGatewayPushToCloudWatchLogs]",
-                reason="API Gateway's account-level logging role: this AWS policy is the documented one for it and "
-                "grants only log writes.",
             ),
             Acknowledgment(
                 id="AwsSolutions::AwsSolutions-APIG3",

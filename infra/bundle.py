@@ -6,12 +6,21 @@ this as the layer's local bundling step (infra/layer.py);
 ``python -m infra.bundle DIR`` runs it on its own, to inspect the layer or pre-build it. It imports no
 CDK, so it needs no Node.
 
-boto3 is left out: the Lambda runtime ships it, and a second copy would only add cold-start bytes.
+Nothing the Lambda runtime provides is shipped (``PROVIDED``: boto3 and what it pulls in), however it is
+pulled in: pip resolves the whole closure (aws-xray-sdk, for Powertools' tracer, requires botocore, which
+requires urllib3, jmespath and dateutil), then ``drop_provided`` removes those distributions, file by file
+from their RECORD. A layer comes first on ``sys.path``, so a copy there would shadow the runtime's own (and
+a function would run two SDKs: Powertools' idempotency imports the runtime's boto3). What is left may only
+require the provided packages at versions the runtime has (``RUNTIME_FLOOR``); the build fails otherwise.
 """
 
 from __future__ import annotations
 
+import csv
+import email.message
+import email.parser
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,15 +34,28 @@ PYTHON_VERSION = "3.12"
 PLATFORM = "manylinux2014_aarch64"
 LEFT_OUT = ("inspector",)
 """Parts of the library no Lambda function uses: the inspector's web page is served by ``dormant serve`` only."""
-# Shipped by the Lambda runtime itself.
-_PROVIDED = {"boto3", "botocore", "s3transfer", "jmespath", "urllib3", "python-dateutil", "six"}
+PROVIDED = frozenset({"boto3", "botocore", "s3transfer", "jmespath", "urllib3", "python-dateutil", "six"})
+"""Distributions the Lambda Python runtime ships itself (normalized names)."""
+PROVIDED_MODULES = frozenset({"boto3", "botocore", "s3transfer", "jmespath", "urllib3", "dateutil", "six"})
+"""The top-level modules those distributions install."""
+RUNTIME_FLOOR = {
+    "boto3": "1.34.0",
+    "botocore": "1.34.0",
+    "s3transfer": "0.10.0",
+    "jmespath": "1.0.1",
+    "python-dateutil": "2.8.2",
+    "urllib3": "1.26.18",
+    "six": "1.16.0",
+}
+"""The oldest version of each provided distribution assumed in the python3.12 runtime. A shipped package that
+requires more (or caps it below) fails the build: it would import the runtime's copy at a version it rejects."""
 
 
 def layer_requirements(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
     """The library's dependencies plus its ``lambda`` extra, as pyproject.toml declares them."""
     project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
     wanted = [*project["dependencies"], *project["optional-dependencies"]["lambda"]]
-    return [req for req in wanted if _name(req) not in _PROVIDED]
+    return [req for req in wanted if _name(req) not in PROVIDED]
 
 
 def _name(requirement: str) -> str:
@@ -69,8 +91,74 @@ def bundle_library(output_dir: Path, requirements: Sequence[str] | None = None) 
         timeout=600,
     )
     shutil.rmtree(target / "bin", ignore_errors=True)  # console scripts: nothing in a layer runs them
+    drop_provided(target)
     copy_packages(target, [LIBRARY], leave_out=LEFT_OUT)
     compile_for_runtime(target)
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _metadata(dist_info: Path) -> email.message.Message:
+    return email.parser.Parser().parsestr((dist_info / "METADATA").read_text(encoding="utf-8"), headersonly=True)
+
+
+def drop_provided(target: Path) -> list[str]:
+    """Remove every distribution in ``PROVIDED`` from the pip target ``target`` (each file its RECORD lists,
+    then its emptied directories and its dist-info); return their names. Then check what is left requires
+    them only at versions the runtime has (``check_provided_requirements``)."""
+    dropped = []
+    for dist_info in sorted(target.glob("*.dist-info")):
+        name = _canonical(str(_metadata(dist_info)["Name"]))
+        if name not in PROVIDED:
+            continue
+        directories: set[Path] = set()
+        for row in csv.reader((dist_info / "RECORD").read_text(encoding="utf-8").splitlines()):
+            path = (target / row[0]).resolve() if row else target
+            if not row or not path.is_relative_to(target.resolve()):
+                continue  # a file installed outside the target (none for a --target install)
+            path.unlink(missing_ok=True)
+            directories.update(p for p in path.parents if p.is_relative_to(target.resolve()) and p != target.resolve())
+        for directory in sorted(directories, key=lambda p: len(p.parts), reverse=True):
+            for cache in directory.glob("__pycache__"):
+                shutil.rmtree(cache)
+            if directory.exists() and not any(directory.iterdir()):
+                directory.rmdir()
+        shutil.rmtree(dist_info, ignore_errors=True)
+        dropped.append(name)
+    check_provided_requirements(target)
+    return dropped
+
+
+def check_provided_requirements(target: Path) -> None:
+    """Raise ``SystemExit`` when a distribution in ``target`` requires a provided one at a version outside
+    what the runtime has (``RUNTIME_FLOOR``), or when a provided module is still there."""
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # pip's own copy: pip runs this build anyway
+        from pip._vendor.packaging.requirements import Requirement  # type: ignore[assignment]
+
+    environment = {"python_version": PYTHON_VERSION, "sys_platform": "linux", "platform_machine": "aarch64"}
+    environment |= {"platform_system": "Linux", "implementation_name": "cpython", "extra": ""}
+    problems = [f"{name} is in the layer" for name in sorted(PROVIDED_MODULES) if _module_in(target, name)]
+    for dist_info in sorted(target.glob("*.dist-info")):
+        metadata = _metadata(dist_info)
+        for line in metadata.get_all("Requires-Dist") or []:
+            requirement = Requirement(line)
+            name = _canonical(requirement.name)
+            if name not in PROVIDED or (requirement.marker and not requirement.marker.evaluate(environment)):
+                continue
+            if not requirement.specifier.contains(RUNTIME_FLOOR[name], prereleases=True):
+                problems.append(
+                    f"{metadata['Name']} requires {line}; the runtime may have {name} {RUNTIME_FLOOR[name]}"
+                )
+    if problems:
+        raise SystemExit("infra.bundle: the layer relies on the runtime's packages it cannot: " + "; ".join(problems))
+
+
+def _module_in(target: Path, module: str) -> bool:
+    return (target / module).exists() or (target / f"{module}.py").exists()
 
 
 def bundle_app(output_dir: Path, packages: Sequence[Path]) -> None:

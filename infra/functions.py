@@ -1,7 +1,8 @@
 """The Lambda functions: one per handler in ``functions/``, each with its own role and log group.
 
-Every role starts empty; the stack grants each function exactly what its handler touches (the table,
-and for some the state machine). No managed policies: logging is granted on the function's own log group.
+Every role starts empty; the stack grants each function exactly what its handler touches (``infra.wiring``:
+the table, and for some the state machine). No managed policies: logging is granted on the function's own
+log group. Each function gets only its own environment variables (``infra.wiring.ENVIRONMENT``).
 """
 
 from __future__ import annotations
@@ -28,14 +29,18 @@ class Handler:
     timeout_seconds: int
 
 
+API = 29
+"""API functions: API Gateway's default integration timeout: an API function that ran longer would answer no one."""
 HANDLERS = (
-    Handler("sessions", "Create, list, show and delete sessions; page a session's ledger; erase a person", 29),
-    Handler("run", "Claim and run one turn; a turn that yields starts the resume workflow", 29),
-    Handler("tools", "Store answers to yielded tools and wake the workflow waiting on them", 29),
-    Handler("commit", "Commit events from a runner that runs agents elsewhere", 29),
-    Handler("park", "Store the workflow's task token with a session that waits for answers", 10),
-    Handler("resume", "Run a session on once answers arrived; record an expired wait or a failure", 300),
-    Handler("sweeper", "Repair commits left pending by a writer that stopped half-way", 120),
+    Handler("sessions", "Create, list, show and delete sessions; page a session's ledger; erase a person", API),
+    Handler("run", "Claim a turn and start the workflow that runs it (answers 202)", API),
+    Handler("tools", "Store answers to yielded tools and wake the workflow waiting on them", API),
+    Handler("commit", "Commit events from a runner that runs agents elsewhere", API),
+    # Longer than the store's 10 s wait on another writer's live commit marker, with room to retry it.
+    Handler("park", "Store the workflow's task token with a session that waits for answers", 60),
+    # Runs whole turns in the workflow: Lambda's maximum; a longer turn continues in the next invocation.
+    Handler("resume", "Run a session's turn in the workflow; record an expired wait or a failure", 900),
+    Handler("sweeper", "Repair pending commits; end or hand on dead runners' turns; restart missing executions", 120),
 )
 
 
@@ -46,7 +51,7 @@ class Functions(Construct):
         id: str,
         *,
         layers: list[lambda_.ILayerVersion],
-        environment: Mapping[str, str],
+        environment: Mapping[str, Mapping[str, str]],
         log_retention_days: float,
         tracing: bool,
     ) -> None:
@@ -77,7 +82,7 @@ class Functions(Construct):
                 timeout=Duration.seconds(handler.timeout_seconds),
                 role=role,
                 log_group=log_group,
-                environment=dict(environment),
+                environment=dict(environment[handler.name]),
                 tracing=lambda_.Tracing.ACTIVE if tracing else lambda_.Tracing.DISABLED,
             )
 

@@ -6,8 +6,12 @@ are CDK context (``-c app=module:attr``, ``-c app_packages=dir,dir``, ``-c remov
 
 from __future__ import annotations
 
-from aws_cdk import Acknowledgment, CfnOutput, CfnParameter, RemovalPolicy, Stack, Validations
+from typing import cast
+
+from aws_cdk import ArnFormat, CfnOutput, CfnParameter, RemovalPolicy, Stack
+from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from .api import Api
@@ -16,19 +20,20 @@ from .functions import Functions
 from .layer import Layers
 from .schedule import SweeperSchedule
 from .table import SessionTable
+from .wiring import (
+    APP,
+    ENVIRONMENT,
+    IDEMPOTENCY_TABLE,
+    MACHINE,
+    STATE_MACHINE,
+    STATES_ACCESS,
+    STORE,
+    TABLE_ACCESS,
+    state_machine_name,
+)
 from .workflow import MAX_WAIT_SECONDS, ResumeWorkflow
 
 DEFAULT_APP = "bookings:build"
-# What the DynamoDB store and Powertools idempotency call: item reads and writes, no Scan, no streams.
-# (A transaction is authorized by the actions of its parts; IAM has no TransactWriteItems action.)
-TABLE_ACTIONS = (
-    "dynamodb:GetItem",
-    "dynamodb:Query",
-    "dynamodb:PutItem",
-    "dynamodb:UpdateItem",
-    "dynamodb:DeleteItem",
-    "dynamodb:BatchWriteItem",
-)
 DEFAULT_APP_PACKAGES = "samples/bookings"
 # The values CloudWatch Logs accepts.
 _DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
@@ -70,36 +75,60 @@ class DormantStack(Stack):
             description="Retention of every log group of the stack",
         )
 
-        table = SessionTable(self, "Sessions", removal_policy=removal).table
+        table = SessionTable(
+            self, "Sessions", removal_policy=removal, deletion_protection=removal != RemovalPolicy.DESTROY
+        ).table
         layers = Layers(self, "Layers", app_packages=app_packages)
+
+        # The state machine's name is fixed, so its ARN is known before it exists: the functions it invokes hold
+        # that ARN (and grants on it) without depending on it, which would be a circular dependency.
+        machine_name = state_machine_name(self.stack_name)
+        arns = {
+            MACHINE: self.format_arn(
+                service="states",
+                resource="stateMachine",
+                resource_name=machine_name,
+                arn_format=ArnFormat.COLON_RESOURCE_NAME,
+            ),
+        }
+        values = {
+            STORE: f"dynamodb://{table.table_name}?shards={shards.value_as_string}",
+            APP: str(context("app") or DEFAULT_APP),
+            IDEMPOTENCY_TABLE: table.table_name,  # idempotency records share the session table
+            STATE_MACHINE: arns[MACHINE],
+            "POWERTOOLS_SERVICE_NAME": "dormant",
+            "POWERTOOLS_METRICS_NAMESPACE": "dormant",
+            "POWERTOOLS_TRACE_DISABLED": "false" if tracing else "true",
+            # No pydantic plugins are deployed: skip pydantic's scan of every installed package's
+            # entry points, which the first model built would otherwise pay at cold start.
+            "PYDANTIC_DISABLE_PLUGINS": "__all__",
+        }
         functions = Functions(
             self,
             "Functions",
             layers=[layers.library, layers.app],
-            environment={
-                "DORMANT_STORE": f"dynamodb://{table.table_name}?shards={shards.value_as_string}",
-                "DORMANT_APP": str(context("app") or DEFAULT_APP),
-                "DORMANT_IDEMPOTENCY_TABLE": table.table_name,
-                "POWERTOOLS_SERVICE_NAME": "dormant",
-                "POWERTOOLS_METRICS_NAMESPACE": "dormant",
-                "POWERTOOLS_TRACE_DISABLED": "false" if tracing else "true",
-                # No pydantic plugins are deployed: skip pydantic's scan of every installed package's
-                # entry points, which the first model built would otherwise pay at cold start.
-                "PYDANTIC_DISABLE_PLUGINS": "__all__",
-            },
+            environment={name: {key: values[key] for key in sorted(keys)} for name, keys in ENVIRONMENT.items()},
             log_retention_days=retention.value_as_number,
             tracing=tracing,
         )
-        for function in functions.by_name.values():
-            table.grant(function, *TABLE_ACTIONS)
-        table_id = self.resolve(table.node.default_child.logical_id)  # type: ignore[union-attr]
-        Validations.of(functions).acknowledge(
-            Acknowledgment(
-                id=f"AwsSolutions::AwsSolutions-IAM5[Resource::<{table_id}.Arn>/index/*]",
-                reason="The table's own indexes (the session listing and the pending-commit index the sweeper "
-                "reads); nothing outside this table.",
-            )
-        )
+        for name, function in functions.by_name.items():
+            _grant_table(function, table, name)
+            states = STATES_ACCESS.get(name)
+            if states:
+                # A policy of its own, not the function's default policy, which the function depends on: the
+                # state machine depends on the functions it invokes.
+                iam.Policy(
+                    cast(Construct, functions.node.find_child(name.capitalize())),
+                    "StepFunctions",
+                    roles=[function.role],  # type: ignore[list-item]
+                    statements=[
+                        iam.PolicyStatement(
+                            actions=sorted(a for a, on in states.items() if on == target), resources=[arns[target]]
+                        )
+                        for target in (MACHINE,)
+                        if target in states.values()
+                    ],
+                )
 
         workflow = ResumeWorkflow(
             self,
@@ -109,26 +138,11 @@ class DormantStack(Stack):
             wait_timeout_seconds=wait_timeout.value_as_number,
             log_retention_days=retention.value_as_number,
             tracing=tracing,
+            state_machine_name=machine_name,
         )
         machine = workflow.state_machine
-        run = functions["run"]
-        machine.grant_start_execution(run)
-        run.add_environment("DORMANT_STATE_MACHINE", machine.state_machine_arn)
-        machine.grant_task_response(functions["tools"])
-        # park sends the answer itself when it finds the session already answered. Granted through a
-        # policy of its own: in the function's default policy, the grant would make the function depend on
-        # the state machine, which depends on the function (a circular dependency).
-        iam.Policy(
-            self,
-            "ParkTaskResponse",
-            roles=[functions["park"].role],  # type: ignore[list-item]
-            statements=[
-                iam.PolicyStatement(
-                    actions=["states:SendTaskSuccess", "states:SendTaskFailure"],
-                    resources=[machine.state_machine_arn],
-                )
-            ],
-        )
+        # Continue-as-new: the execution starts its successor (a states:startExecution task of this machine).
+        machine.add_to_role_policy(iam.PolicyStatement(actions=["states:StartExecution"], resources=[arns[MACHINE]]))
 
         api = Api(
             self, "Api", functions=functions.by_name, log_retention_days=retention.value_as_number, tracing=tracing
@@ -140,3 +154,15 @@ class DormantStack(Stack):
         CfnOutput(self, "UserPoolClientId", value=api.client.user_pool_client_id)
         CfnOutput(self, "TableName", value=table.table_name)
         CfnOutput(self, "StateMachineArn", value=machine.state_machine_arn)
+
+
+def _grant_table(function: lambda_.Function, table: dynamodb.Table, name: str) -> None:
+    """``TABLE_ACCESS[name]``: its actions on the table, and ``Query`` on each index it reads, by the index's ARN."""
+    access = TABLE_ACCESS[name]
+    function.add_to_role_policy(iam.PolicyStatement(actions=list(access.actions), resources=[table.table_arn]))
+    if access.indexes:
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["dynamodb:Query"], resources=[f"{table.table_arn}/index/{index}" for index in access.indexes]
+            )
+        )

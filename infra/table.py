@@ -25,7 +25,8 @@ def _attribute(key: tuple[str, str]) -> dynamodb.Attribute:
 
 
 class SessionTable(Construct):
-    """One on-demand table: point-in-time recovery, TTL on the shape's expiry attribute, kept on stack deletion."""
+    """One on-demand table: point-in-time recovery, TTL on the shape's expiry attribute, kept on stack deletion,
+    and (``deletion_protection``) refused to any delete, by CloudFormation or by hand, until that is turned off."""
 
     def __init__(
         self,
@@ -34,6 +35,7 @@ class SessionTable(Construct):
         *,
         shape: TableShape = TABLE,
         removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
+        deletion_protection: bool = True,
     ) -> None:
         super().__init__(scope, id)
         self.table = dynamodb.Table(
@@ -47,6 +49,7 @@ class SessionTable(Construct):
             ),
             time_to_live_attribute=shape.ttl_attribute,
             removal_policy=removal_policy,
+            deletion_protection=deletion_protection,
         )
         for index in shape.indexes:
             if index.local:

@@ -21,7 +21,9 @@ execution sleeps, at no cost, until ``POST /tools`` sends the answers or the wai
 its execution: the turn goes on in a fresh execution (``Continue``, "continue as new"), so one execution
 holds at most one wait, its history stays short (tens of events, never near 25,000) and its life stays under
 Step Functions' one year (the wait timeout is at most ``MAX_WAIT_SECONDS``). The next execution's name is
-the first's with ``-<loop>``: a retried ``Continue`` finds it started (``ExecutionAlreadyExists``).
+the first's with ``-<loop>``: a retried ``Continue`` finds it started (``ExecutionAlreadyExists``). The machine
+has a fixed name (``infra.wiring.state_machine_name``), so the stack grants its role ``StartExecution`` on
+its own ARN without a circular reference.
 
 Every task retries, with backoff and jitter, what may pass by itself: dormant's retryable errors
 (``dormant.errors.retryable_error_names()``), Lambda throttling, and, for ``Run``, a function that timed
@@ -31,8 +33,7 @@ invocation on the ledger as an ``error``: a session is never left ``running`` by
 
 from __future__ import annotations
 
-from aws_cdk import Acknowledgment, ArnFormat, Duration, RemovalPolicy, Stack, Validations
-from aws_cdk import aws_iam as iam
+from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Stack, Validations
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
@@ -49,20 +50,6 @@ RETRYABLE_ERRORS = [*retryable_error_names(), "Lambda.TooManyRequestsException"]
 RUNNER_LOST = ["Sandbox.Timedout", "Runtime.ExitError", "Lambda.Unknown"]
 """A ``Run`` whose function timed out or died: retried, the next attempt goes on from the last committed step."""
 NOT_CLAIMED = "TurnNotClaimed"
-
-
-def state_machine_name(stack: Stack) -> str:
-    """A fixed name, so the machine's ARN can be written (its own role, the run function) without a cycle."""
-    return f"{stack.stack_name}-turns"
-
-
-def state_machine_arn(stack: Stack) -> str:
-    return stack.format_arn(
-        service="states",
-        resource="stateMachine",
-        resource_name=state_machine_name(stack),
-        arn_format=ArnFormat.COLON_RESOURCE_NAME,
-    )
 
 
 def _retry_transient(task: sfn.TaskStateBase, errors: list[str] = RETRYABLE_ERRORS) -> None:
@@ -100,6 +87,7 @@ class ResumeWorkflow(Construct):
         wait_timeout_seconds: float,
         log_retention_days: float,
         tracing: bool,
+        state_machine_name: str,
     ) -> None:
         super().__init__(scope, id)
         stack = Stack.of(self)
@@ -214,19 +202,13 @@ class ResumeWorkflow(Construct):
         self.state_machine = sfn.StateMachine(
             self,
             "StateMachine",
-            state_machine_name=state_machine_name(stack),
             definition_body=sfn.DefinitionBody.from_chainable(run),
             state_machine_type=sfn.StateMachineType.STANDARD,
             logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=False),
             tracing_enabled=tracing,
-        )
-        # Continuing as new starts an execution of this same machine: granted by name, not by reference (a
-        # reference from the machine's own role would be a circular dependency).
-        iam.Policy(
-            self,
-            "ContinueAsNew",
-            roles=[self.state_machine.role],
-            statements=[iam.PolicyStatement(actions=["states:StartExecution"], resources=[state_machine_arn(stack)])],
+            # A fixed name, so the stack can write the ARN without referencing this resource (the run function's
+            # environment, the machine's own right to start its successor).
+            state_machine_name=state_machine_name,
         )
         acks = [
             Acknowledgment(

@@ -1,0 +1,116 @@
+"""What each Lambda function is given, as data: its environment variables, its table access and its Step
+Functions access. The stack builds every function from these tables, and the tests hold the template to them.
+
+A function sees only the variables its template gives it, and every AWS call it makes is authorized against
+its own role, so each entry says what that function's code reaches (``serving/routes.py`` maps the API's
+routes to functions; the workflow's functions are in ``serving/workflow.py``), and nothing more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from dormant.serving.routes import ROUTES
+from dormant.stores.dynamodb import IDS_INDEX, LISTING_INDEX, PENDING_INDEX
+
+# -- environment ----------------------------------------------------------------------------------
+
+STORE = "DORMANT_STORE"
+APP = "DORMANT_APP"
+IDEMPOTENCY_TABLE = "DORMANT_IDEMPOTENCY_TABLE"
+STATE_MACHINE = "DORMANT_STATE_MACHINE"
+COMMON_ENVIRONMENT = frozenset(
+    {
+        STORE,
+        APP,
+        "POWERTOOLS_SERVICE_NAME",
+        "POWERTOOLS_METRICS_NAMESPACE",
+        "POWERTOOLS_TRACE_DISABLED",
+        "PYDANTIC_DISABLE_PLUGINS",
+    }
+)
+"""What every function gets: the store, the app, Powertools' settings, and no pydantic plugin scan."""
+
+API_FUNCTIONS = frozenset(function for _, _, function in ROUTES)
+"""The functions behind the HTTP API (sessions, run, tools, commit): idempotency by ``Idempotency-Key``."""
+
+ENVIRONMENT: Mapping[str, frozenset[str]] = MappingProxyType(
+    {
+        "sessions": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE},
+        # starts the execution that runs the turn it is about to claim (before the claim: every claim has a runner)
+        "run": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, STATE_MACHINE},
+        # wakes a waiting execution with the task token stored on the session: no ARN needed
+        "tools": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE},
+        "commit": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE},
+        # answers its own task token (park) or runs in the execution (resume): no ARN needed
+        "park": COMMON_ENVIRONMENT,
+        "resume": COMMON_ENVIRONMENT,
+        # repairs, purges, hands on overdue turns in the process (on the stores that list their apps): no ARN
+        "sweeper": COMMON_ENVIRONMENT,
+    }
+)
+"""Function -> the names of its environment variables (the values are the stack's)."""
+
+# -- the table ------------------------------------------------------------------------------------
+
+SESSION_ACTIONS = (
+    "dynamodb:GetItem",  # the meta item, a snapshot, the touch a repair checks; idempotency records
+    "dynamodb:Query",  # a session's items; a scoped partition; an index (below)
+    "dynamodb:PutItem",  # Put items of a TransactWriteItems (bindings, scoped keys, touches, snapshot); idempotency
+    "dynamodb:UpdateItem",  # the gate, the recount, the finish, a rollback; idempotency
+    "dynamodb:DeleteItem",  # a deleted session's meta item, a rolled-back create, a dropped touch; idempotency
+    "dynamodb:BatchWriteItem",  # event items in batches of 25; deletes of a rolled-back commit's items
+    "dynamodb:ConditionCheckItem",  # the ConditionCheck of the snapshot write's TransactWriteItems
+)
+"""What loading and committing a session calls. Every function loads and commits sessions (a commit may meet a
+stale marker and repair it: rollback deletes included), and a committed load may save a snapshot. IAM has no
+TransactWriteItems action: a transaction is authorized item by item (Put, Update, Delete, ConditionCheck)."""
+
+
+@dataclass(frozen=True)
+class TableAccess:
+    """``actions`` on the table, and ``Query`` on the named ``indexes`` of it (each by its own ARN)."""
+
+    actions: tuple[str, ...]
+    indexes: tuple[str, ...]
+
+
+TABLE_ACCESS: Mapping[str, TableAccess] = MappingProxyType(
+    {
+        # the listing: a Query per shard of the listing index, then the meta items by BatchGetItem
+        "sessions": TableAccess((*SESSION_ACTIONS, "dynamodb:BatchGetItem"), (IDS_INDEX, LISTING_INDEX)),
+        "run": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
+        "tools": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
+        "commit": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
+        "park": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
+        "resume": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
+        # repair_pending finds stale markers through the pending-marker index
+        "sweeper": TableAccess(SESSION_ACTIONS, (IDS_INDEX, PENDING_INDEX)),
+    }
+)
+"""Function -> its table access. ``IDS_INDEX`` (the event-id index) is read by every commit that may re-send an
+event; only the session listing reads ``LISTING_INDEX``, and only the sweeper ``PENDING_INDEX``."""
+
+# -- Step Functions -------------------------------------------------------------------------------
+
+MACHINE = "machine"
+STATES_ACCESS: Mapping[str, Mapping[str, str]] = MappingProxyType(
+    {
+        "run": {"states:StartExecution": MACHINE},
+        # A task token is authorized against the state machine whose execution issued it.
+        "tools": {"states:SendTaskSuccess": MACHINE, "states:SendTaskFailure": MACHINE},
+        "park": {"states:SendTaskSuccess": MACHINE, "states:SendTaskFailure": MACHINE},
+    }
+)
+"""Function -> action -> what it acts on (the state machine, ``MACHINE``). Functions not named here make no Step
+Functions call: ``resume`` runs in the execution, and the sweeper hands turns on in its own process."""
+
+
+def state_machine_name(stack_name: str) -> str:
+    """The state machine's fixed name: its ARN can then be written without referencing the resource, so the
+    functions it invokes can hold that ARN (and grants on it) without a circular dependency. At most 80
+    characters, as Step Functions requires (a stack name has at most 128)."""
+    suffix = "-sessions"
+    return stack_name[: 80 - len(suffix)] + suffix
