@@ -8,9 +8,13 @@ holds; the tests check what the reader gets and in which order, never how fast.
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,10 +26,12 @@ pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambd
 
 from dormant.events import UserEvent
 from dormant.serving.api import MAX_EVENTS_PAGE_BYTES, MAX_WAIT_SECONDS, api_handler
+from dormant.serving.local import LocalAPI, LocalServer
 from dormant.serving.runtime import Served, load_served
 from dormant.serving.workflow import in_process_hooks
 from dormant.stores.url import store_from_url
 from tests.lambda_events import TENANT_A, TENANT_B, Client, LambdaContext, load_event
+from tests.servers.serve import dormant_serve
 
 LAMBDA_RESPONSE_LIMIT = 6_000_000  # bytes: Lambda's synchronous response limit, "6 MB"
 
@@ -224,3 +230,166 @@ def test_a_page_of_large_events_stays_under_lambdas_response_limit(
     assert all(size < LAMBDA_RESPONSE_LIMIT for size in sizes), sizes
     assert max(sizes) <= MAX_EVENTS_PAGE_BYTES + 4096, sizes  # the budget, and an envelope
     assert [e["text"] for page, _ in pages for e in page["events"]] == bodies  # each once, in order
+
+
+# -- server-sent events from `dormant serve` ----------------------------------------------------------------
+
+
+class Stream:
+    """An event-stream client over a raw HTTP connection: frames as they arrive, comments too."""
+
+    def __init__(self, base: str, path: str, headers: dict[str, str] | None = None, timeout: float = 30) -> None:
+        split = urllib.parse.urlsplit(base)
+        self.connection = http.client.HTTPConnection(split.hostname or "", split.port, timeout=timeout)
+        self.connection.request("GET", path, headers={"Accept": "text/event-stream", **(headers or {})})
+        self.response = self.connection.getresponse()
+        self.comments: list[str] = []
+
+    @property
+    def status(self) -> int:
+        return self.response.status
+
+    def next_frame(self) -> dict[str, str]:
+        """The next event (``id``, ``event``, ``data``), keeping the comments met on the way."""
+        fields: dict[str, str] = {}
+        while True:
+            line = self.response.readline()
+            if not line:
+                raise EOFError(f"the stream ended; got {fields}")
+            text = line.decode().rstrip("\n")
+            if text.startswith(":"):
+                self.comments.append(text)
+            elif text:
+                name, _, value = text.partition(": ")
+                fields[name] = value
+            elif fields:
+                return fields
+
+    def events(self, count: int) -> list[tuple[int, str, dict[str, Any]]]:
+        frames = [self.next_frame() for _ in range(count)]
+        return [(int(f["id"]), f["event"], json.loads(f["data"])) for f in frames]
+
+    def close(self) -> None:
+        self.response.close()  # the response holds the socket (the server said Connection: close)
+        self.connection.close()
+
+
+def http_call(base: str, method: str, path: str, body: Any = None, timeout: float = 60) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(base + path, data=data, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def commit_texts(base: str, session_id: str, *texts: str) -> None:
+    version = http_call(base, "GET", f"/sessions/{session_id}")[1]["version"]
+    events = [{"type": "user", "text": text} for text in texts]
+    status, body = http_call(
+        base, "POST", f"/sessions/{session_id}/commit", {"expected_version": version, "events": events}
+    )
+    assert status == 200, body
+
+
+def test_dormant_serve_streams_each_event_as_it_lands_and_resumes_after_the_last_seen(
+    store_url: str, tmp_path: Path
+) -> None:
+    with dormant_serve("--store", store_url, "--quiet", cwd=tmp_path, timeout=60) as server:  # env: the store's
+        base = server.url
+        assert http_call(base, "POST", "/sessions", {"session_id": "s-1"})[0] == 201
+        commit_texts(base, "s-1", "zero", "one")
+        stream = Stream(base, "/sessions/s-1/events?after=0")
+        assert stream.status == 200 and stream.response.headers["Content-Type"].startswith("text/event-stream")
+        assert [(i, kind, e["text"]) for i, kind, e in stream.events(2)] == [(0, "user", "zero"), (1, "user", "one")]
+        commit_texts(base, "s-1", "two")  # a second writer, while the stream waits
+        ((index, kind, event),) = stream.events(1)
+        ledger = http_call(base, "GET", "/sessions/s-1/events")[1]["events"]
+        assert (index, kind, event) == (2, "user", ledger[2])  # the event as the ledger holds it
+        stream.close()
+
+        # a reconnecting EventSource names the last event it got; after= starts anywhere
+        resumed = Stream(base, "/sessions/s-1/events?after=0", {"Last-Event-ID": "1"})
+        assert [i for i, _, _ in resumed.events(1)] == [2]
+        resumed.close()
+        later = Stream(base, "/sessions/s-1/events?after=1")
+        assert [i for i, _, _ in later.events(2)] == [1, 2]
+        commit_texts(base, "s-1", "three")
+        assert [(i, e["text"]) for i, _, e in later.events(1)] == [(3, "three")]
+        later.close()
+    assert "Traceback" not in server.output()
+
+
+def test_event_streams_refuse_as_the_json_route_does(tmp_path: Path) -> None:
+    with dormant_serve(
+        "--store", f"sqlite:///{tmp_path / 's.db'}", "--principal", "clinic", "--quiet", cwd=tmp_path
+    ) as server:
+        base = server.url
+        assert http_call(base, "POST", "/sessions", {"session_id": "s-1"})[0] == 201
+        cases = [
+            ({"X-Dormant-Principal": "someone-else"}, "/sessions/s-1/events", 404, None),  # another tenant's
+            ({}, "/sessions/nope/events", 404, None),
+            ({"Origin": "http://evil.example"}, "/sessions/s-1/events", 403, None),
+            ({}, "/sessions/s-1/events?after=x", 400, "after"),
+            ({}, "/sessions/s-1/events?limit=5000", 400, "limit"),
+            ({"Last-Event-ID": "-1"}, "/sessions/s-1/events", 400, "Last-Event-ID"),
+        ]
+        for headers, path, status, field in cases:
+            stream = Stream(base, path, headers)
+            body = json.loads(stream.response.read())
+            assert (stream.status, body.get("field")) == (status, field), (headers, path, body)
+            assert stream.response.headers["Content-Type"] == "application/json"
+            stream.close()
+        # the clinic's own stream, as its principal
+        own = Stream(base, "/sessions/s-1/events", {"X-Dormant-Principal": "clinic"})
+        commit_texts(base, "s-1", "hello")
+        assert [e["text"] for _, _, e in own.events(1)] == ["hello"]
+        own.close()
+
+
+def test_open_streams_hold_no_worker(tmp_path: Path) -> None:
+    """With one worker and three idle streams, every other request is still answered, and the streams see
+    what those requests commit: a stream that held its worker would leave the others waiting until it ends."""
+    with dormant_serve(
+        "--store", f"sqlite:///{tmp_path / 's.db'}", "--workers", "1", "--quiet", cwd=tmp_path
+    ) as server:
+        base = server.url
+        assert http_call(base, "POST", "/sessions", {"session_id": "s-1"})[0] == 201
+        streams = [Stream(base, "/sessions/s-1/events") for _ in range(3)]
+        assert all(s.status == 200 for s in streams)
+        for n in range(3):
+            assert http_call(base, "GET", "/sessions", timeout=10)[0] == 200
+            commit_texts(base, "s-1", f"note {n}")
+        for stream in streams:
+            assert [(i, e["text"]) for i, _, e in stream.events(3)] == [(n, f"note {n}") for n in range(3)]
+        # the server stops at Ctrl-C with the streams still open: each ends, and its client reads the end
+        server.stop()
+        for stream in streams:
+            with pytest.raises((EOFError, ConnectionError)):
+                stream.next_frame()
+            stream.close()
+    assert "Traceback" not in server.output()
+
+
+def test_an_idle_stream_beats_and_ends_when_its_client_goes(tmp_path: Path) -> None:
+    store = store_from_url(f"sqlite:///{tmp_path / 'beat.db'}")
+    served = load_served("bookings:build", store)
+    api = LocalAPI(served, principal="local")
+    assert api.call("POST", "/sessions", {}, b'{"session_id": "s-1"}', "local").status == 201
+    for heartbeat in (0.2, 3600.0):  # beats; then a client that goes is noticed without one
+        server = LocalServer(api, "127.0.0.1", 0, log_requests=False, heartbeat=heartbeat)
+        with server.running():
+            before = {t.ident for t in threading.enumerate()}
+            stream = Stream(server.url, "/sessions/s-1/events")
+            assert stream.status == 200
+            if heartbeat < 1:
+                lines = [stream.response.readline() for _ in range(4)]  # two beats (a comment, a blank line)
+                assert lines == [b": keep-alive\n", b"\n"] * 2  # and no event
+            serving = [t for t in threading.enumerate() if t.ident not in before]
+            assert serving  # the thread holding the stream
+            stream.close()
+            for thread in serving:
+                thread.join(timeout=10)
+            assert not any(t.is_alive() for t in serving)  # it noticed the client went, and ended
+    store.close()
