@@ -212,7 +212,7 @@ def raw_events(client: Client, session_id: str) -> list[tuple[dict[str, Any], in
     [
         ("x", 1_000_000),  # ~1 MB of plain text per event
         ('"', 500_000),  # ~1 MB stored, twice that in the response: each quote escaped once more there
-        ("\U0001f600", 250_000),  # ~1 MB stored (4 bytes each), 14 bytes each in the response
+        ("\U0001f600", 250_000),  # ~1 MB stored (4 bytes each), 12 in the response (a surrogate pair)
     ],
     ids=["ascii", "quotes", "emoji"],
 )

@@ -293,7 +293,7 @@ MAX_WAIT_SECONDS = 25
 MAX_EVENTS_PAGE_BYTES = 5 * 1024 * 1024
 """What one events page's events may take in the Lambda response (each as the JSON string the body is in it),
 safely under Lambda's 6 MB: a page always holds at least one event, and an event (at most 1 MiB stored) takes
-at most 3.5 MiB there, escaped."""
+at most 3 MiB there, escaped."""
 _WAIT_MARGIN = 3.0  # seconds a held request keeps before the function's deadline, to answer
 _WAIT_FIRST, _WAIT_LONGEST = 0.1, 1.0  # the held request's pause between reads of the tail, growing
 
