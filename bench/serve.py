@@ -52,7 +52,10 @@ class Client:
     def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any, float]:
         data = None if body is None else json.dumps(body).encode()
         started = time.perf_counter()
-        self.connection.request(method, path, body=data, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if method == "POST" and path.endswith("/runs"):
+            headers["Prefer"] = "wait=25"  # the whole turn, as before runs answered 202: the same workload
+        self.connection.request(method, path, body=data, headers=headers)
         response = self.connection.getresponse()
         raw = response.read()
         elapsed = time.perf_counter() - started

@@ -1,26 +1,38 @@
-"""The Step Functions state machine that wakes sleeping sessions.
+"""The Step Functions state machine that runs turns and wakes sleeping sessions.
 
-A run that yields starts an execution with ``{tenant, session_id}``::
+``POST /runs`` starts an execution with ``{tenant, session_id, invocation_id, name, loop}`` just before it
+commits the turn's claim, so every claimed turn has an execution responsible for it::
 
-    Park ──(answers arrive: SendTaskSuccess)──> Resume ──> Yielded again? ──yes──> Park
-      │                                            │            └─no──> Done
-      ├─ wait timed out ──> Expire ──> Expired     │
-      └─ any error ───────────────────────────────┴──> RecordFailure ──> Failed
+    Run ──yielded──> Park ──(answers: SendTaskSuccess)──> Continue ──> a fresh execution (Run ...)
+     │ ^                │
+     │ └─handed on──┘   ├─ wait timed out ──> Expire ──answered meanwhile?──yes──> Continue
+     │                  │                            └─no──> Expired
+     ├─ anything else ──> Done
+     ├─ claim never landed ──> NotClaimed
+     └─ error (after retries) ──> RecordFailure ──> Failed
+
+``Run`` (the resume function, minutes of time) runs the turn, committing each step; a turn that needs more
+time than one invocation comes back ``handed_on`` and runs again from its last committed step. A retried
+``Run`` (its first attempt timed out or died) takes the invocation over; one whose claim has not landed
+yet raises ``TurnNotClaimed``, retried for about a minute and then dropped (``NotClaimed``).
 
 ``Park`` is a ``.waitForTaskToken`` task: the park function stores the token with the session and the
-execution sleeps, at no cost, until ``POST /tools`` sends the answers or the wait times out (up to a year).
-Its result goes to ``$.answer`` so the execution input (tenant, session) survives the callback.
+execution sleeps, at no cost, until ``POST /tools`` sends the answers or the wait times out. Every wait ends
+its execution: the turn goes on in a fresh execution (``Continue``, "continue as new"), so one execution
+holds at most one wait, its history stays short (tens of events, never near 25,000) and its life stays under
+Step Functions' one year (the wait timeout is at most ``MAX_WAIT_SECONDS``). The next execution's name is
+the first's with ``-<loop>``: a retried ``Continue`` finds it started (``ExecutionAlreadyExists``).
 
 Every task retries, with backoff and jitter, what may pass by itself: dormant's retryable errors
-(``dormant.errors.retryable_error_names()``: a busy or unreachable store, a model that is down) and
-Lambda throttling, on top of the Lambda service errors CDK already retries. Anything else goes
-straight to its Catch. A retried park stores the new token; a retried resume claims the session
-again (``serving.advance``), so a retry never runs a turn twice.
+(``dormant.errors.retryable_error_names()``), Lambda throttling, and, for ``Run``, a function that timed
+out or died (its committed steps are kept). Anything else goes to ``RecordFailure``, which ends the
+invocation on the ledger as an ``error``: a session is never left ``running`` by a failed execution.
 """
 
 from __future__ import annotations
 
-from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Stack, Validations
+from aws_cdk import Acknowledgment, ArnFormat, Duration, RemovalPolicy, Stack, Validations
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
@@ -29,16 +41,34 @@ from constructs import Construct
 
 from dormant.errors import retryable_error_names
 
-MAX_WAIT_SECONDS = 365 * 24 * 3600
+MAX_WAIT_SECONDS = 360 * 24 * 3600
+"""The longest a session waits for answers: under Step Functions' one year, with room for the turn's runs."""
 _TIMEOUTS = ["States.Timeout", "States.HeartbeatTimeout"]
 RETRYABLE_ERRORS = [*retryable_error_names(), "Lambda.TooManyRequestsException"]
 """What the tasks retry beyond CDK's Lambda service errors: the errors that say "try again later"."""
+RUNNER_LOST = ["Sandbox.Timedout", "Runtime.ExitError", "Lambda.Unknown"]
+"""A ``Run`` whose function timed out or died: retried, the next attempt goes on from the last committed step."""
+NOT_CLAIMED = "TurnNotClaimed"
 
 
-def _retry_transient(task: tasks.LambdaInvoke) -> None:
+def state_machine_name(stack: Stack) -> str:
+    """A fixed name, so the machine's ARN can be written (its own role, the run function) without a cycle."""
+    return f"{stack.stack_name}-turns"
+
+
+def state_machine_arn(stack: Stack) -> str:
+    return stack.format_arn(
+        service="states",
+        resource="stateMachine",
+        resource_name=state_machine_name(stack),
+        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+    )
+
+
+def _retry_transient(task: sfn.TaskStateBase, errors: list[str] = RETRYABLE_ERRORS) -> None:
     """Up to 4 retries, 1 s apart and doubling (at most 30 s), fully jittered so retries do not stampede."""
     task.add_retry(
-        errors=RETRYABLE_ERRORS,
+        errors=errors,
         interval=Duration.seconds(1),
         backoff_rate=2,
         max_attempts=4,
@@ -47,12 +77,13 @@ def _retry_transient(task: tasks.LambdaInvoke) -> None:
     )
 
 
-def _session(action: str, **extra: object) -> sfn.TaskInput:
+def _turn(action: str, **extra: object) -> sfn.TaskInput:
     return sfn.TaskInput.from_object(
         {
             "action": action,
             "tenant": sfn.JsonPath.string_at("$.tenant"),
             "session_id": sfn.JsonPath.string_at("$.session_id"),
+            "invocation_id": sfn.JsonPath.string_at("$.invocation_id"),
             **extra,
         }
     )
@@ -71,44 +102,111 @@ class ResumeWorkflow(Construct):
         tracing: bool,
     ) -> None:
         super().__init__(scope, id)
+        stack = Stack.of(self)
+        status = {"status": sfn.JsonPath.string_at("$.Payload.status")}
+        run = tasks.LambdaInvoke(
+            self,
+            "Run",
+            lambda_function=resume,
+            payload=_turn("run"),
+            result_selector=status,
+            result_path="$.turn",
+        )
         wait = tasks.LambdaInvoke(
             self,
             "Park",
             lambda_function=park,
             integration_pattern=sfn.IntegrationPattern.WAIT_FOR_TASK_TOKEN,
-            payload=_session("park", token=sfn.JsonPath.task_token),
+            payload=_turn("park", token=sfn.JsonPath.task_token),
             task_timeout=sfn.Timeout.duration(Duration.seconds(wait_timeout_seconds)),
             result_path="$.answer",
         )
-        run_on = tasks.LambdaInvoke(
-            self,
-            "Resume",
-            lambda_function=resume,
-            payload=_session("resume"),
-            result_selector={"status": sfn.JsonPath.string_at("$.Payload.status")},
-            result_path="$.resumed",
-        )
         expire = tasks.LambdaInvoke(
-            self, "Expire", lambda_function=resume, payload=_session("expire"), result_path=sfn.JsonPath.DISCARD
+            self,
+            "Expire",
+            lambda_function=resume,
+            payload=_turn("expire"),
+            result_selector=status,
+            result_path="$.expired",
         )
         record_failure = tasks.LambdaInvoke(
             self,
             "RecordFailure",
             lambda_function=resume,
-            payload=_session("fail", error=sfn.JsonPath.object_at("$.error")),
+            payload=_turn("fail", error=sfn.JsonPath.object_at("$.error")),
             result_path=sfn.JsonPath.DISCARD,
         )
-        for task in (wait, run_on, expire, record_failure):
+        run.add_retry(  # the claim lands just after the execution starts: wait for it, about a minute in all
+            errors=[NOT_CLAIMED], interval=Duration.seconds(2), backoff_rate=1.5, max_attempts=8
+        )
+        _retry_transient(run, [*RETRYABLE_ERRORS, *RUNNER_LOST])
+        for task in (wait, expire, record_failure):
             _retry_transient(task)
-        failed = sfn.Fail(self, "Failed", error="ResumeFailed", cause="the error is recorded on the session's ledger")
+        # Continue as new: the next wait, or the rest of the turn, in a fresh execution of this machine.
+        next_loop = sfn.Pass(
+            self,
+            "Next loop",
+            parameters={
+                "tenant.$": "$.tenant",
+                "session_id.$": "$.session_id",
+                "invocation_id.$": "$.invocation_id",
+                "name.$": "$.name",
+                "loop.$": "States.MathAdd($.loop, 1)",
+            },
+        )
+        continued = sfn.Succeed(self, "Continued", comment="the turn goes on in the next execution")
+        start_next = sfn.CustomState(
+            self,
+            "Continue",
+            state_json={
+                "Type": "Task",
+                "Resource": f"arn:{stack.partition}:states:::states:startExecution",
+                "Parameters": {
+                    "StateMachineArn.$": "$$.StateMachine.Id",
+                    "Name.$": "States.Format('{}-{}', $.name, $.loop)",
+                    "Input": {
+                        "tenant.$": "$.tenant",
+                        "session_id.$": "$.session_id",
+                        "invocation_id.$": "$.invocation_id",
+                        "name.$": "$.name",
+                        "loop.$": "$.loop",
+                        "AWS_STEP_FUNCTIONS_STARTED_BY_EXECUTION_ID.$": "$$.Execution.Id",
+                    },
+                },
+                "Retry": [
+                    {
+                        "ErrorEquals": ["StepFunctions.SdkClientException", "States.TaskFailed"],
+                        "IntervalSeconds": 1,
+                        "BackoffRate": 2,
+                        "MaxAttempts": 4,
+                        "MaxDelaySeconds": 30,
+                        "JitterStrategy": "FULL",
+                    }
+                ],
+                "Catch": [  # a retry after the start went through: that execution goes on
+                    {"ErrorEquals": ["StepFunctions.ExecutionAlreadyExistsException"], "Next": "Continued"}
+                ],
+            },
+        )
+        failed = sfn.Fail(self, "Failed", error="TurnFailed", cause="the error is recorded on the session's ledger")
         record_failure.next(failed)
-        expire.next(sfn.Succeed(self, "Expired", comment="the wait timed out; the session is marked expired"))
+        next_loop.next(start_next)
+        start_next.next(continued)
+        run.add_catch(sfn.Succeed(self, "NotClaimed", comment="the claim never landed"), errors=[NOT_CLAIMED])
+        run.add_catch(record_failure, errors=["States.ALL"], result_path="$.error")
         wait.add_catch(expire, errors=_TIMEOUTS, result_path="$.error")
         wait.add_catch(record_failure, errors=["States.ALL"], result_path="$.error")
-        run_on.add_catch(record_failure, errors=["States.ALL"], result_path="$.error")
-        yielded = (
-            sfn.Choice(self, "Yielded again?")
-            .when(sfn.Condition.string_equals("$.resumed.status", "yielded_tool"), wait)
+        expire.add_catch(record_failure, errors=["States.ALL"], result_path="$.error")
+        wait.next(next_loop)
+        expire.next(
+            sfn.Choice(self, "Answered as it expired?")
+            .when(sfn.Condition.string_equals("$.expired.status", "resumable"), next_loop)
+            .otherwise(sfn.Succeed(self, "Expired", comment="the wait timed out; the session is marked expired"))
+        )
+        run.next(
+            sfn.Choice(self, "After the run")
+            .when(sfn.Condition.string_equals("$.turn.status", "yielded_tool"), wait)
+            .when(sfn.Condition.string_equals("$.turn.status", "handed_on"), run)
             .otherwise(sfn.Succeed(self, "Done"))
         )
         log_group = logs.LogGroup(self, "Logs", removal_policy=RemovalPolicy.DESTROY)
@@ -116,10 +214,19 @@ class ResumeWorkflow(Construct):
         self.state_machine = sfn.StateMachine(
             self,
             "StateMachine",
-            definition_body=sfn.DefinitionBody.from_chainable(wait.next(run_on).next(yielded)),
+            state_machine_name=state_machine_name(stack),
+            definition_body=sfn.DefinitionBody.from_chainable(run),
             state_machine_type=sfn.StateMachineType.STANDARD,
             logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=False),
             tracing_enabled=tracing,
+        )
+        # Continuing as new starts an execution of this same machine: granted by name, not by reference (a
+        # reference from the machine's own role would be a circular dependency).
+        iam.Policy(
+            self,
+            "ContinueAsNew",
+            roles=[self.state_machine.role],
+            statements=[iam.PolicyStatement(actions=["states:StartExecution"], resources=[state_machine_arn(stack)])],
         )
         acks = [
             Acknowledgment(

@@ -10,7 +10,11 @@
   ``UnprocessedItems``, as DynamoDB does when a partition is throttled;
 * ``throttle``: answer the HTTP request with a 400 ``ThrottlingException`` (below botocore's retry
   layer, which therefore retries it);
-* ``pause``: block until an event is set (the writer is slow), after telling the test it got there.
+* ``pause``: block until an event is set (the writer is slow), after telling the test it got there;
+* ``error``: answer the HTTP request with a 400 of a DynamoDB error code (``TransactionConflictException``,
+  or a ``TransactionCanceledException`` with cancellation reasons), below botocore's retry layer;
+* ``lose``: send the HTTP request for real (DynamoDB applies it), then lose the answer: the caller sees a
+  read timeout, which botocore's retry mode re-sends like any timeout.
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ class Faults:
         self.params: list[tuple[str, dict[str, Any]]] = []
         self._actions: dict[tuple[str, int], Callable[[dict[str, Any]], None]] = {}
         self._throttles: Counter[str] = Counter()
+        self._errors: dict[str, list[tuple[str, list[str] | None]]] = {}
+        self._lost: Counter[str] = Counter()
+        self._after_lost: dict[str, Callable[[], None]] = {}
         self._local = threading.local()
         self._lock = threading.Lock()
         events = client.meta.events
@@ -101,6 +108,40 @@ class Faults:
         """The next ``attempts`` HTTP attempts of ``operation`` are answered with a throttling error."""
         self._throttles[operation] += attempts
 
+    def error(
+        self, operation: str, code: str, attempts: int = 1, reasons: list[str] | None = None, nth: int | None = None
+    ) -> None:
+        """The next ``attempts`` HTTP attempts of ``operation`` (from its ``nth`` call from now, if given) are
+        answered with a 400 ``code`` (with these ``CancellationReasons`` codes, for a
+        ``TransactionCanceledException``); DynamoDB never sees them."""
+
+        def arm(_: dict[str, Any] | None = None) -> None:
+            with self._lock:
+                self._errors.setdefault(operation, []).extend([(code, reasons)] * attempts)
+
+        if nth is None:
+            arm()
+        else:
+            self._at(operation, nth, arm)
+
+    def lose(
+        self, operation: str, attempts: int = 1, then: Callable[[], None] | None = None, nth: int | None = None
+    ) -> None:
+        """The next ``attempts`` HTTP attempts of ``operation`` (from its ``nth`` call from now, if given) reach
+        DynamoDB, which applies them, and their answers are lost: each raises a read timeout instead (after
+        running ``then``, if given)."""
+
+        def arm(_: dict[str, Any] | None = None) -> None:
+            with self._lock:
+                self._lost[operation] += attempts
+                if then is not None:
+                    self._after_lost[operation] = then
+
+        if nth is None:
+            arm()
+        else:
+            self._at(operation, nth, arm)
+
     # -- hooks ------------------------------------------------------------------------------
 
     def _on_params(self, params: dict[str, Any], model: Any, **_: Any) -> None:
@@ -132,8 +173,28 @@ class Faults:
         operation = (operation.decode() if isinstance(operation, bytes) else operation).rsplit(".", 1)[-1]
         with self._lock:
             self.sent[operation] += 1
-            if self._throttles[operation] <= 0:
-                return None
-            self._throttles[operation] -= 1
-        body = json.dumps({"__type": "com.amazonaws.dynamodb.v20120810#ThrottlingException", "message": "injected"})
-        return AWSResponse(request.url, 400, {"x-amzn-requestid": "injected"}, _Raw(body.encode()))
+            lost = self._lost[operation] > 0
+            if lost:
+                self._lost[operation] -= 1
+            errors = self._errors.get(operation)
+            answer: dict[str, Any] | None = None
+            if not lost and errors:
+                code, reasons = errors.pop(0)
+                answer = {"__type": f"com.amazonaws.dynamodb.v20120810#{code}", "message": "injected"}
+                if reasons is not None:
+                    answer["CancellationReasons"] = [{"Code": r} for r in reasons]
+            elif not lost and self._throttles[operation] > 0:
+                self._throttles[operation] -= 1
+                answer = {"__type": "com.amazonaws.dynamodb.v20120810#ThrottlingException", "message": "injected"}
+        if lost:
+            from botocore.exceptions import ReadTimeoutError
+
+            self.client._endpoint.http_session.send(request).content  # applied by DynamoDB; answer dropped
+            then = self._after_lost.get(operation)
+            if then is not None:
+                then()
+            raise ReadTimeoutError(endpoint_url=request.url)
+        if answer is None:
+            return None
+        body = json.dumps(answer).encode()
+        return AWSResponse(request.url, 400, {"x-amzn-requestid": "injected"}, _Raw(body))

@@ -20,7 +20,7 @@ pytest.importorskip("boto3")
 from dynamodb_faults import Died, Faults
 
 from dormant.clock import FrozenClock, frozen_clock
-from dormant.errors import CommitIncomplete, StoreBusy
+from dormant.errors import CommitIncomplete, StoreBusy, StoreUnavailable
 from dormant.events import UserEvent
 from dormant.stores.base import ScopedStateChange, StoredSession
 from dormant.stores.dynamodb import DynamoDBSessionStore
@@ -384,6 +384,174 @@ def test_a_sweeper_rolling_back_a_slow_writer_mid_events_on_the_finish_touch_pat
     assert world.ids() == _events_ids("base", 10) + _events_ids("other", 2)
     assert [row[:2] for row in _listed(world)] == [("s-1", 2)] and slow_at not in _touches(world)
     _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("other", 2))
+
+
+# -- another request's transaction (TransactionConflict): re-sent, never a 500 ---------------------------
+
+_CONFLICT = "TransactionConflictException"
+_CANCELLED = "TransactionCanceledException"
+
+
+def test_a_gate_meeting_a_transaction_is_resent_and_the_commit_lands_once(world: World) -> None:
+    _seeded(world)
+    before = world.faults.sent["UpdateItem"]
+    world.faults.error("UpdateItem", _CONFLICT, attempts=3)
+    result = world.writer.commit(world.meta(), _events("t", 5), 1)
+    assert (result.ok, result.version, result.appended) == (True, 2, 5)
+    assert world.faults.sent["UpdateItem"] - before == 3 + 1 + 1  # three refused gates, the gate, the finish
+    assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
+    _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("t", 5))
+
+
+def test_a_finish_meeting_a_transaction_is_resent_and_the_commit_lands_once(world: World) -> None:
+    _seeded(world)
+    world.faults.error("UpdateItem", _CONFLICT, attempts=2, nth=2)  # the second UpdateItem: the finish
+    result = world.writer.commit(world.meta(), _events("t", 5), 1)
+    assert (result.ok, result.version, result.appended) == (True, 2, 5)
+    assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
+    assert world.store().repair_pending(older_than_s=0) == []  # no marker left behind
+
+
+def test_a_finish_transaction_cancelled_for_a_conflict_is_resent_and_lands_its_scoped_changes(world: World) -> None:
+    _seeded(world)
+    world.faults.error("TransactWriteItems", _CANCELLED, attempts=2, reasons=["None", "TransactionConflict", "None"])
+    changes = [ScopedStateChange("user", "u-1", "name", "Ada")]
+    result = world.writer.commit(world.meta(), _events("s", 3), 1, changes)
+    assert (result.ok, result.version, result.appended) == (True, 2, 3)
+    assert world.reader.load_scoped_state(world.app, "user", "u-1") == {"name": "Ada"}
+    assert world.ids() == _events_ids("base", 10) + _events_ids("s", 3)
+
+
+def test_a_bound_create_gate_cancelled_for_a_conflict_is_resent_and_binds_once(world: World) -> None:
+    world.faults.error("TransactWriteItems", _CANCELLED, attempts=2, reasons=["TransactionConflict", "None"])
+    result = world.writer.commit(world.meta(scopes={"user": "u-1"}), _events("c", 2), 0)
+    assert (result.ok, result.version, result.appended) == (True, 1, 2)
+    assert world.ids() == _events_ids("c", 2)
+    assert world.reader.bound_sessions(world.app, "user", "u-1") == ["s-1"]
+
+
+def test_a_gate_meeting_transactions_past_the_retries_is_store_busy_and_writes_nothing(world: World) -> None:
+    _seeded(world)
+    store = world.store(world.writer_client, conflict_retries=2)
+    before = world.faults.sent["UpdateItem"]
+    world.faults.error("UpdateItem", _CONFLICT, attempts=10)
+    with pytest.raises(StoreBusy, match="another request's transaction"):
+        store.commit(world.meta(), _events("t", 5), 1)
+    assert world.faults.sent["UpdateItem"] - before == 3  # the call and two re-sends: bounded
+    world.faults._errors.clear()  # the seven conflicts left unused
+    assert world.ids() == _events_ids("base", 10)
+    world.clock.advance(1)
+    assert world.store().repair_pending(older_than_s=0) == []  # no marker was left
+    _takes_the_next_commit(world, 1, _events_ids("base", 10))
+
+
+def test_a_rollback_meeting_a_transaction_is_resent(world: World) -> None:
+    _seeded(world)
+    world.faults.die("BatchWriteItem", nth=1)
+    with pytest.raises(Died):
+        world.writer.commit(world.meta(), _events("d", 5), 1)
+    world.clock.advance(1)
+    sweeper_client = world._client()
+    sweeper_faults = Faults(sweeper_client)
+    sweeper_faults.error("UpdateItem", _CONFLICT, attempts=2)  # the roll-back's UpdateItem
+    (report,) = world.store(sweeper_client).repair_pending(older_than_s=0)
+    assert report.action == "rolled_back"
+    assert sweeper_faults.sent["UpdateItem"] == 3
+    _takes_the_next_commit(world, 1, _events_ids("base", 10))
+
+
+# -- a gate whose answer was lost: it finds its own marker and goes on ----------------------------------
+
+
+def test_a_gate_whose_answer_was_lost_finds_its_own_marker_and_commits(world: World) -> None:
+    _seeded(world)
+    before = world.faults.sent["UpdateItem"]
+    world.faults.lose("UpdateItem")  # DynamoDB applies the gate; botocore times out and sends it again
+    result = world.writer.commit(world.meta(), _events("t", 5), 1)
+    assert (result.ok, result.version, result.appended) == (True, 2, 5)
+    assert world.faults.sent["UpdateItem"] - before == 2 + 1  # the lost gate, its re-send, the finish
+    assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
+    assert world.store().repair_pending(older_than_s=0) == []
+    _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("t", 5))
+
+
+def test_a_lost_gate_resent_by_the_store_after_a_conflict_finds_its_own_marker(world: World) -> None:
+    _seeded(world)
+    # The gate applies, its answer is lost; botocore's re-send meets a transaction (which botocore does not
+    # retry); the store's own re-send then finds the marker the first attempt left.
+    world.faults.lose("UpdateItem")
+    world.faults.error("UpdateItem", _CONFLICT)
+    changes = [ScopedStateChange("user", "u-1", "name", "Ada")]
+    result = world.writer.commit(world.meta(), _events("t", 5), 1, changes)
+    assert (result.ok, result.version, result.appended) == (True, 2, 5)
+    assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
+    assert world.reader.load_scoped_state(world.app, "user", "u-1") == {"name": "Ada"}
+
+
+@pytest.mark.parametrize("scopes", [{}, {"user": "u-1"}])
+def test_a_create_whose_gate_answer_was_lost_finds_its_own_marker(world: World, scopes: dict[str, str]) -> None:
+    # Unbound, the gate is an UpdateItem; bound, a transaction with the binding entries, which botocore
+    # re-sends with the same idempotency token (harmless): here that re-send meets another transaction, and
+    # the store's own re-send (a new token) finds the marker.
+    if scopes:
+        world.faults.lose("TransactWriteItems")
+        world.faults.error("TransactWriteItems", _CANCELLED, reasons=["TransactionConflict", "None"])
+    else:
+        world.faults.lose("UpdateItem")
+    result = world.writer.commit(world.meta(scopes=scopes), _events("c", 3), 0)
+    assert (result.ok, result.version, result.appended) == (True, 1, 3)
+    assert world.ids() == _events_ids("c", 3)
+    assert world.reader.bound_sessions(world.app, "user", "u-1") == (["s-1"] if scopes else [])
+    after = world.store().commit(world.meta(scopes=scopes), _events("next", 1), 1)
+    assert (after.ok, after.version) == (True, 2)
+
+
+@pytest.mark.parametrize("changes", [[], [ScopedStateChange("user", "u-1", "name", "Ada")]])
+def test_a_finish_whose_answer_was_lost_is_a_commit_that_landed_once(
+    world: World, changes: list[ScopedStateChange]
+) -> None:
+    _seeded(world)
+    # DynamoDB applies the finish and its answer is lost; botocore sends it again and finds the marker gone.
+    # The finish is the commit's second UpdateItem, or with scoped changes its TransactWriteItems (whose
+    # re-send carries the same idempotency token).
+    world.faults.lose("TransactWriteItems" if changes else "UpdateItem", nth=1 if changes else 2)
+    before = world.faults.sent["UpdateItem"]
+    result = world.writer.commit(world.meta(), _events("t", 5), 1, changes)
+    assert (result.ok, result.version, result.appended) == (True, 2, 5)
+    assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
+    assert world.reader.load_scoped_state(world.app, "user", "u-1") == ({"name": "Ada"} if changes else {})
+    assert world.faults.sent["UpdateItem"] - before == (1 if changes else 3)  # the gate; the finish twice
+    assert world.store().repair_pending(older_than_s=0) == []
+
+
+def test_a_gate_left_unanswered_past_the_retries_takes_its_marker_back(world: World) -> None:
+    _seeded(world)
+    store = world.store(world._client(retries={"mode": "standard", "total_max_attempts": 1}))
+    faults = Faults(store._client)
+    faults.lose("UpdateItem")  # applied, and no retry left: the caller sees the timeout
+    with pytest.raises(StoreUnavailable):
+        store.commit(world.meta(), _events("t", 5), 1)
+    assert world.ids() == _events_ids("base", 10)
+    # The session is free at once: the caller's retry does not wait out a marker nobody will finish.
+    retried = world.store(live_wait_s=0).commit(world.meta(), _events("t", 5), 1)
+    assert (retried.ok, retried.version, retried.appended) == (True, 2, 5)
+    assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
+
+
+def test_a_gate_resent_after_a_repair_undid_it_writes_nothing(world: World) -> None:
+    _seeded(world)
+
+    def swept() -> None:  # the answer stays lost so long that a sweeper rolls the marker back
+        world.clock.advance(61_000)
+        reports = world.store().repair_pending(older_than_s=60)
+        assert [r.action for r in reports if r.app_name == world.app] == ["rolled_back"]
+
+    world.faults.lose("UpdateItem", then=swept)
+    with pytest.raises(StoreBusy, match="unanswered"):
+        world.writer.commit(world.meta(), _events("t", 5), 1)
+    assert world.version() == 1 and world.ids() == _events_ids("base", 10)
+    assert world.raw_event_items() == 10
+    _takes_the_next_commit(world, 1, _events_ids("base", 10))
 
 
 # -- a second writer, a sweeper, and a slow writer ------------------------------------------------------

@@ -7,23 +7,25 @@ would call it; the tenant is the Cognito ``sub`` claim in the event's request co
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambda extra")
 
+from dormant.errors import TurnNotClaimed
 from dormant.events import InvocationStartEvent
-from dormant.serving.api import MAX_BODY_BYTES, MAX_LIST_LIMIT, Hooks, Idempotency, api_handler
+from dormant.serving.api import MAX_BODY_BYTES, MAX_LIST_LIMIT, Idempotency, api_handler
 from dormant.serving.runtime import Served, load_served
 from dormant.serving.workflow import (
     StepFunctions,
     execution_name,
     in_process_hooks,
+    step_functions_hooks,
     sweeper_handler,
     workflow_handler,
 )
@@ -55,6 +57,17 @@ def served(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
 @pytest.fixture
 def client(served: Served) -> Client:
     return Client(api_handler(in_process_hooks(served), served))
+
+
+def wait_for(client: Client, session_id: str, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """The session once ``done`` holds for it (a turn runs in a thread after its request answered 202)."""
+    deadline = time.monotonic() + 30
+    while True:
+        shown: dict[str, Any] = client.call("get_session", session_id=session_id)[1]
+        if done(shown):
+            return shown
+        assert time.monotonic() < deadline, shown
+        time.sleep(0.02)
 
 
 def create(client: Client, session_id: str = "s-1", tenant: str = TENANT_A) -> dict[str, Any]:
@@ -321,15 +334,12 @@ def test_run_yields_then_answers_resume_it_to_completion(client: Client) -> None
     assert status == 400 and error["field"] == "answers.1.call_id", error
     assert client.call("get_session", session_id="s-1")[1]["version"] == version
 
-    status, answered = client.call(
+    status, accepted = client.call(
         "tools", session_id="s-1", body={"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
     )
-    assert status == 202, answered
-    assert answered["resumed"] == "completed"
-    shown = client.call("get_session", session_id="s-1")[1]
-    assert shown["status"] == "completed" and shown["yielded_tools"] == []
-    # resumed in this request: its answer is the session after the resume, not "resumable" from before it
-    assert (answered["status"], answered["version"]) == ("completed", shown["version"])
+    assert status == 202 and accepted["status"] in ("running", "resumable", "completed"), accepted
+    shown = wait_for(client, "s-1", lambda s: s["status"] == "completed")
+    assert shown["yielded_tools"] == []
     assert shown["state"]["session"]["confirmation"]["patient"] == "Alex Doe"
 
     status, ledger = client.call("session_events", session_id="s-1", query={"after": "0", "limit": "3"})
@@ -372,7 +382,7 @@ def test_an_answer_that_another_answer_beat_is_a_409_and_stores_nothing(client: 
     (the caller lost a race, as with ``ClaimLost``), not a 400 as for a call that never waited."""
     create(client)
     call = client.call("run", session_id="s-1")[1]["yielded_tools"][0]
-    assert approve(client, "s-1", call["call_id"])[0] == 202
+    assert approve(client, "s-1", call["call_id"])[0] == 200
     version = client.call("get_session", session_id="s-1")[1]["version"]
     status, error = approve(client, "s-1", call["call_id"])
     assert (status, error["error"], error["field"]) == (409, "UnknownCallId", "answers.0.call_id"), error
@@ -395,7 +405,7 @@ def test_a_message_to_a_session_waiting_for_answers_is_a_409_naming_the_calls_an
         assert call["call_id"] in error["message"] and "/tools" in error["message"]
     assert client.call("get_session", session_id="s-1")[1] == shown
     status, answered = approve(client, "s-1", call["call_id"])
-    assert status == 202 and answered["resumed"] == "completed", answered
+    assert status == 200 and answered["status"] == "completed", answered
 
 
 # -- the inspector's reads: state at an event, the audit of a key, forks --------------------------
@@ -405,7 +415,7 @@ def booked(client: Client, session_id: str = "s-1") -> list[dict[str, Any]]:
     """Run the Bookings arc to completion through the API; return its ledger."""
     create(client, session_id)
     call = client.call("run", session_id=session_id)[1]["yielded_tools"][0]
-    assert approve(client, session_id, call["call_id"])[0] == 202
+    assert approve(client, session_id, call["call_id"])[0] == 200
     status, ledger = client.call("session_events", session_id=session_id, query={"limit": "500"})
     assert status == 200 and ledger["next"] is None
     return ledger["events"]  # type: ignore[no-any-return]
@@ -517,7 +527,7 @@ def test_a_fork_at_an_event_is_a_new_session_holding_the_ledger_up_to_it(client:
     assert listed == {"s-1", forked["id"]}
     # the fork answers on its own; the original is untouched
     call_id = forked["yielded_tools"][0]["call_id"]
-    assert approve(client, forked["id"], call_id)[1]["resumed"] == "completed"
+    assert approve(client, forked["id"], call_id)[1]["status"] == "completed"
     assert client.call("session_events", session_id="s-1", query={"limit": "500"})[1]["events"] == ledger
 
 
@@ -682,45 +692,89 @@ class FakeStepFunctions:
 def aws(served: Served) -> tuple[Client, FakeStepFunctions, Callable[..., Any]]:
     fake = FakeStepFunctions()
     machine = StepFunctions("arn:aws:states:eu-west-1:123456789012:stateMachine:resume", client=fake)
-    client = Client(api_handler(Hooks(on_yield=machine.on_yield, on_answers=machine.on_answers), served))
-    return client, fake, workflow_handler(served, machine)
+    client = Client(api_handler(step_functions_hooks(machine), served, function=None))
+    return client, fake, workflow_handler(served, StepFunctions(client=fake))
 
 
-def park(workflow: Callable[..., Any], session_id: str, token: str) -> dict[str, Any]:
-    event = {**load_event("workflow/park.json"), "tenant": TENANT_A, "session_id": session_id, "token": token}
-    return workflow(event, LambdaContext())  # type: ignore[no-any-return]
+def act(workflow: Callable[..., Any], action: str, started: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """One task of the execution ``started``: the state machine's call of the workflow function."""
+    given = json.loads(started["input"])
+    event = {
+        **load_event(f"workflow/{action}.json"),
+        **{k: given[k] for k in ("tenant", "session_id", "invocation_id")},
+    }
+    return workflow({**event, **extra}, LambdaContext())  # type: ignore[no-any-return]
 
 
-def approve(client: Client, session_id: str, call_id: str) -> tuple[int, Any]:
+def approve(client: Client, session_id: str, call_id: str, wait: bool = True) -> tuple[int, Any]:
     return client.call(
-        "tools", session_id=session_id, body={"answers": [{"call_id": call_id, "input": {"approved": True}}]}
+        "tools",
+        session_id=session_id,
+        body={"answers": [{"call_id": call_id, "input": {"approved": True}}]},
+        headers={"Prefer": "wait=25"} if wait else None,
     )
 
 
-def test_a_yield_starts_one_execution_per_invocation_even_when_retried(aws: Any, served: Served) -> None:
-    client, fake, _ = aws
+def test_a_run_starts_its_execution_before_the_claim_and_answers_202(aws: Any, served: Served) -> None:
+    client, fake, workflow = aws
     create(client)
-    assert client.call("run", session_id="s-1")[1]["status"] == "yielded_tool"
+    status, accepted = client.call("run", session_id="s-1", headers={"Prefer": ""})
+    assert status == 202 and accepted["status"] == "running" and accepted["after"] == 0, accepted
     (started,) = fake.started
-    assert json.loads(started["input"]) == {"tenant": TENANT_A, "session_id": "s-1"}
+    given = json.loads(started["input"])
     session = served.for_tenant(TENANT_A).sessions.require("s-1")
     invocation = session.projection.open_invocation
-    assert started["name"] == execution_name(TENANT_A, "s-1", invocation)
+    assert session.status == "running" and given["invocation_id"] == invocation
+    assert started["name"] == execution_name(TENANT_A, "s-1", invocation, 1) == given["name"]
     assert len(started["name"]) <= 80 and started["name"].isalnum()
-    # a retried request yields the same invocation again: Step Functions refuses the name, the hook shrugs
-    retried = SimpleNamespace(session_id="s-1", session=session)
-    StepFunctions("arn", client=fake).on_yield(TENANT_A, served.app, retried)  # type: ignore[arg-type]
+    # the claim records when a runner must have taken it on
+    assert session.projection.deadline is not None and session.projection.deadline > session.created_at
+    # held by the turn: a second run is a 409 and starts no execution
+    assert client.call("run", session_id="s-1", headers={"Prefer": ""})[0] == 409
     assert len(fake.started) == 1
-    assert execution_name(TENANT_B, "s-1", invocation) != started["name"]
-    assert execution_name(TENANT_A, "s-1", "another-invocation") != started["name"]
+    assert execution_name(TENANT_B, "s-1", invocation, 1) != started["name"]
+    assert execution_name(TENANT_A, "s-1", invocation, 2) != started["name"]
+    # the execution's run task runs the claimed turn to its yield
+    assert act(workflow, "run", started)["status"] == "yielded_tool"
+    assert client.call("get_session", session_id="s-1")[1]["status"] == "awaiting_input"
+
+
+def test_a_retried_run_task_takes_its_invocation_over_and_a_finished_one_ends(aws: Any, served: Served) -> None:
+    client, fake, workflow = aws
+    create(client)
+    client.call("run", session_id="s-1", headers={"Prefer": ""})
+    (started,) = fake.started
+    first = act(workflow, "run", started)
+    assert first["status"] == "yielded_tool"
+    # a retry of a run task that already yielded parks again, running nothing twice
+    again = act(workflow, "run", started)
+    assert again == {"status": "yielded_tool", "version": first["version"]}
+    call = client.call("get_session", session_id="s-1")[1]["yielded_tools"][0]
+    assert approve(client, "s-1", call["call_id"], wait=False)[0] == 202
+    assert act(workflow, "run", started)["status"] == "completed"
+    # once the invocation ended, a late retry reports it and runs nothing
+    version = client.call("get_session", session_id="s-1")[1]["version"]
+    assert act(workflow, "run", started)["status"] == "completed"
+    assert client.call("get_session", session_id="s-1")[1]["version"] == version
+
+
+def test_a_run_task_for_a_claim_not_landed_yet_is_retryable(aws: Any) -> None:
+    client, _, workflow = aws
+    create(client)
+    ghost = {"input": json.dumps({"tenant": TENANT_A, "session_id": "s-1", "invocation_id": "inv_never"})}
+    with pytest.raises(TurnNotClaimed):
+        act(workflow, "run", ghost)
 
 
 def test_park_then_answers_wakes_the_execution_once(aws: Any) -> None:
     client, fake, workflow = aws
     create(client)
-    call = client.call("run", session_id="s-1")[1]["yielded_tools"][0]
-    assert park(workflow, "s-1", "token-1") == {"woke": False, "status": "awaiting_input"}
-    status, answered = approve(client, "s-1", call["call_id"])
+    client.call("run", session_id="s-1", headers={"Prefer": ""})
+    (started,) = fake.started
+    act(workflow, "run", started)
+    call = client.call("get_session", session_id="s-1")[1]["yielded_tools"][0]
+    assert act(workflow, "park", started, token="token-1") == {"woke": False, "status": "awaiting_input"}
+    status, answered = approve(client, "s-1", call["call_id"], wait=False)
     assert status == 202 and answered["woke"] is True and answered["status"] == "resumable"
     assert fake.sent == ["token-1"]
 
@@ -728,22 +782,27 @@ def test_park_then_answers_wakes_the_execution_once(aws: Any) -> None:
 def test_answers_that_arrive_before_park_are_not_lost(aws: Any) -> None:
     client, fake, workflow = aws
     create(client)
-    call = client.call("run", session_id="s-1")[1]["yielded_tools"][0]
-    status, answered = approve(client, "s-1", call["call_id"])  # no token stored yet
+    client.call("run", session_id="s-1", headers={"Prefer": ""})
+    (started,) = fake.started
+    act(workflow, "run", started)
+    call = client.call("get_session", session_id="s-1")[1]["yielded_tools"][0]
+    status, answered = approve(client, "s-1", call["call_id"], wait=False)  # no token stored yet
     assert status == 202 and answered["woke"] is False and fake.sent == []
-    assert park(workflow, "s-1", "token-late") == {"woke": True, "status": "resumable"}
+    assert act(workflow, "park", started, token="token-late") == {"woke": True, "status": "resumable"}
     assert fake.sent == ["token-late"]
-    resumed = workflow({**load_event("workflow/resume.json"), "tenant": TENANT_A, "session_id": "s-1"}, LambdaContext())
-    assert resumed["status"] == "completed"
+    assert act(workflow, "run", started)["status"] == "completed"
 
 
-def test_expire_and_fail_end_the_waiting_invocation_on_the_ledger(client: Client, served: Served) -> None:
+def test_expire_and_fail_end_only_their_own_invocation(client: Client, served: Served) -> None:
     handler = workflow_handler(served)
     for session_id, action in (("s-expire", "expire"), ("s-fail", "fail")):
         create(client, session_id)
         assert client.call("run", session_id=session_id)[1]["status"] == "yielded_tool"
-        event = {**load_event(f"workflow/{action}.json"), "tenant": TENANT_A, "session_id": session_id}
-        result = handler(event, LambdaContext())
+        invocation = served.for_tenant(TENANT_A).sessions.require(session_id).projection.open_invocation
+        base = {**load_event(f"workflow/{action}.json"), "tenant": TENANT_A, "session_id": session_id}
+        # another invocation's task (an older execution's) leaves this one alone
+        assert handler({**base, "invocation_id": "inv_other"}, LambdaContext())["status"] == "awaiting_input"
+        result = handler({**base, "invocation_id": invocation}, LambdaContext())
         assert result["status"] == "error"
         ledger = client.call("session_events", session_id=session_id, query={"limit": "100"})[1]["events"]
         end = ledger[-1]
@@ -752,11 +811,25 @@ def test_expire_and_fail_end_the_waiting_invocation_on_the_ledger(client: Client
         assert end["error_type"] == expected[0] and expected[1] in end["error"]
 
 
+def test_expire_honours_answers_that_landed_as_the_wait_timed_out(client: Client, served: Served) -> None:
+    create(client)
+    call = client.call("run", session_id="s-1")[1]["yielded_tools"][0]
+    view = served.for_tenant(TENANT_A)
+    waiting = view.sessions.require("s-1")
+    invocation = waiting.projection.open_invocation
+    waiting.input.tool(call["call_id"], {"approved": True})  # answered in the store, the wake-up not yet sent
+    view.sessions.commit(waiting)
+    event = {**load_event("workflow/expire.json"), "tenant": TENANT_A, "session_id": "s-1", "invocation_id": invocation}
+    assert workflow_handler(served)(event, LambdaContext())["status"] == "resumable"
+    assert view.sessions.require("s-1").status == "resumable"  # not ended: the state machine runs it on
+
+
 def test_the_sweeper_event_runs_the_sweeper(served: Served) -> None:
     assert sweeper_handler(served)(load_event("schedule/sweeper.json"), LambdaContext()) == {
         "repaired": 0,
         "sessions": [],
         "purged": [],
+        "turns": [],
     }
 
 
@@ -808,9 +881,11 @@ def test_each_function_module_serves_its_sample_event(
     served_from_env.cache_clear()
     try:
         statuses = []
+        # run is wired to Step Functions, explicitly: without the ARN its template gives it, it does not load
+        with pytest.raises(KeyError, match="DORMANT_STATE_MACHINE"):
+            invoke.main(["run", str(EVENTS / "api/run.json")])
         for function, event in [
             ("sessions", "api/create_session.json"),
-            ("run", "api/run.json"),
             ("commit", "api/commit.json"),
             ("tools", "api/tools.json"),
             ("sessions", "api/delete_session.json"),
@@ -818,10 +893,10 @@ def test_each_function_module_serves_its_sample_event(
         ]:
             assert invoke.main([function, str(EVENTS / event)]) == 0
             statuses.append(last_json(capsys.readouterr().out)["statusCode"])
-        # the run moved the session past the commit sample's expected version: 409; tools names no real call: 400
-        assert statuses == [201, 200, 409, 400, 204, 200]
+        # tools names no call the sample session waits on: 400
+        assert statuses == [201, 200, 400, 204, 200]
         assert invoke.main(["sweeper", str(EVENTS / "schedule/sweeper.json")]) == 0
-        assert last_json(capsys.readouterr().out) == {"repaired": 0, "sessions": [], "purged": []}
+        assert last_json(capsys.readouterr().out) == {"repaired": 0, "sessions": [], "purged": [], "turns": []}
     finally:
         served_from_env.cache_clear()
 
@@ -883,7 +958,8 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_first_result_and_runs
         call_id = first[1]["yielded_tools"][0]["call_id"]
         answer = {"answers": [{"call_id": call_id, "input": {"approved": True}}]}
         done = client.call("tools", session_id="s-1", body=answer, headers={"Idempotency-Key": "k-2"})
-        assert done[0] == 202 and done[1]["resumed"] == "completed"
+        assert done[0] == 202 and done[1]["status"] == "running"
+        wait_for(client, "s-1", lambda s: s["status"] == "completed")
         assert client.call("tools", session_id="s-1", body=answer, headers={"Idempotency-Key": "k-2"}) == done
         # without the key, the same answers are a new request: that call was answered (a 409, a lost race)
         assert client.call("tools", session_id="s-1", body=answer)[0] == 409

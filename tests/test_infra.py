@@ -24,7 +24,7 @@ from dormant.serving.routes import ROUTES  # noqa: E402
 from dormant.stores.dynamodb import TABLE  # noqa: E402
 from infra.functions import HANDLERS  # noqa: E402
 from infra.stack import TABLE_ACTIONS  # noqa: E402
-from infra.workflow import MAX_WAIT_SECONDS, RETRYABLE_ERRORS  # noqa: E402
+from infra.workflow import MAX_WAIT_SECONDS, RETRYABLE_ERRORS, RUNNER_LOST  # noqa: E402
 from tests.cdk_template import STACK, Synth, definition_of, function_of, synthesize  # noqa: E402
 
 
@@ -149,13 +149,16 @@ def test_each_function_may_touch_only_the_table_its_logs_and_the_state_machine(s
     assert actions_by_service.get("states", set()) == expected_states.get(name, set())
 
 
-def test_the_state_machine_may_invoke_only_park_and_resume(synth: Synth) -> None:
+def test_the_state_machine_may_invoke_only_park_and_resume_and_start_only_itself(synth: Synth) -> None:
     _, machine = synth.one("AWS::StepFunctions::StateMachine")
     role_id = machine["Properties"]["RoleArn"]["Fn::GetAtt"][0]
-    invoked = set()
+    name = machine["Properties"]["StateMachineName"]
+    invoked, started = set(), []
     for statement in statements_of_role(synth, role_id):
         if statement["Action"] == "lambda:InvokeFunction":
             invoked |= {json.dumps(r) for r in as_list(statement["Resource"])}
+        elif statement["Action"] == "states:StartExecution":  # continue as new: this machine, by its name
+            started += [json.dumps(r) for r in as_list(statement["Resource"])]
         else:  # log delivery, which takes no resource narrower than *
             assert all(action.startswith("logs:") for action in as_list(statement["Action"])), statement
     park_id, _ = function_of(synth, "park")
@@ -163,6 +166,7 @@ def test_the_state_machine_may_invoke_only_park_and_resume(synth: Synth) -> None
     assert {fid for fid in (park_id, resume_id) if any(fid in r for r in invoked)} == {park_id, resume_id}
     others = {key for key in synth.of_type("AWS::Lambda::Function")} - {park_id, resume_id}
     assert not any(other in r for other in others for r in invoked)
+    assert len(started) == 1 and started[0].endswith(f':stateMachine:{name}"]]}}'), started
 
 
 # -- the API -------------------------------------------------------------------------------------
@@ -204,11 +208,36 @@ def test_every_method_is_behind_the_cognito_authorizer(synth: Synth) -> None:
 # -- the resume workflow -------------------------------------------------------------------------
 
 
-def test_the_workflow_parks_resumes_and_ends_cleanly(synth: Synth) -> None:
+def test_the_workflow_runs_parks_continues_as_new_and_ends_cleanly(synth: Synth) -> None:
     asl = definition_of(synth)
     states = asl["States"]
-    assert asl["StartAt"] == "Park"
-    assert set(states) == {"Park", "Resume", "Yielded again?", "Done", "Expire", "Expired", "RecordFailure", "Failed"}
+    assert asl["StartAt"] == "Run"
+    assert set(states) == {
+        "Run",
+        "After the run",
+        "Park",
+        "Next loop",
+        "Continue",
+        "Continued",
+        "Done",
+        "NotClaimed",
+        "Expire",
+        "Answered as it expired?",
+        "Expired",
+        "RecordFailure",
+        "Failed",
+    }
+    run = states["Run"]
+    assert run["Parameters"]["Payload"]["action"] == "run"
+    assert run["ResultPath"] == "$.turn" and run["ResultSelector"] == {"status.$": "$.Payload.status"}
+    catches = {tuple(c["ErrorEquals"]): c["Next"] for c in run["Catch"]}
+    assert catches == {("TurnNotClaimed",): "NotClaimed", ("States.ALL",): "RecordFailure"}
+    after = states["After the run"]
+    assert after["Choices"] == [
+        {"Variable": "$.turn.status", "StringEquals": "yielded_tool", "Next": "Park"},
+        {"Variable": "$.turn.status", "StringEquals": "handed_on", "Next": "Run"},  # the rest of the turn
+    ]
+    assert after["Default"] == "Done" and states["Done"]["Type"] == "Succeed"
 
     park = states["Park"]
     assert park["Resource"].endswith(":states:::lambda:invoke.waitForTaskToken")
@@ -218,23 +247,35 @@ def test_the_workflow_parks_resumes_and_ends_cleanly(synth: Synth) -> None:
     catches = {tuple(c["ErrorEquals"]): c["Next"] for c in park["Catch"]}
     assert catches[("States.Timeout", "States.HeartbeatTimeout")] == "Expire"
     assert catches[("States.ALL",)] == "RecordFailure"
-    assert park["Next"] == "Resume"
+    assert park["Next"] == "Next loop"  # every wait ends its execution: one wait per execution
 
-    resume = states["Resume"]
-    assert resume["Parameters"]["Payload"]["action"] == "resume"
-    assert {tuple(c["ErrorEquals"]): c["Next"] for c in resume["Catch"]} == {("States.ALL",): "RecordFailure"}
-    choice = states["Yielded again?"]
-    assert choice["Choices"] == [{"Variable": "$.resumed.status", "StringEquals": "yielded_tool", "Next": "Park"}]
-    assert choice["Default"] == "Done"
-    assert states["Done"]["Type"] == "Succeed"
+    # continue as new: the same machine, the same turn, a deterministic name per loop
+    assert states["Next loop"]["Parameters"]["loop.$"] == "States.MathAdd($.loop, 1)"
+    assert states["Next loop"]["Next"] == "Continue"
+    cont = states["Continue"]
+    assert cont["Resource"].endswith(":states:::states:startExecution")
+    assert cont["Parameters"]["StateMachineArn.$"] == "$$.StateMachine.Id"
+    assert cont["Parameters"]["Name.$"] == "States.Format('{}-{}', $.name, $.loop)"
+    assert {k: v for k, v in cont["Parameters"]["Input"].items() if not k.startswith("AWS_")} == {
+        "tenant.$": "$.tenant",
+        "session_id.$": "$.session_id",
+        "invocation_id.$": "$.invocation_id",
+        "name.$": "$.name",
+        "loop.$": "$.loop",
+    }
+    assert cont["Catch"] == [{"ErrorEquals": ["StepFunctions.ExecutionAlreadyExistsException"], "Next": "Continued"}]
+    assert cont["Next"] == "Continued" and states["Continued"]["Type"] == "Succeed"
 
     assert states["Expire"]["Parameters"]["Payload"]["action"] == "expire"
-    assert states["Expire"]["Next"] == "Expired" and states["Expired"]["Type"] == "Succeed"
+    assert states["Expire"]["Next"] == "Answered as it expired?"
+    answered = states["Answered as it expired?"]
+    assert answered["Choices"] == [{"Variable": "$.expired.status", "StringEquals": "resumable", "Next": "Next loop"}]
+    assert answered["Default"] == "Expired" and states["Expired"]["Type"] == "Succeed"
     assert states["RecordFailure"]["Parameters"]["Payload"]["error.$"] == "$.error"
     assert states["RecordFailure"]["Next"] == "Failed" and states["Failed"]["Type"] == "Fail"
-    for name in ("Park", "Resume", "Expire", "RecordFailure"):
-        assert states[name]["Parameters"]["Payload"]["session_id.$"] == "$.session_id"
-        assert states[name]["Parameters"]["Payload"]["tenant.$"] == "$.tenant"
+    for name in ("Run", "Park", "Expire", "RecordFailure"):
+        for key in ("session_id", "tenant", "invocation_id"):
+            assert states[name]["Parameters"]["Payload"][f"{key}.$"] == f"$.{key}"
 
 
 def test_every_task_retries_transient_errors_with_backoff_and_nothing_else(synth: Synth) -> None:
@@ -243,9 +284,15 @@ def test_every_task_retries_transient_errors_with_backoff_and_nothing_else(synth
     states = definition_of(synth)["States"]
     assert set(retryable_error_names()) >= {"StoreBusy", "StoreUnavailable", "CommitIncomplete", "ModelUnavailable"}
     assert [*retryable_error_names(), "Lambda.TooManyRequestsException"] == RETRYABLE_ERRORS
-    for name in ("Park", "Resume", "Expire", "RecordFailure"):
+    for name in ("Run", "Park", "Expire", "RecordFailure"):
         retries = {tuple(r["ErrorEquals"]): r for r in states[name]["Retry"]}
-        ours = retries.pop(tuple(RETRYABLE_ERRORS))
+        if name == "Run":  # a runner that timed out or died: the next attempt goes on from its committed steps
+            ours = retries.pop((*RETRYABLE_ERRORS, *RUNNER_LOST))
+            claim = retries.pop(("TurnNotClaimed",))  # the claim lands just after the execution starts
+            waited = sum(claim["IntervalSeconds"] * claim["BackoffRate"] ** n for n in range(claim["MaxAttempts"]))
+            assert 29 < waited < 120, waited  # longer than the API's request that commits it, not forever
+        else:
+            ours = retries.pop(tuple(RETRYABLE_ERRORS))
         assert ours["IntervalSeconds"] == 1 and ours["BackoffRate"] == 2 and ours["MaxAttempts"] == 4
         assert ours["MaxDelaySeconds"] == 30 and ours["JitterStrategy"] == "FULL"
         # what is left is CDK's retry of the Lambda service's own errors
@@ -261,9 +308,10 @@ def test_every_task_retries_transient_errors_with_backoff_and_nothing_else(synth
         assert not any(e.startswith("States.") for r in states[name]["Retry"] for e in r["ErrorEquals"])
 
 
-def test_the_wait_timeout_is_a_parameter_of_up_to_a_year(synth: Synth) -> None:
+def test_the_wait_timeout_is_a_parameter_under_a_year(synth: Synth) -> None:
     params = synth.template["Parameters"]
-    assert params["WaitTimeoutSeconds"]["MaxValue"] == MAX_WAIT_SECONDS == 31_536_000
+    # one wait per execution, and its turn's runs, stay under Step Functions' one year
+    assert params["WaitTimeoutSeconds"]["MaxValue"] == MAX_WAIT_SECONDS == 360 * 24 * 3600 < 365 * 24 * 3600
     assert params["ListingShards"]["MinValue"] == 1
     assert "30" in params["LogRetentionDays"]["AllowedValues"]
     for group in synth.of_type("AWS::Logs::LogGroup").values():

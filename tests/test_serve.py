@@ -15,11 +15,12 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,9 @@ def call(
 ) -> tuple[int, Any]:
     data = raw if raw is not None else None if body is None else json.dumps(body).encode()
     headers = {"Content-Type": "application/json", **(extra or {})}
+    if method == "POST" and url.endswith("/runs") and "Prefer" not in headers:
+        headers["Prefer"] = "wait=25"  # these tests read the turn's result; a turn runs after a 202 otherwise
+    headers = {name: value for name, value in headers.items() if value}
     if principal is not None:
         headers["X-Dormant-Principal"] = principal
     request = urllib.request.Request(url, data=data, method=method, headers=headers)
@@ -68,6 +72,15 @@ def call(
     except urllib.error.HTTPError as exc:
         status, text = exc.code, exc.read()
     return status, json.loads(text) if text else None
+
+
+def eventually(check: Callable[[], Any], timeout: float = 30) -> Any:
+    """``check()``'s first truthy value, asked again every 20 ms for up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline, "gave up waiting"
+        time.sleep(0.02)
+    return value
 
 
 @pytest.fixture(params=["sqlite", pytest.param("dynamodb", marks=pytest.mark.backend("dynamodb"))])
@@ -98,14 +111,13 @@ def test_a_booking_sleeps_is_answered_over_http_and_resumes_in_process(server: S
     status, created = call(f"{api}/sessions", "POST", {"session_id": "b-1", "scopes": {"user": "alex-doe"}})
     assert (status, created["id"], created["status"]) == (201, "b-1", "idle")
 
-    status, ran = call(f"{api}/sessions/b-1/runs", "POST", {"message": REQUEST})
-    assert status == 200 and ran["status"] == "yielded_tool" and ran["commit_status"] == "committed"
-    [waiting] = ran["yielded_tools"]
+    # the turn runs after the request: a 202 saying where to look, then the session moves on by itself
+    status, accepted = call(f"{api}/sessions/b-1/runs", "POST", {"message": REQUEST}, extra={"Prefer": ""})
+    assert status == 202 and (accepted["status"], accepted["after"]) == ("running", 0), accepted
+    shown = eventually(lambda: (s := call(f"{api}/sessions/b-1")[1])["status"] == "awaiting_input" and s)
+    [waiting] = shown["yielded_tools"]
     assert waiting["name"] == "request_approval" and waiting["answer_schema"]["required"] == ["approved"]
-
-    status, shown = call(f"{api}/sessions/b-1")
-    assert status == 200 and shown["status"] == "awaiting_input" and shown["version"] == ran["version"]
-    assert [t["call_id"] for t in shown["yielded_tools"]] == [waiting["call_id"]]
+    assert shown["version"] > accepted["version"]
 
     # an answer the yield schema refuses (as strict JSON: 1 is no approval) is a 400 naming the value in
     # the body, and records nothing
@@ -116,12 +128,13 @@ def test_a_booking_sleeps_is_answered_over_http_and_resumes_in_process(server: S
     assert call(f"{api}/sessions/b-1")[1]["version"] == shown["version"]
 
     answer = {"answers": [{"call_id": waiting["call_id"], "input": {"approved": True, "note": "ok"}}]}
-    status, answered = call(f"{api}/sessions/b-1/tools", "POST", answer)
-    assert status == 202 and answered["resumed"] == "completed"  # resumed in-process, where Step Functions would
+    # with Prefer: wait the answer's request holds until the resumed turn ends, and answers with it
+    status, answered = call(f"{api}/sessions/b-1/tools", "POST", answer, extra={"Prefer": "wait=25"})
+    assert status == 200 and answered["status"] == "completed", answered
 
     status, done = call(f"{api}/sessions/b-1")
     assert done["status"] == "completed" and done["yielded_tools"] == []
-    assert (answered["status"], answered["version"]) == ("completed", done["version"])  # after the resume
+    assert answered["version"] == done["version"]
     assert done["state"]["session"]["confirmation"]["slot_id"] == waiting["args"]["slot_id"]
 
     # the ledger, paged
@@ -225,7 +238,7 @@ def test_every_sample_event_gets_over_http_what_the_handler_gives_it_directly(tm
             query = urllib.parse.urlencode(event["queryStringParameters"] or {})
             target = f"{server.url}{event['path']}{'?' + query if query else ''}"
             raw = event["body"].encode() if event["body"] else None
-            over_http[name] = call(target, event["httpMethod"], raw=raw)
+            over_http[name] = call(target, event["httpMethod"], raw=raw, extra={"Prefer": ""})
 
     assert {n: s for n, (s, _) in over_http.items()} == {n: s for n, (s, _) in direct.items()}
     assert direct["tools"][0] == 400  # the sample answers a call the sample run did not make

@@ -120,6 +120,10 @@ def test_clients_racing_runs_and_answers_on_one_session_lose_with_409_and_nothin
         answers = race("/tools", lambda n: {"answers": [{"call_id": waiting["call_id"], "input": {"approved": True}}]})
         assert Counter(status for status, _ in answers) == {202: 1, 409: CLIENTS - 1}, answers
         assert {body["error"] for status, body in answers if status == 409} == {"UnknownCallId"}
+        deadline = time.monotonic() + TIMEOUT  # the answered turn runs on in the server after the 202
+        while call(api)[1]["status"] != "completed":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
 
         again = race("/runs", ask)
         assert {status for status, _ in again} <= {200, 409} and any(status == 200 for status, _ in again), again

@@ -78,7 +78,8 @@ def test_the_claim_is_stored_before_any_tool_runs(path: Path) -> None:
     # When the tool ran, the store already held the answer and the resume: the claim.
     assert proc.stored_when_run[0][-2:] == ["tool_input", "invocation_resume"]
     stored = proc.app.sessions.get(sid)
-    assert stored is not None and stored.status == "completed" and stored.version == outcome.version == 4
+    # Versions: 3 the claim, 4 the tool's result (committed before the model's next call), 5 the end.
+    assert stored is not None and stored.status == "completed" and stored.version == outcome.version == 5
 
 
 def test_a_new_turn_is_claimed_with_its_message(path: Path) -> None:
@@ -86,7 +87,8 @@ def test_a_new_turn_is_claimed_with_its_message(path: Path) -> None:
     proc.model.set_responses([{"tool_calls": [{"name": "note", "args": {"slot": "x"}}]}, {"text": "ok"}])
     outcome = advance(proc.app, proc.agent, proc.app.sessions.ephemeral(), "note x")
     assert outcome.status == "completed" and len(proc.ran) == 1
-    assert proc.stored_when_run[0] == ["invocation_start", "user"]
+    # The claim, then the model's step committed before its tool ran: a runner killed now loses no step.
+    assert proc.stored_when_run[0] == ["invocation_start", "user", "model_start", "model_end", "tool_call"]
 
 
 def test_a_stale_caller_loses_the_claim_and_runs_nothing(path: Path) -> None:
@@ -101,10 +103,10 @@ def test_a_stale_caller_loses_the_claim_and_runs_nothing(path: Path) -> None:
     with pytest.raises(ClaimLost) as lost:
         advance(loser.app, loser.agent, stale, {"tools": [{"call_id": "c0", "input": {"approved": False}}]})
     assert isinstance(lost.value, VersionConflict) and http_status(lost.value) == 409
-    assert (lost.value.expected_version, lost.value.actual_version) == (2, 4)
+    assert (lost.value.expected_version, lost.value.actual_version) == (2, 5)
     assert loser.ran == [] and loser.model.requests == []
     stored = winner.app.sessions.get(sid)
-    assert stored is not None and stored.version == 4
+    assert stored is not None and stored.version == 5
     assert next(e for e in stored.events if e.type == "tool_input").input == {"approved": True}  # type: ignore[union-attr]
     assert len(winner.app.sessions.list()) == 1  # no fork
 

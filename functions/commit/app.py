@@ -2,4 +2,4 @@
 
 from dormant.serving.api import api_handler
 
-handler = api_handler()
+handler = api_handler(function="commit")

@@ -1,5 +1,9 @@
-"""Lambda (Step Functions, .waitForTaskToken): store the task token with the session waiting for answers."""
+"""Lambda (Step Functions, .waitForTaskToken): store the task token with the session waiting for answers.
 
-from dormant.serving.workflow import workflow_handler
+When the answers came first it sends the token back itself: it answers task tokens, so it needs a Step
+Functions client but no state machine ARN.
+"""
 
-handler = workflow_handler()
+from dormant.serving.workflow import StepFunctions, workflow_handler
+
+handler = workflow_handler(step_functions=StepFunctions())

@@ -1,4 +1,7 @@
-"""Lambda (Step Functions): run a session on once answered; record an expired wait or a failure on its ledger."""
+"""Lambda (Step Functions): run a claimed turn, committing each step; end an expired wait or a failed turn.
+
+See dormant.serving.workflow for its actions (run, expire, fail).
+"""
 
 from dormant.serving.workflow import workflow_handler
 

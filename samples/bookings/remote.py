@@ -3,8 +3,9 @@
 Each command is a few JSON requests (stdlib ``urllib``); what it prints and its exit code are the local
 command's (``output.report``, ``output.print_pending``, ``timeline``). The server runs the agent: ``ask`` is
 ``POST /sessions`` then ``POST /runs``; ``approve``/``deny`` is ``POST /tools``, after which the server
-resumes the agent (``dormant serve`` before it answers; Step Functions soon after on AWS, so the
-command waits for the run to settle, up to ``SETTLE_SECONDS``).
+resumes the agent. The server runs turns after it answers (a 202), so runs and answers ask it to hold the
+request until the turn ends (``Prefer: wait=25``); a turn longer than that is waited for by reading the
+session, up to ``SETTLE_SECONDS``.
 """
 
 from __future__ import annotations
@@ -65,11 +66,10 @@ class _Remote:
     path: str
     command: str
 
-    def call(self, method: str, route: str, body: Any = None) -> Any:
+    def call(self, method: str, route: str, body: Any = None, *, wait: bool = False) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.path.rstrip("/") + route, data=data, method=method, headers={"Content-Type": "application/json"}
-        )
+        headers = {"Content-Type": "application/json", **({"Prefer": "wait=25"} if wait else {})}
+        request = urllib.request.Request(self.path.rstrip("/") + route, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
                 text = response.read()
@@ -161,7 +161,9 @@ def _resume(remote: _Remote, args: argparse.Namespace, text: str | None) -> int:
 
 
 def _run(remote: _Remote, session_id: str, body: dict[str, Any]) -> int:
-    ran = remote.call("POST", f"/sessions/{_quoted(session_id)}/runs", body)
+    ran = remote.call("POST", f"/sessions/{_quoted(session_id)}/runs", body, wait=True)
+    if "output" not in ran:  # a 202: the turn outlasted the request
+        return _report_settled(remote, session_id)
     shown = remote.session(session_id) if ran["status"] != "yielded_tool" else None
     return report(
         remote,
@@ -184,7 +186,13 @@ def _answer(remote: _Remote, args: argparse.Namespace, approved: bool, note: str
     if not calls:
         return not_waiting(remote, args.session_id, before["status"], "an approval")
     answers = [{"call_id": call["call_id"], "input": {"approved": approved, "note": note}} for call in calls]
-    remote.call("POST", f"/sessions/{_quoted(args.session_id)}/tools", {"answers": answers})
+    remote.call("POST", f"/sessions/{_quoted(args.session_id)}/tools", {"answers": answers}, wait=True)
+    return _report_settled(remote, args.session_id)
+
+
+def _report_settled(remote: _Remote, session_id: str) -> int:
+    """Report a turn the server runs on its own, once it settled (or say it still runs)."""
+    args = argparse.Namespace(session_id=session_id)
     shown = _settled(remote, args.session_id)
     if shown["status"] in ("resumable", "running"):
         say(f"the answer is in; the agent is still running. See: {remote.command} show {args.session_id}")

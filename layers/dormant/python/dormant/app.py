@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from pydantic import BaseModel
 
@@ -27,13 +27,15 @@ from .state.schema import BOUND_SCOPES, Schema
 from .state.values import check_storable
 from .stores.base import BaseSessionStore, CommitResult, ScopedStateChange, SessionListing, SessionStore
 from .stores.memory import in_memory_store
+from .writes import OnConflict, WriteResult, write
 
 if TYPE_CHECKING:
-    from .agents.loop import RunResult, RunStream
+    from .agents.loop import Checkpoint, RunResult, RunStream
 
 __all__ = ["App", "ErasureReport", "Sessions", "adk"]
 
 _MISSING: Any = object()
+T = TypeVar("T")
 _log = logging.getLogger("dormant.app")
 
 
@@ -216,12 +218,36 @@ class App:
         """
         return self.stream(agent, input, session=session).finish()
 
-    def stream(self, agent: Agent, input: Any = None, *, session: Session | None = None) -> RunStream:
-        """Like ``run``, yielding each event as it lands; the ``RunResult`` is on ``.result`` at the end."""
+    def stream(
+        self,
+        agent: Agent,
+        input: Any = None,
+        *,
+        session: Session | None = None,
+        invocation_id: str | None = None,
+        deadline: int | None = None,
+        checkpoint: Checkpoint | None = None,
+    ) -> RunStream:
+        """Like ``run``, yielding each event as it lands; the ``RunResult`` is on ``.result`` at the end.
+
+        For runners that commit as they go (``dormant.serving.turns``): ``invocation_id`` names a new
+        invocation, ``deadline`` (ms since the epoch) is recorded on its start or resume event, and
+        ``checkpoint`` is called before each model call and tool execution (``False`` ends the run there,
+        status ``handed_on``)."""
         # Imported on the first run: a process that only reads or commits sessions never loads the loop.
         from .agents.loop import start_run
 
-        return start_run(self, agent, input, session, adapter_for=self.adapter_for, ephemeral=self.sessions.ephemeral)
+        return start_run(
+            self,
+            agent,
+            input,
+            session,
+            adapter_for=self.adapter_for,
+            ephemeral=self.sessions.ephemeral,
+            invocation_id=invocation_id,
+            deadline=deadline,
+            checkpoint=checkpoint,
+        )
 
     def erase(self, *, scope: str, scope_id: str) -> ErasureReport:
         """Remove one person's (or org's...) data: the shared ``scope`` state stored under ``scope_id``,
@@ -269,7 +295,7 @@ class App:
 
 
 class Sessions:
-    """``app.sessions``: create, load, list, commit and delete the app's sessions."""
+    """``app.sessions``: create, load, list, commit, write and delete the app's sessions."""
 
     def __init__(self, app: App) -> None:
         self._app = app
@@ -399,6 +425,48 @@ class Sessions:
         save_after_commit(self._app, session, before=before, every=self._app.snapshot_every, complete=complete)
         return result
 
+    def write(
+        self,
+        session_id: str | None = None,
+        change: Callable[[Session], T] | None = None,
+        *,
+        session: Session | None = None,
+        on_conflict: OnConflict = "fail",
+        precondition: Callable[[Session], None] | None = None,
+        scoped_changes: Callable[[Session], Sequence[ScopedStateChange]] | None = None,
+        attempts: int = 5,
+    ) -> WriteResult[T]:
+        """Change a stored session: the one way to, for a claim, answers, a merge, ending an invocation.
+
+        Loads ``session_id`` (or starts from ``session=``, a loaded session the first attempt works on),
+        checks ``precondition(session)`` (it raises a typed error to refuse), runs ``change(session)`` (it
+        appends events, sets state, answers calls; what it returns is the result's ``value``) and commits
+        what that added. On a lost race ``on_conflict`` decides: ``"fail"`` raises ``VersionConflict``;
+        ``"retry"`` runs precondition and change again on a fresh load, up to ``attempts`` tries in all,
+        then raises ``StoreBusy`` naming the session; ``"merge"`` rebases what change added onto what
+        landed, or stores it as a fork when they conflict (``dormant.writes`` states the rules).
+        ``scoped_changes(session)``, when given, are the commit's shared-scope writes in place of those
+        the session's state changes make (a task token, a remote runner's own).
+
+        Returns a ``WriteResult``: ``status`` (``committed``, ``merged``, ``skipped``: nothing to write,
+        no store call; ``forked``), ``session`` as stored after it (the fork, for ``forked``), ``version``,
+        ``value``, ``attempts``, ``appended``, ``fork_id`` and ``conflicts``. An unknown or expired session
+        is ``SessionNotFound``; errors raised by precondition or change propagate. Whatever raises, nothing
+        was written.
+        """
+        if session is not None:
+            self._check(session, "write")
+        return write(
+            self,
+            session_id,
+            change,
+            session=session,
+            on_conflict=on_conflict,
+            precondition=precondition,
+            scoped_changes=scoped_changes,
+            attempts=attempts,
+        )
+
     def snapshot(self, session: Session) -> bool:
         """Store a snapshot of ``session`` now (it must be committed); True when the store kept it.
 
@@ -410,10 +478,10 @@ class Sessions:
             raise InputError("snapshot takes a session with everything committed", field="session")
         return save_snapshot(self._app, session)
 
-    def _check(self, session: Session) -> None:
+    def _check(self, session: Session, verb: str = "commit") -> None:
         if not isinstance(session, Session):
             raise InputError(
-                f"commit takes a Session (from app.sessions), not {type(session).__name__}", field="session"
+                f"{verb} takes a Session (from app.sessions), not {type(session).__name__}", field="session"
             )
         if session.runtime is not self._app:
             raise InputError("that session belongs to another app", field="session")

@@ -26,9 +26,11 @@ import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from .app import App
     from .serving.api import Idempotency
     from .serving.local import LocalAPI, Page
+    from .serving.runtime import Served
     from .stores.base import SessionStore
 
 __all__ = ["main"]
@@ -95,6 +98,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         " memory: store; 1 serves in this process)",
     )
     serve.add_argument("--quiet", action="store_true", help="do not log each request on stderr")
+    serve.add_argument(
+        "--sweep-every",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="run the sweeper this often: repair, purge, hand on turns whose runner stopped (default 60; 0: never)",
+    )
     serve.set_defaults(run=_serve)
     for name, help, run in (
         ("erase", "remove one person's shared state and every session bound to them", _erase),
@@ -194,6 +204,17 @@ def _serve(args: argparse.Namespace) -> int:
             return 2
         except KeyboardInterrupt:
             return 130
+        stop_sweeping = threading.Event()
+        if args.sweep_every > 0:
+            sweeper = threading.Thread(
+                target=_sweeping,
+                args=(args, api.served if count == 1 else None, stop_sweeping),
+                name="dormant-sweeper",
+                daemon=True,
+            )
+            sweeper.start()
+            stack.callback(sweeper.join, 30)
+            stack.callback(stop_sweeping.set)
         print(
             f"dormant serve: {args.app} on {_redacted(args.store)} at {server.url} "
             f"(caller without {PRINCIPAL_HEADER}: {args.principal}; "
@@ -220,6 +241,7 @@ def _local_api(args: argparse.Namespace) -> Iterator[LocalAPI]:
     """The API ``dormant serve`` serves, on a store of its own, closed afterwards (one per worker process)."""
     from .serving.local import LocalAPI
     from .serving.runtime import load_served
+    from .serving.workflow import join_local_turns
     from .stores.url import store_from_url
 
     store = store_from_url(args.store)
@@ -229,7 +251,34 @@ def _local_api(args: argparse.Namespace) -> Iterator[LocalAPI]:
             served, principal=args.principal, pages=default_pages(), idempotency=_idempotency(args.store, store)
         )
     finally:
+        join_local_turns()  # the turns this process runs commit before its store closes
         store.close()
+
+
+def _sweeping(args: argparse.Namespace, served: Served | None, stop: threading.Event) -> None:
+    """``dormant serve``'s sweeper, every ``--sweep-every`` seconds: what the scheduled sweeper does on AWS
+    (repair pending commits, purge expired sessions, hand on turns whose runner is gone)."""
+    from .serving.runtime import load_served
+    from .serving.workflow import sweeper_handler
+    from .stores.url import store_from_url
+
+    store = None
+    if served is None:  # the workers hold their own stores: this thread opens one too
+        store = store_from_url(args.store)
+        served = load_served(args.app, store)
+    sweep = sweeper_handler(served)
+    try:
+        while not stop.wait(args.sweep_every):
+            try:
+                done = sweep({}, None)
+            except Exception:  # a sweep that fails is tried again at the next one
+                logging.getLogger("dormant.serve").exception("dormant serve: the sweep failed")
+                continue
+            if done["repaired"] or done["purged"] or done["turns"]:
+                print(f"dormant serve: swept {json.dumps(done)}", file=sys.stderr, flush=True)
+    finally:
+        if store is not None:
+            store.close()
 
 
 def _idempotency(url: str, store: SessionStore) -> Idempotency | None:

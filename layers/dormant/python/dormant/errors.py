@@ -46,7 +46,7 @@ The tree (with the HTTP status a handler maps each class to; ``http_status(exc)`
         ├── VersionConflict                       409  optimistic concurrency: the stored version moved
         │   └── ClaimLost                         409  another writer claimed the session first; nothing ran
         ├── SessionNotFound                       404  ``app.sessions.require`` of an id that is not stored
-        ├── StoreBusy                             503  locked or overloaded past the timeout: retry later
+        ├── StoreBusy                             503  locked, overloaded or contended past its limit: retry later
         ├── StoreUnavailable                      503  the store cannot be reached: retry later
         ├── CommitIncomplete                      503  a commit passed its gate, not all its writes landed: retry
         └── StoreClosed                           500  the store was used after ``close()``
@@ -101,6 +101,7 @@ __all__ = [
     "StateValidationError",
     "StoreBusy",
     "StoreClosed",
+    "TurnNotClaimed",
     "StoreError",
     "StoreUnavailable",
     "TempOutsideInvocation",
@@ -503,7 +504,13 @@ class SessionNotFound(StoreError, KeyError):
 
 
 class StoreBusy(StoreError):
-    """The database stayed locked past the store's timeout; retrying later may succeed."""
+    """The database stayed locked past the store's timeout, or a session kept moving under a write that
+    retries (``app.sessions.write``, which names it in ``session_id``); retrying later may succeed."""
+
+    def __init__(self, message: str, *, session_id: str | None = None) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+        """The session whose writes kept losing the race (``None``: the store as a whole was busy)."""
 
 
 class StoreUnavailable(StoreError):
@@ -526,6 +533,14 @@ class CommitIncomplete(StoreError):
 
 class StoreClosed(StoreError):
     """The store was used after ``close()``."""
+
+
+class TurnNotClaimed(DormantError):
+    """A workflow was started for an invocation that is not on the ledger (yet): its claim has not landed.
+
+    The API starts a turn's execution just before it commits the claim, so the execution may look first.
+    The state machine retries this for about a minute; past that the claim never landed and the execution
+    ends with nothing to do."""
 
 
 HTTP_STATUS: dict[type[DormantError], int] = {
@@ -577,6 +592,7 @@ HTTP_STATUS: dict[type[DormantError], int] = {
     StoreUnavailable: 503,
     CommitIncomplete: 503,
     StoreClosed: 500,
+    TurnNotClaimed: 503,
 }
 """The HTTP status a handler answers with for each error class (the tree above shows them)."""
 

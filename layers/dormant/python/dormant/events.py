@@ -152,6 +152,9 @@ class InvocationStartEvent(EventBase):
     type: Literal["invocation_start"] = "invocation_start"
     invocation_id: str
     agent_name: str
+    deadline: int | None = None
+    """When the runner that opened it stops (ms since the epoch): past it, with the invocation still open, the
+    runner is gone and the sweeper ends or hands on the turn. ``None``: a runner with no deadline (``app.run``)."""
 
 
 class InvocationEndEvent(EventBase):
@@ -181,6 +184,8 @@ class InvocationYieldEvent(EventBase):
 class InvocationResumeEvent(EventBase):
     type: Literal["invocation_resume"] = "invocation_resume"
     invocation_id: str
+    deadline: int | None = None
+    """The deadline of the runner that took the invocation on (see ``InvocationStartEvent.deadline``)."""
 
 
 class ModelRef(_Record):

@@ -104,6 +104,7 @@ class Projection:
         "answered",
         "count",
         "current_agent_name",
+        "deadline",
         "invocations",
         "open_calls",
         "open_invocation",
@@ -128,6 +129,8 @@ class Projection:
         self.output = Output()
         self.invocations: dict[str, InvocationNode] = {}
         self.open_invocation: str | None = None
+        # When the open invocation's runner stops (ms since the epoch), as its start or last resume recorded.
+        self.deadline: int | None = None
         # Calls of the open invocation that have no result yet, in the order the model made them.
         self.open_calls: dict[str, ToolCallEvent] = {}
         # Yielded calls without an answer, and answered ones whose tool has not run yet.
@@ -176,6 +179,7 @@ class Projection:
             node = InvocationNode(event.invocation_id, event.agent_name, "running", index)
             self.invocations[event.invocation_id] = node
             self.open_invocation = event.invocation_id
+            self.deadline = event.deadline
             self.open_calls = {}
             self.current_agent_name = event.agent_name
             self.status = "running"
@@ -189,6 +193,7 @@ class Projection:
             self._set_node(event.invocation_id, self.status, index)
         elif isinstance(event, InvocationResumeEvent):
             self.open_invocation = event.invocation_id
+            self.deadline = event.deadline
             resumed = self.invocations.get(event.invocation_id)
             if resumed is not None:
                 self.current_agent_name = resumed.agent_name
@@ -198,6 +203,7 @@ class Projection:
             self.status = event.status
             self._set_node(event.invocation_id, event.status, index)
             self.open_invocation = None
+            self.deadline = None
             self.open_calls = {}
             self.pending = {}
             self.answered = {}
@@ -244,6 +250,7 @@ class Projection:
                 if n.status not in _ENDED
             ],
             "open_invocation": self.open_invocation,
+            "deadline": self.deadline,
             "open_calls": [e.model_dump(mode="json") for e in self.open_calls.values()],
             "pending": [[y.call_id, y.name, json_copy(y.args), y.invocation_id] for y in self.pending.values()],
             "answered": [e.model_dump(mode="json") for e in self.answered.values()],
@@ -272,6 +279,8 @@ class Projection:
             for row in data["invocations"]
         }
         projection.open_invocation = data["open_invocation"]
+        deadline = data.get("deadline")  # absent from snapshots written before deadlines
+        projection.deadline = None if deadline is None else _count(deadline)
         projection.open_calls = {e.call_id: e for e in _events(data["open_calls"], ToolCallEvent)}
         projection.pending = {row[0]: YieldedTool(row[0], row[1], dict(row[2]), row[3]) for row in data["pending"]}
         projection.answered = {e.call_id: e for e in _events(data["answered"], ToolInputEvent)}

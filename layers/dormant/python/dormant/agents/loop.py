@@ -49,9 +49,15 @@ from .tools import Tool, ToolArgumentsError, ToolContext, json_schema
 if TYPE_CHECKING:
     from ..state.view import StateView
 
-__all__ = ["RunInput", "RunResult", "RunStatus", "RunStream", "start_run"]
+__all__ = ["Checkpoint", "RunInput", "RunResult", "RunStatus", "RunStream", "start_run"]
 
-RunStatus: TypeAlias = Literal["completed", "yielded_tool", "error", "max_steps"]
+RunStatus: TypeAlias = Literal["completed", "yielded_tool", "error", "max_steps", "handed_on"]
+"""How a run stopped. ``handed_on`` only comes from a run given a ``checkpoint`` that said stop: the invocation
+stays open, everything it did is committed, and the next runner resumes it from there."""
+
+Checkpoint: TypeAlias = Callable[[], bool]
+"""Called before each model call and each tool execution: commit what the run holds; ``False`` stops the run
+there (``handed_on``). A runner that commits as it goes loses at most the step in flight."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +127,8 @@ class RunStream(Iterator[Event]):
         try:
             return next(self._steps)
         except StopIteration as stop:
-            self.result = stop.value
+            if self.result is None:  # an exhausted stream keeps the result it ended with
+                self.result = stop.value
             raise
 
     def finish(self) -> RunResult:
@@ -139,11 +146,16 @@ def start_run(
     *,
     adapter_for: Callable[[ModelSpec], ModelAdapter],
     ephemeral: Callable[[], Session],
+    invocation_id: str | None = None,
+    deadline: int | None = None,
+    checkpoint: Checkpoint | None = None,
 ) -> RunStream:
     """Check the input (raising, with nothing written, if it is bad) and return the run's event stream.
 
     ``adapter_for`` resolves an agent's model to its adapter; ``ephemeral`` builds the session a run
-    without one uses. The app passes both, so the loop never reaches back into it.
+    without one uses. The app passes both, so the loop never reaches back into it. A runner (a server
+    running turns) passes ``invocation_id`` for a new invocation (so it can name the turn before claiming
+    it), its ``deadline`` (recorded on the ledger) and a ``checkpoint``.
     """
     if not isinstance(agent, Agent):
         raise ConfigurationError(f"app.run takes an agent built with app.agent, not {agent!r}")
@@ -173,7 +185,9 @@ def start_run(
         waiting = projection.invocations[projection.open_invocation].agent_name
         if waiting != agent.name:
             raise AgentMismatch(waiting, agent.name)
-    return RunStream(_Run(adapter_for, agent, session, run_input, seeds, state, stored, answers).steps())
+    run = _Run(adapter_for, agent, session, run_input, seeds, state, stored, answers)
+    run.invocation_id, run.deadline, run.checkpoint = invocation_id, deadline, checkpoint
+    return RunStream(run.steps())
 
 
 class _Run:
@@ -202,6 +216,13 @@ class _Run:
         """The user's message, appended once the calls it follows have their results."""
         self.start = self.mark = len(session.events)
         self.usage = Usage()
+        self.invocation_id: str | None = None
+        self.deadline: int | None = None
+        self.checkpoint: Checkpoint | None = None
+
+    def _go_on(self) -> bool:
+        """Whether the runner lets the run take its next step (it commits what the run holds first)."""
+        return self.checkpoint is None or self.checkpoint()
 
     def _hear(self, invocation: Invocation) -> None:
         """Append the user's message (once)."""
@@ -233,10 +254,14 @@ class _Run:
         agent_name = self.agent.name
         if projection.open_invocation is not None:
             invocation_id = projection.open_invocation
-            session.append(InvocationResumeEvent(invocation_id=invocation_id, agent_name=agent_name))
+            session.append(
+                InvocationResumeEvent(invocation_id=invocation_id, agent_name=agent_name, deadline=self.deadline)
+            )
         else:
-            invocation_id = new_id("inv_")
-            session.append(InvocationStartEvent(invocation_id=invocation_id, agent_name=agent_name))
+            invocation_id = self.invocation_id or new_id("inv_")
+            session.append(
+                InvocationStartEvent(invocation_id=invocation_id, agent_name=agent_name, deadline=self.deadline)
+            )
         invocation = session.invocation(invocation_id, agent_name, stored=self.stored)
         if self.message is not None and not projection.unexecuted_calls():
             self._hear(invocation)  # with the invocation's start: a claim of the turn holds its message
@@ -264,6 +289,8 @@ class _Run:
                 ):
                     waiting = True
                     continue
+                if not self._go_on():
+                    return "handed_on"
                 self.session.append(self._execute(invocation, tool, call, projection.answered.get(call.call_id)))
                 yield from self._new()
             if self.message is not None:  # after the results of the calls it follows, before the model's turn
@@ -282,6 +309,8 @@ class _Run:
                 self._end(invocation, "max_steps")
                 yield from self._new()
                 return "max_steps"
+            if not self._go_on():
+                return "handed_on"
             steps_used += 1
             response = yield from self._call_model(invocation)
             if response is None:

@@ -1,58 +1,36 @@
 """Move a stored session on for a caller, claiming it before anything acts.
 
-``advance(app, agent, session, input)`` is how a command or an HTTP handler runs a session: it adds
-the input (a user message, answers to yielded calls) and runs the agent as a stream. When the run
-opens its invocation (``invocation_start`` or ``invocation_resume``) the input and that event are on
-the ledger and no tool has run yet (tools run only after it, in the run loop). That moment it commits
-them under optimistic concurrency: the *claim*. Of two callers racing on one session only the one
-whose claim lands runs tools; the other gets ``ClaimLost`` (HTTP 409), having run and written
-nothing. The winner runs on and commits the rest through ``serving.commit``.
+``advance(app, agent, session, input)`` is how a command runs a session in one call: it claims the turn
+(``serving.turns.claim_turn``: the input and the invocation's start committed under optimistic
+concurrency, before any tool runs) and then runs it here (``run_to_end``), committing before every model
+call and tool execution, with a deadline on the ledger renewed every ``RUNNER_TURN_MS``: a process that
+dies mid-turn is found by the sweeper, which hands the turn on. Of two callers racing on one session only
+the one whose claim lands runs tools; the other gets ``ClaimLost`` (HTTP 409), having run and written
+nothing. The winner's last events go through ``serving.commit``.
 
 A run that opens no invocation (``state`` set while every call still waits) is claimed by the same strict
-commit at its end: nothing ran, so a loser again has nothing to undo.
+commit: nothing ran, so a loser again has nothing to undo.
 
 A session whose invocation is open and not paused (status ``running``) is held by a run in progress,
 or by one whose process died. ``advance`` refuses it with ``ClaimLost``; ``takeover=True`` resumes it,
 for a caller who knows that run is dead. Its unfinished tool calls then run again (at-least-once).
+
+A server runs the two acts apart (the HTTP API answers 202 once the claim landed): see ``serving.turns``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ClaimLost, VersionConflict
-from ..events import InvocationResumeEvent, InvocationStartEvent
-from ..projection import Output, YieldedTool
+from ..clock import now_ms
 from ..session import Session
-from .commit import CommitStatus, commit
+from .turns import RUNNER_TURN_MS, AdvanceOutcome, claim_turn, run_to_end
 
 if TYPE_CHECKING:
     from ..agents.agent import Agent
-    from ..agents.loop import RunStatus
     from ..app import App
 
 __all__ = ["AdvanceOutcome", "advance"]
-
-
-@dataclass(frozen=True)
-class AdvanceOutcome:
-    """What a claimed run came to, and how it was stored."""
-
-    status: RunStatus
-    """The run's status: ``completed``, ``yielded_tool``, ``error`` or ``max_steps``."""
-    session_id: str
-    output: Output
-    yielded_tools: list[YieldedTool]
-    commit_status: CommitStatus
-    """How the run's events after the claim were committed (``serving.commit``)."""
-    version: int
-    """The stored version after the run (of the fork, when ``commit_status`` is ``orphaned``)."""
-    session: Session = field(repr=False, compare=False)
-    """The session as it stands after the commit (read its state, its ledger)."""
-    fork_id: str | None = None
-    """Where the run was saved when it could not join the session (``orphaned``)."""
-    error: str | None = None
 
 
 def advance(
@@ -64,51 +42,5 @@ def advance(
     errors of ``app.run`` (nothing written), and ``ClaimLost`` when another writer holds the session or
     claimed it first (nothing run, nothing written).
     """
-    if isinstance(session, str):
-        session = app.sessions.require(session)
-    if session.status == "running" and not takeover:
-        raise ClaimLost(
-            session.id,
-            expected_version=session.version,
-            actual_version=session.version,
-            reason="an invocation is running on it (or its process died: resume it with takeover)",
-        )
-    stream = app.stream(agent, input, session=session)
-    claimed = False
-    for event in stream:
-        if not claimed and isinstance(event, InvocationStartEvent | InvocationResumeEvent):
-            _claim(app, session)
-            claimed = True
-    result = stream.result
-    assert result is not None
-    if claimed:
-        outcome = commit(app, session)
-        commit_status, version, fork_id = outcome.status, outcome.version, outcome.fork_id
-    else:
-        commit_status = "committed" if session.uncommitted_events or session.version == 0 else "skipped"
-        version, fork_id = _claim(app, session), None
-    return AdvanceOutcome(
-        status=result.status,
-        session_id=session.id,
-        output=session.output,
-        yielded_tools=session.yielded_tools,
-        commit_status=commit_status,
-        version=version,
-        fork_id=fork_id,
-        error=result.error,
-        session=session,
-    )
-
-
-def _claim(app: App, session: Session) -> int:
-    """Commit what the session holds now, or raise ``ClaimLost``: another writer got there first."""
-    expected = session.version
-    try:
-        return app.sessions.commit(session).version
-    except VersionConflict as conflict:
-        raise ClaimLost(
-            session.id,
-            expected_version=expected,
-            actual_version=conflict.actual_version,
-            reason=f"another writer moved it from version {expected} to {conflict.actual_version} first",
-        ) from None
+    claim = claim_turn(app, agent, session, input, takeover=takeover, deadline=now_ms() + RUNNER_TURN_MS)
+    return run_to_end(app, claim, lambda name: agent)

@@ -18,8 +18,12 @@ tenant's sessions and shared state are out of its reach by construction, like ev
 result without running again: Powertools idempotency, persisted in the session table under the
 partition ``I#{app}@{tenant}`` (a tenant's keys never meet another's), expiring through the table's TTL.
 
-A run that yields hands the wait to ``on_yield`` (on AWS: start the Step Functions execution that
-parks the session); answers to yielded calls go to ``on_answers`` (on AWS: wake that execution).
+``POST /runs`` claims the turn and answers 202 (``Location``: the session; ``after``: the index of the
+turn's first event); the turn runs outside the request (``Hooks``: on AWS a Step Functions execution,
+started before the claim; under ``dormant serve`` a thread), committing each step, so ``GET /sessions/{id}``
+shows it ``running`` and ``GET /sessions/{id}/events?after=`` its steps. ``Prefer: wait=N`` (N <= 25)
+answers 200 with the finished turn when it ends in time. Answers to yielded calls go to ``on_answers``
+(on AWS: wake the waiting execution).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import time
 import typing
 from collections.abc import Callable, Sequence
@@ -42,7 +47,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..app import App
 from ..audit import key_history, state_diff
+from ..clock import now_ms
 from ..errors import (
+    ClaimLost,
     DormantError,
     EventIndexError,
     InputError,
@@ -50,19 +57,20 @@ from ..errors import (
     RequestInProgress,
     RequestTooLarge,
     SessionNotFound,
-    StoreBusy,
     ToolInputError,
     UnknownCallId,
     VersionConflict,
     http_status,
 )
-from ..events import Event, ToolInputEvent, parse_event
+from ..events import Event, InvocationEndEvent, ToolInputEvent, parse_event
+from ..ids import new_id
 from ..projection import Projection, SessionStatus
 from ..session import Session
 from ..stores.base import ScopedStateChange, SessionListing
-from .advance import AdvanceOutcome, advance
-from .hooks import Hooks
+from .hooks import Hooks, Started
+from .routes import ROUTES
 from .runtime import Served, served_from_env
+from .turns import CLAIM_GRACE_MS, AdvanceOutcome, check_wait, claim_turn, run_to_end
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -81,6 +89,7 @@ __all__ = [
 
 _ATTEMPTS = 5
 _SCAN_PAGES = 10
+
 MAX_LIST_LIMIT = 1000
 """The most sessions one ``GET /sessions`` page holds (a larger ``limit`` is a 400, not a table read)."""
 STATUSES: tuple[str, ...] = typing.get_args(SessionStatus)
@@ -341,10 +350,26 @@ def _events_page(events: Sequence[Event], first: int, limit: int, total: int) ->
 
 
 def build_resolver(
-    served: Served, hooks: Hooks, metrics: Metrics, logger: Logger, idempotency: Idempotency | None = None
+    served: Served,
+    hooks: Hooks,
+    metrics: Metrics,
+    logger: Logger,
+    idempotency: Idempotency | None = None,
+    function: str | None = None,
 ) -> APIGatewayRestResolver:
-    """The routes, over ``served``; each request works on the app as its tenant sees it."""
+    """The routes of ``function`` (``serving.routes``; ``None``: every route), over ``served``; each request
+    works on the app as its tenant sees it. A function answers only its own routes, as API Gateway sends it
+    only those: any other is a 404."""
     resolver = APIGatewayRestResolver()
+    mine = {(m, p.replace("{id}", "<session_id>")) for m, p, f in ROUTES if function is None or f == function}
+
+    def route(method: str, path: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def register(view: Callable[..., Any]) -> Callable[..., Any]:
+            if (method, path) in mine:
+                resolver.route(path, method)(view)
+            return view
+
+        return register
 
     def once(tenant_app: App, session_id: str, work: Callable[[], dict[str, Any]]) -> Response[Any]:
         """``work()`` (-> ``{"status": code, "body": ...}``) once per Idempotency-Key, when one is given; the
@@ -360,7 +385,9 @@ def build_resolver(
             result = idempotency.once(partition, key, route, work, resolver.lambda_context, payload)
         else:
             result = work()
-        return _json(result["status"], result["body"])
+        response = _json(result["status"], result["body"])
+        response.headers.update(result.get("headers") or {})
+        return response
 
     def tenant() -> str:
         context = resolver.current_event.request_context
@@ -412,14 +439,14 @@ def build_resolver(
             raise InputError(f"{name} is required", field=name)
         return value
 
-    @resolver.post("/sessions")
+    @route("POST", "/sessions")
     def create() -> Response[Any]:
         request = body(CreateBody)
         tenant_app = app()
         session = tenant_app.sessions.create(request.session_id, request.scopes)
         return _json(201, session_view(tenant_app, session))
 
-    @resolver.get("/sessions")
+    @route("GET", "/sessions")
     def listing() -> dict[str, Any]:
         limit = query_limit(50)
         status = resolver.current_event.get_query_string_value("status")
@@ -440,12 +467,12 @@ def build_resolver(
             rows, cursor = rows[:limit], rows[limit - 1].cursor
         return {"sessions": [s._asdict() for s in rows], "cursor": cursor}
 
-    @resolver.get("/sessions/<session_id>")
+    @route("GET", "/sessions/<session_id>")
     def show(session_id: str) -> dict[str, Any]:
         tenant_app = app()
         return session_view(tenant_app, tenant_app.sessions.require(session_id))
 
-    @resolver.delete("/sessions/<session_id>")
+    @route("DELETE", "/sessions/<session_id>")
     def delete(session_id: str) -> Response[Any]:
         tenant_app = app()
         tenant_app.sessions.require(session_id)
@@ -454,7 +481,7 @@ def build_resolver(
             idempotency.forget(records(tenant_app, session_id))
         return Response(status_code=204, content_type=content_types.APPLICATION_JSON, body="")
 
-    @resolver.get("/sessions/<session_id>/events")
+    @route("GET", "/sessions/<session_id>/events")
     def ledger(session_id: str) -> Response[Any]:
         """A page of the ledger from event ``after``; with ``wait=S``, held up to S seconds until one lands."""
         after = query_int("after") or 0
@@ -474,7 +501,7 @@ def build_resolver(
             return _events_page(tail, after, limit, total)
         return _events_page(session.events[after : after + limit], after, limit, total)  # no older ledger read
 
-    @resolver.get("/sessions/<session_id>/state")
+    @route("GET", "/sessions/<session_id>/state")
     def state(session_id: str) -> dict[str, Any]:
         at, since = query_int("at"), query_int("since")
         session = app().sessions.require(session_id)
@@ -484,7 +511,7 @@ def build_resolver(
             exc.field = "since" if since is not None and exc.index == since and exc.index != at else "at"
             raise
 
-    @resolver.get("/sessions/<session_id>/audit")
+    @route("GET", "/sessions/<session_id>/audit")
     def audit(session_id: str) -> dict[str, Any]:
         scope, key = query_str("scope"), query_str("key")
         tenant_app = app()
@@ -495,7 +522,7 @@ def build_resolver(
         # vars(), not asdict(): the values are the ledger's JSON, and a deep copy of each was most of the time
         return {"scope": scope, "key": key, "changes": [dict(vars(change)) for change in changes]}
 
-    @resolver.post("/sessions/<session_id>/forks")
+    @route("POST", "/sessions/<session_id>/forks")
     def fork(session_id: str) -> Response[Any]:
         request = body(ForkBody)
         tenant_app = app()
@@ -507,67 +534,90 @@ def build_resolver(
         tenant_app.sessions.commit(forked)
         return _json(201, session_view(tenant_app, forked))
 
-    @resolver.post("/sessions/<session_id>/runs")
+    def prefer_wait() -> int:
+        """``Prefer: wait=N`` (RFC 7240): hold the request up to N seconds for the turn to end."""
+        header = resolver.current_event.headers.get("Prefer") or resolver.current_event.headers.get("prefer") or ""
+        for preference in re.split(r"[,;]", header):
+            name, _, value = preference.strip().partition("=")
+            if name.strip().lower() == "wait":
+                return check_wait(value.strip().strip('"'), "Prefer")
+        return 0
+
+    @route("POST", "/sessions/<session_id>/runs")
     def run(session_id: str) -> Response[Any]:
         request = body(RunBody)
+        wait = prefer_wait()
         tenant_app = app()
         agent = served.agent(request.agent)
         run_input = {k: v for k, v in (("message", request.message), ("state", request.state)) if v is not None}
 
         def work() -> dict[str, Any]:
             session = tenant_app.sessions.require(session_id)
-            outcome = advance(tenant_app, agent, session, run_input or None, takeover=request.takeover)
-            _count(metrics, outcome)
-            if outcome.status == "yielded_tool" and hooks.on_yield is not None:
-                hooks.on_yield(tenant(), tenant_app, outcome)
+            invocation_id = session.projection.open_invocation or new_id("inv_")
+            if hooks.before_claim is not None:
+                if session.status == "running" and not request.takeover:  # no execution for a claim that must fail
+                    raise _held(session)
+                hooks.before_claim(tenant(), session_id, invocation_id, session.version)
+            claim = claim_turn(
+                tenant_app,
+                agent,
+                session,
+                run_input or None,
+                takeover=request.takeover,
+                invocation_id=invocation_id,
+                deadline=now_ms() + CLAIM_GRACE_MS,
+            )
+            metrics.add_metric(name="turns", unit=MetricUnit.Count, value=1)
+            if claim.invocation_id is None or (hooks.run is None and hooks.before_claim is None):
+                outcome: AdvanceOutcome | None = run_to_end(tenant_app, claim, served.agent)  # this request runs it
+            else:
+                started = hooks.run(tenant(), tenant_app, claim) if hooks.run is not None else None
+                outcome = _await(tenant_app, session_id, claim.version, started, wait)
+            if outcome is not None:
+                _count(metrics, outcome)
+                return {"status": 200, "body": _finished(tenant_app, outcome)}
             return {
-                "status": 200,
-                "body": {
-                    "status": outcome.status,
-                    "output": {"text": outcome.output.text, "value": outcome.output.value},
-                    "yielded_tools": _yielded(tenant_app, outcome.session),
-                    "commit_status": outcome.commit_status,
-                    "version": outcome.version,
-                    "fork_id": outcome.fork_id,
-                    "error": outcome.error,
-                },
+                "status": 202,
+                "body": {"status": "running", "session_id": session_id, "version": claim.version, "after": claim.after},
+                "headers": {"Location": f"/sessions/{session_id}"},
             }
 
         return once(tenant_app, session_id, work)
 
-    @resolver.post("/sessions/<session_id>/tools")
+    @route("POST", "/sessions/<session_id>/tools")
     def answer(session_id: str) -> Response[Any]:
         request = body(ToolsBody)
+        wait = prefer_wait()
         tenant_app = app()
         answers = [a.model_dump() for a in request.answers]
 
+        def store(session: Session) -> None:
+            try:
+                session.input.tools(answers, principal=tenant())  # the audit says who answered
+            except UnknownCallId as exc:
+                exc.field = f"answers.{exc.position}.call_id"  # named in this body
+                if _answered(session, exc.call_id):  # another caller's answer landed first: a 409
+                    raise
+                raise InputError(str(exc), field=exc.field) from None  # a wrong answer: a 400
+            except ToolInputError as exc:  # a 400 naming the value in this body: answers.N.input.key
+                field = f"answers.{exc.position}.input" + (f".{exc.path}" if exc.path else "")
+                raise InputError(str(exc), field=field) from None
+
         def work() -> dict[str, Any]:
-            for _ in range(_ATTEMPTS):  # a version moved by park storing its token is no reason to fail
-                session = tenant_app.sessions.require(session_id)
-                try:
-                    session.input.tools(answers, principal=tenant())  # the audit says who answered
-                except UnknownCallId as exc:
-                    exc.field = f"answers.{exc.position}.call_id"  # named in this body
-                    if _answered(session, exc.call_id):  # another caller's answer landed first: a 409
-                        raise
-                    raise InputError(str(exc), field=exc.field) from None  # a wrong answer: a 400
-                except ToolInputError as exc:  # a 400 naming the value in this body: answers.N.input.key
-                    field = f"answers.{exc.position}.input" + (f".{exc.path}" if exc.path else "")
-                    raise InputError(str(exc), field=field) from None
-                try:
-                    tenant_app.sessions.commit(session)  # the answers on the ledger first, then the wake-up
-                    break
-                except VersionConflict:
-                    continue
-            else:
-                raise StoreBusy(f"session {session_id!r} kept moving while the answers were stored; try again")
+            # A version moved by park storing its token is no reason to fail: the answers go on a fresh load.
+            session = tenant_app.sessions.write(session_id, store, on_conflict="retry", attempts=_ATTEMPTS).session
             metrics.add_metric(name="answers", unit=MetricUnit.Count, value=len(answers))
             woke = hooks.on_answers(tenant(), tenant_app, session) if hooks.on_answers is not None else None
-            return {"status": 202, "body": {"version": session.version, "status": session.status, **(woke or {})}}
+            answered = {"version": session.version, "status": session.status, **(woke or {})}
+            if wait and answered["status"] in ("resumable", "running"):
+                outcome = _await(tenant_app, session_id, int(answered["version"]), None, wait)
+                if outcome is not None:
+                    return {"status": 200, "body": _finished(tenant_app, outcome)}
+            return {"status": 202, "body": answered}
 
         return once(tenant_app, session_id, work)
 
-    @resolver.post("/sessions/<session_id>/commit")
+    @route("POST", "/sessions/<session_id>/commit")
     def remote_commit(session_id: str) -> Response[Any]:
         request = body(CommitBody)
         tenant_app = app()
@@ -588,13 +638,15 @@ def build_resolver(
             changes.append(ScopedStateChange(change.scope, change.scope_id, change.key, change.value))
         if request.expected_version != session.version:  # a 409, as the store would answer (nothing written)
             raise VersionConflict(session_id, expected_version=request.expected_version, actual_version=session.version)
-        # Through the app's commit, as a run's: the bound-scope and retention checks (before anything is
+        # Through the write path, as a run's: the bound-scope and retention checks (before anything is
         # written), and the snapshots that keep a load of a session only remote runners write from growing.
-        result = tenant_app.sessions.commit(session, scoped_changes=changes)
+        result = tenant_app.sessions.write(
+            session=session, change=lambda _: None, on_conflict="fail", scoped_changes=lambda _: changes
+        )
         metrics.add_metric(name="commits", unit=MetricUnit.Count, value=1)
         return _json(200, {"version": result.version, "appended": result.appended})
 
-    @resolver.post("/erasures")
+    @route("POST", "/erasures")
     def erase() -> dict[str, Any]:
         request = body(EraseBody)
         tenant_app = app()
@@ -634,6 +686,59 @@ def records(app: App, session_id: str) -> str:
     return f"{app.name}#{session_id}"
 
 
+def _held(session: Session) -> ClaimLost:
+    return ClaimLost(
+        session.id,
+        expected_version=session.version,
+        actual_version=session.version,
+        reason="an invocation is running on it (or its process died: resume it with takeover)",
+    )
+
+
+_RUN_STATUS = {"awaiting_input": "yielded_tool", "resumable": "yielded_tool"}
+
+
+def _await(app: App, session_id: str, version: int, started: Started | None, seconds: int) -> AdvanceOutcome | None:
+    """The turn's outcome once it ended, waiting up to ``seconds``; ``None`` while it still runs. A turn this
+    process runs is waited on; one that runs elsewhere (a Step Functions execution) is read from the store,
+    re-read with a growing pause (0.1 s to 1 s)."""
+    if started is not None:
+        return started.wait(seconds)
+    deadline, pause = time.monotonic() + seconds, 0.1
+    while seconds:
+        session = app.sessions.require(session_id)
+        if session.version > version and session.status not in ("running", "resumable"):
+            end = next((e for e in reversed(session.events) if isinstance(e, InvocationEndEvent)), None)
+            return AdvanceOutcome(
+                status=_RUN_STATUS.get(session.status, session.status),  # type: ignore[arg-type]
+                session_id=session_id,
+                output=session.output,
+                yielded_tools=session.yielded_tools,
+                commit_status="committed",
+                version=session.version,
+                session=session,
+                error=end.error if end is not None and session.status == "error" else None,
+            )
+        if time.monotonic() + pause > deadline:
+            return None
+        time.sleep(pause)
+        pause = min(1.0, pause * 2)
+    return None
+
+
+def _finished(app: App, outcome: AdvanceOutcome) -> dict[str, Any]:
+    """The body of a turn that ended within the request."""
+    return {
+        "status": outcome.status,
+        "output": {"text": outcome.output.text, "value": outcome.output.value},
+        "yielded_tools": _yielded(app, outcome.session),
+        "commit_status": outcome.commit_status,
+        "version": outcome.version,
+        "fork_id": outcome.fork_id,
+        "error": outcome.error,
+    }
+
+
 def _answered(session: Session, call_id: str) -> bool:
     """Whether ``call_id`` was answered on ``session`` already (read only when an answer is refused)."""
     return any(isinstance(e, ToolInputEvent) and e.call_id == call_id for e in session.events)
@@ -659,11 +764,16 @@ def _error(status: int, kind: str, message: str, field: str | None = None, **ext
 
 
 def api_handler(
-    hooks: Hooks | None = None, served: Served | None = None, idempotency: Idempotency | None = None
+    hooks: Hooks | None = None,
+    served: Served | None = None,
+    idempotency: Idempotency | None = None,
+    *,
+    function: str | None = None,
 ) -> Callable[[dict[str, Any], Any], Any]:
-    """A Lambda handler serving the API (``served`` defaults to ``DORMANT_APP`` on ``DORMANT_STORE``;
-    ``idempotency`` to ``DORMANT_IDEMPOTENCY_TABLE``), which builds its routes over the app on its first
-    request."""
+    """A Lambda handler serving the routes of ``function`` (``functions/<name>``; ``None``: every route), with
+    ``served`` defaulting to ``DORMANT_APP`` on ``DORMANT_STORE`` and ``idempotency`` to
+    ``DORMANT_IDEMPOTENCY_TABLE``; it builds its routes over the app on its first request. ``hooks`` say who
+    runs a claimed turn (``None``: the request itself) and what answers wake."""
     logger = Logger()
     metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "dormant"))
 
@@ -672,7 +782,12 @@ def api_handler(
         # Built by the first request, as the workflow's handlers build theirs: importing the function
         # module stays cheap, and the app and its store client are made where they are first needed.
         return build_resolver(
-            served or served_from_env(), hooks or Hooks(), metrics, logger, idempotency or idempotency_from_env()
+            served or served_from_env(),
+            hooks or Hooks(),
+            metrics,
+            logger,
+            idempotency or idempotency_from_env(),
+            function,
         )
 
     @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)

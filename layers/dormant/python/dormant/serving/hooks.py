@@ -1,28 +1,44 @@
-"""What a server does around a sleep, apart from the HTTP API (so the workflow's functions need no API).
+"""Who runs a claimed turn and wakes a sleeping one: the seam between the HTTP API and the workflow.
 
-On AWS the hooks start and wake the Step Functions execution (``serving.workflow``); locally the
-answers' request runs the agent on itself.
+The API claims turns and stores answers; a ``Hooks`` says what happens around that:
+
+* on AWS (``serving.workflow.step_functions_hooks``) a Step Functions execution runs the turn: it is
+  started *before* the claim is committed (its name is derived from the invocation it will run), so a
+  claim that landed always has an execution responsible for it; answers wake the waiting execution;
+* under ``dormant serve`` (``serving.workflow.in_process_hooks``) a thread of the serving process runs it;
+* with no hooks the request runs the turn itself (tests, ``make invoke``): the old, synchronous behaviour.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..app import App
     from ..session import Session
-    from .advance import AdvanceOutcome
+    from .turns import AdvanceOutcome, Claim
 
-__all__ = ["Hooks"]
+__all__ = ["Hooks", "Started"]
+
+
+class Started(Protocol):
+    """A turn running elsewhere in this process: ``wait(seconds)`` gives its outcome once it ended, else ``None``."""
+
+    def wait(self, seconds: float) -> AdvanceOutcome | None: ...
 
 
 @dataclass(frozen=True)
 class Hooks:
-    """What happens around a sleep: ``on_yield(tenant, app, outcome)`` once a run yields, and
-    ``on_answers(tenant, app, session)`` once answers are stored (``None``: nothing; what it returns is
-    merged into the ``POST /tools`` answer, over its ``status`` and ``version``)."""
+    """What happens around a turn and a sleep.
 
-    on_yield: Callable[[str, App, AdvanceOutcome], None] | None = None
+    ``before_claim(tenant, session_id, invocation_id, version)``: ready the runner of the turn about to be
+    claimed (AWS: start its execution). ``run(tenant, app, claim)``: run a claimed turn outside the request
+    (``None``: the request runs it); it may return a ``Started`` the request can wait on (``Prefer: wait``).
+    ``on_answers(tenant, app, session)``: answers were stored (wake the waiting execution); what it returns is
+    merged into the ``POST /tools`` answer. ``None`` for any: nothing."""
+
+    before_claim: Callable[[str, str, str, int], None] | None = None
+    run: Callable[[str, App, Claim], Started | None] | None = None
     on_answers: Callable[[str, App, Session], dict[str, Any] | None] | None = None

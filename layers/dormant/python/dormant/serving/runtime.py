@@ -27,7 +27,7 @@ from ..ids import check_id
 from ..stores.base import BaseSessionStore, SessionStore
 from ..stores.url import store_from_url
 
-__all__ = ["Served", "for_tenant", "load_served", "purge_tenants", "served_from_env"]
+__all__ = ["Served", "for_tenant", "load_served", "purge_tenants", "served_from_env", "tenant_views"]
 
 DEFAULT_APP = "bookings:build"
 DEFAULT_STORE = "sqlite:///data/dormant.db"
@@ -64,18 +64,24 @@ def for_tenant(app: App, tenant: str) -> App:
     return view
 
 
+def tenant_views(app: App) -> list[App] | None:
+    """``app`` and each tenant's view of it; ``None`` on a store that cannot list its app names without a
+    scan (``app_names`` is ``None``: DynamoDB)."""
+    store = app.store
+    names = store.app_names(f"{app.name}@") if isinstance(store, BaseSessionStore) else None
+    if names is None:
+        return None
+    return [app, *(for_tenant(app, name.partition("@")[2]) for name in names if name.count("@") == 1)]
+
+
 def purge_tenants(app: App) -> dict[str, list[str]]:
     """Purge the sessions past ``app``'s retention, its own and each tenant's: app name -> ids deleted.
 
     What the sweeper and ``dormant purge`` run. Nothing without a retention, and nothing on a store that
-    cannot list its app names without a scan (``app_names`` is ``None``: DynamoDB, whose TTL deletes them).
+    cannot list its app names without a scan (DynamoDB, whose TTL deletes them).
     """
-    store = app.store
-    names = store.app_names(f"{app.name}@") if isinstance(store, BaseSessionStore) else None
-    if app.retention_ms is None or names is None:
-        return {}
-    views = [app, *(for_tenant(app, name.partition("@")[2]) for name in names if name.count("@") == 1)]
-    return {view.name: purged for view in views if (purged := view.sessions.purge())}
+    views = tenant_views(app) if app.retention_ms is not None else None
+    return {view.name: purged for view in views or [] if (purged := view.sessions.purge())}
 
 
 def load_served(spec: str, store: SessionStore) -> Served:

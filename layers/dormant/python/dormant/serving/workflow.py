@@ -1,16 +1,22 @@
-"""Sleeping sessions woken by Step Functions (on AWS) or in-process (locally).
+"""Turns run and sleeping sessions woken by Step Functions (on AWS) or by threads of this process (locally).
 
-The state machine (``infra/workflow.py``) calls ``workflow_handler`` with ``{action, tenant, session_id}``:
+The state machine (``infra/workflow.py``) calls ``workflow_handler`` with ``{action, tenant, session_id,
+invocation_id}``; each action works on that one invocation, never on "whatever is open":
 
-* ``park`` (a ``.waitForTaskToken`` task) stores the task token with the session — a commit of the
-  tenant's scoped state (scope ``workflow``, id = the session), gated on the version at which the
-  session still awaited answers. Answers that arrived first moved the version: park sees them and
-  wakes the execution itself, so they are not lost. ``POST /tools`` commits the answers (merging past
-  a token commit), then reads the token and wakes the execution. Whichever lands second sees the other.
-* ``resume`` runs the waiting agent on (claiming the session first, ``serving.advance``) and returns
-  its status: ``yielded_tool`` parks again, anything else ends the execution.
-* ``expire`` (the wait timed out) and ``fail`` (a task failed) end the open invocation on the ledger
-  with an ``error`` status and the reason, so the session says what happened to it.
+* ``run`` takes the invocation on and runs it (``serving.turns.resume_turn``), committing before every step,
+  and returns its status: ``yielded_tool`` parks, ``handed_on`` (its time ran out) runs again in a fresh
+  invocation of the function, anything else ends the execution. A retried ``run`` (its first attempt timed
+  out or died after committing) finds the invocation still open and takes it over from its last committed
+  step; one that finds it waiting for answers parks again. An invocation not on the ledger yet (the
+  execution starts just before the API commits the claim) is ``TurnNotClaimed``, which the state machine
+  retries for a while and then drops: a claim that never landed has nothing to run.
+* ``park`` (a ``.waitForTaskToken`` task) stores the task token with the session, gated on the version at
+  which the invocation still awaited answers. Answers that arrived first moved the version: park sees them
+  and wakes the execution itself, so they are not lost. ``POST /tools`` commits the answers (merging past a
+  token commit), then reads the token and wakes the execution. Whichever lands second sees the other.
+* ``expire`` (the wait timed out) ends the invocation with ``SessionExpired`` only while it still waits on
+  answers; answers that landed as the wait timed out are honoured (``resumable``: the state machine runs on).
+* ``fail`` (a task failed for good) ends the invocation as an ``error`` with the reason, if it is still open.
 """
 
 from __future__ import annotations
@@ -18,18 +24,19 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from ..app import App
-from ..errors import ClaimLost, InputError, StoreBusy, VersionConflict
+from ..clock import now_ms
+from ..errors import ClaimLost, DormantError, InputError, TurnNotClaimed
 from ..events import InvocationEndEvent
 from ..session import Session
 from ..stores.base import ScopedStateChange
-from .advance import AdvanceOutcome, advance
-from .hooks import Hooks
-from .runtime import Served, purge_tenants, served_from_env
+from .hooks import Hooks, Started
+from .runtime import Served, purge_tenants, served_from_env, tenant_views
+from .turns import RUNNER_TURN_MS, AdvanceOutcome, Claim, claim_turn, resume_turn, run_to_end
 
 __all__ = [
     "TOKEN_SCOPE",
@@ -37,10 +44,10 @@ __all__ = [
     "end_invocation",
     "execution_name",
     "in_process_hooks",
-    "resume",
+    "step_functions_hooks",
+    "sweep_turns",
     "sweeper_handler",
     "workflow_handler",
-    "workflow_hooks",
 ]
 
 TOKEN_SCOPE = "workflow"
@@ -48,43 +55,62 @@ _ATTEMPTS = 5
 _GONE = {"InvalidToken", "TaskDoesNotExist", "TaskTimedOut"}
 
 
-def execution_name(tenant: str, session_id: str, invocation_id: str | None) -> str:
-    """One name per (tenant, session, invocation): a retried run cannot start a second execution."""
-    return hashlib.sha256(f"{tenant}\n{session_id}\n{invocation_id}".encode()).hexdigest()[:64]
+def execution_name(tenant: str, session_id: str, invocation_id: str, version: int) -> str:
+    """One name per claim (tenant, session, invocation, the version claimed from): a retried request cannot
+    start a second execution for the same claim, and a later claim of the same invocation gets its own."""
+    return hashlib.sha256(f"{tenant}\n{session_id}\n{invocation_id}\n{version}".encode()).hexdigest()[:64]
 
 
-def resume(served: Served, app: App, session_id: str) -> dict[str, Any]:
-    """Run the session's waiting agent on, if it can go on; report the status either way."""
-    session = app.sessions.require(session_id)
-    if session.status != "resumable":
-        return {"status": session.status}
+def end_invocation(
+    app: App, session_id: str, invocation_id: str, error: str, error_type: str, *, only_waiting: bool = False
+) -> dict[str, Any]:
+    """End invocation ``invocation_id`` as an ``error`` with the reason, if it is still open (and, with
+    ``only_waiting``, still waiting on answers); report the session's status either way."""
+
+    def end(session: Session) -> None:
+        if session.projection.open_invocation != invocation_id:
+            return  # ended already, or another invocation's: nothing to end
+        if only_waiting and session.status != "awaiting_input":
+            return  # answered as the wait timed out: honoured, the state machine runs it on
+        session.append(
+            InvocationEndEvent(invocation_id=invocation_id, status="error", error=error, error_type=error_type)
+        )
+
+    written = app.sessions.write(session_id, end, on_conflict="retry", attempts=_ATTEMPTS)
+    if written.status == "skipped":
+        return {"status": written.session.status}
+    return {"status": written.session.status, "version": written.version}
+
+
+def run_action(served: Served, app: App, session_id: str, invocation_id: str, deadline: int | None) -> dict[str, Any]:
+    """The workflow's ``run``: take the invocation on and run it; report where it stands."""
     try:
-        outcome = advance(app, served.agent(session.current_agent_name), session)
-    except ClaimLost:  # another resume won the claim: it carries the session on
-        return {"status": app.sessions.require(session_id).status}
-    return {"status": outcome.status, "version": outcome.version}
+        outcome = resume_turn(app, served.agent, session_id, invocation_id, deadline=deadline)
+    except ClaimLost:  # another runner holds the turn: that runner's execution carries it on
+        return {"status": "superseded"}
+    if isinstance(outcome, AdvanceOutcome):
+        return {"status": outcome.status, "version": outcome.version}
+    session = outcome
+    if session.projection.open_invocation == invocation_id:  # waiting on answers: park (again)
+        return {"status": "yielded_tool", "version": session.version}
+    node = session.projection.invocations.get(invocation_id)
+    if node is None and not _ended_before(session, invocation_id):
+        raise TurnNotClaimed(f"invocation {invocation_id!r} of session {session_id!r} is not on the ledger yet")
+    return {"status": node.status if node is not None else "ended", "version": session.version}
 
 
-def end_invocation(app: App, session_id: str, error: str, error_type: str) -> dict[str, Any]:
-    """End the session's open invocation as an error, with the reason, on the ledger."""
-    for _ in range(_ATTEMPTS):
-        session = app.sessions.require(session_id)
-        invocation = session.projection.open_invocation
-        if invocation is None:
-            return {"status": session.status}
-        session.append(InvocationEndEvent(invocation_id=invocation, status="error", error=error, error_type=error_type))
-        try:
-            app.sessions.commit(session)
-        except VersionConflict:
-            continue
-        return {"status": session.status, "version": session.version}
-    return {"status": app.sessions.require(session_id).status}
+def _ended_before(session: Session, invocation_id: str) -> bool:
+    """Whether ``invocation_id`` is on the ledger (a snapshot keeps only open invocations; read the events)."""
+    return any(event.invocation_id == invocation_id for event in session.events)
 
 
 class StepFunctions:
-    """Start and wake the resume workflow's executions (the AWS SDK is imported on first use only)."""
+    """Start executions and answer task tokens (the AWS SDK is imported on first use only).
 
-    def __init__(self, state_machine_arn: str, client: Any = None) -> None:
+    Answering a token needs no state machine ARN: ``park`` and ``tools`` are built without one. Starting an
+    execution (``run``, the sweeper) needs it."""
+
+    def __init__(self, state_machine_arn: str | None = None, client: Any = None) -> None:
         self.state_machine_arn = state_machine_arn
         self._client = client
 
@@ -96,15 +122,15 @@ class StepFunctions:
             self._client = botocore.session.get_session().create_client("stepfunctions")
         return self._client
 
-    def on_yield(self, tenant: str, app: App, outcome: AdvanceOutcome) -> None:
-        name = execution_name(tenant, outcome.session_id, outcome.session.projection.open_invocation)
-        # A retried request finds the execution its first attempt started.
+    def start(self, tenant: str, session_id: str, invocation_id: str, version: int) -> str:
+        """Start the execution that will run this claim (the same claim's retry finds it started)."""
+        if self.state_machine_arn is None:
+            raise InputError("starting an execution needs the state machine's ARN", field="state_machine_arn")
+        name = execution_name(tenant, session_id, invocation_id, version)
+        payload = {"tenant": tenant, "session_id": session_id, "invocation_id": invocation_id, "name": name, "loop": 0}
         with contextlib.suppress(self.client.exceptions.ExecutionAlreadyExists):
-            self.client.start_execution(
-                stateMachineArn=self.state_machine_arn,
-                name=name,
-                input=json.dumps({"tenant": tenant, "session_id": outcome.session_id}),
-            )
+            self.client.start_execution(stateMachineArn=self.state_machine_arn, name=name, input=json.dumps(payload))
+        return name
 
     def on_answers(self, tenant: str, app: App, session: Session) -> dict[str, Any]:
         token = app.store.load_scoped_state(app.name, TOKEN_SCOPE, session.id).get("task_token")
@@ -124,49 +150,91 @@ class StepFunctions:
             raise
         return True
 
-    def park(self, app: App, session_id: str, token: str) -> dict[str, Any]:
-        """Store ``token`` with the session, gated on its version; if answers arrived first, wake at once."""
-        for _ in range(_ATTEMPTS):
-            session = app.sessions.require(session_id)
-            if session.status != "awaiting_input":
-                return {"woke": self.wake(token), "status": session.status}
-            stored = app.store.commit(
-                session.stored(), [], session.version, [ScopedStateChange(TOKEN_SCOPE, session_id, "task_token", token)]
-            )
-            if stored.ok:
-                return {"woke": False, "status": session.status}
-        raise StoreBusy(f"session {session_id!r} kept moving while its task token was being stored")
+    def park(self, app: App, session_id: str, invocation_id: str, token: str) -> dict[str, Any]:
+        """Store ``token`` with the session while it waits on ``invocation_id``; if answers arrived first (or
+        the wait is over), send the token back at once, so the execution goes on."""
+
+        def waiting(session: Session) -> bool:
+            return session.status == "awaiting_input" and session.projection.open_invocation == invocation_id
+
+        def token_while_waiting(session: Session) -> list[ScopedStateChange]:
+            return [ScopedStateChange(TOKEN_SCOPE, session_id, "task_token", token)] if waiting(session) else []
+
+        written = app.sessions.write(
+            session_id, waiting, on_conflict="retry", scoped_changes=token_while_waiting, attempts=_ATTEMPTS
+        )
+        if written.value:
+            return {"woke": False, "status": written.session.status}
+        return {"woke": self.wake(token), "status": written.session.status}
 
 
-def step_functions_from_env() -> StepFunctions:
-    return StepFunctions(os.environ["DORMANT_STATE_MACHINE"])
+def step_functions_hooks(machine: StepFunctions) -> Hooks:
+    """On AWS: the execution that runs a turn is started before the turn is claimed; answers wake it."""
+
+    def before_claim(tenant: str, session_id: str, invocation_id: str, version: int) -> None:
+        machine.start(tenant, session_id, invocation_id, version)
+
+    return Hooks(before_claim=before_claim, on_answers=machine.on_answers)
 
 
-def workflow_hooks() -> Hooks:
-    """On AWS (``DORMANT_STATE_MACHINE`` set) the state machine waits and wakes; elsewhere, this process."""
-    if os.environ.get("DORMANT_STATE_MACHINE"):
-        machine = step_functions_from_env()
-        return Hooks(on_yield=machine.on_yield, on_answers=machine.on_answers)
-    return in_process_hooks(served_from_env())
+class _Thread:
+    """A turn running in a thread of this process."""
+
+    def __init__(self, work: Callable[[], AdvanceOutcome | None]) -> None:
+        self.outcome: AdvanceOutcome | None = None
+        self._thread = threading.Thread(target=self._run, args=(work,), name="dormant-turn")
+        self._thread.start()
+        _LOCAL_TURNS.add(self._thread)
+
+    def _run(self, work: Callable[[], AdvanceOutcome | None]) -> None:
+        try:
+            self.outcome = work()
+        except DormantError:  # lost to another runner, or the store went away: the session says where it is
+            pass
+        finally:
+            _LOCAL_TURNS.discard(self._thread)
+
+    def wait(self, seconds: float) -> AdvanceOutcome | None:
+        self._thread.join(seconds)
+        return None if self._thread.is_alive() else self.outcome
+
+
+_LOCAL_TURNS: set[threading.Thread] = set()
+
+
+def join_local_turns(timeout: float | None = None) -> None:
+    """Wait for the turns this process runs in threads (a server stopping lets them commit first)."""
+    for thread in list(_LOCAL_TURNS):
+        thread.join(timeout)
 
 
 def in_process_hooks(served: Served) -> Hooks:
-    """Locally, where there is no Step Functions: the answers' request runs the agent on itself, and its
-    answer gives the session's status and version after that run (on AWS they are those before the resume,
-    which happens later)."""
+    """Locally, where there is no Step Functions: a thread of this process runs each claimed turn, and
+    answers that leave nothing to wait for start the resumed turn the same way."""
+
+    def run(tenant: str, app: App, claim: Claim) -> Started:
+        return _Thread(lambda: run_to_end(app, claim, served.agent))
 
     def on_answers(tenant: str, app: App, session: Session) -> dict[str, Any]:
-        resumed = resume(served, app, session.id)["status"]
-        after = app.sessions.require(session.id)
-        return {"resumed": resumed, "status": after.status, "version": after.version}
+        if session.status != "resumable":
+            return {}
+        try:
+            claim = claim_turn(
+                app, served.agent(session.current_agent_name), session.id, deadline=now_ms() + RUNNER_TURN_MS
+            )
+        except ClaimLost:  # another request resumed it first
+            return {}
+        _Thread(lambda: run_to_end(app, claim, served.agent))
+        return {"status": claim.session.status, "version": claim.version}
 
-    return Hooks(on_answers=on_answers)
+    return Hooks(run=run, on_answers=on_answers)
 
 
 def workflow_handler(
     served: Served | None = None, step_functions: StepFunctions | None = None
 ) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
-    """The Lambda handler the state machine calls (see the module docstring for its actions)."""
+    """The Lambda handler the state machine calls (see the module docstring for its actions). ``park`` needs
+    ``step_functions`` (a client; no ARN) to wake itself when answers came first."""
     from aws_lambda_powertools import Logger
 
     logger = Logger()
@@ -176,34 +244,77 @@ def workflow_handler(
         chosen = served or served_from_env()
         app = chosen.for_tenant(str(event["tenant"]))
         session_id = str(event["session_id"])
+        invocation_id = str(event["invocation_id"])
         action = event["action"]
         logger.append_keys(session_id=session_id, action=action)
+        if action == "run":
+            deadline = now_ms() + int(context.get_remaining_time_in_millis())
+            return run_action(chosen, app, session_id, invocation_id, deadline)
         if action == "park":
-            return (step_functions or step_functions_from_env()).park(app, session_id, str(event["token"]))
-        if action == "resume":
-            return resume(chosen, app, session_id)
+            if step_functions is None:
+                raise InputError("this function is not wired to answer task tokens", field="action")
+            return step_functions.park(app, session_id, invocation_id, str(event["token"]))
         if action == "expire":
-            return end_invocation(app, session_id, "the wait for answers timed out", "SessionExpired")
+            return end_invocation(
+                app, session_id, invocation_id, "the wait for answers timed out", "SessionExpired", only_waiting=True
+            )
         if action == "fail":
             error = event.get("error") or {}
-            return end_invocation(app, session_id, str(error.get("Cause") or error), str(error.get("Error", "Failed")))
+            cause, kind = str(error.get("Cause") or error), str(error.get("Error", "Failed"))
+            return end_invocation(app, session_id, invocation_id, cause, kind)
         raise InputError(f"unknown workflow action {action!r}", field="action")
 
     return handler
 
 
+def sweep_turns(served: Served, app: App, *, grace_ms: int = 60_000) -> list[str]:
+    """Hand on the turns whose runner is gone: a ``running`` session whose recorded deadline passed more than
+    ``grace_ms`` ago is taken over and run here (its committed steps kept, completed tools not re-run); one
+    whose agent this app no longer has is ended as an ``error``. Returns ``session@invocation: what`` lines.
+
+    It reads the listing of ``app`` (one tenant's view), so it serves the stores that list every app they hold
+    (SQLite, Postgres, memory). On AWS every claimed turn has a Step Functions execution responsible for it,
+    which retries and then records a failure; see docs/decisions.md."""
+    done: list[str] = []
+    now = now_ms()
+    for listing in app.sessions.every():
+        if listing.status != "running":
+            continue
+        session = app.sessions.get(listing.id)
+        if session is None or session.status != "running":
+            continue
+        invocation, deadline = session.projection.open_invocation, session.projection.deadline
+        if invocation is None or deadline is None or now < deadline + grace_ms:
+            continue
+        try:
+            served.agent(session.current_agent_name)
+        except InputError:
+            end_invocation(app, session.id, invocation, "its runner stopped and no agent can go on", "RunnerLost")
+            done.append(f"{session.id}@{invocation}: ended")
+            continue
+        try:
+            outcome = resume_turn(app, served.agent, session.id, invocation, deadline=now_ms() + RUNNER_TURN_MS)
+        except ClaimLost:
+            continue
+        done.append(f"{session.id}@{invocation}: handed on ({outcome.status})")
+    return done
+
+
 def sweeper_handler(served: Served | None = None) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
-    """The scheduled sweeper: repair commits a stopped writer left pending (stores that gate commits), and
-    purge the sessions past the app's retention, in every tenant (``purge_tenants``: the SQL stores)."""
+    """The scheduled sweeper: repair commits a stopped writer left pending (stores that gate commits), purge
+    the sessions past the app's retention, and hand on turns whose runner is gone, in every tenant."""
 
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-        app = (served or served_from_env()).app
+        chosen = served or served_from_env()
+        app = chosen.app
         repair: Callable[[], list[Any]] | None = getattr(app.store, "repair_pending", None)
         reports = repair() if repair is not None else []
+        turns = [line for view in tenant_views(app) or [] for line in sweep_turns(chosen, view)]
         return {
             "repaired": len(reports),
             "sessions": [f"{r.app_name}/{r.session_id}@{r.version}: {r.action}" for r in reports],
             "purged": [f"{name}/{sid}" for name, ids in purge_tenants(app).items() for sid in ids],
+            "turns": turns,
         }
 
     return handler

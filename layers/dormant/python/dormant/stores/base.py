@@ -26,6 +26,8 @@ The contract (``SessionStore``; ``dormant.testing.StoreContract`` checks every p
   scoped value at most ``max_scoped_value_bytes`` once encoded. Over a limit, ``EventTooLarge`` or
   ``CommitTooLarge`` is raised before anything is written. Every store accepts everything within the
   defaults, so an app can move between stores.
+* Expiry: creating the id of a session past its retention (``StoredSession.retention_ms`` after its
+  ``updated_at``) starts a new session in its place (``PreparedCommit.replaces``), on every store.
 * ``updated_at`` never goes backwards: a commit stores ``max(now, previous)``, so listings keep their
   order when clocks of several writers disagree.
 * ``list`` returns an app's sessions (never another app's), most recently updated first, a page at a
@@ -68,7 +70,7 @@ import builtins
 import itertools
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple, Protocol, cast, runtime_checkable
 
@@ -85,11 +87,13 @@ from ..errors import (
     VersionConflict,
 )
 from ..events import Event, EventBase, parse_event_json
-from ..ids import check_id
+from ..ids import MAX_ID_LENGTH, check_id
 from ..state.schema import BOUND_SCOPES
 from ..state.values import check_storable
 
 __all__ = [
+    "MAX_CURSOR_TIME",
+    "MAX_SCOPED_KEY_BYTES",
     "BaseSessionStore",
     "CommitResult",
     "EncodedEvent",
@@ -107,6 +111,13 @@ __all__ = [
     "decode_cursor",
     "encode_cursor",
 ]
+
+
+MAX_SCOPED_KEY_BYTES = 1024
+"""A scoped key's length in UTF-8 bytes: DynamoDB's limit on a sort key (the key is one there), held by every
+store so none refuses late what another accepts."""
+MAX_CURSOR_TIME = (1 << 63) - 1
+"""The largest ``updated_at`` a listing cursor may carry (what a 64-bit SQL integer holds)."""
 
 
 @dataclass(frozen=True)
@@ -304,6 +315,18 @@ class PreparedCommit:
         """The gate, for stores that read the row under their lock: the version, and fixed scopes."""
         return version == self.expected_version and (version == 0 or scopes == self.row.scopes)
 
+    def replaces(self, stored_updated_at: int) -> bool:
+        """Whether this create takes the id of a stored session past its retention (judged as the app judges
+        it, by ``row.retention_ms`` after the stored ``updated_at``): that session is gone, so the create
+        starts a new one in its place — none of the old events, snapshot or version shows — as on every
+        store, never a conflict that reveals the expired session's version."""
+        retention = self.row.retention_ms
+        return (
+            self.expected_version == 0
+            and retention is not None
+            and self.row.updated_at >= stored_updated_at + retention
+        )
+
     def fresh(self, stored_ids: set[str] | frozenset[str]) -> builtins.list[EncodedEvent]:
         """The events not stored yet, in order."""
         return [event for event in self.events if event.id not in stored_ids]
@@ -353,6 +376,7 @@ class BaseSessionStore(ABC):
 
     def load_scoped_state(self, app_name: str, scope: str, scope_id: str) -> dict[str, Any]:
         check_id(app_name, "app name")
+        _check_scoped_name(scope, "scope", "a scope", MAX_ID_LENGTH, _len)
         check_id(scope_id, "scope id")
         self._check_open()
         return {key: json.loads(value) for key, value in self._load_scoped(app_name, scope, scope_id).items()}
@@ -360,7 +384,8 @@ class BaseSessionStore(ABC):
     def save_scoped_state(self, app_name: str, scope: str, scope_id: str, state: Mapping[str, Any]) -> None:
         """Merge ``state`` into the scope: unmentioned keys stay, ``None`` deletes a key."""
         check_id(app_name, "app name")
-        writes = self._scoped_writes([ScopedStateChange(scope, scope_id, key, value) for key, value in state.items()])
+        changes = [ScopedStateChange(scope, scope_id, key, value) for key, value in state.items()]
+        writes = self._scoped_writes(changes, "state")
         self._check_open()
         self._save_scoped(app_name, writes)
 
@@ -578,11 +603,22 @@ class BaseSessionStore(ABC):
         )
         return PreparedCommit(row, expected_version, tuple(events), self._scoped_writes(scoped_changes or ()))
 
-    def _scoped_writes(self, changes: Sequence[ScopedStateChange]) -> tuple[ScopedWrite, ...]:
-        """One write per (scope, scope id, key) — a later change wins — encoded, checked and sorted."""
+    def _scoped_writes(
+        self, changes: Sequence[ScopedStateChange], what: str = "scoped_changes"
+    ) -> tuple[ScopedWrite, ...]:
+        """One write per (scope, scope id, key) — a later change wins — encoded, checked and sorted.
+
+        Scope names and keys follow one rule on every store, checked here before anything is written
+        (``what.N.scope``, ``what.N.key`` name a refused one): 1 to ``MAX_ID_LENGTH`` characters for a
+        scope, 1 to ``MAX_SCOPED_KEY_BYTES`` UTF-8 bytes for a key, no NUL and no lone surrogate in either.
+        """
         latest: dict[tuple[str, str, str], Any] = {}
-        for change in changes:
+        for n, change in enumerate(changes):
+            if not isinstance(change, ScopedStateChange):
+                raise InputError(f"scoped changes are ScopedStateChange, not {type(change).__name__}", field=what)
+            _check_scoped_name(change.scope, f"{what}.{n}.scope", "a scope", MAX_ID_LENGTH, _len)
             check_id(change.scope_id, "scope id")
+            _check_scoped_name(change.key, f"{what}.{n}.key", "a scoped key", MAX_SCOPED_KEY_BYTES, _utf8_size)
             latest[(change.scope, change.scope_id, change.key)] = change.value
         limit = self.limits.max_scoped_value_bytes
         writes = []
@@ -612,6 +648,19 @@ def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def _check_scoped_name(name: object, field_name: str, what: str, limit: int, size: Callable[[str], int]) -> None:
+    if not isinstance(name, str):
+        raise InputError(f"{what} is a string, not {type(name).__name__}", field=field_name)
+    check_storable(name, field_name)  # no NUL, no lone surrogate
+    if not 1 <= size(name) <= limit:
+        unit = "bytes" if size is _utf8_size else "characters"
+        raise InputError(f"{what} is 1 to {limit:,} {unit} long, not {size(name):,}", field=field_name)
+
+
+def _len(text: str) -> int:
+    return len(text)
+
+
 def _utf8_size(text: str) -> int:
     """UTF-8 length of ``text`` (``isascii`` is a flag lookup: most events skip the encode)."""
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
@@ -622,8 +671,14 @@ def encode_cursor(updated_at: int, session_id: str) -> str:
 
 
 def decode_cursor(cursor: str) -> tuple[int, str]:
+    """``(updated_at, session id)`` from a listing's ``cursor``; ``InputError`` naming ``cursor`` for anything
+    ``encode_cursor`` did not make (a float, a number past ``MAX_CURSOR_TIME``, an id no session may have)."""
     try:
+        if not isinstance(cursor, str):
+            raise TypeError(type(cursor).__name__)
         updated_at, session_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        return int(updated_at), str(session_id)
-    except (ValueError, TypeError) as exc:
+        if not _is_count(updated_at) or updated_at > MAX_CURSOR_TIME:
+            raise ValueError(f"updated_at {updated_at!r}")
+        return updated_at, check_id(session_id)
+    except (ValueError, TypeError, InputError) as exc:
         raise InputError("not a listing cursor", field="cursor") from exc

@@ -52,6 +52,9 @@ class MemorySessionStore(BaseSessionStore):
         key = (commit.row.app_name, commit.row.id)
         with self._lock:
             row = self._sessions.get(key)
+            if row is not None and commit.replaces(row.meta.updated_at):  # an expired session: its id starts afresh
+                del self._sessions[key]
+                row = None
             stored = row.meta if row is not None else None
             if not commit.admits(stored.version if stored else 0, stored.scopes if stored else None):
                 return Refused(stored.version, stored.scopes) if stored else Refused(0)

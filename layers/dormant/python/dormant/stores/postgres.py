@@ -71,6 +71,17 @@ _BUMP = (
     " RETURNING version"
 )
 _REFUSED = "SELECT version, scopes::text FROM sessions WHERE app_name = %s AND id = %s"
+# A create with a retention first removes a session of that id past it (PreparedCommit.replaces): its
+# events and snapshot with it, in the create's transaction, so the INSERT then takes the id afresh. Two
+# such creates racing: the second's DELETE waits for the first's lock, then finds the new row live.
+_REPLACE_EXPIRED = (
+    "WITH gone AS (DELETE FROM sessions WHERE app_name = %(app)s AND id = %(sid)s AND updated_at <= %(cutoff)s"
+    " RETURNING app_name, id),"
+    " events_gone AS (DELETE FROM events e USING gone WHERE e.app_name = gone.app_name AND e.session_id = gone.id),"
+    " snapshot_gone AS (DELETE FROM snapshots s USING gone WHERE s.app_name = gone.app_name"
+    " AND s.session_id = gone.id)"
+    " SELECT count(*) FROM gone"
+)
 # Runs after the gate, holding the row's lock: no other commit can append to this session meanwhile.
 # Ids already stored are skipped by the primary key (ON CONFLICT on it: a re-sent id conflicts with
 # its stored row, in this session only); the rest are stored at the granted version, each at its place
@@ -169,6 +180,8 @@ class PostgresSessionStore(BaseSessionStore):
         with self._connection() as conn:
             appended = None
             with _atomic(conn):
+                if commit.expected_version == 0 and new.retention_ms is not None:
+                    conn.execute(_REPLACE_EXPIRED, {**gate, "cutoff": new.updated_at - new.retention_ms})
                 granted = conn.cursor(row_factory=tuple_row).execute(
                     _CREATE if commit.expected_version == 0 else _BUMP, gate
                 )

@@ -129,8 +129,11 @@ class SQLiteSessionStore(BaseSessionStore):
         with self._use(), self._transaction():
             conn = self._conn
             row = conn.execute(
-                "SELECT version, scopes FROM sessions WHERE app_name = ? AND id = ?", (app, sid)
+                "SELECT version, scopes, updated_at FROM sessions WHERE app_name = ? AND id = ?", (app, sid)
             ).fetchone()
+            if row is not None and commit.replaces(row[2]):  # an expired session: its id starts afresh
+                self._remove(app, sid)
+                row = None
             stored = (row[0], json.loads(row[1])) if row is not None else (0, None)
             if not commit.admits(*stored):
                 return Refused(*stored)
@@ -190,9 +193,12 @@ class SQLiteSessionStore(BaseSessionStore):
 
     def _delete(self, app_name: str, session_id: str) -> None:
         with self._use(), self._transaction():
-            self._conn.execute("DELETE FROM events WHERE app_name = ? AND session_id = ?", (app_name, session_id))
-            self._conn.execute("DELETE FROM sessions WHERE app_name = ? AND id = ?", (app_name, session_id))
-            self._conn.execute("DELETE FROM snapshots WHERE app_name = ? AND session_id = ?", (app_name, session_id))
+            self._remove(app_name, session_id)
+
+    def _remove(self, app_name: str, session_id: str) -> None:
+        self._conn.execute("DELETE FROM events WHERE app_name = ? AND session_id = ?", (app_name, session_id))
+        self._conn.execute("DELETE FROM sessions WHERE app_name = ? AND id = ?", (app_name, session_id))
+        self._conn.execute("DELETE FROM snapshots WHERE app_name = ? AND session_id = ?", (app_name, session_id))
 
     def _scrub(self) -> str | None:
         """Checkpoint the write-ahead log into the file and truncate it: until then its frames still hold

@@ -18,6 +18,7 @@ so a shared database (a Postgres server, a DynamoDB table) needs no cleaning bet
 
 from __future__ import annotations
 
+import base64
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -28,9 +29,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ..clock import frozen_clock
-from ..errors import CommitTooLarge, EventTooLarge, InputError, ScopeMismatch, StoreClosed
+from ..errors import CommitTooLarge, EventTooLarge, InputError, ScopeMismatch, StoreClosed, ValueNotStorable
 from ..events import Event, StateChange, StateChangeEvent, ToolCallEvent, UserEvent
 from ..stores.base import (
+    MAX_CURSOR_TIME,
+    MAX_SCOPED_KEY_BYTES,
     BaseSessionStore,
     ScopedStateChange,
     SessionStore,
@@ -38,6 +41,7 @@ from ..stores.base import (
     StoredSession,
     StoredSnapshot,
     StoreLimits,
+    encode_cursor,
 )
 
 __all__ = ["StoreContract"]
@@ -501,6 +505,121 @@ class StoreContract:
         fits = "x" * (limit - 2)  # the quotes make it exactly the limit
         assert store.commit(meta, [_event(1)], 0, [ScopedStateChange("user", "u-1", "notes", fits)]).ok
         assert store.load_scoped_state(app, "user", "u-1") == {"notes": fits}
+
+    # -- the one key rule: refused before anything is written, the same on every store ----------
+
+    @pytest.mark.parametrize(
+        ("key", "error"),
+        [
+            ("", InputError),
+            ("k" * (MAX_SCOPED_KEY_BYTES + 1), InputError),
+            ("\u00e9" * (MAX_SCOPED_KEY_BYTES // 2 + 1), InputError),  # 512 characters, 1,026 bytes
+            ("a\ud800b", ValueNotStorable),
+            ("a\x00b", ValueNotStorable),
+            (5, InputError),
+        ],
+        ids=["empty", "too-long", "too-many-bytes", "lone-surrogate", "nul", "not-a-string"],
+    )
+    def test_a_scoped_key_outside_the_key_rule_is_refused_and_writes_nothing(
+        self, store: SessionStore, app: str, key: Any, error: type[InputError]
+    ) -> None:
+        meta = self.meta(app, scopes={"user": "u-1"})
+        bad = [ScopedStateChange("user", "u-1", "name", "Ada"), ScopedStateChange("user", "u-1", key, 1)]
+        with pytest.raises(error) as caught:
+            store.commit(meta, [_event(1)], 0, bad)
+        assert caught.value.field == "scoped_changes.1.key"
+        assert store.load(app, meta.id) is None
+        assert store.load_scoped_state(app, "user", "u-1") == {}
+        assert store.commit(meta, [_event(1)], 0).ok
+        with pytest.raises(error):
+            store.commit(meta, [_event(2)], 1, bad)
+        # Nothing written, and nothing left holding the session: the next commit lands at once.
+        assert store.load_scoped_state(app, "user", "u-1") == {}
+        assert store.commit(meta, [_event(3)], 1).ok
+        loaded = store.load(app, meta.id)
+        assert loaded is not None and _ids(loaded.events) == ["evt-1", "evt-3"]
+
+    def test_scoped_keys_at_the_key_rule_s_limits_are_kept(self, store: SessionStore, app: str) -> None:
+        keys = ["k", "k" * MAX_SCOPED_KEY_BYTES, "\u00e9" * (MAX_SCOPED_KEY_BYTES // 2), "\U0001f600" * 256]
+        meta = self.meta(app, scopes={"user": "u-1"})
+        assert store.commit(
+            meta, [_event(1)], 0, [ScopedStateChange("user", "u-1", k, n) for n, k in enumerate(keys)]
+        ).ok
+        assert store.load_scoped_state(app, "user", "u-1") == {k: n for n, k in enumerate(keys)}
+
+    def test_a_scope_name_outside_the_key_rule_is_refused(self, store: SessionStore, app: str) -> None:
+        meta = self.meta(app)
+        for scope in ("", "s" * 129, "a\ud800"):
+            with pytest.raises(InputError) as caught:
+                store.commit(meta, [_event(1)], 0, [ScopedStateChange(scope, "u-1", "k", 1)])
+            assert caught.value.field == "scoped_changes.0.scope"
+            with pytest.raises(InputError) as caught:
+                store.load_scoped_state(app, scope, "u-1")
+            assert caught.value.field == "scope"
+        assert store.load(app, meta.id) is None
+
+    @pytest.mark.parametrize(
+        "cursor",
+        [
+            *(
+                base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+                for text in (
+                    '[1e40, "s-1"]',
+                    '[1e308, "s-1"]',
+                    '[Infinity, "s-1"]',
+                    '[1.5, "s-1"]',
+                    '[-1, "s-1"]',
+                    '[true, "s-1"]',
+                    f'[{MAX_CURSOR_TIME + 1}, "s-1"]',
+                    '[1, "\\ud800"]',
+                    '[1, ""]',
+                    '[1, "a b"]',
+                    "[1, 2]",
+                    '[1, "s-1", 2]',
+                    "{}",
+                )
+            ),
+            "garbage!",
+            "",
+            "\ud800",
+            "\u00e9t\u00e9",
+        ],
+    )
+    def test_a_crafted_cursor_is_an_input_error_naming_cursor(self, store: SessionStore, app: str, cursor: str) -> None:
+        assert store.commit(self.meta(app), [_event(1)], 0).ok
+        with pytest.raises(InputError) as caught:
+            store.list(app, limit=5, cursor=cursor)
+        assert caught.value.field == "cursor"
+
+    def test_a_cursor_at_the_greatest_time_lists_from_the_top(self, store: SessionStore, app: str) -> None:
+        meta = self.meta(app, "s-only")
+        assert store.commit(meta, [_event(1)], 0).ok
+        assert [s.id for s in store.list(app, limit=5, cursor=encode_cursor(MAX_CURSOR_TIME, "s-zzz"))] == ["s-only"]
+        assert store.list(app, limit=5, cursor=encode_cursor(0, "s-0")) == []
+
+    # -- expiry -----------------------------------------------------------------------------
+
+    def test_creating_the_id_of_an_expired_session_starts_it_afresh(self, store: SessionStore, app: str) -> None:
+        """A session past its retention is gone for writers on every store: creating its id again starts a
+        new session (version 1, none of the old events), never a conflict revealing the old version; while it
+        lives, its id is taken."""
+        hour = 3_600_000
+        with frozen_clock(2_000_000_000_000) as clock:
+            meta = self.meta(app, "s-again", retention_ms=hour)
+            assert store.commit(meta, [_event(1), _event(2)], 0).ok
+            assert store.commit(meta, [_event(3)], 1).ok
+            clock.advance(hour // 2)
+            taken = store.commit(meta, [_event(9)], 0)
+            assert (taken.ok, taken.version) == (False, 2)
+            clock.advance(hour)  # an hour and a half after its last commit
+            again = store.commit(meta, [_event(1), _event(9)], 0)
+            assert (again.ok, again.version, again.appended) == (True, 1, 2)  # evt-1 is new to this session
+            loaded = store.load(app, "s-again")
+            assert loaded is not None and loaded.session.version == 1
+            assert _ids(loaded.events) == ["evt-1", "evt-9"]
+            assert [(s.id, s.version) for s in store.list(app)] == [("s-again", 1)]
+            assert store.commit(meta, [_event(10)], 1).ok
+            assert store.commit(meta, [_event(11)], 0).version == 2  # and the new one's id is taken
 
     # -- the clock --------------------------------------------------------------------------
 

@@ -12,6 +12,8 @@ export class ApiError extends Error {
 
 export async function api(method, path, body) {
   const init = { method, headers: { Accept: "application/json" } };
+  // A turn runs after its request answers (202); the page shows its outcome, so it asks the server to wait.
+  if (method === "POST" && /\/(runs|tools)$/.test(path)) init.headers.Prefer = "wait=25";
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);

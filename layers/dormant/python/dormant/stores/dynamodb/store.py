@@ -47,6 +47,11 @@ last, when the touch went in the batches; at least one, when it rides in the fin
 writer would have), else rolled back (the grant is added to ``dead``, the marker removed, the partial
 items and the touch deleted).
 Both are conditional on the marker's grant, so sweepers racing each other or a slow writer agree.
+
+**Liveness** (``_call``, ``_pass_gate``): a call refused because another request's transaction held one of
+its items (``TransactionConflict``) was not applied and is re-sent with ``_backoff``, then ``StoreBusy``. A
+gate re-sent after its answer was lost finds its own marker (the attempt's grant) and goes on as granted;
+one that got no answer at all takes its marker back before raising.
 """
 
 from __future__ import annotations
@@ -141,6 +146,8 @@ _THROTTLED = {
     "RequestLimitExceeded",
     "LimitExceededException",
 }
+_THROTTLED_REASONS = {"ProvisionedThroughputExceeded", "ThrottlingError"}
+"""Cancellation reasons of a ``TransactWriteItems`` that mean it was throttled."""
 
 
 @dataclass(frozen=True)
@@ -296,6 +303,7 @@ class DynamoDBSessionStore(BaseSessionStore):
         stale_after_s: float = 30.0,
         live_wait_s: float = 10.0,
         unprocessed_retries: int = 8,
+        conflict_retries: int = 8,
     ) -> None:
         for name, value in (("listing_shards", listing_shards), ("pending_shards", pending_shards)):
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1000:
@@ -308,6 +316,7 @@ class DynamoDBSessionStore(BaseSessionStore):
         self._stale_after_ms = int(stale_after_s * 1000)
         self._live_wait_s = live_wait_s
         self._unprocessed_retries = unprocessed_retries
+        self._conflict_retries = conflict_retries
 
     @property
     def table_name(self) -> str:
@@ -611,7 +620,7 @@ class DynamoDBSessionStore(BaseSessionStore):
                     break
                 if attempt == self._unprocessed_retries:
                     raise StoreBusy(f"DynamoDB left meta items unread after {attempt + 1} BatchGetItem calls")
-                time.sleep(min(1.0, 0.025 * 2**attempt) * (0.5 + random.random() / 2))
+                _backoff(attempt)
         return found
 
     def _close(self) -> None:
@@ -680,7 +689,7 @@ class DynamoDBSessionStore(BaseSessionStore):
                 ids.add(i["eid"]["S"] for i in items if "eid" in i)
                 self._finish(pk, marker, ids, plan)
             else:
-                self._roll_back(pk, meta, marker)
+                self._roll_back(pk, marker, create=int(meta["version"]["N"]) == 0)
         except _MarkerGone:
             return None  # another sweeper, or the writer itself, got there first
         if not complete:
@@ -707,11 +716,11 @@ class DynamoDBSessionStore(BaseSessionStore):
         )
         return report
 
-    def _roll_back(self, pk: str, meta: Mapping[str, Any], marker: _Marker) -> None:
+    def _roll_back(self, pk: str, marker: _Marker, *, create: bool) -> None:
         """Undo a marker: its grant joins ``dead`` (a create that never landed removes the meta item)."""
         condition = {"ConditionExpression": "pending.t = :t", "ReturnValuesOnConditionCheckFailure": "ALL_OLD"}
         try:
-            if int(meta["version"]["N"]) == 0:
+            if create:
                 self._call(
                     "delete_item",
                     TableName=self._table,
@@ -775,11 +784,17 @@ class DynamoDBSessionStore(BaseSessionStore):
             update = "SET " + _SET_MARKER
             # Scopes are fixed at creation: a commit naming others must not open the gate; nor may an expired
             # session take commits (AWS may have deleted some of its items already).
+            # Nor may a grant a repair already rolled back open it again: a re-sent gate (its first answer lost
+            # for longer than a marker takes to go stale) would land events its ``dead`` entry hides.
             condition = (
                 "version = :e AND attribute_not_exists(pending) AND scopes = :so"
-                " AND (attribute_not_exists(#x) OR #x > :now)"
+                " AND (attribute_not_exists(#x) OR #x > :now) AND NOT contains(dead, :vg)"
             )
-            values |= {":e": {"N": str(expected)}, ":so": {"S": scopes}}
+            values |= {
+                ":e": {"N": str(expected)},
+                ":so": {"S": scopes},
+                ":vg": {"S": f"{marker.version}#{marker.grant}"},
+            }
         gate = {
             "TableName": self._table,
             "Key": _key(pk, META_SK),
@@ -800,7 +815,7 @@ class DynamoDBSessionStore(BaseSessionStore):
                 for key in _binding_keys(app_name, session_id, row.scopes)
             ]
         deadline = time.monotonic() + self._live_wait_s
-        pause = 0.005
+        polls = 0
         repaired = False
         while True:
             try:
@@ -813,13 +828,30 @@ class DynamoDBSessionStore(BaseSessionStore):
                 item = failed.item
             except _Cancelled as cancelled:
                 item = cancelled.items[0]
+            except StoreUnavailable:
+                # No answer: the gate may have applied. Take our marker back (conditional on its grant, so a
+                # foreign one is never touched) and the session is free for the caller's retry at once.
+                with contextlib.suppress(StoreError, _MarkerGone):
+                    self._roll_back(pk, marker, create=expected == 0)
+                raise
             else:
                 # A create starts from nothing (what ALL_OLD holds then is an expired incarnation's).
                 return {"inc": {"S": inc}} if expected == 0 else dict(granted.get("Attributes") or {})
+            blocking = None if item is None else _Marker.of(item)
+            if item is not None and blocking == marker and (expected or item["inc"]["S"] == inc):
+                # Our own gate: it applied, its answer was lost and the gate was sent again (by botocore or
+                # by this loop). The item is as the gate left it: before it, it held all but the marker.
+                if expected == 0:
+                    return {"inc": {"S": inc}}
+                return {name: value for name, value in item.items() if name not in ("pending", "ppk", "psk")}
             if item is None or _expired(item, now):
                 return Refused(0)
             refused = Refused(int(item["version"]["N"]), json.loads(item["scopes"]["S"]))
-            blocking = _Marker.of(item)
+            if f"{marker.version}#{marker.grant}" in _dead(item):
+                raise StoreBusy(
+                    f"session {session_id!r}: this commit's gate went unanswered until a repair undid it; "
+                    "nothing of it was written, try again"
+                )
             if blocking is None or refused.version != expected or (expected and refused.scopes != row.scopes):
                 return refused
             if now_ms() - blocking.at >= self._stale_after_ms and not repaired:
@@ -832,8 +864,8 @@ class DynamoDBSessionStore(BaseSessionStore):
                     f"session {session_id!r} has had a commit in flight for {self._live_wait_s:g} s; "
                     "nothing was written, try again (a stuck commit is repaired once its marker is stale)"
                 )
-            time.sleep(pause * (0.5 + random.random()))
-            pause = min(pause * 2, 0.2)
+            _backoff(polls, base=0.005, cap=0.2)
+            polls += 1
 
     def _id_stored(self, pk: str, event_id: str, inc: str, version: int, dead: frozenset[str]) -> bool:
         """Whether a committed event of this session has this id (one consistent read of the id index)."""
@@ -1001,20 +1033,11 @@ class DynamoDBSessionStore(BaseSessionStore):
         self._write_batches(puts)
 
     def _transact(self, items: Sequence[Mapping[str, Any]]) -> None:
-        """One ``TransactWriteItems``, re-sent while another transaction holds one of its keys.
+        """One ``TransactWriteItems`` (re-sent by ``_call`` while another transaction holds one of its keys).
 
         Raises ``_Cancelled`` when a condition failed (the first item's answer first).
         """
-        for attempt in range(8):
-            try:
-                self._call("transact_write_items", TransactItems=builtins.list(items))
-                return
-            except _Cancelled as cancelled:
-                if "ConditionalCheckFailed" in cancelled.codes:
-                    raise
-                if "TransactionConflict" not in cancelled.codes or attempt == 7:
-                    raise StoreError(f"DynamoDB cancelled the transaction: {cancelled.codes}") from None
-                time.sleep(0.01 * 2**attempt * random.random())  # another transaction held a scoped key
+        self._call("transact_write_items", TransactItems=builtins.list(items))
 
     def _after_lost_marker(
         self,
@@ -1052,7 +1075,7 @@ class DynamoDBSessionStore(BaseSessionStore):
                     break
                 if attempt == self._unprocessed_retries:
                     raise _Exhausted(f"{len(pending)} items still unprocessed after {attempt + 1} calls")
-                time.sleep(min(1.0, 0.025 * 2**attempt) * (0.5 + random.random() / 2))
+                _backoff(attempt)
 
     # -- listing ----------------------------------------------------------------------------
 
@@ -1088,7 +1111,25 @@ class DynamoDBSessionStore(BaseSessionStore):
     # -- calls ------------------------------------------------------------------------------
 
     def _call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
-        """One DynamoDB call, with botocore's errors turned into dormant's."""
+        """One DynamoDB call, with botocore's errors turned into dormant's.
+
+        A request that met another request's transaction (``TransactionConflictException``, or a
+        ``TransactWriteItems`` cancelled for ``TransactionConflict``) was not applied, and botocore does not
+        retry it: it is re-sent here with backoff, and past ``conflict_retries`` it is ``StoreBusy``.
+        """
+        for attempt in itertools.count():
+            try:
+                return self._send(operation, kwargs)
+            except _Conflict as conflict:
+                if attempt >= self._conflict_retries:
+                    raise StoreBusy(
+                        f"DynamoDB {operation} met another request's transaction {attempt + 1} times; "
+                        f"nothing of it was applied, try again ({conflict})"
+                    ) from None
+            _backoff(attempt)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _send(self, operation: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         self._check_open()
         try:
             answer: dict[str, Any] = getattr(self._client, operation)(**kwargs)
@@ -1098,11 +1139,18 @@ class DynamoDBSessionStore(BaseSessionStore):
             code, message = error.get("Code", ""), error.get("Message", "")
             if code == "ConditionalCheckFailedException":
                 raise _ConditionFailed(exc.response.get("Item")) from None
+            if code == "TransactionConflictException":
+                raise _Conflict(message) from None
             if code == "TransactionCanceledException":
                 reasons = exc.response.get("CancellationReasons") or []
-                raise _Cancelled(
-                    [r.get("Code", "") for r in reasons] or ["?"], [r.get("Item") for r in reasons] or [None]
-                ) from None
+                codes = [r.get("Code", "") for r in reasons] or ["?"]
+                if "ConditionalCheckFailed" in codes:
+                    raise _Cancelled(codes, [r.get("Item") for r in reasons] or [None]) from None
+                if "TransactionConflict" in codes:
+                    raise _Conflict(f"cancellation reasons {codes}") from None
+                if _THROTTLED_REASONS.intersection(codes):
+                    raise StoreBusy(f"DynamoDB throttled {operation}: cancellation reasons {codes}") from exc
+                raise StoreError(f"DynamoDB cancelled the transaction: {codes}: {message}") from exc
             if code in _THROTTLED:
                 raise StoreBusy(f"DynamoDB throttled {operation} past the client's retries: {message}") from exc
             if code == "ResourceNotFoundException":
@@ -1135,9 +1183,21 @@ class _ConditionFailed(Exception):
 
 
 class _Cancelled(Exception):
+    """A ``TransactWriteItems`` cancelled because a condition failed (``items``: what each item held)."""
+
     def __init__(self, codes: builtins.list[str], items: builtins.list[Mapping[str, Any] | None]) -> None:
         self.codes = codes
         self.items = items
+
+
+class _Conflict(Exception):
+    """DynamoDB refused the request, unapplied, because another request's transaction held one of its items."""
+
+
+def _backoff(attempt: int, base: float = 0.025, cap: float = 1.0) -> None:
+    """Sleep before re-send ``attempt + 1``: exponential from ``base`` up to ``cap`` seconds, jittered by half,
+    so writers that collided do not collide again in step."""
+    time.sleep(min(cap, base * 2**attempt) * (0.5 + random.random() / 2))
 
 
 def _key(pk: str, sk: str) -> dict[str, Any]:

@@ -1,0 +1,350 @@
+"""The synthesized stack, deployed on this machine: API Gateway's routing and limits in front of the
+function sandboxes, the Step Functions stand-in, and a table in DynamoDB Local made from the template.
+
+``Deployment.start(...)`` synthesizes the CDK app (``app=``/``app_packages=`` context, parameter values),
+creates the table from the template's own definition, starts the state machine's API and the functions'
+sandboxes. Tests then only talk to it as a client would (``api``), or as AWS would (``invoke`` for a
+scheduled event), and read what happened (``executions``, ``calls``, DynamoDB).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from .lambda_ import Call, LambdaService, scratch
+from .stepfunctions import Execution, StepFunctions
+from .template import ACCOUNT, REGION, ROOT, Names, Template
+
+STACK = "Dormant"
+INTEGRATION_TIMEOUT = 29.0
+"""API Gateway REST's default integration timeout (seconds)."""
+MAX_REQUEST_BYTES = 10 * 1024 * 1024
+
+
+def synthesize(outdir: Path, context: dict[str, str]) -> dict[str, Any]:
+    """The stack's template, as ``tests.cdk_template.synthesize`` builds it, with extra CDK context."""
+    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+    import aws_cdk as cdk
+    import cdk_nag
+
+    from infra.stack import DormantStack
+
+    app = cdk.App(
+        outdir=str(outdir),
+        context={
+            "aws:cdk:bundling-stacks": [],
+            "@aws-cdk/core:validateAgainstDefaultRules": True,
+            "aws:cdk:enable-path-metadata": True,
+            "aws:cdk:enable-asset-metadata": True,
+            **context,
+        },
+    )
+    DormantStack(app, STACK, env=cdk.Environment(account=ACCOUNT, region=REGION))
+    cdk.Validations.of(app).add_plugins(cdk_nag.AwsSolutionsChecks(app))
+    app.synth()
+    return json.loads((outdir / f"{STACK}.template.json").read_text())  # type: ignore[no-any-return]
+
+
+class Deployment:
+    """A running deployment of the template (see the module docstring)."""
+
+    def __init__(
+        self,
+        template: Template,
+        *,
+        dynamodb_endpoint: str,
+        app_packages: list[Path],
+        time_scale: float = 0.01,
+        workdir: Path | None = None,
+    ) -> None:
+        self.template = template
+        self.workdir = workdir or scratch()
+        self.functions = template.functions()
+        self.machine_arn, self.definition = template.state_machine()
+        self.table_name = template.table()["TableName"]
+        self.dynamodb_endpoint = dynamodb_endpoint
+        self._create_table()
+        self.sfn = StepFunctions(
+            self._invoke_for_states, time_scale=time_scale, machine_role=template.state_machine_role()
+        )
+        self.sfn.create_state_machine(self.machine_arn, self.definition)
+        endpoints = {"AWS_ENDPOINT_URL_DYNAMODB": dynamodb_endpoint, "AWS_ENDPOINT_URL_SFN": self.sfn.serve()}
+        self.lambdas = LambdaService(self.functions, self._layers(app_packages), endpoints, self.workdir)
+        self.routes = {
+            (method, path): self._function_by_logical(logical) for method, path, logical in template.routes()
+        }
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16)
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        dynamodb_endpoint: str,
+        app: str | None = None,
+        app_packages: list[str] | None = None,
+        parameters: dict[str, Any] | None = None,
+        time_scale: float = 0.01,
+    ) -> Deployment:
+        workdir = scratch()
+        context = {}
+        if app:
+            context["app"] = app
+        if app_packages:
+            context["app_packages"] = ",".join(app_packages)
+        raw = synthesize(workdir / "cdk.out", context)
+        names = Names(stack=STACK, parameters=dict(parameters or {}), table_name=f"fidelity-{uuid.uuid4().hex[:10]}")
+        packages = [ROOT / p for p in (app_packages or ["samples/bookings"])]
+        template = Template(raw, names, workdir / "cdk.out")
+        return cls(
+            template, dynamodb_endpoint=dynamodb_endpoint, app_packages=packages, time_scale=time_scale, workdir=workdir
+        )
+
+    # -- setup -------------------------------------------------------------------------------------------------
+
+    def _function_by_logical(self, logical: str) -> str:
+        return next(name for name, f in self.functions.items() if f.logical_id == logical)
+
+    def _layers(self, app_packages: list[Path]) -> dict[str, Path]:
+        """Each layer's ``/opt/python``: the library's ``python`` dir; the app layer made of its packages."""
+        dirs = {}
+        for logical in self.template.of_type("AWS::Lambda::LayerVersion"):
+            source = self.template.layer_source(logical)
+            if (source / "python").is_dir():
+                dirs[logical] = source / "python"
+                continue
+            target = self.workdir / "layers" / logical / "python"
+            target.mkdir(parents=True)
+            for package in app_packages:
+                (target / package.name).symlink_to(package, target_is_directory=True)
+            dirs[logical] = target
+        return dirs
+
+    def ddb(self) -> Any:
+        import boto3
+
+        return boto3.client(
+            "dynamodb",
+            endpoint_url=self.dynamodb_endpoint,
+            region_name=REGION,
+            aws_access_key_id="dormantlocal",
+            aws_secret_access_key="dormantlocal",
+        )
+
+    def _create_table(self) -> None:
+        client = self.ddb()
+        client.create_table(**self.template.table())
+        client.get_waiter("table_exists").wait(TableName=self.table_name)
+
+    def update(self, parameters: dict[str, Any]) -> None:
+        """A stack update with new parameter values: the state machine's definition is re-resolved (new
+        executions use it, as on AWS). Parameters that reach a function's environment are refused here."""
+        self.template.names.parameters.update(parameters)
+        if any(f.environment != self.template.functions()[n].environment for n, f in self.functions.items()):
+            raise ValueError(f"{sorted(parameters)} change a function's environment: start a new Deployment")
+        self.machine_arn, self.definition = self.template.state_machine()
+        self.sfn.create_state_machine(self.machine_arn, self.definition)
+
+    def close(self) -> None:
+        self.sfn.close()
+        self.lambdas.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- AWS's side ----------------------------------------------------------------------------------------------
+
+    def _invoke_for_states(self, function: str, payload: Any) -> tuple[bool, Any]:
+        done = self.lambdas.invoke(function, payload)
+        return (True, done.payload) if done.ok else (False, done.error())
+
+    def invoke(self, function: str, event: Any) -> tuple[bool, Any]:
+        """Invoke a function as an AWS service would (EventBridge's schedule, a console test)."""
+        done = self.lambdas.invoke(function, event)
+        return (True, done.payload) if done.ok else (False, done.error())
+
+    def api(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        headers: dict[str, str] | None = None,
+        tenant: str | None = "tenant-a",
+        query: dict[str, str] | None = None,
+        timeout: float = INTEGRATION_TIMEOUT,
+    ) -> tuple[int, dict[str, str], Any]:
+        """A request through API Gateway: (status, headers, JSON body or None)."""
+        route = self._route(method, path)
+        if route is None:
+            return (
+                403,
+                {"x-amzn-ErrorType": "MissingAuthenticationTokenException"},
+                {"message": "Missing Authentication Token"},
+            )
+        if tenant is None:
+            return 401, {"x-amzn-ErrorType": "UnauthorizedException"}, {"message": "Unauthorized"}
+        resource, function, parameters = route
+        text = None if body is None else body if isinstance(body, str) else json.dumps(body)
+        if text is not None and len(text.encode()) > MAX_REQUEST_BYTES:
+            return 413, {}, {"message": "Request Too Long"}
+        event = self._event(method, path, resource, parameters, text, headers or {}, tenant, query)
+        future = self._pool.submit(self.lambdas.invoke, function, event)
+        try:
+            done = future.result(timeout=timeout)
+        except concurrent.futures.TimeoutError:
+            return 504, {"x-amzn-ErrorType": "InternalServerErrorException"}, {"message": "Endpoint request timed out"}
+        if not done.ok:
+            return 502, {"x-amzn-ErrorType": "InternalServerErrorException"}, {"message": "Internal server error"}
+        response = done.payload
+        if not isinstance(response, dict) or "statusCode" not in response:
+            return 502, {}, {"message": "Internal server error"}  # a malformed Lambda proxy response
+        out_headers = {**(response.get("headers") or {})}
+        for key, values in (response.get("multiValueHeaders") or {}).items():
+            out_headers[key] = ",".join(values)
+        raw = response.get("body") or ""
+        try:
+            parsed = json.loads(raw) if raw else None
+        except ValueError:
+            parsed = raw
+        return int(response["statusCode"]), out_headers, parsed
+
+    def _route(self, method: str, path: str) -> tuple[str, str, dict[str, str]] | None:
+        segments = [s for s in path.split("?", maxsplit=1)[0].split("/") if s]
+        for (route_method, resource), function in self.routes.items():
+            if route_method != method:
+                continue
+            template = [s for s in resource.split("/") if s]
+            if len(template) != len(segments):
+                continue
+            parameters: dict[str, str] = {}
+            for want, got in zip(template, segments, strict=True):
+                match = re.fullmatch(r"\{(\w+)\}", want)
+                if match:
+                    parameters[match.group(1)] = got
+                elif want != got:
+                    break
+            else:
+                return resource, function, parameters
+        return None
+
+    def _event(
+        self,
+        method: str,
+        path: str,
+        resource: str,
+        parameters: dict[str, str],
+        body: str | None,
+        headers: dict[str, str],
+        tenant: str,
+        query: dict[str, str] | None,
+    ) -> dict[str, Any]:
+        all_headers = {
+            "Accept": "application/json",
+            "Content-Type": "application/json",
+            "Host": "abc123.execute-api.eu-west-1.amazonaws.com",
+            "Authorization": "harness-id-token",
+            **headers,
+        }
+        request_id = str(uuid.uuid4())
+        return {
+            "resource": resource,
+            "path": path,
+            "httpMethod": method,
+            "headers": all_headers,
+            "multiValueHeaders": {k: [v] for k, v in all_headers.items()},
+            "queryStringParameters": query or None,
+            "multiValueQueryStringParameters": {k: [v] for k, v in query.items()} if query else None,
+            "pathParameters": parameters or None,
+            "stageVariables": None,
+            "requestContext": {
+                "resourceId": "abc123",
+                "resourcePath": resource,
+                "httpMethod": method,
+                "path": f"/v1{path}",
+                "stage": "v1",
+                "requestId": request_id,
+                "extendedRequestId": request_id,
+                "requestTimeEpoch": int(time.time() * 1000),
+                "accountId": ACCOUNT,
+                "apiId": "abc123",
+                "protocol": "HTTP/1.1",
+                "domainName": "abc123.execute-api.eu-west-1.amazonaws.com",
+                "identity": {"sourceIp": "203.0.113.7", "userAgent": "fidelity-harness"},
+                "authorizer": {
+                    "claims": {"sub": tenant, "token_use": "id", "cognito:username": tenant, "email": "x@example.com"}
+                },
+            },
+            "body": body,
+            "isBase64Encoded": False,
+        }
+
+    # -- views -------------------------------------------------------------------------------------------------
+
+    def executions(self) -> list[Execution]:
+        return sorted(self.sfn.executions.values(), key=lambda e: e.started)
+
+    def executions_of(self, tenant: str, session_id: str) -> list[Execution]:
+        return [
+            e
+            for e in self.executions()
+            if _input(e).get("session_id") == session_id and _input(e).get("tenant") == tenant
+        ]
+
+    def settle(self, timeout: float = 60.0) -> None:
+        """Wait until no execution has work in flight (a running task, a retry's pause): each is finished or
+        asleep on a task token. Raises ``TimeoutError`` with what is still busy."""
+        deadline = time.monotonic() + timeout
+        quiet_since = None
+        while time.monotonic() < deadline:
+            busy = self.sfn.in_flight() or any(self.lambdas.busy(n) for n in self.functions)
+            if not busy:
+                quiet_since = quiet_since or time.monotonic()
+                if time.monotonic() - quiet_since > 0.3:
+                    return
+            else:
+                quiet_since = None
+            time.sleep(0.05)
+        raise TimeoutError(f"still busy after {timeout} s: {self.sfn.in_flight()}")
+
+    def calls(self, function: str | None = None) -> list[Call]:
+        return [c for c in self.lambdas.calls if function is None or c.function == function]
+
+    def denied(self) -> list[Call]:
+        return [c for c in self.lambdas.calls if not c.allowed]
+
+    def kill(self, function: str) -> int:
+        """``kill -9`` the function's sandboxes that are running an invocation now."""
+        return self.lambdas.kill(function)
+
+    def crash_before(self, function: str, action: str) -> None:
+        """Kill ``function``'s sandbox just before its next call needing ``action`` (e.g. states:StartExecution)."""
+        self.lambdas.crash_before(function, action)
+
+    def errors(self, function: str | None = None) -> list[tuple[str, str | None, str]]:
+        """(function, errorType, errorMessage) of each failed invocation."""
+        return [
+            (i.function, i.error_type, i.error_message)
+            for i in self.lambdas.invocations
+            if not i.ok and (function is None or i.function == function)
+        ]
+
+    def log(self, function: str) -> str:
+        path = self.workdir / f"{function}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def item(self, key: dict[str, Any]) -> dict[str, Any] | None:
+        return self.ddb().get_item(TableName=self.table_name, Key=key, ConsistentRead=True).get("Item")  # type: ignore[no-any-return]
+
+
+def _input(execution: Execution) -> dict[str, Any]:
+    try:
+        return json.loads(execution.input)  # type: ignore[no-any-return]
+    except ValueError:
+        return {}

@@ -1,0 +1,94 @@
+"""The agent app the fidelity harness deploys (``-c app=fidelity_app:build``, its package as ``app_packages``).
+
+A sign-off agent whose scripted model reads its orders from the user's messages, so one warm
+function serves many sessions, each with its own script: ``signoffs=N`` (yielding tool calls before the
+final answer, default 1), ``sleep=S`` (seconds each model call takes), ``fail=model`` (the model raises a
+non-retryable error on its call after the first sign-off), ``steps=K`` (plain tool steps first: events
+enough for a snapshot).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from dormant import App, adk
+from dormant.agents.agent import Agent
+from dormant.agents.tools import ToolContext
+from dormant.models.base import ModelRequest, ModelResponse
+from dormant.stores.base import SessionStore
+
+
+class Step(BaseModel):
+    step: int
+
+
+class SignOff(BaseModel):
+    approved: bool
+
+
+class Person(BaseModel):
+    """A user scope, so sessions can be bound to a person and erased with them."""
+
+    note: str | None = None
+
+
+class ScriptedFailure(RuntimeError):
+    """The scripted model's provider crashed (not a retryable error)."""
+
+
+def _orders(request: ModelRequest) -> dict[str, str]:
+    said = " ".join(m.content or "" for m in request.messages if m.role == "user")
+    return dict(re.findall(r"\b(signoffs|sleep|fail|steps)=(\w+)", said))
+
+
+class OrderedModel:
+    """A model adapter that follows the orders in the session's first message."""
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        orders = _orders(request)
+        time.sleep(float(orders.get("sleep", 0)))
+        answered = [m for m in request.messages if m.role == "tool"]
+        steps = int(orders.get("steps", 0))
+        signoffs = int(orders.get("signoffs", 1))
+        done = len(answered)
+        if done < steps:
+            return ModelResponse(tool_calls=[{"name": "note", "args": {"step": done + 1}}], finish_reason="tool_calls")
+        if orders.get("fail") == "model" and done > steps:
+            raise ScriptedFailure("the scripted model's provider crashed")
+        if done < steps + signoffs:
+            step = done - steps + 1
+            return ModelResponse(tool_calls=[{"name": "sign_off", "args": {"step": step}}], finish_reason="tool_calls")
+        return ModelResponse(text="All steps signed off.", finish_reason="stop")
+
+
+@dataclass
+class FidelityApp:
+    app: App
+    agent: Agent
+
+
+def build(store: SessionStore) -> FidelityApp:
+    app = adk(
+        name="fidelity", schema={"user": Person}, adapters={"ordered": OrderedModel()}, store=store, snapshot_every=10
+    )
+    sign_off = app.tool(
+        name="sign_off", description="Ask a human to sign off a step.", schema=Step, execute=None, yield_schema=SignOff
+    )
+
+    def note(context: ToolContext) -> dict[str, Any]:
+        return {"noted": context.args.step}
+
+    noted = app.tool(name="note", description="Note a step.", schema=Step, execute=note)
+    agent = app.agent(
+        name="signoff",
+        model={"provider": "ordered", "name": "script"},
+        context=[app.context.history()],
+        tools=[sign_off, noted],
+        max_steps=50,
+    )
+    return FidelityApp(app, agent)

@@ -1,0 +1,775 @@
+"""Deployment fidelity: the synthesized stack run as AWS runs it; the only test allowed to say "works on AWS".
+
+The harness (``tests/fidelity``) runs each function in its own process with exactly its template
+environment and its role enforced on every AWS call, routes requests as the template's API methods do,
+and drives the template's own ASL. The scenarios below talk to it only as a client (or AWS) would, and
+are written against the target contract (``POST /runs`` may answer 202: they wait for the workflow to
+settle and read the session). The first tests check the harness's own pieces.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fidelity import iam
+from tests.fidelity.stepfunctions import ApiError, StatesError, StepFunctions, fill, intrinsic, path_set
+from tests.fidelity.template import Names, Template
+
+TABLE_ARN = "arn:aws:dynamodb:eu-west-1:123456789012:table/T"
+MACHINE_ARN = "arn:aws:states:eu-west-1:123456789012:stateMachine:M"
+
+# -- IAM evaluation -----------------------------------------------------------------------------------------------
+
+
+def _allow(actions: list[str], resources: list[str]) -> dict[str, Any]:
+    return {"Effect": "Allow", "Action": actions, "Resource": resources}
+
+
+def test_iam_allows_only_what_a_statement_names() -> None:
+    statements = [_allow(["dynamodb:GetItem", "dynamodb:Query"], [TABLE_ARN, f"{TABLE_ARN}/index/*"])]
+    assert iam.allowed(statements, "dynamodb:GetItem", TABLE_ARN)
+    assert iam.allowed(statements, "DynamoDB:getitem", TABLE_ARN)  # actions are case-insensitive
+    assert iam.allowed(statements, "dynamodb:Query", f"{TABLE_ARN}/index/listing")
+    assert not iam.allowed(statements, "dynamodb:PutItem", TABLE_ARN)
+    assert not iam.allowed(statements, "dynamodb:GetItem", TABLE_ARN + "2")  # no prefix match without a wildcard
+    assert not iam.allowed(statements, "dynamodb:GetItem", TABLE_ARN.replace("/T", "/t"))  # resources are exact
+
+
+def test_iam_wildcards_not_action_and_an_explicit_deny() -> None:
+    assert iam.allowed([_allow(["dynamodb:*"], ["*"])], "dynamodb:BatchGetItem", TABLE_ARN)
+    assert iam.allowed([_allow(["dynamodb:Get?tem"], ["arn:aws:dynamodb:*:*:table/T"])], "dynamodb:GetItem", TABLE_ARN)
+    not_action = [{"Effect": "Allow", "NotAction": ["dynamodb:DeleteItem"], "Resource": "*"}]
+    assert iam.allowed(not_action, "dynamodb:PutItem", TABLE_ARN)
+    assert not iam.allowed(not_action, "dynamodb:DeleteItem", TABLE_ARN)
+    deny = [_allow(["dynamodb:*"], ["*"]), {"Effect": "Deny", "Action": "dynamodb:PutItem", "Resource": TABLE_ARN}]
+    assert not iam.allowed(deny, "dynamodb:PutItem", TABLE_ARN)
+    assert iam.allowed(deny, "dynamodb:UpdateItem", TABLE_ARN)
+    assert not iam.allowed([], "dynamodb:GetItem", TABLE_ARN)  # nothing said is a deny
+
+
+def test_a_transaction_is_authorized_per_item() -> None:
+    request = {
+        "TransactItems": [
+            {"ConditionCheck": {"TableName": "T", "Key": {}, "ConditionExpression": "x"}},
+            {"Put": {"TableName": "T", "Item": {}}},
+            {"Update": {"TableName": "U", "Key": {}}},
+            {"Delete": {"TableName": "T", "Key": {}}},
+        ]
+    }
+    needed = iam.required("dynamodb", "TransactWriteItems", request)
+    assert needed == [
+        ("dynamodb:ConditionCheckItem", TABLE_ARN),
+        ("dynamodb:PutItem", TABLE_ARN),
+        ("dynamodb:UpdateItem", TABLE_ARN[:-1] + "U"),
+        ("dynamodb:DeleteItem", TABLE_ARN),
+    ]
+    # a policy without ConditionCheckItem (main's) refuses the snapshot transaction
+    writes = [_allow(["dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"], ["*"])]
+    assert not all(iam.allowed(writes, a, r) for a, r in needed)
+    gets = iam.required("dynamodb", "TransactGetItems", {"TransactItems": [{"Get": {"TableName": "T", "Key": {}}}]})
+    assert gets == [("dynamodb:GetItem", TABLE_ARN)]
+
+
+def test_batches_indexes_and_step_functions_resources() -> None:
+    batch = {"RequestItems": {"T": {"Keys": []}, "U": {"Keys": []}}}
+    assert [a for a, _ in iam.required("dynamodb", "BatchGetItem", batch)] == ["dynamodb:BatchGetItem"] * 2
+    query = iam.required("dynamodb", "Query", {"TableName": "T", "IndexName": "listing"})
+    assert query == [("dynamodb:Query", f"{TABLE_ARN}/index/listing")]
+    assert iam.required("dynamodb", "Query", {"TableName": "T"}) == [("dynamodb:Query", TABLE_ARN)]
+    execution = "arn:aws:states:eu-west-1:123456789012:execution:M:e1"
+    assert iam.required("states", "DescribeExecution", {"executionArn": execution}) == [
+        ("states:DescribeExecution", execution)
+    ]
+    assert iam.required("states", "StartExecution", {"stateMachineArn": MACHINE_ARN}) == [
+        ("states:StartExecution", MACHINE_ARN)
+    ]
+    owned = iam.required("states", "SendTaskSuccess", {"taskToken": "t"}, token_owner=lambda token: MACHINE_ARN)
+    assert owned == [("states:SendTaskSuccess", MACHINE_ARN)]
+    grants = iam.grants([_allow(["dynamodb:GetItem", "logs:PutLogEvents"], [TABLE_ARN])])
+    assert grants == {("dynamodb:GetItem", TABLE_ARN)}
+    assert iam.grant_used(("dynamodb:Query", f"{TABLE_ARN}/index/*"), [("dynamodb:Query", f"{TABLE_ARN}/index/x")])
+    assert not iam.grant_used(("dynamodb:Query", f"{TABLE_ARN}/index/*"), [("dynamodb:Query", TABLE_ARN)])
+
+
+# -- reference resolution ----------------------------------------------------------------------------------------
+
+_TEMPLATE = {
+    "Parameters": {"Shards": {"Type": "Number", "Default": 1}, "Wait": {"Type": "Number", "Default": 60}},
+    "Resources": {
+        "Table": {"Type": "AWS::DynamoDB::Table", "Properties": {}},
+        "Machine": {"Type": "AWS::StepFunctions::StateMachine", "Properties": {"StateMachineName": "Dormant-resume"}},
+        "Fn": {"Type": "AWS::Lambda::Function", "Properties": {}},
+        "Logs": {"Type": "AWS::Logs::LogGroup", "Properties": {}},
+    },
+}
+
+
+def test_references_resolve_to_one_consistent_set_of_names() -> None:
+    template = Template(_TEMPLATE, Names(table_name="tbl", parameters={"Wait": 3}))
+    store = {"Fn::Join": ["", ["dynamodb://", {"Ref": "Table"}, "?shards=", {"Ref": "Shards"}]]}
+    assert template.resolve(store) == "dynamodb://tbl?shards=1"
+    assert template.resolve({"Fn::GetAtt": ["Table", "Arn"]}) == "arn:aws:dynamodb:eu-west-1:123456789012:table/tbl"
+    assert template.resolve({"Ref": "Machine"}) == "arn:aws:states:eu-west-1:123456789012:stateMachine:Dormant-resume"
+    assert template.resolve({"Ref": "Wait"}) == 3  # a given value wins over the default
+    sub = {"Fn::Sub": ["${AWS::Partition}:${Fn.Arn}:${X}:${!Literal}", {"X": {"Ref": "AWS::Region"}}]}
+    assert template.resolve(sub) == "aws:arn:aws:lambda:eu-west-1:123456789012:function:Dormant-Fn:eu-west-1:${Literal}"
+    assert template.resolve({"Fn::GetAtt": "Logs.Arn"}).startswith("arn:aws:logs:eu-west-1:123456789012:log-group:")
+    assert template.resolve({"Fn::Select": [1, {"Fn::Split": [",", "a,b"]}]}) == "b"
+
+
+# -- the ASL interpreter -----------------------------------------------------------------------------------------
+
+
+class _Functions:
+    """Scripted Lambda results by function name: a list of (ok, value) answered in order."""
+
+    def __init__(self, script: dict[str, list[tuple[bool, Any]]]) -> None:
+        self.script = script
+        self.seen: list[tuple[str, Any]] = []
+
+    def __call__(self, function: str, payload: Any) -> tuple[bool, Any]:
+        self.seen.append((function, payload))
+        return self.script[function].pop(0)
+
+
+def _run(definition: dict[str, Any], functions: _Functions, data: Any, **options: Any) -> Any:
+    sfn = StepFunctions(functions, **{"time_scale": 0.001, **options})
+    sfn.create_state_machine(MACHINE_ARN, definition)
+    arn = sfn.start_execution(MACHINE_ARN, "e1", json.dumps(data))["executionArn"]
+    deadline = time.monotonic() + 10
+    while sfn.executions[arn].status == "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return sfn.executions[arn]
+
+
+def _task(function: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "Type": "Task",
+        "Resource": "arn:aws:states:::lambda:invoke",
+        "Parameters": {"FunctionName": function, "Payload.$": "$"},
+        **extra,
+    }
+
+
+def test_asl_retry_catch_choice_and_result_paths() -> None:
+    definition = {
+        "StartAt": "Work",
+        "States": {
+            "Work": _task(
+                "work",
+                ResultSelector={"status.$": "$.Payload.status"},
+                ResultPath="$.worked",
+                Retry=[{"ErrorEquals": ["Busy"], "MaxAttempts": 2, "IntervalSeconds": 1, "BackoffRate": 2}],
+                Catch=[{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "Failed"}],
+                Next="Branch",
+            ),
+            "Branch": {
+                "Type": "Choice",
+                "Choices": [
+                    {
+                        "And": [
+                            {"Variable": "$.worked.status", "StringEquals": "again"},
+                            {"Variable": "$.n", "NumericLessThan": 3},
+                        ],
+                        "Next": "Count",
+                    },
+                    {"Not": {"Variable": "$.worked", "IsPresent": False}, "Next": "Done"},
+                ],
+            },
+            "Count": {
+                "Type": "Pass",
+                "Parameters": {"n.$": "States.MathAdd($.n, 1)"},
+                "ResultPath": "$.counted",
+                "Next": "Done",
+            },
+            "Failed": {"Type": "Fail", "Error": "Recorded"},
+            "Done": {"Type": "Succeed"},
+        },
+    }
+    busy = (False, {"errorType": "Busy", "errorMessage": "try later"})
+    functions = _Functions({"work": [busy, busy, (True, {"status": "again"})]})
+    ended = _run(definition, functions, {"n": 1})
+    assert ended.status == "SUCCEEDED", ended.cause
+    assert len(functions.seen) == 3  # two retries of the retryable error
+    assert json.loads(ended.output or "") == {"n": 1, "worked": {"status": "again"}, "counted": {"n": 2}}
+    assert ended.states == ["Work", "Branch", "Count", "Done"]
+
+    # past MaxAttempts the Catch takes it, with the error at its ResultPath
+    functions = _Functions({"work": [busy, busy, busy]})
+    ended = _run(definition, functions, {"n": 1})
+    assert ended.status == "FAILED" and ended.error == "Recorded" and ended.states == ["Work", "Failed"]
+    # a non-retryable error is not retried
+    functions = _Functions({"work": [(False, {"errorType": "KeyError", "errorMessage": "x"})]})
+    assert _run(definition, functions, {"n": 1}).states == ["Work", "Failed"] and len(functions.seen) == 1
+
+
+def test_asl_result_path_null_keeps_the_input_and_a_missing_choice_fails() -> None:
+    definition = {
+        "StartAt": "Note",
+        "States": {
+            "Note": _task("note", ResultPath=None, Next="Branch"),
+            "Branch": {"Type": "Choice", "Choices": [{"Variable": "$.a", "BooleanEquals": True, "Next": "Done"}]},
+            "Done": {"Type": "Succeed"},
+        },
+    }
+    ended = _run(definition, _Functions({"note": [(True, {"ignored": 1})]}), {"a": True})
+    assert ended.status == "SUCCEEDED" and json.loads(ended.output or "") == {"a": True}
+    ended = _run(definition, _Functions({"note": [(True, {})]}), {"a": False})
+    assert ended.status == "FAILED" and ended.error == "States.NoChoiceMatched"
+
+
+def test_asl_paths_and_intrinsics() -> None:
+    data, context = {"a": {"b": [1, 2]}, "s": "x"}, {"Execution": {"Name": "e"}}
+    assert fill({"v.$": "$.a.b[1]", "n.$": "$$.Execution.Name", "k": {"x.$": "$.s"}}, data, context) == {
+        "v": 2,
+        "n": "e",
+        "k": {"x": "x"},
+    }
+    assert intrinsic("States.Format('{}-{}', $.s, $.a.b[0])", data, context) == "x-1"
+    assert intrinsic("States.ArrayLength($.a.b)", data, context) == 2
+    assert intrinsic("States.StringToJson(States.JsonToString($.a))", data, context) == {"b": [1, 2]}
+    assert path_set({"a": 1}, "$.r.s", 2) == {"a": 1, "r": {"s": 2}}
+    with pytest.raises(StatesError):
+        fill({"v.$": "$.missing"}, data, context)
+
+
+def test_a_task_token_wait_answers_times_out_and_refuses_spent_tokens() -> None:
+    definition = {
+        "StartAt": "Wait",
+        "States": {
+            "Wait": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::lambda:invoke.waitForTaskToken",
+                "Parameters": {"FunctionName": "park", "Payload": {"token.$": "$$.Task.Token"}},
+                "TimeoutSeconds": 1,
+                "ResultPath": "$.answer",
+                "Catch": [{"ErrorEquals": ["States.Timeout"], "ResultPath": "$.error", "Next": "Expired"}],
+                "End": True,
+            },
+            "Expired": {"Type": "Succeed"},
+        },
+    }
+    functions = _Functions({"park": [(True, {}), (True, {})]})
+    sfn = StepFunctions(functions)
+    sfn.create_state_machine(MACHINE_ARN, definition)
+    arn = sfn.start_execution(MACHINE_ARN, "e1", "{}")["executionArn"]
+    # the same name and input while it runs: the same execution; other input: refused
+    assert sfn.start_execution(MACHINE_ARN, "e1", "{}")["executionArn"] == arn
+    with pytest.raises(ApiError, match="Already"):
+        sfn.start_execution(MACHINE_ARN, "e1", '{"x": 1}')
+    deadline = time.monotonic() + 5
+    while not functions.seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    token = functions.seen[0][1]["token"]
+    assert (
+        iam.required("states", "SendTaskSuccess", {"taskToken": token}, token_owner=sfn.token_owner)[0][1]
+        == MACHINE_ARN
+    )
+    sfn.send_task(token, ("success", '{"answered": true}'))
+    while sfn.executions[arn].status == "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert json.loads(sfn.executions[arn].output or "") == {"answer": {"answered": True}}
+    assert sfn.executions[arn].states == ["Wait"]
+    with pytest.raises(ApiError, match="Timed Out"):
+        sfn.send_task(token, ("success", "{}"))  # spent
+    with pytest.raises(ApiError, match="Invalid"):
+        sfn.send_task("not-a-token", ("success", "{}"))
+    unknown = base64.urlsafe_b64encode(json.dumps({"m": MACHINE_ARN, "t": "x"}).encode()).decode()
+    with pytest.raises(ApiError, match="Does Not Exist"):
+        sfn.send_task(unknown, ("success", "{}"))
+    # unanswered: the wait times out into the Catch
+    arn = sfn.start_execution(MACHINE_ARN, "e2", "{}")["executionArn"]
+    deadline = time.monotonic() + 5
+    while sfn.executions[arn].status == "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sfn.executions[arn].states == ["Wait", "Expired"]
+    assert json.loads(sfn.executions[arn].output or "")["error"]["Error"] == "States.Timeout"
+
+
+def test_the_api_speaks_to_botocore_with_aws_errors() -> None:
+    import botocore.session
+
+    sfn = StepFunctions(_Functions({"park": [(True, {})]}))
+    definition = {"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}
+    sfn.create_state_machine(MACHINE_ARN, definition)
+    try:
+        client = botocore.session.get_session().create_client(
+            "stepfunctions",
+            endpoint_url=sfn.serve(),
+            region_name="eu-west-1",
+            aws_access_key_id="x",
+            aws_secret_access_key="x",
+        )
+        started = client.start_execution(stateMachineArn=MACHINE_ARN, name="n1", input='{"a": 1}')
+        assert started["executionArn"].endswith(":execution:M:n1")
+        with pytest.raises(client.exceptions.ExecutionAlreadyExists):
+            client.start_execution(stateMachineArn=MACHINE_ARN, name="n1", input='{"a": 2}')
+        with pytest.raises(client.exceptions.InvalidToken):
+            client.send_task_success(taskToken="nonsense", output="{}")
+        described = client.describe_execution(executionArn=started["executionArn"])
+        assert described["name"] == "n1" and described["status"] in ("RUNNING", "SUCCEEDED")
+        listed = client.list_executions(stateMachineArn=MACHINE_ARN)["executions"]
+        assert [e["name"] for e in listed] == ["n1"]
+    finally:
+        sfn.close()
+
+
+def test_an_execution_fails_past_the_history_limit() -> None:
+    definition = {
+        "StartAt": "Loop",
+        "States": {
+            "Loop": {"Type": "Pass", "Next": "Again"},
+            "Again": {"Type": "Choice", "Choices": [{"Variable": "$", "IsPresent": True, "Next": "Loop"}]},
+        },
+    }
+    ended = _run(definition, _Functions({}), {})
+    assert ended.status == "FAILED" and "25,000" in (ended.cause or "")
+    assert len(ended.history) == 25_002  # the event past the cap, then ExecutionFailed
+
+
+def test_an_execution_ends_at_its_time_limit() -> None:
+    definition = {
+        "StartAt": "W",
+        "States": {"W": {"Type": "Wait", "Seconds": 100, "Next": "D"}, "D": {"Type": "Succeed"}},
+    }
+    ended = _run(definition, _Functions({}), {}, max_execution_seconds=0.2, time_scale=1.0)
+    assert ended.status == "TIMED_OUT"
+
+
+# -- the Lambda sandboxes ---------------------------------------------------------------------------------------
+
+_HANDLER = """
+import json, os, sys, time
+
+def handler(event, context):
+    kind = event["kind"]
+    if kind == "env":
+        return {"env": dict(os.environ), "path": sys.path, "remaining": context.get_remaining_time_in_millis()}
+    if kind == "sleep":
+        time.sleep(event["seconds"])
+        return {"slept": True}
+    if kind == "big":
+        return "x" * (6 * 1024 * 1024 + 1)
+    if kind == "raise":
+        raise LookupError("no such thing")
+    if kind == "aws":
+        import botocore.session
+        client = botocore.session.get_session().create_client("dynamodb")
+        try:
+            client.get_item(TableName=event["table"], Key={"pk": {"S": "x"}})
+        except client.exceptions.ClientError as exc:
+            return {"error": exc.response["Error"]["Code"], "message": exc.response["Error"]["Message"]}
+        return {"error": None}
+"""
+
+
+@pytest.fixture
+def sandboxes(tmp_path: Path) -> Iterator[Any]:
+    from tests.fidelity.lambda_ import LambdaService
+    from tests.fidelity.template import Function
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "app.py").write_text(_HANDLER)
+    layer = tmp_path / "layer"
+    layer.mkdir()
+    function = Function(
+        name="probe",
+        logical_id="Probe",
+        function_name="Dormant-Probe",
+        arn="arn:aws:lambda:eu-west-1:123456789012:function:Dormant-Probe",
+        handler="app.handler",
+        timeout=2,
+        memory=256,
+        environment={"ONLY_THIS": "1"},
+        code_dir=code,
+        layers=["Layer"],
+        role="ProbeRole",
+        statements=[_allow(["dynamodb:GetItem"], ["arn:aws:dynamodb:eu-west-1:123456789012:table/allowed"])],
+    )
+    # an endpoint nothing listens on: an allowed call fails to connect, a denied one never leaves
+    service = LambdaService(
+        {"probe": function}, {"Layer": layer}, {"AWS_ENDPOINT_URL_DYNAMODB": "http://127.0.0.1:9"}, tmp_path
+    )
+    try:
+        yield service
+    finally:
+        service.close()
+
+
+def test_a_sandbox_sees_only_its_environment_and_lambdas_path(sandboxes: Any, tmp_path: Path) -> None:
+    seen = sandboxes.invoke("probe", {"kind": "env"})
+    assert seen.ok, seen.error()
+    env = seen.payload["env"]
+    assert env["ONLY_THIS"] == "1" and env["AWS_LAMBDA_FUNCTION_NAME"] == "Dormant-Probe" and env["TZ"] == ":UTC"
+    assert "PYTHONPATH" not in env and "HOME" not in env and "PYTEST_CURRENT_TEST" not in env
+    assert seen.payload["path"][:2] == [str(tmp_path / "code"), str(tmp_path / "layer")]
+    assert 0 < seen.payload["remaining"] <= 2000
+
+
+def test_a_sandbox_can_be_killed_just_before_a_call(sandboxes: Any) -> None:
+    sandboxes.crash_before("probe", "dynamodb:GetItem")
+    died = sandboxes.invoke("probe", {"kind": "aws", "table": "allowed"})
+    assert (died.ok, died.error_type) == (False, "Runtime.ExitError")
+    assert sandboxes.calls == []  # killed before the call was made (or checked)
+    again = sandboxes.invoke("probe", {"kind": "aws", "table": "other"})
+    assert again.ok and again.payload["error"] == "AccessDeniedException"  # once only, in a fresh sandbox
+
+
+def test_a_sandbox_enforces_the_role_timeouts_crashes_and_the_response_limit(sandboxes: Any) -> None:
+    denied = sandboxes.invoke("probe", {"kind": "aws", "table": "other"})
+    assert denied.ok and denied.payload["error"] == "AccessDeniedException", denied.payload
+    assert "dynamodb:GetItem" in denied.payload["message"]
+    allowed = sandboxes.invoke("probe", {"kind": "aws", "table": "allowed"})
+    assert allowed.error_type == "EndpointConnectionError"  # allowed: it went to the (absent) endpoint
+    assert [(c.action, c.allowed) for c in sandboxes.calls] == [("dynamodb:GetItem", False), ("dynamodb:GetItem", True)]
+
+    raised = sandboxes.invoke("probe", {"kind": "raise"})
+    assert (raised.ok, raised.error_type) == (False, "LookupError")
+    too_big = sandboxes.invoke("probe", {"kind": "big"})
+    assert (too_big.ok, too_big.error_type) == (False, "Function.ResponseSizeTooLarge")
+    timed_out = sandboxes.invoke("probe", {"kind": "sleep", "seconds": 5})
+    assert (timed_out.ok, timed_out.error_type) == (False, "Sandbox.Timedout")
+    assert sandboxes.invoke("probe", {"kind": "sleep", "seconds": 0}).ok  # a fresh sandbox after the timeout
+
+    import threading
+
+    killed: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: killed.append(sandboxes.invoke("probe", {"kind": "sleep", "seconds": 1.5}))
+    )
+    worker.start()
+    deadline = time.monotonic() + 5
+    while not sandboxes.busy("probe") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert sandboxes.kill("probe") == 1
+    worker.join()
+    assert (killed[0].ok, killed[0].error_type) == (False, "Runtime.ExitError")
+
+
+# -- the deployment --------------------------------------------------------------------------------------------
+
+TENANT = "tenant-a"
+APP_PACKAGE = "tests/fidelity/fidelity_app"
+
+
+@pytest.fixture(scope="module")
+def deployment(dynamodb_endpoint: str) -> Iterator[Any]:
+    """The stack with the fidelity app, started once for the module (synthesis takes a while)."""
+    pytest.importorskip("aws_cdk", reason="the harness synthesizes the CDK app (the infra extra)")
+    pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambda extra")
+    from tests.fidelity.deployment import Deployment
+
+    started = Deployment.start(
+        dynamodb_endpoint=dynamodb_endpoint, app="fidelity_app:build", app_packages=[APP_PACKAGE], time_scale=0.01
+    )
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+def fresh(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def evidence(d: Any) -> str:
+    """What went wrong inside the deployment: function errors and denied calls (the assertion message)."""
+    denied = sorted({(c.function, c.action, c.resource.rsplit(":", 1)[-1]) for c in d.denied()})
+    return f"function errors: {d.errors()[-6:]}; denied calls: {denied}"
+
+
+def create(d: Any, sid: str, scopes: dict[str, str] | None = None, tenant: str = TENANT) -> None:
+    status, _, body = d.api("POST", "/sessions", {"session_id": sid, "scopes": scopes or {}}, tenant=tenant)
+    assert status == 201, (status, body, evidence(d))
+
+
+def show(d: Any, sid: str, tenant: str = TENANT) -> dict[str, Any]:
+    status, _, body = d.api("GET", f"/sessions/{sid}", tenant=tenant)
+    assert status == 200, (status, body, evidence(d))
+    return body  # type: ignore[no-any-return]
+
+
+def ledger(d: Any, sid: str, tenant: str = TENANT) -> list[dict[str, Any]]:
+    status, _, body = d.api("GET", f"/sessions/{sid}/events", tenant=tenant, query={"limit": "1000"})
+    assert status == 200, (status, body, evidence(d))
+    return body["events"]  # type: ignore[no-any-return]
+
+
+def run(d: Any, sid: str, message: str, tenant: str = TENANT, settle: float = 60) -> dict[str, Any]:
+    """``POST /runs`` (200 today, 202 in the target contract), then the session once the workflow settled."""
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": message}, tenant=tenant)
+    assert status in (200, 202), (status, body, evidence(d))
+    d.settle(settle)
+    return show(d, sid, tenant)
+
+
+def answer(d: Any, sid: str, shown: dict[str, Any], tenant: str = TENANT) -> dict[str, Any]:
+    (call,) = shown["yielded_tools"]
+    body = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
+    status, _, answered = d.api("POST", f"/sessions/{sid}/tools", body, tenant=tenant)
+    assert status == 202, (status, answered, evidence(d))
+    d.settle()
+    return show(d, sid, tenant)
+
+
+def ended(d: Any, execution: Any, timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while execution.status == "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return execution
+
+
+def chain(d: Any, sid: str) -> list[Any]:
+    """The session's executions, oldest first: each wait ends its execution and the turn goes on in the next."""
+    return sorted(d.executions_of(TENANT, sid), key=lambda e: e.started)
+
+
+def parked(d: Any, sid: str) -> Any:
+    """The session's one live execution, asleep in ``Park``."""
+    live = [e for e in d.executions_of(TENANT, sid) if e.status == "RUNNING"]
+    executions = [(e.name[:8], e.status, e.states, e.error) for e in d.executions_of(TENANT, sid)]
+    assert len(live) == 1, f"{len(live)} live executions for {sid} (all: {executions}); {evidence(d)}"
+    assert live[0].states[-1] == "Park", (live[0].states, evidence(d))
+    return live[0]
+
+
+@pytest.mark.backend("dynamodb")
+def test_create_run_park_answer_resume_complete(deployment: Any) -> None:
+    d, sid = deployment, fresh("park")
+    create(d, sid)
+    shown = run(d, sid, "signoffs=1")
+    assert shown["status"] == "awaiting_input", (shown["status"], evidence(d))
+    execution = parked(d, sid)
+    assert execution.states[0] == "Run"  # the turn ran in the workflow, not in the API's request
+    done = answer(d, sid, shown)
+    assert done["status"] == "completed", (done["status"], evidence(d))
+    assert ended(d, execution).status == "SUCCEEDED", (execution.states, execution.error, execution.cause)
+    # the wait ended its execution; the rest of the turn ran in the next one, which ended Done
+    first, then = chain(d, sid)
+    assert first is execution and execution.states[-1] == "Continued"
+    assert then.name == f"{execution.name}-1" and ended(d, then).status == "SUCCEEDED" and then.states[-1] == "Done"
+
+
+@pytest.mark.backend("dynamodb")
+def test_list_sessions(deployment: Any) -> None:
+    d, tenant = deployment, fresh("tenant")
+    ids = sorted(fresh("list") for _ in range(2))
+    for sid in ids:
+        create(d, sid, tenant=tenant)
+    status, _, body = d.api("GET", "/sessions", tenant=tenant)
+    assert status == 200, (status, body, evidence(d))
+    assert sorted(s["id"] for s in body["sessions"]) == ids
+    # a route the template does not have is API Gateway's answer, not a function's
+    assert d.api("GET", "/nowhere")[::2] == (403, {"message": "Missing Authentication Token"})
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_second_yield_parks_again_in_a_fresh_execution(deployment: Any) -> None:
+    d, sid = deployment, fresh("twice")
+    create(d, sid)
+    first = run(d, sid, "signoffs=2")
+    assert first["status"] == "awaiting_input", (first["status"], evidence(d))
+    execution = parked(d, sid)
+    second = answer(d, sid, first)
+    assert second["status"] == "awaiting_input" and second["yielded_tools"][0]["args"] == {"step": 2}, evidence(d)
+    again = parked(d, sid)
+    assert again is not execution and again.name == f"{execution.name}-1"  # continued as new
+    assert answer(d, sid, second)["status"] == "completed", evidence(d)
+    executions = chain(d, sid)
+    assert [ended(d, e).status for e in executions] == ["SUCCEEDED"] * 3
+    # one wait per execution: its history stays short whatever the number of yields (the cap is 25,000)
+    longest = max(len(e.history) for e in executions)
+    print(f"history events per execution: {[len(e.history) for e in executions]}")
+    assert longest <= 40, longest
+
+
+@pytest.mark.backend("dynamodb")
+def test_an_unanswered_wait_expires(deployment: Any) -> None:
+    d, sid = deployment, fresh("expire")
+    default = d.template.parameter("WaitTimeoutSeconds")
+    d.update({"WaitTimeoutSeconds": 3})
+    try:
+        create(d, sid)
+        shown = run(d, sid, "signoffs=1")
+        assert shown["status"] == "awaiting_input", (shown["status"], evidence(d))
+        execution = ended(d, parked(d, sid), timeout=20)
+        d.settle()
+    finally:
+        d.update({"WaitTimeoutSeconds": default})
+    assert execution.status == "SUCCEEDED" and execution.states[-3:] == [
+        "Expire",
+        "Answered as it expired?",
+        "Expired",
+    ], (
+        execution.states,
+        evidence(d),
+    )
+    end = ledger(d, sid)[-1]
+    assert end["type"] == "invocation_end" and end["error_type"] == "SessionExpired", end
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_model_failure_after_resume_is_recorded(deployment: Any) -> None:
+    d, sid = deployment, fresh("fail")
+    create(d, sid)
+    shown = run(d, sid, "signoffs=1 fail=model")
+    assert shown["status"] == "awaiting_input", (shown["status"], evidence(d))
+    execution = parked(d, sid)
+    failed = answer(d, sid, shown)
+    assert failed["status"] == "error", (failed["status"], evidence(d))
+    end = ledger(d, sid)[-1]
+    assert end["type"] == "invocation_end" and "crashed" in (end.get("error") or ""), end
+    assert ended(d, execution).status != "RUNNING"
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_runner_killed_half_way_is_ended_with_its_committed_steps_kept(deployment: Any) -> None:
+    import threading
+
+    d, sid = deployment, fresh("killed")
+    create(d, sid)
+    answers: list[Any] = []
+    request = threading.Thread(
+        target=lambda: answers.append(d.api("POST", f"/sessions/{sid}/runs", {"message": "steps=4 sleep=1 signoffs=0"}))
+    )
+    request.start()
+    # the turn runs in the workflow (target) or in the request (today): kill whichever runs it, mid-turn
+    deadline = time.monotonic() + 20
+    while not (d.lambdas.busy("resume") or d.lambdas.busy("run")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(2.5)
+    assert d.kill("resume") + d.kill("run") >= 1, "no runner was running the turn"
+    request.join(30)
+    d.settle()
+    if show(d, sid)["status"] == "running":
+        event = json.loads((Path(__file__).resolve().parents[1] / "events/schedule/sweeper.json").read_text())
+        ok, result = d.invoke("sweeper", event)
+        assert ok, (result, evidence(d))
+        d.settle()
+    shown = show(d, sid)
+    assert shown["status"] != "running", f"still running after the runner died and a sweep ({answers}); {evidence(d)}"
+    steps = [e for e in ledger(d, sid) if e["type"] == "tool_result"]
+    assert steps, "the steps completed before the kill were not kept"
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_run_that_dies_before_starting_its_execution_claims_nothing(deployment: Any) -> None:
+    """The execution is started before the claim: a run function that dies first leaves the session as it was
+    (no claim, so nothing waits for a runner that never comes), and the caller's retry goes through."""
+    d, sid = deployment, fresh("nostart")
+    create(d, sid)
+    d.crash_before("run", "states:StartExecution")
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=1"})
+    assert status == 502, (status, body)
+    d.settle()
+    assert not d.executions_of(TENANT, sid), "the run started an execution although it died before the call"
+    shown = show(d, sid)
+    assert (shown["status"], shown["version"]) == ("idle", 1), (shown, evidence(d))
+    assert run(d, sid, "signoffs=1")["status"] == "awaiting_input", evidence(d)
+    parked(d, sid)
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_retried_run_task_completes_the_session(deployment: Any) -> None:
+    """Step Functions retries ``Run`` after its first attempt died having committed steps: the retry takes the
+    invocation over and completes the turn (today's main ended the execution Succeeded, the session running)."""
+    import threading
+
+    d, sid = deployment, fresh("retried")
+    create(d, sid)
+    request = threading.Thread(
+        target=lambda: d.api("POST", f"/sessions/{sid}/runs", {"message": "steps=3 sleep=1 signoffs=0"})
+    )
+    request.start()
+    deadline = time.monotonic() + 20
+    while not d.lambdas.busy("resume") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.5)
+    assert d.kill("resume") == 1, "no runner was running the turn"
+    request.join(30)
+    d.settle()
+    shown = show(d, sid)
+    assert shown["status"] == "completed", (shown["status"], evidence(d))
+    (execution,) = chain(d, sid)
+    assert execution.states.count("Run") >= 1 and execution.states[-1] == "Done", execution.states
+    resumes = [e for e in ledger(d, sid) if e["type"] == "invocation_resume"]
+    assert resumes and all(e["deadline"] for e in resumes), resumes  # each runner recorded its deadline
+
+
+@pytest.mark.backend("dynamodb")
+def test_erasure(deployment: Any) -> None:
+    d, sid, person = deployment, fresh("erase"), fresh("person")
+    create(d, sid, scopes={"user": person})
+    status, _, body = d.api("POST", "/erasures", {"scope": "user", "scope_id": person})
+    assert status in (200, 202), (status, body, evidence(d))
+    status, _, body = d.api("GET", f"/sessions/{sid}")
+    assert status == 404, (status, body)
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_commit_from_a_remote_runner(deployment: Any) -> None:
+    d, sid = deployment, fresh("remote")
+    create(d, sid)
+    body = {"expected_version": 1, "events": [{"type": "user", "text": "from a remote runner"}]}
+    status, _, committed = d.api("POST", f"/sessions/{sid}/commit", body)
+    assert status in (200, 201), (status, committed, evidence(d))
+    assert [e["text"] for e in ledger(d, sid) if e["type"] == "user"] == ["from a remote runner"]
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_snapshot_is_written_after_enough_events(deployment: Any) -> None:
+    d, sid = deployment, fresh("snap")
+    create(d, sid)
+    shown = run(d, sid, "steps=8 signoffs=0")
+    assert shown["status"] == "completed", (shown["status"], evidence(d))
+    item = d.item({"pk": {"S": f"S#fidelity@{TENANT}#{sid}"}, "sk": {"S": "#S"}})
+    assert item is not None, f"no snapshot item after {len(ledger(d, sid))} events; {evidence(d)}"
+
+
+@pytest.mark.slow
+@pytest.mark.backend("dynamodb")
+def test_a_sixty_second_turn_completes(deployment: Any) -> None:
+    d, sid = deployment, fresh("slow")
+    create(d, sid)
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "sleep=60 signoffs=0"})
+    assert status in (200, 202), (status, body, evidence(d))
+    d.settle(150)
+    assert show(d, sid)["status"] == "completed", evidence(d)
+
+
+@pytest.mark.backend("dynamodb")
+def test_zz_the_policies_grant_exactly_what_the_code_calls(deployment: Any) -> None:
+    """Runs last: every recorded call was allowed, and every table/states grant was used by some scenario."""
+    d = deployment
+    denied = sorted({(c.function, c.action, c.resource) for c in d.denied()})
+    unused, idle = [], []
+    for name, function in d.functions.items():
+        calls = [(c.action, c.resource) for c in d.calls(name)]
+        if not calls:
+            idle.append(name)
+            continue
+        granted: dict[str, list[str]] = {}
+        for action, resource in iam.grants(function.statements):
+            granted.setdefault(action, []).append(resource)
+        # an action counts as used when some call needed it on one of the resources it is granted on
+        unused += [
+            (name, action)
+            for action, resources in sorted(granted.items())
+            if not any(iam.grant_used((action, resource), calls) for resource in resources)
+        ]
+    machine_denied = [c for c in d.sfn.role_calls if not c[2]]
+    # idle: functions whose grants no scenario exercised (or the test ran alone: it reads the others' calls)
+    assert not (denied or machine_denied or unused or idle), (
+        f"denied: {denied} {machine_denied}; granted but never used (function, action): {unused}; "
+        f"functions that made no AWS call in any scenario: {idle}"
+    )

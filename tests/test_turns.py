@@ -1,0 +1,137 @@
+"""Turns that outlive their runner: committed step by step, handed on near a deadline, rescued by the sweeper.
+
+A runner commits before every model call and tool execution, so one killed half way loses at most the step
+in flight; its deadline is on the ledger, so the sweeper can tell it died and hand the turn on, keeping the
+steps it committed and not running completed tools again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dormant.clock import frozen_clock, now_ms, use_clock
+from dormant.events import InvocationResumeEvent, ToolResultEvent
+from dormant.serving.runtime import Served
+from dormant.serving.turns import RUNNER_TURN_MS, claim_turn, resume_turn, run_claimed
+from dormant.serving.workflow import sweep_turns
+from dormant.stores.url import store_from_url
+from tests.turns_app import build
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("dynamodb", marks=pytest.mark.backend("dynamodb"))])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'turns.db'}"
+        return
+    from tests.servers.dynamodb import ACCESS_KEY, REGION
+
+    endpoint = request.getfixturevalue("dynamodb_endpoint")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
+    yield f"dynamodb://turns-{uuid.uuid4().hex[:12]}?endpoint={endpoint}&region={REGION}"
+
+
+def test_a_runner_killed_half_way_is_handed_on_by_the_sweep_with_its_steps_kept(store_url: str, tmp_path: Path) -> None:
+    folder = tmp_path / "files"
+    folder.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+    runner = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "turns_app.py"), store_url, str(folder)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert runner.stdout is not None
+        session_id = runner.stdout.readline().strip()
+        deadline = time.monotonic() + 60
+        while not (folder / "inside").exists():  # the runner is inside its second tool
+            assert runner.poll() is None and time.monotonic() < deadline, "the runner never reached its slow tool"
+            time.sleep(0.01)
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(10)
+    finally:
+        runner.kill()
+        runner.wait(10)
+        if runner.stdout is not None:
+            runner.stdout.close()
+    (folder / "release").touch()
+
+    turns = build(store_from_url(store_url), folder, script=[{"text": "done"}])
+    app = turns.app
+    left = app.sessions.require(session_id)
+    assert left.status == "running"
+    kept = [e.id for e in left.events]
+    kinds = [e.type for e in left.events]
+    # the first tool's result was committed before the second tool ran: only the step in flight is lost
+    assert kinds.count("tool_result") == 1 and kinds[-1] == "tool_call", kinds
+    assert left.projection.deadline is not None
+
+    served = Served(app, {turns.agent.name: turns.agent})
+    assert sweep_turns(served, app) == []  # its deadline has not passed: a live runner is left alone
+    later = left.projection.deadline + 61_000
+    with use_clock(lambda: later):
+        done = sweep_turns(served, app)
+    assert done == [f"{session_id}@{left.projection.open_invocation}: handed on (completed)"], done
+
+    final = app.sessions.require(session_id)
+    assert final.status == "completed" and final.output.text == "done"
+    assert [e.id for e in final.events][: len(kept)] == kept  # what the dead runner committed is kept
+    # the completed tool did not run again; the one in flight did (at least once)
+    assert (folder / "log").read_text().split() == ["note", "slow", "slow"]
+    results = [e for e in final.events if isinstance(e, ToolResultEvent)]
+    assert [r.name for r in results] == ["note", "slow"]
+    app.close()
+
+
+def test_a_runner_near_its_deadline_hands_on_and_the_next_goes_on_without_rerunning_tools(tmp_path: Path) -> None:
+    folder = tmp_path / "files"
+    folder.mkdir()
+    (folder / "release").touch()
+    turns = build(store_from_url(f"sqlite:///{tmp_path / 'turns.db'}"), folder)
+    app, agent = turns.app, turns.agent
+    session = app.sessions.create()
+    with frozen_clock(now_ms()) as clock:
+        deadline = clock.ms + RUNNER_TURN_MS
+        claim = claim_turn(app, agent, session, "go", deadline=deadline)
+        turns.model.set_responses([{"tool_calls": [{"name": "note", "args": {}}]}])
+        stream_before = len(app.sessions.require(session.id).events)
+        clock.advance(RUNNER_TURN_MS)  # the runner's time is up before its first step
+        first = run_claimed(app, claim, deadline=deadline)
+        assert first.status == "handed_on"
+        assert len(app.sessions.require(session.id).events) == stream_before  # it took no step
+        assert app.sessions.require(session.id).status == "running"
+
+        turns.model.set_responses([{"tool_calls": [{"name": "note", "args": {}}]}, {"text": "done"}])
+        invocation = claim.invocation_id
+        assert invocation is not None
+        # the next runner: the note runs, then its time is up too, before the next model call
+        original = turns.model.complete
+
+        def slow_model(request: object) -> object:
+            answer = original(request)  # type: ignore[arg-type]
+            clock.advance(RUNNER_TURN_MS)
+            return answer
+
+        turns.model.complete = slow_model  # type: ignore[method-assign]
+        second = resume_turn(app, lambda name: agent, session.id, invocation, deadline=clock.ms + RUNNER_TURN_MS)
+        assert not isinstance(second, type(session)) and second.status == "handed_on"
+        third = resume_turn(app, lambda name: agent, session.id, invocation, deadline=clock.ms + 10 * RUNNER_TURN_MS)
+        assert not isinstance(third, type(session)) and third.status == "completed"
+    final = app.sessions.require(session.id)
+    assert final.status == "completed" and final.output.text == "done"
+    assert (folder / "log").read_text().split() == ["note"]  # the note ran once across three runners
+    resumes = [e for e in final.events if isinstance(e, InvocationResumeEvent)]
+    assert len(resumes) == 2 and all(e.deadline for e in resumes)  # each runner recorded its own deadline
+    app.close()
