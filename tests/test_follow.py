@@ -17,6 +17,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -318,6 +319,13 @@ def test_dormant_serve_streams_each_event_as_it_lands_and_resumes_after_the_last
         commit_texts(base, "s-1", "three")
         assert [(i, e["text"]) for i, _, e in later.events(1)] == [(3, "three")]
         later.close()
+
+        # the JSON long-poll, as on Lambda: held in a worker until the next commit lands
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(http_call, base, "GET", "/sessions/s-1/events?after=4&wait=25")
+            commit_texts(base, "s-1", "four")
+            status, page = held.result(timeout=60)
+        assert status == 200 and [e["text"] for e in page["events"]] == ["four"] and page["next"] is None
     assert "Traceback" not in server.output()
 
 
