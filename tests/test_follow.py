@@ -163,6 +163,27 @@ def test_a_wait_past_the_end_holds_until_that_index_exists(client: Client, serve
     assert status == 200 and texts(page) == ["two", "three"]
 
 
+def test_a_held_request_answers_before_its_functions_deadline(client: Client) -> None:
+    """A function with 4 s left holds a wait=25 for at most 1 s: it answers (empty) rather than time out."""
+    assert client.call("create_session", body={"session_id": "s-1"})[0] == 201
+    event = load_event("api/session_events.json")
+    event["headers"].pop("Idempotency-Key", None)
+    event["pathParameters"] = {"id": "s-1"}
+    event["path"] = "/sessions/s-1/events"
+    event["requestContext"]["authorizer"]["claims"]["sub"] = TENANT_A
+    event["queryStringParameters"] = {"after": "0", "wait": "25"}
+    event["multiValueQueryStringParameters"] = {"after": ["0"], "wait": ["25"]}
+
+    class Ending(LambdaContext):
+        def get_remaining_time_in_millis(self) -> int:
+            return 4_000
+
+    started = time.monotonic()
+    response = client.handler(event, Ending())
+    assert (response["statusCode"], json.loads(response["body"])) == (200, {"events": [], "next": None})
+    assert time.monotonic() - started < 4  # answered inside the function's time
+
+
 def test_a_held_request_of_a_deleted_session_is_a_404(client: Client, served: Served, store_url: str) -> None:
     assert client.call("create_session", body={"session_id": "s-1"})[0] == 201
 
