@@ -512,3 +512,88 @@ def test_an_answer_the_api_refuses_shows_the_apis_error_and_changes_nothing(brow
     message = css(driver, "#waiting .form-error").text
     assert message.startswith("409 UnknownCallId (answers.0.call_id)"), message  # a race lost: a conflict
     assert site.ledger("s-late") == before
+
+
+# -- following a running turn ---------------------------------------------------------------------------------
+
+
+@pytest.mark.backend("browser")
+def test_a_running_turn_is_followed_live_until_it_ends(browser: Any, site: Site) -> None:
+    """A turn that commits its steps as it goes (committed here through the store, as a runner would): the open
+    page appends each step as it lands, in place, and shows the new status when the turn ends."""
+    from dormant.events import AssistantEvent, InvocationEndEvent, InvocationStartEvent, ModelEndEvent
+
+    driver = browser
+    driver.get_log("browser")  # read (and so cleared): earlier tests' refusals are theirs
+    sessions = site.served.for_tenant(PRINCIPAL).sessions
+    session = sessions.create("s-live")
+    invocation = "inv-live"
+    model = {"provider": "scripted", "name": "slow"}
+
+    def step(*events: Any) -> None:
+        for event in events:
+            session.append(event)
+        sessions.commit(session)
+
+    step(InvocationStartEvent(invocation_id=invocation, agent_name="booker"))
+    driver.get(site.url("/inspect/sessions/s-live"))
+    wait_for(driver, lambda d: css(d, "#timeline").get_attribute("data-follow") == "live", "the live feed")
+    assert status_of(driver) == "running"
+    assert [r.get_attribute("data-type") for r in css_all(driver, "#timeline li.event")] == ["invocation_start"]
+    driver.execute_script("document.getElementById('timeline').dataset.mark = 'first'")  # gone if re-rendered
+
+    step(ModelEndEvent(invocation_id=invocation, model=model, finish_reason="stop"))  # a model step
+    wait_for(driver, lambda d: len(css_all(d, "#timeline li.event")) == 2, "the model step")
+    step(AssistantEvent(invocation_id=invocation, text=HOSTILE))
+    wait_for(driver, lambda d: len(css_all(d, "#timeline li.event")) == 3, "the answer")
+    assert status_of(driver) == "running"
+    step(InvocationEndEvent(invocation_id=invocation, status="completed", output_text="done"))
+    wait_for(driver, lambda d: status_of(d) == "completed", "the status once the turn ended")
+
+    ledger = site.ledger("s-live")
+    rows = css_all(driver, "#timeline li.event")
+    assert [r.get_attribute("data-type") for r in rows] == [e["type"] for e in ledger]
+    assert [r.get_attribute("data-index") for r in rows] == [str(i) for i in range(len(ledger))]
+    assert css(driver, "#timeline").get_attribute("data-mark") == "first"  # appended in place, not reloaded
+    assert css(driver, "#event-2 .event-body").text == HOSTILE  # text, as everywhere
+    assert css_all(driver, "main script, main img, main b") == []
+    assert driver.execute_script("return window.__pwned === undefined")
+    assert css(driver, "#timeline").get_attribute("data-follow") == ""  # the feed closed with the turn
+    assert "completed" in css(driver, "#invocations").text
+    no_page_errors(driver)
+
+
+@pytest.mark.backend("browser")
+def test_a_long_running_session_updates_its_status_live_and_its_pages_hold_every_event_once(
+    browser: Any, site: Site
+) -> None:
+    """Followed while only its first page is shown: the status still changes when the turn ends, and the pages
+    loaded later hold every event once, in order (a live event is never shown ahead of the ones before it)."""
+    from dormant.events import InvocationEndEvent, InvocationStartEvent, UserEvent
+
+    driver = browser
+    driver.get_log("browser")
+    sessions = site.served.for_tenant(PRINCIPAL).sessions
+    session = sessions.create("s-long-live")
+    session.append(InvocationStartEvent(invocation_id="inv-1", agent_name="booker"))
+    for n in range(150):
+        session.append(UserEvent(text=f"step {n}"))
+    sessions.commit(session)
+    driver.get(site.url("/inspect/sessions/s-long-live"))
+    wait_for(driver, lambda d: css(d, "#timeline").get_attribute("data-follow") == "live", "the live feed")
+    shown_before = len(css_all(driver, "#timeline li.event"))
+    assert shown_before < 151 and status_of(driver) == "running"
+
+    session.append(UserEvent(text="late step"))
+    session.append(InvocationEndEvent(invocation_id="inv-1", status="completed"))
+    sessions.commit(session)
+    wait_for(driver, lambda d: status_of(d) == "completed", "the status once the turn ended")
+    while css(driver, "#load-more").is_displayed():
+        count = len(css_all(driver, "#timeline li.event"))
+        driver.execute_script("document.getElementById('load-more').scrollIntoView()")
+        wait_for(driver, lambda d, n=count: len(css_all(d, "#timeline li.event")) > n, "the next page")
+    ledger = site.ledger("s-long-live")
+    rows = css_all(driver, "#timeline li.event")
+    assert [r.get_attribute("data-index") for r in rows] == [str(i) for i in range(len(ledger))]
+    assert [r.get_attribute("data-type") for r in rows] == [e["type"] for e in ledger]
+    no_page_errors(driver)

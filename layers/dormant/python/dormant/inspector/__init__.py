@@ -5,6 +5,9 @@ no build step) and reads and acts only through the API routes, so a tenant sees 
 exactly what it could over curl. Every page URL answers the same document, which routes on the path
 (``/inspect/sessions/{id}``, ``?at=`` for time travel): a link to any view can be shared.
 
+A session that is ``running`` is followed live: the page opens ``dormant serve``'s event stream
+(``GET /sessions/{id}/events`` as ``text/event-stream``) and appends each step as the turn commits it.
+
 The page renders data only as text (``textContent``), and is served with a Content-Security-Policy
 that runs no inline script, so HTML in a message or a state value is shown, never run.
 

@@ -35,7 +35,7 @@ import os
 import re
 import time
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -56,12 +56,13 @@ from ..errors import (
     NotAuthenticated,
     RequestInProgress,
     RequestTooLarge,
+    SessionNotFound,
     ToolInputError,
     UnknownCallId,
     VersionConflict,
     http_status,
 )
-from ..events import InvocationEndEvent, ToolInputEvent, parse_event
+from ..events import Event, InvocationEndEvent, ToolInputEvent, parse_event
 from ..ids import new_id
 from ..projection import Projection, SessionStatus
 from ..session import Session
@@ -73,7 +74,9 @@ from .turns import CLAIM_GRACE_MS, AdvanceOutcome, check_wait, claim_turn, run_t
 
 __all__ = [
     "MAX_BODY_BYTES",
+    "MAX_EVENTS_PAGE_BYTES",
     "MAX_LIST_LIMIT",
+    "MAX_WAIT_SECONDS",
     "Hooks",
     "Idempotency",
     "api_handler",
@@ -294,6 +297,58 @@ def _yielded(app: App, session: Session) -> list[dict[str, Any]]:
     return tools
 
 
+MAX_WAIT_SECONDS = 25
+"""The longest ``GET /sessions/{id}/events?wait=`` holds a request: under API Gateway's 29 s."""
+MAX_EVENTS_PAGE_BYTES = 5 * 1024 * 1024
+"""What one events page's events may take in the Lambda response (each as the JSON string the body is in it),
+safely under Lambda's 6 MB: a page always holds at least one event, and an event (at most 1 MiB stored) takes
+at most 3 MiB there, escaped."""
+_WAIT_MARGIN = 3.0  # seconds a held request keeps before the function's deadline, to answer
+_WAIT_FIRST, _WAIT_LONGEST = 0.1, 1.0  # the held request's pause between reads of the tail, growing
+
+
+def _await_events(
+    app: App, session_id: str, version: int, count: int, after: int, wait: float
+) -> tuple[list[Event], int]:
+    """The events from index ``after`` that land within ``wait`` seconds, and the ledger's length then.
+
+    ``count`` events are stored as of ``version``: each look reads only what was stored after the last
+    version seen (the tail), never the whole ledger, pausing a little longer each time.
+    """
+    deadline = time.monotonic() + wait
+    pause = _WAIT_FIRST
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, _WAIT_LONGEST)
+        loaded = app.store.load(app.name, session_id, after=version)
+        if loaded is None:  # deleted (or erased) while we waited
+            raise SessionNotFound(session_id)
+        version, start = loaded.session.version, count
+        count += len(loaded.events)
+        if count > after:
+            return loaded.events[after - start :], count
+    return [], count
+
+
+def _events_page(events: Sequence[Event], first: int, limit: int, total: int) -> Response[Any]:
+    """``{"events", "next"}`` for ``events`` (from ledger index ``first``, of ``total``): at most ``limit``
+    of them and ``MAX_EVENTS_PAGE_BYTES`` of them as they travel, but at least one; ``next`` is the index of
+    the first event not sent, ``None`` when none is left."""
+    parts: list[str] = []
+    size = 0
+    for event in events[:limit]:
+        text = event.model_dump_json()
+        # As the Lambda response carries it: inside the body's JSON string, quotes and non-ASCII escaped.
+        size += len(json.dumps(text)) - 2 + 1  # and a comma
+        if parts and size > MAX_EVENTS_PAGE_BYTES:
+            break
+        parts.append(text)
+    following = first + len(parts)
+    after = following if following < total else None
+    body = f'{{"events":[{",".join(parts)}],"next":{json.dumps(after)}}}'
+    return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=body)
+
+
 def build_resolver(
     served: Served,
     hooks: Hooks,
@@ -427,16 +482,24 @@ def build_resolver(
         return Response(status_code=204, content_type=content_types.APPLICATION_JSON, body="")
 
     @route("GET", "/sessions/<session_id>/events")
-    def ledger(session_id: str) -> dict[str, Any]:
+    def ledger(session_id: str) -> Response[Any]:
+        """A page of the ledger from event ``after``; with ``wait=S``, held up to S seconds until one lands."""
         after = query_int("after") or 0
         limit = query_limit(100)
-        session = app().sessions.require(session_id)
-        page = session.events[after : after + limit]  # a page near the head reads no older ledger
-        following = after + len(page)
-        return {
-            "events": [e.model_dump(mode="json") for e in page],
-            "next": following if following < len(session.events) else None,
-        }
+        wait = query_int("wait") or 0
+        if wait > MAX_WAIT_SECONDS:  # API Gateway gives up on the request at 29 s
+            raise InputError(f"wait is 0 to {MAX_WAIT_SECONDS} seconds, not {wait}", field="wait")
+        tenant_app = app()
+        session = tenant_app.sessions.require(session_id)
+        total = len(session.events)
+        if after >= total and wait:
+            held = float(wait)
+            context = resolver.lambda_context
+            if context is not None:  # never past the function's own deadline, whatever its timeout
+                held = min(held, max(0.0, context.get_remaining_time_in_millis() / 1000 - _WAIT_MARGIN))
+            tail, total = _await_events(tenant_app, session_id, session.version, total, after, held)
+            return _events_page(tail, after, limit, total)
+        return _events_page(session.events[after : after + limit], after, limit, total)  # no older ledger read
 
     @route("GET", "/sessions/<session_id>/state")
     def state(session_id: str) -> dict[str, Any]:

@@ -20,6 +20,13 @@ each with its own ``LocalAPI``, app and store connection, each taking one reques
 server, which reads and writes HTTP in threads (a slow client holds up no one) and hands each request
 to whichever worker is free. A worker ends when the server closes its pipe, or dies: it reads EOF.
 
+**Following a session.** ``GET /sessions/{id}/events`` with ``Accept: text/event-stream`` is the same feed
+as server-sent events: each event as it lands (``id:`` its index in the ledger, ``event:`` its type,
+``data:`` its JSON), from ``after=`` or, on a reconnect, the event after ``Last-Event-ID``; a comment every
+``heartbeat`` seconds while idle; the stream ends when the client goes (or the server stops). It pins no
+worker: the server thread that holds the connection asks the API for the next events with plain requests,
+pausing between them, so each look takes a worker for a moment only.
+
 **Pages** (the seam for the session inspector): any path that is not an API route goes to the
 ``pages`` given to ``LocalAPI``, in order: each is called with a ``PageRequest`` and returns a
 ``Reply``, or ``None`` to pass it on; a path none takes is a 404. A page calls the API as its caller
@@ -37,6 +44,7 @@ import multiprocessing
 import os
 import queue
 import re
+import select
 import signal
 import socket
 import threading
@@ -49,7 +57,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from ..errors import ConfigurationError, InputError
 from .api import Idempotency, api_handler
@@ -75,6 +83,10 @@ PRINCIPAL_HEADER = "X-Dormant-Principal"
 MAX_REQUEST_BYTES = 10 * 1024 * 1024
 """API Gateway's payload limit: a larger body is refused unread (the handler's own limit is lower)."""
 _LAMBDA_TIMEOUT_MS = 29_000  # API Gateway's integration timeout
+HEARTBEAT_SECONDS = 15.0
+"""How often an idle server-sent events stream sends a comment, so proxies and clients know it lives."""
+_STREAM_PAGE = "100"  # events per look at the ledger, when the client names no limit
+_STREAM_FIRST, _STREAM_LONGEST = 0.1, 1.0  # the stream's pause between looks while nothing lands, growing
 logger = logging.getLogger(__name__)
 
 
@@ -129,6 +141,9 @@ def _compile(resource: str) -> re.Pattern[str]:
     parts = re.split(r"\{(\w+)\}", resource)
     regex = "".join(re.escape(part) if i % 2 == 0 else f"(?P<{part}>[^/]+)" for i, part in enumerate(parts))
     return re.compile(f"^{regex}$")
+
+
+_EVENTS_ROUTE = _compile("/sessions/{id}/events")
 
 
 @dataclass
@@ -521,6 +536,22 @@ def _work(
                 return
 
 
+def _wants_stream(target: str, accept: Sequence[str]) -> bool:
+    """Whether a GET asks for the events route as server-sent events (``Accept: text/event-stream``)."""
+    if _EVENTS_ROUTE.match(urlsplit(target).path) is None:
+        return False
+    return any(
+        kind.split(";")[0].strip().lower() == "text/event-stream" for value in accept for kind in value.split(",")
+    )
+
+
+def _frame(index: int, event: Mapping[str, Any]) -> bytes:
+    """One server-sent event: ``id:`` the event's index in the ledger, ``event:`` its type, ``data:`` its JSON."""
+    kind = re.sub(r"[^A-Za-z0-9_.-]", "_", str(event.get("type", "message")))  # one line, whatever it holds
+    data = json.dumps(event, separators=(",", ":"))  # JSON text holds no line break
+    return f"id: {index}\nevent: {kind}\ndata: {data}\n\n".encode()
+
+
 class _RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: every reply carries its Content-Length
     disable_nagle_algorithm = True  # headers and body are two writes: Nagle would hold the body for the ACK
@@ -546,6 +577,9 @@ class _RequestHandler(BaseHTTPRequestHandler):
         if len(body) < size:  # the client went away (or the server is stopping) mid-body
             self.close_connection = True
             return
+        if self.command == "GET" and _wants_stream(self.path, self.headers.get_all("Accept") or []):
+            self._stream()
+            return
         reply = self.server.api.handle(
             self.command, self.path, list(self.headers.items()), body, self.client_address[0]
         )
@@ -564,6 +598,86 @@ class _RequestHandler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(reply.body)
 
+    def _stream(self) -> None:
+        """``GET /sessions/{id}/events`` as server-sent events: each event as it lands, until the client goes.
+
+        The stream holds no worker: this server thread asks the API (a worker, when there are workers) for
+        the ledger after the last event sent, a plain request that answers at once, and pauses between
+        looks (0.1 s, growing to 1 s while nothing lands). Each look is an ordinary request as this caller,
+        so the loopback, cross-site and tenant rules are the JSON route's; the first look's error (a 404,
+        a 400 naming ``after``) is answered as JSON, not as a stream.
+        """
+        split = urlsplit(self.path)
+        query = parse_qs(split.query, keep_blank_values=True)
+        headers = [(n, v) for n, v in self.headers.items() if n.lower() not in {"accept", "last-event-id"}]
+        headers.append(("Accept", "application/json"))
+        resumed = self.headers.get("Last-Event-ID")
+        if resumed is not None:  # a reconnecting EventSource: on from the event after the last it got
+            resumed = resumed.strip()
+            if not (resumed.isascii() and resumed.isdigit()):
+                message = f"Last-Event-ID is the index of an event (digits 0-9), not {resumed!r}"
+                self._write(_refuse(400, message, field="Last-Event-ID"))
+                return
+            after = str(int(resumed) + 1)
+        else:
+            after = query.get("after", ["0"])[-1]  # checked by the route: a bad one is its 400
+        limit = query.get("limit", [_STREAM_PAGE])[-1]
+
+        def look(position: str) -> Reply:
+            target = f"{split.path}?{urlencode({'after': position, 'limit': limit})}"
+            return self.server.api.handle("GET", target, headers, b"", self.client_address[0])
+
+        reply = look(after)
+        if reply.status != 200:
+            self._write(reply)
+            return
+        self.close_connection = True  # the stream ends with the connection
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        position, pause = int(after), _STREAM_FIRST
+        beat = time.monotonic() + self.server.heartbeat
+        try:
+            while True:
+                page = reply.json()
+                frames = [_frame(position + n, event) for n, event in enumerate(page["events"])]
+                if frames:
+                    self.wfile.write(b"".join(frames))
+                    self.wfile.flush()
+                    position, pause = position + len(frames), _STREAM_FIRST
+                    beat = time.monotonic() + self.server.heartbeat
+                if page["next"] is None:  # nothing more yet: pause, beating while idle, ending if the client went
+                    now = time.monotonic()
+                    if now >= beat:
+                        self.wfile.write(b": keep-alive\n\n")
+                        self.wfile.flush()
+                        beat = now + self.server.heartbeat
+                    if self._client_gone(min(pause, max(0.0, beat - now))):
+                        return
+                    pause = min(pause * 2, _STREAM_LONGEST)
+                reply = look(str(position))
+                if reply.status != 200:  # the session was deleted, or the server is failing: the stream ends
+                    logger.info("dormant serve: event stream of %s ended: %s", split.path, reply.status)
+                    return
+        except OSError:  # the client went away mid-write
+            return
+
+    def _client_gone(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s; whether the client closed its end meanwhile (or the server is stopping:
+        ``LocalServer.close`` shuts every connection for reading)."""
+        readable, _, _ = select.select([self.connection], [], [], timeout)
+        if not readable:
+            return False
+        try:
+            if self.connection.recv(1, socket.MSG_PEEK) == b"":
+                return True
+        except OSError:
+            return True
+        time.sleep(timeout)  # the client sent something (a stream expects nothing): ignore it, and pause anyway
+        return False
+
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _serve  # noqa: N815 (http.server names)
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -578,10 +692,19 @@ class LocalServer(ThreadingHTTPServer):
     daemon_threads = False
     block_on_close = True
 
-    def __init__(self, api: Handler, host: str = "127.0.0.1", port: int = 8000, *, log_requests: bool = True) -> None:
+    def __init__(
+        self,
+        api: Handler,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        *,
+        log_requests: bool = True,
+        heartbeat: float = HEARTBEAT_SECONDS,
+    ) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.api = api
         self.log_requests = log_requests
+        self.heartbeat = heartbeat
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
         super().__init__((host, port), _RequestHandler)

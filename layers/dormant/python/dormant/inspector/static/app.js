@@ -19,13 +19,13 @@ import {
   value,
 } from "./dom.js";
 import { schemaForm } from "./form.js";
-import { eventRow, invocationTree } from "./timeline.js";
+import { EVENT_TYPES, eventRow, invocationTree } from "./timeline.js";
 
 const PAGE = 20;
 const EVENTS_PAGE = 100;
 const STATUSES = ["idle", "running", "awaiting_input", "resumable", "completed", "error", "max_steps"];
 const main = document.getElementById("main");
-let current = null; // the view on screen: { key, update(url) }
+let current = null; // the view on screen: { key, update(url), dispose() }
 let generation = 0;
 
 export function navigate(href, { replace = false } = {}) {
@@ -58,7 +58,7 @@ async function render() {
     key = `audit ${parts[2]} ${url.search}`;
     build = () => auditView(parts[2], url, stale);
   } else {
-    current = null;
+    dispose();
     clear(main, h("h1", null, "Not found"), h("p", null, "No view at this address. "), link("/inspect/sessions", "Sessions"));
     return;
   }
@@ -66,13 +66,21 @@ async function render() {
     await current.update(url);
     return;
   }
+  dispose();
   current = { key };
   try {
     const view = await build();
     if (!stale()) current = { key, ...view };
+    else if (view.dispose) view.dispose(); // a view replaced while it loaded lets go of what it opened
   } catch (error) {
     if (!stale()) clear(main, h("h1", null, "Could not load this view"), h("p", { class: "error" }, errorText(error)));
   }
+}
+
+/** Let the view on screen go: it closes what it holds open (a live feed). */
+function dispose() {
+  if (current && current.dispose) current.dispose();
+  current = null;
 }
 
 // -- sessions ---------------------------------------------------------------------------------------------
@@ -175,29 +183,30 @@ function newSessionForm() {
 // -- one session ------------------------------------------------------------------------------------------
 
 async function sessionView(id, url, stale) {
-  const session = await get(sessionApi(id));
+  let session = await get(sessionApi(id));
   const timeline = new Timeline(id);
   await timeline.more();
   // The invocations as the fold knows them (a session with no events has none, and no state to travel to).
-  const latest = timeline.events.length ? await get(`${sessionApi(id)}/state`) : null;
+  let latest = timeline.events.length ? await get(`${sessionApi(id)}/state`) : null;
   if (stale()) return {};
   document.title = `${id} · dormant inspector`;
   const side = h("aside", { id: "state-panel", class: "side" });
   const tree = h("section", { class: "card" }, h("h2", null, "Invocations"));
-  const header = h(
-    "header",
-    { class: "session-head" },
-    h("h1", null, "Session ", h("span", { class: "id" }, session.id)),
-    h(
-      "p",
-      { class: "facts" },
+  const facts = h("p", { class: "facts" });
+  const waiting = h("div", { class: "waiting-slot" });
+  const showSession = () => {
+    clear(
+      facts,
       badge(session.status),
       ` version ${session.version} · updated ${time(session.updated_at)}`,
       Object.keys(session.scopes).length
         ? ` · scopes ${Object.entries(session.scopes).map(([s, v]) => `${s}=${v}`).join(", ")}`
         : "",
-    ),
-  );
+    );
+    clear(waiting, waitingCalls(session));
+  };
+  showSession();
+  const header = h("header", { class: "session-head" }, h("h1", null, "Session ", h("span", { class: "id" }, session.id)), facts);
   clear(
     main,
     header,
@@ -207,7 +216,7 @@ async function sessionView(id, url, stale) {
       h(
         "div",
         { class: "primary" },
-        waitingCalls(session),
+        waiting,
         messageForm(session),
         tree,
         h("section", { class: "card" }, h("h2", null, "Timeline"), timeline.element),
@@ -215,8 +224,9 @@ async function sessionView(id, url, stale) {
       side,
     ),
   );
+  let at = url.searchParams.get("at");
   const update = async (next) => {
-    const at = next.searchParams.get("at");
+    at = next.searchParams.get("at");
     const since = next.searchParams.get("since");
     if (at !== null && /^\d+$/.test(at)) await timeline.ensure(Number(at));
     timeline.select(at === null ? null : Number(at));
@@ -232,7 +242,59 @@ async function sessionView(id, url, stale) {
   const selected = url.searchParams.get("at");
   if (selected !== null) document.getElementById(`event-${selected}`)?.scrollIntoView({ block: "center" });
   timeline.onLoad = renderTree;
-  return { update };
+
+  // A running turn is followed live: its events join the timeline as they land, and when it ends (or
+  // yields) the session is read again, so the status, the waiting calls and the state are the new ones.
+  let follower = null;
+  const stop = () => {
+    if (follower) follower.close();
+    follower = null;
+    timeline.list.dataset.follow = "";
+  };
+  const refresh = async () => {
+    session = await get(sessionApi(id));
+    latest = timeline.events.length ? await get(`${sessionApi(id)}/state`) : null;
+    showSession();
+    if (at === null) showCurrentState(side, session);
+    renderTree();
+    if (session.status !== "running") stop();
+  };
+  const arrived = async (index, event) => {
+    if (timeline.next === null) {
+      if (index === timeline.events.length) timeline.add([event]);
+      else if (index > timeline.events.length) await timeline.more(timeline.events.length); // one we missed
+    } // else: the timeline is not read that far yet; its pages will show this event
+    if (event.type === "invocation_end" || event.type === "invocation_yield") await refresh();
+    else renderTree();
+  };
+  if (session.status === "running") {
+    const from = timeline.next === null ? timeline.events.length : latest ? latest.index + 1 : 0;
+    follower = new Follower(`${sessionApi(id)}/events?after=${from}`, arrived, (live) => {
+      timeline.list.dataset.follow = live ? "live" : "";
+    });
+  }
+  return { update, dispose: stop };
+}
+
+/** A session's ledger as server-sent events (dormant serve's feed): each event handed on in order, as it lands.
+ *  The browser reconnects on its own, from the last event it got (Last-Event-ID). */
+class Follower {
+  constructor(url, onEvent, onState) {
+    this.queue = Promise.resolve();
+    this.source = new EventSource(url);
+    const take = (message) => {
+      const index = Number(message.lastEventId);
+      const event = JSON.parse(message.data);
+      this.queue = this.queue.then(() => onEvent(index, event)).catch((error) => console.warn("follow:", error));
+    };
+    for (const type of [...EVENT_TYPES(), "message"]) this.source.addEventListener(type, take);
+    this.source.addEventListener("open", () => onState(true));
+    this.source.addEventListener("error", () => onState(false));
+  }
+
+  close() {
+    this.source.close();
+  }
 }
 
 class Timeline {
@@ -254,18 +316,16 @@ class Timeline {
     this.observer.observe(this.button);
   }
 
-  async more() {
-    if (this.next === null) return;
+  /** The next page of the ledger (``from``: read on from there, where a live feed found a gap). */
+  async more(from = this.next) {
+    if (from === null) return;
     if (this.loading) return this.loading;
     this.loading = (async () => {
-      const page = await get(`${sessionApi(this.id)}/events?after=${this.next}&limit=${EVENTS_PAGE}`);
-      const start = this.events.length;
-      this.events.push(...page.events);
-      this.list.append(...page.events.map((e, n) => eventRow(this.id, e, start + n)));
+      const page = await get(`${sessionApi(this.id)}/events?after=${from}&limit=${EVENTS_PAGE}`);
+      this.add(page.events);
       this.next = page.next;
       this.button.hidden = page.next === null;
       if (!this.events.length) this.list.append(h("li", { class: "empty" }, "No events yet."));
-      if (this.selected !== null) this.select(this.selected);
       if (this.onLoad) this.onLoad();
     })();
     try {
@@ -273,6 +333,16 @@ class Timeline {
     } finally {
       this.loading = null;
     }
+  }
+
+  /** Events that follow the last one shown. */
+  add(events) {
+    if (!events.length) return;
+    const start = this.events.length;
+    this.events.push(...events);
+    for (const row of this.list.querySelectorAll("li.empty")) row.remove();
+    this.list.append(...events.map((e, n) => eventRow(this.id, e, start + n)));
+    if (this.selected !== null) this.select(this.selected);
   }
 
   async ensure(index) {
@@ -334,7 +404,7 @@ function messageForm(session) {
 }
 
 function reload() {
-  current = null;
+  dispose();
   render();
 }
 

@@ -30,6 +30,9 @@ export function eventRow(sessionId, event, index) {
   return row;
 }
 
+/** Every event type the page knows: the names a live feed's events arrive under (see app.js, Follower). */
+export const EVENT_TYPES = () => Object.keys(LABELS);
+
 const LABELS = {
   user: "user",
   assistant: "assistant",
