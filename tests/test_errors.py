@@ -37,6 +37,7 @@ PRIVATE_CLASSES = {
     "dormant.stores.dynamodb.store._ConditionFailed",
     "dormant.stores.dynamodb.store._Cancelled",
     "dormant.stores.dynamodb.store._MarkerGone",
+    "dormant.stores.dynamodb.store._Conflict",  # a request another transaction held: re-sent by _call
     "dormant.stores.dynamodb.store._Exhausted",
 }
 HARNESS_RAISES = {"AssertionError", "NotImplementedError"}  # dormant.testing: a failing contract check

@@ -137,7 +137,10 @@ class Site:
 
     def call(self, method: str, path: str, body: Any = None, principal: str = PRINCIPAL) -> tuple[int, Any]:
         raw = b"" if body is None else json.dumps(body).encode()
-        reply = self.api.call(method, path, {"Content-Type": "application/json"}, raw, principal)
+        headers = {"Content-Type": "application/json"}
+        if method == "POST" and path.endswith(("/runs", "/tools")):
+            headers["Prefer"] = "wait=25"  # the turn's outcome, as the page asks for it
+        reply = self.api.call(method, path, headers, raw, principal)
         return reply.status, reply.json()
 
     def ledger(self, session_id: str) -> list[dict[str, Any]]:
@@ -504,7 +507,9 @@ def test_an_answer_the_api_refuses_shows_the_apis_error_and_changes_nothing(brow
     wait_for(driver, shown("#waiting form"), "the answer form")
     # someone else answers first (over curl, say): the page's answer is now for a call that no longer waits
     answers = {"answers": [{"call_id": call["call_id"], "input": {"approved": False, "note": "no"}}]}
-    assert site.call("POST", "/sessions/s-late/tools", answers)[0] == 202
+    assert (
+        site.call("POST", "/sessions/s-late/tools", answers)[0] == 200
+    )  # held until the resumed turn ended (Prefer: wait)
     before = site.ledger("s-late")
     css(driver, "#waiting input[data-choice='true']").click()
     css(driver, "#waiting button[type=submit]").click()

@@ -41,6 +41,7 @@ SHIPPED = {
     "stores",
     "testing",
     "transcript.py",
+    "writes.py",
 }
 
 

@@ -42,6 +42,7 @@ The tree (with the HTTP status a handler maps each class to; ``http_status(exc)`
     │   │       └── BedrockMalformedResponse      502  (also a MalformedModelResponse)
     │   ├── ToolArgumentsError                    502  tool arguments the schema refuses (shown to the model)
     │   └── ScriptExhausted                       500  MockAdapter was asked for more responses than scripted
+    ├── TurnNotClaimed                            503  a workflow's turn whose claim has not landed (yet): retried
     └── StoreError                                500  the store could not do what was asked
         ├── VersionConflict                       409  optimistic concurrency: the stored version moved
         │   └── ClaimLost                         409  another writer claimed the session first; nothing ran

@@ -673,12 +673,19 @@ def encode_cursor(updated_at: int, session_id: str) -> str:
 def decode_cursor(cursor: str) -> tuple[int, str]:
     """``(updated_at, session id)`` from a listing's ``cursor``; ``InputError`` naming ``cursor`` for anything
     ``encode_cursor`` did not make (a float, a number past ``MAX_CURSOR_TIME``, an id no session may have)."""
+    refused = InputError("not a listing cursor", field="cursor")
+    if not isinstance(cursor, str):
+        raise refused
     try:
-        if not isinstance(cursor, str):
-            raise TypeError(type(cursor).__name__)
-        updated_at, session_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        if not _is_count(updated_at) or updated_at > MAX_CURSOR_TIME:
-            raise ValueError(f"updated_at {updated_at!r}")
+        decoded = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except (ValueError, TypeError) as exc:  # not base64, not UTF-8, not JSON
+        raise refused from exc
+    if not (isinstance(decoded, list) and len(decoded) == 2):
+        raise refused
+    updated_at, session_id = decoded
+    if not _is_count(updated_at) or updated_at > MAX_CURSOR_TIME:
+        raise refused
+    try:
         return updated_at, check_id(session_id)
-    except (ValueError, TypeError, InputError) as exc:
-        raise InputError("not a listing cursor", field="cursor") from exc
+    except InputError as exc:
+        raise refused from exc

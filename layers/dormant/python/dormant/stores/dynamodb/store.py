@@ -1127,7 +1127,7 @@ class DynamoDBSessionStore(BaseSessionStore):
                         f"nothing of it was applied, try again ({conflict})"
                     ) from None
             _backoff(attempt)
-        raise AssertionError("unreachable")  # pragma: no cover
+        raise StoreBusy(f"DynamoDB {operation}: no attempt left")  # pragma: no cover (the loop returns or raises)
 
     def _send(self, operation: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         self._check_open()
