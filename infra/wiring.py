@@ -99,9 +99,10 @@ MACHINE = "machine"
 STATES_ACCESS: Mapping[str, Mapping[str, str]] = MappingProxyType(
     {
         "run": {"states:StartExecution": MACHINE},
-        # A task token is authorized against the state machine whose execution issued it.
-        "tools": {"states:SendTaskSuccess": MACHINE, "states:SendTaskFailure": MACHINE},
-        "park": {"states:SendTaskSuccess": MACHINE, "states:SendTaskFailure": MACHINE},
+        # A task token is authorized against the state machine whose execution issued it. Only success is sent:
+        # a failure is the workflow's own (RecordFailure), never a token answered with an error.
+        "tools": {"states:SendTaskSuccess": MACHINE},
+        "park": {"states:SendTaskSuccess": MACHINE},
     }
 )
 """Function -> action -> what it acts on (the state machine, ``MACHINE``). Functions not named here make no Step

@@ -383,8 +383,8 @@ def test_each_function_may_touch_only_its_logs_this_table_and_this_state_machine
 # state machine whose execution issued it; DescribeExecution against the execution).
 CONTRACT_STATES = {
     "run": {"states:StartExecution": "machine"},
-    "tools": {"states:SendTaskSuccess": "machine", "states:SendTaskFailure": "machine"},
-    "park": {"states:SendTaskSuccess": "machine", "states:SendTaskFailure": "machine"},
+    "tools": {"states:SendTaskSuccess": "machine"},
+    "park": {"states:SendTaskSuccess": "machine"},
 }
 
 
