@@ -88,14 +88,15 @@ def test_every_sample_api_event_is_served(client: Client) -> None:
     names = ("get_session", "list_sessions", "session_events", "commit", "run", "tools")
     for name in (*names, "session_state", "key_audit", "fork_session", "delete_session", "erase"):
         statuses[name] = client.call(name)[0]
-    # tools answers a call id the sample run did not make: a 400 naming the call, like any bad answer
+    # tools answers a call id the sample run did not make: UnknownCallId, served with its own status (409),
+    # as POST /commit serves the same mistake
     assert statuses == {
         "get_session": 200,
         "list_sessions": 200,
         "session_events": 200,
         "commit": 200,
         "run": 200,
-        "tools": 400,
+        "tools": 409,
         "session_state": 200,
         "key_audit": 200,
         "fork_session": 201,
@@ -320,18 +321,22 @@ def test_run_yields_then_answers_resume_it_to_completion(client: Client) -> None
     assert call["answer_schema"]["properties"]["approved"]["type"] == "boolean"
     version = ran["version"]
 
-    # an answer that fails the yield schema (as strict JSON: 1 or "yes" is no approval), or answers an
-    # unknown call: 400 naming the value, nothing stored
+    # an answer that fails the yield schema (as strict JSON: 1 or "yes" is no approval) is its declared class
+    # and status (ToolInputError, 422); one to an unknown call is UnknownCallId (409); each names the value
+    # in this body (answers.N), and nothing is stored
     for wrong in ("perhaps", 1, "yes", "true"):
         status, error = client.call(
             "tools", session_id="s-1", body={"answers": [{"call_id": call["call_id"], "input": {"approved": wrong}}]}
         )
-        assert status == 400 and error["field"] == "answers.0.input.approved", (wrong, error)
+        assert (status, error["error"], error["field"]) == (422, "ToolInputError", "answers.0.input.approved"), (
+            wrong,
+            error,
+        )
     status, error = client.call("tools", session_id="s-1", body={"answers": [{"call_id": "c-x", "input": {}}]})
-    assert status == 400 and error["field"] == "answers.0.call_id", error
+    assert (status, error["error"], error["field"]) == (409, "UnknownCallId", "answers.0.call_id"), error
     right = {"call_id": call["call_id"], "input": {"approved": True}}  # with a wrong one after it: neither lands
     status, error = client.call("tools", session_id="s-1", body={"answers": [right, {"call_id": "c-x", "input": {}}]})
-    assert status == 400 and error["field"] == "answers.1.call_id", error
+    assert (status, error["field"]) == (409, "answers.1.call_id"), error
     assert client.call("get_session", session_id="s-1")[1]["version"] == version
 
     status, accepted = client.call(
@@ -379,15 +384,18 @@ def test_a_run_left_running_by_a_dead_process_is_taken_over_only_when_asked(clie
 
 def test_an_answer_that_another_answer_beat_is_a_409_and_stores_nothing(client: Client) -> None:
     """Two people approve at once: both read the call waiting, one answer lands; the other is a conflict
-    (the caller lost a race, as with ``ClaimLost``), not a 400 as for a call that never waited."""
+    (the caller lost a race, as with ``ClaimLost``). A call that never waited is the same class and status
+    (``UnknownCallId``, 409, as on ``POST /commit``); only the race's message says it was answered already."""
     create(client)
     call = client.call("run", session_id="s-1")[1]["yielded_tools"][0]
     assert approve(client, "s-1", call["call_id"])[0] == 200
     version = client.call("get_session", session_id="s-1")[1]["version"]
     status, error = approve(client, "s-1", call["call_id"])
     assert (status, error["error"], error["field"]) == (409, "UnknownCallId", "answers.0.call_id"), error
+    assert "answered already" in error["message"], error
     status, error = client.call("tools", session_id="s-1", body={"answers": [{"call_id": "c-never", "input": {}}]})
-    assert (status, error["error"]) == (400, "InputError"), error
+    assert (status, error["error"], error["field"]) == (409, "UnknownCallId", "answers.0.call_id"), error
+    assert "answered already" not in error["message"], error
     assert client.call("get_session", session_id="s-1")[1]["version"] == version
 
 
@@ -583,12 +591,12 @@ def test_a_remote_commit_writing_shared_state_the_session_is_not_bound_to_is_a_4
     app = served.for_tenant(TENANT_A)
     assert app.store.load_scoped_state(app.name, "user", "other") == {}
     assert app.store.load_scoped_state(app.name, "team", "t-1") == {}
-    own = {"scope": "user", "scope_id": "alex-doe", "key": "k", "value": 1}
+    own = {"scope": "user", "scope_id": "alex-doe", "key": "name", "value": "Alex"}  # a key the model declares
     status, done = client.call(
         "commit", session_id="s-1", body={"expected_version": 1, "events": [], "scoped_changes": [own]}
     )
     assert status == 200, done
-    assert app.store.load_scoped_state(app.name, "user", "alex-doe")["k"] == 1
+    assert app.store.load_scoped_state(app.name, "user", "alex-doe")["name"] == "Alex"
 
 
 def test_a_remote_commit_of_an_answer_its_tool_refuses_as_strict_json_is_a_400_and_writes_nothing(
@@ -601,10 +609,13 @@ def test_a_remote_commit_of_an_answer_its_tool_refuses_as_strict_json_is_a_400_a
     (call,) = ran["yielded_tools"]
     version = ran["version"]
     answer = {"type": "tool_input", "call_id": call["call_id"], "name": "request_approval"}
+    # (a message may not come while the call waits: a state change goes first, so the answer is events.1)
+    note = {"type": "state_change", "scope": "session", "source": "direct"}
+    note["changes"] = [{"key": "refusal", "new_value": "none yet"}]
     for value, field in (({"approved": 1}, "events.1.input.approved"), ("yes", "events.1.input")):
-        body = {"expected_version": version, "events": [{"type": "user", "text": "hi"}, {**answer, "input": value}]}
+        body = {"expected_version": version, "events": [note, {**answer, "input": value}]}
         status, error = client.call("commit", session_id="s-1", body=body)
-        assert (status, error["field"]) == (400, field), error
+        assert (status, error["error"], error["field"]) == (422, "ToolInputError", field), error
     for call_id in ("c-never-made", ""):  # no such call is waiting: an answer to it would be written as one
         body = {"expected_version": version, "events": [{**answer, "call_id": call_id, "input": {"approved": True}}]}
         status, error = client.call("commit", session_id="s-1", body=body)
@@ -615,14 +626,22 @@ def test_a_remote_commit_of_an_answer_its_tool_refuses_as_strict_json_is_a_400_a
     assert client.call("get_session", session_id="s-1")[1]["version"] == version
     body = {"expected_version": version, "events": [{**answer, "input": {"approved": True}}]}
     assert client.call("commit", session_id="s-1", body=body)[0] == 200
+    # a call this commit makes and yields itself takes an answer in the same commit, inside the invocation
+    # that waits (a yield of an invocation that is not open is out of order)
+    ledger = client.call("session_events", session_id="s-1")[1]["events"]
+    invocation = next(e["invocation_id"] for e in ledger if e["type"] == "invocation_yield")
     yielded = {"type": "invocation_yield", "invocation_id": "inv-r", "pending": [{"call_id": "c-r", "name": "x"}]}
-    answered = {**answer, "call_id": "c-r", "name": "x", "input": {"ok": 1}}  # a call this commit yields itself
-    assert (
-        client.call("commit", session_id="s-1", body={"expected_version": version + 1, "events": [yielded, answered]})[
-            0
-        ]
-        == 200
-    )
+    status, error = client.call("commit", session_id="s-1", body={"expected_version": version + 1, "events": [yielded]})
+    assert (status, error["error"], error["field"]) == (409, "EventOutOfOrder", "events.0.invocation_id"), error
+    turn = [
+        {"type": "invocation_resume", "invocation_id": invocation},
+        {"type": "tool_result", "call_id": call["call_id"], "name": "request_approval", "result": {"approved": True}},
+        {"type": "tool_call", "call_id": "c-r", "name": "x"},
+        {**yielded, "invocation_id": invocation},
+        {**answer, "call_id": "c-r", "name": "x", "input": {"ok": 1}},
+    ]
+    status, done = client.call("commit", session_id="s-1", body={"expected_version": version + 1, "events": turn})
+    assert status == 200, done
 
 
 # -- erasure ---------------------------------------------------------------------------------------
@@ -893,8 +912,8 @@ def test_each_function_module_serves_its_sample_event(
         ]:
             assert invoke.main([function, str(EVENTS / event)]) == 0
             statuses.append(last_json(capsys.readouterr().out)["statusCode"])
-        # tools names no call the sample session waits on: 400
-        assert statuses == [201, 200, 400, 204, 200]
+        # tools names no call the sample session waits on: UnknownCallId, 409 (as POST /commit answers it)
+        assert statuses == [201, 200, 409, 204, 200]
         assert invoke.main(["sweeper", str(EVENTS / "schedule/sweeper.json")]) == 0
         assert last_json(capsys.readouterr().out) == {"repaired": 0, "sessions": [], "purged": [], "turns": []}
     finally:

@@ -21,6 +21,7 @@ The tree (with the HTTP status a handler maps each class to; ``http_status(exc)`
     │   ├── UnknownEventId                        404  an event id not in the ledger (a KeyError)
     │   ├── UnknownCallId                         409  an answer for a tool call that is not waiting
     │   ├── AwaitingInput                         409  a message to a session waiting on yielded calls (``call_ids``)
+    │   ├── EventOutOfOrder                       409  an event the ledger may not hold at its place (``position``)
     │   ├── ToolInputError                        422  an answer refused by the tool's ``yield_schema``
     │   ├── AgentMismatch                         409  resuming with another agent than the one waiting
     │   ├── EventTooLarge                         413  an event over the store's ``max_event_bytes`` (``event_id``)
@@ -76,6 +77,7 @@ __all__ = [
     "ConfigurationError",
     "DormantError",
     "EventIndexError",
+    "EventOutOfOrder",
     "EventTooLarge",
     "EventValidationError",
     "InputError",
@@ -300,6 +302,18 @@ class AwaitingInput(InputError):
         )
         self.session_id = session_id
         self.call_ids = call_ids
+
+
+class EventOutOfOrder(InputError):
+    """An event a ledger may not hold where it was put (``dormant.ledger`` states the rules): a result for a
+    call that waits for its answer, or that was never made; a yield, resume or end of an invocation that is
+    not open; a second invocation started while one is open. Nothing was written.
+
+    ``position`` is the event's place in the events given; ``field`` names it (``events.N...``)."""
+
+    def __init__(self, message: str, *, position: int, field: str | None = None) -> None:
+        super().__init__(message, field=field or f"events.{position}")
+        self.position = position
 
 
 class ToolInputError(InputError):
@@ -564,6 +578,7 @@ HTTP_STATUS: dict[type[DormantError], int] = {
     UnknownEventId: 404,
     UnknownCallId: 409,
     AwaitingInput: 409,
+    EventOutOfOrder: 409,
     ToolInputError: 422,
     AgentMismatch: 409,
     EventTooLarge: 413,

@@ -25,13 +25,13 @@ from .errors import (
     InputError,
     ScopeNotBound,
     SessionNotFound,
-    ToolInputError,
     UnknownCallId,
     UnknownEventId,
     UnknownScope,
 )
-from .events import Event, InvocationYieldEvent, SessionForkedEvent, StateChangeEvent, ToolInputEvent, UserEvent
+from .events import Event, SessionForkedEvent, StateChangeEvent, ToolInputEvent, UserEvent
 from .ids import check_id, new_id
+from .ledger import AnswerCheck, LedgerRules
 from .models.base import Message
 from .projection import Output, Projection, SessionStatus, StateSnapshot, YieldedTool
 from .state.access import Access, Invocation
@@ -42,15 +42,6 @@ from .stores.base import ScopedStateChange, SessionStore, StoredSession
 from .transcript import rebuild_input
 
 __all__ = ["AnswerCheck", "EventLog", "Runtime", "Session", "SessionInput"]
-
-
-class AnswerCheck(Protocol):
-    """What a session needs of a yielding tool to record an answer to it (``agents.tools.Tool`` is one)."""
-
-    @property
-    def yields(self) -> bool: ...
-
-    def check_input(self, call_id: str, value: Any, position: int = 0) -> Any: ...
 
 
 class Runtime(Protocol):
@@ -374,33 +365,47 @@ class Session:
             if isinstance(event, StateChangeEvent) and event.scope != "session" and event.scope_id is not None:
                 self.check_bound(event.scope, event.scope_id, f"events.{position}.scope_id")
 
-    def check_answers(self, waiting: Iterable[str]) -> None:
-        """Each uncommitted answer to a yielded call checked as ``input`` checks it (``ToolInputError``
-        naming ``events.<n>.input...``): for events appended around ``input``, by a remote runner's commit.
-        ``waiting`` are the calls that waited before those events; an answer to any other call (or a
-        second answer) is ``UnknownCallId`` naming ``events.<n>.call_id``.
+    def rules(self, *, field: str = "events", answers: bool = True) -> LedgerRules:
+        """The ledger rules (``dormant.ledger``) from where this ledger stands now, for events to append.
 
-        Not part of every commit: a fork copies answers recorded under the tool's schema of their day.
-        A tool this process does not define cannot be checked."""
-        open_calls = set(waiting)
-        for position, event in enumerate(self.uncommitted_events):
-            if isinstance(event, InvocationYieldEvent):
-                open_calls |= {call.call_id for call in event.pending}
-            if not isinstance(event, ToolInputEvent):
-                continue
-            if event.call_id not in open_calls:
-                unknown = UnknownCallId(event.call_id, sorted(open_calls), position)
-                unknown.field = f"events.{position}.call_id"
-                raise unknown
-            open_calls.discard(event.call_id)
-            tool = self._runtime.tool_named(event.name)
-            if tool is None or not tool.yields:
-                continue
-            try:
-                tool.check_input(event.call_id, event.input)
-            except ToolInputError as exc:
-                exc.field = f"events.{position}.input" + (f".{exc.path}" if exc.path else "")
-                raise
+        ``answers``: check answers against their tool's ``yield_schema`` too, as ``input`` does (off for a
+        ledger copied whole: its answers were recorded under the tool's schema of their day)."""
+        return LedgerRules(
+            self._runtime.schema,
+            self._projection,
+            session_id=self.id,
+            tool_named=self._runtime.tool_named if answers else None,
+            scope_id=self.scope_id,
+            field=field,
+        )
+
+    def check_scoped_changes(
+        self, changes: Sequence[ScopedStateChange], *, field: str = "scoped_changes"
+    ) -> list[ScopedStateChange]:
+        """Shared-scope writes a caller names (a remote runner's commit), checked as a run's writes are: each
+        under the id this session is bound to (``ScopeNotBound``), in a scope the schema declares
+        (``UnknownScope``), by the scope's key rules and model (``ScopeSchema.check_write``). Errors name
+        ``{field}.N.scope_id``, ``.scope``, ``.key`` or ``.value``. Returns them as stored (JSON form, tagged
+        with the scope's version when it has migrations). Nothing is written either way."""
+        schema = self._runtime.schema
+        values: dict[str, dict[str, Any]] = {}
+        checked: list[ScopedStateChange] = []
+        for position, change in enumerate(changes):
+            where = f"{field}.{position}"
+            self.check_bound(change.scope, change.scope_id, f"{where}.scope_id")
+            if change.scope not in schema:
+                raise UnknownScope(change.scope, field=f"{where}.scope")
+            scope = schema[change.scope]
+            current = values.setdefault(change.scope, dict(self._projection.scoped_states.get(change.scope) or {}))
+            value = scope.check_write(
+                current, change.key, change.value, key_field=f"{where}.key", value_field=f"{where}.value"
+            )
+            if value is None:
+                current.pop(change.key, None)
+            else:
+                current[change.key] = value
+            checked.append(ScopedStateChange(change.scope, change.scope_id, change.key, scope.stored_form(value)))
+        return checked
 
     # -- time travel ------------------------------------------------------------------------
 

@@ -57,7 +57,6 @@ from ..errors import (
     RequestInProgress,
     RequestTooLarge,
     SessionNotFound,
-    ToolInputError,
     UnknownCallId,
     VersionConflict,
     http_status,
@@ -594,14 +593,12 @@ def build_resolver(
         def store(session: Session) -> None:
             try:
                 session.input.tools(answers, principal=tenant())  # the audit says who answered
-            except UnknownCallId as exc:
-                exc.field = f"answers.{exc.position}.call_id"  # named in this body
-                if _answered(session, exc.call_id):  # another caller's answer landed first: a 409
-                    raise
-                raise InputError(str(exc), field=exc.field) from None  # a wrong answer: a 400
-            except ToolInputError as exc:  # a 400 naming the value in this body: answers.N.input.key
-                field = f"answers.{exc.position}.input" + (f".{exc.path}" if exc.path else "")
-                raise InputError(str(exc), field=field) from None
+            except InputError as exc:  # served as raised (its class, its status), named in this body: answers.N
+                if exc.field is not None and (exc.field == "tools" or exc.field.startswith("tools.")):
+                    exc.field = "answers" + exc.field[len("tools") :]
+                if isinstance(exc, UnknownCallId):
+                    raise _unknown_call(session, exc) from None
+                raise
 
         def work() -> dict[str, Any]:
             # A version moved by park storing its token is no reason to fail: the answers go on a fresh load.
@@ -622,20 +619,23 @@ def build_resolver(
         request = body(CommitBody)
         tenant_app = app()
         session = tenant_app.sessions.require(session_id)
-        waiting = list(session.projection.pending)  # the calls an answer in these events may answer
+        events = []
         for position, raw in enumerate(request.events):
             try:
-                session.append(parse_event(raw))
+                events.append(parse_event(raw))
             except InputError as exc:
                 raise InputError(str(exc), field=f"events.{position}") from None
-        try:
-            session.check_answers(waiting)  # and answers as strict as POST /tools takes them
-        except ToolInputError as exc:  # a 400, as from POST /tools
-            raise InputError(str(exc), field=exc.field) from None
-        changes = []
-        for position, change in enumerate(request.scoped_changes or []):
-            session.check_bound(change.scope, change.scope_id, f"scoped_changes.{position}.scope_id")
-            changes.append(ScopedStateChange(change.scope, change.scope_id, change.key, change.value))
+        # What a run could not record, no commit records (dormant.ledger): each event where it stands, state
+        # changes against their scope's model, answers as strict as POST /tools takes them. Before appending.
+        rules = session.rules()
+        for position, event in enumerate(events):
+            try:
+                rules.check(event, position)
+            except UnknownCallId as exc:
+                raise _unknown_call(session, exc) from None
+            session.append(event)
+        named = [ScopedStateChange(c.scope, c.scope_id, c.key, c.value) for c in request.scoped_changes or []]
+        changes = session.check_scoped_changes(named)
         if request.expected_version != session.version:  # a 409, as the store would answer (nothing written)
             raise VersionConflict(session_id, expected_version=request.expected_version, actual_version=session.version)
         # Through the write path, as a run's: the bound-scope and retention checks (before anything is
@@ -737,6 +737,13 @@ def _finished(app: App, outcome: AdvanceOutcome) -> dict[str, Any]:
         "fork_id": outcome.fork_id,
         "error": outcome.error,
     }
+
+
+def _unknown_call(session: Session, exc: UnknownCallId) -> UnknownCallId:
+    """``exc``, saying so when the call was answered already (another caller's answer landed first)."""
+    if _answered(session, exc.call_id):
+        exc.args = (f"{exc.args[0]}; it was answered already",)
+    return exc
 
 
 def _answered(session: Session, call_id: str) -> bool:

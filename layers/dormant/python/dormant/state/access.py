@@ -246,13 +246,12 @@ class Access:
 
 
 def _stage(schema: ScopeSchema, work: dict[str, Any], key: str, value: Any) -> None:
-    if not isinstance(key, str) or not key:
-        raise InputError(f"state keys are non-empty strings, not {key!r}", field=f"state.{schema.name}")
-    check_storable({key: None}, f"state.{schema.name}")  # the key itself
-    if value is None:
+    where = f"state.{schema.name}"  # in every scope, temp too
+    if isinstance(key, str):
+        check_storable({key: None}, where)  # the key itself, named by its path (state.org.<key>)
+    named = f"{where}.{key}"
+    checked = schema.check_write(work, key, value, key_field=where, value_field=named, unknown_field=named)
+    if checked is None:
         work.pop(key, None)
     else:
-        work[key] = schema.validate(work, key, value)
-        check_storable(work[key], f"state.{schema.name}.{key}")  # in every scope, temp too
-        if work[key] is None:
-            work.pop(key)
+        work[key] = checked

@@ -14,10 +14,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from ..errors import SchemaError, StateMigrationError, StateValidationError
+from ..errors import InputError, SchemaError, StateMigrationError, StateValidationError
 from ..events import StateChange, StateChangeEvent
 from .migrations import ConvertKey, MigrationStep, RenameKey, SplitKey, apply_step
-from .values import json_copy, json_values
+from .values import check_storable, json_copy, json_values
 
 __all__ = ["APP_SCOPE_ID", "BOUND_SCOPES", "SCOPES", "SHARED_SCOPES", "Schema", "ScopeSchema"]
 
@@ -151,6 +151,35 @@ class ScopeSchema:
                 f"invalid value for {self.name}.{key}: {exc.errors()[0]['msg']}", scope=self.name, key=key
             ) from exc
         return instance.model_dump(mode="json", include={key}).get(key)
+
+    def check_write(
+        self,
+        current: Mapping[str, Any],
+        key: Any,
+        value: Any,
+        *,
+        key_field: str,
+        value_field: str,
+        unknown_field: str | None = None,
+    ) -> Any:
+        """The JSON form of ``value`` written to ``key`` (``None``: a deletion), by the one set of rules every
+        writer of every scope meets — a run, ``state``, a remote runner's ``scoped_changes`` and ``state_change``
+        events alike: a key is a non-empty string with no NUL or lone surrogate; a model declares it (unless
+        open); the model's validators take the value; the result is storable. ``current`` are the scope's
+        JSON values the write lands on. Errors name ``key_field`` (a key that is no key), ``unknown_field`` (a key
+        the model does not declare; default ``key_field``) or ``value_field``."""
+        if not isinstance(key, str) or not key:
+            raise InputError(f"state keys are non-empty strings, not {key!r}", field=key_field)
+        check_storable(key, key_field)
+        if value is None:
+            return None
+        try:
+            checked = self.validate(current, key, value)
+        except StateValidationError as exc:
+            exc.field = value_field if self.declares(key) or self.open else (unknown_field or key_field)
+            raise
+        check_storable(checked, value_field)
+        return checked
 
     def seed(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """The JSON values to seed: ``given`` validated by the model, with its defaults filled in.

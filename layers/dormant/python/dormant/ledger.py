@@ -1,0 +1,240 @@
+"""What a ledger may hold at each point: one validator for every path that takes events from outside.
+
+A run appends events in an order the runtime keeps; a remote runner's commit (``POST /sessions/{id}/commit``)
+and ``app.sessions.from_events`` hand over events someone else assembled. ``LedgerRules`` holds them to the
+same order, one event at a time, starting from what the ledger already holds (its ``Projection``):
+
+* a user message only when no call waits for an answer, nor for its result (``AwaitingInput``,
+  ``EventOutOfOrder``): a message between a call and its result is no transcript a model accepts;
+* an answer (``tool_input``) only to a yielded call that waits for one, once (``UnknownCallId``), and a value
+  its tool's ``yield_schema`` takes (``ToolInputError``);
+* a result (``tool_result``) only for a call that was made and has none yet; for a yielded call, only after its
+  answer (``EventOutOfOrder``): a result forged before the answer would stand in for the real tool's;
+* calls and results only while an invocation runs (after its start or resume, not while it is paused on a
+  yield); a yield, resume or end only of the open invocation; a start only when none is open, under a new id;
+  a yield only of calls made and still without a result;
+* every ``state_change`` checked against its scope's schema, by the key rules every writer meets
+  (``ScopeSchema.check_write``: declared keys, the model's types, no empty key, no NUL or lone surrogate).
+
+Errors name the event as ``{field}.N`` (``events.3.call_id``, ``events.2.changes.0.new_value``), ``N``
+counting the events given, and nothing is written: callers check before they append.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from .errors import (
+    AwaitingInput,
+    EventOutOfOrder,
+    InputError,
+    ScopeNotBound,
+    StateMigrationError,
+    StateValidationError,
+    ToolInputError,
+    UnknownCallId,
+    UnknownScope,
+)
+from .events import (
+    Event,
+    InvocationEndEvent,
+    InvocationResumeEvent,
+    InvocationStartEvent,
+    InvocationYieldEvent,
+    ModelEndEvent,
+    ModelStartEvent,
+    StateChangeEvent,
+    ToolCallEvent,
+    ToolInputEvent,
+    ToolResultEvent,
+    UserEvent,
+)
+from .projection import Projection
+from .state.schema import Schema
+
+__all__ = ["AnswerCheck", "LedgerRules"]
+
+
+class AnswerCheck(Protocol):
+    """What the rules need of a yielding tool to check an answer to it (``agents.tools.Tool`` is one)."""
+
+    @property
+    def yields(self) -> bool: ...
+
+    def check_input(self, call_id: str, value: Any, position: int = 0) -> Any: ...
+
+
+class LedgerRules:
+    """The facts the rules need, folded from a ledger's ``Projection`` and then one checked event at a time.
+
+    ``check(event, position)`` raises (a typed ``InputError``) if ``event`` may not come next, else folds it.
+    ``tool_named`` looks up a tool to check answers with (``None``: answers are not checked against a schema);
+    ``scope_id`` gives the id each shared scope is bound to (``None``: a state change's ``scope_id`` is not
+    checked): a write under another id is ``ScopeNotBound``.
+    """
+
+    def __init__(
+        self,
+        schema: Schema,
+        start: Projection | None = None,
+        *,
+        session_id: str = "",
+        tool_named: Callable[[str], AnswerCheck | None] | None = None,
+        scope_id: Callable[[str], str | None] | None = None,
+        field: str = "events",
+    ) -> None:
+        start = start if start is not None else Projection(schema.upcaster)
+        self.schema = schema
+        self.session_id = session_id
+        self.tool_named = tool_named
+        self.scope_id = scope_id
+        self.field = field
+        self.open_invocation = start.open_invocation
+        self.invocations = set(start.invocations)
+        self.paused = start.status in ("awaiting_input", "resumable")
+        self.waiting = list(start.pending)
+        """Yielded calls without an answer."""
+        self.answered = set(start.answered)
+        """Yielded calls answered, whose result has not come yet."""
+        self.open_calls = set(start.open_calls) | self.answered
+        """Calls made in the open invocation that have no result yet."""
+        self.values: dict[str, dict[str, Any]] = {"session": dict(start.session_state)}
+        for scope, values in start.scoped_states.items():
+            self.values[scope] = dict(values)
+
+    def check_all(self, events: Iterable[Event]) -> None:
+        for position, event in enumerate(events):
+            self.check(event, position)
+
+    def check(self, event: Event, position: int) -> None:
+        where = f"{self.field}.{position}"
+        if isinstance(event, StateChangeEvent):
+            self._state(event, where)
+        elif isinstance(event, UserEvent):
+            if self.waiting:
+                refused = AwaitingInput(self.session_id, list(self.waiting))
+                refused.field = where
+                raise refused
+            if self.open_calls:
+                raise self._out_of_order(
+                    f"calls {', '.join(sorted(self.open_calls))} have no result yet: a message comes after them",
+                    position,
+                )
+        elif isinstance(event, ToolInputEvent):
+            self._answer(event, position, where)
+        elif isinstance(event, ToolCallEvent):
+            self._running(event, position)
+            self.open_calls.add(event.call_id)
+        elif isinstance(event, ToolResultEvent):
+            if event.call_id in self.waiting:
+                raise self._out_of_order(
+                    f"tool call {event.call_id!r} waits for its answer: its result comes after the answer",
+                    position,
+                    f"{where}.call_id",
+                )
+            if event.call_id not in self.open_calls:
+                raise self._out_of_order(
+                    f"no call {event.call_id!r} waits for a result (never made, or its result is already in)",
+                    position,
+                    f"{where}.call_id",
+                )
+            self._running(event, position)
+            self.open_calls.discard(event.call_id)
+            self.answered.discard(event.call_id)
+        elif isinstance(event, ModelStartEvent | ModelEndEvent):
+            self._running(event, position)
+        elif isinstance(event, InvocationStartEvent):
+            if self.open_invocation is not None:
+                raise self._out_of_order(
+                    f"invocation {self.open_invocation!r} is still open: end or resume it before starting another",
+                    position,
+                )
+            if event.invocation_id in self.invocations:
+                raise self._out_of_order(
+                    f"invocation {event.invocation_id!r} already ran in this session: a start takes a new id",
+                    position,
+                    f"{where}.invocation_id",
+                )
+            self.invocations.add(event.invocation_id)
+            self.open_invocation, self.paused = event.invocation_id, False
+            self.open_calls, self.waiting, self.answered = set(), [], set()
+        elif isinstance(event, InvocationYieldEvent):
+            self._open(event.invocation_id, position, "yield")
+            for n, call in enumerate(event.pending):
+                if call.call_id not in self.open_calls:
+                    raise self._out_of_order(
+                        f"a yield waits only for calls made and without a result, not {call.call_id!r}",
+                        position,
+                        f"{where}.pending.{n}.call_id",
+                    )
+            self.waiting = [c.call_id for c in event.pending if c.call_id not in self.answered]
+            self.paused = True
+        elif isinstance(event, InvocationResumeEvent):
+            self._open(event.invocation_id, position, "resume")
+            self.paused = False  # answered calls run now, while others may still wait
+        elif isinstance(event, InvocationEndEvent):
+            self._open(event.invocation_id, position, "end")
+            self.open_invocation, self.paused = None, False
+            self.open_calls, self.waiting, self.answered = set(), [], set()
+
+    def _out_of_order(self, message: str, position: int, field: str | None = None) -> EventOutOfOrder:
+        return EventOutOfOrder(message, position=position, field=field or f"{self.field}.{position}")
+
+    def _open(self, invocation_id: str, position: int, what: str) -> None:
+        if invocation_id != self.open_invocation:
+            open_now = f"the open one is {self.open_invocation!r}" if self.open_invocation else "none is open"
+            raise self._out_of_order(
+                f"a {what} of invocation {invocation_id!r}, which is not open ({open_now})",
+                position,
+                f"{self.field}.{position}.invocation_id",
+            )
+
+    def _running(self, event: Event, position: int) -> None:
+        if self.open_invocation is None or self.paused:
+            state = "paused on a yield: resume it first" if self.open_invocation else "no invocation is open"
+            raise self._out_of_order(f"a {event.type} event outside a running invocation ({state})", position)
+
+    def _answer(self, event: ToolInputEvent, position: int, where: str) -> None:
+        if event.call_id not in self.waiting:
+            unknown = UnknownCallId(event.call_id, list(self.waiting), position)
+            unknown.field = f"{where}.call_id"
+            raise unknown
+        self.waiting.remove(event.call_id)
+        self.answered.add(event.call_id)
+        tool = self.tool_named(event.name) if self.tool_named is not None else None
+        if tool is not None and tool.yields:
+            try:
+                tool.check_input(event.call_id, event.input, position)
+            except ToolInputError as exc:
+                exc.field = f"{where}.input" + (f".{exc.path}" if exc.path else "")
+                raise
+
+    def _state(self, event: StateChangeEvent, where: str) -> None:
+        scope = event.scope
+        if scope == "temp" or scope not in self.schema:
+            raise UnknownScope(scope, field=f"{where}.scope")  # temp is never on the ledger
+        if self.scope_id is not None and scope != "session" and event.scope_id is not None:
+            if event.scope_id != self.scope_id(scope):
+                raise ScopeNotBound(scope, scope_id=event.scope_id, field=f"{where}.scope_id")
+        schema = self.schema[scope]
+        try:
+            current = self.schema.upcast(event)  # a write under an older model is read in the current shape
+        except StateMigrationError as exc:
+            raise StateValidationError(str(exc), scope=scope, key=exc.key, field=f"{where}.changes") from None
+        renamed = current is not event
+        values = self.values.setdefault(scope, {})
+        for m, change in enumerate(current.changes):
+            named = f"{where}.changes" if renamed else f"{where}.changes.{m}"
+            try:
+                checked = schema.check_write(
+                    values, change.key, change.new_value, key_field=f"{named}.key", value_field=f"{named}.new_value"
+                )
+            except InputError as exc:
+                if renamed:
+                    exc.field = named
+                raise
+            if checked is None:
+                values.pop(change.key, None)
+            else:
+                values[change.key] = checked
