@@ -19,6 +19,7 @@ from .clock import now_ms
 from .errors import ConfigurationError, InputError, SessionNotFound, VersionConflict
 from .events import Event, parse_event
 from .ids import check_id
+from .ledger import LedgerRules
 from .models.base import ModelAdapter, ModelSpec, default_adapter
 from .session import Session
 from .snapshots import DEFAULT_EVERY, load_session, save_after_commit, save_snapshot
@@ -320,11 +321,15 @@ class Sessions:
         """Rebuild a session from its events (e.g. their JSON, as another process would have them).
 
         The session is not stored; committing it stores every event. An event holding text no store
-        can keep (NUL, a lone surrogate) is refused with ``ValueNotStorable`` naming ``events.<n>``.
+        can keep (NUL, a lone surrogate) is refused with ``ValueNotStorable`` naming ``events.<n>``, and a
+        ledger no run could have written (``dormant.ledger``: an order the runtime keeps, state its schema
+        takes) with the rule's error naming ``events.<n>...``. Answers are not checked against today's tool
+        schemas: they were recorded under the schemas of their day.
         """
         parsed = [parse_event(e) for e in events]
         for position, event in enumerate(parsed):
             check_storable(event.model_dump(), f"events.{position}")
+        LedgerRules(self._app.schema).check_all(parsed)
         return Session(self._app, session_id=session_id, scopes=scopes, events=parsed, committed=0)
 
     def get(self, session_id: str) -> Session | None:

@@ -214,9 +214,9 @@ class LedgerRules:
         scope = event.scope
         if scope == "temp" or scope not in self.schema:
             raise UnknownScope(scope, field=f"{where}.scope")  # temp is never on the ledger
-        if self.scope_id is not None and scope != "session" and event.scope_id is not None:
-            if event.scope_id != self.scope_id(scope):
-                raise ScopeNotBound(scope, scope_id=event.scope_id, field=f"{where}.scope_id")
+        bound = self.scope_id
+        if bound is not None and scope != "session" and event.scope_id not in (None, bound(scope)):
+            raise ScopeNotBound(scope, scope_id=event.scope_id, field=f"{where}.scope_id")
         schema = self.schema[scope]
         try:
             current = self.schema.upcast(event)  # a write under an older model is read in the current shape

@@ -25,6 +25,7 @@ from .errors import (
     InputError,
     ScopeNotBound,
     SessionNotFound,
+    ToolInputError,
     UnknownCallId,
     UnknownEventId,
     UnknownScope,
@@ -581,38 +582,46 @@ class SessionInput:
         """Answer a yielded call; the answer is validated against the tool's ``yield_schema`` first."""
         return self.tools([{"call_id": call_id, "input": input}])[0]
 
-    def tools(self, answers: Sequence[Mapping[str, Any]], *, principal: str | None = None) -> list[ToolInputEvent]:
+    def tools(
+        self, answers: Sequence[Mapping[str, Any]], *, principal: str | None = None, field: str = "tools"
+    ) -> list[ToolInputEvent]:
         """Answer several yielded calls at once: all are checked before any is recorded.
 
         ``principal``: who answers, as authenticated by the caller of this (recorded on each answer).
+        ``field``: what errors call the answers (``tools.N...`` as in ``app.run``'s input; the API's ``answers``).
         """
-        events = self.prepare(answers, principal=principal)
+        events = self.prepare(answers, principal=principal, field=field)
         for event in events:
             self._session.append(event)
         return events
 
-    def prepare(self, answers: Sequence[Mapping[str, Any]], *, principal: str | None = None) -> list[ToolInputEvent]:
-        """Check answers and build their events without recording them."""
+    def prepare(
+        self, answers: Sequence[Mapping[str, Any]], *, principal: str | None = None, field: str = "tools"
+    ) -> list[ToolInputEvent]:
+        """Check answers and build their events without recording them (errors name ``{field}.N...``)."""
         session = self._session
         if isinstance(answers, str | bytes) or not isinstance(answers, Sequence):
-            raise InputError("tools is a list of {'call_id': ..., 'input': ...}", field="tools")
+            raise InputError(f"{field} is a list of {{'call_id': ..., 'input': ...}}", field=field)
         pending = session.projection.pending
         events: list[ToolInputEvent] = []
         seen: set[str] = set()
         for position, answer in enumerate(answers):
             if not isinstance(answer, Mapping) or "call_id" not in answer:
-                raise InputError("each tool answer is {'call_id': ..., 'input': ...}", field=f"tools.{position}")
+                raise InputError("each tool answer is {'call_id': ..., 'input': ...}", field=f"{field}.{position}")
             unknown = sorted(str(key) for key in answer if key not in ("call_id", "input"))
             if unknown:  # a misspelt "input" would otherwise answer None, as HTTP refuses it too
                 raise InputError(
-                    f"a tool answer holds call_id and input, not {unknown[0]!r}", field=f"tools.{position}.{unknown[0]}"
+                    f"a tool answer holds call_id and input, not {unknown[0]!r}",
+                    field=f"{field}.{position}.{unknown[0]}",
                 )
             call_id = answer["call_id"]
             if isinstance(call_id, str) and call_id in seen:
-                raise InputError(f"tool call {call_id!r} is answered twice in this batch", field=f"tools.{position}")
+                raise InputError(f"tool call {call_id!r} is answered twice in this batch", field=f"{field}.{position}")
             call = pending.get(call_id) if isinstance(call_id, str) else None
             if call is None:
-                raise UnknownCallId(str(call_id), [c for c in pending if c not in seen], position)
+                refused = UnknownCallId(str(call_id), [c for c in pending if c not in seen], position)
+                refused.field = f"{field}.{position}.call_id"
+                raise refused
             seen.add(call_id)
             tool = session.runtime.tool_named(call.name)
             if tool is None:
@@ -621,9 +630,13 @@ class SessionInput:
                     "define it (app.tool) in this process before answering its calls"
                 )
             given = answer.get("input")
-            check_storable(given, f"tools.{position}.input")  # named as unstorable, not as "not JSON"
-            value = tool.check_input(call_id, given, position)
-            check_storable(value, f"tools.{position}.input")
+            check_storable(given, f"{field}.{position}.input")  # named as unstorable, not as "not JSON"
+            try:
+                value = tool.check_input(call_id, given, position)
+            except ToolInputError as exc:
+                exc.field = f"{field}.{position}.input" + (f".{exc.path}" if exc.path else "")
+                raise
+            check_storable(value, f"{field}.{position}.input")
             events.append(
                 ToolInputEvent(
                     call_id=call_id,

@@ -591,14 +591,10 @@ def build_resolver(
         answers = [a.model_dump() for a in request.answers]
 
         def store(session: Session) -> None:
-            try:
-                session.input.tools(answers, principal=tenant())  # the audit says who answered
-            except InputError as exc:  # served as raised (its class, its status), named in this body: answers.N
-                if exc.field is not None and (exc.field == "tools" or exc.field.startswith("tools.")):
-                    exc.field = "answers" + exc.field[len("tools") :]
-                if isinstance(exc, UnknownCallId):
-                    raise _unknown_call(session, exc) from None
-                raise
+            try:  # errors are served as raised (their class, their status), named in this body: answers.N
+                session.input.tools(answers, principal=tenant(), field="answers")  # the audit says who answered
+            except UnknownCallId as exc:
+                raise _unknown_call(session, exc) from None
 
         def work() -> dict[str, Any]:
             # A version moved by park storing its token is no reason to fail: the answers go on a fresh load.

@@ -1,0 +1,319 @@
+"""Input that cannot poison: what a remote runner commits is held to what a run could record.
+
+Shared state is checked against its scope's schema before anything is written (a refused ``name: 5`` leaves
+every other session of the user loading and running); the ledger rules (``dormant.ledger``) refuse events a
+run could not have put where they stand (a result forged before its answer, a message while a call waits);
+the same mistake gets the same class, status and field name on ``POST /tools`` and ``POST /commit``. On
+SQLite and DynamoDB Local, through the Lambda handler in-process (``tests.test_handlers``' fixtures).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambda extra")
+
+from pydantic import BaseModel
+
+from dormant import adk
+from dormant.errors import AwaitingInput, EventOutOfOrder, InputError, UnknownCallId
+from dormant.events import (
+    AssistantEvent,
+    Event,
+    InvocationEndEvent,
+    InvocationResumeEvent,
+    InvocationStartEvent,
+    InvocationYieldEvent,
+    ModelStartEvent,
+    PendingCall,
+    ToolCallEvent,
+    ToolInputEvent,
+    ToolResultEvent,
+    UserEvent,
+)
+from dormant.ledger import LedgerRules
+from dormant.serving.runtime import Served
+from tests.lambda_events import TENANT_A, Client
+from tests.test_handlers import approve, client, create, served  # noqa: F401  (fixtures)
+
+USER = "alex-doe"
+
+
+def scoped(key: Any, value: Any) -> dict[str, Any]:
+    return {"scoped_changes": [{"scope": "user", "scope_id": USER, "key": key, "value": value}]}
+
+
+def change(key: Any, value: Any, scope: str = "user", **extra: Any) -> dict[str, Any]:
+    event = {"type": "state_change", "scope": scope, "source": "direct", **extra}
+    event["changes"] = [{"key": key, "new_value": value}]
+    if scope == "user":
+        event.setdefault("scope_id", USER)
+    return {"events": [event]}
+
+
+POISON = [
+    (scoped("name", 5), 422, "StateValidationError", "scoped_changes.0.value"),
+    (scoped("preferences", "notadict"), 422, "StateValidationError", "scoped_changes.0.value"),
+    (scoped("preferences", {"part_of_day": "midnight"}), 422, "StateValidationError", "scoped_changes.0.value"),
+    (scoped("favourite", "tea"), 422, "StateValidationError", "scoped_changes.0.key"),  # not declared
+    (scoped("", "x"), 400, "InputError", "scoped_changes.0.key"),
+    (scoped("na\x00me", "x"), 422, "ValueNotStorable", "scoped_changes.0.key"),
+    (scoped("name", "Al\x00ex"), 422, "ValueNotStorable", "scoped_changes.0.value"),
+    (change("name", 5), 422, "StateValidationError", "events.0.changes.0.new_value"),
+    (change("preferences", "notadict"), 422, "StateValidationError", "events.0.changes.0.new_value"),
+    (change("favourite", "tea"), 422, "StateValidationError", "events.0.changes.0.key"),
+    (change("", "x"), 400, "InputError", "events.0.changes.0.key"),
+    (change("na\x00me", "x"), 422, "ValueNotStorable", "events.0.changes.0.key"),
+    (change("approved_slot", 5, scope="session"), 422, "StateValidationError", "events.0.changes.0.new_value"),
+    (change("k", 1, scope="temp"), 400, "UnknownScope", "events.0.scope"),  # temp is never on a ledger
+    (change("k", 1, scope="patient"), 400, "UnknownScope", "events.0.scope"),  # not in the app's schema
+]
+
+
+@pytest.mark.parametrize(("body", "status", "error", "field"), POISON)
+def test_shared_state_cannot_be_poisoned_by_a_remote_commit(
+    client: Client,  # noqa: F811
+    served: Served,  # noqa: F811
+    body: dict[str, Any],
+    status: int,
+    error: str,
+    field: str,
+) -> None:
+    """The issue's finding: ``{name: 5, preferences: "notadict"}`` was a 200, and every other session of the
+    user then showed it and ended its runs in ``error``. Now refused, naming the value, nothing written."""
+    create(client, "s-1")
+    create(client, "s-2")  # the same user's other session
+    app = served.for_tenant(TENANT_A)
+    app.store.save_scoped_state(app.name, "user", USER, {"name": "Alex Doe"})
+    before = app.store.load_scoped_state(app.name, "user", USER)
+
+    got, refused = client.call("commit", session_id="s-1", body={"expected_version": 1, "events": [], **body})
+    assert (got, refused["error"], refused["field"]) == (status, error, field), refused
+    assert client.call("get_session", session_id="s-1")[1]["version"] == 1
+    assert app.store.load_scoped_state(app.name, "user", USER) == before
+
+    assert client.call("get_session", session_id="s-2")[0] == 200
+    got, ran = client.call("run", session_id="s-2", headers={"Prefer": "wait=25"})
+    assert got == 200 and ran["status"] == "yielded_tool", ran  # the other session still runs
+
+
+def test_the_poison_of_the_issue_in_one_commit_is_refused_and_a_valid_write_still_lands(
+    client: Client,  # noqa: F811
+    served: Served,  # noqa: F811
+) -> None:
+    create(client, "s-1")
+    create(client, "s-2")
+    app = served.for_tenant(TENANT_A)
+    both = {"scoped_changes": [*scoped("name", "Sam")["scoped_changes"], *scoped("preferences", "x")["scoped_changes"]]}
+    got, refused = client.call("commit", session_id="s-1", body={"expected_version": 1, "events": [], **both})
+    assert (got, refused["field"]) == (422, "scoped_changes.1.value"), refused
+    assert app.store.load_scoped_state(app.name, "user", USER) == {}  # not even the valid first one
+
+    good = {"scoped_changes": [*scoped("name", "Sam")["scoped_changes"]]}
+    good["scoped_changes"].append(
+        {"scope": "user", "scope_id": USER, "key": "preferences", "value": {"day": "Tuesday"}}
+    )
+    got, done = client.call("commit", session_id="s-1", body={"expected_version": 1, "events": [], **good})
+    assert got == 200, done
+    stored = app.store.load_scoped_state(app.name, "user", USER)
+    assert stored["name"] == "Sam" and stored["preferences"]["day"] == "Tuesday"
+    got, ran = client.call("run", session_id="s-2", headers={"Prefer": "wait=25"})
+    assert got == 200 and ran["status"] == "yielded_tool", ran
+
+
+# -- the ledger rules, over HTTP ---------------------------------------------------------------------
+
+
+def waiting_session(client: Client) -> tuple[dict[str, Any], int, str]:  # noqa: F811
+    """A session paused on its approval call: (the call, the version, the invocation id)."""
+    create(client, "s-1")
+    got, ran = client.call("run", session_id="s-1", headers={"Prefer": "wait=25"})
+    assert got == 200 and ran["status"] == "yielded_tool", ran
+    ledger = client.call("session_events", session_id="s-1")[1]["events"]
+    invocation = next(e["invocation_id"] for e in ledger if e["type"] == "invocation_yield")
+    return ran["yielded_tools"][0], ran["version"], invocation
+
+
+def test_a_result_forged_before_the_answer_is_refused_and_the_real_tool_runs_on_the_real_answer(
+    client: Client,  # noqa: F811
+) -> None:
+    """The issue's finding: a ``tool_result`` for a yielded call before any answer became the call's only result."""
+    call, version, invocation = waiting_session(client)
+    forged = {"type": "tool_result", "call_id": call["call_id"], "name": "request_approval"}
+    forged["result"] = {"approved": True, "slot_id": "forged"}
+    resume = {"type": "invocation_resume", "invocation_id": invocation}
+    for events, field in (([forged], "events.0.call_id"), ([resume, forged], "events.1.call_id")):
+        got, refused = client.call("commit", session_id="s-1", body={"expected_version": version, "events": events})
+        assert (got, refused["error"], refused["field"]) == (409, "EventOutOfOrder", field), refused
+    assert client.call("get_session", session_id="s-1")[1]["version"] == version
+
+    deny = {"answers": [{"call_id": call["call_id"], "input": {"approved": False, "note": "not Tuesday"}}]}
+    got, done = client.call("tools", session_id="s-1", body=deny, headers={"Prefer": "wait=25"})
+    assert got == 200, done
+    ledger = client.call("session_events", session_id="s-1", query={"limit": "500"})[1]["events"]
+    results = [e for e in ledger if e["type"] == "tool_result" and e["call_id"] == call["call_id"]]
+    assert len(results) == 1 and results[0]["result"]["approved"] is False, results  # the real tool, real answer
+    shown = client.call("get_session", session_id="s-1")[1]
+    assert (
+        shown["state"]["session"]["refusal"] == "not Tuesday" and shown["state"]["session"].get("confirmation") is None
+    )
+
+
+def test_a_remote_message_while_a_call_waits_is_refused_as_post_runs_refuses_it(
+    client: Client,  # noqa: F811
+) -> None:
+    _, version, _ = waiting_session(client)
+    message = {"type": "user", "text": "never mind"}
+    got, refused = client.call("commit", session_id="s-1", body={"expected_version": version, "events": [message]})
+    assert (got, refused["error"], refused["field"]) == (409, "AwaitingInput", "events.0"), refused
+    got, by_run = client.call("run", session_id="s-1", body={"message": "never mind"})
+    assert (got, by_run["error"]) == (409, "AwaitingInput"), by_run  # the same class and status
+    assert client.call("get_session", session_id="s-1")[1]["version"] == version
+
+
+@pytest.mark.parametrize("route", ["tools", "commit"])
+def test_answering_a_call_never_made_is_the_same_answer_on_both_routes(
+    client: Client,  # noqa: F811
+    route: str,
+) -> None:
+    _, version, _ = waiting_session(client)
+    if route == "tools":
+        body: dict[str, Any] = {"answers": [{"call_id": "c-never", "input": {"approved": True}}]}
+        field = "answers.0.call_id"
+    else:
+        answer = {"type": "tool_input", "call_id": "c-never", "name": "request_approval", "input": {"approved": True}}
+        body, field = {"expected_version": version, "events": [answer]}, "events.0.call_id"
+    got, refused = client.call(route, session_id="s-1", body=body)
+    assert (got, refused["error"], refused["field"]) == (409, "UnknownCallId", field), refused
+
+
+@pytest.mark.parametrize(
+    ("answers", "status", "error", "field"),
+    [
+        ([{"call_id": "CALL", "input": {"approved": "perhaps"}}], 422, "ToolInputError", "answers.0.input.approved"),
+        ([{"call_id": "CALL", "input": {"approved": "\x00"}}], 422, "ValueNotStorable", "answers.0.input.approved"),
+        ([{"call_id": "CALL", "input": {"approved": True}}] * 2, 400, "InputError", "answers.1"),
+        ([{"call_id": "CALL", "input": {"approved": True}}, {"call_id": "c-x"}], 409, "UnknownCallId", None),
+    ],
+)
+def test_tools_errors_are_served_as_declared_and_name_answers(
+    client: Client,  # noqa: F811
+    answers: list[dict[str, Any]],
+    status: int,
+    error: str,
+    field: str | None,
+) -> None:
+    """``/tools`` errors are the class raised, at its declared status, named in this body (``answers.N``):
+    the library's ``tools.N`` does not leak."""
+    call, version, _ = waiting_session(client)
+    body = {"answers": [{**a, "call_id": call["call_id"]} if a["call_id"] == "CALL" else a for a in answers]}
+    got, refused = client.call("tools", session_id="s-1", body=body)
+    assert (got, refused["error"]) == (status, error), refused
+    assert refused["field"] == (field or "answers.1.call_id"), refused
+    assert "tools." not in refused["message"] + refused["field"], refused
+    assert client.call("get_session", session_id="s-1")[1]["version"] == version
+
+
+# -- the ledger rules, one by one --------------------------------------------------------------------
+
+
+class Patient(BaseModel):
+    name: str | None = None
+
+
+def rules() -> LedgerRules:
+    return LedgerRules(adk(name="rules", schema={"user": Patient}).schema, session_id="s")
+
+
+def opened(*more: Event) -> list[Event]:
+    """A running invocation that made calls a (plain) and b (to be yielded), then whatever ``more`` adds."""
+    return [
+        UserEvent(text="hi"),
+        InvocationStartEvent(invocation_id="i", agent_name="a"),
+        ToolCallEvent(call_id="a", name="plain"),
+        ToolCallEvent(call_id="b", name="ask"),
+        *more,
+    ]
+
+
+YIELDED = (
+    ToolResultEvent(call_id="a", name="plain"),
+    InvocationYieldEvent(invocation_id="i", pending=[PendingCall(call_id="b", name="ask")]),
+)
+ANSWERED = (*YIELDED, ToolInputEvent(call_id="b", name="ask", input={"ok": True}))
+
+
+@pytest.mark.parametrize(
+    ("events", "error", "field"),
+    [
+        ([*opened(*YIELDED), UserEvent(text="x")], AwaitingInput, "events.6"),  # a message while b waits
+        ([*opened(*ANSWERED), UserEvent(text="x")], EventOutOfOrder, "events.7"),  # b answered, no result yet
+        (opened(UserEvent(text="x")), EventOutOfOrder, "events.4"),  # calls made, no results
+        ([*opened(*YIELDED), ToolResultEvent(call_id="b", name="ask")], EventOutOfOrder, "events.6.call_id"),
+        (opened(ToolResultEvent(call_id="zz", name="plain")), EventOutOfOrder, "events.4.call_id"),  # never made
+        (
+            opened(ToolResultEvent(call_id="a", name="p"), ToolResultEvent(call_id="a", name="p")),
+            EventOutOfOrder,
+            "events.5.call_id",
+        ),
+        ([*opened(*ANSWERED), ToolResultEvent(call_id="b", name="ask")], EventOutOfOrder, "events.7"),  # paused
+        ([*opened(*YIELDED), ToolInputEvent(call_id="zz", name="ask")], UnknownCallId, "events.6.call_id"),
+        ([*opened(*ANSWERED), ToolInputEvent(call_id="b", name="ask")], UnknownCallId, "events.7.call_id"),
+        ([ToolCallEvent(call_id="a", name="plain")], EventOutOfOrder, "events.0"),  # no invocation open
+        ([*opened(*YIELDED), ToolCallEvent(call_id="c", name="plain")], EventOutOfOrder, "events.6"),  # paused
+        ([InvocationStartEvent(invocation_id="i", agent_name="a")] * 2, EventOutOfOrder, "events.1"),
+        (
+            [
+                InvocationStartEvent(invocation_id="i", agent_name="a"),
+                InvocationEndEvent(invocation_id="i", status="completed"),
+                InvocationStartEvent(invocation_id="i", agent_name="a"),
+            ],
+            EventOutOfOrder,
+            "events.2.invocation_id",
+        ),
+        (opened(InvocationYieldEvent(invocation_id="other", pending=[])), EventOutOfOrder, "events.4.invocation_id"),
+        (opened(InvocationResumeEvent(invocation_id="other")), EventOutOfOrder, "events.4.invocation_id"),
+        (
+            opened(InvocationEndEvent(invocation_id="other", status="completed")),
+            EventOutOfOrder,
+            "events.4.invocation_id",
+        ),
+        (
+            opened(InvocationYieldEvent(invocation_id="i", pending=[PendingCall(call_id="zz", name="ask")])),
+            EventOutOfOrder,
+            "events.4.pending.0.call_id",
+        ),
+    ],
+)
+def test_each_ledger_rule_refuses_its_event(events: list[Event], error: type[InputError], field: str) -> None:
+    with pytest.raises(error) as caught:
+        rules().check_all(events)
+    assert caught.value.field == field
+
+
+def test_a_ledger_a_run_writes_passes_the_rules_and_from_events_refuses_a_forged_one() -> None:
+    whole = [
+        *opened(*ANSWERED),
+        InvocationResumeEvent(invocation_id="i"),
+        ToolResultEvent(call_id="b", name="ask", result={"ok": True}),
+        ModelStartEvent(invocation_id="i", model={"provider": "p", "name": "m"}, input=[], message_count=0, digest=""),
+        AssistantEvent(text="done"),
+        InvocationEndEvent(invocation_id="i", status="completed"),
+        UserEvent(text="again"),
+    ]
+    rules().check_all(whole)
+    app = adk(name="rules", schema={"user": Patient})
+    assert len(app.sessions.from_events(whole).events) == len(whole)
+    forged = [*opened(*YIELDED), ToolResultEvent(call_id="b", name="ask")]
+    with pytest.raises(EventOutOfOrder) as caught:
+        app.sessions.from_events(forged)
+    assert caught.value.field == "events.6.call_id"
+    poisoned = [
+        *whole[:1],
+        {"type": "state_change", "scope": "user", "source": "direct", "changes": [{"key": "name", "new_value": 5}]},
+    ]
+    with pytest.raises(InputError) as refused:
+        app.sessions.from_events(poisoned)
+    assert refused.value.field == "events.1.changes.0.new_value"
