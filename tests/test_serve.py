@@ -119,12 +119,12 @@ def test_a_booking_sleeps_is_answered_over_http_and_resumes_in_process(server: S
     assert waiting["name"] == "request_approval" and waiting["answer_schema"]["required"] == ["approved"]
     assert shown["version"] > accepted["version"]
 
-    # an answer the yield schema refuses (as strict JSON: 1 is no approval) is a 400 naming the value in
-    # the body, and records nothing
+    # an answer the yield schema refuses (as strict JSON: 1 is no approval) is its declared ToolInputError
+    # (422) naming the value in the body, and records nothing
     for approved in ("maybe", 1):
         wrong = {"answers": [{"call_id": waiting["call_id"], "input": {"approved": approved}}]}
         status, refused = call(f"{api}/sessions/b-1/tools", "POST", wrong)
-        assert status == 400 and refused["field"] == "answers.0.input.approved", refused
+        assert (status, refused["error"], refused["field"]) == (422, "ToolInputError", "answers.0.input.approved")
     assert call(f"{api}/sessions/b-1")[1]["version"] == shown["version"]
 
     answer = {"answers": [{"call_id": waiting["call_id"], "input": {"approved": True, "note": "ok"}}]}
@@ -179,7 +179,6 @@ def test_bad_input_is_a_4xx_naming_the_field_and_writes_nothing(server: ServePro
         ("POST", "/sessions/b-2/runs", {"raw": b"\xff\xfe not utf-8"}),
         ("POST", "/sessions/b-2/runs", {"body": {"mesage": "typo"}}),
         ("POST", "/sessions/b-2/tools", {"body": {"answers": []}}),
-        ("POST", "/sessions/b-2/tools", {"body": {"answers": [{"call_id": "nope", "input": {}}]}}),
         ("POST", "/sessions/b-2/commit", {"body": {"expected_version": -1, "events": []}}),
         ("GET", "/sessions?limit=many", {}),
         ("POST", "/sessions", {"body": {"session_id": "bad id with spaces"}}),
@@ -189,6 +188,9 @@ def test_bad_input_is_a_4xx_naming_the_field_and_writes_nothing(server: ServePro
         assert status == 400 and body["error"] and body.get("field"), (path, kwargs, status, body)
     expectations = {"body", "mesage", "answers", "expected_version", "limit"}
     assert expectations <= {call(api + p, m, **k)[1]["field"] for m, p, k in cases}
+    # an answer to a call never made is UnknownCallId at its declared 409, as POST /commit serves it
+    status, body = call(f"{api}/sessions/b-2/tools", "POST", {"answers": [{"call_id": "nope", "input": {}}]})
+    assert (status, body["error"], body["field"]) == (409, "UnknownCallId", "answers.0.call_id"), body
 
     status, body = call(f"{api}/sessions/b-2/runs", "POST", raw=b'{"message": "' + b"x" * MAX_BODY_BYTES + b'"}')
     assert status == 413 and body["error"] == "RequestTooLarge"
@@ -241,7 +243,7 @@ def test_every_sample_event_gets_over_http_what_the_handler_gives_it_directly(tm
             over_http[name] = call(target, event["httpMethod"], raw=raw, extra={"Prefer": ""})
 
     assert {n: s for n, (s, _) in over_http.items()} == {n: s for n, (s, _) in direct.items()}
-    assert direct["tools"][0] == 400  # the sample answers a call the sample run did not make
+    assert direct["tools"][0] == 409  # the sample answers a call the sample run did not make: UnknownCallId
 
     def fresh_ids_masked(body: Any) -> str:
         return re.sub(r"call_[0-9a-f]{32}", "call_*", json.dumps(body, sort_keys=True))
