@@ -636,9 +636,9 @@ def test_a_remote_commit_of_an_answer_its_tool_refuses_as_strict_json_is_a_400_a
     turn = [
         {"type": "invocation_resume", "invocation_id": invocation},
         {"type": "tool_result", "call_id": call["call_id"], "name": "request_approval", "result": {"approved": True}},
-        {"type": "tool_call", "call_id": "c-r", "name": "x"},
-        {**yielded, "invocation_id": invocation},
-        {**answer, "call_id": "c-r", "name": "x", "input": {"ok": 1}},
+        {"type": "tool_call", "call_id": "c-r", "name": "request_approval", "args": call["args"]},
+        {**yielded, "invocation_id": invocation, "pending": [{"call_id": "c-r", "name": "request_approval"}]},
+        {**answer, "call_id": "c-r", "input": {"approved": False}},
     ]
     status, done = client.call("commit", session_id="s-1", body={"expected_version": version + 1, "events": turn})
     assert status == 200, done

@@ -317,3 +317,27 @@ def test_a_ledger_a_run_writes_passes_the_rules_and_from_events_refuses_a_forged
     with pytest.raises(InputError) as refused:
         app.sessions.from_events(poisoned)
     assert refused.value.field == "events.1.changes.0.new_value"
+
+
+def test_an_answer_or_a_yield_under_another_tools_name_is_refused(client: Client) -> None:  # noqa: F811
+    """An answer is judged by its call's tool, not by the name it carries (``x`` would have skipped the
+    check); a yield waits only for calls of a tool that yields (else nothing could ever answer it)."""
+    call, version, invocation = waiting_session(client)
+    answer = {"type": "tool_input", "call_id": call["call_id"], "name": "x", "input": "anything"}
+    got, refused = client.call("commit", session_id="s-1", body={"expected_version": version, "events": [answer]})
+    assert (got, refused["error"], refused["field"]) == (409, "EventOutOfOrder", "events.0.name"), refused
+    answered = {**answer, "name": "request_approval", "input": {"approved": True}}
+    turn = [
+        answered,
+        {"type": "invocation_resume", "invocation_id": invocation},
+        {"type": "tool_result", "call_id": call["call_id"], "name": "request_approval", "result": {"approved": True}},
+        {"type": "tool_call", "call_id": "c-f", "name": "find_slots", "args": {}},
+        {
+            "type": "invocation_yield",
+            "invocation_id": invocation,
+            "pending": [{"call_id": "c-f", "name": "find_slots"}],
+        },
+    ]
+    got, refused = client.call("commit", session_id="s-1", body={"expected_version": version, "events": turn})
+    assert (got, refused["error"], refused["field"]) == (409, "EventOutOfOrder", "events.4.pending.0.name"), refused
+    assert client.call("get_session", session_id="s-1")[1]["version"] == version

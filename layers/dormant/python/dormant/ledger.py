@@ -6,13 +6,13 @@ same order, one event at a time, starting from what the ledger already holds (it
 
 * a user message only when no call waits for an answer, nor for its result (``AwaitingInput``,
   ``EventOutOfOrder``): a message between a call and its result is no transcript a model accepts;
-* an answer (``tool_input``) only to a yielded call that waits for one, once (``UnknownCallId``), and a value
-  its tool's ``yield_schema`` takes (``ToolInputError``);
+* an answer (``tool_input``) only to a yielded call that waits for one, once (``UnknownCallId``), under the
+  call's tool name, and a value that tool's ``yield_schema`` takes (``ToolInputError``);
 * a result (``tool_result``) only for a call that was made and has none yet; for a yielded call, only after its
   answer (``EventOutOfOrder``): a result forged before the answer would stand in for the real tool's;
 * calls and results only while an invocation runs (after its start or resume, not while it is paused on a
   yield); a yield, resume or end only of the open invocation; a start only when none is open, under a new id;
-  a yield only of calls made and still without a result;
+  a yield only of calls made and still without a result, of tools that yield (when the app's tools are given);
 * every ``state_change`` checked against its scope's schema, by the key rules every writer meets
   (``ScopeSchema.check_write``: declared keys, the model's types, no empty key, no NUL or lone surrogate).
 
@@ -93,12 +93,13 @@ class LedgerRules:
         self.open_invocation = start.open_invocation
         self.invocations = set(start.invocations)
         self.paused = start.status in ("awaiting_input", "resumable")
-        self.waiting = list(start.pending)
-        """Yielded calls without an answer."""
+        self.waiting = {call_id: call.name for call_id, call in start.pending.items()}
+        """Yielded calls without an answer: call id -> tool name."""
         self.answered = set(start.answered)
         """Yielded calls answered, whose result has not come yet."""
-        self.open_calls = set(start.open_calls) | self.answered
-        """Calls made in the open invocation that have no result yet."""
+        self.open_calls = {call_id: call.name for call_id, call in start.open_calls.items()}
+        """Calls made in the open invocation that have no result yet: call id -> tool name."""
+        self.open_calls.update((call_id, answer.name) for call_id, answer in start.answered.items())
         self.values: dict[str, dict[str, Any]] = {"session": dict(start.session_state)}
         for scope, values in start.scoped_states.items():
             self.values[scope] = dict(values)
@@ -125,7 +126,7 @@ class LedgerRules:
             self._answer(event, position, where)
         elif isinstance(event, ToolCallEvent):
             self._running(event, position)
-            self.open_calls.add(event.call_id)
+            self.open_calls[event.call_id] = event.name
         elif isinstance(event, ToolResultEvent):
             if event.call_id in self.waiting:
                 raise self._out_of_order(
@@ -140,7 +141,7 @@ class LedgerRules:
                     f"{where}.call_id",
                 )
             self._running(event, position)
-            self.open_calls.discard(event.call_id)
+            self.open_calls.pop(event.call_id, None)
             self.answered.discard(event.call_id)
         elif isinstance(event, ModelStartEvent | ModelEndEvent):
             self._running(event, position)
@@ -158,17 +159,25 @@ class LedgerRules:
                 )
             self.invocations.add(event.invocation_id)
             self.open_invocation, self.paused = event.invocation_id, False
-            self.open_calls, self.waiting, self.answered = set(), [], set()
+            self.open_calls, self.waiting, self.answered = {}, {}, set()
         elif isinstance(event, InvocationYieldEvent):
             self._open(event.invocation_id, position, "yield")
             for n, call in enumerate(event.pending):
-                if call.call_id not in self.open_calls:
+                if self.open_calls.get(call.call_id) != call.name:
                     raise self._out_of_order(
-                        f"a yield waits only for calls made and without a result, not {call.call_id!r}",
+                        f"a yield waits only for calls made and without a result, not {call.call_id!r} "
+                        f"of {call.name!r}",
                         position,
                         f"{where}.pending.{n}.call_id",
                     )
-            self.waiting = [c.call_id for c in event.pending if c.call_id not in self.answered]
+                tool = self.tool_named(call.name) if self.tool_named is not None else None
+                if self.tool_named is not None and (tool is None or not tool.yields):
+                    raise self._out_of_order(
+                        f"{call.name!r} is no tool of this app that yields: nothing could answer its call",
+                        position,
+                        f"{where}.pending.{n}.name",
+                    )
+            self.waiting = {c.call_id: c.name for c in event.pending if c.call_id not in self.answered}
             self.paused = True
         elif isinstance(event, InvocationResumeEvent):
             self._open(event.invocation_id, position, "resume")
@@ -176,7 +185,7 @@ class LedgerRules:
         elif isinstance(event, InvocationEndEvent):
             self._open(event.invocation_id, position, "end")
             self.open_invocation, self.paused = None, False
-            self.open_calls, self.waiting, self.answered = set(), [], set()
+            self.open_calls, self.waiting, self.answered = {}, {}, set()
 
     def _out_of_order(self, message: str, position: int, field: str | None = None) -> EventOutOfOrder:
         return EventOutOfOrder(message, position=position, field=field or f"{self.field}.{position}")
@@ -200,7 +209,13 @@ class LedgerRules:
             unknown = UnknownCallId(event.call_id, list(self.waiting), position)
             unknown.field = f"{where}.call_id"
             raise unknown
-        self.waiting.remove(event.call_id)
+        if event.name != self.waiting[event.call_id]:  # else another tool's schema would judge the answer
+            raise self._out_of_order(
+                f"call {event.call_id!r} is a call of {self.waiting[event.call_id]!r}, not {event.name!r}",
+                position,
+                f"{where}.name",
+            )
+        del self.waiting[event.call_id]
         self.answered.add(event.call_id)
         tool = self.tool_named(event.name) if self.tool_named is not None else None
         if tool is not None and tool.yields:
