@@ -15,6 +15,8 @@ import pytest
 
 pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambda extra")
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from dormant import adk
@@ -34,9 +36,13 @@ from dormant.events import (
     UserEvent,
 )
 from dormant.ledger import LedgerRules
+from dormant.models.base import ModelRequest, ModelResponse
+from dormant.serving.api import api_handler
 from dormant.serving.runtime import Served
+from dormant.serving.workflow import in_process_hooks
+from dormant.stores.memory import in_memory_store
 from tests.lambda_events import TENANT_A, Client
-from tests.test_handlers import approve, client, create, served  # noqa: F401  (fixtures)
+from tests.test_handlers import client, create, served  # noqa: F401  (fixtures)
 
 USER = "alex-doe"
 
@@ -341,3 +347,176 @@ def test_an_answer_or_a_yield_under_another_tools_name_is_refused(client: Client
     got, refused = client.call("commit", session_id="s-1", body={"expected_version": version, "events": turn})
     assert (got, refused["error"], refused["field"]) == (409, "EventOutOfOrder", "events.4.pending.0.name"), refused
     assert client.call("get_session", session_id="s-1")[1]["version"] == version
+
+
+# -- a property: whatever a remote commit accepts, the session runs on and shared state validates ------------
+
+
+class Profile(BaseModel):
+    name: str | None = None
+    age: int | None = None
+
+
+class Notes(BaseModel):
+    topic: str | None = None
+
+
+class Question(BaseModel):
+    q: str = "?"
+
+
+class Reply(BaseModel):
+    ok: bool
+
+
+class Model:
+    """Calls a tool after a user message (``look``, or ``ask``, which yields), and answers after a result."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        self.calls += 1
+        if request.messages and request.messages[-1].role == "tool":
+            return ModelResponse(text="done", finish_reason="stop")
+        name = "ask" if self.calls % 2 else "look"
+        call = {"name": name, "args": {"q": "?"}, "call_id": f"m{self.calls}"}
+        return ModelResponse.model_validate({"tool_calls": [call], "finish_reason": "tool_calls"})
+
+
+def prop_app() -> tuple[Served, Any]:
+    app = adk(
+        name="prop", schema={"session": Notes, "user": Profile}, store=in_memory_store(), adapters={"openai": Model()}
+    )
+    ask = app.tool(name="ask", schema=Question, yield_schema=Reply, execute=None)
+    look = app.tool(name="look", schema=Question, execute=lambda ctx: {"seen": True})
+    agent = app.agent(
+        name="a", model={"provider": "openai", "name": "m"}, context=[app.context.history()], tools=[ask, look]
+    )
+    return Served(app, {agent.name: agent}), agent
+
+
+GOOD_VALUES = {"name": st.text(max_size=5), "age": st.integers(0, 120)}
+BAD_VALUES = st.sampled_from([5, "notadict", {"x": 1}, [1], "\x00"])
+
+
+@st.composite
+def state_write(draw: st.DrawFn) -> tuple[str, Any]:
+    """A (key, value) a shared scope may or may not take (mostly may)."""
+    if draw(st.integers(0, 3)):
+        key = draw(st.sampled_from(sorted(GOOD_VALUES)))
+        return key, draw(GOOD_VALUES[key] | st.none())
+    return draw(st.sampled_from(["name", "age", "", "nope", "k\x00"])), draw(BAD_VALUES | st.integers())
+
+
+@st.composite
+def remote_events(draw: st.DrawFn, session: Any) -> list[dict[str, Any]]:
+    """Events a remote runner might send: each aimed at what the ledger holds by then (its open invocation,
+    the calls that wait or have no result), valid or not; the first the rules refuse ends the list, so most
+    commits are a run's way on and some go wrong once, anywhere."""
+    from dormant.events import parse_event
+
+    rules = session.rules()
+    events: list[dict[str, Any]] = []
+    for _ in range(draw(st.integers(0, 6)) * 3):
+        open_inv = rules.open_invocation
+        calls = sorted({*rules.waiting, *rules.open_calls}) or ["c-none"]
+        call_id = draw(st.sampled_from([*calls, *calls, "c-forged"]))
+        invocation = draw(st.sampled_from([open_inv or "inv-x", open_inv or "inv-y", "inv-z"]))
+        kind = draw(
+            st.sampled_from(
+                ["user", "answer", "result", "call", "start", "yield", "resume", "end", "state", "session_state"]
+            )
+        )
+        if kind == "user":
+            event: dict[str, Any] = {"type": "user", "text": "hi"}
+        elif kind == "answer":
+            value = draw(st.sampled_from([{"ok": True}, {"ok": False}, {"ok": True}, {"ok": "perhaps"}, "yes"]))
+            name = rules.waiting.get(call_id) or draw(st.sampled_from(["ask", "look"]))
+            event = {"type": "tool_input", "call_id": call_id, "name": name, "input": value}
+        elif kind == "result":
+            name = rules.open_calls.get(call_id, "ask")
+            event = {"type": "tool_result", "call_id": call_id, "name": name, "result": {"seen": True}}
+        elif kind == "call":
+            name = draw(st.sampled_from(["ask", "look", "ask"]))
+            event = {"type": "tool_call", "call_id": f"r{len(events)}-{draw(st.integers(0, 3))}", "name": name}
+            event["args"] = {"q": "?"}
+        elif kind == "start":
+            event = {"type": "invocation_start", "invocation_id": f"inv-{draw(st.integers(0, 3))}", "agent_name": "a"}
+        elif kind == "yield":
+            asks = [c for c, name in rules.open_calls.items() if name == "ask"] or [call_id]
+            pending = [{"call_id": c, "name": "ask"} for c in draw(st.lists(st.sampled_from(asks), max_size=2))]
+            event = {"type": "invocation_yield", "invocation_id": invocation, "pending": pending}
+        elif kind == "resume":
+            event = {"type": "invocation_resume", "invocation_id": invocation}
+        elif kind == "end":
+            event = {"type": "invocation_end", "invocation_id": invocation, "status": "completed"}
+        else:
+            key, value = draw(state_write())
+            if kind == "session_state":
+                key = draw(st.sampled_from(["topic", key]))
+                event = {"type": "state_change", "scope": "session", "source": "direct"}
+            else:
+                scope_id = draw(st.sampled_from([USER, USER, "other"]))
+                event = {"type": "state_change", "scope": "user", "scope_id": scope_id, "source": "direct"}
+            event["changes"] = [{"key": key, "new_value": value}]
+        try:
+            rules.check(parse_event(event), len(events))
+        except InputError:
+            if draw(st.integers(0, 3)):
+                continue  # mostly, try another: most commits are a run's way on
+            events.append(event)
+            break  # the server refuses the commit here: nothing after it matters
+        events.append(event)
+    return events
+
+
+ACCEPTED: list[Any] = []
+
+
+def profile_validates(stored: dict[str, Any]) -> None:
+    assert set(stored) <= set(Profile.model_fields), stored
+    Profile.model_validate(stored)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_whatever_a_remote_commit_accepts_the_session_runs_on_and_shared_state_validates(data: st.DataObject) -> None:
+    own, agent = prop_app()
+    api = Client(api_handler(in_process_hooks(own), own))
+    app = own.for_tenant(TENANT_A)
+    got, _ = api.call("create_session", body={"session_id": "s-1", "scopes": {"user": USER}})
+    assert got == 201
+    for _ in range(data.draw(st.integers(1, 8), label="steps")):
+        session = app.sessions.require("s-1")
+        if data.draw(st.booleans(), label="remote commit"):
+            events = data.draw(remote_events(session), label="events")
+            writes = data.draw(st.lists(state_write(), max_size=1), label="scoped writes")
+            scoped_changes = [{"scope": "user", "scope_id": USER, "key": k, "value": v} for k, v in writes]
+            body = {"expected_version": session.version, "events": events, "scoped_changes": scoped_changes}
+            before = app.store.load_scoped_state(app.name, "user", USER)
+            got, answered = api.call("commit", session_id="s-1", body=body)
+            ACCEPTED.append((got, [e["type"] for e in events], answered))  # for a look at the mix
+            assert got == 200 or 400 <= got < 500, answered  # never a server error
+            if got != 200:
+                assert app.sessions.require("s-1").version == session.version, answered
+                assert app.store.load_scoped_state(app.name, "user", USER) == before
+        else:
+            pending = session.projection.pending
+            if pending:
+                run_input: Any = {"tools": [{"call_id": c, "input": {"ok": True}} for c in pending]}
+            else:
+                run_input = "hello"
+            result = app.run(agent, run_input, session=session)
+            assert result.status in ("completed", "yielded_tool", "max_steps"), (result.status, result.error)
+            app.sessions.commit(session)
+        profile_validates(app.store.load_scoped_state(app.name, "user", USER))
+    # and whatever was accepted, a run on the session works (answering what waits first)
+    session = app.sessions.require("s-1")
+    pending = session.projection.pending
+    run_input = {"tools": [{"call_id": c, "input": {"ok": True}} for c in pending]} if pending else "hello"
+    result = app.run(agent, run_input, session=session)
+    assert result.status in ("completed", "yielded_tool", "max_steps"), (result.status, result.error)
+    app.sessions.commit(session)
+    Profile.model_validate(session.state.user.to_dict())
+    Notes.model_validate(session.state.to_dict())

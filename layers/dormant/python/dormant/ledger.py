@@ -68,7 +68,8 @@ class AnswerCheck(Protocol):
 class LedgerRules:
     """The facts the rules need, folded from a ledger's ``Projection`` and then one checked event at a time.
 
-    ``check(event, position)`` raises (a typed ``InputError``) if ``event`` may not come next, else folds it.
+    ``check(event, position)`` raises (a typed ``InputError``) if ``event`` may not come next, changing
+    nothing, else folds it.
     ``tool_named`` looks up a tool to check answers with (``None``: answers are not checked against a schema);
     ``scope_id`` gives the id each shared scope is bound to (``None``: a state change's ``scope_id`` is not
     checked): a write under another id is ``ScopeNotBound``.
@@ -215,8 +216,6 @@ class LedgerRules:
                 position,
                 f"{where}.name",
             )
-        del self.waiting[event.call_id]
-        self.answered.add(event.call_id)
         tool = self.tool_named(event.name) if self.tool_named is not None else None
         if tool is not None and tool.yields:
             try:
@@ -224,6 +223,8 @@ class LedgerRules:
             except ToolInputError as exc:
                 exc.field = f"{where}.input" + (f".{exc.path}" if exc.path else "")
                 raise
+        del self.waiting[event.call_id]
+        self.answered.add(event.call_id)
 
     def _state(self, event: StateChangeEvent, where: str) -> None:
         scope = event.scope
