@@ -520,3 +520,47 @@ def test_whatever_a_remote_commit_accepts_the_session_runs_on_and_shared_state_v
     app.sessions.commit(session)
     Profile.model_validate(session.state.user.to_dict())
     Notes.model_validate(session.state.to_dict())
+
+
+# -- a fork taken inside an open invocation can move on --------------------------------------------------
+
+
+def test_a_fork_cut_inside_a_running_invocation_is_resumable_and_a_run_continues_it() -> None:
+    """The issue's finding: such a fork stayed ``running`` for ever (no runner goes on with a copy), so a
+    message got 409 ``ClaimLost``. Now it is paused where it was cut; the call it cut off runs, once."""
+    from dormant.testing import MockAdapter
+
+    scripted = MockAdapter(
+        [{"tool_calls": [{"name": "look", "args": {"q": "?"}, "call_id": "k1"}]}, {"text": "seen"}, {"text": "again"}]
+    )
+    app = adk(name="forks", adapters={"openai": scripted})
+    look = app.tool(name="look", schema=Question, execute=lambda ctx: {"seen": True})
+    agent = app.agent(
+        name="a", model={"provider": "openai", "name": "m"}, context=[app.context.history()], tools=[look]
+    )
+    session = app.sessions.create()
+    assert app.run(agent, "hi", session=session).status == "completed"
+    app.sessions.commit(session)
+    at = next(n for n, e in enumerate(session.events) if e.type == "tool_call")
+    fork = session.fork_at(at)
+    assert fork.status == "resumable" and fork.events[-1].type == "session_forked"
+    app.sessions.commit(fork)
+    fork = app.sessions.require(fork.id)
+    run = app.run(agent, "go on", session=fork)
+    assert run.status == "completed", run.error
+    app.sessions.commit(fork)
+    results = [e for e in fork.events if e.type == "tool_result" and e.call_id == "k1"]
+    assert len(results) == 1 and results[0].result == {"seen": True}
+    assert [e.text for e in fork.events if e.type == "user"] == ["hi", "go on"]
+
+
+def test_a_fork_cut_inside_a_turn_is_continued_over_http(client: Client) -> None:  # noqa: F811
+    create(client, "s-1")
+    got, ran = client.call("run", session_id="s-1", headers={"Prefer": "wait=25"})
+    assert got == 200 and ran["status"] == "yielded_tool", ran
+    ledger = client.call("session_events", session_id="s-1")[1]["events"]
+    at = next(n for n, e in enumerate(ledger) if e["type"] == "tool_call")  # inside the turn, before its yield
+    got, forked = client.call("fork_session", session_id="s-1", body={"at": at, "reason": "try again"})
+    assert got == 201 and forked["status"] == "resumable", forked
+    got, went_on = client.call("run", session_id=forked["id"], headers={"Prefer": "wait=25"})
+    assert got == 200 and went_on["status"] in ("yielded_tool", "completed"), went_on

@@ -72,7 +72,10 @@ class LedgerRules:
     nothing, else folds it.
     ``tool_named`` looks up a tool to check answers with (``None``: answers are not checked against a schema);
     ``scope_id`` gives the id each shared scope is bound to (``None``: a state change's ``scope_id`` is not
-    checked): a write under another id is ``ScopeNotBound``.
+    checked): a write under another id is ``ScopeNotBound``. ``state=False`` leaves state changes to whoever
+    made them (a run's writes went through the state rules already; validating them twice costs a run).
+    ``results_before_messages=False`` lets a message follow calls that have no result yet but do not wait
+    (the run loop hears a message before yielding a call whose turn was cut between its call and its yield).
     """
 
     def __init__(
@@ -84,12 +87,16 @@ class LedgerRules:
         tool_named: Callable[[str], AnswerCheck | None] | None = None,
         scope_id: Callable[[str], str | None] | None = None,
         field: str = "events",
+        state: bool = True,
+        results_before_messages: bool = True,
     ) -> None:
         start = start if start is not None else Projection(schema.upcaster)
         self.schema = schema
         self.session_id = session_id
         self.tool_named = tool_named
         self.scope_id = scope_id
+        self.state = state
+        self.results_before_messages = results_before_messages
         self.field = field
         self.open_invocation = start.open_invocation
         self.invocations = set(start.invocations)
@@ -112,13 +119,14 @@ class LedgerRules:
     def check(self, event: Event, position: int) -> None:
         where = f"{self.field}.{position}"
         if isinstance(event, StateChangeEvent):
-            self._state(event, where)
+            if self.state:
+                self._state(event, where)
         elif isinstance(event, UserEvent):
             if self.waiting:
                 refused = AwaitingInput(self.session_id, list(self.waiting))
                 refused.field = where
                 raise refused
-            if self.open_calls:
+            if self.open_calls and self.results_before_messages:
                 raise self._out_of_order(
                     f"calls {', '.join(sorted(self.open_calls))} have no result yet: a message comes after them",
                     position,

@@ -30,7 +30,7 @@ from .errors import (
     UnknownEventId,
     UnknownScope,
 )
-from .events import Event, SessionForkedEvent, StateChangeEvent, ToolInputEvent, UserEvent
+from .events import Event, InvocationYieldEvent, SessionForkedEvent, StateChangeEvent, ToolInputEvent, UserEvent
 from .ids import check_id, new_id
 from .ledger import AnswerCheck, LedgerRules
 from .models.base import Message
@@ -151,6 +151,8 @@ class Session:
         self._anchors: list[tuple[int, int]] = [(0, 0)]
         """Known (stored version, events stored up to it), ascending: ``load(after=version)`` starts there."""
         self._projection = Projection(runtime.schema.upcaster)
+        self._rules: LedgerRules | None = None
+        """What may be appended next (``dormant.ledger``), built from the projection on the first append."""
         # Shared-scope writes not yet committed, kept as they are appended: (scope, scope id) -> key -> value.
         self._writes: dict[tuple[str, str], dict[str, Any]] = {}
         self._hold(events)  # a load builds here: each event held and folded once, writes tracked below
@@ -201,7 +203,7 @@ class Session:
             raise InputError("resume: the events must start at or before the projection's end", field="base")
         session = cls.from_row(runtime, row)
         session._base = base
-        session._projection = projection
+        session._projection, session._rules = projection, None
         session._events = list(events[:folded])
         session._index = {event.id: base + n for n, event in enumerate(session._events)}
         for event in events[folded:]:
@@ -231,9 +233,14 @@ class Session:
         """Add ``event`` to the ledger and fold it into the projection (once: reads never replay).
 
         This is the one way events get in; ``app.run`` and ``input`` call it. An id already in the
-        ledger is refused. The event is not checked for text no store can keep (inputs are checked where
-        they enter); the store's encoder refuses it at commit with ``ValueNotStorable``.
+        ledger is refused, and so is an event the ledger rules (``dormant.ledger``) do not allow where it
+        would stand (the error names ``events.<n>``, ``n`` counting the uncommitted events): what no run
+        could record, no commit stores. The event is not checked for text no store can keep (inputs are
+        checked where they enter); the store's encoder refuses it at commit with ``ValueNotStorable``.
         """
+        if self._rules is None:
+            self._rules = self.rules(checks=False)
+        self._rules.check(event, self._base + len(self._events) - self._committed)
         self._hold((event,))
         self._track_write(event)
         return event
@@ -366,18 +373,24 @@ class Session:
             if isinstance(event, StateChangeEvent) and event.scope != "session" and event.scope_id is not None:
                 self.check_bound(event.scope, event.scope_id, f"events.{position}.scope_id")
 
-    def rules(self, *, field: str = "events", answers: bool = True) -> LedgerRules:
+    def rules(self, *, field: str = "events", checks: bool = True) -> LedgerRules:
         """The ledger rules (``dormant.ledger``) from where this ledger stands now, for events to append.
 
-        ``answers``: check answers against their tool's ``yield_schema`` too, as ``input`` does (off for a
-        ledger copied whole: its answers were recorded under the tool's schema of their day)."""
+        ``checks``: besides the order, check answers against their tool's ``yield_schema`` (as ``input``
+        does), and state changes against their scope's schema and binding (as the state rules do): for
+        events from outside. ``append`` checks the order alone: what a run appends went through those
+        rules already, and a commit checks the bindings (``check_writes``). It lets a message follow calls
+        with no result that do not wait: the run loop writes one there when a turn was cut between a yielding
+        call and its yield."""
         return LedgerRules(
             self._runtime.schema,
             self._projection,
             session_id=self.id,
-            tool_named=self._runtime.tool_named if answers else None,
-            scope_id=self.scope_id,
+            tool_named=self._runtime.tool_named if checks else None,
+            scope_id=self.scope_id if checks else None,
             field=field,
+            state=checks,
+            results_before_messages=checks,
         )
 
     def check_scoped_changes(
@@ -431,7 +444,9 @@ class Session:
 
     def fork_at(self, index: int, *, reason: str = "fork_at") -> Session:
         """A new session (new id, not stored until committed): copies of events ``0..index``, then a
-        ``session_forked`` event saying where it came from and ``reason``.
+        ``session_forked`` event saying where it came from and ``reason``. Cut inside a running invocation,
+        the copy is paused there (an ``invocation_yield`` waiting for nothing before ``session_forked``): it
+        is ``resumable``, and a message or a run continues it, running the calls that had no result.
 
         On a session loaded from a snapshot the earlier ledger is fetched first."""
         position = self._position(index)
@@ -439,9 +454,19 @@ class Session:
         if not isinstance(reason, str) or not reason:
             raise InputError("a fork's reason is a non-empty string", field="reason")
         check_storable(reason, "reason")
-        return self._fork(
-            self._events[position].id, reason, [e.model_copy(deep=True) for e in self._events[: position + 1]]
-        )
+        copied = [e.model_copy(deep=True) for e in self._events[: position + 1]]
+        replayed = Projection(self._runtime.schema.upcaster)
+        for event in copied:
+            replayed.apply(event)
+        if replayed.status == "running" and replayed.open_invocation is not None:
+            # Taken inside a running invocation: no runner goes on with the copy, so it is paused where it was
+            # cut (a yield waiting for nothing: ``resumable``), for a message or a run to continue it.
+            node = replayed.invocations.get(replayed.open_invocation)
+            agent_name = node.agent_name if node is not None else None
+            copied.append(
+                InvocationYieldEvent(invocation_id=replayed.open_invocation, pending=[], agent_name=agent_name)
+            )
+        return self._fork(self._events[position].id, reason, copied)
 
     def fork(self, reason: str) -> Session:
         """A new session holding this whole ledger, stored or not (a run that could not join its session).
@@ -521,6 +546,7 @@ class Session:
         if merged.id != self.id or merged._runtime is not self._runtime:
             raise InputError("replace_ledger takes this session rebuilt (same id, same app)", field="merged")
         self._events, self._index, self._projection = merged._events, merged._index, merged._projection
+        self._rules = None
         self._base = merged._base
         self.updated_at = max(self.updated_at, merged.updated_at)
         self.note_anchors(merged._anchors)
