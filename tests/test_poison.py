@@ -564,3 +564,13 @@ def test_a_fork_cut_inside_a_turn_is_continued_over_http(client: Client) -> None
     assert got == 201 and forked["status"] == "resumable", forked
     got, went_on = client.call("run", session_id=forked["id"], headers={"Prefer": "wait=25"})
     assert got == 200 and went_on["status"] in ("yielded_tool", "completed"), went_on
+
+
+def test_each_error_declares_its_http_status_on_its_class() -> None:
+    """The status is the class's own (``http_status``), so a route serves what it raises, as raised."""
+    from dormant import errors
+
+    for kind, status in errors.HTTP_STATUS.items():
+        assert vars(kind).get("http_status") == status, kind
+        assert errors.http_status(kind.__new__(kind)) == status
+    assert errors.http_status(ValueError("not ours")) == 500

@@ -1,6 +1,7 @@
 """Every error dormant raises, in one place.
 
-The tree (with the HTTP status a handler maps each class to; ``http_status(exc)`` looks it up)::
+The tree, with the HTTP status a handler answers each class with (the class's ``http_status``; routes raise
+the declared class rather than re-wrap it, and ``http_status(exc)`` reads it)::
 
     DormantError                                  500
     ├── ConfigurationError                        500  dormant was set up wrongly (adk(), stores, agents, tools)
@@ -61,7 +62,7 @@ Errors a caller must act on carry the facts as attributes, not only in the messa
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "HTTP_STATUS",
@@ -124,6 +125,8 @@ __all__ = [
 class DormantError(Exception):
     """Root of every error dormant raises."""
 
+    http_status: ClassVar[int] = 500
+
     def __reduce__(self) -> tuple[Any, ...]:
         # Rebuilt from its state, not by calling __init__ with ``args`` (the message): most errors take other
         # arguments, and an error a worker process raises must reach its parent (pickle, copy) as itself.
@@ -140,9 +143,13 @@ def _rebuilt(cls: type[DormantError], args: tuple[Any, ...], state: dict[str, An
 class ConfigurationError(DormantError):
     """dormant was set up wrongly: fix the code that builds the app, agent, tool or store."""
 
+    http_status: ClassVar[int] = 500
+
 
 class SchemaError(ConfigurationError):
     """The schema given to ``adk()`` is not a mapping of known scope names to pydantic model classes."""
+
+    http_status: ClassVar[int] = 500
 
     def __init__(self, message: str, *, scope: str | None = None) -> None:
         super().__init__(message)
@@ -155,6 +162,8 @@ class StateMigrationError(ConfigurationError):
     Raised when the session (or shared scope) is loaded, before anything runs: add or fix a migration.
     ``version`` is the schema version the value was written under, ``current`` the app's.
     """
+
+    http_status: ClassVar[int] = 500
 
     def __init__(self, scope: str, key: str, version: int, current: int, reason: str) -> None:
         super().__init__(
@@ -172,6 +181,8 @@ class InputError(DormantError):
     ``field`` names the offending input (a dotted path such as ``state.session.stage``).
     """
 
+    http_status: ClassVar[int] = 400
+
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
@@ -179,6 +190,8 @@ class InputError(DormantError):
 
 class InvalidSessionId(InputError):
     """A session id (or scope id, or app name) that is empty, too long, or has characters outside the allowed set."""
+
+    http_status: ClassVar[int] = 400
 
 
 class ValueNotStorable(InputError):
@@ -188,13 +201,19 @@ class ValueNotStorable(InputError):
     surrogate), at input, naming the offending ``field``.
     """
 
+    http_status: ClassVar[int] = 422
+
 
 class StateError(InputError):
     """A state read or write that cannot be done."""
 
+    http_status: ClassVar[int] = 400
+
 
 class StateValidationError(StateError):
     """A value refused by the scope's model; nothing was recorded."""
+
+    http_status: ClassVar[int] = 422
 
     def __init__(self, message: str, *, scope: str, key: str, field: str | None = None) -> None:
         super().__init__(message, field=field or f"state.{scope}.{key}")
@@ -204,6 +223,8 @@ class StateValidationError(StateError):
 
 class UnknownStateKey(StateError, AttributeError):
     """A read of a key the scope's model does not declare (a typo, usually)."""
+
+    http_status: ClassVar[int] = 400
 
     def __init__(self, scope: str, key: str, declared: list[str]) -> None:
         super().__init__(
@@ -217,6 +238,8 @@ class UnknownStateKey(StateError, AttributeError):
 class UnknownScope(StateError):
     """A scope the app's schema does not declare."""
 
+    http_status: ClassVar[int] = 400
+
     def __init__(self, scope: str, field: str | None = None) -> None:
         super().__init__(f"scope {scope!r} is not declared in the app's schema", field=field or f"state.{scope}")
         self.scope = scope
@@ -225,6 +248,8 @@ class UnknownScope(StateError):
 class ScopeNotBound(StateError):
     """A shared scope written while the session carries no id for it, or under an id it is not bound to
     (``scope_id``): a session writes only the shared state it is bound to."""
+
+    http_status: ClassVar[int] = 400
 
     def __init__(self, scope: str, *, scope_id: str | None = None, field: str | None = None) -> None:
         if scope_id is None:
@@ -242,6 +267,8 @@ class ScopeNotBound(StateError):
 class ScopeNotAssignable(StateError, AttributeError):
     """A scope assigned as a whole (``state.user = ...``): write its keys instead."""
 
+    http_status: ClassVar[int] = 400
+
     def __init__(self, scope: str) -> None:
         super().__init__(f"{scope!r} is a scope: write its keys (state.{scope}.<key> = ...)", field=f"state.{scope}")
         self.scope = scope
@@ -250,6 +277,8 @@ class ScopeNotAssignable(StateError, AttributeError):
 class TempOutsideInvocation(StateError):
     """``temp`` holds scratch values for one invocation; it does not exist outside one."""
 
+    http_status: ClassVar[int] = 400
+
     def __init__(self) -> None:
         super().__init__("the temp scope exists only inside an invocation", field="state.temp")
 
@@ -257,9 +286,13 @@ class TempOutsideInvocation(StateError):
 class EventValidationError(InputError):
     """A dict (or JSON) that does not parse as a dormant event."""
 
+    http_status: ClassVar[int] = 400
+
 
 class EventIndexError(InputError, IndexError):
     """An event index outside the ledger."""
+
+    http_status: ClassVar[int] = 404
 
     def __init__(self, index: int, length: int) -> None:
         super().__init__(f"event index {index} is out of range for a ledger of {length} events", field="index")
@@ -269,6 +302,8 @@ class EventIndexError(InputError, IndexError):
 
 class UnknownEventId(InputError, KeyError):
     """An event id that is not in this session's ledger."""
+
+    http_status: ClassVar[int] = 404
 
     def __init__(self, event_id: str) -> None:
         super().__init__(f"no event with id {event_id!r} in this session", field="event_id")
@@ -280,6 +315,8 @@ class UnknownEventId(InputError, KeyError):
 
 class UnknownCallId(InputError):
     """An answer for a tool call that is not waiting for one."""
+
+    http_status: ClassVar[int] = 409
 
     def __init__(self, call_id: str, waiting: list[str], position: int) -> None:
         hint = f"waiting: {', '.join(waiting)}" if waiting else "no call is waiting"
@@ -293,6 +330,8 @@ class UnknownCallId(InputError):
 class AwaitingInput(InputError):
     """A message for a session with a yielded call that this input leaves unanswered: its result would come
     after the message, and a message between a call and its result is no transcript a model accepts."""
+
+    http_status: ClassVar[int] = 409
 
     def __init__(self, session_id: str, call_ids: list[str]) -> None:
         super().__init__(
@@ -311,6 +350,8 @@ class EventOutOfOrder(InputError):
 
     ``position`` is the event's place in the events given; ``field`` names it (``events.N...``)."""
 
+    http_status: ClassVar[int] = 409
+
     def __init__(self, message: str, *, position: int, field: str | None = None) -> None:
         super().__init__(message, field=field or f"events.{position}")
         self.position = position
@@ -323,6 +364,8 @@ class ToolInputError(InputError):
     answer's place in its batch, ``path`` the place inside the answer (``""``: the answer as a whole).
     """
 
+    http_status: ClassVar[int] = 422
+
     def __init__(self, message: str, *, call_id: str, tool: str, position: int = 0, path: str = "") -> None:
         super().__init__(message, field=f"tools.{position}.input" + (f".{path}" if path else ""))
         self.call_id = call_id
@@ -333,6 +376,8 @@ class ToolInputError(InputError):
 
 class AgentMismatch(InputError):
     """The session waits inside an invocation of another agent."""
+
+    http_status: ClassVar[int] = 409
 
     def __init__(self, waiting_agent: str, given_agent: str) -> None:
         super().__init__(
@@ -347,6 +392,8 @@ class AgentMismatch(InputError):
 class EventTooLarge(InputError):
     """An event whose encoded JSON is over the store's ``limits.max_event_bytes``; nothing was written."""
 
+    http_status: ClassVar[int] = 413
+
     def __init__(self, event_id: str, *, size: int, limit: int) -> None:
         super().__init__(
             f"event {event_id!r} is {size:,} bytes encoded; a store takes at most {limit:,} per event",
@@ -360,6 +407,8 @@ class EventTooLarge(InputError):
 class CommitTooLarge(InputError):
     """A commit over one of the store's limits (events, bytes, a scoped value); nothing was written."""
 
+    http_status: ClassVar[int] = 413
+
     def __init__(self, message: str, *, size: int, limit: int, field: str = "new_events") -> None:
         super().__init__(message, field=field)
         self.size = size
@@ -368,6 +417,8 @@ class CommitTooLarge(InputError):
 
 class ScopeMismatch(InputError):
     """A commit whose scopes differ from the stored session's: scopes are fixed at creation; nothing was written."""
+
+    http_status: ClassVar[int] = 409
 
     def __init__(self, session_id: str, *, stored: dict[str, str], given: dict[str, str]) -> None:
         scope = min(name for name in {*stored, *given} if stored.get(name) != given.get(name))
@@ -385,6 +436,8 @@ class ScopeMismatch(InputError):
 class RequestTooLarge(InputError):
     """An HTTP request body over the handler's limit; refused before it is parsed."""
 
+    http_status: ClassVar[int] = 413
+
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(f"the body is {size} bytes; the limit is {limit}", field="body")
         self.size = size
@@ -394,13 +447,19 @@ class RequestTooLarge(InputError):
 class RequestInProgress(InputError):
     """A request retried with the ``Idempotency-Key`` of one still running: wait, then retry for its result."""
 
+    http_status: ClassVar[int] = 409
+
 
 class NotAuthenticated(InputError):
     """An HTTP request that reached a handler with no authenticated caller (no authorizer identity)."""
 
+    http_status: ClassVar[int] = 401
+
 
 class ModelError(DormantError):
     """A model adapter failed. Inside a run this is recorded and the run ends with status ``error``."""
+
+    http_status: ClassVar[int] = 502
 
 
 class ModelProviderError(ModelError):
@@ -409,6 +468,8 @@ class ModelProviderError(ModelError):
     ``status_code`` is the HTTP status (if the server answered), ``code`` the provider's error code.
     A transient failure (a later run may succeed) is a ``ModelUnavailable``; ``retryable`` says so.
     """
+
+    http_status: ClassVar[int] = 502
 
     def __init__(
         self,
@@ -431,25 +492,37 @@ class ModelProviderError(ModelError):
 class ModelUnavailable(ModelProviderError):
     """The provider throttled, timed out, was down or could not be reached (after its client's retries)."""
 
+    http_status: ClassVar[int] = 503
+
 
 class MalformedModelResponse(ModelProviderError):
     """The provider answered, but not with a model response (no choices, no output message...)."""
+
+    http_status: ClassVar[int] = 502
 
 
 class OpenAIModelError(ModelProviderError):
     """The Chat Completions call failed (after the SDK's retries, when the failure was retryable)."""
 
+    http_status: ClassVar[int] = 502
+
 
 class OpenAIModelUnavailable(OpenAIModelError, ModelUnavailable):
     """Chat Completions answered 408, 409, 429 or 5xx, timed out, or could not be reached."""
+
+    http_status: ClassVar[int] = 503
 
 
 class OpenAIMalformedResponse(OpenAIModelError, MalformedModelResponse):
     """The server answered 2xx with something that is not a chat completion (no choices, no message...)."""
 
+    http_status: ClassVar[int] = 502
+
 
 class OpenAIRefusal(OpenAIModelError):
     """The model refused to answer in the structured output asked for."""
+
+    http_status: ClassVar[int] = 502
 
 
 class BedrockModelError(ModelProviderError):
@@ -458,29 +531,43 @@ class BedrockModelError(ModelProviderError):
     ``code`` is the AWS error code (``ThrottlingException``, ``ValidationException``...).
     """
 
+    http_status: ClassVar[int] = 502
+
 
 class BedrockModelUnavailable(BedrockModelError, ModelUnavailable):
     """Converse throttled, timed out, was unavailable or could not be reached."""
+
+    http_status: ClassVar[int] = 503
 
 
 class BedrockMalformedResponse(BedrockModelError, MalformedModelResponse):
     """Converse answered with something that has no output message."""
 
+    http_status: ClassVar[int] = 502
+
 
 class ToolArgumentsError(ModelError):
     """Arguments from the model that the tool's schema refuses (shown to the model, not raised to callers)."""
+
+    http_status: ClassVar[int] = 502
 
 
 class ScriptExhausted(ModelError):
     """``MockAdapter`` was asked for a response beyond its script."""
 
+    http_status: ClassVar[int] = 500
+
 
 class StoreError(DormantError):
     """The store could not do what was asked."""
 
+    http_status: ClassVar[int] = 500
+
 
 class VersionConflict(StoreError):
     """The stored version is not the one the commit expected; nothing was written."""
+
+    http_status: ClassVar[int] = 409
 
     def __init__(self, session_id: str, *, expected_version: int, actual_version: int) -> None:
         super().__init__(
@@ -499,6 +586,8 @@ class ClaimLost(VersionConflict):
     ``reason`` says what happened; an HTTP handler answers 409 Conflict.
     """
 
+    http_status: ClassVar[int] = 409
+
     def __init__(self, session_id: str, *, expected_version: int, actual_version: int, reason: str) -> None:
         StoreError.__init__(self, f"session {session_id!r}: {reason}; nothing was run")
         self.session_id = session_id
@@ -509,6 +598,8 @@ class ClaimLost(VersionConflict):
 
 class SessionNotFound(StoreError, KeyError):
     """No session with that id in the store (``app.sessions.require``; ``get`` returns ``None`` instead)."""
+
+    http_status: ClassVar[int] = 404
 
     def __init__(self, session_id: str) -> None:
         super().__init__(f"no session {session_id!r} in the store")
@@ -522,6 +613,8 @@ class StoreBusy(StoreError):
     """The database stayed locked past the store's timeout, or a session kept moving under a write that
     retries (``app.sessions.write``, which names it in ``session_id``); retrying later may succeed."""
 
+    http_status: ClassVar[int] = 503
+
     def __init__(self, message: str, *, session_id: str | None = None) -> None:
         super().__init__(message)
         self.session_id = session_id
@@ -530,6 +623,8 @@ class StoreBusy(StoreError):
 
 class StoreUnavailable(StoreError):
     """The store cannot be reached (connection refused, network down); retrying later may succeed."""
+
+    http_status: ClassVar[int] = 503
 
 
 class CommitIncomplete(StoreError):
@@ -540,6 +635,8 @@ class CommitIncomplete(StoreError):
     then the same commit may be sent again.
     """
 
+    http_status: ClassVar[int] = 503
+
     def __init__(self, message: str, *, session_id: str = "", version: int = 0) -> None:
         super().__init__(message)
         self.session_id = session_id
@@ -549,6 +646,8 @@ class CommitIncomplete(StoreError):
 class StoreClosed(StoreError):
     """The store was used after ``close()``."""
 
+    http_status: ClassVar[int] = 500
+
 
 class TurnNotClaimed(DormantError):
     """A workflow was started for an invocation that is not on the ledger (yet): its claim has not landed.
@@ -557,71 +656,24 @@ class TurnNotClaimed(DormantError):
     The state machine retries this for about a minute; past that the claim never landed and the execution
     ends with nothing to do."""
 
+    http_status: ClassVar[int] = 503
+
 
 HTTP_STATUS: dict[type[DormantError], int] = {
-    DormantError: 500,
-    ConfigurationError: 500,
-    SchemaError: 500,
-    StateMigrationError: 500,
-    InputError: 400,
-    InvalidSessionId: 400,
-    ValueNotStorable: 422,
-    StateError: 400,
-    StateValidationError: 422,
-    UnknownStateKey: 400,
-    UnknownScope: 400,
-    ScopeNotBound: 400,
-    ScopeNotAssignable: 400,
-    TempOutsideInvocation: 400,
-    EventValidationError: 400,
-    EventIndexError: 404,
-    UnknownEventId: 404,
-    UnknownCallId: 409,
-    AwaitingInput: 409,
-    EventOutOfOrder: 409,
-    ToolInputError: 422,
-    AgentMismatch: 409,
-    EventTooLarge: 413,
-    CommitTooLarge: 413,
-    ScopeMismatch: 409,
-    RequestTooLarge: 413,
-    RequestInProgress: 409,
-    NotAuthenticated: 401,
-    ModelError: 502,
-    ModelProviderError: 502,
-    ModelUnavailable: 503,
-    MalformedModelResponse: 502,
-    OpenAIModelError: 502,
-    OpenAIModelUnavailable: 503,
-    OpenAIMalformedResponse: 502,
-    OpenAIRefusal: 502,
-    BedrockModelError: 502,
-    BedrockModelUnavailable: 503,
-    BedrockMalformedResponse: 502,
-    ToolArgumentsError: 502,
-    ScriptExhausted: 500,
-    StoreError: 500,
-    VersionConflict: 409,
-    ClaimLost: 409,
-    SessionNotFound: 404,
-    StoreBusy: 503,
-    StoreUnavailable: 503,
-    CommitIncomplete: 503,
-    StoreClosed: 500,
-    TurnNotClaimed: 503,
+    kind: kind.http_status
+    for kind in (globals().get(name) for name in __all__)
+    if isinstance(kind, type) and issubclass(kind, DormantError)
 }
-"""The HTTP status a handler answers with for each error class (the tree above shows them)."""
+"""The HTTP status a handler answers with for each error class (its ``http_status``; the tree above shows them)."""
 
 RETRYABLE: tuple[type[DormantError], ...] = (ModelUnavailable, StoreBusy, StoreUnavailable, CommitIncomplete)
 """Transient failures: the same call may succeed later."""
 
 
 def http_status(exc: BaseException) -> int:
-    """The HTTP status for ``exc``: its class's entry, else its nearest ancestor's (500 for a non-dormant error)."""
-    for kind in type(exc).__mro__:
-        if kind in HTTP_STATUS:
-            return HTTP_STATUS[kind]
-    return 500
+    """The HTTP status for ``exc``: its class's ``http_status`` (inherited by a subclass that declares none;
+    500 for an error that is not dormant's)."""
+    return exc.http_status if isinstance(exc, DormantError) else 500
 
 
 def retryable_error_names() -> list[str]:
