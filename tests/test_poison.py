@@ -574,3 +574,19 @@ def test_each_error_declares_its_http_status_on_its_class() -> None:
         assert vars(kind).get("http_status") == status, kind
         assert errors.http_status(kind.__new__(kind)) == status
     assert errors.http_status(ValueError("not ours")) == 500
+
+
+def test_a_merge_whose_events_cannot_follow_what_landed_forks_instead_of_failing() -> None:
+    """A rebase that merge_conflicts allows may still put a message after a call that now waits: the ledger
+    rules refuse the append, and the write parks the run as a fork, as for any other conflict."""
+    app = adk(name="merging")
+    app.sessions.create("m-1")
+    stale = app.sessions.require("m-1")
+    other = app.sessions.require("m-1")
+    for event in opened(*YIELDED)[1:]:
+        other.append(event)
+    app.sessions.commit(other)
+
+    result = app.sessions.write(session=stale, change=lambda s: s.append(UserEvent(text="hi")), on_conflict="merge")
+    assert result.status == "forked" and "cannot follow" in result.conflicts[0], result
+    assert app.sessions.require("m-1").status == "awaiting_input"  # the stored session as the other left it

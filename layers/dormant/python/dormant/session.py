@@ -206,8 +206,7 @@ class Session:
         session._projection, session._rules = projection, None
         session._events = list(events[:folded])
         session._index = {event.id: base + n for n, event in enumerate(session._events)}
-        for event in events[folded:]:
-            session.append(event)
+        session._hold(events[folded:])  # stored: folded as they are, never refused (a load must load)
         session.note_anchors(anchors)
         session.mark_committed(row.version)
         return session

@@ -23,7 +23,8 @@ unchanged, only when all of these hold:
 1. no state key is written by both (same scope, same scope id, same key; ``observation``s are reads);
 2. no tool call is answered or executed by both (same ``call_id`` in a ``tool_input`` or ``tool_result``);
 3. no invocation is continued by both (an ``invocation_id`` present in both R and L);
-4. R does not start an invocation while L leaves one open (two open invocations cannot interleave).
+4. R does not start an invocation while L leaves one open (two open invocations cannot interleave);
+5. R's events may follow L's by the ledger rules (``dormant.ledger``: no message while a call waits...).
 
 Then the merged ledger folds to L's state plus R's writes, and every ``old_value`` R recorded is still
 the value it replaced. Reads are not tracked: this is snapshot isolation, not serializability — a run
@@ -42,7 +43,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Literal, Protocol, TypeAlias, TypeVar
 
-from .errors import InputError, SessionNotFound, StoreBusy, VersionConflict
+from .errors import (
+    AwaitingInput,
+    EventOutOfOrder,
+    InputError,
+    SessionNotFound,
+    StoreBusy,
+    UnknownCallId,
+    VersionConflict,
+)
 from .events import Event, InvocationStartEvent, StateChangeEvent, ToolInputEvent, ToolResultEvent
 from .session import Session
 from .stores.base import CommitResult, ScopedStateChange
@@ -206,8 +215,11 @@ def _merge(
         conflicts = merge_conflicts(session, merged, landed, mine)
         if conflicts:
             return _fork(session, conflicts, value, tried)
-        for event in mine:
-            merged.append(event)
+        try:
+            for event in mine:
+                merged.append(event)
+        except (AwaitingInput, EventOutOfOrder, UnknownCallId) as exc:  # the ledger rules: they cannot go there
+            return _fork(session, [f"its events cannot follow what landed: {exc}"], value, tried)
         scoped = None if scoped_changes is None else list(scoped_changes(merged))
         try:
             result = sessions.commit(merged, scoped_changes=scoped)
