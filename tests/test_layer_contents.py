@@ -31,6 +31,7 @@ SHIPPED = {
     "errors.py",
     "events.py",
     "ids.py",
+    "ledger.py",
     "models",
     "projection.py",
     "py.typed",

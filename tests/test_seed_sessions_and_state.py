@@ -84,7 +84,8 @@ def test_step_5_the_timeline_of_stage_and_a_fork_at_the_tool_call() -> None:
     call_index = next(i for i, e in enumerate(session.events) if isinstance(e, ToolCallEvent))
     fork = session.fork_at(call_index)
     assert fork.id != session.id
-    assert len(fork.events) == call_index + 2  # the copies, then the session_forked event
+    # the copies, a pause (cut inside the running invocation, so it can move on), then the session_forked event
+    assert len(fork.events) == call_index + 3 and fork.events[-2].type == "invocation_yield"
     assert fork.events[-1].type == "session_forked" and fork.forked_from == session.id
     # The state as it was when the model asked for the tool, before the tool ran.
     assert fork.state.to_dict() == {"stage": "intake", "concerns": []}

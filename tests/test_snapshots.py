@@ -459,7 +459,8 @@ def test_fork_at_on_a_tail_loaded_session_holds_the_whole_prefix() -> None:
     assert session is not None
     fork = session.fork_at(20)
     *copied, marker = fork.events
-    assert [e.id for e in copied] == [e.id for e in whole(app, sid).events[:21]]
+    assert [e.id for e in copied[:21]] == [e.id for e in whole(app, sid).events[:21]]
+    assert [e.type for e in copied[21:]] in ([], ["invocation_yield"])  # paused, when cut inside a running turn
     assert marker.type == "session_forked" and fork.forked_from == sid
     app.sessions.commit(fork)
     assert fork.state.count == whole(app, sid).state_at(20).session_state.get("count", 0)
