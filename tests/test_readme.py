@@ -24,9 +24,12 @@ def test_the_tour_and_the_yielding_tools_run(capsys: object) -> None:
     assert session.status == "completed" and session.version == 3  # type: ignore[attr-defined]
 
 
-def test_the_first_lines_are_the_two_commands() -> None:
+def test_the_first_lines_are_the_commands_demo_serve_test() -> None:
     lines = README.read_text().splitlines()
-    assert lines[2] == "```sh" and lines[3].startswith("make demo") and lines[4].startswith("make test")
+    assert lines[2] == "```sh" and lines[3].startswith("make demo") and lines[4].startswith("make serve")
+    assert lines[5].startswith("make test") and lines[6] == "```"
+    after = " ".join(lines[7:14])  # what comes right after: make serve is the next step, and what it serves
+    assert "make serve" in after and "dormant serve" in after and "lambda extra" in after
 
 
 def test_the_local_api_curl_examples_run_as_written_against_dormant_serve(tmp_path: Path) -> None:
