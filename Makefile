@@ -57,9 +57,11 @@ bench: setup
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
-# Run one Lambda handler on one sample event, here: make invoke FUNCTION=sessions EVENT=events/api/list_sessions.json
+# The Lambda handlers on the sample events of events/, here (on DORMANT_STORE, default data/dormant.db):
+# `make invoke` runs every one in order, on fresh sessions, each given the ids earlier answers made;
+# `make invoke FUNCTION=sessions EVENT=events/api/list_sessions.json` runs one handler on one event.
 invoke: setup
-	$(PY) functions/invoke.py $(FUNCTION) $(EVENT)
+	$(PY) functions/invoke.py $(if $(FUNCTION),$(FUNCTION) $(EVENT),--all)
 
 # The README's screenshots of the session inspector, taken by its browser test from a real page.
 screenshots: setup
