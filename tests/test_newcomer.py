@@ -6,11 +6,16 @@ played by a ``dormant serve`` whose import of Powertools fails, as it fails ther
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import urllib.error
+import urllib.request
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,3 +116,114 @@ def test_invoking_run_alone_says_it_needs_the_state_machine(tmp_path: Path) -> N
     done = _invoke("run", str(ROOT / "events" / "api" / "run.json"), cwd=tmp_path, store="memory:")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "needs DORMANT_STATE_MACHINE" in done.stderr and "--all" in done.stderr
+
+
+# -- DynamoDB Local with the endpoint alone ---------------------------------------------------------------
+
+
+@pytest.fixture
+def no_aws_configuration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No AWS_* variable and no ~/.aws: a machine that never configured AWS."""
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "local"),
+    [
+        ("http://localhost:8001", True),
+        ("http://LOCALHOST:8001", True),
+        ("http://127.0.0.1:8001", True),
+        ("http://127.9.9.9:8001", True),
+        ("http://[::1]:8001", True),
+        ("http://attackerlocalhost:8001", False),
+        ("http://localhost.evil.example:8001", False),
+        ("http://10.0.0.8:8001", False),
+        ("https://dynamodb.eu-west-1.amazonaws.com", False),
+        ("http://[::1:8001", False),
+    ],
+)
+def test_only_an_endpoint_on_this_machine_counts_as_dynamodb_local(endpoint: str, local: bool) -> None:
+    from dormant.stores.url import is_loopback_endpoint
+
+    assert is_loopback_endpoint(endpoint) is local
+
+
+def test_a_loopback_endpoint_gets_dummy_credentials_and_a_region_when_none_are_configured(
+    no_aws_configuration: None,
+) -> None:
+    pytest.importorskip("botocore")
+    from dormant.stores.url import LOCAL_ACCESS_KEY, LOCAL_REGION, store_from_url
+
+    store = store_from_url("dynamodb://t-local?endpoint=http://127.0.0.1:9", create=False)  # nothing is sent
+    try:
+        client: Any = store._client  # type: ignore[attr-defined]
+        assert client.meta.region_name == LOCAL_REGION
+        assert client._request_signer._credentials.access_key == LOCAL_ACCESS_KEY
+    finally:
+        store.close()
+
+
+def test_a_loopback_endpoint_keeps_the_credentials_and_region_the_environment_gives(
+    no_aws_configuration: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("botocore")
+    from dormant.stores.url import store_from_url
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "mine")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "mine")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-2")
+    for url, region in [
+        ("dynamodb://t-local?endpoint=http://localhost:9", "eu-west-2"),
+        ("dynamodb://t-local?endpoint=http://localhost:9&region=ap-south-1", "ap-south-1"),
+    ]:
+        store = store_from_url(url, create=False)
+        try:
+            client: Any = store._client  # type: ignore[attr-defined]
+            assert client.meta.region_name == region
+            assert client._request_signer._credentials.access_key == "mine"
+        finally:
+            store.close()
+
+
+def test_an_endpoint_elsewhere_gets_no_defaults(no_aws_configuration: None) -> None:
+    pytest.importorskip("botocore")
+    from dormant.errors import ConfigurationError
+    from dormant.stores.url import store_from_url
+
+    with pytest.raises(ConfigurationError, match="region"):
+        store_from_url("dynamodb://t-remote?endpoint=http://192.0.2.1:8000", create=False)
+    store = store_from_url("dynamodb://t-remote?endpoint=http://192.0.2.1:8000&region=eu-west-1", create=False)
+    try:
+        client: Any = store._client  # type: ignore[attr-defined]
+        assert client._request_signer._credentials is None  # no dummy key sent to a machine that is not this one
+    finally:
+        store.close()
+
+
+@pytest.mark.backend("dynamodb")
+def test_dormant_serve_on_dynamodb_local_needs_the_endpoint_alone(
+    dynamodb_endpoint: str, no_aws_configuration: None, tmp_path: Path
+) -> None:
+    pytest.importorskip("aws_lambda_powertools", reason="dormant serve needs the lambda extra")
+    from tests.servers.serve import dormant_serve
+
+    assert not any(name.startswith("AWS_") for name in os.environ)
+    table = f"newcomer-{uuid.uuid4().hex[:8]}"
+    with dormant_serve("--store", f"dynamodb://{table}?endpoint={dynamodb_endpoint}", cwd=tmp_path) as server:
+        created = _request(f"{server.url}/sessions", "POST", {"session_id": "s-1"})
+        listed = _request(f"{server.url}/sessions")
+    assert created[0] == 201 and created[1]["id"] == "s-1"
+    assert listed[0] == 200 and [s["id"] for s in listed[1]["sessions"]] == ["s-1"]
+    assert "Traceback" not in server.output()
+
+
+def _request(url: str, method: str = "GET", body: Any = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")

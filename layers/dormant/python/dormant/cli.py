@@ -60,8 +60,9 @@ Identity is a development stand-in for the Cognito authorizer: the X-Dormant-Pri
 served (any other gets 403): nothing here authenticates anyone.
 
 Stores: sqlite:///relative.db, sqlite:////absolute.db, memory:, postgresql://...,
-dynamodb://table?endpoint=http://127.0.0.1:8001&region=us-east-1 (DynamoDB Local: the table is
-created if missing; AWS credentials come from the environment, any value works locally)."""
+dynamodb://table?endpoint=http://127.0.0.1:8001 (DynamoDB Local: the table is created if missing; the
+environment's AWS credentials and region are used, and dummy ones where it has none, for an endpoint on
+this machine only)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
