@@ -6,14 +6,20 @@ played by a ``dormant serve`` whose import of Powertools fails, as it fails ther
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
+import socket
+import struct
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -227,3 +233,155 @@ def _request(url: str, method: str = "GET", body: Any = None) -> tuple[int, Any]
             return response.status, json.loads(response.read() or b"null")
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"null")
+
+
+# -- the HTTP server: any method, disconnects, bursts -------------------------------------------------------
+
+
+@pytest.fixture
+def local_server(tmp_path: Path) -> Iterator[Any]:
+    """A ``LocalServer`` (what ``dormant serve`` runs) with the inspector's page, listening but not yet serving."""
+    pytest.importorskip("aws_lambda_powertools", reason="dormant serve needs the lambda extra")
+    from dormant.cli import default_pages
+    from dormant.serving.local import LocalAPI, LocalServer
+    from dormant.serving.runtime import load_served
+    from dormant.stores.url import store_from_url
+
+    store = store_from_url(f"sqlite:///{tmp_path / 'server.db'}")
+    api = LocalAPI(load_served("bookings:build", store), pages=default_pages())
+    server = LocalServer(api, "127.0.0.1", 0)
+    try:
+        yield server
+    finally:
+        server.server_close()
+        store.close()
+
+
+def _raw(url: str, method: str, target: str) -> tuple[int, dict[str, str], bytes]:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        connection.request(method, target)
+        response = connection.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "status", "allow"),
+    [
+        ("TRACE", "/sessions", 405, "GET, POST"),
+        ("CONNECT", "/sessions/s-1", 405, "DELETE, GET"),
+        ("PATCH", "/sessions/s-1", 405, "DELETE, GET"),
+        ("PUT", "/sessions/s-1/runs", 405, "POST"),
+        ("BREW", "/sessions", 405, "GET, POST"),  # a token no HTTP server knows
+        ("TRACE", "/", 405, "GET, HEAD"),  # the inspector's page
+        ("DELETE", "/inspect/app.js", 405, "GET, HEAD"),
+        ("TRACE", "/nowhere", 404, None),
+    ],
+)
+def test_a_method_a_path_does_not_take_is_a_json_405_naming_allow(
+    local_server: Any, method: str, target: str, status: int, allow: str | None
+) -> None:
+    with local_server.running():
+        got, headers, body = _raw(local_server.url, method, target)
+    assert got == status and headers.get("allow") == allow
+    assert headers["content-type"] == "application/json"
+    payload = json.loads(body)
+    if status == 405:
+        assert payload["error"] == "MethodNotAllowed" and payload["message"] == f"{method} {target}: use {allow}"
+    else:
+        assert payload["error"] == "NotFound"
+
+
+@pytest.mark.parametrize(
+    ("request_line", "status"),
+    [
+        (b"GARBAGE\r\n\r\n", 400),
+        (b"GET /sessions HTTP/9.9\r\n\r\n", 505),
+        (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n", 414),
+    ],
+)
+def test_what_http_server_itself_refuses_is_json_too(local_server: Any, request_line: bytes, status: int) -> None:
+    host, port = local_server.url.removeprefix("http://").rsplit(":", 1)
+    with local_server.running(), socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(request_line)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0].split(b" ")[1] == str(status).encode()
+    assert b"content-type: application/json" in head.lower() and json.loads(body)["message"]
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with a TCP reset, as a client that crashed or timed out does."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def test_clients_that_go_away_mid_request_or_mid_response_are_one_quiet_line_each(
+    local_server: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    host, port = local_server.url.removeprefix("http://").rsplit(":", 1)
+    clients = 0
+    with local_server.running():
+        for _ in range(10):  # mid-request: the headers never end
+            sock = socket.create_connection((host, int(port)), timeout=30)
+            sock.sendall(b"GET /sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Half: ")
+            time.sleep(0.05)
+            _reset(sock)
+            clients += 1
+        for _ in range(10):  # mid-response: a 60 KB answer to a client that reads none of it
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            sock.settimeout(30)
+            sock.connect((host, int(port)))
+            sock.sendall(b"GET /" + b"x" * 60_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # its 404 echoes the path
+            time.sleep(0.05)
+            _reset(sock)
+            clients += 1
+        assert _raw(local_server.url, "GET", "/sessions")[0] == 200  # and the server goes on
+    err = capfd.readouterr().err
+    assert "Traceback" not in err
+    gone = [line for line in err.splitlines() if "went away" in line]
+    assert 1 <= len(gone) <= clients  # at most one line a client; no traceback
+    assert all(line.startswith("dormant serve: client 127.0.0.1:") for line in gone)
+
+
+def test_two_hundred_clients_at_once_are_all_queued_and_all_answered(local_server: Any) -> None:
+    from dormant.serving.local import REQUEST_BACKLOG
+
+    assert REQUEST_BACKLOG >= 128 and local_server.request_queue_size == REQUEST_BACKLOG
+    host, port = local_server.url.removeprefix("http://").rsplit(":", 1)
+    count, connected, lock = 200, [0], threading.Lock()
+    all_connected = threading.Event()
+    outcomes: list[str] = [""] * count
+
+    def client(n: int) -> None:
+        try:
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                with lock:
+                    connected[0] += 1
+                    if connected[0] == count:
+                        all_connected.set()
+                sock.sendall(b"GET /sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                answer = b""
+                while chunk := sock.recv(65536):
+                    answer += chunk
+            outcomes[n] = answer.split(b"\r\n", 1)[0].decode()
+        except OSError as exc:  # refused, reset, timed out
+            outcomes[n] = type(exc).__name__
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    # The server accepts nothing yet: every connection the kernel completes waits in the listen backlog. With
+    # socketserver's default of 5, the rest could not connect until it accepted (nor time out meanwhile).
+    queued = all_connected.wait(timeout=20)
+    with local_server.running():
+        for thread in threads:
+            thread.join(timeout=120)
+    assert queued, f"only {connected[0]} of {count} connections were queued before the server accepted"
+    assert outcomes == ["HTTP/1.1 200 OK"] * count
