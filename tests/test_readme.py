@@ -41,15 +41,25 @@ def test_the_local_api_curl_examples_run_as_written_against_dormant_serve_twice_
     [block] = [b for b in re.findall(r"```sh\n(.*?)```", README.read_text(), flags=re.S) if "curl -s localhost" in b]
     # Each curl also writes its status code to stderr; the README's address becomes the server's free port.
     trace = "curl() { command curl -w '%{stderr}%{http_code}\\n' \"$@\"; }\nset -e\n"
-    ids = []
+    ids, runs = [], []
     with dormant_serve("--store", f"sqlite:///{tmp_path / 'readme.db'}", cwd=tmp_path) as server:
         script = trace + block.replace("localhost:8000", server.url.removeprefix("http://"))
-        for _ in range(2):  # as a reader pastes it again: the same block, on the same server
+        for _ in range(3):  # as a reader pastes it again: the same block, on the same server
             done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120, check=False)
             assert done.returncode == 0, done.stderr
-            ids.append(_check_one_run(done.stdout, done.stderr))
+            runs.append(done)
+    ids = [_check_one_run(done.stdout, done.stderr) for done in runs[:2]]
     assert ids[0] != ids[1]
     assert "Traceback" not in server.output()
+    # The third finds both Tuesday-afternoon slots booked, as the README says: the agent says so, no call
+    # waits, and the answer is a 400 naming the call id (not a traceback from the one-liner).
+    third = runs[2]
+    assert "Traceback" not in third.stderr
+    assert third.stderr.split() == ["201", "200", "200", "200", "400", "200", "200", "200", "400"]
+    assert (
+        '"status": "completed"' in third.stdout and "There is no open physio slot on Tuesday afternoon" in third.stdout
+    )
+    assert '"field": "answers.0.call_id"' in third.stdout
 
 
 def _check_one_run(stdout: str, stderr: str) -> str:
