@@ -162,6 +162,10 @@ def test_a_loopback_endpoint_gets_dummy_credentials_and_a_region_when_none_are_c
     pytest.importorskip("botocore")
     from dormant.stores.url import LOCAL_ACCESS_KEY, LOCAL_REGION, store_from_url
 
+    from dormant.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="3 characters"):  # checked as for any table, before a client
+        store_from_url("dynamodb://ab?endpoint=http://127.0.0.1:9")
     store = store_from_url("dynamodb://t-local?endpoint=http://127.0.0.1:9", create=False)  # nothing is sent
     try:
         client: Any = store._client  # type: ignore[attr-defined]

@@ -80,6 +80,8 @@ def _dynamodb(url: str, create: bool) -> SessionStore:
 
     endpoint = params.get("endpoint")
     if endpoint and is_loopback_endpoint(endpoint):
+        if len(parts.netloc) < 3:  # as dynamo_store checks it, before a client is built
+            raise ConfigurationError(f"a DynamoDB table name has at least 3 characters, not {parts.netloc!r}")
         client = _local_client(endpoint, params.get("region"))
         try:
             if create:
