@@ -160,9 +160,8 @@ def test_a_loopback_endpoint_gets_dummy_credentials_and_a_region_when_none_are_c
     no_aws_configuration: None,
 ) -> None:
     pytest.importorskip("botocore")
-    from dormant.stores.url import LOCAL_ACCESS_KEY, LOCAL_REGION, store_from_url
-
     from dormant.errors import ConfigurationError
+    from dormant.stores.url import LOCAL_ACCESS_KEY, LOCAL_REGION, store_from_url
 
     with pytest.raises(ConfigurationError, match="3 characters"):  # checked as for any table, before a client
         store_from_url("dynamodb://ab?endpoint=http://127.0.0.1:9")
