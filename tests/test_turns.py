@@ -170,3 +170,47 @@ def test_a_sixty_second_turn_completes_through_dormant_serve(store_url: str, tmp
             time.sleep(1)
         assert shown["status"] == "completed" and time.monotonic() - started >= 60, shown
     assert "Traceback" not in server.output()
+
+
+def test_dormant_serve_hands_on_a_turn_whose_runner_died(tmp_path: Path) -> None:
+    """A turn claimed ten minutes ago by a runner that died before its first step: ``dormant serve``'s sweeper
+    (``--sweep-every``) finds its deadline passed and runs it to its end. On SQLite: the sweeper finds overdue
+    turns through each tenant's listing, which DynamoDB cannot enumerate without a scan (docs/decisions.md)."""
+    store_url = f"sqlite:///{tmp_path / 'orphan.db'}"
+    import json
+    import urllib.request
+
+    from tests.servers.serve import dormant_serve
+
+    apps = ROOT / "tests" / "fidelity"
+    sys.path.insert(0, str(apps))
+    try:
+        from fidelity_app import build as build_fidelity  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(apps))
+    store = store_from_url(store_url)
+    fidelity = build_fidelity(store)
+    view = Served(fidelity.app, {fidelity.agent.name: fidelity.agent}).for_tenant("local")
+    ten_minutes_ago = now_ms() - 600_000
+    with use_clock(lambda: ten_minutes_ago):
+        session = view.sessions.create("orphan")
+        claim = claim_turn(view, fidelity.agent, session, "steps=2 signoffs=0", deadline=ten_minutes_ago + 60_000)
+    assert claim.invocation_id is not None and view.sessions.require("orphan").status == "running"
+    store.close()  # the runner dies: nothing ever runs the claim
+
+    env = {"PYTHONPATH": os.pathsep.join([str(apps), str(ROOT), *sys.path])}
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    args = ("--store", store_url, "--app", "fidelity_app:build", "--sweep-every", "0.2", "--quiet")
+    with dormant_serve(*args, env=env, cwd=tmp_path) as server:
+        deadline = time.monotonic() + 60
+        while True:
+            with urllib.request.urlopen(f"{server.url}/sessions/orphan", timeout=30) as response:
+                shown = json.loads(response.read())
+            if shown["status"] != "running":
+                break
+            assert time.monotonic() < deadline, shown
+            time.sleep(0.1)
+    assert shown["status"] == "completed", shown
+    assert "handed on (completed)" in server.output()
