@@ -87,8 +87,9 @@ def load(name: str) -> ModuleType | None:
 
 
 NEEDS_MACHINE = (
-    "the run function starts a Step Functions execution for every turn: it needs DORMANT_STATE_MACHINE, a deployed"
-    " state machine's ARN. Here, `make invoke` (functions/invoke.py --all) runs its route with the turn in the request."
+    "the {name} function starts Step Functions executions (run: one for every turn; sweeper: one for a turn whose"
+    " runner died): it needs DORMANT_STATE_MACHINE, a deployed state machine's ARN. Here, `make invoke`"
+    " (functions/invoke.py --all) runs run's route with the turn in the request, and the sweeper in this process."
 )
 
 
@@ -99,8 +100,8 @@ def main(argv: list[str]) -> int:
         print("usage: python functions/invoke.py FUNCTION EVENT.json | --all", file=sys.stderr)
         return 2
     name, event_path = argv
-    if name == "run" and not os.environ.get("DORMANT_STATE_MACHINE"):
-        print(f"invoke: {NEEDS_MACHINE}", file=sys.stderr)
+    if name in ("run", "sweeper") and not os.environ.get("DORMANT_STATE_MACHINE"):
+        print(f"invoke: {NEEDS_MACHINE.format(name=name)}", file=sys.stderr)
         return 2
     module = load(name)
     if module is None:
@@ -119,8 +120,10 @@ def run_all() -> int:
         print(f"invoke --all: the plan and events/ differ: {sorted(planned ^ samples)}", file=sys.stderr)
         return 2
     from dormant.serving.api import api_handler
+    from dormant.serving.workflow import sweeper_handler
 
-    handlers: dict[str, Handler] = {"run": api_handler(function="run")}  # no hooks: the turn runs in the request
+    # No Step Functions here: run's turn runs in the request, and the sweeper hands turns on in this process.
+    handlers: dict[str, Handler] = {"run": api_handler(function="run"), "sweeper": sweeper_handler()}
     tenant = str(uuid.uuid4())  # a caller of its own: the sample user's slots and sessions start empty each time
     ids: dict[str, dict[str, str]] = {}
     versions: dict[str, int] = {}

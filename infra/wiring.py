@@ -47,8 +47,8 @@ ENVIRONMENT: Mapping[str, frozenset[str]] = MappingProxyType(
         # answers its own task token (park) or runs in the execution (resume): no ARN needed
         "park": COMMON_ENVIRONMENT,
         "resume": COMMON_ENVIRONMENT,
-        # repairs, purges, hands on overdue turns in the process (on the stores that list their apps): no ARN
-        "sweeper": COMMON_ENVIRONMENT,
+        # repairs, purges, and hands a turn whose runner died to a fresh execution
+        "sweeper": COMMON_ENVIRONMENT | {STATE_MACHINE},
     }
 )
 """Function -> the names of its environment variables (the values are the stack's)."""
@@ -99,6 +99,7 @@ MACHINE = "machine"
 STATES_ACCESS: Mapping[str, Mapping[str, str]] = MappingProxyType(
     {
         "run": {"states:StartExecution": MACHINE},
+        "sweeper": {"states:StartExecution": MACHINE},
         # A task token is authorized against the state machine whose execution issued it. Only success is sent:
         # a failure is the workflow's own (RecordFailure), never a token answered with an error.
         "tools": {"states:SendTaskSuccess": MACHINE},
@@ -106,7 +107,7 @@ STATES_ACCESS: Mapping[str, Mapping[str, str]] = MappingProxyType(
     }
 )
 """Function -> action -> what it acts on (the state machine, ``MACHINE``). Functions not named here make no Step
-Functions call: ``resume`` runs in the execution, and the sweeper hands turns on in its own process."""
+Functions call: ``resume`` runs in the execution."""
 
 
 def state_machine_name(stack_name: str) -> str:

@@ -895,8 +895,8 @@ def test_each_function_module_serves_its_sample_event(
             statuses.append(last_json(capsys.readouterr().out)["statusCode"])
         # tools names no call the sample session waits on: 400
         assert statuses == [201, 200, 400, 204, 200]
-        assert invoke.main(["sweeper", str(EVENTS / "schedule/sweeper.json")]) == 0
-        assert last_json(capsys.readouterr().out) == {"repaired": 0, "sessions": [], "purged": [], "turns": []}
+        assert invoke.main(["sweeper", str(EVENTS / "schedule/sweeper.json")]) == 2  # wired to Step Functions too
+        assert "needs DORMANT_STATE_MACHINE" in capsys.readouterr().err
     finally:
         served_from_env.cache_clear()
 
