@@ -94,18 +94,21 @@ def deployed(scratch: Path) -> dict[str, Function]:
     ``PYTHONPYCACHEPREFIX`` (a cache under ``scratch``) is the bench's: a deployed layer ships its .pyc, so the
     sources are compiled once, by the untimed first import, and no figure includes compiling them.
     """
+    if shutil.which("node") is None:
+        raise SystemExit("bench cold_start synthesizes the CDK app, which needs node on the PATH (the CDK runs on it)")
     try:
-        from tests.fidelity.deployment import STACK, synthesize
-        from tests.fidelity.lambda_ import LambdaService
-        from tests.fidelity.template import Names, Template
-
-        raw = synthesize(scratch / "cdk.out", {})
-    except Exception as exc:  # ImportError without the extra; a jsii error without node
+        import aws_cdk  # noqa: F401  (starts node)
+        import cdk_nag  # noqa: F401
+    except ImportError as exc:
         raise SystemExit(
             "bench cold_start synthesizes the CDK app to give each function its template environment: it needs "
-            "the infra extra (pip install -e '.[infra]', which make setup installs) and node on the PATH "
-            f"({type(exc).__name__}: {exc})"
+            f"the infra extra (pip install -e '.[infra]', which make setup installs): {exc}"
         ) from exc
+    from tests.fidelity.deployment import STACK, synthesize
+    from tests.fidelity.lambda_ import LambdaService
+    from tests.fidelity.template import Names, Template
+
+    raw = synthesize(scratch / "cdk.out", {})
     template = Template(raw, Names(stack=STACK), scratch / "cdk.out")
     functions = template.functions()
     layers = {
