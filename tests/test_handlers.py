@@ -1044,3 +1044,17 @@ def test_a_function_module_imports_only_what_its_cold_path_needs(name: str) -> N
     excluded = COLD_PATH_EXCLUDES | (WORKFLOW_EXCLUDES if name in {"park", "resume", "sweeper"} else set())
     assert "dormant.serving" in loaded  # it did load the handler's own code
     assert sorted(m for m in loaded if m in excluded or m.split(".")[0] in excluded) == []
+
+
+def test_state_set_while_calls_wait_starts_no_second_execution(aws: Any, served: Served) -> None:
+    """The execution parked on the waiting calls goes on waiting: a second one would park too, and the older
+    one's timeout would end a wait the newer one holds."""
+    client, fake, workflow = aws
+    create(client)
+    client.call("run", session_id="s-1", headers={"Prefer": ""})
+    (started,) = fake.started
+    act(workflow, "run", started)
+    status, ran = client.call("run", session_id="s-1", body={"state": {"refusal": "later"}}, headers={"Prefer": ""})
+    assert status == 200 and ran["status"] == "yielded_tool", ran  # nothing to run: answered at once
+    assert len(fake.started) == 1
+    assert client.call("get_session", session_id="s-1")[1]["status"] == "awaiting_input"

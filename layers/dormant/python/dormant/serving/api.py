@@ -554,8 +554,10 @@ def build_resolver(
         def work() -> dict[str, Any]:
             session = tenant_app.sessions.require(session_id)
             invocation_id = session.projection.open_invocation or new_id("inv_")
-            if hooks.before_claim is not None:
-                if session.status == "running" and not request.takeover:  # no execution for a claim that must fail
+            # No execution for a claim that must fail, nor for input that opens no invocation (state set while
+            # calls wait: the execution parked on them goes on waiting).
+            if hooks.before_claim is not None and session.status != "awaiting_input":
+                if session.status == "running" and not request.takeover:
                     raise _held(session)
                 hooks.before_claim(tenant(), session_id, invocation_id, session.version)
             claim = claim_turn(
