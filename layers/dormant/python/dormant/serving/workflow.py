@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -184,14 +185,14 @@ class _Thread:
     def __init__(self, work: Callable[[], AdvanceOutcome | None]) -> None:
         self.outcome: AdvanceOutcome | None = None
         self._thread = threading.Thread(target=self._run, args=(work,), name="dormant-turn")
+        _LOCAL_TURNS.add(self._thread)  # before it starts: a turn that ends at once must not leave itself here
         self._thread.start()
-        _LOCAL_TURNS.add(self._thread)
 
     def _run(self, work: Callable[[], AdvanceOutcome | None]) -> None:
         try:
             self.outcome = work()
-        except DormantError:  # lost to another runner, or the store went away: the session says where it is
-            pass
+        except DormantError as exc:  # lost to another runner, or the store failed: the session says where it is
+            _logger.warning("dormant: a turn stopped: %s: %s", type(exc).__name__, exc)
         finally:
             _LOCAL_TURNS.discard(self._thread)
 
@@ -201,6 +202,7 @@ class _Thread:
 
 
 _LOCAL_TURNS: set[threading.Thread] = set()
+_logger = logging.getLogger("dormant.serving")
 
 
 def join_local_turns(timeout: float | None = None) -> None:
