@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from dormant.serving.routes import ROUTES
-from dormant.stores.dynamodb import IDS_INDEX, LISTING_INDEX, PENDING_INDEX
+from dormant.stores.dynamodb import IDS_INDEX, LISTING_INDEX, PENDING_INDEX, RUNNING_INDEX
 
 # -- environment ----------------------------------------------------------------------------------
 
@@ -86,12 +86,14 @@ TABLE_ACCESS: Mapping[str, TableAccess] = MappingProxyType(
         "commit": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
         "park": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
         "resume": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
-        # repair_pending finds stale markers through the pending-marker index
-        "sweeper": TableAccess(SESSION_ACTIONS, (IDS_INDEX, PENDING_INDEX)),
+        # repair_pending finds stale markers through the pending-marker index; running_sessions finds the turns
+        # whose runner may have died through the running index
+        "sweeper": TableAccess(SESSION_ACTIONS, (IDS_INDEX, PENDING_INDEX, RUNNING_INDEX)),
     }
 )
 """Function -> its table access. ``IDS_INDEX`` (the event-id index) is read by every commit that may re-send an
-event; only the session listing reads ``LISTING_INDEX``, and only the sweeper ``PENDING_INDEX``."""
+event; only the session listing reads ``LISTING_INDEX``, and only the sweeper ``PENDING_INDEX`` and
+``RUNNING_INDEX``."""
 
 # -- Step Functions -------------------------------------------------------------------------------
 

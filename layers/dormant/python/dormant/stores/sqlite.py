@@ -36,12 +36,13 @@ from .base import (
     BaseSessionStore,
     PreparedCommit,
     Refused,
+    RunningSession,
     ScopedWrite,
     SessionListing,
     StoredSession,
     StoredSnapshot,
 )
-from .sql_schema import INDEXES, TABLES, bound_id, ddl
+from .sql_schema import INDEXES, RUNNING_QUERY, TABLES, bound_id, ddl
 
 __all__ = ["DDL", "SQLiteSessionStore", "sqlite_store"]
 
@@ -243,6 +244,11 @@ class SQLiteSessionStore(BaseSessionStore):
         with self._use():
             rows = self._conn.execute(sql, params).fetchall()
         return SessionListing.from_rows(rows)
+
+    def _running(self, limit: int) -> builtins.list[RunningSession]:
+        with self._use():
+            rows = self._conn.execute(RUNNING_QUERY.format(mark="?"), (limit,)).fetchall()
+        return [RunningSession(*row) for row in rows]
 
     def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
         # No ORDER BY: with one, the planner walks the app's rows in primary-key order instead of the index.
