@@ -88,7 +88,8 @@ TABLE_ACCESS: Mapping[str, TableAccess] = MappingProxyType(
         "resume": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
         # repair_pending finds stale markers through the pending-marker index; running_sessions finds the turns
         # whose runner may have died through the running index
-        "sweeper": TableAccess(SESSION_ACTIONS, (IDS_INDEX, PENDING_INDEX, RUNNING_INDEX)),
+        # and the running-sessions index, whose meta items it reads back by BatchGetItem
+        "sweeper": TableAccess((*SESSION_ACTIONS, "dynamodb:BatchGetItem"), (IDS_INDEX, PENDING_INDEX, RUNNING_INDEX)),
     }
 )
 """Function -> its table access. ``IDS_INDEX`` (the event-id index) is read by every commit that may re-send an

@@ -172,11 +172,10 @@ def test_a_sixty_second_turn_completes_through_dormant_serve(store_url: str, tmp
     assert "Traceback" not in server.output()
 
 
-def test_dormant_serve_hands_on_a_turn_whose_runner_died(tmp_path: Path) -> None:
+def test_dormant_serve_hands_on_a_turn_whose_runner_died(store_url: str, tmp_path: Path) -> None:
     """A turn claimed ten minutes ago by a runner that died before its first step: ``dormant serve``'s sweeper
-    (``--sweep-every``) finds its deadline passed and runs it to its end. On SQLite: the sweeper finds overdue
-    turns through each tenant's listing, which DynamoDB cannot enumerate without a scan (docs/decisions.md)."""
-    store_url = f"sqlite:///{tmp_path / 'orphan.db'}"
+    (``--sweep-every``) finds it among the store's running sessions (an index on DynamoDB), sees its deadline
+    passed and runs it to its end."""
     import json
     import urllib.request
 

@@ -34,7 +34,7 @@ from ..clock import now_ms
 from ..errors import ClaimLost, DormantError, InputError, TurnNotClaimed
 from ..events import InvocationEndEvent
 from ..session import Session
-from ..stores.base import ScopedStateChange
+from ..stores.base import BaseSessionStore, ScopedStateChange
 from .hooks import Hooks, Started
 from .runtime import Served, for_tenant, purge_tenants, served_from_env, tenant_views
 from .turns import RUNNER_TURN_MS, AdvanceOutcome, Claim, claim_turn, resume_turn, run_to_end
@@ -274,14 +274,14 @@ def running_turns(app: App) -> Iterator[tuple[App, str]]:
     """``(view, session id)`` for each session of ``app`` and of its tenants whose stored status is ``running``.
 
     From the store's cross-app list of running sessions (``running_sessions``: an index on DynamoDB, a query on
-    the SQL stores), else, for a store without one, from each tenant's listing (``tenant_views``)."""
-    running: Callable[[], list[Any]] | None = getattr(app.store, "running_sessions", None)
-    if running is None:
+    the SQL stores, oldest first), else, for a store of the user's own, from each tenant's listing."""
+    store = app.store
+    if not isinstance(store, BaseSessionStore):  # a store of the user's own: each tenant's listing
         for view in tenant_views(app) or []:
             yield from ((view, listing.id) for listing in view.sessions.every() if listing.status == "running")
         return
     views: dict[str, App] = {app.name: app}
-    for row in running():
+    for row in store.running_sessions():
         name = str(row.app_name)
         tenant = name.removeprefix(f"{app.name}@")
         if name not in views:
