@@ -1,13 +1,13 @@
-# The two commands the README starts with: `make demo` and `make test`. Both build .venv first:
-# `make demo` with dormant alone (pydantic is its one dependency), `make test` with every extra and
-# the dev tools.
+# The commands the README starts with: `make demo`, `make serve` and `make test`. Each builds .venv first:
+# `make demo` with dormant alone (pydantic is its one dependency), `make serve` adds the lambda extra
+# (`dormant serve` runs the Lambda handlers), `make test` every extra and the dev tools.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 EXTRAS ?= dev,postgres,dynamodb,openai,bedrock,lambda,infra
 
-.PHONY: setup demo test lint typecheck pytest bench clean dynamodb-local invoke screenshots
+.PHONY: setup demo serve test lint typecheck pytest bench clean dynamodb-local invoke screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -16,14 +16,23 @@ $(VENV)/.demo: pyproject.toml | $(PY)
 	$(PIP) -e .
 	touch $@
 
+$(VENV)/.serve: pyproject.toml | $(PY)
+	$(PIP) -e '.[lambda]'
+	touch $@ $(VENV)/.demo
+
 $(VENV)/.installed: pyproject.toml | $(PY)
 	$(PIP) -e '.[$(EXTRAS)]'
-	touch $@ $(VENV)/.demo
+	touch $@ $(VENV)/.demo $(VENV)/.serve
 
 setup: $(VENV)/.installed
 
 demo: $(VENV)/.demo
 	$(VENV)/bin/bookings demo
+
+# The HTTP API and the session inspector on http://127.0.0.1:8000/, on data/dormant.db (SERVE_ARGS: more
+# options, e.g. SERVE_ARGS='--port 8001'); Ctrl-C stops it.
+serve: $(VENV)/.serve
+	$(VENV)/bin/dormant serve $(SERVE_ARGS)
 
 test: lint typecheck pytest
 
@@ -48,9 +57,11 @@ bench: setup
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
-# Run one Lambda handler on one sample event, here: make invoke FUNCTION=sessions EVENT=events/api/list_sessions.json
+# The Lambda handlers on the sample events of events/, here (on DORMANT_STORE, default data/dormant.db):
+# `make invoke` runs every one in order, on fresh sessions, each given the ids earlier answers made;
+# `make invoke FUNCTION=sessions EVENT=events/api/list_sessions.json` runs one handler on one event.
 invoke: setup
-	$(PY) functions/invoke.py $(FUNCTION) $(EVENT)
+	$(PY) functions/invoke.py $(if $(FUNCTION),$(FUNCTION) $(EVENT),--all)
 
 # The README's screenshots of the session inspector, taken by its browser test from a real page.
 screenshots: setup

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from dormant.serving.routes import ROUTES
-from dormant.stores.dynamodb import IDS_INDEX, LISTING_INDEX, PENDING_INDEX
+from dormant.stores.dynamodb import IDS_INDEX, LISTING_INDEX, PENDING_INDEX, RUNNING_INDEX
 
 # -- environment ----------------------------------------------------------------------------------
 
@@ -47,8 +47,8 @@ ENVIRONMENT: Mapping[str, frozenset[str]] = MappingProxyType(
         # answers its own task token (park) or runs in the execution (resume): no ARN needed
         "park": COMMON_ENVIRONMENT,
         "resume": COMMON_ENVIRONMENT,
-        # repairs, purges, hands on overdue turns in the process (on the stores that list their apps): no ARN
-        "sweeper": COMMON_ENVIRONMENT,
+        # repairs, purges, and hands a turn whose runner died to a fresh execution
+        "sweeper": COMMON_ENVIRONMENT | {STATE_MACHINE},
     }
 )
 """Function -> the names of its environment variables (the values are the stack's)."""
@@ -86,12 +86,15 @@ TABLE_ACCESS: Mapping[str, TableAccess] = MappingProxyType(
         "commit": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
         "park": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
         "resume": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
-        # repair_pending finds stale markers through the pending-marker index
-        "sweeper": TableAccess(SESSION_ACTIONS, (IDS_INDEX, PENDING_INDEX)),
+        # repair_pending finds stale markers through the pending-marker index; running_sessions finds the turns
+        # whose runner may have died through the running index
+        # and the running-sessions index, whose meta items it reads back by BatchGetItem
+        "sweeper": TableAccess((*SESSION_ACTIONS, "dynamodb:BatchGetItem"), (IDS_INDEX, PENDING_INDEX, RUNNING_INDEX)),
     }
 )
 """Function -> its table access. ``IDS_INDEX`` (the event-id index) is read by every commit that may re-send an
-event; only the session listing reads ``LISTING_INDEX``, and only the sweeper ``PENDING_INDEX``."""
+event; only the session listing reads ``LISTING_INDEX``, and only the sweeper ``PENDING_INDEX`` and
+``RUNNING_INDEX``."""
 
 # -- Step Functions -------------------------------------------------------------------------------
 
@@ -99,6 +102,7 @@ MACHINE = "machine"
 STATES_ACCESS: Mapping[str, Mapping[str, str]] = MappingProxyType(
     {
         "run": {"states:StartExecution": MACHINE},
+        "sweeper": {"states:StartExecution": MACHINE},
         # A task token is authorized against the state machine whose execution issued it. Only success is sent:
         # a failure is the workflow's own (RecordFailure), never a token answered with an error.
         "tools": {"states:SendTaskSuccess": MACHINE},
@@ -106,7 +110,7 @@ STATES_ACCESS: Mapping[str, Mapping[str, str]] = MappingProxyType(
     }
 )
 """Function -> action -> what it acts on (the state machine, ``MACHINE``). Functions not named here make no Step
-Functions call: ``resume`` runs in the execution, and the sweeper hands turns on in its own process."""
+Functions call: ``resume`` runs in the execution."""
 
 
 def state_machine_name(stack_name: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,8 @@ class Synth:
         return next(iter(found.items()))
 
 
-def synthesize(outdir: Path) -> Synth:
+def synthesize(outdir: Path, context: Mapping[str, str] | None = None) -> Synth:
+    """The stack synthesized into ``outdir`` (``context``: CDK context values on top, e.g. ``app=``)."""
     import aws_cdk as cdk
     import cdk_nag
 
@@ -49,6 +51,7 @@ def synthesize(outdir: Path) -> Synth:
             # What the cdk CLI adds: construct paths (to find resources by name) and asset paths.
             "aws:cdk:enable-path-metadata": True,
             "aws:cdk:enable-asset-metadata": True,
+            **(context or {}),
         },
     )
     DormantStack(app, STACK, env=cdk.Environment(account="123456789012", region="eu-west-1"))

@@ -13,9 +13,11 @@ import pytest
 from dormant.errors import DormantError
 from dormant.events import Event
 from dormant.stores.base import (
+    RUNNING_STATUS,
     CommitResult,
     PreparedCommit,
     Refused,
+    RunningSession,
     ScopedStateChange,
     SessionListing,
     StoredSession,
@@ -130,6 +132,45 @@ class IgnoresLimits(MemorySessionStore):
             del self.limits
 
 
+class RemembersEveryRun(MemorySessionStore):
+    """An index of running sessions that is added to and never cleaned: an end or a delete leaves it there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ran: dict[tuple[str, str], int] = {}
+
+    def _write(self, commit: PreparedCommit) -> int | Refused:
+        appended = super()._write(commit)
+        if not isinstance(appended, Refused) and commit.row.status == RUNNING_STATUS:
+            self.ran[(commit.row.app_name, commit.row.id)] = commit.row.updated_at
+        return appended
+
+    def _running(self, limit: int) -> list[RunningSession]:
+        return sorted(RunningSession(app, sid, at) for (app, sid), at in self.ran.items())[:limit]
+
+
+class RunningOfOneApp(MemorySessionStore):
+    """Finds running sessions app by app, and stops after the first app."""
+
+    def _running(self, limit: int) -> list[RunningSession]:
+        found = super()._running(limit)
+        return [r for r in found if r.app_name == min(r.app_name for r in found)]
+
+
+class SavesTheStatusOfARefusedCommit(MemorySessionStore):
+    def _write(self, commit: PreparedCommit) -> int | Refused:
+        appended = super()._write(commit)
+        row = self._sessions.get((commit.row.app_name, commit.row.id))
+        if isinstance(appended, Refused) and row is not None:
+            row.meta = replace(row.meta, status=commit.row.status)
+        return appended
+
+
+class RunningNewestFirst(MemorySessionStore):
+    def _running(self, limit: int) -> list[RunningSession]:
+        return sorted(super()._running(10**9), key=lambda r: -r.updated_at)[:limit]
+
+
 def _calls(method: Callable[..., None]) -> list[dict[str, Any]]:
     """The keyword arguments of each case of a (possibly parametrized) test."""
     cases: list[dict[str, Any]] = [{}]
@@ -183,6 +224,7 @@ def test_the_suite_passes_a_correct_store() -> None:
 
 
 LEDGER_PROPERTY = "test_any_sequence_of_commits_matches_a_reference_ledger"
+RUNNING = "test_running_sessions_are_the_running_ones_of_every_app"
 
 
 @pytest.mark.parametrize(
@@ -201,6 +243,10 @@ LEDGER_PROPERTY = "test_any_sequence_of_commits_matches_a_reference_ledger"
         (IgnoresAfter, {"test_load_after_a_version_returns_only_the_later_events"}),
         (UpdatedAtFollowsTheClock, {"test_updated_at_never_goes_backwards"}),
         (OverwritesForkFields, {"test_fork_fields_are_kept_from_creation"}),
+        (RemembersEveryRun, {RUNNING}),
+        (RunningOfOneApp, {RUNNING}),
+        (SavesTheStatusOfARefusedCommit, {RUNNING}),
+        (RunningNewestFirst, {RUNNING}),
         (
             IgnoresLimits,
             {

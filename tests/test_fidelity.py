@@ -786,6 +786,42 @@ def test_the_sweeper_repairs_a_commit_a_dead_writer_left_pending(
     assert {"dynamodb:Query", "dynamodb:UpdateItem"} <= {c.action for c in d.calls("sweeper")}
 
 
+@pytest.mark.backend("dynamodb")
+def test_the_sweeper_hands_a_turn_whose_runner_died_to_a_fresh_execution(
+    deployment: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn claimed ten minutes ago whose runner and execution are both gone (an operator stopped it, say):
+    the sweeper finds it through the table's running-sessions index and starts an execution, whose Run takes
+    the invocation over and completes it."""
+    from dormant.clock import now_ms, use_clock
+    from dormant.serving.runtime import for_tenant
+    from dormant.serving.turns import claim_turn
+    from dormant.stores.url import store_from_url
+    from tests.fidelity.fidelity_app import build
+    from tests.servers.dynamodb import ACCESS_KEY, REGION
+
+    d, sid = deployment, fresh("orphan")
+    create(d, sid)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
+    store = store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}")
+    fidelity = build(store)
+    view = for_tenant(fidelity.app, TENANT)
+    ten_minutes_ago = now_ms() - 600_000
+    with use_clock(lambda: ten_minutes_ago):
+        claim_turn(view, fidelity.agent, sid, "steps=2 signoffs=0", deadline=ten_minutes_ago + 60_000)
+    store.close()
+    assert show(d, sid)["status"] == "running" and not d.executions_of(TENANT, sid)
+    event = json.loads((Path(__file__).resolve().parents[1] / "events/schedule/sweeper.json").read_text())
+    ok, result = d.invoke("sweeper", event)
+    assert ok, (result, evidence(d))
+    assert [line for line in result["turns"] if sid in line and "handed on (execution" in line], result
+    d.settle()
+    assert show(d, sid)["status"] == "completed", evidence(d)
+    (execution,) = chain(d, sid)
+    assert execution.states[0] == "Run" and execution.states[-1] == "Done", execution.states
+
+
 REACHED_RARELY = {
     # A commit that meets a stale marker repairs it (rolls back: DeleteItem, BatchWriteItem; reads the meta and
     # the touch: GetItem; writes bindings and touches in a finish transaction: PutItem), and a commit that

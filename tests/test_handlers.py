@@ -900,9 +900,9 @@ def test_each_function_module_serves_its_sample_event(
     served_from_env.cache_clear()
     try:
         statuses = []
-        # run is wired to Step Functions, explicitly: without the ARN its template gives it, it does not load
-        with pytest.raises(KeyError, match="DORMANT_STATE_MACHINE"):
-            invoke.main(["run", str(EVENTS / "api/run.json")])
+        # run is wired to Step Functions, explicitly: without the ARN its template gives it, invoke says so
+        assert invoke.main(["run", str(EVENTS / "api/run.json")]) == 2
+        assert "needs DORMANT_STATE_MACHINE" in capsys.readouterr().err
         for function, event in [
             ("sessions", "api/create_session.json"),
             ("commit", "api/commit.json"),
@@ -914,8 +914,8 @@ def test_each_function_module_serves_its_sample_event(
             statuses.append(last_json(capsys.readouterr().out)["statusCode"])
         # tools names no call the sample session waits on: UnknownCallId, 409 (as POST /commit answers it)
         assert statuses == [201, 200, 409, 204, 200]
-        assert invoke.main(["sweeper", str(EVENTS / "schedule/sweeper.json")]) == 0
-        assert last_json(capsys.readouterr().out) == {"repaired": 0, "sessions": [], "purged": [], "turns": []}
+        assert invoke.main(["sweeper", str(EVENTS / "schedule/sweeper.json")]) == 2  # wired to Step Functions too
+        assert "needs DORMANT_STATE_MACHINE" in capsys.readouterr().err
     finally:
         served_from_env.cache_clear()
 
@@ -1063,3 +1063,17 @@ def test_a_function_module_imports_only_what_its_cold_path_needs(name: str) -> N
     excluded = COLD_PATH_EXCLUDES | (WORKFLOW_EXCLUDES if name in {"park", "resume", "sweeper"} else set())
     assert "dormant.serving" in loaded  # it did load the handler's own code
     assert sorted(m for m in loaded if m in excluded or m.split(".")[0] in excluded) == []
+
+
+def test_state_set_while_calls_wait_starts_no_second_execution(aws: Any, served: Served) -> None:
+    """The execution parked on the waiting calls goes on waiting: a second one would park too, and the older
+    one's timeout would end a wait the newer one holds."""
+    client, fake, workflow = aws
+    create(client)
+    client.call("run", session_id="s-1", headers={"Prefer": ""})
+    (started,) = fake.started
+    act(workflow, "run", started)
+    status, ran = client.call("run", session_id="s-1", body={"state": {"refusal": "later"}}, headers={"Prefer": ""})
+    assert status == 200 and ran["status"] == "yielded_tool", ran  # nothing to run: answered at once
+    assert len(fake.started) == 1
+    assert client.call("get_session", session_id="s-1")[1]["status"] == "awaiting_input"

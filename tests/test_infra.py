@@ -96,7 +96,7 @@ def test_the_table_is_built_from_the_store_table_shape(synth: Synth) -> None:
     assert _by_name(props["AttributeDefinitions"]) == _by_name(wanted["AttributeDefinitions"])
     assert _indexes(props["GlobalSecondaryIndexes"]) == _indexes(wanted["GlobalSecondaryIndexes"])
     assert _indexes(props.get("LocalSecondaryIndexes", [])) == _indexes(wanted.get("LocalSecondaryIndexes", []))
-    assert {"listing", "pending"} <= set(_indexes(props["GlobalSecondaryIndexes"]))  # both GSIs
+    assert {"listing", "pending", "running"} <= set(_indexes(props["GlobalSecondaryIndexes"]))  # every GSI
     assert props["BillingMode"] == wanted["BillingMode"] == "PAY_PER_REQUEST"
     assert props["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
     assert props["TimeToLiveSpecification"] == {"AttributeName": TABLE.ttl_attribute, "Enabled": True}
@@ -147,7 +147,7 @@ CONTRACT_ENV = {
     "commit": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE"},
     "park": COMMON_ENV,
     "resume": COMMON_ENV,
-    "sweeper": COMMON_ENV,
+    "sweeper": COMMON_ENV | {"DORMANT_STATE_MACHINE"},
 }
 
 
@@ -162,7 +162,7 @@ def test_each_function_gets_exactly_its_own_environment(synth: Synth, name: str)
 def test_the_state_machine_has_a_fixed_name_so_its_arn_needs_no_reference(synth: Synth) -> None:
     machine_id, machine = synth.one("AWS::StepFunctions::StateMachine")
     assert machine["Properties"]["StateMachineName"] == f"{STACK}-sessions"
-    for name in ("run",):
+    for name in ("run", "sweeper"):
         _, fn = function_of(synth, name)
         value = fn["Properties"]["Environment"]["Variables"]["DORMANT_STATE_MACHINE"]
         assert machine_id not in json.dumps(value)  # written, not referenced: no dependency on the machine
@@ -383,6 +383,7 @@ def test_each_function_may_touch_only_its_logs_this_table_and_this_state_machine
 # state machine whose execution issued it; DescribeExecution against the execution).
 CONTRACT_STATES = {
     "run": {"states:StartExecution": "machine"},
+    "sweeper": {"states:StartExecution": "machine"},
     "tools": {"states:SendTaskSuccess": "machine"},
     "park": {"states:SendTaskSuccess": "machine"},
 }

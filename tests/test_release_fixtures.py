@@ -20,6 +20,7 @@ from release_fixtures import APP, DONE, FIXTURES, USER, WAITING, fixture_app
 
 from dormant.audit import key_history
 from dormant.events import StateChangeEvent, ToolResultEvent
+from dormant.stores.sql_schema import RUNNING_QUERY
 from dormant.stores.sqlite import sqlite_store
 
 RELEASES = sorted(path.name for path in FIXTURES.iterdir() if (path / "generate.py").exists())
@@ -77,6 +78,28 @@ def test_a_stored_sqlite_file_loads_resumes_and_commits(release: str, tmp_path: 
         store.close()
 
 
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_sqlite_file_made_before_the_running_index_gets_it_whole(release: str, tmp_path: Path) -> None:
+    """A session the old release left running (its runner died before the upgrade) is what the sweeper most
+    needs to find: opening the file builds the running index from the rows, and the query reads it."""
+    import sqlite3
+
+    path = tmp_path / "sessions.sqlite"
+    shutil.copyfile(FIXTURES / release / "sessions.sqlite", path)
+    raw = sqlite3.connect(path)
+    with raw:
+        assert not raw.execute("SELECT name FROM sqlite_master WHERE name = 'idx_sessions_running'").fetchall()
+        raw.execute("UPDATE sessions SET status = 'running' WHERE id = ?", (WAITING,))
+    raw.close()
+    store = sqlite_store(path, create=False)
+    try:
+        assert [(r.app_name, r.session_id) for r in store.running_sessions()] == [(APP, WAITING)]
+        plan = store._conn.execute("EXPLAIN QUERY PLAN " + RUNNING_QUERY.format(mark="?"), (10,)).fetchall()
+        assert "idx_sessions_running" in str(plan)
+    finally:
+        store.close()
+
+
 @pytest.fixture
 def postgres_schema(postgres_url: str) -> Iterator[str]:
     """A URL on a new, empty schema, dropped afterwards."""
@@ -108,6 +131,35 @@ def test_a_postgres_dump_restores_resumes_and_commits(release: str, postgres_sch
             for statement in statements:
                 conn.execute(statement.encode())
         check_resumes(store)
+    finally:
+        store.close()
+
+
+@pytest.mark.backend("postgres")
+def test_a_postgres_schema_made_before_the_running_index_gets_it_whole(postgres_schema: str) -> None:
+    """Tables made by a release without the running index, holding a running session: the next store to
+    open them makes the index, over the rows already there."""
+    import psycopg
+
+    from dormant.stores.postgres import postgres_store
+
+    store = postgres_store(postgres_schema)
+    store.list(APP)  # the tables, as this release makes them; then back to a release without the index
+    store.close()
+    with psycopg.connect(postgres_schema, autocommit=True) as conn:
+        conn.execute("DROP INDEX idx_sessions_running")
+        conn.execute(
+            "INSERT INTO sessions (app_name, id, version, status, created_at, updated_at)"
+            " VALUES (%s, 's-died', 1, 'running', 1, 1), (%s, 's-idle', 1, 'idle', 1, 1)",
+            (APP, APP),
+        )
+    store = postgres_store(postgres_schema)
+    try:
+        assert [(r.app_name, r.session_id, r.updated_at) for r in store.running_sessions()] == [(APP, "s-died", 1)]
+        with psycopg.connect(postgres_schema, autocommit=True) as conn:
+            conn.execute("SET enable_seqscan = off")  # a handful of rows: make the planner show it can use it
+            plan = conn.execute("EXPLAIN " + RUNNING_QUERY.format(mark="10")).fetchall()
+        assert "idx_sessions_running" in str(plan)
     finally:
         store.close()
 

@@ -384,7 +384,7 @@ def test_create_table_builds_the_shape_once(ddb: Any) -> None:
     assert create_table(name, client=ddb) is False
     described = ddb.describe_table(TableName=name)["Table"]
     request = TABLE.create_table_request(name)
-    assert {i["IndexName"] for i in described["GlobalSecondaryIndexes"]} == {"listing", "pending"}
+    assert {i["IndexName"] for i in described["GlobalSecondaryIndexes"]} == {"listing", "pending", "running"}
     assert [i["IndexName"] for i in described["LocalSecondaryIndexes"]] == ["ids"]
     assert described["KeySchema"] == request["KeySchema"]
     ttl = ddb.describe_time_to_live(TableName=name)["TimeToLiveDescription"]
@@ -544,6 +544,86 @@ def test_an_old_marker_still_needs_its_touch_to_roll_forward(ddb: Any, dynamodb_
         (report,) = store.repair_pending(older_than_s=0)
         assert (report.action, report.items_found, report.items_expected) == ("rolled_back", 24, 24)
         assert [(s.id, s.version) for s in store.list(app)] == [("s-1", 1)]
+
+
+# -- the running index: what the sweeper reads, written only on a change of status into or out of running --
+
+
+def _running_entry(ddb: Any, table: str, app: str, sid: str) -> str | None:
+    key = {"pk": {"S": session_pk(app, sid)}, "sk": {"S": "#M"}}
+    item = ddb.get_item(TableName=table, Key=key, ConsistentRead=True)
+    return item.get("Item", {}).get("rpk", {}).get("S")
+
+
+def test_the_running_index_is_written_only_when_a_session_goes_into_or_out_of_running(
+    ddb: Any, dynamodb_table: str, app: str
+) -> None:
+    """A session's running entry is put by the commit that makes it ``running`` and deleted by the one that
+    ends that: the commits in between (a new ``updated_at``, new events) write no index entry. And no call
+    is added: a 5-event commit stays a gate, one batch and a finish."""
+    store = dynamo_store(dynamodb_table, client=ddb)
+    units, faults = _Units(ddb), Faults(ddb)
+    statuses = ["idle", "running", "running", "running", "completed", "completed", "running"]
+    expected_units = [0, 1, 0, 0, 1, 0, 1]
+    with frozen_clock(1_800_000_000_000) as clock:
+        for version, (status, cost) in enumerate(zip(statuses, expected_units, strict=True)):
+            faults.calls.clear()
+            assert store.commit(_meta(app, status=status), [_event(f"{version}-{n}") for n in range(5)], version).ok
+            assert units.take("running") == cost, (version, status)
+            assert dict(faults.calls) == {"UpdateItem": 2, "BatchWriteItem": 1}  # gate, batch, finish
+            clock.advance(1000)
+    assert _running_entry(ddb, dynamodb_table, app, "s-1") is not None
+    assert [(r.session_id, r.updated_at) for r in store.running_sessions() if r.app_name == app] == [
+        ("s-1", 1_800_000_006_000)
+    ]
+
+
+def test_a_repair_carries_the_running_entry_with_the_status(ddb: Any, dynamodb_table: str, app: str) -> None:
+    """A writer that died after its events: rolled forward, the running status lands with its entry; one that
+    died before them: rolled back, the status (and the entry) stay as they were."""
+    store = dynamo_store(dynamodb_table, client=ddb)
+    with frozen_clock(1_800_000_000_000) as clock:
+        assert store.commit(_meta(app, "s-fwd", status="idle"), [_event(1)], 0).ok
+        assert store.commit(_meta(app, "s-back", status="running"), [_event(1)], 0).ok
+        clock.advance(1000)
+        dying = local_client(ddb.meta.endpoint_url)
+        Faults(dying).die("UpdateItem", nth=2)  # the finish, after the events and the touch
+        with pytest.raises(Died):
+            dynamo_store(dynamodb_table, client=dying).commit(_meta(app, "s-fwd", status="running"), [_event(2)], 1)
+        Faults(dying).die("BatchWriteItem", nth=1)  # the events: nothing of the commit but its gate
+        with pytest.raises(Died):
+            dynamo_store(dynamodb_table, client=dying).commit(_meta(app, "s-back", status="completed"), [_event(2)], 1)
+        dying.close()
+        assert _running_entry(ddb, dynamodb_table, app, "s-fwd") is None
+        assert [r.session_id for r in store.running_sessions() if r.app_name == app] == ["s-back"]
+        reports = {r.session_id: r.action for r in store.repair_pending(older_than_s=0) if r.app_name == app}
+        assert reports == {"s-fwd": "rolled_forward", "s-back": "rolled_back"}
+        assert [r.session_id for r in store.running_sessions() if r.app_name == app] == ["s-back", "s-fwd"]
+        assert _running_entry(ddb, dynamodb_table, app, "s-fwd") is not None
+
+
+def test_running_sessions_skip_an_expired_session_and_an_entry_the_index_still_holds(
+    ddb: Any, dynamodb_table: str, app: str
+) -> None:
+    """The index still holds an expired session's entry until AWS's TTL deletes its meta item, and on AWS it
+    lags the table (an entry outlives the commit that ended the run for a moment): neither is listed, as the
+    meta item decides."""
+    store = dynamo_store(dynamodb_table, client=ddb)
+    hour = 3_600_000
+    assert store.commit(_meta(app, "s-ended", status="completed"), [_event(1)], 0).ok
+    ddb.update_item(  # what a lagging index shows: the entry of the session's running days
+        TableName=dynamodb_table,
+        Key={"pk": {"S": session_pk(app, "s-ended")}, "sk": {"S": "#M"}},
+        UpdateExpression="SET rpk = :r",
+        ExpressionAttributeValues={":r": {"S": "R#0"}},
+    )
+    with frozen_clock(1_800_000_000_000) as clock:
+        assert store.commit(_meta(app, "s-old", status="running", retention_ms=hour), [_event(1)], 0).ok
+        assert store.commit(_meta(app, "s-live", status="running"), [_event(1)], 0).ok
+        running = [r.session_id for r in store.running_sessions() if r.app_name == app]
+        assert running == ["s-live", "s-old"]  # the same updated_at: by id
+        clock.advance(hour + 1000)
+        assert [r.session_id for r in store.running_sessions() if r.app_name == app] == ["s-live"]
 
 
 # -- calls per commit: 2 + ceil(events / 25), whatever the count -------------------------------------

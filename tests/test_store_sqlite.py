@@ -244,3 +244,46 @@ def test_tables_of_another_shape_are_refused_not_mixed_with(tmp_path: Path) -> N
 def test_a_bad_synchronous_setting_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError):
         sqlite_store(tmp_path / "s.db", synchronous="SOMETIMES")  # type: ignore[arg-type]
+
+
+def test_writers_of_one_file_queue_on_its_lock_file_and_give_up_past_the_timeout(tmp_path: Path) -> None:
+    """Writers in other processes (here: another process's lock, held by a child) take turns on ``<db>-lock``
+    before SQLite's lock: a commit waits while it is held, lands once it is released, and is ``StoreBusy``
+    (nothing written) when it stays held past the store's timeout."""
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "queue.db"
+    store = sqlite_store(path, timeout=0.5)
+    store.commit(META, [UserEvent(id="e1", text="hi")], 0)
+    assert (tmp_path / "queue.db-lock").exists()
+    hold = (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\n"
+        "time.sleep(float(sys.argv[2]))\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", hold, str(tmp_path / "queue.db-lock"), "5"], stdout=subprocess.PIPE, text=True
+    ) as holder:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(StoreBusy, match="write lock"):
+            store.commit(META, [UserEvent(id="e2", text="blocked")], 1)
+        holder.kill()
+    loaded = store.load("app", "s-1")
+    assert loaded is not None and [e.id for e in loaded.events] == ["e1"]  # the refused commit wrote nothing
+
+    with subprocess.Popen(
+        [sys.executable, "-c", hold, str(tmp_path / "queue.db-lock"), "0.3"], stdout=subprocess.PIPE, text=True
+    ) as holder:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        store.close()
+        store = sqlite_store(path, timeout=10)
+        store.commit(META, [UserEvent(id="e2", text="after")], 1)  # waits for the holder, then lands
+        assert holder.wait(10) == 0 and time.monotonic() - started >= 0.1
+    loaded = store.load("app", "s-1")
+    assert loaded is not None and [e.id for e in loaded.events] == ["e1", "e2"]
+    store.close()

@@ -135,3 +135,81 @@ def test_a_runner_near_its_deadline_hands_on_and_the_next_goes_on_without_rerunn
     resumes = [e for e in final.events if isinstance(e, InvocationResumeEvent)]
     assert len(resumes) == 2 and all(e.deadline for e in resumes)  # each runner recorded its own deadline
     app.close()
+
+
+@pytest.mark.slow
+def test_a_sixty_second_turn_completes_through_dormant_serve(store_url: str, tmp_path: Path) -> None:
+    """The scripted model takes 60 s (past API Gateway's 29 s): the run answers 202 at once, the session shows
+    ``running`` while the turn goes on in the server, then ``completed``."""
+    import json
+    import urllib.request
+
+    from tests.servers.serve import dormant_serve
+
+    apps = ROOT / "tests" / "fidelity"
+    env = {"PYTHONPATH": os.pathsep.join([str(apps), str(ROOT), *sys.path])}
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+
+    def call(url: str, method: str = "GET", body: object = None) -> tuple[int, dict[str, object]]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+
+    with dormant_serve("--store", store_url, "--app", "fidelity_app:build", "--quiet", env=env, cwd=tmp_path) as server:
+        assert call(f"{server.url}/sessions", "POST", {"session_id": "slow"})[0] == 201
+        started = time.monotonic()
+        status, accepted = call(f"{server.url}/sessions/slow/runs", "POST", {"message": "sleep=60 signoffs=0"})
+        assert (status, accepted["status"]) == (202, "running") and time.monotonic() - started < 29
+        assert call(f"{server.url}/sessions/slow")[1]["status"] == "running"
+        deadline = time.monotonic() + 150
+        while (shown := call(f"{server.url}/sessions/slow")[1])["status"] == "running":
+            assert time.monotonic() < deadline, shown
+            time.sleep(1)
+        assert shown["status"] == "completed" and time.monotonic() - started >= 60, shown
+    assert "Traceback" not in server.output()
+
+
+def test_dormant_serve_hands_on_a_turn_whose_runner_died(store_url: str, tmp_path: Path) -> None:
+    """A turn claimed ten minutes ago by a runner that died before its first step: ``dormant serve``'s sweeper
+    (``--sweep-every``) finds it among the store's running sessions (an index on DynamoDB), sees its deadline
+    passed and runs it to its end."""
+    import json
+    import urllib.request
+
+    from tests.servers.serve import dormant_serve
+
+    apps = ROOT / "tests" / "fidelity"
+    sys.path.insert(0, str(apps))
+    try:
+        from fidelity_app import build as build_fidelity  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(apps))
+    store = store_from_url(store_url)
+    fidelity = build_fidelity(store)
+    view = Served(fidelity.app, {fidelity.agent.name: fidelity.agent}).for_tenant("local")
+    ten_minutes_ago = now_ms() - 600_000
+    with use_clock(lambda: ten_minutes_ago):
+        session = view.sessions.create("orphan")
+        claim = claim_turn(view, fidelity.agent, session, "steps=2 signoffs=0", deadline=ten_minutes_ago + 60_000)
+    assert claim.invocation_id is not None and view.sessions.require("orphan").status == "running"
+    store.close()  # the runner dies: nothing ever runs the claim
+
+    env = {"PYTHONPATH": os.pathsep.join([str(apps), str(ROOT), *sys.path])}
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    args = ("--store", store_url, "--app", "fidelity_app:build", "--sweep-every", "0.2", "--quiet")
+    with dormant_serve(*args, env=env, cwd=tmp_path) as server:
+        deadline = time.monotonic() + 60
+        while True:
+            with urllib.request.urlopen(f"{server.url}/sessions/orphan", timeout=30) as response:
+                shown = json.loads(response.read())
+            if shown["status"] != "running":
+                break
+            assert time.monotonic() < deadline, shown
+            time.sleep(0.1)
+    assert shown["status"] == "completed", shown
+    assert "handed on (completed)" in server.output()

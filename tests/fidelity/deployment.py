@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 import re
 import shutil
 import time
@@ -30,27 +29,10 @@ MAX_REQUEST_BYTES = 10 * 1024 * 1024
 
 
 def synthesize(outdir: Path, context: dict[str, str]) -> dict[str, Any]:
-    """The stack's template, as ``tests.cdk_template.synthesize`` builds it, with extra CDK context."""
-    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
-    import aws_cdk as cdk
-    import cdk_nag
+    """The stack's template, as the template tests build it (CDK validation and cdk-nag), with extra context."""
+    from tests.cdk_template import synthesize as synthesized
 
-    from infra.stack import DormantStack
-
-    app = cdk.App(
-        outdir=str(outdir),
-        context={
-            "aws:cdk:bundling-stacks": [],
-            "@aws-cdk/core:validateAgainstDefaultRules": True,
-            "aws:cdk:enable-path-metadata": True,
-            "aws:cdk:enable-asset-metadata": True,
-            **context,
-        },
-    )
-    DormantStack(app, STACK, env=cdk.Environment(account=ACCOUNT, region=REGION))
-    cdk.Validations.of(app).add_plugins(cdk_nag.AwsSolutionsChecks(app))
-    app.synth()
-    return json.loads((outdir / f"{STACK}.template.json").read_text())  # type: ignore[no-any-return]
+    return synthesized(outdir, context).template
 
 
 class Deployment:

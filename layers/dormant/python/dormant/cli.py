@@ -60,8 +60,9 @@ Identity is a development stand-in for the Cognito authorizer: the X-Dormant-Pri
 served (any other gets 403): nothing here authenticates anyone.
 
 Stores: sqlite:///relative.db, sqlite:////absolute.db, memory:, postgresql://...,
-dynamodb://table?endpoint=http://127.0.0.1:8001&region=us-east-1 (DynamoDB Local: the table is
-created if missing; AWS credentials come from the environment, any value works locally)."""
+dynamodb://table?endpoint=http://127.0.0.1:8001 (DynamoDB Local: the table is created if missing; the
+environment's AWS credentials and region are used, and dummy ones where it has none, for an endpoint on
+this machine only)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -172,9 +173,25 @@ def _purge(app: App, args: argparse.Namespace) -> dict[str, Any]:
     return {"purged": {name: ids for name, ids in purged.items() if ids}}
 
 
+_SERVE_NEEDS = ("aws_lambda_powertools", "aws_xray_sdk", "boto3", "botocore", "jmespath")
+"""What ``dormant serve`` imports beyond dormant's own dependencies: the ``lambda`` extra (it serves through
+the Lambda handlers). ``make demo`` installs dormant alone; ``make serve`` adds the extra."""
+
+
 def _serve(args: argparse.Namespace) -> int:
     from .errors import DormantError
-    from .serving.local import PRINCIPAL_HEADER, Handler, LocalServer, Workers, can_fork
+
+    try:
+        from .serving.local import PRINCIPAL_HEADER, Handler, LocalServer, Workers, can_fork
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in _SERVE_NEEDS:
+            raise  # not a missing extra: a bug, with its traceback
+        print(
+            f"dormant serve: needs the lambda extra ({exc.name} is not installed): run `make serve`, "
+            "or `pip install -e '.[lambda]'` in this checkout (`pip install 'dormant[lambda]'` elsewhere)",
+            file=sys.stderr,
+        )
+        return 2
 
     count = args.workers if args.workers is not None else DEFAULT_WORKERS
     if count < 1:

@@ -69,7 +69,7 @@ from ..stores.base import ScopedStateChange, SessionListing
 from .hooks import Hooks, Started
 from .routes import ROUTES
 from .runtime import Served, served_from_env
-from .turns import CLAIM_GRACE_MS, AdvanceOutcome, check_wait, claim_turn, run_to_end
+from .turns import CLAIM_GRACE_MS, AdvanceOutcome, claim_turn, run_to_end
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -297,7 +297,20 @@ def _yielded(app: App, session: Session) -> list[dict[str, Any]]:
 
 
 MAX_WAIT_SECONDS = 25
-"""The longest ``GET /sessions/{id}/events?wait=`` holds a request: under API Gateway's 29 s."""
+"""The longest a request holds (``GET /sessions/{id}/events?wait=``, ``Prefer: wait=``): under API Gateway's 29 s."""
+
+
+def check_wait(value: str | None, field: str) -> int:
+    """A ``wait=N`` query value or ``Prefer: wait=N``: 0 to ``MAX_WAIT_SECONDS``, digits 0-9 only."""
+    if value is None:
+        return 0
+    if not (value.isascii() and value.isdigit()) or int(value) > MAX_WAIT_SECONDS:
+        raise InputError(
+            f"{field} is a whole number of seconds from 0 to {MAX_WAIT_SECONDS}, not {value!r}", field=field
+        )
+    return int(value)
+
+
 MAX_EVENTS_PAGE_BYTES = 5 * 1024 * 1024
 """What one events page's events may take in the Lambda response (each as the JSON string the body is in it),
 safely under Lambda's 6 MB: a page always holds at least one event, and an event (at most 1 MiB stored) takes
@@ -485,9 +498,7 @@ def build_resolver(
         """A page of the ledger from event ``after``; with ``wait=S``, held up to S seconds until one lands."""
         after = query_int("after") or 0
         limit = query_limit(100)
-        wait = query_int("wait") or 0
-        if wait > MAX_WAIT_SECONDS:  # API Gateway gives up on the request at 29 s
-            raise InputError(f"wait is 0 to {MAX_WAIT_SECONDS} seconds, not {wait}", field="wait")
+        wait = check_wait(resolver.current_event.get_query_string_value("wait"), "wait")
         tenant_app = app()
         session = tenant_app.sessions.require(session_id)
         total = len(session.events)
@@ -553,8 +564,10 @@ def build_resolver(
         def work() -> dict[str, Any]:
             session = tenant_app.sessions.require(session_id)
             invocation_id = session.projection.open_invocation or new_id("inv_")
-            if hooks.before_claim is not None:
-                if session.status == "running" and not request.takeover:  # no execution for a claim that must fail
+            # No execution for a claim that must fail, nor for input that opens no invocation (state set while
+            # calls wait: the execution parked on them goes on waiting).
+            if hooks.before_claim is not None and session.status != "awaiting_input":
+                if session.status == "running" and not request.takeover:
                     raise _held(session)
                 hooks.before_claim(tenant(), session_id, invocation_id, session.version)
             claim = claim_turn(

@@ -27,16 +27,23 @@ as server-sent events: each event as it lands (``id:`` its index in the ledger, 
 worker: the server thread that holds the connection asks the API for the next events with plain requests,
 pausing between them, so each look takes a worker for a moment only.
 
+**HTTP.** Any method reaches the routes, as on API Gateway: one a path does not take (TRACE, PATCH, a made-up
+token) is a JSON 405 naming ``Allow``; what http.server refuses itself (a malformed request line, an over-long
+URI) is JSON too. A client that goes away mid-request or mid-response is one line on stderr (none with
+``log_requests`` off), not a traceback. The socket queues ``REQUEST_BACKLOG`` connections, so a burst of
+clients waits to be accepted instead of being dropped.
+
 **Pages** (the seam for the session inspector): any path that is not an API route goes to the
 ``pages`` given to ``LocalAPI``, in order: each is called with a ``PageRequest`` and returns a
-``Reply``, or ``None`` to pass it on; a path none takes is a 404. A page calls the API as its caller
-with ``request.call_api(...)``, so tenants and bad input behave as over HTTP.
+``Reply``, or ``None`` to pass it on; a path none takes is a 404 (a 405 if one takes it on GET). A page
+calls the API as its caller with ``request.call_api(...)``, so tenants and bad input behave as over HTTP.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import logging
@@ -47,6 +54,7 @@ import re
 import select
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -54,6 +62,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
@@ -83,6 +92,9 @@ PRINCIPAL_HEADER = "X-Dormant-Principal"
 MAX_REQUEST_BYTES = 10 * 1024 * 1024
 """API Gateway's payload limit: a larger body is refused unread (the handler's own limit is lower)."""
 _LAMBDA_TIMEOUT_MS = 29_000  # API Gateway's integration timeout
+REQUEST_BACKLOG = 1024
+"""Connections the listening socket queues before ``accept`` (``listen``'s backlog; the kernel may cap it, as
+Linux does at ``net.core.somaxconn``): socketserver's default of 5 refuses or stalls a burst of clients."""
 HEARTBEAT_SECONDS = 15.0
 """How often an idle server-sent events stream sends a comment, so proxies and clients know it lives."""
 _STREAM_PAGE = "100"  # events per look at the ledger, when the client names no limit
@@ -284,7 +296,20 @@ class LocalAPI:
                 return _refuse(500, "the page failed; the server's log says why")
             if reply is not None:
                 return reply
+        if method not in {"GET", "HEAD"} and self._page_serves(request):
+            return _not_allowed(method, split.path, "GET, HEAD")
         return _refuse(404, f"no route {split.path}")
+
+    def _page_serves(self, request: PageRequest) -> bool:
+        """Whether a page serves this path on GET (a request with another method then gets a 405, not a 404)."""
+        probe = dataclasses.replace(request, method="GET", body=b"")
+        for page in self.pages:
+            try:
+                if page(probe) is not None:
+                    return True
+            except Exception:  # the page's bug shows on its own GET; here the path is simply not served
+                return False
+        return False
 
     def call(
         self,
@@ -302,12 +327,7 @@ class LocalAPI:
             return _refuse(404, f"no route {split.path}")
         route = next((r for r in matched[0] if r.method == method.upper()), None)
         if route is None:
-            allowed = ", ".join(sorted({r.method for r in matched[0]}))
-            return Reply(
-                405,
-                json.dumps({"error": "MethodNotAllowed", "message": f"{method} {split.path}: use {allowed}"}).encode(),
-                {"Content-Type": "application/json", "Allow": allowed},
-            )
+            return _not_allowed(method, split.path, ", ".join(sorted({r.method for r in matched[0]})))
         pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
         forwarded = [(name, value) for name, value in pairs if name.lower() != PRINCIPAL_HEADER.lower()]
         request_id = str(uuid.uuid4())
@@ -379,6 +399,19 @@ def _reply(response: Mapping[str, Any]) -> Reply:
     return Reply(int(response["statusCode"]), body, headers)
 
 
+def _not_allowed(method: str, path: str, allowed: str) -> Reply:
+    """A 405 for a method the path does not take (any method: TRACE, PATCH, a made-up token), naming those it does."""
+    message = f"{method} {path}: use {allowed}"
+    return Reply(
+        405,
+        json.dumps({"error": "MethodNotAllowed", "message": message}).encode(),
+        {
+            "Content-Type": "application/json",
+            "Allow": allowed,
+        },
+    )
+
+
 def _refuse(status: int, message: str, field: str | None = None) -> Reply:
     kinds = {
         400: "InputError",
@@ -388,9 +421,16 @@ def _refuse(status: int, message: str, field: str | None = None) -> Reply:
         500: "InternalError",
         503: "ServiceUnavailable",
     }
-    kind = kinds.get(status, "Error")
+    kind = kinds.get(status) or _phrase(status).replace(" ", "").replace("-", "")
     payload = {"error": kind, "message": message, **({"field": field} if field else {})}
     return Reply.of_json(status, payload)
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
 
 
 class Handler(Protocol):
@@ -680,6 +720,24 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _serve  # noqa: N815 (http.server names)
 
+    def parse_request(self) -> bool:
+        """Any method token reaches the API, as on API Gateway: TRACE, CONNECT or a made-up one gets the route's
+        JSON 405 naming ``Allow`` (or the path's 404), never http.server's HTML 501."""
+        if not super().parse_request():
+            return False
+        name = f"do_{self.command}"
+        if not hasattr(self, name):
+            setattr(self, name, self._serve)
+        return True
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a malformed request line, an over-long URI or header line) in the API's
+        JSON, not its HTML page; the connection closes after them."""
+        self.log_error("code %d, message %s", code, message)
+        if self.request_version == "HTTP/0.9":  # a line too malformed to name a version: answer with a status line
+            self.request_version = self.protocol_version
+        self._write(_refuse(code, message or explain or _phrase(code)), close=True)
+
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.log_requests:
             super().log_message(format, *args)
@@ -691,6 +749,7 @@ class LocalServer(ThreadingHTTPServer):
 
     daemon_threads = False
     block_on_close = True
+    request_queue_size = REQUEST_BACKLOG
 
     def __init__(
         self,
@@ -714,6 +773,17 @@ class LocalServer(ThreadingHTTPServer):
         host, port = str(self.server_address[0]), self.server_address[1]
         shown = f"[{host}]" if ":" in host else host
         return f"http://{shown}:{port}"
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-request or mid-response (a reset, a broken pipe, a timeout) is one quiet
+        line, as a request is (none with ``log_requests`` off); anything else is a bug: its traceback."""
+        error = sys.exc_info()[1]
+        if not isinstance(error, ConnectionError | TimeoutError):
+            super().handle_error(request, client_address)
+            return
+        if self.log_requests:
+            host, port = (client_address[0], client_address[1]) if isinstance(client_address, tuple) else ("?", "?")
+            sys.stderr.write(f"dormant serve: client {host}:{port} went away ({type(error).__name__})\n")
 
     def get_request(self) -> tuple[socket.socket, Any]:
         connection, address = super().get_request()

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..clock import now_ms
-from ..errors import ClaimLost, InputError, VersionConflict
+from ..errors import ClaimLost, VersionConflict
 from ..events import InvocationResumeEvent, InvocationStartEvent
 from ..ids import new_id
 from ..projection import Output, YieldedTool
@@ -39,11 +39,9 @@ if TYPE_CHECKING:
 __all__ = [
     "CLAIM_GRACE_MS",
     "RUNNER_TURN_MS",
-    "MAX_WAIT_S",
     "STEP_RESERVE_MS",
     "AdvanceOutcome",
     "Claim",
-    "check_wait",
     "claim_turn",
     "resume_turn",
     "run_claimed",
@@ -55,8 +53,6 @@ RUNNER_TURN_MS = 2 * 60_000
 itself: the deadline it records, so a runner that died is found within minutes."""
 CLAIM_GRACE_MS = 5 * 60_000
 """The deadline a claim records: its runner must have taken the turn on by then (else the sweeper does)."""
-MAX_WAIT_S = 25
-"""The longest a request may hold for a turn or for new events: API Gateway stops a request at 29 s."""
 
 STEP_RESERVE_MS = 60_000
 """A runner takes no new step with less than this (or a fifth of its time, if less) left before its
@@ -265,12 +261,3 @@ def _claim(app: App, session: Session) -> int:
 
 def _as_run(session: Session) -> None:
     """A claim's or a step's change is what the run appended already (its input, its steps)."""
-
-
-def check_wait(value: str | None, field: str) -> int:
-    """A ``Prefer: wait=N`` or ``wait=N`` value: 0 to 25 seconds (API Gateway stops a request at 29 s)."""
-    if value is None:
-        return 0
-    if not (value.isascii() and value.isdigit()) or int(value) > MAX_WAIT_S:
-        raise InputError(f"{field} is a whole number of seconds from 0 to {MAX_WAIT_S}, not {value!r}", field=field)
-    return int(value)

@@ -24,8 +24,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..app import App
@@ -33,9 +34,9 @@ from ..clock import now_ms
 from ..errors import ClaimLost, DormantError, InputError, TurnNotClaimed
 from ..events import InvocationEndEvent
 from ..session import Session
-from ..stores.base import ScopedStateChange
+from ..stores.base import BaseSessionStore, ScopedStateChange
 from .hooks import Hooks, Started
-from .runtime import Served, purge_tenants, served_from_env, tenant_views
+from .runtime import Served, for_tenant, purge_tenants, served_from_env, tenant_views
 from .turns import RUNNER_TURN_MS, AdvanceOutcome, Claim, claim_turn, resume_turn, run_to_end
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "execution_name",
     "in_process_hooks",
     "step_functions_hooks",
+    "running_turns",
     "sweep_turns",
     "sweeper_handler",
     "workflow_handler",
@@ -183,14 +185,14 @@ class _Thread:
     def __init__(self, work: Callable[[], AdvanceOutcome | None]) -> None:
         self.outcome: AdvanceOutcome | None = None
         self._thread = threading.Thread(target=self._run, args=(work,), name="dormant-turn")
+        _LOCAL_TURNS.add(self._thread)  # before it starts: a turn that ends at once must not leave itself here
         self._thread.start()
-        _LOCAL_TURNS.add(self._thread)
 
     def _run(self, work: Callable[[], AdvanceOutcome | None]) -> None:
         try:
             self.outcome = work()
-        except DormantError:  # lost to another runner, or the store went away: the session says where it is
-            pass
+        except DormantError as exc:  # lost to another runner, or the store failed: the session says where it is
+            _logger.warning("dormant: a turn stopped: %s: %s", type(exc).__name__, exc)
         finally:
             _LOCAL_TURNS.discard(self._thread)
 
@@ -200,6 +202,7 @@ class _Thread:
 
 
 _LOCAL_TURNS: set[threading.Thread] = set()
+_logger = logging.getLogger("dormant.serving")
 
 
 def join_local_turns(timeout: float | None = None) -> None:
@@ -267,20 +270,37 @@ def workflow_handler(
     return handler
 
 
-def sweep_turns(served: Served, app: App, *, grace_ms: int = 60_000) -> list[str]:
-    """Hand on the turns whose runner is gone: a ``running`` session whose recorded deadline passed more than
-    ``grace_ms`` ago is taken over and run here (its committed steps kept, completed tools not re-run); one
-    whose agent this app no longer has is ended as an ``error``. Returns ``session@invocation: what`` lines.
+def running_turns(app: App) -> Iterator[tuple[App, str]]:
+    """``(view, session id)`` for each session of ``app`` and of its tenants whose stored status is ``running``.
 
-    It reads the listing of ``app`` (one tenant's view), so it serves the stores that list every app they hold
-    (SQLite, Postgres, memory). On AWS every claimed turn has a Step Functions execution responsible for it,
-    which retries and then records a failure; see docs/decisions.md."""
+    From the store's cross-app list of running sessions (``running_sessions``: an index on DynamoDB, a query on
+    the SQL stores, oldest first), else, for a store of the user's own, from each tenant's listing."""
+    store = app.store
+    if not isinstance(store, BaseSessionStore):  # a store of the user's own: each tenant's listing
+        for view in tenant_views(app) or []:
+            yield from ((view, listing.id) for listing in view.sessions.every() if listing.status == "running")
+        return
+    views: dict[str, App] = {app.name: app}
+    for row in store.running_sessions():
+        name = str(row.app_name)
+        tenant = name.removeprefix(f"{app.name}@")
+        if name not in views:
+            if tenant == name or not tenant or "@" in tenant:
+                continue  # another app's session, or not a tenant of this one
+            views[name] = for_tenant(app, tenant)
+        yield views[name], str(row.session_id)
+
+
+def sweep_turns(served: Served, app: App, *, machine: StepFunctions | None = None, grace_ms: int = 60_000) -> list[str]:
+    """Hand on the turns whose runner is gone, in ``app`` and every tenant of it: a ``running`` session whose
+    recorded deadline passed more than ``grace_ms`` ago. With ``machine`` (on AWS) a tenant's turn gets a fresh
+    Step Functions execution, whose ``Run`` takes the invocation over; otherwise it is run here. Either way its
+    committed steps are kept and completed tools are not run again. A turn whose agent the app no longer has is
+    ended as an ``error``. Returns ``session@invocation: what`` lines."""
     done: list[str] = []
     now = now_ms()
-    for listing in app.sessions.every():
-        if listing.status != "running":
-            continue
-        session = app.sessions.get(listing.id)
+    for view, session_id in running_turns(app):
+        session = view.sessions.get(session_id)
         if session is None or session.status != "running":
             continue
         invocation, deadline = session.projection.open_invocation, session.projection.deadline
@@ -289,27 +309,35 @@ def sweep_turns(served: Served, app: App, *, grace_ms: int = 60_000) -> list[str
         try:
             served.agent(session.current_agent_name)
         except InputError:
-            end_invocation(app, session.id, invocation, "its runner stopped and no agent can go on", "RunnerLost")
+            end_invocation(view, session.id, invocation, "its runner stopped and no agent can go on", "RunnerLost")
             done.append(f"{session.id}@{invocation}: ended")
             continue
+        tenant = view.name.removeprefix(f"{app.name}@") if view is not app else None
+        if machine is not None and tenant is not None:
+            name = machine.start(tenant, session.id, invocation, session.version)
+            done.append(f"{session.id}@{invocation}: handed on (execution {name})")
+            continue
         try:
-            outcome = resume_turn(app, served.agent, session.id, invocation, deadline=now_ms() + RUNNER_TURN_MS)
+            outcome = resume_turn(view, served.agent, session.id, invocation, deadline=now_ms() + RUNNER_TURN_MS)
         except ClaimLost:
             continue
         done.append(f"{session.id}@{invocation}: handed on ({outcome.status})")
     return done
 
 
-def sweeper_handler(served: Served | None = None) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+def sweeper_handler(
+    served: Served | None = None, step_functions: StepFunctions | None = None
+) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
     """The scheduled sweeper: repair commits a stopped writer left pending (stores that gate commits), purge
-    the sessions past the app's retention, and hand on turns whose runner is gone, in every tenant."""
+    the sessions past the app's retention, and hand on turns whose runner is gone, in every tenant (with
+    ``step_functions``, on AWS, to a fresh execution; else in this process)."""
 
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         chosen = served or served_from_env()
         app = chosen.app
         repair: Callable[[], list[Any]] | None = getattr(app.store, "repair_pending", None)
         reports = repair() if repair is not None else []
-        turns = [line for view in tenant_views(app) or [] for line in sweep_turns(chosen, view)]
+        turns = sweep_turns(chosen, app, machine=step_functions)
         return {
             "repaired": len(reports),
             "sessions": [f"{r.app_name}/{r.session_id}@{r.version}: {r.action}" for r in reports],

@@ -58,6 +58,7 @@ A store supplies only these primitives, each documented with the concurrency it 
 * ``_save_scoped(app, writes)``: scoped writes on their own, atomically;
 * ``_load_scoped(app, scope, scope_id)`` -> ``{key: encoded value}``;
 * ``_delete(app, session_id)``, ``_list(app, limit, after)`` and ``_close()``;
+* ``_running(limit)``: the sessions whose stored status is ``running``, across apps, from an index;
 * optionally ``_save_snapshot``/``_load_snapshot`` (the defaults keep none: loads are then whole).
 
 Then run ``StoreContract`` against it.
@@ -94,12 +95,14 @@ from ..state.values import check_storable
 __all__ = [
     "MAX_CURSOR_TIME",
     "MAX_SCOPED_KEY_BYTES",
+    "RUNNING_STATUS",
     "BaseSessionStore",
     "CommitResult",
     "EncodedEvent",
     "LoadedSession",
     "PreparedCommit",
     "Refused",
+    "RunningSession",
     "ScopedStateChange",
     "ScopedWrite",
     "SessionListing",
@@ -116,6 +119,8 @@ __all__ = [
 MAX_SCOPED_KEY_BYTES = 1024
 """A scoped key's length in UTF-8 bytes: DynamoDB's limit on a sort key (the key is one there), held by every
 store so none refuses late what another accepts."""
+RUNNING_STATUS = "running"
+"""The stored status ``running_sessions`` finds (``Projection.status`` while an invocation is open)."""
 MAX_CURSOR_TIME = (1 << 63) - 1
 """The largest ``updated_at`` a listing cursor may carry (what a 64-bit SQL integer holds)."""
 
@@ -192,6 +197,16 @@ class SessionListing(NamedTuple):
     def from_rows(cls, rows: Iterable[Sequence[Any]]) -> builtins.list[SessionListing]:
         """Listings from rows holding the fields in order, built in C (``_make`` costs as much as the query)."""
         return cast("builtins.list[SessionListing]", builtins.list(map(tuple.__new__, itertools.repeat(cls), rows)))
+
+
+class RunningSession(NamedTuple):
+    """A session whose stored status is ``running`` (``running_sessions``): an invocation started and not ended,
+    in progress or with its runner gone. The sweeper loads it to read the runner's deadline."""
+
+    app_name: str
+    session_id: str
+    updated_at: int
+    """When it last committed (epoch ms): the oldest come first."""
 
 
 @dataclass(frozen=True)
@@ -420,6 +435,17 @@ class BaseSessionStore(ABC):
         self._check_open()
         return self._app_names(prefix)
 
+    def running_sessions(self, limit: int = 1000) -> builtins.list[RunningSession]:
+        """The sessions of every app in the store whose stored status is ``running``, least recently updated
+        first, at most ``limit`` of them: where the sweeper finds turns whose runner died, without listing
+        apps (which DynamoDB cannot do without a scan). Read from an index of running sessions on every
+        store, so its cost follows the running sessions, not all of them. A session in the middle of a
+        commit shows with its status before that commit."""
+        if not _is_count(limit) or limit < 1:
+            raise InputError(f"limit is an int >= 1, not {limit!r}", field="limit")
+        self._check_open()
+        return self._running(limit)
+
     def list(
         self, app_name: str, *, limit: int | None = None, cursor: str | None = None
     ) -> builtins.list[SessionListing]:
@@ -508,6 +534,11 @@ class BaseSessionStore(ABC):
     @abstractmethod
     def _list(self, app_name: str, limit: int | None, after: tuple[int, str] | None) -> builtins.list[SessionListing]:
         """Rows ordered by (updated_at, id) descending, only those below ``after`` when given."""
+
+    @abstractmethod
+    def _running(self, limit: int) -> builtins.list[RunningSession]:
+        """Up to ``limit`` sessions whose stored status is ``running``, of every app, ordered by
+        (updated_at, app name, id) ascending, read from an index of them (never every session)."""
 
     @abstractmethod
     def _close(self) -> None:

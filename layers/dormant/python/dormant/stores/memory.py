@@ -13,9 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from .base import (
+    RUNNING_STATUS,
     BaseSessionStore,
     PreparedCommit,
     Refused,
+    RunningSession,
     ScopedWrite,
     SessionListing,
     StoredSession,
@@ -111,6 +113,16 @@ class MemorySessionStore(BaseSessionStore):
         if limit is not None:
             metas = metas[:limit]
         return [SessionListing(m.id, m.updated_at, m.created_at, m.version, m.status) for m in metas]
+
+    def _running(self, limit: int) -> builtins.list[RunningSession]:
+        with self._lock:
+            running = [
+                RunningSession(app, sid, row.meta.updated_at)
+                for (app, sid), row in self._sessions.items()
+                if row.meta.status == RUNNING_STATUS
+            ]
+        running.sort(key=lambda r: (r.updated_at, r.app_name, r.session_id))
+        return running[:limit]
 
     def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
         with self._lock:

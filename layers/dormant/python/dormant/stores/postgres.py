@@ -43,12 +43,13 @@ from .base import (
     BaseSessionStore,
     PreparedCommit,
     Refused,
+    RunningSession,
     ScopedWrite,
     SessionListing,
     StoredSession,
     StoredSnapshot,
 )
-from .sql_schema import INDEXES, TABLES, bound_id, ddl
+from .sql_schema import INDEXES, RUNNING_QUERY, TABLES, bound_id, ddl
 
 __all__ = ["DDL", "PostgresSessionStore", "postgres_store"]
 
@@ -239,6 +240,11 @@ class PostgresSessionStore(BaseSessionStore):
         with self._connection() as conn:
             rows = conn.cursor(row_factory=tuple_row).execute(query, params).fetchall()
         return SessionListing.from_rows(rows)
+
+    def _running(self, limit: int) -> builtins.list[RunningSession]:
+        with self._connection() as conn:
+            rows = conn.cursor(row_factory=tuple_row).execute(RUNNING_QUERY.format(mark="%s"), (limit,)).fetchall()
+        return [RunningSession(*row) for row in rows]
 
     def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
         # No ORDER BY: it could tempt the planner into the primary key's order instead of the binding index.

@@ -6,6 +6,9 @@ the commit that stored them and their position in it, the position ``load(..., a
 ``idx_sessions_bound_{scope}``: one partial expression index per bindable scope, on the id the session's
 ``scopes`` names, so ``bound_sessions`` (what ``app.erase`` reads) finds one person's sessions without
 reading the app's; built from the rows themselves, so a file made before them is indexed whole.
+``idx_sessions_running``: a partial index of the sessions whose status is ``running``, ordered by
+``updated_at``, so ``running_sessions`` (the sweeper's question, across apps) reads only those; made with
+``IF NOT EXISTS`` when a store opens, so a database made before it gets it, indexed whole, on first open.
 """
 
 from __future__ import annotations
@@ -13,10 +16,22 @@ from __future__ import annotations
 from ..errors import InputError
 from ..state.schema import BOUND_SCOPES
 
-__all__ = ["INDEXES", "TABLES", "bound_id", "ddl"]
+__all__ = ["INDEXES", "RUNNING_QUERY", "TABLES", "bound_id", "ddl"]
 
 TABLES = ("sessions", "events", "scoped_state", "snapshots")
-INDEXES = ("idx_sessions_updated", "idx_events_order", *(f"idx_sessions_bound_{scope}" for scope in BOUND_SCOPES))
+INDEXES = (
+    "idx_sessions_updated",
+    "idx_events_order",
+    "idx_sessions_running",
+    *(f"idx_sessions_bound_{scope}" for scope in BOUND_SCOPES),
+)
+
+RUNNING_QUERY = (
+    "SELECT app_name, id, updated_at FROM sessions WHERE status = 'running'"
+    " ORDER BY updated_at, app_name, id LIMIT {mark}"
+)
+"""``running_sessions``: spelled as the partial index's predicate, so the planner uses it (``{mark}``: the
+driver's parameter mark)."""
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -32,6 +47,7 @@ CREATE TABLE IF NOT EXISTS sessions (
   PRIMARY KEY (app_name, id)
 );
 CREATE INDEX IF NOT EXISTS idx_sessions_updated ON sessions (app_name, updated_at, id);
+CREATE INDEX IF NOT EXISTS idx_sessions_running ON sessions (updated_at, app_name, id) WHERE status = 'running';
 CREATE TABLE IF NOT EXISTS events (
   app_name TEXT NOT NULL,
   session_id TEXT NOT NULL,

@@ -14,27 +14,35 @@ truncating the write-ahead log (``scrub``), whose frames hold rows deleted since
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
 import json
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import ConfigurationError, StoreBusy, StoreError
+
+try:
+    import fcntl
+except ImportError:  # Windows: SQLite's own lock alone
+    fcntl = None  # type: ignore[assignment]
 from .base import (
     BaseSessionStore,
     PreparedCommit,
     Refused,
+    RunningSession,
     ScopedWrite,
     SessionListing,
     StoredSession,
     StoredSnapshot,
 )
-from .sql_schema import INDEXES, TABLES, bound_id, ddl
+from .sql_schema import INDEXES, RUNNING_QUERY, TABLES, bound_id, ddl
 
 __all__ = ["DDL", "SQLiteSessionStore", "sqlite_store"]
 
@@ -67,12 +75,14 @@ class SQLiteSessionStore(BaseSessionStore):
         self.path = _resolve(path, create)
         self._timeout = timeout
         self._lock = threading.RLock()
+        self._writers: int | None = None  # the file writers queue on, across processes (see _writing)
         try:
             self._conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute(f"PRAGMA synchronous={synchronous}")
             self._conn.execute("PRAGMA secure_delete=ON")  # a deleted row's bytes are zeroed, not left in the page
             self._ensure_tables(create)
+            self._writers = _open_writers_lock(self.path)
         except sqlite3.Error as exc:
             if _is_busy(exc):
                 raise StoreBusy(f"the SQLite database {self.path} stayed locked past the timeout: {exc}") from exc
@@ -235,6 +245,11 @@ class SQLiteSessionStore(BaseSessionStore):
             rows = self._conn.execute(sql, params).fetchall()
         return SessionListing.from_rows(rows)
 
+    def _running(self, limit: int) -> builtins.list[RunningSession]:
+        with self._use():
+            rows = self._conn.execute(RUNNING_QUERY.format(mark="?"), (limit,)).fetchall()
+        return [RunningSession(*row) for row in rows]
+
     def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
         # No ORDER BY: with one, the planner walks the app's rows in primary-key order instead of the index.
         sql = f"SELECT id FROM sessions WHERE app_name = ? AND {bound_id('TEXT', scope)} = ?"
@@ -250,6 +265,9 @@ class SQLiteSessionStore(BaseSessionStore):
     def _close(self) -> None:
         with self._lock:
             self._conn.close()
+            if self._writers is not None:
+                os.close(self._writers)
+                self._writers = None
 
     # -- internals --------------------------------------------------------------------------
 
@@ -291,14 +309,38 @@ class SQLiteSessionStore(BaseSessionStore):
     def _transaction(self, begin: str = "BEGIN IMMEDIATE") -> Iterator[None]:
         # IMMEDIATE takes the write lock up front: a deferred transaction that later wants to write
         # fails with SQLITE_BUSY at once in WAL mode, without waiting on the busy timeout.
-        self._conn.execute(begin)
+        with self._writing() if begin == "BEGIN IMMEDIATE" else contextlib.nullcontext():
+            self._conn.execute(begin)
+            try:
+                yield
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Queue for the write lock on ``<path>-lock`` (``flock``) before SQLite's own: processes writing one file
+        (``dormant serve``'s workers) then take turns within a millisecond of each other, where SQLite's busy
+        handler sleeps up to 100 ms between tries. Without ``fcntl`` (Windows) or a file, SQLite's lock alone."""
+        if self._writers is None:
+            yield
+            return
+        deadline, pause = time.monotonic() + self._timeout, 0.0002
+        while True:
+            try:
+                fcntl.flock(self._writers, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise StoreBusy(f"another process held {self.path}'s write lock past {self._timeout} s") from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.002)
         try:
             yield
-            self._conn.execute("COMMIT")
-        except BaseException:
-            if self._conn.in_transaction:
-                self._conn.execute("ROLLBACK")
-            raise
+        finally:
+            fcntl.flock(self._writers, fcntl.LOCK_UN)
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
@@ -325,6 +367,13 @@ def _expected_columns() -> dict[str, tuple[str, ...]]:
         return {table: tuple(row[1] for row in scratch.execute(f"PRAGMA table_info({table})")) for table in TABLES}
     finally:
         scratch.close()
+
+
+def _open_writers_lock(path: str) -> int | None:
+    """The descriptor of ``<path>-lock``, the file writers queue on; ``None`` for ``:memory:`` or without fcntl."""
+    if path == ":memory:" or fcntl is None:
+        return None
+    return os.open(f"{path}-lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
 
 
 def _resolve(path: object, create: bool) -> str:

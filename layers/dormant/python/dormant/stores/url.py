@@ -6,19 +6,29 @@
 * ``dynamodb://table?region=eu-west-2&endpoint=http://127.0.0.1:8000&shards=4`` — the DynamoDB store
   (``dormant[dynamodb]``) on that table; every parameter is optional (``shards``: listing shards).
   Given an ``endpoint`` (DynamoDB Local), the table is created if it is missing: a local table, never
-  a deployed one (the stack makes that).
+  a deployed one (the stack makes that). An endpoint on this machine (``localhost``, ``127.0.0.1``, ``[::1]``)
+  needs nothing else: the credentials and region the environment configures are used, and where it
+  configures none, dummy ones (DynamoDB Local checks neither). Any other endpoint gets no defaults.
 
 Each store module is imported only when its scheme is asked for, so naming SQLite never loads a driver.
 """
 
 from __future__ import annotations
 
+import ipaddress
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from ..errors import ConfigurationError
 from .base import SessionStore
 
-__all__ = ["store_from_url"]
+__all__ = ["LOCAL_ACCESS_KEY", "LOCAL_REGION", "is_loopback_endpoint", "store_from_url"]
+
+LOCAL_REGION = "us-east-1"
+"""The region of a client for DynamoDB Local when the URL and the environment name none."""
+LOCAL_ACCESS_KEY = "dormantlocal"
+"""The dummy key (id and secret) of a client for DynamoDB Local when the environment has no credentials
+(DynamoDB Local takes only letters and digits in a key id)."""
 
 
 def store_from_url(url: str, *, create: bool = True) -> SessionStore:
@@ -66,8 +76,22 @@ def _dynamodb(url: str, create: bool) -> SessionStore:
     shards = params.get("shards", "")
     if shards and not shards.isdigit():
         raise ConfigurationError(f"shards in a DynamoDB store URL is a number, not {shards!r}")
-    from .dynamodb import create_table, dynamo_store
+    from .dynamodb import DynamoDBSessionStore, create_table, dynamo_store
 
+    endpoint = params.get("endpoint")
+    if endpoint and is_loopback_endpoint(endpoint):
+        if len(parts.netloc) < 3:  # as dynamo_store checks it, before a client is built
+            raise ConfigurationError(f"a DynamoDB table name has at least 3 characters, not {parts.netloc!r}")
+        client = _local_client(endpoint, params.get("region"))
+        try:
+            if create:
+                create_table(parts.netloc, client=client)
+            return DynamoDBSessionStore(
+                client, parts.netloc, owns_client=True, **({"listing_shards": int(shards)} if shards else {})
+            )
+        except BaseException:
+            client.close()
+            raise
     if params.get("endpoint") and create:
         create_table(parts.netloc, endpoint_url=params["endpoint"], region=params.get("region"))
     return dynamo_store(
@@ -76,3 +100,40 @@ def _dynamodb(url: str, create: bool) -> SessionStore:
         region=params.get("region"),
         **({"listing_shards": int(shards)} if shards else {}),
     )
+
+
+def is_loopback_endpoint(endpoint: str) -> bool:
+    """Whether an endpoint URL names this machine (``localhost``, or a loopback address): DynamoDB Local."""
+    try:
+        host = urlsplit(endpoint).hostname or ""
+    except ValueError:  # a malformed IPv6 literal
+        return False
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _local_client(endpoint: str, region: str | None) -> Any:
+    """A DynamoDB client for DynamoDB Local at ``endpoint``: the environment's credentials and region where it
+    configures them, else ``LOCAL_ACCESS_KEY`` and ``LOCAL_REGION`` (so ``dormant serve --store
+    'dynamodb://t?endpoint=http://127.0.0.1:8001'`` works alone); the store's retry and timeout settings."""
+    try:
+        import botocore.session
+        from botocore.config import Config
+    except ImportError as exc:
+        raise ConfigurationError("the DynamoDB store needs boto3: pip install 'dormant[dynamodb]'") from exc
+    config = Config(
+        retries={"mode": "standard", "max_attempts": 8}, connect_timeout=5, read_timeout=20, tcp_keepalive=True
+    )
+    try:
+        session = botocore.session.get_session()
+        keys = {}
+        if session.get_credentials() is None:
+            keys = {"aws_access_key_id": LOCAL_ACCESS_KEY, "aws_secret_access_key": LOCAL_ACCESS_KEY}
+        region = region or session.get_config_variable("region") or LOCAL_REGION
+        return session.create_client("dynamodb", endpoint_url=endpoint, region_name=region, config=config, **keys)
+    except Exception as exc:  # botocore says what is wrong
+        raise ConfigurationError(f"cannot build a DynamoDB client for {endpoint}: {exc}") from exc

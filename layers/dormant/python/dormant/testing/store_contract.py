@@ -30,7 +30,15 @@ from hypothesis import strategies as st
 
 from ..clock import frozen_clock
 from ..errors import CommitTooLarge, EventTooLarge, InputError, ScopeMismatch, StoreClosed, ValueNotStorable
-from ..events import Event, StateChange, StateChangeEvent, ToolCallEvent, UserEvent
+from ..events import (
+    Event,
+    InvocationEndEvent,
+    InvocationStartEvent,
+    StateChange,
+    StateChangeEvent,
+    ToolCallEvent,
+    UserEvent,
+)
 from ..stores.base import (
     MAX_CURSOR_TIME,
     MAX_SCOPED_KEY_BYTES,
@@ -322,6 +330,80 @@ class StoreContract:
         store.commit(self.meta(app, meta.id, status="awaiting_input"), [_event(2)], 1)
         (listing,) = store.list(app)
         assert listing.status == "awaiting_input"
+
+    # -- running sessions (what the sweeper reads) -------------------------------------------
+
+    def test_running_sessions_are_the_running_ones_of_every_app(self, store: SessionStore, app: str) -> None:
+        """The sessions whose stored status is ``running``, across apps, oldest first: one that ends its
+        invocation, is paused, or is deleted leaves; one that starts later joins; a refused commit changes
+        nothing; a running session's later commits move its ``updated_at``."""
+        if not isinstance(store, BaseSessionStore):
+            pytest.skip("running_sessions is part of BaseSessionStore")
+        other = f"{app}-other"
+        made: list[tuple[str, str]] = []
+
+        def commit(owner: str, sid: str, status: str, events: Sequence[Event], expected: int) -> bool:
+            made.append((owner, sid))
+            return store.commit(self.meta(owner, sid, status=status), events, expected).ok
+
+        def start(n: int) -> InvocationStartEvent:
+            return InvocationStartEvent(id=f"start-{n}", invocation_id=f"inv-{n}", agent_name="agent", deadline=1)
+
+        def end(n: int) -> InvocationEndEvent:
+            return InvocationEndEvent(id=f"end-{n}", invocation_id=f"inv-{n}", status="completed")
+
+        def running(limit: int = 100_000) -> list[tuple[str, str, int]]:
+            # Other tests' sessions share a Postgres schema or a DynamoDB table: keep this test's apps.
+            return [
+                (r.app_name, r.session_id, r.updated_at)
+                for r in store.running_sessions(limit)
+                if r.app_name in (app, other)
+            ]
+
+        t = 1_000_000_000  # early: older than any session stored at the real time, so first in line
+        try:
+            with frozen_clock(t) as clock:
+                for owner, sid, status, events in (
+                    (app, "s-run", "running", [start(1)]),  # t+1
+                    (app, "s-idle", "idle", [_event(1)]),  # t+2
+                    (other, "s-later", "idle", [_event(1)]),  # t+3, running from t+4
+                    (other, "s-ends", "running", [start(1)]),  # t+5
+                    (app, "s-deleted", "running", [start(1)]),  # t+6
+                    (other, "s-refused", "running", [start(1)]),  # t+7
+                    (app, "s-paused", "running", [start(1)]),  # t+8
+                ):
+                    clock.advance(1)
+                    assert commit(owner, sid, status, events, 0)
+                    if sid == "s-later":
+                        clock.advance(1)
+                        assert commit(other, sid, "running", [start(2)], 1)
+                assert running() == [
+                    (app, "s-run", t + 1),
+                    (other, "s-later", t + 4),
+                    (other, "s-ends", t + 5),
+                    (app, "s-deleted", t + 6),
+                    (other, "s-refused", t + 7),
+                    (app, "s-paused", t + 8),
+                ]
+                assert running(limit=2) == [(app, "s-run", t + 1), (other, "s-later", t + 4)]
+                clock.advance(1)
+                assert commit(other, "s-ends", "completed", [end(1)], 1)  # t+9
+                assert not commit(other, "s-refused", "completed", [end(1)], 5)  # a conflict: nothing changes
+                assert commit(app, "s-paused", "awaiting_input", [_event(2)], 1)
+                store.delete(app, "s-deleted")
+                clock.advance(1)
+                assert commit(app, "s-run", "running", [_event(2)], 1)  # t+10: still running, updated
+                assert running() == [(other, "s-later", t + 4), (other, "s-refused", t + 7), (app, "s-run", t + 10)]
+                loaded = store.load(app, "s-run")
+                assert loaded is not None and loaded.session.updated_at == t + 10
+                assert running(limit=1) == [(other, "s-later", t + 4)]
+                with pytest.raises(InputError) as refused:
+                    store.running_sessions(0)
+                assert refused.value.field == "limit"
+        finally:
+            for owner, sid in set(made):
+                store.delete(owner, sid)
+        assert running() == []
 
     # -- scoped state -----------------------------------------------------------------------
 

@@ -44,6 +44,8 @@ __all__ = [
     "parse_event_sk",
     "touch_sk",
     "pending_key",
+    "running_key",
+    "running_keys",
     "scoped_pk",
     "session_pk",
     "shard_of",
@@ -100,6 +102,16 @@ def listing_keys(app_name: str, shards: int) -> list[str]:
 def pending_key(app_name: str, session_id: str, shards: int) -> str:
     """The pending-marker index's partition key: table-wide shards, so the sweeper needs no list of apps."""
     return f"P#{shard_of(f'{app_name}#{session_id}', shards)}"
+
+
+def running_key(app_name: str, session_id: str, shards: int) -> str:
+    """The running index's partition key: the pending index's table-wide shards, under their own prefix."""
+    return f"R#{shard_of(f'{app_name}#{session_id}', shards)}"
+
+
+def running_keys(shards: int) -> list[str]:
+    """Every partition of the running index: what ``running_sessions`` queries."""
+    return [f"R#{k}" for k in range(shards)]
 
 
 class EventKey(NamedTuple):

@@ -84,9 +84,11 @@ from ...errors import (
     StoreUnavailable,
 )
 from ..base import (
+    RUNNING_STATUS,
     BaseSessionStore,
     PreparedCommit,
     Refused,
+    RunningSession,
     ScopedWrite,
     SessionListing,
     StoredSession,
@@ -105,12 +107,14 @@ from .keys import (
     listing_keys,
     parse_event_sk,
     pending_key,
+    running_key,
+    running_keys,
     scoped_pk,
     session_pk,
     split_session_pk,
     touch_sk,
 )
-from .table import IDS_INDEX, LISTING_INDEX, PENDING_INDEX, TABLE
+from .table import IDS_INDEX, LISTING_INDEX, PENDING_INDEX, RUNNING_INDEX, TABLE
 
 __all__ = [
     "DEFAULT_LISTING_SHARDS",
@@ -599,7 +603,37 @@ class DynamoDBSessionStore(BaseSessionStore):
                     break
         return listed
 
-    def _metas(self, pks: Sequence[str]) -> dict[str, dict[str, Any] | None]:
+    def _running(self, limit: int) -> builtins.list[RunningSession]:
+        """Every shard of the running index (keys only), then the meta items it names, read strongly
+        consistent in batches: the index lags the table, so only a session whose meta item says ``running``
+        now (live, created, not expired) is kept, its ``updated_at`` from the item. Reads every running
+        session's meta item to order them oldest first; ``limit`` caps the answer, not the reads."""
+        pks = [
+            item["pk"]["S"]
+            for key in running_keys(self._pending_shards)
+            for item in self._query_pages(
+                TableName=self._table,
+                IndexName=RUNNING_INDEX,
+                KeyConditionExpression="rpk = :r",
+                ExpressionAttributeValues={":r": {"S": key}},
+            )
+        ]
+        now = now_ms()
+        running = []
+        for pk, meta in self._metas(pks, consistent=True).items():
+            if (
+                meta is None
+                or int(meta["version"]["N"]) == 0
+                or meta.get("status", {}).get("S") != RUNNING_STATUS
+                or _expired(meta, now)
+            ):
+                continue
+            app_name, session_id = split_session_pk(pk)
+            running.append(RunningSession(app_name, session_id, int(meta["lsk"]["N"]) if "lsk" in meta else 0))
+        running.sort(key=lambda r: (r.updated_at, r.app_name, r.session_id))
+        return running[:limit]
+
+    def _metas(self, pks: Sequence[str], *, consistent: bool = False) -> dict[str, dict[str, Any] | None]:
         """The listed attributes of these sessions' meta items (``None``: no item), by ``BatchGetItem``."""
         found: dict[str, dict[str, Any] | None] = dict.fromkeys(pks)
         unique = builtins.list(found)
@@ -609,6 +643,7 @@ class DynamoDBSessionStore(BaseSessionStore):
                     "Keys": [_key(pk, META_SK) for pk in unique[start : start + 100]],
                     "ProjectionExpression": "pk, version, created_at, lsk, #st, #x",
                     "ExpressionAttributeNames": {"#st": "status", "#x": TTL},
+                    "ConsistentRead": consistent,
                 }
             }
             for attempt in range(self._unprocessed_retries + 1):
@@ -763,7 +798,7 @@ class DynamoDBSessionStore(BaseSessionStore):
             update = "SET #id = :id, created_at = :created, scopes = :so, inc = :inc, version = :zero"
             # An expired session is gone: its id may be taken again, as after a delete (a new incarnation).
             condition = "attribute_not_exists(pk) OR #x <= :now"
-            removes = ["bf", "hi", "dead", "lsk", "plsk", "xh", "#x", "#st", "lpk"]
+            removes = ["bf", "hi", "dead", "lsk", "plsk", "xh", "#x", "#st", "lpk", "rpk"]
             names["#st"] = "status"
             values |= {
                 ":id": {"S": session_id},
@@ -913,7 +948,7 @@ class DynamoDBSessionStore(BaseSessionStore):
 
         It also drops a listing entry the meta item carried itself (``lpk``, written before touches):
         from here the session's touches list it."""
-        app_name, _ = split_session_pk(pk)
+        app_name, session_id = split_session_pk(pk)
         values: dict[str, Any] = {
             ":t": {"S": marker.grant},
             ":v": {"N": str(marker.version)},
@@ -936,6 +971,13 @@ class DynamoDBSessionStore(BaseSessionStore):
         else:
             sets += ", #st = :st"
             values[":st"] = {"S": marker.status}
+        # The running index's key goes with the status, in this same write: an index write only when the
+        # session goes into or out of ``running`` (the value is the same on every commit in between).
+        if marker.status == RUNNING_STATUS:
+            sets += ", rpk = :rpk"
+            values[":rpk"] = {"S": running_key(app_name, session_id, self._pending_shards)}
+        else:
+            removes += ", rpk"
         update = {
             "TableName": self._table,
             "Key": _key(pk, META_SK),

@@ -14,6 +14,11 @@ Key design (one table, string ``pk``/``sk``):
   ``updated_at`` (older touches are superseded and expire by TTL);
 * the pending-marker index (``PENDING_INDEX``) is sparse: only a meta item with a live commit marker
   carries ``ppk``/``psk``, so the sweeper queries stale markers instead of scanning;
+* the running index (``RUNNING_INDEX``) is sparse too: only a meta item whose stored status is ``running``
+  carries ``rpk`` (``R#{shard}``, the pending index's table-wide shards), keyed on the item's own ``pk``,
+  keys only, so the sweeper finds the sessions whose runner may have died without a list of apps. The
+  finish that stores the status sets or removes ``rpk``: an index write only when a session goes into or
+  out of ``running``, none for the commits in between;
 * the event-id index (``IDS_INDEX``) is a *local* secondary index on ``eid``, which only event items
   carry: a commit looks up a re-sent event id there (a strongly consistent read, one item) instead of
   reading the session's history;
@@ -25,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["IDS_INDEX", "LISTING_INDEX", "PENDING_INDEX", "TABLE", "IndexShape", "TableShape"]
+__all__ = ["IDS_INDEX", "LISTING_INDEX", "PENDING_INDEX", "RUNNING_INDEX", "TABLE", "IndexShape", "TableShape"]
 
 AttributeType = Literal["S", "N", "B"]
 
@@ -95,6 +100,7 @@ class TableShape:
 
 LISTING_INDEX = "listing"
 PENDING_INDEX = "pending"
+RUNNING_INDEX = "running"
 IDS_INDEX = "ids"
 
 TABLE = TableShape(
@@ -103,6 +109,9 @@ TABLE = TableShape(
         # attribute, not projected) writes no index entry.
         IndexShape(LISTING_INDEX, ("lpk", "S"), ("lsk", "N"), "KEYS_ONLY"),
         IndexShape(PENDING_INDEX, ("ppk", "S"), ("psk", "N"), "KEYS_ONLY"),
+        # Sorted by the table's own key, which never changes: a running session's later commits (a new
+        # ``updated_at``, expiry, filter) rewrite nothing of its entry. ``running_sessions`` reads the rows.
+        IndexShape(RUNNING_INDEX, ("rpk", "S"), ("pk", "S"), "KEYS_ONLY"),
         # Local: its partition key is the table's. Projects the incarnation, so an id written by a deleted
         # session's straggler is told apart from one of the live session.
         IndexShape(IDS_INDEX, ("pk", "S"), ("eid", "S"), "INCLUDE", ("inc",), local=True),
