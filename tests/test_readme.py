@@ -52,10 +52,11 @@ def test_the_local_api_curl_examples_run_as_written_against_dormant_serve_twice_
     assert ids[0] != ids[1]
     assert "Traceback" not in server.output()
     # The third finds both Tuesday-afternoon slots booked, as the README says: the agent says so, no call
-    # waits, and the answer is a 400 naming the call id (not a traceback from the one-liner).
+    # waits, and the answer is UnknownCallId, a 409 naming the call id, as POST /commit answers the same
+    # mistake (not a traceback from the one-liner).
     third = runs[2]
     assert "Traceback" not in third.stderr
-    assert third.stderr.split() == ["201", "200", "200", "200", "400", "200", "200", "200", "400"]
+    assert third.stderr.split() == ["201", "200", "200", "200", "409", "200", "200", "200", "400"]
     assert (
         '"status": "completed"' in third.stdout and "There is no open physio slot on Tuesday afternoon" in third.stdout
     )
