@@ -385,16 +385,3 @@ def test_scoped_changes_hold_the_last_uncommitted_write_per_key(store: Any) -> N
     rebuilt = app.sessions.from_events(list(session.events), scopes={"user": "u-1"})
     assert sorted(c.key for c in rebuilt.scoped_changes()) == ["display_name", "sessions_seen", "visits"]
     assert app.sessions.get("s-1").scoped_changes() == []
-
-
-def test_an_app_name_holding_the_tenant_separator_is_refused() -> None:
-    """``{app}@{tenant}`` is how a tenant's keys are named: an app called ``clinic@eu`` would read and write tenant
-    ``eu`` of app ``clinic``'s sessions and shared state (found by a review: data lost in both directions)."""
-    from dormant.errors import ConfigurationError
-    from dormant.serving.runtime import for_tenant
-
-    store = in_memory_store()
-    with pytest.raises(ConfigurationError, match="tenant 'eu' of app 'clinic'"):
-        adk(name="clinic@eu", store=store)
-    clinic = adk(name="clinic", store=store)
-    assert for_tenant(clinic, "eu").name == "clinic@eu"  # the name only a tenant's view may have

@@ -95,11 +95,6 @@ class App:
         snapshot_every: int | None = DEFAULT_EVERY,
     ) -> None:
         self.name = check_id(name, "app name")
-        if "@" in self.name:  # else app "clinic@eu" and tenant "eu" of app "clinic" would share every key
-            raise ConfigurationError(
-                f"an app name may not contain '@', which separates an app from its tenants ({name!r} would be "
-                f"tenant {name.partition('@')[2]!r} of app {name.partition('@')[0]!r})"
-            )
         if retention is not None and (not isinstance(retention, timedelta) or retention <= timedelta(0)):
             raise ConfigurationError(f"retention is a positive datetime.timedelta, not {retention!r}")
         self.retention_ms = None if retention is None else retention // timedelta(milliseconds=1)
