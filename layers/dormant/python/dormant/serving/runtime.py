@@ -27,7 +27,7 @@ from ..ids import check_id
 from ..stores.base import BaseSessionStore, SessionStore
 from ..stores.url import store_from_url
 
-__all__ = ["Served", "for_tenant", "load_served", "purge_tenants", "served_from_env", "tenant_views"]
+__all__ = ["Served", "for_tenant", "load_served", "purge_tenants", "served_from_env", "tenant_views", "view_of"]
 
 DEFAULT_APP = "bookings:build"
 DEFAULT_STORE = "sqlite:///data/dormant.db"
@@ -71,7 +71,18 @@ def tenant_views(app: App) -> list[App] | None:
     names = store.app_names(f"{app.name}@") if isinstance(store, BaseSessionStore) else None
     if names is None:
         return None
-    return [app, *(for_tenant(app, name.partition("@")[2]) for name in names if name.count("@") == 1)]
+    return [app, *(view for name in names if (view := view_of(app, name)) is not None and view is not app)]
+
+
+def view_of(app: App, name: str) -> App | None:
+    """The view of ``app`` whose keys are under app name ``name``: ``app`` itself, one of its tenants
+    (``{app}@{tenant}``), or ``None`` for another app's name."""
+    if name == app.name:
+        return app
+    tenant = name.removeprefix(f"{app.name}@")
+    if tenant == name or not tenant or "@" in tenant:
+        return None
+    return for_tenant(app, tenant)
 
 
 def purge_tenants(app: App) -> dict[str, list[str]]:

@@ -36,7 +36,7 @@ from ..events import InvocationEndEvent
 from ..session import Session
 from ..stores.base import BaseSessionStore, ScopedStateChange
 from .hooks import Hooks, Started
-from .runtime import Served, for_tenant, purge_tenants, served_from_env, tenant_views
+from .runtime import Served, purge_tenants, served_from_env, view_of
 from .turns import RUNNER_TURN_MS, AdvanceOutcome, Claim, claim_turn, resume_turn, run_to_end
 
 __all__ = [
@@ -274,21 +274,18 @@ def running_turns(app: App) -> Iterator[tuple[App, str]]:
     """``(view, session id)`` for each session of ``app`` and of its tenants whose stored status is ``running``.
 
     From the store's cross-app list of running sessions (``running_sessions``: an index on DynamoDB, a query on
-    the SQL stores, oldest first), else, for a store of the user's own, from each tenant's listing."""
+    the SQL stores, oldest first); a store of the user's own that is no ``BaseSessionStore`` offers none."""
     store = app.store
-    if not isinstance(store, BaseSessionStore):  # a store of the user's own: each tenant's listing
-        for view in tenant_views(app) or []:
-            yield from ((view, listing.id) for listing in view.sessions.every() if listing.status == "running")
+    if not isinstance(store, BaseSessionStore):
         return
-    views: dict[str, App] = {app.name: app}
+    views: dict[str, App | None] = {}
     for row in store.running_sessions():
         name = str(row.app_name)
-        tenant = name.removeprefix(f"{app.name}@")
         if name not in views:
-            if tenant == name or not tenant or "@" in tenant:
-                continue  # another app's session, or not a tenant of this one
-            views[name] = for_tenant(app, tenant)
-        yield views[name], str(row.session_id)
+            views[name] = view_of(app, name)
+        view = views[name]
+        if view is not None:  # else another app's session
+            yield view, str(row.session_id)
 
 
 def sweep_turns(served: Served, app: App, *, machine: StepFunctions | None = None, grace_ms: int = 60_000) -> list[str]:
