@@ -116,7 +116,6 @@ class Claim:
     """The stored version after the claim."""
     after: int
     """The index of the turn's first event in the ledger."""
-    agent: Agent
     wrote: bool = True
     """Whether the claim stored anything (an input that opened no invocation may change nothing)."""
     stream: RunStream | None = None
@@ -158,9 +157,9 @@ def claim_turn(
     for event in stream:
         if isinstance(event, InvocationStartEvent | InvocationResumeEvent):
             version = _claim(app, session)
-            return Claim(session, event.invocation_id, version, after, agent, True, stream, checkpoint)
+            return Claim(session, event.invocation_id, version, after, True, stream, checkpoint)
     wrote = bool(session.uncommitted_events) or session.version == 0
-    return Claim(session, None, _claim(app, session), after, agent, wrote, stream)
+    return Claim(session, None, _claim(app, session), after, wrote, stream)
 
 
 def run_claimed(app: App, claim: Claim, *, deadline: int | None = None) -> AdvanceOutcome:
