@@ -1077,3 +1077,16 @@ def test_state_set_while_calls_wait_starts_no_second_execution(aws: Any, served:
     assert status == 200 and ran["status"] == "yielded_tool", ran  # nothing to run: answered at once
     assert len(fake.started) == 1
     assert client.call("get_session", session_id="s-1")[1]["status"] == "awaiting_input"
+
+
+def test_a_step_functions_client_without_the_arn_cannot_start_a_turn_and_says_it_is_the_wiring(
+    served: Served,
+) -> None:
+    from dormant.errors import ConfigurationError, http_status
+
+    client = Client(api_handler(step_functions_hooks(StepFunctions(client=FakeStepFunctions())), served))
+    create(client)
+    status, error = client.call("run", session_id="s-1", headers={"Prefer": ""})
+    assert (status, error["error"]) == (500, "ConfigurationError"), error  # the operator's to mend, not a 400
+    assert http_status(ConfigurationError("x")) == 500
+    assert client.call("get_session", session_id="s-1")[1]["status"] == "idle"  # nothing claimed

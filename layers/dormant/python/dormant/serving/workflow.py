@@ -31,7 +31,7 @@ from typing import Any
 
 from ..app import App
 from ..clock import now_ms
-from ..errors import ClaimLost, DormantError, InputError, TurnNotClaimed
+from ..errors import ClaimLost, ConfigurationError, DormantError, InputError, TurnNotClaimed
 from ..events import InvocationEndEvent
 from ..session import Session
 from ..stores.base import BaseSessionStore, ScopedStateChange
@@ -127,7 +127,8 @@ class StepFunctions:
     def start(self, tenant: str, session_id: str, invocation_id: str, version: int) -> str:
         """Start the execution that will run this claim (the same claim's retry finds it started)."""
         if self.state_machine_arn is None:
-            raise InputError("starting an execution needs the state machine's ARN", field="state_machine_arn")
+            # a wiring mistake (a 500 naming it), not the caller's: no request can mend it
+            raise ConfigurationError("StepFunctions was built without the state machine's ARN: it cannot start one")
         name = execution_name(tenant, session_id, invocation_id, version)
         payload = {"tenant": tenant, "session_id": session_id, "invocation_id": invocation_id, "name": name, "loop": 0}
         with contextlib.suppress(self.client.exceptions.ExecutionAlreadyExists):
