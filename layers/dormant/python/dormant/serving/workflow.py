@@ -154,12 +154,13 @@ class StepFunctions:
         return name
 
     def restart(self, tenant: str, session_id: str, invocation_id: str, version: int) -> str:
-        """Start a fresh execution for a wait whose own is gone (the sweeper). Named after the session's version,
-        so two sweeps of the same wait start one execution; a name whose execution already ended (a restart
-        that died before it parked) is not reused: the next name (``-r1``, ``-r2``...) is tried."""
+        """Start a fresh execution for a wait whose own is gone (the sweeper). Named after the session's version
+        (``<claim's name>-r0``: a claim's own execution is never taken for it), so two sweeps of the same wait
+        start one execution; a name whose execution already ended (a restart that died before it parked) is not
+        reused: the next (``-r1``, ``-r2``...) is tried."""
         base = execution_name(tenant, session_id, invocation_id, version)
         for attempt in range(_RESTARTS):
-            name = base if attempt == 0 else f"{base}-r{attempt}"
+            name = f"{base}-r{attempt}"
             try:
                 self._start(tenant, session_id, invocation_id, name)
             except self.client.exceptions.ExecutionAlreadyExists:
