@@ -459,10 +459,14 @@ def sweep_waits(
         if now < row.updated_at + grace_ms:
             continue  # just parked, just answered: its execution (or request) is on it
         tenant = view.name.removeprefix(f"{app.name}@") if view is not app else None
-        if machine is not None and tenant is not None:
-            line = _sweep_wait(machine, view, tenant, row, now)
-        else:
-            line = _resume_here(served, view, row)
+        try:
+            if machine is not None and tenant is not None:
+                line = _sweep_wait(machine, view, tenant, row, now)
+            else:
+                line = _resume_here(served, view, row)
+        except DormantError as exc:  # one session's trouble does not stop the sweep of the others
+            _logger.warning("dormant: the sweep of %s failed: %s: %s", row.session_id, type(exc).__name__, exc)
+            line = f"{row.session_id}: failed ({type(exc).__name__})"
         if line is not None:
             done.append(line)
     return done
