@@ -922,15 +922,26 @@ def test_the_sweeper_wakes_an_answered_wait_whose_wake_up_was_lost(deployment: A
 def test_the_sweeper_expires_a_wait_past_its_timeout_whose_execution_is_gone(deployment: Any) -> None:
     """The wait's execution was stopped by hand and its wait timed out since: the sweeper ends the invocation
     as ``Expire`` would (``SessionExpired``), rather than give it a new wait or leave it waiting on no one."""
-    d, sid = deployment, fresh("lapsed")
+    d, sid, warm = deployment, fresh("lapsed"), fresh("warm")
+    create(d, warm)  # functions warm first: a cold start must not eat the short wait below
+    assert run(d, warm, "signoffs=1")["status"] == "awaiting_input", evidence(d)
     default = d.template.parameter("WaitTimeoutSeconds")
-    d.update({"WaitTimeoutSeconds": 2})
+    wait = 20
+    d.update({"WaitTimeoutSeconds": wait})
     try:
         create(d, sid)
-        assert run(d, sid, "signoffs=1")["status"] == "awaiting_input", evidence(d)
+        status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=1"})
+        assert status in (200, 202), (status, body, evidence(d))
+        # stopped as soon as it sleeps in Park (its wait's record stored), well before its own Expire
+        deadline = time.monotonic() + wait - 2
+        while not [e for e in d.executions_of(TENANT, sid) if e.states[-1:] == ["Park"] and d.sfn._asleep(e)]:
+            assert time.monotonic() < deadline, ([e.states for e in d.executions_of(TENANT, sid)], evidence(d))
+            time.sleep(0.02)
         execution = parked(d, sid)
         d.stop(execution)
-        time.sleep(2.5)
+        parked_at = time.monotonic()
+        assert show(d, sid)["status"] == "awaiting_input", evidence(d)
+        time.sleep(max(0.0, parked_at + wait + 0.5 - time.monotonic()))
     finally:
         d.update({"WaitTimeoutSeconds": default})
     lines = swept(d.sweep(), sid)
