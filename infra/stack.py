@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from aws_cdk import ArnFormat, CfnOutput, CfnParameter, RemovalPolicy, Stack
+from aws_cdk import Acknowledgment, ArnFormat, CfnOutput, CfnParameter, RemovalPolicy, Stack, Token, Validations
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
@@ -23,6 +23,7 @@ from .table import SessionTable
 from .wiring import (
     APP,
     ENVIRONMENT,
+    EXECUTIONS,
     IDEMPOTENCY_TABLE,
     MACHINE,
     STATE_MACHINE,
@@ -90,6 +91,12 @@ class DormantStack(Stack):
                 resource_name=machine_name,
                 arn_format=ArnFormat.COLON_RESOURCE_NAME,
             ),
+            EXECUTIONS: self.format_arn(
+                service="states",
+                resource="execution",
+                resource_name=f"{machine_name}:*",
+                arn_format=ArnFormat.COLON_RESOURCE_NAME,
+            ),
         }
         values = {
             STORE: f"dynamodb://{table.table_name}?shards={shards.value_as_string}",
@@ -117,7 +124,7 @@ class DormantStack(Stack):
             if states:
                 # A policy of its own, not the function's default policy, which the function depends on: the
                 # state machine depends on the functions it invokes.
-                iam.Policy(
+                policy = iam.Policy(
                     cast(Construct, functions.node.find_child(name.capitalize())),
                     "StepFunctions",
                     roles=[function.role],  # type: ignore[list-item]
@@ -125,10 +132,20 @@ class DormantStack(Stack):
                         iam.PolicyStatement(
                             actions=sorted(a for a, on in states.items() if on == target), resources=[arns[target]]
                         )
-                        for target in (MACHINE,)
+                        for target in (MACHINE, EXECUTIONS)
                         if target in states.values()
                     ],
                 )
+                if EXECUTIONS in states.values():
+                    region, account = (v if not Token.is_unresolved(v) else f"<AWS::{k}>" for k, v in _nag_env(self))
+                    arn = f"arn:<AWS::Partition>:states:{region}:{account}:execution:{machine_name}:*"
+                    Validations.of(policy).acknowledge(
+                        Acknowledgment(
+                            id=f"AwsSolutions::AwsSolutions-IAM5[Resource::{arn}]",
+                            reason="An execution's name is made per turn: DescribeExecution is granted on this state "
+                            "machine's executions (ARN:*), none of any other machine.",
+                        )
+                    )
 
         workflow = ResumeWorkflow(
             self,
@@ -154,6 +171,11 @@ class DormantStack(Stack):
         CfnOutput(self, "UserPoolClientId", value=api.client.user_pool_client_id)
         CfnOutput(self, "TableName", value=table.table_name)
         CfnOutput(self, "StateMachineArn", value=machine.state_machine_arn)
+
+
+def _nag_env(stack: Stack) -> list[tuple[str, str]]:
+    """The stack's region and account as cdk-nag writes them in a finding's id (a token as ``<AWS::...>``)."""
+    return [("Region", stack.region), ("AccountId", stack.account)]
 
 
 def _grant_table(function: lambda_.Function, table: dynamodb.Table, name: str) -> None:

@@ -99,18 +99,25 @@ event; only the session listing reads ``LISTING_INDEX``, and only the sweeper ``
 # -- Step Functions -------------------------------------------------------------------------------
 
 MACHINE = "machine"
+EXECUTIONS = "executions"
 STATES_ACCESS: Mapping[str, Mapping[str, str]] = MappingProxyType(
     {
         "run": {"states:StartExecution": MACHINE},
-        "sweeper": {"states:StartExecution": MACHINE},
+        # hands a dead runner's turn or a lost wait to a fresh execution; asks whether a wait's execution lives
+        # (DescribeExecution, authorized on the execution); sends the wake-up POST /tools lost (SendTaskSuccess)
+        "sweeper": {
+            "states:StartExecution": MACHINE,
+            "states:DescribeExecution": EXECUTIONS,
+            "states:SendTaskSuccess": MACHINE,
+        },
         # A task token is authorized against the state machine whose execution issued it. Only success is sent:
         # a failure is the workflow's own (RecordFailure), never a token answered with an error.
         "tools": {"states:SendTaskSuccess": MACHINE},
         "park": {"states:SendTaskSuccess": MACHINE},
     }
 )
-"""Function -> action -> what it acts on (the state machine, ``MACHINE``). Functions not named here make no Step
-Functions call: ``resume`` runs in the execution."""
+"""Function -> action -> what it acts on (the state machine, ``MACHINE``, or its executions, ``EXECUTIONS``).
+Functions not named here make no Step Functions call: ``resume`` runs in the execution."""
 
 
 def state_machine_name(stack_name: str) -> str:

@@ -822,6 +822,136 @@ def test_the_sweeper_hands_a_turn_whose_runner_died_to_a_fresh_execution(
     assert execution.states[0] == "Run" and execution.states[-1] == "Done", execution.states
 
 
+def swept(result: dict[str, Any], sid: str) -> list[str]:
+    """The sweeper's lines about session ``sid``."""
+    return [line for line in result["turns"] if line.startswith(f"{sid}@") or line.startswith(f"{sid}:")]
+
+
+@pytest.mark.backend("dynamodb")
+def test_the_sweeper_gives_a_wait_whose_execution_is_gone_a_fresh_one(deployment: Any) -> None:
+    """A session waits on answers, and its execution is stopped by hand: the sweeper (DescribeExecution on the
+    execution the wait's record names) starts a fresh one, which parks again with a new task token; a later
+    answer wakes it and the session completes. A sweep while that execution lives leaves it alone."""
+    d, sid = deployment, fresh("stopped")
+    create(d, sid)
+    shown = run(d, sid, "signoffs=1")
+    assert shown["status"] == "awaiting_input", (shown["status"], evidence(d))
+    first = parked(d, sid)
+    assert not swept(d.sweep(grace_seconds=None), sid)  # the default grace: a wait just parked is not looked at
+    assert not swept(d.sweep(), sid)  # looked at: its execution lives, so nothing is done
+    d.stop(first)
+    assert ended(d, first).status == "ABORTED"
+    lines = swept(d.sweep(), sid)
+    assert len(lines) == 1 and "restarted (execution" in lines[0], (lines, evidence(d))
+    d.settle()
+    again = parked(d, sid)
+    assert again is not first and again.states[0] == "Run", again.states
+    assert not swept(d.sweep(), sid) and parked(d, sid) is again  # alive: no second execution, no second run
+    assert show(d, sid)["status"] == "awaiting_input"
+    done = answer(d, sid, shown)
+    assert done["status"] == "completed", (done["status"], evidence(d))
+    assert [e["type"] for e in ledger(d, sid)].count("tool_result") == 1
+
+
+@pytest.mark.backend("dynamodb")
+def test_the_sweeper_starts_an_execution_for_a_wait_that_never_had_one(
+    deployment: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session that yielded with no execution ever started for it (run outside the workflow: what a lost
+    start leaves): the sweeper starts one, it parks, and the answer completes the session."""
+    from dormant.serving.runtime import for_tenant
+    from dormant.serving.turns import claim_turn, run_to_end
+    from dormant.stores.url import store_from_url
+    from tests.fidelity.fidelity_app import build
+    from tests.servers.dynamodb import ACCESS_KEY, REGION
+
+    d, sid = deployment, fresh("never")
+    create(d, sid)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
+    store = store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}")
+    fidelity = build(store)
+    view = for_tenant(fidelity.app, TENANT)
+    run_to_end(view, claim_turn(view, fidelity.agent, sid, "signoffs=1"), lambda _: fidelity.agent)
+    store.close()
+    shown = show(d, sid)
+    assert shown["status"] == "awaiting_input" and not d.executions_of(TENANT, sid), shown
+    lines = swept(d.sweep(), sid)
+    assert len(lines) == 1 and "restarted (execution" in lines[0], (lines, evidence(d))
+    d.settle()
+    parked(d, sid)
+    assert answer(d, sid, shown)["status"] == "completed", evidence(d)
+
+
+@pytest.mark.backend("dynamodb")
+def test_the_sweeper_wakes_an_answered_wait_whose_wake_up_was_lost(deployment: Any) -> None:
+    """``tools`` dies after storing the answers and before ``SendTaskSuccess``: the session is ``resumable``
+    and its execution sleeps on. The sweeper sends the stored token (the wake-up that was lost) and the turn
+    completes, the answered tool's result recorded once. Answered while its execution is gone too: a fresh
+    execution runs it."""
+    d, sid, other = deployment, fresh("lost"), fresh("lostgone")
+    for session in (sid, other):
+        create(d, session)
+    shown = run(d, sid, "signoffs=1")
+    shown_other = run(d, other, "signoffs=1")
+    assert (shown["status"], shown_other["status"]) == ("awaiting_input", "awaiting_input"), evidence(d)
+    execution, gone = parked(d, sid), parked(d, other)
+    for session, seen in ((sid, shown), (other, shown_other)):
+        d.crash_before("tools", "states:SendTaskSuccess")
+        (call,) = seen["yielded_tools"]
+        body = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
+        status, _, answered = d.api("POST", f"/sessions/{session}/tools", body)
+        assert status == 502, (status, answered)
+    d.settle()
+    assert show(d, sid)["status"] == "resumable" and execution.status == "RUNNING", evidence(d)
+    d.stop(gone)
+    result = d.sweep()
+    assert swept(result, sid) == [f"{sid}: woken (execution {execution.name})"], (result, evidence(d))
+    (line,) = swept(result, other)
+    assert "restarted (execution" in line, (result, evidence(d))
+    d.settle()
+    for session in (sid, other):
+        final = show(d, session)
+        assert final["status"] == "completed", (session, final["status"], evidence(d))
+        kinds = [e["type"] for e in ledger(d, session)]
+        assert kinds.count("tool_input") == 1 and kinds.count("tool_result") == 1, kinds
+    assert ended(d, execution).status == "SUCCEEDED" and execution.states[-1] == "Continued", execution.states
+
+
+@pytest.mark.backend("dynamodb")
+def test_the_sweeper_expires_a_wait_past_its_timeout_whose_execution_is_gone(deployment: Any) -> None:
+    """The wait's execution was stopped by hand and its wait timed out since: the sweeper ends the invocation
+    as ``Expire`` would (``SessionExpired``), rather than give it a new wait or leave it waiting on no one."""
+    d, sid, warm = deployment, fresh("lapsed"), fresh("warm")
+    create(d, warm)  # functions warm first: a cold start must not eat the short wait below
+    assert run(d, warm, "signoffs=1")["status"] == "awaiting_input", evidence(d)
+    default = d.template.parameter("WaitTimeoutSeconds")
+    wait = 20
+    d.update({"WaitTimeoutSeconds": wait})
+    try:
+        create(d, sid)
+        status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=1"})
+        assert status in (200, 202), (status, body, evidence(d))
+        # stopped as soon as it sleeps in Park (its wait's record stored), well before its own Expire
+        deadline = time.monotonic() + wait - 2
+        while not [e for e in d.executions_of(TENANT, sid) if e.states[-1:] == ["Park"] and d.sfn._asleep(e)]:
+            assert time.monotonic() < deadline, ([e.states for e in d.executions_of(TENANT, sid)], evidence(d))
+            time.sleep(0.02)
+        execution = parked(d, sid)
+        d.stop(execution)
+        parked_at = time.monotonic()
+        assert show(d, sid)["status"] == "awaiting_input", evidence(d)
+        time.sleep(max(0.0, parked_at + wait + 0.5 - time.monotonic()))
+    finally:
+        d.update({"WaitTimeoutSeconds": default})
+    lines = swept(d.sweep(), sid)
+    assert len(lines) == 1 and lines[0].endswith(": expired"), (lines, evidence(d))
+    end = ledger(d, sid)[-1]
+    assert end["type"] == "invocation_end" and end["error_type"] == "SessionExpired", end
+    assert show(d, sid)["status"] == "error"
+    assert len(d.executions_of(TENANT, sid)) == 1  # no new execution for a wait that is over
+
+
 REACHED_RARELY = {
     # A commit that meets a stale marker repairs it (rolls back: DeleteItem, BatchWriteItem; reads the meta and
     # the touch: GetItem; writes bindings and touches in a finish transaction: PutItem), and a commit that

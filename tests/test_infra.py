@@ -383,7 +383,11 @@ def test_each_function_may_touch_only_its_logs_this_table_and_this_state_machine
 # state machine whose execution issued it; DescribeExecution against the execution).
 CONTRACT_STATES = {
     "run": {"states:StartExecution": "machine"},
-    "sweeper": {"states:StartExecution": "machine"},
+    "sweeper": {
+        "states:StartExecution": "machine",
+        "states:DescribeExecution": "executions",
+        "states:SendTaskSuccess": "machine",
+    },
     "tools": {"states:SendTaskSuccess": "machine"},
     "park": {"states:SendTaskSuccess": "machine"},
 }
@@ -524,6 +528,9 @@ def test_the_workflow_runs_parks_continues_as_new_and_ends_cleanly(synth: Synth)
     park = states["Park"]
     assert park["Resource"].endswith(":states:::lambda:invoke.waitForTaskToken")
     assert park["Parameters"]["Payload"]["token.$"] == "$$.Task.Token"
+    # the wait's record, for the sweeper: which execution parked, and for how long
+    assert park["Parameters"]["Payload"]["execution.$"] == "$$.Execution.Id"
+    assert park["Parameters"]["Payload"]["wait_seconds"] == "<WaitTimeoutSeconds>"
     assert park["ResultPath"] == "$.answer"  # the callback's output must not replace the session's ids
     assert park["TimeoutSeconds"] == "<WaitTimeoutSeconds>"
     catches = {tuple(c["ErrorEquals"]): c["Next"] for c in park["Catch"]}
@@ -549,6 +556,7 @@ def test_the_workflow_runs_parks_continues_as_new_and_ends_cleanly(synth: Synth)
     assert cont["Next"] == "Continued" and states["Continued"]["Type"] == "Succeed"
 
     assert states["Expire"]["Parameters"]["Payload"]["action"] == "expire"
+    assert states["Expire"]["Parameters"]["Payload"]["execution.$"] == "$$.Execution.Id"  # only its own wait
     assert states["Expire"]["Next"] == "Answered as it expired?"
     answered = states["Answered as it expired?"]
     assert answered["Choices"] == [{"Variable": "$.expired.status", "StringEquals": "resumable", "Next": "Next loop"}]
@@ -623,6 +631,8 @@ def test_cdk_nag_passes_with_only_the_acknowledged_findings(synth: Synth) -> Non
         f"AwsSolutions-IAM5[Resource::<{park_id}.Arn>:*]",
         f"AwsSolutions-IAM5[Resource::<{resume_id}.Arn>:*]",
         "AwsSolutions-IAM5[Resource::*]",
+        # the sweeper's DescribeExecution: on this machine's executions, whose names are made per turn
+        f"AwsSolutions-IAM5[Resource::{machine_arn(synth).replace(':stateMachine:', ':execution:')}:*]",
         "AwsSolutions-L1",
         "AwsSolutions-SF2",
         "AwsSolutions-COG8",

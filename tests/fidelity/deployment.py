@@ -309,6 +309,20 @@ class Deployment:
         """Kill ``function``'s sandbox just before its next call needing ``action`` (e.g. states:StartExecution)."""
         self.lambdas.crash_before(function, action)
 
+    def stop(self, execution: Execution) -> None:
+        """``StopExecution``, as an operator would from the console (the execution ends ``ABORTED``)."""
+        self.sfn.stop_execution(execution.arn, error="Operator", cause="stopped by hand")
+
+    def sweep(self, grace_seconds: float | None = 0) -> dict[str, Any]:
+        """Invoke the sweeper with the schedule's event (plus ``grace_seconds``: an operator's "sweep now")."""
+        event = json.loads((ROOT / "events/schedule/sweeper.json").read_text())
+        if grace_seconds is not None:
+            event["grace_seconds"] = grace_seconds
+        ok, result = self.invoke("sweeper", event)
+        if not ok:
+            raise AssertionError(f"the sweeper failed: {result}")
+        return result  # type: ignore[no-any-return]
+
     def errors(self, function: str | None = None) -> list[tuple[str, str | None, str]]:
         """(function, errorType, errorMessage) of each failed invocation."""
         return [

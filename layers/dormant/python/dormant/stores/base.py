@@ -59,6 +59,7 @@ A store supplies only these primitives, each documented with the concurrency it 
 * ``_load_scoped(app, scope, scope_id)`` -> ``{key: encoded value}``;
 * ``_delete(app, session_id)``, ``_list(app, limit, after)`` and ``_close()``;
 * ``_running(limit)``: the sessions whose stored status is ``running``, across apps, from an index;
+* ``_waiting(limit)``: the same for the waiting statuses (``awaiting_input``, ``resumable``);
 * optionally ``_save_snapshot``/``_load_snapshot`` (the defaults keep none: loads are then whole).
 
 Then run ``StoreContract`` against it.
@@ -96,6 +97,7 @@ __all__ = [
     "MAX_CURSOR_TIME",
     "MAX_SCOPED_KEY_BYTES",
     "RUNNING_STATUS",
+    "WAITING_STATUSES",
     "BaseSessionStore",
     "CommitResult",
     "EncodedEvent",
@@ -121,6 +123,8 @@ MAX_SCOPED_KEY_BYTES = 1024
 store so none refuses late what another accepts."""
 RUNNING_STATUS = "running"
 """The stored status ``running_sessions`` finds (``Projection.status`` while an invocation is open)."""
+WAITING_STATUSES = ("awaiting_input", "resumable")
+"""The stored statuses ``waiting_sessions`` finds: an invocation open on yielded tools, unanswered or answered."""
 MAX_CURSOR_TIME = (1 << 63) - 1
 """The largest ``updated_at`` a listing cursor may carry (what a 64-bit SQL integer holds)."""
 
@@ -201,12 +205,14 @@ class SessionListing(NamedTuple):
 
 class RunningSession(NamedTuple):
     """A session whose stored status is ``running`` (``running_sessions``): an invocation started and not ended,
-    in progress or with its runner gone. The sweeper loads it to read the runner's deadline."""
+    in progress or with its runner gone. The sweeper loads it to read the runner's deadline. ``waiting_sessions``
+    answers the same rows for the sessions that wait (``status`` says on what)."""
 
     app_name: str
     session_id: str
     updated_at: int
     """When it last committed (epoch ms): the oldest come first."""
+    status: str = RUNNING_STATUS
 
 
 @dataclass(frozen=True)
@@ -446,6 +452,15 @@ class BaseSessionStore(ABC):
         self._check_open()
         return self._running(limit)
 
+    def waiting_sessions(self, limit: int = 1000) -> builtins.list[RunningSession]:
+        """The sessions of every app whose stored status is one of ``WAITING_STATUSES`` (``awaiting_input``,
+        ``resumable``), least recently updated first, at most ``limit``: where the sweeper finds waits that may
+        have lost the execution meant to wake them. From an index of them, as ``running_sessions``."""
+        if not _is_count(limit) or limit < 1:
+            raise InputError(f"limit is an int >= 1, not {limit!r}", field="limit")
+        self._check_open()
+        return self._waiting(limit)
+
     def list(
         self, app_name: str, *, limit: int | None = None, cursor: str | None = None
     ) -> builtins.list[SessionListing]:
@@ -539,6 +554,10 @@ class BaseSessionStore(ABC):
     def _running(self, limit: int) -> builtins.list[RunningSession]:
         """Up to ``limit`` sessions whose stored status is ``running``, of every app, ordered by
         (updated_at, app name, id) ascending, read from an index of them (never every session)."""
+
+    @abstractmethod
+    def _waiting(self, limit: int) -> builtins.list[RunningSession]:
+        """As ``_running``, for the sessions whose stored status is in ``WAITING_STATUSES`` (with that status)."""
 
     @abstractmethod
     def _close(self) -> None:

@@ -49,7 +49,7 @@ from .base import (
     StoredSession,
     StoredSnapshot,
 )
-from .sql_schema import INDEXES, RUNNING_QUERY, TABLES, bound_id, ddl
+from .sql_schema import INDEXES, RUNNING_QUERY, TABLES, WAITING_QUERY, bound_id, ddl
 
 __all__ = ["DDL", "PostgresSessionStore", "postgres_store"]
 
@@ -244,6 +244,11 @@ class PostgresSessionStore(BaseSessionStore):
     def _running(self, limit: int) -> builtins.list[RunningSession]:
         with self._connection() as conn:
             rows = conn.cursor(row_factory=tuple_row).execute(RUNNING_QUERY.format(mark="%s"), (limit,)).fetchall()
+        return [RunningSession(*row) for row in rows]
+
+    def _waiting(self, limit: int) -> builtins.list[RunningSession]:
+        with self._connection() as conn:
+            rows = conn.cursor(row_factory=tuple_row).execute(WAITING_QUERY.format(mark="%s"), (limit,)).fetchall()
         return [RunningSession(*row) for row in rows]
 
     def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:

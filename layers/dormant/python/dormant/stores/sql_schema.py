@@ -9,6 +9,8 @@ reading the app's; built from the rows themselves, so a file made before them is
 ``idx_sessions_running``: a partial index of the sessions whose status is ``running``, ordered by
 ``updated_at``, so ``running_sessions`` (the sweeper's question, across apps) reads only those; made with
 ``IF NOT EXISTS`` when a store opens, so a database made before it gets it, indexed whole, on first open.
+``idx_sessions_waiting``: the same for the waiting statuses (``awaiting_input``, ``resumable``): where the
+sweeper finds waits whose wake-up may have been lost (``waiting_sessions``).
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ from __future__ import annotations
 from ..errors import InputError
 from ..state.schema import BOUND_SCOPES
 
-__all__ = ["INDEXES", "RUNNING_QUERY", "TABLES", "bound_id", "ddl"]
+__all__ = ["INDEXES", "RUNNING_QUERY", "TABLES", "WAITING_QUERY", "bound_id", "ddl"]
 
 TABLES = ("sessions", "events", "scoped_state", "snapshots")
 INDEXES = (
     "idx_sessions_updated",
     "idx_events_order",
     "idx_sessions_running",
+    "idx_sessions_waiting",
     *(f"idx_sessions_bound_{scope}" for scope in BOUND_SCOPES),
 )
 
@@ -32,6 +35,11 @@ RUNNING_QUERY = (
 )
 """``running_sessions``: spelled as the partial index's predicate, so the planner uses it (``{mark}``: the
 driver's parameter mark)."""
+WAITING_QUERY = (
+    "SELECT app_name, id, updated_at, status FROM sessions WHERE status IN ('awaiting_input', 'resumable')"
+    " ORDER BY updated_at, app_name, id LIMIT {mark}"
+)
+"""``waiting_sessions``: spelled as its partial index's predicate (``WAITING_STATUSES``), so the planner uses it."""
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -48,6 +56,8 @@ CREATE TABLE IF NOT EXISTS sessions (
 );
 CREATE INDEX IF NOT EXISTS idx_sessions_updated ON sessions (app_name, updated_at, id);
 CREATE INDEX IF NOT EXISTS idx_sessions_running ON sessions (updated_at, app_name, id) WHERE status = 'running';
+CREATE INDEX IF NOT EXISTS idx_sessions_waiting ON sessions (updated_at, app_name, id)
+  WHERE status IN ('awaiting_input', 'resumable');
 CREATE TABLE IF NOT EXISTS events (
   app_name TEXT NOT NULL,
   session_id TEXT NOT NULL,

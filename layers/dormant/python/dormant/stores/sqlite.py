@@ -42,7 +42,7 @@ from .base import (
     StoredSession,
     StoredSnapshot,
 )
-from .sql_schema import INDEXES, RUNNING_QUERY, TABLES, bound_id, ddl
+from .sql_schema import INDEXES, RUNNING_QUERY, TABLES, WAITING_QUERY, bound_id, ddl
 
 __all__ = ["DDL", "SQLiteSessionStore", "sqlite_store"]
 
@@ -248,6 +248,11 @@ class SQLiteSessionStore(BaseSessionStore):
     def _running(self, limit: int) -> builtins.list[RunningSession]:
         with self._use():
             rows = self._conn.execute(RUNNING_QUERY.format(mark="?"), (limit,)).fetchall()
+        return [RunningSession(*row) for row in rows]
+
+    def _waiting(self, limit: int) -> builtins.list[RunningSession]:
+        with self._use():
+            rows = self._conn.execute(WAITING_QUERY.format(mark="?"), (limit,)).fetchall()
         return [RunningSession(*row) for row in rows]
 
     def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:

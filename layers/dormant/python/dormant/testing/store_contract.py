@@ -43,6 +43,7 @@ from ..stores.base import (
     MAX_CURSOR_TIME,
     MAX_SCOPED_KEY_BYTES,
     BaseSessionStore,
+    RunningSession,
     ScopedStateChange,
     SessionStore,
     SnapshotStore,
@@ -404,6 +405,69 @@ class StoreContract:
             for owner, sid in set(made):
                 store.delete(owner, sid)
         assert running() == []
+
+    def test_waiting_sessions_are_the_waiting_ones_of_every_app(self, store: SessionStore, app: str) -> None:
+        """The sessions whose stored status is ``awaiting_input`` or ``resumable``, across apps, oldest first,
+        with that status: one answered (awaiting -> resumable) stays, one that runs, ends or is deleted leaves,
+        a refused commit changes nothing; ``running_sessions`` lists none of them."""
+        if not isinstance(store, BaseSessionStore):
+            pytest.skip("waiting_sessions is part of BaseSessionStore")
+        other = f"{app}-other"
+        made: list[tuple[str, str]] = []
+
+        def commit(owner: str, sid: str, status: str, n: int, expected: int) -> bool:
+            made.append((owner, sid))
+            return store.commit(self.meta(owner, sid, status=status), [_event(n)], expected).ok
+
+        def listed(rows: Sequence[RunningSession]) -> list[tuple[str, str, int, str]]:
+            return [(r.app_name, r.session_id, r.updated_at, r.status) for r in rows if r.app_name in (app, other)]
+
+        def waiting(limit: int = 100_000) -> list[tuple[str, str, int, str]]:
+            return listed(store.waiting_sessions(limit))
+
+        t = 1_000_000_000
+        try:
+            with frozen_clock(t) as clock:
+                for owner, sid, status in (
+                    (app, "s-asks", "awaiting_input"),  # t+1
+                    (other, "s-answered", "resumable"),  # t+2
+                    (app, "s-runs", "running"),  # t+3
+                    (other, "s-idle", "idle"),  # t+4
+                    (app, "s-resumed", "awaiting_input"),  # t+5
+                    (other, "s-refused", "awaiting_input"),  # t+6
+                    (app, "s-deleted", "awaiting_input"),  # t+7
+                ):
+                    clock.advance(1)
+                    assert commit(owner, sid, status, 1, 0)
+                assert waiting() == [
+                    (app, "s-asks", t + 1, "awaiting_input"),
+                    (other, "s-answered", t + 2, "resumable"),
+                    (app, "s-resumed", t + 5, "awaiting_input"),
+                    (other, "s-refused", t + 6, "awaiting_input"),
+                    (app, "s-deleted", t + 7, "awaiting_input"),
+                ]
+                assert waiting(limit=2) == waiting()[:2]
+                assert [r[1] for r in listed(store.running_sessions())] == ["s-runs"]
+                clock.advance(1)  # t+8
+                assert commit(app, "s-asks", "resumable", 2, 1)  # answered: still waits (for its runner)
+                assert commit(app, "s-resumed", "running", 2, 1)  # resumed: running, not waiting
+                assert commit(other, "s-answered", "completed", 2, 1)  # ended
+                assert commit(app, "s-runs", "awaiting_input", 2, 1)  # yielded: waits now
+                assert not commit(other, "s-refused", "completed", 2, 5)  # a conflict: nothing changes
+                store.delete(app, "s-deleted")
+                assert waiting() == [
+                    (other, "s-refused", t + 6, "awaiting_input"),
+                    (app, "s-asks", t + 8, "resumable"),
+                    (app, "s-runs", t + 8, "awaiting_input"),
+                ]
+                assert [r[1] for r in listed(store.running_sessions())] == ["s-resumed"]
+                with pytest.raises(InputError) as refused:
+                    store.waiting_sessions(0)
+                assert refused.value.field == "limit"
+        finally:
+            for owner, sid in set(made):
+                store.delete(owner, sid)
+        assert waiting() == []
 
     # -- scoped state -----------------------------------------------------------------------
 
