@@ -1,7 +1,8 @@
 """``DormantStack``: the table, the layers, the functions, the API, the resume workflow and the sweeper.
 
 Deploy-time choices are stack parameters (listing shards, wait timeout, log retention); build-time ones
-are CDK context (``-c app=module:attr``, ``-c app_packages=dir,dir``, ``-c removal=destroy``, ``-c tracing=true``).
+are CDK context (``-c app=module:attr``, ``-c app_packages=dir,dir``, ``-c removal=destroy``, ``-c tracing=true``,
+``-c alarm_topic=<SNS topic ARN>``: where the alarms go).
 """
 
 from __future__ import annotations
@@ -14,9 +15,15 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
+from dormant import metrics
+from dormant.stores.dynamodb import TABLE
+
+from .alarms import Alarms
 from .api import Api
 from .bundle import ROOT
+from .dashboard import Dashboard
 from .functions import Functions
+from .guardrails import Guardrails, MachineClientPlans, RateLimitedWebAcl
 from .layer import Layers
 from .schedule import SweeperSchedule
 from .table import SessionTable
@@ -30,6 +37,7 @@ from .wiring import (
     STATES_ACCESS,
     STORE,
     TABLE_ACCESS,
+    TURN_QUOTA,
     state_machine_name,
 )
 from .workflow import MAX_WAIT_SECONDS, ResumeWorkflow
@@ -45,6 +53,7 @@ class DormantStack(Stack):
     def __init__(self, scope: Construct, id: str, **kwargs: object) -> None:
         super().__init__(scope, id, **kwargs)  # type: ignore[arg-type]
         context = self.node.try_get_context
+        guardrails = Guardrails.from_context(context)
         tracing = str(context("tracing") or "false").lower() == "true"
         removal = RemovalPolicy.DESTROY if context("removal") == "destroy" else RemovalPolicy.RETAIN
         app_packages = [ROOT / p for p in str(context("app_packages") or DEFAULT_APP_PACKAGES).split(",") if p]
@@ -103,8 +112,9 @@ class DormantStack(Stack):
             APP: str(context("app") or DEFAULT_APP),
             IDEMPOTENCY_TABLE: table.table_name,  # idempotency records share the session table
             STATE_MACHINE: arns[MACHINE],
-            "POWERTOOLS_SERVICE_NAME": "dormant",
-            "POWERTOOLS_METRICS_NAMESPACE": "dormant",
+            TURN_QUOTA: guardrails.turn_quota,
+            "POWERTOOLS_SERVICE_NAME": metrics.SERVICE,
+            "POWERTOOLS_METRICS_NAMESPACE": metrics.NAMESPACE,
             "POWERTOOLS_TRACE_DISABLED": "false" if tracing else "true",
             # No pydantic plugins are deployed: skip pydantic's scan of every installed package's
             # entry points, which the first model built would otherwise pay at cold start.
@@ -161,10 +171,33 @@ class DormantStack(Stack):
         # Continue-as-new: the execution starts its successor (a states:startExecution task of this machine).
         machine.add_to_role_policy(iam.PolicyStatement(actions=["states:StartExecution"], resources=[arns[MACHINE]]))
 
+        guardrails.reserve(functions.by_name)
         api = Api(
-            self, "Api", functions=functions.by_name, log_retention_days=retention.value_as_number, tracing=tracing
+            self,
+            "Api",
+            functions=functions.by_name,
+            log_retention_days=retention.value_as_number,
+            tracing=tracing,
+            throttling=guardrails.stage_throttling(),
         )
-        SweeperSchedule(self, "Sweeper", sweeper=functions["sweeper"])
+        stage = api.rest_api.deployment_stage
+        MachineClientPlans(self, "MachineClients", guardrails=guardrails, stage=stage)
+        if guardrails.waf_rate_limit:
+            RateLimitedWebAcl(self, "Waf", limit=guardrails.waf_rate_limit, stage=stage)
+        schedule = SweeperSchedule(self, "Sweeper", sweeper=functions["sweeper"])
+        Alarms(
+            self,
+            "Alarms",
+            functions=functions.by_name,
+            state_machine=machine,
+            table=table,
+            indexes=[index.name for index in TABLE.indexes if not index.local],
+            stage=stage,
+            sweeper_dlq=schedule.dead_letters,
+            topic_arn=context("alarm_topic"),
+        )
+
+        Dashboard(self, "Dashboard", functions=functions.by_name, table=table)
 
         CfnOutput(self, "ApiUrl", value=api.rest_api.url)
         CfnOutput(self, "UserPoolId", value=api.user_pool.user_pool_id)

@@ -21,6 +21,7 @@ STORE = "DORMANT_STORE"
 APP = "DORMANT_APP"
 IDEMPOTENCY_TABLE = "DORMANT_IDEMPOTENCY_TABLE"
 STATE_MACHINE = "DORMANT_STATE_MACHINE"
+TURN_QUOTA = "DORMANT_TURN_QUOTA"  # -c turn_quota=N/SECONDS; empty: none (dormant.serving.quota)
 COMMON_ENVIRONMENT = frozenset(
     {
         STORE,
@@ -38,12 +39,13 @@ API_FUNCTIONS = frozenset(function for _, _, function in ROUTES)
 
 ENVIRONMENT: Mapping[str, frozenset[str]] = MappingProxyType(
     {
-        "sessions": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE},
+        # every API function's handler reads the turn quota; only POST /runs (run) takes from it
+        "sessions": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, TURN_QUOTA},
         # starts the execution that runs the turn it is about to claim (before the claim: every claim has a runner)
-        "run": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, STATE_MACHINE},
+        "run": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, STATE_MACHINE, TURN_QUOTA},
         # wakes a waiting execution with the task token stored on the session: no ARN needed
-        "tools": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE},
-        "commit": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE},
+        "tools": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, TURN_QUOTA},
+        "commit": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, TURN_QUOTA},
         # answers its own task token (park) or runs in the execution (resume): no ARN needed
         "park": COMMON_ENVIRONMENT,
         "resume": COMMON_ENVIRONMENT,

@@ -141,10 +141,10 @@ COMMON_ENV = {
     "PYDANTIC_DISABLE_PLUGINS",
 }
 CONTRACT_ENV = {
-    "sessions": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE"},
-    "run": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_STATE_MACHINE"},
-    "tools": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE"},
-    "commit": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE"},
+    "sessions": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TURN_QUOTA"},
+    "run": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_STATE_MACHINE", "DORMANT_TURN_QUOTA"},
+    "tools": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TURN_QUOTA"},
+    "commit": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TURN_QUOTA"},
     "park": COMMON_ENV,
     "resume": COMMON_ENV,
     "sweeper": COMMON_ENV | {"DORMANT_STATE_MACHINE"},
@@ -638,6 +638,7 @@ def test_cdk_nag_passes_with_only_the_acknowledged_findings(synth: Synth) -> Non
         "AwsSolutions-COG8",
         "AwsSolutions-APIG2",
         "AwsSolutions-APIG3",
+        "AwsSolutions-SQS3",  # the sweeper schedule's dead-letter queue is itself a DLQ
     }
 
 

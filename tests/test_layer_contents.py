@@ -32,6 +32,7 @@ SHIPPED = {
     "events.py",
     "ids.py",
     "ledger.py",
+    "metrics.py",
     "models",
     "projection.py",
     "py.typed",

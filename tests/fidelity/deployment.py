@@ -74,9 +74,10 @@ class Deployment:
         app_packages: list[str] | None = None,
         parameters: dict[str, Any] | None = None,
         time_scale: float = 0.01,
+        context: dict[str, str] | None = None,
     ) -> Deployment:
         workdir = scratch()
-        context = {}
+        context = dict(context or {})
         if app:
             context["app"] = app
         if app_packages:

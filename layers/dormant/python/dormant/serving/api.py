@@ -1,8 +1,8 @@
 """The HTTP API as Lambda handlers behind API Gateway (REST, proxy integration), with Powertools.
 
 ``api_handler()`` builds one function's handler: a Powertools ``APIGatewayRestResolver`` with the
-routes of ``serving.routes``, a ``Logger`` that carries the request id as correlation id, ``Metrics``
-(commits, conflicts, merges, orphans, yields, resumes), and a ``Tracer`` only when tracing is on (it
+routes of ``serving.routes``, a ``Logger`` that carries the request id as correlation id, the invocation's
+``dormant.metrics`` published as EMF, and a ``Tracer`` only when tracing is on (it
 imports the X-Ray SDK, which costs a cold start nothing uses otherwise).
 
 What a caller gets: JSON in and out; bad input a 400 naming the field; an unknown session (or another
@@ -39,12 +39,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools import Logger
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
 from aws_lambda_powertools.logging import correlation_paths
-from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .. import metrics
 from ..app import App
 from ..audit import key_history, state_diff
 from ..clock import now_ms
@@ -67,6 +68,7 @@ from ..projection import Projection, SessionStatus
 from ..session import Session
 from ..stores.base import ScopedStateChange, SessionListing
 from .hooks import Hooks, Started
+from .quota import TurnQuota, quota_from_env
 from .routes import ROUTES
 from .runtime import Served, served_from_env
 from .turns import CLAIM_GRACE_MS, AdvanceOutcome, claim_turn, run_to_end
@@ -364,10 +366,10 @@ def _events_page(events: Sequence[Event], first: int, limit: int, total: int) ->
 def build_resolver(
     served: Served,
     hooks: Hooks,
-    metrics: Metrics,
     logger: Logger,
     idempotency: Idempotency | None = None,
     function: str | None = None,
+    quota: TurnQuota | None = None,
 ) -> APIGatewayRestResolver:
     """The routes of ``function`` (``serving.routes``; ``None``: every route), over ``served``; each request
     works on the app as its tenant sees it. A function answers only its own routes, as API Gateway sends it
@@ -563,6 +565,9 @@ def build_resolver(
 
         def work() -> dict[str, Any]:
             session = tenant_app.sessions.require(session_id)
+            logger.append_keys(invocation_id=session.projection.open_invocation)
+            if quota is not None:  # before anything is started or claimed: past it, a 429 and nothing run
+                quota.take(tenant_app.store, served.app.name, tenant())
             invocation_id = session.projection.open_invocation or new_id("inv_")
             # No execution for a claim that must fail, nor for input that opens no invocation (state set while
             # calls wait: the execution parked on them goes on waiting).
@@ -570,6 +575,7 @@ def build_resolver(
                 if session.status == "running" and not request.takeover:
                     raise _held(session)
                 hooks.before_claim(tenant(), session_id, invocation_id, session.version)
+            logger.append_keys(invocation_id=invocation_id)
             claim = claim_turn(
                 tenant_app,
                 agent,
@@ -579,14 +585,13 @@ def build_resolver(
                 invocation_id=invocation_id,
                 deadline=now_ms() + CLAIM_GRACE_MS,
             )
-            metrics.add_metric(name="turns", unit=MetricUnit.Count, value=1)
+            metrics.count("turns", agent=agent.name)
             if claim.invocation_id is None or (hooks.run is None and hooks.before_claim is None):
                 outcome: AdvanceOutcome | None = run_to_end(tenant_app, claim, served.agent)  # this request runs it
             else:
                 started = hooks.run(tenant(), tenant_app, claim) if hooks.run is not None else None
                 outcome = _await(tenant_app, session_id, claim.version, started, wait)
             if outcome is not None:
-                _count(metrics, outcome)
                 return {"status": 200, "body": _finished(tenant_app, outcome)}
             return {
                 "status": 202,
@@ -612,7 +617,7 @@ def build_resolver(
         def work() -> dict[str, Any]:
             # A version moved by park storing its token is no reason to fail: the answers go on a fresh load.
             session = tenant_app.sessions.write(session_id, store, on_conflict="retry", attempts=_ATTEMPTS).session
-            metrics.add_metric(name="answers", unit=MetricUnit.Count, value=len(answers))
+            metrics.count("answers", len(answers))
             woke = hooks.on_answers(tenant(), tenant_app, session) if hooks.on_answers is not None else None
             answered = {"version": session.version, "status": session.status, **(woke or {})}
             if wait and answered["status"] in ("resumable", "running"):
@@ -652,7 +657,6 @@ def build_resolver(
         result = tenant_app.sessions.write(
             session=session, change=lambda _: None, on_conflict="fail", scoped_changes=lambda _: changes
         )
-        metrics.add_metric(name="commits", unit=MetricUnit.Count, value=1)
         return _json(200, {"version": result.version, "appended": result.appended})
 
     @route("POST", "/erasures")
@@ -663,7 +667,6 @@ def build_resolver(
         if idempotency is not None:  # the answers kept for retries hold what the sessions held
             for session_id in report.sessions:
                 idempotency.forget(records(tenant_app, session_id))
-        metrics.add_metric(name="erasures", unit=MetricUnit.Count, value=1)
         # What was erased, counted, for the audit; the person's id stays out of the logs.
         logger.info(
             "erased", extra={"scope": report.scope, "sessions": len(report.sessions), "keys": len(report.scoped_keys)}
@@ -672,8 +675,6 @@ def build_resolver(
 
     def dormant_error(exc: DormantError) -> Response[Any]:
         status = http_status(exc)
-        if isinstance(exc, VersionConflict):
-            metrics.add_metric(name="conflicts", unit=MetricUnit.Count, value=1)
         if status >= 500:
             logger.exception("request failed")
             return _error(status, type(exc).__name__, "the request failed; see the logs for its request id")
@@ -688,6 +689,16 @@ def build_resolver(
         resolver.exception_handler(kind)(on_error)
 
     return resolver
+
+
+def log_keys(event: dict[str, Any]) -> dict[str, str | None]:
+    """What every log line of a request carries: the tenant, the principal (a machine client's ``client_id``, else
+    the user's ``sub``) and the session; never a token or a body."""
+    context = event.get("requestContext") or {}
+    claims = (context.get("authorizer") or {}).get("claims") or {}
+    sub = claims.get("sub")
+    session = (event.get("pathParameters") or {}).get("id")
+    return {"tenant": sub, "principal": claims.get("client_id") or sub, "session_id": session}
 
 
 def records(app: App, session_id: str) -> str:
@@ -760,14 +771,6 @@ def _answered(session: Session, call_id: str) -> bool:
     return any(isinstance(e, ToolInputEvent) and e.call_id == call_id for e in session.events)
 
 
-def _count(metrics: Metrics, outcome: AdvanceOutcome) -> None:
-    names = {"committed": "commits", "merged": "merges", "orphaned": "orphans"}
-    if outcome.commit_status in names:
-        metrics.add_metric(name=names[outcome.commit_status], unit=MetricUnit.Count, value=1)
-    if outcome.status == "yielded_tool":
-        metrics.add_metric(name="yields", unit=MetricUnit.Count, value=1)
-
-
 def _json(status: int, payload: dict[str, Any]) -> Response[Any]:
     return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=json.dumps(payload))
 
@@ -791,7 +794,6 @@ def api_handler(
     ``DORMANT_IDEMPOTENCY_TABLE``; it builds its routes over the app on its first request. ``hooks`` say who
     runs a claimed turn (``None``: the request itself) and what answers wake."""
     logger = Logger()
-    metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "dormant"))
 
     @functools.cache
     def resolver() -> APIGatewayRestResolver:
@@ -800,19 +802,22 @@ def api_handler(
         return build_resolver(
             served or served_from_env(),
             hooks or Hooks(),
-            metrics,
             logger,
             idempotency or idempotency_from_env(),
             function,
+            quota_from_env(),
         )
 
-    @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)
+    if "AWS_LAMBDA_FUNCTION_NAME" in os.environ:  # not under dormant serve: its logging is the user's
+        # The library's own loggers (dormant.*) write through this one: the same JSON and keys on every line.
+        copy_config_to_registered_loggers(source_logger=logger, include={"dormant"})
+
+    # clear_state: a warm sandbox's next request starts without the last one's keys
+    @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST, clear_state=True)
     def handler(event: dict[str, Any], context: Any) -> Any:
-        try:
+        logger.append_keys(**log_keys(event))
+        with metrics.collecting(function or "api"):
             return resolver().resolve(event, context)
-        finally:
-            if metrics.metric_set:
-                metrics.flush_metrics()
 
     return _traced(handler)
 
