@@ -1028,6 +1028,11 @@ def test_zz_every_metric_is_emitted_by_the_function_whose_path_should(deployment
                 want = metrics.dimensions(name, record.get("agent") if definition.by_agent else None)
                 assert {k: record[k] for k in dims} == want, (metric, dims)  # nothing else: no session or tenant id
                 seen.setdefault(metric["Name"], set()).add(tuple(sorted(want.items())))
+    for name in ("sessions", "run", "tools", "commit", "park", "resume"):  # the functions with a Powertools logger
+        for line in d.log(name).splitlines():
+            if line.startswith("{") and '"level"' in line:
+                logged = json.loads(line)
+                assert logged.get("tenant") and logged.get("principal"), (name, line[:300])
     missing = set(metrics.METRICS) - UNIT_TESTED_METRICS - set(seen)
     assert not missing, f"never emitted in the scenarios: {sorted(missing)}; emitted: {sorted(seen)}"
     for alarm_name, alarm in alarms(d.template.raw).items():

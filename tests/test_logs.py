@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,8 @@ def test_every_line_carries_who_and_which_session_and_no_payload(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
     monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", "dormant-sessions")
+    # a logger of its own: Powertools binds a service's logger to the stdout of its first use (another test's)
+    monkeypatch.setenv("POWERTOOLS_SERVICE_NAME", f"logs-{uuid.uuid4().hex[:8]}")
     store = sqlite_store(tmp_path / "logs.db")
     served = load_served("bookings:build", store)
     client = Client(api_handler(in_process_hooks(served), served))

@@ -565,17 +565,17 @@ def build_resolver(
 
         def work() -> dict[str, Any]:
             session = tenant_app.sessions.require(session_id)
-            logger.append_keys(invocation_id=session.projection.open_invocation)
-            if quota is not None:  # before anything is started or claimed: past it, a 429 and nothing run
-                quota.take(tenant_app.store, served.app.name, tenant())
             invocation_id = session.projection.open_invocation or new_id("inv_")
+            logger.append_keys(invocation_id=invocation_id)
             # No execution for a claim that must fail, nor for input that opens no invocation (state set while
             # calls wait: the execution parked on them goes on waiting).
-            if hooks.before_claim is not None and session.status != "awaiting_input":
-                if session.status == "running" and not request.takeover:
-                    raise _held(session)
+            starts = hooks.before_claim is not None and session.status != "awaiting_input"
+            if starts and session.status == "running" and not request.takeover:
+                raise _held(session)
+            if quota is not None:  # before anything is started or claimed: past it, a 429 and nothing run
+                quota.take(tenant_app.store, served.app.name, tenant())
+            if starts and hooks.before_claim is not None:
                 hooks.before_claim(tenant(), session_id, invocation_id, session.version)
-            logger.append_keys(invocation_id=invocation_id)
             claim = claim_turn(
                 tenant_app,
                 agent,
