@@ -484,7 +484,10 @@ def sweep_waits(
             else:
                 line = _resume_here(served, view, row)
         except DormantError as exc:  # one session's trouble does not stop the sweep of the others
-            _logger.warning("dormant: the sweep of %s failed: %s: %s", row.session_id, type(exc).__name__, exc)
+            keys = {"tenant": tenant, "session_id": row.session_id}  # the keys every line carries, on this one too
+            _logger.warning(
+                "dormant: the sweep of %s failed: %s: %s", row.session_id, type(exc).__name__, exc, extra=keys
+            )
             line = f"{row.session_id}: failed ({type(exc).__name__})"
         if line is not None:
             done.append(line)
@@ -572,5 +575,21 @@ def sweeper_handler(
             "purged": [f"{name}/{sid}" for name, ids in purge_tenants(app).items() for sid in ids],
             "turns": turns,
         }
+
+    if "AWS_LAMBDA_FUNCTION_NAME" in os.environ:  # on Lambda, its lines (the library's) are JSON with their keys
+        from aws_lambda_powertools import Logger
+        from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
+
+        logger = Logger()
+        copy_config_to_registered_loggers(source_logger=logger, include={"dormant"})
+
+        def keyed(event: dict[str, Any], context: Any) -> dict[str, Any]:
+            logger.append_keys(principal="sweeper")  # the schedule's sweep, for every tenant
+            return handler(event, context)
+
+        logged: Callable[[dict[str, Any], Any], dict[str, Any]] = logger.inject_lambda_context(
+            log_event=False, clear_state=True
+        )(keyed)
+        return logged
 
     return handler
