@@ -11,8 +11,9 @@ Identity is a development stand-in for the authorizer: the ``X-Dormant-Principal
 list: its ``cognito:groups``), each else the server's ``principal``, ``tenant`` and ``groups``; without a
 tenant the principal is its own tenant, as a token without the claim is on AWS. Nothing here
 authenticates anyone, so only loopback clients are served: any other gets a 403. A loopback client may
-be a browser running another site's script, so a request a browser marks as cross-site (``Origin`` not this server, ``Sec-Fetch-Site: cross-site``) or one whose
-``Host`` is not a loopback name (DNS rebinding) gets a 403 too, before it reaches a handler.
+be a browser running another site's script, so a request a browser marks as cross-site (``Origin`` not
+this server, ``Sec-Fetch-Site: cross-site``) or one whose ``Host`` is not a loopback name (DNS
+rebinding) gets a 403 too, before it reaches a handler.
 
 **Concurrency.** A ``LocalAPI`` takes one request at a time: Powertools' resolver keeps the current event
 on its class (``BaseRouter.current_event``, shared by every instance and thread), so two requests in
