@@ -98,7 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--tenant", help="the tenant of a request without X-Dormant-Tenant (default: the principal is its own tenant)"
     )
     serve.add_argument(
-        "--groups", default="", help="the groups (comma list) of a request without X-Dormant-Groups (default none)"
+        "--groups",
+        default="",
+        help="the groups (comma list) of a request naming neither X-Dormant-Groups nor X-Dormant-Principal",
     )
     serve.add_argument(
         "--workers",

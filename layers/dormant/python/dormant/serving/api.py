@@ -660,7 +660,7 @@ def build_resolver(
                 outcome = _await(tenant_app, session_id, claim.version, started, wait)
             if outcome is not None:
                 _count(metrics, outcome)
-                return {"status": 200, "body": _finished(tenant_app, outcome)}
+                return {"status": 200, "body": _finished(tenant_app, outcome, me)}
             return {
                 "status": 202,
                 "body": {"status": "running", "session_id": session_id, "version": claim.version, "after": claim.after},
@@ -693,7 +693,7 @@ def build_resolver(
             if wait and answered["status"] in ("resumable", "running"):
                 outcome = _await(tenant_app, session_id, int(answered["version"]), None, wait)
                 if outcome is not None:
-                    return {"status": 200, "body": _finished(tenant_app, outcome)}
+                    return {"status": 200, "body": _finished(tenant_app, outcome, me)}
             return {"status": 202, "body": answered}
 
         return once(tenant_app, session_id, work)
@@ -828,12 +828,12 @@ def _await(app: App, session_id: str, version: int, started: Started | None, sec
     return None
 
 
-def _finished(app: App, outcome: AdvanceOutcome) -> dict[str, Any]:
-    """The body of a turn that ended within the request."""
+def _finished(app: App, outcome: AdvanceOutcome, caller: Caller | None = None) -> dict[str, Any]:
+    """The body of a turn that ended within the request (whether ``caller`` may answer each waiting call)."""
     return {
         "status": outcome.status,
         "output": {"text": outcome.output.text, "value": outcome.output.value},
-        "yielded_tools": _yielded(app, outcome.session),
+        "yielded_tools": _yielded(app, outcome.session, caller),
         "commit_status": outcome.commit_status,
         "version": outcome.version,
         "fork_id": outcome.fork_id,

@@ -8,8 +8,9 @@ request resumes it here, in-process (``workflow.in_process_hooks``).
 
 Identity is a development stand-in for the authorizer: the ``X-Dormant-Principal`` header (the token's
 ``sub``), ``X-Dormant-Tenant`` (its tenant claim, ``DORMANT_TENANT_CLAIM``) and ``X-Dormant-Groups`` (a comma
-list: its ``cognito:groups``), each else the server's ``principal``, ``tenant`` and ``groups``; without a
-tenant the principal is its own tenant, as a token without the claim is on AWS. Nothing here
+list: its ``cognito:groups``), each else the server's ``principal``, ``tenant`` and ``groups`` (the groups
+only for a request that names no principal: they are the default caller's); without a tenant the principal
+is its own tenant, as a token without the claim is on AWS. Nothing here
 authenticates anyone, so only loopback clients are served: any other gets a 403. A loopback client may
 be a browser running another site's script, so a request a browser marks as cross-site (``Origin`` not
 this server, ``Sec-Fetch-Site: cross-site``) or one whose ``Host`` is not a loopback name (DNS
@@ -310,7 +311,8 @@ class LocalAPI:
         if named and not tenant:
             return _refuse(400, f"{TENANT_HEADER} is empty", field=TENANT_HEADER)
         listed = [value for name, value in headers if name.lower() == GROUPS_HEADER.lower()]
-        groups = tuple(sorted(parse_groups(listed[-1]))) if listed else self.groups
+        # the server's groups are its default caller's: a request naming another principal names its groups too
+        groups = tuple(sorted(parse_groups(listed[-1]))) if listed else () if given else self.groups
         split = urlsplit(target)
         if self._match(split.path) is not None:
             return self.call(method, target, headers, body, principal, client, tenant=tenant, groups=groups)
