@@ -275,3 +275,65 @@ def test_without_a_tenant_the_principal_is_its_own_tenant(serve: str) -> None:
     # erin's requests carry the server's --tenant (clinic) unless they name another: the session is clinic's
     assert http(f"{serve}/sessions/solo", principal="zoe")[0] == 200
     assert http(f"{serve}/sessions/solo", principal="zoe", tenant="zoe")[0] == 404
+
+
+# -- the handlers, as API Gateway calls them with a machine client's access token ------------------------
+
+
+def _request(method: str, resource: str, path: str, claims: dict[str, str], body: Any = None) -> dict[str, Any]:
+    from dormant.serving.local import proxy_event
+
+    raw = b"" if body is None else json.dumps(body).encode()
+    params = {"id": path.split("/")[3]} if resource.count("/") > 2 else {}
+    event = proxy_event(
+        method, resource, path, params, "", [("Content-Type", "application/json")], raw, "x", "1.2.3.4", "r"
+    )
+    event["requestContext"]["authorizer"]["claims"] = claims
+    return event
+
+
+def test_a_machine_clients_token_needs_its_routes_scope_and_answers_write_to_commit_answers(tmp_path: Path) -> None:
+    pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambda extra")
+    from dormant.serving.api import api_handler
+    from dormant.serving.runtime import Served
+    from tests.lambda_events import LambdaContext
+
+    store = SQLiteSessionStore(str(tmp_path / "m.db"))
+    people = build(store)
+    handler = api_handler(served=Served(people.app, {"asker": people.agent}))
+
+    def call(method: str, resource: str, path: str, scopes: str, body: Any = None) -> tuple[int, Any]:
+        claims = {"sub": "robot", "client_id": "robot", "token_use": "access", "scope": scopes}
+        response = handler(_request(method, resource, path, claims, body), LambdaContext())
+        return response["statusCode"], json.loads(response["body"] or "null")
+
+    run = "dormant/runs.write"
+    assert call("POST", "/clients/sessions", "/clients/sessions", run, {"session_id": "j"})[0] == 201
+    status, refused = call("GET", "/clients/sessions/{id}", "/clients/sessions/j", run)
+    assert status == 403 and refused["error"] == "NotPermitted" and "dormant/sessions.read" in refused["message"]
+    assert call("GET", "/clients/sessions/{id}", "/clients/sessions/j", "dormant/sessions.read")[0] == 200
+
+    # an answer in a commit needs dormant/answers.write as well, and is recorded as the client's
+    from dormant.serving.runtime import for_tenant
+
+    mine = for_tenant(people.app, "robot")
+    stored = mine.sessions.create("k")
+    result = mine.run(people.agent, "note", session=stored, principal="robot")
+    mine.sessions.commit(stored)
+    (waiting,) = result.yielded_tools
+    answer = {
+        "type": "tool_input",
+        "call_id": waiting.call_id,
+        "name": "note",
+        "input": YES,
+        "invocation_id": waiting.invocation_id,
+    }
+    commit = {"expected_version": stored.version, "events": [answer]}
+    status, refused = call("POST", "/clients/sessions/{id}/commit", "/clients/sessions/k/commit", run, commit)
+    assert status == 403 and "dormant/answers.write" in refused["message"], refused
+    both = f"{run} dormant/answers.write"
+    status, done = call("POST", "/clients/sessions/{id}/commit", "/clients/sessions/k/commit", both, commit)
+    assert status == 200, done
+    recorded = mine.sessions.require("k").events[-1]
+    assert isinstance(recorded, ToolInputEvent) and recorded.principal == "robot"  # stamped as the caller
+    store.close()
