@@ -63,6 +63,6 @@ def build(store: SessionStore | None = None) -> PeopleApp:
         for name, rule in RULES.items()
     ]
     agent = app.agent(
-        name="asker", model={"provider": "named", "name": "x"}, context=[app.context.history()], tools=tools
+        name="asker", model={"provider": "named", "name": "x"}, context=[app.context.history(turns=5)], tools=tools
     )
     return PeopleApp(app, agent)

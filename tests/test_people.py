@@ -114,8 +114,9 @@ def test_the_rules_survive_a_snapshot_and_a_reload(tmp_path: Path) -> None:
     people = build(store)
     session, call_id = asked(people, "review", principal="alice")
     people.app.sessions.commit(session)
-    people.app.sessions.snapshot(session)
+    assert people.app.sessions.snapshot(session)
     loaded = people.app.sessions.require(session.id)
+    assert loaded.snapshot_at is not None  # loaded from the snapshot, not replayed
     assert loaded.projection.invocations[loaded.projection.open_invocation or ""].principal == "alice"
     with pytest.raises(AnswerRefused):
         loaded.input.tool(call_id, YES, principal="alice")
