@@ -473,6 +473,8 @@ class NotPermitted(InputError):
 class AnswerRefused(NotPermitted):
     """An answer by a caller the tool's ``answerable_by`` refuses (``call_id``, ``tool``, ``rule``)."""
 
+    http_status: ClassVar[int] = 403
+
     def __init__(self, call_id: str, tool: str, rule: str, why: str, *, field: str | None = None) -> None:
         super().__init__(f"call {call_id!r} of {tool!r} is answerable by {rule}: {why}", rule=rule, field=field)
         self.call_id = call_id

@@ -6,6 +6,8 @@ serves it, so each function holds only the permissions its routes need.
 
 from __future__ import annotations
 
+from ..errors import ConfigurationError
+
 __all__ = ["CLIENT_PREFIX", "ROUTES", "SCOPES", "Route", "scope_of"]
 
 Route = tuple[str, str, str]
@@ -61,5 +63,5 @@ def scope_of(method: str, path: str) -> str:
     if scope is None and method == "GET":
         return SCOPES["read"]
     if scope is None:
-        raise KeyError(f"no scope for {method} {path}: add it to serving.routes")
+        raise ConfigurationError(f"no scope for {method} {path}: add it to serving.routes")
     return scope
