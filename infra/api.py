@@ -1,7 +1,11 @@
 """The REST API: the routes of the HTTP API, every method behind a Cognito user-pool authorizer.
 
-The caller's tenant is the ``sub`` claim of the Cognito ID token the authorizer verified; the handlers
-read it from the request context and put it into every key they touch.
+People sign in to the user pool (SRP, no OAuth redirect: no implicit grant, no callback URL) and call the
+routes with their ID token, which carries ``sub`` (the principal), the tenant claim (``custom:tenant``, set
+by an administrator: the app client cannot write it) and ``cognito:groups``. Machine clients get an access
+token by the client-credentials grant, with scopes of the ``dormant`` resource server, and call the same
+routes under ``/clients`` (``serving.routes.CLIENT_PREFIX``): those methods require the route's scope, and
+API Gateway takes only an access token on a method with scopes, only an ID token on one without.
 """
 
 from __future__ import annotations
@@ -15,7 +19,14 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from dormant.serving.routes import ROUTES
+from dormant.serving.routes import CLIENT_PREFIX, ROUTES, SCOPES, scope_of
+
+_SCOPE_DESCRIPTIONS = {
+    "read": "read sessions, their events and state",
+    "run": "create, run, fork and commit sessions",
+    "answer": "answer yielded tool calls",
+    "admin": "erase a person's data and delete sessions",
+}
 
 
 class Api(Construct):
@@ -27,6 +38,7 @@ class Api(Construct):
         functions: Mapping[str, lambda_.IFunction],
         log_retention_days: float,
         tracing: bool,
+        auth_domain_prefix: str,
     ) -> None:
         super().__init__(scope, id)
         self.user_pool = cognito.UserPool(
@@ -46,8 +58,40 @@ class Api(Construct):
             mfa_second_factor=cognito.MfaSecondFactor(otp=True, sms=False),
             account_recovery=cognito.AccountRecovery.EMAIL_ONLY,
             removal_policy=RemovalPolicy.RETAIN,
+            # The tenant a person belongs to: set by an administrator (README, Deploy), read by the handlers.
+            custom_attributes={"tenant": cognito.StringAttribute(min_len=1, max_len=128, mutable=True)},
         )
-        self.client = self.user_pool.add_client("Client", auth_flows=cognito.AuthFlow(user_srp=True))
+        # People: SRP sign-in for an ID token; no OAuth flows (no implicit grant, no placeholder callback URL).
+        # They may change their email, never their tenant (write_attributes leaves custom:tenant out).
+        self.client = self.user_pool.add_client(
+            "Client",
+            auth_flows=cognito.AuthFlow(user_srp=True),
+            disable_o_auth=True,
+            write_attributes=cognito.ClientAttributes().with_standard_attributes(email=True),
+        )
+        self.resource_server = self.user_pool.add_resource_server(
+            "Scopes",
+            identifier=SCOPES["read"].split("/")[0],
+            scopes=[
+                cognito.ResourceServerScope(scope_name=SCOPES[key].split("/")[1], scope_description=text)
+                for key, text in _SCOPE_DESCRIPTIONS.items()
+            ],
+        )
+        # Machines: the client-credentials grant at the pool's token endpoint, for any of the scopes (each token
+        # asks for the ones it needs with scope=).
+        self.domain = self.user_pool.add_domain(
+            "Domain", cognito_domain=cognito.CognitoDomainOptions(domain_prefix=auth_domain_prefix)
+        )
+        self.machine_client = self.user_pool.add_client(
+            "Machines",
+            generate_secret=True,
+            auth_flows=cognito.AuthFlow(),
+            o_auth=cognito.OAuthSettings(
+                flows=cognito.OAuthFlows(client_credentials=True),
+                scopes=[cognito.OAuthScope.custom(scope) for scope in SCOPES.values()],
+            ),
+        )
+        self.machine_client.node.add_dependency(self.resource_server)
         authorizer = apigw.CognitoUserPoolsAuthorizer(self, "Authorizer", cognito_user_pools=[self.user_pool])
 
         access_logs = logs.LogGroup(self, "AccessLogs", removal_policy=RemovalPolicy.DESTROY)
@@ -89,6 +133,14 @@ class Api(Construct):
         for method, path, function in ROUTES:
             resource = self.rest_api.root.resource_for_path(path)
             resource.add_method(method, integrations[function], request_validator=validator)
+            # the machine clients' twin: an access token with the route's scope (an ID token is refused here)
+            clients = self.rest_api.root.resource_for_path(CLIENT_PREFIX + path)
+            clients.add_method(
+                method,
+                integrations[function],
+                request_validator=validator,
+                authorization_scopes=[scope_of(method, path)],
+            )
 
         Validations.of(self.user_pool).acknowledge(
             Acknowledgment(

@@ -1,7 +1,10 @@
 """``DormantStack``: the table, the layers, the functions, the API, the resume workflow and the sweeper.
 
 Deploy-time choices are stack parameters (listing shards, wait timeout, log retention); build-time ones
-are CDK context (``-c app=module:attr``, ``-c app_packages=dir,dir``, ``-c removal=destroy``, ``-c tracing=true``).
+are CDK context (``-c app=module:attr``, ``-c app_packages=dir,dir``, ``-c removal=destroy``, ``-c tracing=true``,
+``-c tenant_claim=custom:tenant`` (the ID-token claim naming the caller's tenant; a token without it is its own
+tenant), ``-c auth_domain=prefix`` (the Cognito domain machine clients get tokens from; default
+``{stack}-{account}``)).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
+
+from dormant.serving.runtime import DEFAULT_TENANT_CLAIM
 
 from .api import Api
 from .bundle import ROOT
@@ -30,6 +35,7 @@ from .wiring import (
     STATES_ACCESS,
     STORE,
     TABLE_ACCESS,
+    TENANT_CLAIM,
     state_machine_name,
 )
 from .workflow import MAX_WAIT_SECONDS, ResumeWorkflow
@@ -103,6 +109,7 @@ class DormantStack(Stack):
             APP: str(context("app") or DEFAULT_APP),
             IDEMPOTENCY_TABLE: table.table_name,  # idempotency records share the session table
             STATE_MACHINE: arns[MACHINE],
+            TENANT_CLAIM: str(context("tenant_claim") or DEFAULT_TENANT_CLAIM),
             "POWERTOOLS_SERVICE_NAME": "dormant",
             "POWERTOOLS_METRICS_NAMESPACE": "dormant",
             "POWERTOOLS_TRACE_DISABLED": "false" if tracing else "true",
@@ -162,13 +169,20 @@ class DormantStack(Stack):
         machine.add_to_role_policy(iam.PolicyStatement(actions=["states:StartExecution"], resources=[arns[MACHINE]]))
 
         api = Api(
-            self, "Api", functions=functions.by_name, log_retention_days=retention.value_as_number, tracing=tracing
+            self,
+            "Api",
+            functions=functions.by_name,
+            log_retention_days=retention.value_as_number,
+            tracing=tracing,
+            auth_domain_prefix=str(context("auth_domain") or f"{self.stack_name.lower()}-{self.account}"),
         )
         SweeperSchedule(self, "Sweeper", sweeper=functions["sweeper"])
 
         CfnOutput(self, "ApiUrl", value=api.rest_api.url)
         CfnOutput(self, "UserPoolId", value=api.user_pool.user_pool_id)
         CfnOutput(self, "UserPoolClientId", value=api.client.user_pool_client_id)
+        CfnOutput(self, "MachineClientId", value=api.machine_client.user_pool_client_id)
+        CfnOutput(self, "TokenUrl", value=f"{api.domain.base_url()}/oauth2/token")
         CfnOutput(self, "TableName", value=table.table_name)
         CfnOutput(self, "StateMachineArn", value=machine.state_machine_arn)
 

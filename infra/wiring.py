@@ -21,6 +21,7 @@ STORE = "DORMANT_STORE"
 APP = "DORMANT_APP"
 IDEMPOTENCY_TABLE = "DORMANT_IDEMPOTENCY_TABLE"
 STATE_MACHINE = "DORMANT_STATE_MACHINE"
+TENANT_CLAIM = "DORMANT_TENANT_CLAIM"
 COMMON_ENVIRONMENT = frozenset(
     {
         STORE,
@@ -38,12 +39,13 @@ API_FUNCTIONS = frozenset(function for _, _, function in ROUTES)
 
 ENVIRONMENT: Mapping[str, frozenset[str]] = MappingProxyType(
     {
-        "sessions": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE},
+        # the API's functions read the caller's tenant from the claim TENANT_CLAIM names (-c tenant_claim=)
+        "sessions": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, TENANT_CLAIM},
         # starts the execution that runs the turn it is about to claim (before the claim: every claim has a runner)
-        "run": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, STATE_MACHINE},
+        "run": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, STATE_MACHINE, TENANT_CLAIM},
         # wakes a waiting execution with the task token stored on the session: no ARN needed
-        "tools": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE},
-        "commit": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE},
+        "tools": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, TENANT_CLAIM},
+        "commit": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, TENANT_CLAIM},
         # answers its own task token (park) or runs in the execution (resume): no ARN needed
         "park": COMMON_ENVIRONMENT,
         "resume": COMMON_ENVIRONMENT,

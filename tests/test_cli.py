@@ -62,6 +62,7 @@ def test_erase_removes_one_person_in_one_tenant(db: Path, capsys: pytest.Capture
         "sessions": ["s-alex"],
         "scoped_keys": ["name"],
         "residue": None,
+        "principal": None,  # run by the operator on the store, not by an API caller
     }
     store = sqlite_store(db, create=False)
     try:
@@ -156,6 +157,7 @@ def test_erase_that_leaves_residue_exits_3_naming_it_and_a_second_run_exits_0(db
         "sessions": [],
         "scoped_keys": [],
         "residue": None,
+        "principal": None,
     }
 
 

@@ -663,6 +663,7 @@ def test_an_erasure_removes_one_person_within_the_callers_tenant_only(client: Cl
         "sessions": ["s-1"],
         "scoped_keys": ["name"],
         "residue": None,
+        "principal": TENANT_A,  # who erased: the sessions are gone, so the report says it
     }
     assert client.call("get_session", session_id="s-1")[0] == 404
     assert client.call("get_session", session_id="s-2")[0] == 200

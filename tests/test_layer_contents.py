@@ -33,6 +33,7 @@ SHIPPED = {
     "ids.py",
     "ledger.py",
     "models",
+    "people.py",
     "projection.py",
     "py.typed",
     "serving",

@@ -5,6 +5,13 @@ function sandboxes, the Step Functions stand-in, and a table in DynamoDB Local m
 creates the table from the template's own definition, starts the state machine's API and the functions'
 sandboxes. Tests then only talk to it as a client would (``api``), or as AWS would (``invoke`` for a
 scheduled event), and read what happened (``executions``, ``calls``, DynamoDB).
+
+Callers carry a ``Token``: a person's ID token (``sub``, the tenant claim, ``cognito:groups``) or a machine
+client's access token (``sub`` its client id, ``scope``). The Cognito authorizer is played as API Gateway
+plays it, from each method's ``AuthorizationScopes`` in the template: a method without scopes takes only an ID
+token, a method with scopes only an access token carrying one of them; anything else is a 401 that never
+reaches the function. The claims reach the handler as the authorizer passes them: strings (a list claim,
+``cognito:groups``, comma-joined).
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +35,45 @@ STACK = "Dormant"
 INTEGRATION_TIMEOUT = 29.0
 """API Gateway REST's default integration timeout (seconds)."""
 MAX_REQUEST_BYTES = 10 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Token:
+    """A bearer token as the authorizer verified it: ``token_use`` ``id`` (a person) or ``access`` (a machine)."""
+
+    sub: str
+    token_use: str = "id"
+    tenant: str | None = None
+    groups: tuple[str, ...] = ()
+    scopes: tuple[str, ...] = ()
+    tenant_claim: str = "custom:tenant"
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def person(cls, sub: str, tenant: str | None = None, groups: Sequence[str] = ()) -> Token:
+        return cls(sub, "id", tenant, tuple(groups))
+
+    @classmethod
+    def machine(cls, client_id: str, scopes: Sequence[str]) -> Token:
+        """A client-credentials access token: its ``sub`` is the client id; it has no tenant claim, no groups."""
+        return cls(client_id, "access", scopes=tuple(scopes))
+
+    def claims(self) -> dict[str, str]:
+        if self.token_use == "access":
+            claims = {"sub": self.sub, "client_id": self.sub, "token_use": "access", "scope": " ".join(self.scopes)}
+        else:
+            claims = {"sub": self.sub, "token_use": "id", "cognito:username": self.sub, "email": "x@example.com"}
+            if self.tenant is not None:
+                claims[self.tenant_claim] = self.tenant
+            if self.groups:
+                claims["cognito:groups"] = ",".join(self.groups)
+        return {**claims, **self.extra}
+
+    def admitted(self, scopes: Sequence[str]) -> bool:
+        """Whether the Cognito authorizer lets this token through a method with ``scopes``."""
+        if not scopes:
+            return self.token_use == "id"
+        return self.token_use == "access" and bool(set(scopes) & set(self.scopes))
 
 
 def synthesize(outdir: Path, context: dict[str, str]) -> dict[str, Any]:
@@ -63,6 +111,7 @@ class Deployment:
         self.routes = {
             (method, path): self._function_by_logical(logical) for method, path, logical in template.routes()
         }
+        self.scopes = template.method_scopes()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16)
 
     @classmethod
@@ -161,8 +210,10 @@ class Deployment:
         tenant: str | None = "tenant-a",
         query: dict[str, str] | None = None,
         timeout: float = INTEGRATION_TIMEOUT,
+        token: Token | None = None,
     ) -> tuple[int, dict[str, str], Any]:
-        """A request through API Gateway: (status, headers, JSON body or None)."""
+        """A request through API Gateway: (status, headers, JSON body or None), as ``token``'s bearer (default: a
+        person whose ``sub`` is ``tenant``, with no tenant claim: their own tenant; ``tenant=None``: no token)."""
         route = self._route(method, path)
         if route is None:
             return (
@@ -170,13 +221,15 @@ class Deployment:
                 {"x-amzn-ErrorType": "MissingAuthenticationTokenException"},
                 {"message": "Missing Authentication Token"},
             )
-        if tenant is None:
+        if token is None and tenant is not None:
+            token = Token.person(tenant)
+        if token is None or not token.admitted(self.scopes.get((method, route[0]), [])):
             return 401, {"x-amzn-ErrorType": "UnauthorizedException"}, {"message": "Unauthorized"}
         resource, function, parameters = route
         text = None if body is None else body if isinstance(body, str) else json.dumps(body)
         if text is not None and len(text.encode()) > MAX_REQUEST_BYTES:
             return 413, {}, {"message": "Request Too Long"}
-        event = self._event(method, path, resource, parameters, text, headers or {}, tenant, query)
+        event = self._event(method, path, resource, parameters, text, headers or {}, token, query)
         future = self._pool.submit(self.lambdas.invoke, function, event)
         try:
             done = future.result(timeout=timeout)
@@ -224,14 +277,14 @@ class Deployment:
         parameters: dict[str, str],
         body: str | None,
         headers: dict[str, str],
-        tenant: str,
+        token: Token,
         query: dict[str, str] | None,
     ) -> dict[str, Any]:
         all_headers = {
             "Accept": "application/json",
             "Content-Type": "application/json",
             "Host": "abc123.execute-api.eu-west-1.amazonaws.com",
-            "Authorization": "harness-id-token",
+            "Authorization": f"harness-{token.token_use}-token",
             **headers,
         }
         request_id = str(uuid.uuid4())
@@ -259,9 +312,7 @@ class Deployment:
                 "protocol": "HTTP/1.1",
                 "domainName": "abc123.execute-api.eu-west-1.amazonaws.com",
                 "identity": {"sourceIp": "203.0.113.7", "userAgent": "fidelity-harness"},
-                "authorizer": {
-                    "claims": {"sub": tenant, "token_use": "id", "cognito:username": tenant, "email": "x@example.com"}
-                },
+                "authorizer": {"claims": token.claims()},
             },
             "body": body,
             "isBase64Encoded": False,

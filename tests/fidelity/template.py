@@ -242,6 +242,13 @@ class Template:
             found.append((props["HttpMethod"], self._path_of(props["ResourceId"]), target))
         return found
 
+    def method_scopes(self) -> dict[tuple[str, str], list[str]]:
+        """(HTTP method, resource path) -> the method's ``AuthorizationScopes`` (``[]``: none, an ID token's method)."""
+        return {
+            (props["HttpMethod"], self._path_of(props["ResourceId"])): list(props.get("AuthorizationScopes") or [])
+            for props in (m["Properties"] for m in self.of_type("AWS::ApiGateway::Method").values())
+        }
+
     def _path_of(self, resource_id: Any) -> str:
         if isinstance(resource_id, dict) and "Fn::GetAtt" in resource_id:
             return ""  # the API's root

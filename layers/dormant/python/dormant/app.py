@@ -50,6 +50,9 @@ class ErasureReport:
     sessions: list[str]
     scoped_keys: list[str]
     residue: str | None = None
+    principal: str | None = None
+    """Who erased (the API's caller; ``None`` in-process): the sessions are gone, so the report and the log
+    are where it is recorded."""
 
 
 def adk(
@@ -132,6 +135,7 @@ class App:
         schema: type[BaseModel] | None = None,
         execute: Callable[[ToolContext], Any] | None,
         yield_schema: type[BaseModel] | None = None,
+        answerable_by: str | Sequence[str] = "tenant",
     ) -> Tool: ...
     @overload
     def tool(
@@ -141,6 +145,7 @@ class App:
         description: str = "",
         schema: type[BaseModel] | None = None,
         yield_schema: type[BaseModel] | None = None,
+        answerable_by: str | Sequence[str] = "tenant",
     ) -> Callable[[Callable[[ToolContext], Any]], Tool]: ...
     def tool(
         self,
@@ -150,10 +155,13 @@ class App:
         schema: type[BaseModel] | None = None,
         execute: Any = _MISSING,
         yield_schema: type[BaseModel] | None = None,
+        answerable_by: str | Sequence[str] = "tenant",
     ) -> Tool | Callable[[Callable[[ToolContext], Any]], Tool]:
         """Define a tool. Without ``execute`` this is a decorator: ``@app.tool(description=..., schema=...)``.
 
         A yielding tool (``yield_schema=``) may pass ``execute=None``: its result is then the answer.
+        ``answerable_by`` says who may answer its calls (``dormant.people``: ``"tenant"``, ``"group:NAME"``,
+        ``"starter"``, ``"not_starter"``, or a tuple of them that must all hold).
         """
 
         def build(fn: Callable[[ToolContext], Any] | None) -> Tool:
@@ -161,7 +169,8 @@ class App:
             if tool_name is None:
                 raise ConfigurationError("a tool needs a name")
             kwargs: dict[str, Any] = {"schema": schema} if schema is not None else {}
-            tool = Tool(tool_name, description, execute=fn, yield_schema=yield_schema, **kwargs)
+            rules = answerable_by if isinstance(answerable_by, str) else tuple(answerable_by)
+            tool = Tool(tool_name, description, execute=fn, yield_schema=yield_schema, answerable_by=rules, **kwargs)
             self._register(tool)
             return tool
 
@@ -210,14 +219,24 @@ class App:
 
     # -- running ----------------------------------------------------------------------------
 
-    def run(self, agent: Agent, input: Any = None, *, session: Session | None = None) -> RunResult:
+    def run(
+        self,
+        agent: Agent,
+        input: Any = None,
+        *,
+        session: Session | None = None,
+        principal: str | None = None,
+        groups: Iterable[str] = (),
+    ) -> RunResult:
         """Run ``agent`` until it answers, yields, fails or runs out of steps.
 
         ``input`` is a user message, or a dict of ``message``, ``tools`` (answers to yielded calls),
         ``state`` (session values to set first) and ``initial_state`` (scopes to seed). Without
         ``session`` an ephemeral one is built; nothing is stored until ``app.sessions.commit``.
+        ``principal`` (a member of ``groups``) is who runs it: recorded on the invocation's start and on the
+        answers, which each tool's ``answerable_by`` must admit (``AnswerRefused``).
         """
-        return self.stream(agent, input, session=session).finish()
+        return self.stream(agent, input, session=session, principal=principal, groups=groups).finish()
 
     def stream(
         self,
@@ -228,6 +247,8 @@ class App:
         invocation_id: str | None = None,
         deadline: int | None = None,
         checkpoint: Checkpoint | None = None,
+        principal: str | None = None,
+        groups: Iterable[str] = (),
     ) -> RunStream:
         """Like ``run``, yielding each event as it lands; the ``RunResult`` is on ``.result`` at the end.
 
@@ -248,9 +269,11 @@ class App:
             invocation_id=invocation_id,
             deadline=deadline,
             checkpoint=checkpoint,
+            principal=principal,
+            groups=groups,
         )
 
-    def erase(self, *, scope: str, scope_id: str) -> ErasureReport:
+    def erase(self, *, scope: str, scope_id: str, principal: str | None = None) -> ErasureReport:
         """Remove one person's (or org's...) data: the shared ``scope`` state stored under ``scope_id``,
         and every session bound to it, expired or not. Returns what was removed.
 
@@ -279,7 +302,9 @@ class App:
         residue = store.scrub()
         if residue is not None:
             _log.warning("erasure in %s: %s", self.name, residue)
-        return ErasureReport(scope=scope, scope_id=scope_id, sessions=bound, scoped_keys=keys, residue=residue)
+        return ErasureReport(
+            scope=scope, scope_id=scope_id, sessions=bound, scoped_keys=keys, residue=residue, principal=principal
+        )
 
     def close(self) -> None:
         """Close the store (so a CLI or worker exits instead of hanging on a pool)."""

@@ -55,9 +55,11 @@ A run that waits for answers is resumed by the request that answers it (on AWS, 
 Requests run side by side in --workers processes (each its own app and store connection, taking one
 request at a time, as a Lambda instance does), so a slow run holds up no one else.
 
-Identity is a development stand-in for the Cognito authorizer: the X-Dormant-Principal header, else
---principal. It decides the tenant, as a token's sub claim does on AWS. Only loopback clients are
-served (any other gets 403): nothing here authenticates anyone.
+Identity is a development stand-in for the Cognito authorizer: the X-Dormant-Principal header (the
+token's sub), X-Dormant-Tenant (its tenant claim) and X-Dormant-Groups (a comma list: cognito:groups),
+else --principal, --tenant and --groups. Without a tenant the principal is its own tenant, as a token
+without the tenant claim is on AWS. Only loopback clients are served (any other gets 403): nothing here
+authenticates anyone.
 
 Stores: sqlite:///relative.db, sqlite:////absolute.db, memory:, postgresql://...,
 dynamodb://table?endpoint=http://127.0.0.1:8001 (DynamoDB Local: the table is created if missing; the
@@ -91,6 +93,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=8000, help="the port (default 8000; 0 picks a free one)")
     serve.add_argument(
         "--principal", default="local", help="the caller of a request without X-Dormant-Principal (default local)"
+    )
+    serve.add_argument(
+        "--tenant", help="the tenant of a request without X-Dormant-Tenant (default: the principal is its own tenant)"
+    )
+    serve.add_argument(
+        "--groups",
+        default="",
+        help="the groups (comma list) of a request naming neither X-Dormant-Groups nor X-Dormant-Principal",
     )
     serve.add_argument(
         "--workers",
@@ -234,7 +244,8 @@ def _serve(args: argparse.Namespace) -> int:
             stack.callback(stop_sweeping.set)
         print(
             f"dormant serve: {args.app} on {_redacted(args.store)} at {server.url} "
-            f"(caller without {PRINCIPAL_HEADER}: {args.principal}; "
+            f"(caller without {PRINCIPAL_HEADER}: {args.principal}"
+            f"{f' of tenant {args.tenant}' if args.tenant else ''}{f' in {args.groups}' if args.groups else ''}; "
             f"{count} worker{'s' if count > 1 else ''}; Ctrl-C stops)\n"
             f"dormant serve: the session inspector is at {server.url}/",
             flush=True,
@@ -265,7 +276,12 @@ def _local_api(args: argparse.Namespace) -> Iterator[LocalAPI]:
     try:
         served = load_served(args.app, store)
         yield LocalAPI(
-            served, principal=args.principal, pages=default_pages(), idempotency=_idempotency(args.store, store)
+            served,
+            principal=args.principal,
+            tenant=args.tenant,
+            groups=[g.strip() for g in args.groups.split(",") if g.strip()],
+            pages=default_pages(),
+            idempotency=_idempotency(args.store, store),
         )
     finally:
         join_local_turns()  # the turns this process runs commit before its store closes

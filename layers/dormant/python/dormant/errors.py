@@ -30,7 +30,9 @@ the declared class rather than re-wrap it, and ``http_status(exc)`` reads it)::
     │   ├── ScopeMismatch                         409  a commit whose scopes differ from the stored row's (``scope``)
     │   ├── RequestTooLarge                       413  an HTTP body over the handler's limit (``size``, ``limit``)
     │   ├── RequestInProgress                     409  a retry of a request (same Idempotency-Key) still running
-    │   └── NotAuthenticated                      401  an HTTP request with no authenticated caller
+    │   ├── NotAuthenticated                      401  an HTTP request with no authenticated caller
+    │   └── NotPermitted                          403  a caller a rule refuses (``AnswerRefused``, a missing scope)
+    │       └── AnswerRefused                     403  an answer the tool's ``answerable_by`` refuses this caller
     ├── ModelError                                502  a model failed; a run records it and ends with ``error``
     │   ├── ModelProviderError                    502  the provider's API failed (``status_code``, ``code``)
     │   │   ├── ModelUnavailable                  503  throttled, timed out, down or unreachable: retry later
@@ -68,6 +70,7 @@ __all__ = [
     "HTTP_STATUS",
     "RETRYABLE",
     "AgentMismatch",
+    "AnswerRefused",
     "AwaitingInput",
     "BedrockMalformedResponse",
     "BedrockModelError",
@@ -88,6 +91,7 @@ __all__ = [
     "ModelProviderError",
     "ModelUnavailable",
     "NotAuthenticated",
+    "NotPermitted",
     "OpenAIMalformedResponse",
     "OpenAIModelError",
     "OpenAIModelUnavailable",
@@ -454,6 +458,27 @@ class NotAuthenticated(InputError):
     """An HTTP request that reached a handler with no authenticated caller (no authorizer identity)."""
 
     http_status: ClassVar[int] = 401
+
+
+class NotPermitted(InputError):
+    """An authenticated caller a rule refuses: nothing is written. ``rule`` names the rule."""
+
+    http_status: ClassVar[int] = 403
+
+    def __init__(self, message: str, *, rule: str, field: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.rule = rule
+
+
+class AnswerRefused(NotPermitted):
+    """An answer by a caller the tool's ``answerable_by`` refuses (``call_id``, ``tool``, ``rule``)."""
+
+    http_status: ClassVar[int] = 403
+
+    def __init__(self, call_id: str, tool: str, rule: str, why: str, *, field: str | None = None) -> None:
+        super().__init__(f"call {call_id!r} of {tool!r} is answerable by {rule}: {why}", rule=rule, field=field)
+        self.call_id = call_id
+        self.tool = tool
 
 
 class ModelError(DormantError):

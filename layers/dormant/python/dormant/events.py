@@ -155,6 +155,9 @@ class InvocationStartEvent(EventBase):
     deadline: int | None = None
     """When the runner that opened it stops (ms since the epoch): past it, with the invocation still open, the
     runner is gone and the sweeper ends or hands on the turn. ``None``: a runner with no deadline (``app.run``)."""
+    principal: str | None = None
+    """Who started it, as authenticated where the run came in (``answerable_by="starter"`` and four eyes read
+    it); ``None`` for a run started in-process, and in ledgers written before it was recorded."""
 
 
 class InvocationEndEvent(EventBase):
@@ -237,6 +240,8 @@ class SessionForkedEvent(EventBase):
     from_session_id: str
     at_event_id: str | None = None
     reason: str
+    principal: str | None = None
+    """Who forked it (``None``: in-process, a runner's own fork, or a ledger written before it was recorded)."""
 
 
 class ModelEndEvent(EventBase):

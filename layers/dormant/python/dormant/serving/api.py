@@ -7,8 +7,15 @@ imports the X-Ray SDK, which costs a cold start nothing uses otherwise).
 
 What a caller gets: JSON in and out; bad input a 400 naming the field; an unknown session (or another
 tenant's) a 404; a body over ``MAX_BODY_BYTES`` a 413; a lost claim or version a 409 — each with
-``{"error": <class>, "message", "field"?}``, never a traceback, and with nothing written. The tenant
-is the ``sub`` claim the Cognito authorizer verified (``requestContext.authorizer.claims.sub``).
+``{"error": <class>, "message", "field"?}``, never a traceback, and with nothing written.
+
+Who calls: the claims the Cognito authorizer verified (``requestContext.authorizer.claims``). The principal
+is always ``sub``; the tenant is the ``DORMANT_TENANT_CLAIM`` claim (``custom:tenant``), or ``sub`` when the
+token has none (single-user mode); the groups are ``cognito:groups``. Runs, answers, forks and erasures
+record the principal. An answer the tool's ``answerable_by`` refuses this caller is a 403 (``AnswerRefused``)
+and writes nothing; ``GET /sessions?awaiting=me`` lists the sessions with calls this caller may answer. A
+machine client's access token (``token_use`` ``access``, under ``/clients``) must carry the route's scope
+(``routes.scope_of``), and ``dormant/answers.write`` for a commit that holds answers (403 otherwise).
 
 ``POST /erasures`` (``{scope, scope_id}``) runs ``app.erase`` and answers its report. Any caller may
 erase, and only within its own tenant: the app it erases from is ``{app}@{tenant}``, so another
@@ -54,6 +61,7 @@ from ..errors import (
     EventIndexError,
     InputError,
     NotAuthenticated,
+    NotPermitted,
     RequestInProgress,
     RequestTooLarge,
     SessionNotFound,
@@ -61,14 +69,15 @@ from ..errors import (
     VersionConflict,
     http_status,
 )
-from ..events import Event, InvocationEndEvent, ToolInputEvent, parse_event
+from ..events import Event, InvocationEndEvent, InvocationStartEvent, SessionForkedEvent, ToolInputEvent, parse_event
 from ..ids import new_id
+from ..people import Caller, may_answer, parse_groups
 from ..projection import Projection, SessionStatus
 from ..session import Session
 from ..stores.base import ScopedStateChange, SessionListing
 from .hooks import Hooks, Started
-from .routes import ROUTES
-from .runtime import Served, served_from_env
+from .routes import CLIENT_PREFIX, ROUTES, SCOPES, scope_of
+from .runtime import Served, served_from_env, tenant_claim
 from .turns import CLAIM_GRACE_MS, AdvanceOutcome, claim_turn, run_to_end
 
 __all__ = [
@@ -245,8 +254,9 @@ class CommitBody(_Body):
     scoped_changes: list[ScopedChange] | None = None
 
 
-def session_view(app: App, session: Session) -> dict[str, Any]:
-    """What ``GET /sessions/{id}`` answers: the session, its state in every bound scope, its waiting calls."""
+def session_view(app: App, session: Session, caller: Caller | None = None) -> dict[str, Any]:
+    """What ``GET /sessions/{id}`` answers: the session, its state in every bound scope, its waiting calls (with
+    who may answer each, and whether ``caller`` may)."""
     state: dict[str, Any] = {"session": session.state.to_dict()}
     for scope in session.scopes:
         state[scope] = getattr(session.state, scope).to_dict()
@@ -256,7 +266,7 @@ def session_view(app: App, session: Session) -> dict[str, Any]:
         "status": session.status,
         "scopes": dict(session.scopes),
         "state": state,
-        "yielded_tools": _yielded(app, session),
+        "yielded_tools": _yielded(app, session, caller),
         # The last event, not a scan: on a tail-loaded session a scan would fetch the whole ledger.
         "updated_at": session.events[-1].created_at if len(session.events) else session.created_at,
     }
@@ -287,13 +297,23 @@ def state_view(session: Session, at: int | None, since: int | None) -> dict[str,
     }
 
 
-def _yielded(app: App, session: Session) -> list[dict[str, Any]]:
+def _yielded(app: App, session: Session, caller: Caller | None = None) -> list[dict[str, Any]]:
     tools = []
     for call in session.yielded_tools:
         tool = app.tool_named(call.name)
         schema = tool.answer_schema if tool is not None else None
-        tools.append({"call_id": call.call_id, "name": call.name, "args": call.args, "answer_schema": schema})
+        shown: dict[str, Any] = {"call_id": call.call_id, "name": call.name, "args": call.args, "answer_schema": schema}
+        if tool is not None:
+            shown["answerable_by"] = list(tool.rules)
+            if caller is not None:
+                shown["answerable"] = _may_answer(session, tool.rules, call.invocation_id, caller)
+        tools.append(shown)
     return tools
+
+
+def _may_answer(session: Session, rules: Sequence[str], invocation_id: str | None, caller: Caller) -> bool:
+    node = session.projection.invocations.get(invocation_id or "")
+    return may_answer(rules, caller.principal, caller.groups, node.principal if node is not None else None)
 
 
 MAX_WAIT_SECONDS = 25
@@ -372,7 +392,7 @@ def build_resolver(
     """The routes of ``function`` (``serving.routes``; ``None``: every route), over ``served``; each request
     works on the app as its tenant sees it. A function answers only its own routes, as API Gateway sends it
     only those: any other is a 404."""
-    resolver = APIGatewayRestResolver()
+    resolver = APIGatewayRestResolver(strip_prefixes=[CLIENT_PREFIX])
     mine = {(m, p.replace("{id}", "<session_id>")) for m, p, f in ROUTES if function is None or f == function}
 
     def route(method: str, path: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -401,15 +421,42 @@ def build_resolver(
         response.headers.update(result.get("headers") or {})
         return response
 
-    def tenant() -> str:
+    claim = tenant_claim()
+
+    def claims() -> dict[str, Any]:
         context = resolver.current_event.request_context
-        claims = (context.authorizer.claims or {}) if context.authorizer else {}
-        sub = claims.get("sub")
-        if not sub:
+        found = (context.authorizer.claims or {}) if context.authorizer else {}
+        if not found.get("sub"):
             raise NotAuthenticated("no authenticated caller (the authorizer gave no sub claim)")
-        return str(sub)
+        return found
+
+    def caller() -> Caller:
+        """Who is acting: the ``sub`` claim, in the groups of ``cognito:groups``."""
+        found = claims()
+        return Caller(str(found["sub"]), parse_groups(found.get("cognito:groups")))
+
+    def tenant() -> str:
+        """The tenant claim, else ``sub``: a token without a tenant is a tenant of its own (single-user mode)."""
+        found = claims()
+        return str(found.get(claim) or found["sub"])
+
+    def granted() -> frozenset[str] | None:
+        """The scopes of a machine client's access token; ``None`` for a person's ID token."""
+        found = claims()
+        if found.get("token_use") != "access":
+            return None
+        return frozenset(str(found.get("scope") or "").split())
+
+    def permit(scope: str) -> None:
+        scopes = granted()
+        if scopes is not None and scope not in scopes:
+            raise NotPermitted(f"this access token lacks the scope {scope}", rule=scope, field="scope")
 
     def app() -> App:
+        event = resolver.current_event
+        resource = event.request_context.resource_path.removeprefix(CLIENT_PREFIX)
+        if resource in {p for _, p, _ in ROUTES}:
+            permit(scope_of(event.http_method, resource))
         return served.for_tenant(tenant())
 
     def body(model: type[Any]) -> Any:
@@ -456,7 +503,7 @@ def build_resolver(
         request = body(CreateBody)
         tenant_app = app()
         session = tenant_app.sessions.create(request.session_id, request.scopes)
-        return _json(201, session_view(tenant_app, session))
+        return _json(201, session_view(tenant_app, session, caller()))
 
     @route("GET", "/sessions")
     def listing() -> dict[str, Any]:
@@ -464,25 +511,47 @@ def build_resolver(
         status = resolver.current_event.get_query_string_value("status")
         if status is not None and status not in STATUSES:  # else a typo reads ten pages to list nothing
             raise InputError(f"status is one of {', '.join(STATUSES)}, not {status!r}", field="status")
+        awaiting = resolver.current_event.get_query_string_value("awaiting")
+        if awaiting is not None and awaiting != "me":
+            raise InputError(f"awaiting is 'me' (the calls this caller may answer), not {awaiting!r}", field="awaiting")
         cursor = resolver.current_event.get_query_string_value("cursor")
-        sessions = app().sessions
+        tenant_app = app()
+        sessions = tenant_app.sessions
+        if awaiting is not None:
+            status = "awaiting_input"
+            me = caller()
+
+            def mine(row: SessionListing) -> list[dict[str, Any]]:
+                session = sessions.get(row.id) if row.status == status else None
+                if session is None:
+                    return []
+                return [c for c in _yielded(tenant_app, session, me) if c.get("answerable")]
+
         # With a status, read on (up to _SCAN_PAGES store pages) until the page is full, so a filtered
         # listing is not a run of empty pages; the cursor goes on after the last session looked at.
         rows: list[SessionListing] = []
+        calls: dict[str, list[dict[str, Any]]] = {}
         for _ in range(_SCAN_PAGES if status is not None else 1):
             page = sessions.list(limit=limit, cursor=cursor)
             rows += [s for s in page if status is None or s.status == status]
+            if awaiting is not None:  # only the sessions with a call this caller may answer
+                for row in page:
+                    if row.id not in calls and (found := mine(row)):
+                        calls[row.id] = found
+                rows = [s for s in rows if s.id in calls]
             cursor = page[-1].cursor if len(page) == limit else None
             if len(rows) >= limit or cursor is None:
                 break
         if len(rows) > limit:
             rows, cursor = rows[:limit], rows[limit - 1].cursor
+        if awaiting is not None:  # with the calls this caller may answer
+            return {"sessions": [{**s._asdict(), "calls": calls[s.id]} for s in rows], "cursor": cursor}
         return {"sessions": [s._asdict() for s in rows], "cursor": cursor}
 
     @route("GET", "/sessions/<session_id>")
     def show(session_id: str) -> dict[str, Any]:
         tenant_app = app()
-        return session_view(tenant_app, tenant_app.sessions.require(session_id))
+        return session_view(tenant_app, tenant_app.sessions.require(session_id), caller())
 
     @route("DELETE", "/sessions/<session_id>")
     def delete(session_id: str) -> Response[Any]:
@@ -537,12 +606,13 @@ def build_resolver(
         request = body(ForkBody)
         tenant_app = app()
         try:
-            forked = tenant_app.sessions.require(session_id).fork_at(request.at, reason=request.reason)
+            session = tenant_app.sessions.require(session_id)
+            forked = session.fork_at(request.at, reason=request.reason, principal=caller().principal)
         except EventIndexError as exc:
             exc.field = "at"
             raise
         tenant_app.sessions.commit(forked)
-        return _json(201, session_view(tenant_app, forked))
+        return _json(201, session_view(tenant_app, forked, caller()))
 
     def prefer_wait() -> int:
         """``Prefer: wait=N`` (RFC 7240): hold the request up to N seconds for the turn to end."""
@@ -560,6 +630,7 @@ def build_resolver(
         tenant_app = app()
         agent = served.agent(request.agent)
         run_input = {k: v for k, v in (("message", request.message), ("state", request.state)) if v is not None}
+        me = caller()
 
         def work() -> dict[str, Any]:
             session = tenant_app.sessions.require(session_id)
@@ -578,6 +649,8 @@ def build_resolver(
                 takeover=request.takeover,
                 invocation_id=invocation_id,
                 deadline=now_ms() + CLAIM_GRACE_MS,
+                principal=me.principal,  # who started it: the ledger says so, and the starter rules read it
+                groups=me.groups,
             )
             metrics.add_metric(name="turns", unit=MetricUnit.Count, value=1)
             if claim.invocation_id is None or (hooks.run is None and hooks.before_claim is None):
@@ -587,7 +660,7 @@ def build_resolver(
                 outcome = _await(tenant_app, session_id, claim.version, started, wait)
             if outcome is not None:
                 _count(metrics, outcome)
-                return {"status": 200, "body": _finished(tenant_app, outcome)}
+                return {"status": 200, "body": _finished(tenant_app, outcome, me)}
             return {
                 "status": 202,
                 "body": {"status": "running", "session_id": session_id, "version": claim.version, "after": claim.after},
@@ -602,10 +675,12 @@ def build_resolver(
         wait = prefer_wait()
         tenant_app = app()
         answers = [a.model_dump() for a in request.answers]
+        me = caller()
 
         def store(session: Session) -> None:
             try:  # errors are served as raised (their class, their status), named in this body: answers.N
-                session.input.tools(answers, principal=tenant(), field="answers")  # the audit says who answered
+                # the audit says who answered; the tool's answerable_by must admit them (403, nothing written)
+                session.input.tools(answers, principal=me.principal, groups=me.groups, field="answers")
             except UnknownCallId as exc:
                 raise _unknown_call(session, exc) from None
 
@@ -618,7 +693,7 @@ def build_resolver(
             if wait and answered["status"] in ("resumable", "running"):
                 outcome = _await(tenant_app, session_id, int(answered["version"]), None, wait)
                 if outcome is not None:
-                    return {"status": 200, "body": _finished(tenant_app, outcome)}
+                    return {"status": 200, "body": _finished(tenant_app, outcome, me)}
             return {"status": 202, "body": answered}
 
         return once(tenant_app, session_id, work)
@@ -627,22 +702,26 @@ def build_resolver(
     def remote_commit(session_id: str) -> Response[Any]:
         request = body(CommitBody)
         tenant_app = app()
+        me = caller()
         session = tenant_app.sessions.require(session_id)
         events = []
         for position, raw in enumerate(request.events):
             try:
-                events.append(parse_event(raw))
+                event = parse_event(raw)
             except InputError as exc:
                 raise InputError(str(exc), field=f"events.{position}") from None
+            if isinstance(event, ToolInputEvent):
+                permit(SCOPES["answer"])  # a machine client that may only run may not answer through a commit
+            events.append(event)
         # What a run could not record, no commit records (dormant.ledger): each event where it stands, state
         # changes against their scope's model, answers as strict as POST /tools takes them. Before appending.
-        rules = session.rules()
+        rules = session.rules(caller=me)
         for position, event in enumerate(events):
             try:
-                rules.check(event, position)
+                rules.check(event, position)  # answers, starts and forks are the caller's, answers by its rules
             except UnknownCallId as exc:
                 raise _unknown_call(session, exc) from None
-            session.append(event)
+            session.append(_as_caller(event, me.principal))
         named = [ScopedStateChange(c.scope, c.scope_id, c.key, c.value) for c in request.scoped_changes or []]
         changes = session.check_scoped_changes(named)
         if request.expected_version != session.version:  # a 409, as the store would answer (nothing written)
@@ -659,14 +738,20 @@ def build_resolver(
     def erase() -> dict[str, Any]:
         request = body(EraseBody)
         tenant_app = app()
-        report = tenant_app.erase(scope=request.scope, scope_id=request.scope_id)
+        report = tenant_app.erase(scope=request.scope, scope_id=request.scope_id, principal=caller().principal)
         if idempotency is not None:  # the answers kept for retries hold what the sessions held
             for session_id in report.sessions:
                 idempotency.forget(records(tenant_app, session_id))
         metrics.add_metric(name="erasures", unit=MetricUnit.Count, value=1)
         # What was erased, counted, for the audit; the person's id stays out of the logs.
         logger.info(
-            "erased", extra={"scope": report.scope, "sessions": len(report.sessions), "keys": len(report.scoped_keys)}
+            "erased",
+            extra={
+                "scope": report.scope,
+                "sessions": len(report.sessions),
+                "keys": len(report.scoped_keys),
+                "principal": report.principal,  # who erased (the erased person's id stays out)
+            },
         )
         return dataclasses.asdict(report)
 
@@ -693,6 +778,14 @@ def build_resolver(
 def records(app: App, session_id: str) -> str:
     """The partition of a session's idempotency records (ids hold no ``#``: one partition per session)."""
     return f"{app.name}#{session_id}"
+
+
+def _as_caller(event: Event, principal: str) -> Event:
+    """``event`` recorded as ``principal`` when it is an answer, a start or a fork that names no one (the rules
+    refused one naming someone else)."""
+    if isinstance(event, ToolInputEvent | InvocationStartEvent | SessionForkedEvent) and event.principal is None:
+        return event.model_copy(update={"principal": principal})
+    return event
 
 
 def _held(session: Session) -> ClaimLost:
@@ -735,12 +828,12 @@ def _await(app: App, session_id: str, version: int, started: Started | None, sec
     return None
 
 
-def _finished(app: App, outcome: AdvanceOutcome) -> dict[str, Any]:
-    """The body of a turn that ended within the request."""
+def _finished(app: App, outcome: AdvanceOutcome, caller: Caller | None = None) -> dict[str, Any]:
+    """The body of a turn that ended within the request (whether ``caller`` may answer each waiting call)."""
     return {
         "status": outcome.status,
         "output": {"text": outcome.output.text, "value": outcome.output.value},
-        "yielded_tools": _yielded(app, outcome.session),
+        "yielded_tools": _yielded(app, outcome.session, caller),
         "commit_status": outcome.commit_status,
         "version": outcome.version,
         "fork_id": outcome.fork_id,

@@ -27,10 +27,27 @@ from ..ids import check_id
 from ..stores.base import BaseSessionStore, SessionStore
 from ..stores.url import store_from_url
 
-__all__ = ["Served", "for_tenant", "load_served", "purge_tenants", "served_from_env", "tenant_views", "view_of"]
+__all__ = [
+    "DEFAULT_TENANT_CLAIM",
+    "Served",
+    "for_tenant",
+    "load_served",
+    "purge_tenants",
+    "served_from_env",
+    "tenant_claim",
+    "tenant_views",
+    "view_of",
+]
 
 DEFAULT_APP = "bookings:build"
 DEFAULT_STORE = "sqlite:///data/dormant.db"
+DEFAULT_TENANT_CLAIM = "custom:tenant"
+
+
+def tenant_claim() -> str:
+    """The claim that names the caller's tenant (``DORMANT_TENANT_CLAIM``, set by the stack from
+    ``-c tenant_claim=``; default ``custom:tenant``). A token without it is its own tenant (its ``sub``)."""
+    return os.environ.get("DORMANT_TENANT_CLAIM") or DEFAULT_TENANT_CLAIM
 
 
 @dataclass(frozen=True)
