@@ -218,7 +218,8 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("people")
     args = ("--app", "tests.people_app:build", "--store", f"sqlite:///{folder / 'people.db'}", "--workers", "1")
     identity = ("--principal", "bob", "--tenant", "clinic", "--groups", "approvers, staff")
-    with dormant_serve(*args, *identity, "--quiet", cwd=Path.cwd(), timeout=60) as server:
+    root = str(Path(__file__).resolve().parent.parent)  # the app module lives in tests/
+    with dormant_serve(*args, *identity, "--quiet", env={"PYTHONPATH": root}, cwd=root, timeout=60) as server:
         yield server.url
 
 
