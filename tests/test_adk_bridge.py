@@ -318,7 +318,7 @@ async def test_a_value_with_no_json_form_is_stored_as_text(checked: Made) -> Non
 
 @sync
 async def test_get_user_state(made: Made) -> None:
-    s = checked.service
+    s = made.service
     assert await s.get_user_state(app_name="my_app", user_id="u1") == {}
     session = await s.create_session(app_name="my_app", user_id="u1")
     await s.append_event(session, Event(author="system", actions=delta(**keyed(user__profile={"n": "A"}, sk=1))))
@@ -375,7 +375,7 @@ def every_field_event() -> Event:
 
 @sync
 async def test_an_event_round_trips_every_field_and_the_reload_equals_the_session_in_hand(made: Made) -> None:
-    s = checked.service
+    s = made.service
     session = await s.create_session(app_name="my_app", user_id="u", state={"start": 1})
     event = every_field_event()
     await s.append_event(session, event)
@@ -389,7 +389,7 @@ async def test_an_event_round_trips_every_field_and_the_reload_equals_the_sessio
 
 @sync
 async def test_the_update_time_is_the_last_events_timestamp(made: Made) -> None:
-    s = checked.service
+    s = made.service
     session = await s.create_session(app_name="my_app", user_id="u")
     created = session.last_update_time
     await s.append_event(session, Event(invocation_id="i", author="user", timestamp=created + 10))
@@ -400,7 +400,7 @@ async def test_the_update_time_is_the_last_events_timestamp(made: Made) -> None:
 
 @sync
 async def test_partial_events_are_not_stored(made: Made) -> None:
-    s = checked.service
+    s = made.service
     session = await s.create_session(app_name="my_app", user_id="u")
     await s.append_event(session, Event(author="user", partial=True))
     got = await s.get_session(app_name="my_app", user_id="u", session_id=session.id)
@@ -409,7 +409,7 @@ async def test_partial_events_are_not_stored(made: Made) -> None:
 
 @sync
 async def test_appending_to_an_unknown_or_deleted_session_raises_not_found(made: Made) -> None:
-    s = checked.service
+    s = made.service
     with pytest.raises(SessionNotFoundError):
         await s.append_event(Session(app_name="my_app", user_id="u", id="never"), Event(author="user"))
     session = await s.create_session(app_name="my_app", user_id="u")
