@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -276,7 +276,8 @@ async def test_none_in_a_delta_is_stored_not_deleted(made: Made) -> None:
         app_name="my_app", user_id="u1", session_id="s1", state=keyed(flag=True, user__pref="dark", app__cfg=1)
     )
     await s.append_event(
-        one, Event(invocation_id="inv1", author="user", actions=delta(**keyed(flag=None, user__pref=None, app__cfg=None)))
+        one,
+        Event(invocation_id="inv1", author="user", actions=delta(**keyed(flag=None, user__pref=None, app__cfg=None))),
     )
     got = await s.get_session(app_name="my_app", user_id="u1", session_id="s1")
     assert got is not None and got.state == keyed(flag=None, user__pref=None, app__cfg=None)

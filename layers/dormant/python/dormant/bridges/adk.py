@@ -469,4 +469,3 @@ def inspected(app_name: str) -> Any:
         return Inspected(app, agent)
 
     return build
-
