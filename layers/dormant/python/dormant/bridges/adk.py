@@ -26,6 +26,10 @@ The mapping, one way for every store:
 
 Store calls are made on the event loop's thread (dormant's stores are synchronous).
 
+``DormantSessionService(store, tenant=T)`` keeps the sessions in tenant ``T``'s key space (dormant app
+``{app_name}@{T}``), where dormant's HTTP API and inspector show them to caller ``T`` (``dormant serve
+--principal T``) and ``dormant erase --tenant T`` finds them; without it, under the ADK app's own name.
+
 ``dormant_app(app_name, store)`` is the dormant ``App`` over the same sessions, for what reads them the
 dormant way: ``app.erase(scope="user", scope_id=user_id)`` (and ``dormant erase``), audit, time travel.
 ``inspected(app_name)`` is what ``DORMANT_APP`` names for ``dormant serve`` to show them in the inspector.
@@ -163,10 +167,21 @@ class _Folded:
 class DormantSessionService(BaseSessionService):
     """ADK's session service contract on a dormant store (memory, SQLite, Postgres, DynamoDB)."""
 
-    def __init__(self, store: SessionStore) -> None:
+    def __init__(self, store: SessionStore, *, tenant: str | None = None) -> None:
+        """``tenant``: keep the sessions in that tenant's key space (dormant app ``{app_name}@{tenant}``), where
+        dormant's HTTP API and its inspector show them to that caller; ``None``: under the ADK app's name."""
         if not isinstance(store, SessionStore):
             raise ConfigurationError(f"DormantSessionService takes a dormant store, not {store!r}")
+        if tenant is not None:
+            check_id(tenant, "tenant")
+            if "@" in tenant:
+                raise InvalidSessionId(f"a tenant may not contain '@': {tenant!r}", field="tenant")
         self.store = store
+        self.tenant = tenant
+
+    def dormant_name(self, app_name: str) -> str:
+        """The dormant app name ADK app ``app_name``'s sessions and shared state are kept under."""
+        return check_id(app_name if self.tenant is None else f"{app_name}@{self.tenant}", "app_name")
 
     # -- sessions ----------------------------------------------------------------------------------
 
@@ -184,7 +199,7 @@ class DormantSessionService(BaseSessionService):
         shared = {scope: self._scoped(app_name, scope, user) for scope, _ in _SCOPES}
         created = now_ms()
         events, scoped = _state_events(deltas, user, {"session": {}, **shared}, "direct", None, created)
-        row = StoredSession(id=key, app_name=app_name, scopes={"user": user}, created_at=created)
+        row = StoredSession(id=key, app_name=self.dormant_name(app_name), scopes={"user": user}, created_at=created)
         result = self.store.commit(row, events, 0, scoped)
         if not result.ok:
             raise AlreadyExistsError(f"Session with id {session_id} already exists.")
@@ -210,7 +225,7 @@ class DormantSessionService(BaseSessionService):
             key = session_key(user_id, session_id)
         except InvalidSessionId:
             return None  # nothing can be stored under it
-        loaded = self.store.load(app_name, key)
+        loaded = self.store.load(self.dormant_name(app_name), key)
         if loaded is None:
             return None
         folded = _fold(loaded)
@@ -226,7 +241,7 @@ class DormantSessionService(BaseSessionService):
             keys = self._all(app_name)
         sessions = []
         for key in keys:
-            loaded = self.store.load(app_name, key)
+            loaded = self.store.load(self.dormant_name(app_name), key)
             if loaded is None or "user" not in loaded.session.scopes or ":" not in key:
                 continue  # deleted meanwhile, or a session of the dormant app that ADK did not make
             sessions.append(self._session(app_name, _fold(loaded), []))
@@ -239,7 +254,7 @@ class DormantSessionService(BaseSessionService):
             key = session_key(user_id, session_id)
         except InvalidSessionId:
             return
-        self.store.delete(app_name, key)
+        self.store.delete(self.dormant_name(app_name), key)
 
     async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
         return self._scoped(app_name, "user", user_key(user_id))
@@ -272,7 +287,7 @@ class DormantSessionService(BaseSessionService):
         )
         before = _in_hand(session.state)
         changes, scoped = _state_events(deltas, user, before, "mutation", invocation, at)
-        row = StoredSession(id=key, app_name=session.app_name, scopes={"user": user})
+        row = StoredSession(id=key, app_name=self.dormant_name(session.app_name), scopes={"user": user})
         result = self.store.commit(row, [stored, *changes], expected, scoped)
         if not result.ok:
             if result.version == 0:
@@ -290,7 +305,7 @@ class DormantSessionService(BaseSessionService):
         marker = session._storage_update_marker
         if marker is not None and marker.isdigit():
             return int(marker)
-        loaded = self.store.load(session.app_name, key)
+        loaded = self.store.load(self.dormant_name(session.app_name), key)
         if loaded is None:
             raise SessionNotFoundError(f"Session {session.id} not found.")
         ids = [e.event.get("id") for e in loaded.events if isinstance(e, AdkEvent)]
@@ -316,19 +331,20 @@ class DormantSessionService(BaseSessionService):
 
     def _scoped(self, app_name: str, scope: str, user: str) -> dict[str, Any]:
         scope_id = user if scope == "user" else APP_SCOPE_ID
-        return {k: _read(v) for k, v in self.store.load_scoped_state(app_name, scope, scope_id).items()}
+        stored = self.store.load_scoped_state(self.dormant_name(app_name), scope, scope_id)
+        return {k: _read(v) for k, v in stored.items()}
 
     def _bound(self, app_name: str, user: str) -> list[str]:
         """The dormant ids of a user's sessions: from the store's binding index where it keeps one."""
         if isinstance(self.store, BaseSessionStore):
-            return self.store.bound_sessions(app_name, "user", user)
+            return self.store.bound_sessions(self.dormant_name(app_name), "user", user)
         return [k for k in self._all(app_name) if k.startswith(user + ":")]
 
     def _all(self, app_name: str) -> list[str]:
         keys: list[str] = []
         cursor: str | None = None
         while True:
-            page = self.store.list(app_name, limit=1000, cursor=cursor)
+            page = self.store.list(self.dormant_name(app_name), limit=1000, cursor=cursor)
             keys += [listing.id for listing in page]
             if len(page) < 1000:
                 return keys
