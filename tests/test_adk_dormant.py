@@ -139,9 +139,9 @@ def test_dormant_erase_removes_an_adk_users_sessions_and_user_state(
 ) -> None:
     db = tmp_path / "adk.db"
     seed(db)
+    store_url = f"sqlite:///{db}"
     code = main(
-        ["erase", "--app", "tests.test_adk_dormant:INSPECTED", "--store", f"sqlite:///{db}"]
-        + ["--scope", "user", "--id", "ada"]
+        ["erase", "--app", "tests.test_adk_dormant:INSPECTED", "--store", store_url, "--scope", "user", "--id", "ada"]
     )
     report = json.loads(capsys.readouterr().out)
     assert code == 0
