@@ -557,3 +557,33 @@ async def test_user_writes_from_two_sessions_of_one_user_are_all_kept(ours: Made
     assert await s.get_user_state(app_name="my_app", user_id="u") == expected
     fresh = await s.create_session(app_name="my_app", user_id="u", session_id="c")
     assert fresh.state == {f"user:{k}": v for k, v in expected.items()}
+
+
+@sync
+async def test_a_service_reads_what_another_service_wrote_since_its_last_read(ours: Made, tmp_path: Path) -> None:
+    """Each service keeps the events it parsed; the store stays the truth (another process's writes, a
+    session deleted and made again under the same id)."""
+    store = ours.store if ours.kind == "dormant-memory" else sqlite_store(tmp_path / "dormant.db")
+    mine, theirs = ours.service, DormantSessionService(store)
+    try:
+        session = await mine.create_session(app_name="my_app", user_id="u", session_id="s1")
+        await mine.append_event(session, Event(author="user", invocation_id="a", actions=delta(k=1)))
+        first = await mine.get_session(app_name="my_app", user_id="u", session_id="s1")
+        assert first is not None and [e.invocation_id for e in first.events] == ["a"]
+        first.events.append(Event(author="user", invocation_id="local only"))  # the caller's list, not the kept one
+        other = await theirs.get_session(app_name="my_app", user_id="u", session_id="s1")
+        assert other is not None
+        await theirs.append_event(other, Event(author="agent", invocation_id="b", actions=delta(k=2)))
+        again = await mine.get_session(app_name="my_app", user_id="u", session_id="s1")
+        assert again is not None and [e.invocation_id for e in again.events] == ["a", "b"] and again.state == {"k": 2}
+        assert again == other
+        await theirs.delete_session(app_name="my_app", user_id="u", session_id="s1")
+        await asyncio.sleep(0.002)
+        remade = await theirs.create_session(app_name="my_app", user_id="u", session_id="s1", state={"new": True})
+        for n in range(3):
+            await theirs.append_event(remade, Event(author="user", invocation_id=f"new{n}"))
+        now = await mine.get_session(app_name="my_app", user_id="u", session_id="s1")
+        assert now is not None and now == remade and now.state == {"new": True}
+    finally:
+        if store is not ours.store:
+            store.close()

@@ -24,7 +24,10 @@ The mapping, one way for every store:
 * A session's ``last_update_time`` is its last event's ``timestamp`` (its creation time before any), as
   ADK's services keep it; events come back in the order they were appended.
 
-Store calls are made on the event loop's thread (dormant's stores are synchronous).
+Store calls are made on the event loop's thread (dormant's stores are synchronous). A service keeps the
+parsed events of the sessions it read last: a read asks the store only for the events after the version it
+holds (``load(after=)``), so a turn parses its new events, not the whole history. Returned events are
+copies that share their nested parts (content, actions) with the kept ones: do not change those in place.
 
 ``DormantSessionService(store, tenant=T)`` keeps the sessions in tenant ``T``'s key space (dormant app
 ``{app_name}@{T}``), where dormant's HTTP API and inspector show them to caller ``T`` (``dormant serve
@@ -38,6 +41,7 @@ dormant way: ``app.erase(scope="user", scope_id=user_id)`` (and ``dormant erase`
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -152,6 +156,26 @@ def _split(delta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return scopes
 
 
+CACHED_SESSIONS = 256
+"""Sessions whose parsed events a service keeps (the store stays the truth: a read asks it for the events
+after the kept version, and reads everything again when the row is not the one kept)."""
+
+
+@dataclass(frozen=True)
+class _Cached:
+    """A session as this process last read it: at ``version``, made at ``created_at``."""
+
+    created_at: int
+    version: int
+    state: dict[str, Any]
+    events: list[AdkEventModel]
+    last_update_time: float
+
+    def precedes(self, row: StoredSession) -> bool:
+        """Whether ``row`` is this session at this version or later (not one deleted and made again)."""
+        return row.created_at == self.created_at and row.version >= self.version
+
+
 @dataclass(frozen=True)
 class _Folded:
     """What a dormant ledger holds of an ADK session."""
@@ -178,6 +202,7 @@ class DormantSessionService(BaseSessionService):
                 raise InvalidSessionId(f"a tenant may not contain '@': {tenant!r}", field="tenant")
         self.store = store
         self.tenant = tenant
+        self._cache: OrderedDict[tuple[str, str], _Cached] = OrderedDict()
 
     def dormant_name(self, app_name: str) -> str:
         """The dormant app name ADK app ``app_name``'s sessions and shared state are kept under."""
@@ -225,12 +250,22 @@ class DormantSessionService(BaseSessionService):
             key = session_key(user_id, session_id)
         except InvalidSessionId:
             return None  # nothing can be stored under it
-        loaded = self.store.load(self.dormant_name(app_name), key)
+        name = self.dormant_name(app_name)
+        cached = self._cache.pop((name, key), None)
+        loaded = self.store.load(name, key, after=cached.version if cached is not None else None)
+        if loaded is not None and cached is not None and not cached.precedes(loaded.session):
+            cached, loaded = None, self.store.load(name, key)  # deleted and made again meanwhile: read it all
         if loaded is None:
             return None
-        folded = _fold(loaded)
-        events = _window(folded.events, config)
-        return self._session(app_name, folded, [AdkEventModel.model_validate(e) for e in events])
+        tail = _fold(loaded, dict(cached.state) if cached is not None else {})
+        models = [*(cached.events if cached is not None else ()), *map(AdkEventModel.model_validate, tail.events)]
+        last = tail.last_update_time if tail.events or cached is None else cached.last_update_time
+        self._remember((name, key), _Cached(loaded.session.created_at, tail.version, tail.state, models, last))
+        window = _window(models, config)
+        folded = _Folded(tail.state, [], last, tail.user_id, tail.session_id, tail.version)
+        # Copies that share their nested parts with the kept events, as ADK's in-memory service under its
+        # light-copy flag: re-parsing (or deep-copying) every event on every read is most of a read's cost.
+        return self._session(app_name, folded, [event.model_copy() for event in window])
 
     async def list_sessions(self, *, app_name: str, user_id: str | None = None) -> ListSessionsResponse:
         """The app's sessions (of one user, or of all), without events, least recently updated first."""
@@ -254,6 +289,7 @@ class DormantSessionService(BaseSessionService):
             key = session_key(user_id, session_id)
         except InvalidSessionId:
             return
+        self._cache.pop((self.dormant_name(app_name), key), None)
         self.store.delete(self.dormant_name(app_name), key)
 
     async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
@@ -298,6 +334,12 @@ class DormantSessionService(BaseSessionService):
         return self._commit_event_to_session(session, event)
 
     # -- helpers -----------------------------------------------------------------------------------
+
+    def _remember(self, where: tuple[str, str], cached: _Cached) -> None:
+        """Keep the parsed events of the sessions read last, so the next read parses only the tail."""
+        self._cache[where] = cached
+        while len(self._cache) > CACHED_SESSIONS:
+            self._cache.popitem(last=False)
 
     def _expected_version(self, session: Session, key: str) -> int:
         """The version ``session`` was loaded at; for a session object without one (built by hand, or by
@@ -391,10 +433,11 @@ def _state_events(
     return events, scoped
 
 
-def _fold(loaded: LoadedSession) -> _Folded:
-    """The session state, the ADK events (as stored) and the last update time a ledger holds."""
+def _fold(loaded: LoadedSession, state: dict[str, Any] | None = None) -> _Folded:
+    """The session state (folded onto ``state``), the ADK events (as stored) and the last update time of
+    the events ``loaded`` holds (the whole ledger, or a tail)."""
     row = loaded.session
-    state: dict[str, Any] = {}
+    state = {} if state is None else state
     events: list[dict[str, Any]] = []
     for event in loaded.events:
         if isinstance(event, AdkEvent):
@@ -417,7 +460,7 @@ def _fold(loaded: LoadedSession) -> _Folded:
     )
 
 
-def _window(events: list[dict[str, Any]], config: GetSessionConfig | None) -> list[dict[str, Any]]:
+def _window(events: list[AdkEventModel], config: GetSessionConfig | None) -> list[AdkEventModel]:
     """``GetSessionConfig`` as ADK's in-memory service applies it: the last ``num_recent_events``, then
     those from the last one before ``after_timestamp`` on (events at ``after_timestamp`` are kept)."""
     if config is None:
@@ -426,15 +469,10 @@ def _window(events: list[dict[str, Any]], config: GetSessionConfig | None) -> li
         events = events[-config.num_recent_events :] if config.num_recent_events else []
     if config.after_timestamp is not None:
         i = len(events) - 1
-        while i >= 0 and _timestamp(events[i]) >= config.after_timestamp:
+        while i >= 0 and events[i].timestamp >= config.after_timestamp:
             i -= 1
         events = events[i + 1 :]
     return events
-
-
-def _timestamp(event: Mapping[str, Any]) -> float:
-    value = event.get("timestamp")
-    return float(value) if isinstance(value, int | float) else 0.0
 
 
 # -- the dormant side: erase, audit, the inspector ----------------------------------------------------
