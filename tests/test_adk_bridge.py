@@ -587,3 +587,14 @@ async def test_a_service_reads_what_another_service_wrote_since_its_last_read(ou
     finally:
         if store is not ours.store:
             store.close()
+
+
+@sync
+async def test_changing_a_read_sessions_state_in_place_changes_no_later_read(ours: Made) -> None:
+    s = ours.service
+    await s.create_session(app_name="my_app", user_id="u", session_id="s1", state={"profile": {"name": "ada"}})
+    got = await s.get_session(app_name="my_app", user_id="u", session_id="s1")
+    assert got is not None
+    got.state["profile"]["name"] = "mallory"  # never appended
+    again = await s.get_session(app_name="my_app", user_id="u", session_id="s1")
+    assert again is not None and again.state == {"profile": {"name": "ada"}}

@@ -40,6 +40,7 @@ dormant way: ``app.erase(scope="user", scope_id=user_id)`` (and ``dormant erase`
 
 from __future__ import annotations
 
+import copy
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -356,7 +357,7 @@ class DormantSessionService(BaseSessionService):
         return loaded.session.version
 
     def _session(self, app_name: str, folded: _Folded, events: list[AdkEventModel]) -> Session:
-        state = dict(folded.state)
+        state = copy.deepcopy(folded.state)  # the caller's to change in place (ADK's State records such writes)
         user = user_key(folded.user_id)
         for scope, prefix in _SCOPES:
             state.update({prefix + k: v for k, v in self._scoped(app_name, scope, user).items()})
