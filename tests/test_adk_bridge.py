@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -539,6 +540,12 @@ async def test_ids_outside_dormants_characters_are_escaped_and_round_trip(ours: 
     (listed,) = (await s.list_sessions(app_name="my_app")).sessions
     assert (listed.user_id, listed.id) == ("ada lovelace/1", "id:with=odd/chars")
     assert await s.get_user_state(app_name="my_app", user_id="ada lovelace/1") == {"k": 1}
+    # every stored id is made of characters no URL escapes (the inspector links to sessions by id)
+    assert session_key("ada", "s1") == "ada.s1"
+    for user, sid in (("ada@example.com", "a+b=c:d"), ("x_41", "_lead"), ("ada lovelace/1", "id:with=odd/chars")):
+        key = session_key(user, sid)
+        assert re.fullmatch(r"[A-Za-z0-9_.-]+", key), key
+    assert session_key("x_41", "s") != session_key("A", "s")  # a plain part never looks escaped
 
 
 @sync

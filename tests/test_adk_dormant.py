@@ -185,17 +185,17 @@ def test_the_inspector_api_shows_an_adk_session_like_any_other(tmp_path: Path) -
             return reply.json()
 
         listed = get("/sessions")
-        assert {s["id"] for s in listed["sessions"]} == {"ada:s1", "ada:s2", "bob:s1"}
-        one = get("/sessions/ada:s1")
+        assert {s["id"] for s in listed["sessions"]} == {"ada.s1", "ada.s2", "bob.s1"}
+        one = get("/sessions/ada.s1")
         assert one["scopes"] == {"user": "ada"}
         assert one["state"]["session"] == {"topic": "s1"}
         assert one["state"]["user"] == {"name": "Ada", "seen": 1}
-        events = get("/sessions/ada:s1/events")["events"]
+        events = get("/sessions/ada.s1/events")["events"]
         adk = [e for e in events if e["type"] == "adk_event"]
         assert [e["event"]["content"]["parts"][0]["text"] for e in adk] == ["ada says hello"]
         changes = [(e["scope"], c["key"]) for e in events if e["type"] == "state_change" for c in e["changes"]]
         assert changes == [("user", "name"), ("app", "motd"), ("session", "topic"), ("user", "seen")]
-        audit = get("/sessions/ada:s1/audit?scope=session&key=topic")
+        audit = get("/sessions/ada.s1/audit?scope=session&key=topic")
         assert audit
     finally:
         store.close()

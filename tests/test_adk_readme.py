@@ -26,5 +26,5 @@ def test_the_adk_example_runs(
     assert out[0] == "Noted. Anything else?"
     kinds = ast.literal_eval(out[1])  # the ledger's event types, as printed
     assert kinds.count("adk_event") == 4 and kinds.count("state_change") == 2
-    assert out[2] == "['ada:visit-1']"
+    assert out[2] == "['ada.visit-1']"
     assert (tmp_path / "adk-triage.db").exists()

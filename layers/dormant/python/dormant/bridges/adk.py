@@ -6,10 +6,10 @@ A ``google.adk.sessions.BaseSessionService`` that behaves as ADK's own services 
 The mapping, one way for every store:
 
 * One ADK session is one dormant session of the dormant app named like the ADK app. Its dormant id is
-  ``{user_id}:{session_id}`` (ADK keys sessions by user too: two users may hold the same session id), and
-  it is bound to the user scope: ``scopes == {"user": user_id}``. An id outside dormant's id characters
-  (letters, digits, ``_ . @ + -``, starting with a letter or digit) is stored as ``x=`` and its UTF-8 bytes
-  in hex, in both places.
+  ``{user_id}.{session_id}`` (ADK keys sessions by user too: two users may hold the same session id), and
+  it is bound to the user scope: ``scopes == {"user": user_id}``. An id that is not letters, digits and
+  ``-`` (starting with a letter or digit) is stored as ``x_`` and its UTF-8 bytes in hex, in both places:
+  every stored id is then letters, digits, ``_ . -``, which no URL escapes (the inspector's links).
 * An ADK event is one ``adk_event`` (``dormant.events.AdkEvent``): ADK's own stored form of it, whole.
 * Its ``state_delta`` becomes ``state_change`` events beside it, by prefix: no prefix, the ``session``
   scope; ``user:``, the ``user`` scope bound to the session's user; ``app:``, the ``app`` scope; ``temp:``
@@ -89,7 +89,7 @@ def user_key(user_id: str) -> str:
 
 def session_key(user_id: str, session_id: str) -> str:
     """The dormant session id of ADK session ``session_id`` of ``user_id``."""
-    return check_id(f"{_part(user_id, 'user_id')}:{_part(session_id, 'session_id')}", "session_id")
+    return check_id(f"{_part(user_id, 'user_id')}.{_part(session_id, 'session_id')}", "session_id")
 
 
 def _part(value: object, field: str) -> str:
@@ -97,18 +97,18 @@ def _part(value: object, field: str) -> str:
         raise InvalidSessionId(f"{field} is a non-empty string, not {value!r}", field=field)
     if _plain(value):
         return value
-    return "x=" + value.encode("utf-8", "surrogatepass").hex()
+    return "x_" + value.encode("utf-8", "surrogatepass").hex()
 
 
 def _plain(value: str) -> bool:
     first = value[0]
     if not (first.isascii() and first.isalnum()):
         return False
-    return all((c.isascii() and c.isalnum()) or c in "_.@+-" for c in value)
+    return all((c.isascii() and c.isalnum()) or c == "-" for c in value)
 
 
 def _unpart(part: str) -> str:
-    return bytes.fromhex(part[2:]).decode("utf-8", "surrogatepass") if part.startswith("x=") else part
+    return bytes.fromhex(part[2:]).decode("utf-8", "surrogatepass") if part.startswith("x_") else part
 
 
 def _stored(value: Any) -> Any:
@@ -272,13 +272,13 @@ class DormantSessionService(BaseSessionService):
         """The app's sessions (of one user, or of all), without events, least recently updated first."""
         if user_id is not None:
             user = user_key(user_id)
-            keys = [k for k in self._bound(app_name, user) if k.startswith(user + ":")]
+            keys = [k for k in self._bound(app_name, user) if k.startswith(user + ".")]
         else:
             keys = self._all(app_name)
         sessions = []
         for key in keys:
             loaded = self.store.load(self.dormant_name(app_name), key)
-            if loaded is None or "user" not in loaded.session.scopes or ":" not in key:
+            if loaded is None or "user" not in loaded.session.scopes or "." not in key:
                 continue  # deleted meanwhile, or a session of the dormant app that ADK did not make
             sessions.append(self._session(app_name, _fold(loaded), []))
         sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
@@ -381,7 +381,7 @@ class DormantSessionService(BaseSessionService):
         """The dormant ids of a user's sessions: from the store's binding index where it keeps one."""
         if isinstance(self.store, BaseSessionStore):
             return self.store.bound_sessions(self.dormant_name(app_name), "user", user)
-        return [k for k in self._all(app_name) if k.startswith(user + ":")]
+        return [k for k in self._all(app_name) if k.startswith(user + ".")]
 
     def _all(self, app_name: str) -> list[str]:
         keys: list[str] = []
@@ -450,7 +450,7 @@ def _fold(loaded: LoadedSession, state: dict[str, Any] | None = None) -> _Folded
                 else:
                     state[change.key] = _read(change.new_value)
     last = events[-1].get("timestamp") if events else None
-    user_part, _, session_part = row.id.partition(":")
+    user_part, _, session_part = row.id.partition(".")
     return _Folded(
         state=state,
         events=events,
