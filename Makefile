@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
-EXTRAS ?= dev,postgres,dynamodb,openai,bedrock,lambda,infra
+EXTRAS ?= dev,postgres,dynamodb,openai,bedrock,lambda,infra,adk
 
 .PHONY: setup demo serve test lint typecheck pytest bench clean dynamodb-local invoke screenshots
 

@@ -23,6 +23,7 @@ from .ids import new_id
 
 __all__ = [
     "FORMAT_VERSION",
+    "AdkEvent",
     "AssistantEvent",
     "Event",
     "EventBase",
@@ -255,6 +256,21 @@ class ModelEndEvent(EventBase):
     latency_ms: int | None = None
 
 
+class AdkEvent(EventBase):
+    """An event of a Google ADK agent, kept whole (``dormant.bridges.adk``, the ``dormant[adk]`` extra).
+
+    ``event`` is ADK's ``Event`` as JSON (its ``model_dump(mode="json", exclude_none=True)``: ADK's own
+    stored form), ``author`` its author. dormant's ``id`` is its own: ADK lets two different events share
+    an id, a ledger does not. The state its ``actions.state_delta`` changed is recorded beside it as
+    ``state_change`` events, so audit, time travel and erasure see ADK state like any other. Added in
+    0.2 without a format change: no earlier event reads differently.
+    """
+
+    type: Literal["adk_event"] = "adk_event"
+    author: str
+    event: dict[str, JsonValue]
+
+
 Event: TypeAlias = Annotated[
     UserEvent
     | AssistantEvent
@@ -268,7 +284,8 @@ Event: TypeAlias = Annotated[
     | InvocationResumeEvent
     | ModelStartEvent
     | ModelEndEvent
-    | SessionForkedEvent,
+    | SessionForkedEvent
+    | AdkEvent,
     Field(discriminator="type"),
 ]
 
