@@ -2,11 +2,17 @@
 
 The caller's tenant is the ``sub`` claim of the Cognito ID token the authorizer verified; the handlers
 read it from the request context and put it into every key they touch.
+
+API Gateway's own refusals (no token, an unknown path, a body too large, a timeout) answer in the handlers'
+error shape, ``{"error", "message"}`` (gateway responses). With ``cors_origins``, every path also takes
+``OPTIONS`` without the authorizer (a browser's preflight carries no token), answered by the function that
+knows the origins (``serving.routes.PREFLIGHT_FUNCTION``), and the gateway's refusals carry
+``Access-Control-Allow-Origin`` too: a page can then tell an expired token from a network failure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Validations
 from aws_cdk import aws_apigateway as apigw
@@ -15,7 +21,10 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from dormant.serving.routes import ROUTES
+from dormant.serving.routes import PREFLIGHT_FUNCTION, ROUTES
+
+ERROR_TEMPLATE = '{"error": "$context.error.responseType", "message": $context.error.messageString}'
+"""The body of API Gateway's own 4xx and 5xx: the handlers' error shape (``messageString`` is quoted JSON)."""
 
 
 class Api(Construct):
@@ -27,6 +36,7 @@ class Api(Construct):
         functions: Mapping[str, lambda_.IFunction],
         log_retention_days: float,
         tracing: bool,
+        cors_origins: Sequence[str] = (),
     ) -> None:
         super().__init__(scope, id)
         self.user_pool = cognito.UserPool(
@@ -89,6 +99,7 @@ class Api(Construct):
         for method, path, function in ROUTES:
             resource = self.rest_api.root.resource_for_path(path)
             resource.add_method(method, integrations[function], request_validator=validator)
+        self._cors(cors_origins, functions[PREFLIGHT_FUNCTION])
 
         Validations.of(self.user_pool).acknowledge(
             Acknowledgment(
@@ -109,3 +120,42 @@ class Api(Construct):
                 "with the v1 stage when the API is public. Every method requires a Cognito token.",
             ),
         )
+
+    def _cors(self, origins: Sequence[str], preflight: lambda_.IFunction) -> None:
+        """Gateway responses in the error shape (with ``Access-Control-*`` for ``origins``), and with ``origins``
+        an unauthenticated ``OPTIONS`` on every path of the routes."""
+        headers: dict[str, str] = {}
+        if origins:
+            # One origin is written as is; several cannot be chosen from by a gateway response, which only maps
+            # headers: it echoes the request's Origin (its refusals hold no data; the handlers check the list).
+            headers = {
+                "Access-Control-Allow-Origin": f"'{origins[0]}'"
+                if len(origins) == 1
+                else "method.request.header.Origin",
+                "Vary": "'Origin'",
+            }
+        for name, kind in (
+            ("Default4xx", apigw.ResponseType.DEFAULT_4_XX),
+            ("Default5xx", apigw.ResponseType.DEFAULT_5_XX),
+        ):
+            self.rest_api.add_gateway_response(
+                name, type=kind, response_headers=headers or None, templates={"application/json": ERROR_TEMPLATE}
+            )
+        if not origins:
+            return
+        integration = apigw.LambdaIntegration(preflight)
+        for path in sorted({path for _, path, _ in ROUTES}):
+            method = self.rest_api.root.resource_for_path(path).add_method(
+                "OPTIONS", integration, authorization_type=apigw.AuthorizationType.NONE
+            )
+            Validations.of(method).acknowledge(
+                Acknowledgment(
+                    id="AwsSolutions::AwsSolutions-APIG4",
+                    reason="A CORS preflight: browsers send it without a token. It reaches only the preflight answer "
+                    "(Powertools' CORS, before any route), which reads no data.",
+                ),
+                Acknowledgment(
+                    id="AwsSolutions::AwsSolutions-COG4",
+                    reason="A CORS preflight carries no Cognito token; every other method requires one.",
+                ),
+            )

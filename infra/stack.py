@@ -1,7 +1,8 @@
 """``DormantStack``: the table, the layers, the functions, the API, the resume workflow and the sweeper.
 
 Deploy-time choices are stack parameters (listing shards, wait timeout, log retention); build-time ones
-are CDK context (``-c app=module:attr``, ``-c app_packages=dir,dir``, ``-c removal=destroy``, ``-c tracing=true``).
+are CDK context (``-c app=module:attr``, ``-c app_packages=dir,dir``, ``-c removal=destroy``, ``-c tracing=true``,
+``-c cors_origins=https://a.example,https://b.example``: the origins whose pages may call the API; none by default).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .schedule import SweeperSchedule
 from .table import SessionTable
 from .wiring import (
     APP,
+    CORS_ORIGINS,
     ENVIRONMENT,
     IDEMPOTENCY_TABLE,
     MACHINE,
@@ -47,6 +49,7 @@ class DormantStack(Stack):
         tracing = str(context("tracing") or "false").lower() == "true"
         removal = RemovalPolicy.DESTROY if context("removal") == "destroy" else RemovalPolicy.RETAIN
         app_packages = [ROOT / p for p in str(context("app_packages") or DEFAULT_APP_PACKAGES).split(",") if p]
+        cors_origins = [o.strip().rstrip("/") for o in str(context("cors_origins") or "").split(",") if o.strip()]
 
         shards = CfnParameter(
             self,
@@ -96,6 +99,7 @@ class DormantStack(Stack):
             APP: str(context("app") or DEFAULT_APP),
             IDEMPOTENCY_TABLE: table.table_name,  # idempotency records share the session table
             STATE_MACHINE: arns[MACHINE],
+            CORS_ORIGINS: ",".join(cors_origins),
             "POWERTOOLS_SERVICE_NAME": "dormant",
             "POWERTOOLS_METRICS_NAMESPACE": "dormant",
             "POWERTOOLS_TRACE_DISABLED": "false" if tracing else "true",
@@ -145,7 +149,12 @@ class DormantStack(Stack):
         machine.add_to_role_policy(iam.PolicyStatement(actions=["states:StartExecution"], resources=[arns[MACHINE]]))
 
         api = Api(
-            self, "Api", functions=functions.by_name, log_retention_days=retention.value_as_number, tracing=tracing
+            self,
+            "Api",
+            functions=functions.by_name,
+            log_retention_days=retention.value_as_number,
+            tracing=tracing,
+            cors_origins=cors_origins,
         )
         SweeperSchedule(self, "Sweeper", sweeper=functions["sweeper"])
 

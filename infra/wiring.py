@@ -21,6 +21,7 @@ STORE = "DORMANT_STORE"
 APP = "DORMANT_APP"
 IDEMPOTENCY_TABLE = "DORMANT_IDEMPOTENCY_TABLE"
 STATE_MACHINE = "DORMANT_STATE_MACHINE"
+CORS_ORIGINS = "DORMANT_CORS_ORIGINS"  # serving.api.CORS_ORIGINS: -c cors_origins=, empty (no origin) by default
 COMMON_ENVIRONMENT = frozenset(
     {
         STORE,
@@ -38,12 +39,13 @@ API_FUNCTIONS = frozenset(function for _, _, function in ROUTES)
 
 ENVIRONMENT: Mapping[str, frozenset[str]] = MappingProxyType(
     {
-        "sessions": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE},
+        # every API function answers browsers of the allowed origins; sessions answers their preflights too
+        "sessions": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, CORS_ORIGINS},
         # starts the execution that runs the turn it is about to claim (before the claim: every claim has a runner)
-        "run": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, STATE_MACHINE},
+        "run": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, STATE_MACHINE, CORS_ORIGINS},
         # wakes a waiting execution with the task token stored on the session: no ARN needed
-        "tools": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE},
-        "commit": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE},
+        "tools": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, CORS_ORIGINS},
+        "commit": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, CORS_ORIGINS},
         # answers its own task token (park) or runs in the execution (resume): no ARN needed
         "park": COMMON_ENVIRONMENT,
         "resume": COMMON_ENVIRONMENT,

@@ -6,7 +6,7 @@ serves it, so each function holds only the permissions its routes need.
 
 from __future__ import annotations
 
-__all__ = ["ROUTES", "Route"]
+__all__ = ["PREFLIGHT_FUNCTION", "ROUTES", "Route"]
 
 Route = tuple[str, str, str]
 
@@ -23,4 +23,9 @@ ROUTES: tuple[Route, ...] = (
     ("POST", "/sessions/{id}/tools", "tools"),
     ("POST", "/sessions/{id}/commit", "commit"),
     ("POST", "/erasures", "sessions"),
+    ("GET", "/openapi.json", "sessions"),  # the OpenAPI document (serving.openapi), built when asked for
 )
+
+PREFLIGHT_FUNCTION = "sessions"
+"""With CORS on, the function that answers a browser's preflight ``OPTIONS`` on every path of the API (no
+authorizer: a browser sends no token with it)."""
