@@ -8,7 +8,7 @@ operation on a resolver of its own, typed so that Powertools derives the paramet
 for the document. The serving resolvers never see this module: the Lambda functions import it only when
 ``GET /openapi.json`` is asked for (it would cost every cold start otherwise).
 
-``python -m dormant.serving.openapi`` prints the document (``make openapi`` writes it to docs/openapi.json);
+``python -m dormant.serving.openapi [path]`` prints the document or writes it (``make openapi``: docs/openapi.json);
 it is deterministic, so the committed file is compared with a fresh one by the tests.
 """
 
@@ -19,6 +19,7 @@ import inspect
 import json
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict
@@ -408,8 +409,17 @@ def document_json() -> str:
     return json.dumps(document(), indent=2, sort_keys=True) + "\n"
 
 
-def main() -> int:
-    sys.stdout.write(document_json())
+def main(argv: list[str] | None = None) -> int:
+    """Print the document, or write it to the path given (whole or not at all: a failed run leaves the old one)."""
+    args = sys.argv[1:] if argv is None else argv
+    text = document_json()
+    if not args:
+        sys.stdout.write(text)
+        return 0
+    target = Path(args[0])
+    partial = target.with_name(f".{target.name}.tmp")
+    partial.write_text(text)
+    partial.replace(target)
     return 0
 
 
