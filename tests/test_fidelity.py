@@ -575,8 +575,9 @@ def test_list_sessions(deployment: Any) -> None:
     status, _, body = d.api("GET", "/sessions", tenant=tenant)
     assert status == 200, (status, body, evidence(d))
     assert sorted(s["id"] for s in body["sessions"]) == ids
-    # a route the template does not have is API Gateway's answer, not a function's
-    assert d.api("GET", "/nowhere")[::2] == (403, {"message": "Missing Authentication Token"})
+    # a route the template does not have is API Gateway's answer, not a function's (in the API's error shape)
+    refused = (403, {"error": "MISSING_AUTHENTICATION_TOKEN", "message": "Missing Authentication Token"})
+    assert d.api("GET", "/nowhere")[::2] == refused
 
 
 @pytest.mark.backend("dynamodb")
