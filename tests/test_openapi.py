@@ -127,9 +127,14 @@ SEEDED = ("fuzz-a", "fuzz-b")
 every request would meet a 404, and runs, answers, forks and commits would never reach a session."""
 
 
+SCOPES = ["session", "user"]
+"""The served app's (Bookings') state scopes: the document names no app's."""
+
+
 def _for_fuzzing(raw: dict[str, Any]) -> dict[str, Any]:
-    """The document as the fuzzer reads it: valid ids are the seeded sessions', and a held request waits 1 s at
-    most (25 s per example would not fit the run's time). Statuses, bodies and every other schema are untouched."""
+    """The document as the fuzzer reads it: valid ids are the seeded sessions', valid scopes the app's, a fork
+    point within a short ledger, and a held request waits 1 s at most (25 s per example would not fit the run's
+    time). Statuses and every response schema are the document's; invalid requests are still drawn from them."""
     copy = json.loads(json.dumps(raw))
     for item in copy["paths"].values():
         for operation in item.values():
@@ -138,6 +143,11 @@ def _for_fuzzing(raw: dict[str, Any]) -> dict[str, Any]:
                     parameter["schema"] = {"type": "string", "enum": list(SEEDED)}
                 if parameter["in"] == "query" and parameter["name"] == "wait":
                     parameter["schema"]["maximum"] = 1
+                if parameter["in"] == "query" and parameter["name"] == "scope":
+                    parameter["schema"] = {"type": "string", "enum": SCOPES}
+    bodies = copy["components"]["schemas"]
+    bodies["EraseBody"]["properties"]["scope"] = {"type": "string", "enum": SCOPES}
+    bodies["ForkBody"]["properties"]["at"]["maximum"] = 6
     return copy
 
 

@@ -24,6 +24,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict
 
+from ..ids import ID_PATTERN, MAX_ID_LENGTH
 from .api import (
     MAX_LIST_LIMIT,
     MAX_WAIT_SECONDS,
@@ -304,16 +305,20 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
 }
 """Every route of ``serving.routes``, and nothing else (a test holds them together)."""
 
+_ID = {"pattern": ID_PATTERN, "maxLength": MAX_ID_LENGTH}
+"""An id (a session's, a scope's): what ``dormant.ids.check_id`` accepts; anything else is a 400 naming it."""
+_IDS_IN_BODIES = {"CreateBody": "session_id", "EraseBody": "scope_id"}
 _EVERY_ROUTE = {401: "no valid token: API Gateway's authorizer answers, in the same shape"}
 _SECURITY = "cognito"
 
 
 def _view(method: str, path: str, operation: Operation) -> Any:
     """A stand-in for the route's handler, with the signature Powertools reads the parameters and body from."""
-    from aws_lambda_powertools.event_handler.openapi.params import Body, Header, Query
+    from aws_lambda_powertools.event_handler.openapi.params import Body, Header, Path, Query
 
+    an_id: Any = Annotated[str, Path(pattern=ID_PATTERN, max_length=MAX_ID_LENGTH)]
     parameters = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=str) for name in _path_parameters(path)
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=an_id) for name in _path_parameters(path)
     ]
     for spec, where in [*((q, Query) for q in operation.query), *((h, Header) for h in operation.headers)]:
         marker = where(description=spec.description, **spec.constraints)
@@ -392,6 +397,8 @@ def document() -> dict[str, Any]:
 def _tidied(raw: dict[str, Any]) -> dict[str, Any]:
     """Drop what Powertools adds for its own request validation (off here: the handlers validate, and answer 400)."""
     schemas = raw.get("components", {}).get("schemas", {})
+    for model, name in _IDS_IN_BODIES.items():  # check_id's rule, stated (a pattern applies to strings only)
+        schemas[model]["properties"][name].update(_ID)
     text = json.dumps(raw["paths"])
     for unused in ("HTTPValidationError", "ValidationError", "ResponseValidationError"):
         if f'/{unused}"' not in text:
