@@ -6,11 +6,18 @@ by an administrator: the app client cannot write it) and ``cognito:groups``. Mac
 token by the client-credentials grant, with scopes of the ``dormant`` resource server, and call the same
 routes under ``/clients`` (``serving.routes.CLIENT_PREFIX``): those methods require the route's scope, and
 API Gateway takes only an access token on a method with scopes, only an ID token on one without.
+
+API Gateway's own refusals (no token, an unknown path, a body too large, a timeout) answer in the handlers'
+error shape, ``{"error", "message"}`` (gateway responses). With ``cors_origins``, every path also takes
+``OPTIONS`` without the authorizer (a browser's preflight carries no token), answered by the function that
+knows the origins (``serving.routes.PREFLIGHT_FUNCTION``), and the gateway's refusals carry
+``Access-Control-Allow-Origin`` too: a page can then tell an expired token from a network failure. Machine
+clients' ``/clients`` paths take no preflight: a machine has no browser.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Validations
 from aws_cdk import aws_apigateway as apigw
@@ -19,7 +26,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from dormant.serving.routes import CLIENT_PREFIX, ROUTES, SCOPES, scope_of
+from dormant.serving.routes import CLIENT_PREFIX, PREFLIGHT_FUNCTION, ROUTES, SCOPES, scope_of
 
 _SCOPE_DESCRIPTIONS = {
     "read": "read sessions, their events and state",
@@ -27,6 +34,9 @@ _SCOPE_DESCRIPTIONS = {
     "answer": "answer yielded tool calls",
     "admin": "erase a person's data and delete sessions",
 }
+
+ERROR_TEMPLATE = '{"error": "$context.error.responseType", "message": $context.error.messageString}'
+"""The body of API Gateway's own 4xx and 5xx: the handlers' error shape (``messageString`` is quoted JSON)."""
 
 
 class Api(Construct):
@@ -39,6 +49,7 @@ class Api(Construct):
         log_retention_days: float,
         tracing: bool,
         auth_domain_prefix: str,
+        cors_origins: Sequence[str] = (),
     ) -> None:
         super().__init__(scope, id)
         self.user_pool = cognito.UserPool(
@@ -141,6 +152,7 @@ class Api(Construct):
                 request_validator=validator,
                 authorization_scopes=[scope_of(method, path)],
             )
+        self._cors(cors_origins, functions[PREFLIGHT_FUNCTION])
 
         Validations.of(self.user_pool).acknowledge(
             Acknowledgment(
@@ -161,3 +173,42 @@ class Api(Construct):
                 "with the v1 stage when the API is public. Every method requires a Cognito token.",
             ),
         )
+
+    def _cors(self, origins: Sequence[str], preflight: lambda_.IFunction) -> None:
+        """Gateway responses in the error shape (with ``Access-Control-*`` for ``origins``), and with ``origins``
+        an unauthenticated ``OPTIONS`` on every path of the routes."""
+        headers: dict[str, str] = {}
+        if origins:
+            # One origin is written as is; several cannot be chosen from by a gateway response, which only maps
+            # headers: it echoes the request's Origin (its refusals hold no data; the handlers check the list).
+            headers = {
+                "Access-Control-Allow-Origin": f"'{origins[0]}'"
+                if len(origins) == 1
+                else "method.request.header.Origin",
+                "Vary": "'Origin'",
+            }
+        for name, kind in (
+            ("Default4xx", apigw.ResponseType.DEFAULT_4_XX),
+            ("Default5xx", apigw.ResponseType.DEFAULT_5_XX),
+        ):
+            self.rest_api.add_gateway_response(
+                name, type=kind, response_headers=headers or None, templates={"application/json": ERROR_TEMPLATE}
+            )
+        if not origins:
+            return
+        integration = apigw.LambdaIntegration(preflight)
+        for path in sorted({path for _, path, _ in ROUTES}):
+            method = self.rest_api.root.resource_for_path(path).add_method(
+                "OPTIONS", integration, authorization_type=apigw.AuthorizationType.NONE
+            )
+            Validations.of(method).acknowledge(
+                Acknowledgment(
+                    id="AwsSolutions::AwsSolutions-APIG4",
+                    reason="A CORS preflight: browsers send it without a token. It reaches only the preflight answer "
+                    "(Powertools' CORS, before any route), which reads no data.",
+                ),
+                Acknowledgment(
+                    id="AwsSolutions::AwsSolutions-COG4",
+                    reason="A CORS preflight carries no Cognito token; every other method requires one.",
+                ),
+            )

@@ -4,7 +4,8 @@ Deploy-time choices are stack parameters (listing shards, wait timeout, log rete
 are CDK context (``-c app=module:attr``, ``-c app_packages=dir,dir``, ``-c removal=destroy``, ``-c tracing=true``,
 ``-c tenant_claim=custom:tenant`` (the ID-token claim naming the caller's tenant; a token without it is its own
 tenant), ``-c auth_domain=prefix`` (the Cognito domain machine clients get tokens from; default
-``{stack}-{account}``)).
+``{stack}-{account}``), ``-c cors_origins=https://a.example,https://b.example``: the origins whose pages may call
+the API; none by default).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .schedule import SweeperSchedule
 from .table import SessionTable
 from .wiring import (
     APP,
+    CORS_ORIGINS,
     ENVIRONMENT,
     EXECUTIONS,
     IDEMPOTENCY_TABLE,
@@ -54,6 +56,7 @@ class DormantStack(Stack):
         tracing = str(context("tracing") or "false").lower() == "true"
         removal = RemovalPolicy.DESTROY if context("removal") == "destroy" else RemovalPolicy.RETAIN
         app_packages = [ROOT / p for p in str(context("app_packages") or DEFAULT_APP_PACKAGES).split(",") if p]
+        cors_origins = [o.strip().rstrip("/") for o in str(context("cors_origins") or "").split(",") if o.strip()]
 
         shards = CfnParameter(
             self,
@@ -110,6 +113,7 @@ class DormantStack(Stack):
             IDEMPOTENCY_TABLE: table.table_name,  # idempotency records share the session table
             STATE_MACHINE: arns[MACHINE],
             TENANT_CLAIM: str(context("tenant_claim") or DEFAULT_TENANT_CLAIM),
+            CORS_ORIGINS: ",".join(cors_origins),
             "POWERTOOLS_SERVICE_NAME": "dormant",
             "POWERTOOLS_METRICS_NAMESPACE": "dormant",
             "POWERTOOLS_TRACE_DISABLED": "false" if tracing else "true",
@@ -175,6 +179,7 @@ class DormantStack(Stack):
             log_retention_days=retention.value_as_number,
             tracing=tracing,
             auth_domain_prefix=str(context("auth_domain") or f"{self.stack_name.lower()}-{self.account}"),
+            cors_origins=cors_origins,
         )
         SweeperSchedule(self, "Sweeper", sweeper=functions["sweeper"])
 

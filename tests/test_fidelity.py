@@ -460,6 +460,8 @@ def test_a_sandbox_enforces_the_role_timeouts_crashes_and_the_response_limit(san
 
 TENANT = "tenant-a"
 APP_PACKAGE = "tests/fidelity/fidelity_app"
+BROWSER_APP = "https://app.example"
+"""The one origin the deployment lets call it from a browser (``-c cors_origins=``)."""
 
 
 @pytest.fixture(scope="module")
@@ -470,7 +472,11 @@ def deployment(dynamodb_endpoint: str) -> Iterator[Any]:
     from tests.fidelity.deployment import Deployment
 
     started = Deployment.start(
-        dynamodb_endpoint=dynamodb_endpoint, app="fidelity_app:build", app_packages=[APP_PACKAGE], time_scale=0.01
+        dynamodb_endpoint=dynamodb_endpoint,
+        app="fidelity_app:build",
+        app_packages=[APP_PACKAGE],
+        time_scale=0.01,
+        context={"cors_origins": BROWSER_APP},
     )
     try:
         yield started
@@ -569,8 +575,9 @@ def test_list_sessions(deployment: Any) -> None:
     status, _, body = d.api("GET", "/sessions", tenant=tenant)
     assert status == 200, (status, body, evidence(d))
     assert sorted(s["id"] for s in body["sessions"]) == ids
-    # a route the template does not have is API Gateway's answer, not a function's
-    assert d.api("GET", "/nowhere")[::2] == (403, {"message": "Missing Authentication Token"})
+    # a route the template does not have is API Gateway's answer, not a function's (in the API's error shape)
+    refused = (403, {"error": "MISSING_AUTHENTICATION_TOKEN", "message": "Missing Authentication Token"})
+    assert d.api("GET", "/nowhere")[::2] == refused
 
 
 def _as(d: Any, token: Any, method: str, path: str, body: Any = None, **options: Any) -> tuple[int, Any]:
@@ -802,6 +809,54 @@ def test_a_commit_from_a_remote_runner(deployment: Any) -> None:
     status, _, committed = d.api("POST", f"/sessions/{sid}/commit", body)
     assert status in (200, 201), (status, committed, evidence(d))
     assert [e["text"] for e in ledger(d, sid) if e["type"] == "user"] == ["from a remote runner"]
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_browser_of_the_allowed_origin_and_no_other(deployment: Any) -> None:
+    """CORS as deployed with ``-c cors_origins=``: a preflight passes without a token on every path and is answered
+    for the allowed origin only; the handlers' answers (errors too) and API Gateway's own refusals carry
+    ``Access-Control-Allow-Origin`` for it, in the error shape."""
+    d, sid = deployment, fresh("cors")
+    asked = {"Origin": BROWSER_APP, "Access-Control-Request-Method": "POST"}
+    for path in ("/sessions", f"/sessions/{sid}/runs", "/openapi.json"):
+        status, headers, _ = d.api("OPTIONS", path, headers=asked, tenant=None)  # a preflight carries no token
+        assert status == 204, (path, status, headers, evidence(d))
+        assert headers["Access-Control-Allow-Origin"] == BROWSER_APP, (path, headers)
+        assert (
+            "POST" in headers["Access-Control-Allow-Methods"]
+            and "Idempotency-Key" in headers["Access-Control-Allow-Headers"]
+        ), headers
+    status, headers, _ = d.api("OPTIONS", "/sessions", headers={**asked, "Origin": "https://evil.example"}, tenant=None)
+    assert status == 204 and "Access-Control-Allow-Origin" not in headers, headers  # the browser refuses the call
+
+    create(d, sid)
+    status, headers, body = d.api("GET", f"/sessions/{sid}", headers={"Origin": BROWSER_APP})
+    assert status == 200 and headers["Access-Control-Allow-Origin"] == BROWSER_APP, (status, headers)
+    assert "Origin" in headers["Vary"], headers
+    status, headers, body = d.api("GET", "/sessions/nope", headers={"Origin": BROWSER_APP})
+    assert status == 404 and headers["Access-Control-Allow-Origin"] == BROWSER_APP, (status, headers, body)
+    status, headers, _ = d.api("GET", f"/sessions/{sid}", headers={"Origin": "https://evil.example"})
+    assert status == 200 and "Access-Control-Allow-Origin" not in headers, headers
+
+    # API Gateway's own answers: no token, an unknown path; in the handlers' error shape, readable by the page
+    status, headers, body = d.api("GET", "/sessions", headers={"Origin": BROWSER_APP}, tenant=None)
+    assert status == 401 and headers["Access-Control-Allow-Origin"] == BROWSER_APP, (status, headers)
+    assert body == {"error": "UNAUTHORIZED", "message": "Unauthorized"}, body
+    status, headers, body = d.api("GET", "/nowhere", headers={"Origin": BROWSER_APP})
+    assert status == 403 and headers["Access-Control-Allow-Origin"] == BROWSER_APP, (status, headers)
+    assert body["error"] == "MISSING_AUTHENTICATION_TOKEN", body
+
+
+@pytest.mark.backend("dynamodb")
+def test_the_openapi_document_is_served_behind_the_authorizer(deployment: Any) -> None:
+    from dormant.serving.openapi import document
+
+    d = deployment
+    status, _, body = d.api("GET", "/openapi.json", tenant=None)
+    assert status == 401, (status, body)
+    status, _, body = d.api("GET", "/openapi.json")
+    assert status == 200, (status, body, evidence(d))
+    assert body == document()  # what `make openapi` writes, from the function's own layer
 
 
 @pytest.mark.backend("dynamodb")

@@ -1022,6 +1022,7 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_first_result_and_runs
 # the X-Ray SDK (tracing is off), a client or the app (both are built by the first request), and the run
 # loop (only a request that runs an agent needs it).
 COLD_PATH_EXCLUDES = {"boto3", "s3transfer", "aws_xray_sdk", "botocore.client", "bookings", "dormant.agents.loop"}
+COLD_PATH_EXCLUDES |= {"dormant.serving.openapi"}  # the OpenAPI document is built when GET /openapi.json asks
 # The workflow's functions serve no HTTP: no Powertools resolver, no pydantic request models.
 WORKFLOW_EXCLUDES = {"aws_lambda_powertools.event_handler", "dormant.serving.api"}
 

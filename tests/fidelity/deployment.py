@@ -112,6 +112,8 @@ class Deployment:
             (method, path): self._function_by_logical(logical) for method, path, logical in template.routes()
         }
         self.scopes = template.method_scopes()
+        self.open_routes = template.open_routes()
+        self.gateway_responses = template.gateway_responses()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16)
 
     @classmethod
@@ -123,9 +125,11 @@ class Deployment:
         app_packages: list[str] | None = None,
         parameters: dict[str, Any] | None = None,
         time_scale: float = 0.01,
+        context: dict[str, str] | None = None,
     ) -> Deployment:
+        """``context``: more CDK context (``cors_origins``...)."""
         workdir = scratch()
-        context = {}
+        context = dict(context or {})
         if app:
             context["app"] = app
         if app_packages:
@@ -213,33 +217,33 @@ class Deployment:
         token: Token | None = None,
     ) -> tuple[int, dict[str, str], Any]:
         """A request through API Gateway: (status, headers, JSON body or None), as ``token``'s bearer (default: a
-        person whose ``sub`` is ``tenant``, with no tenant claim: their own tenant; ``tenant=None``: no token)."""
+        person whose ``sub`` is ``tenant``, with no tenant claim: their own tenant; ``tenant=None``: no token). A
+        method without an authorizer (a CORS preflight) is passed on without a caller; the gateway's own refusals
+        are its gateway responses."""
+        headers = headers or {}
         route = self._route(method, path)
         if route is None:
-            return (
-                403,
-                {"x-amzn-ErrorType": "MissingAuthenticationTokenException"},
-                {"message": "Missing Authentication Token"},
-            )
+            return self._refused(403, "MISSING_AUTHENTICATION_TOKEN", "Missing Authentication Token", headers)
+        resource, function, parameters = route
+        open_route = (method, resource) in self.open_routes
         if token is None and tenant is not None:
             token = Token.person(tenant)
-        if token is None or not token.admitted(self.scopes.get((method, route[0]), [])):
-            return 401, {"x-amzn-ErrorType": "UnauthorizedException"}, {"message": "Unauthorized"}
-        resource, function, parameters = route
+        if not open_route and (token is None or not token.admitted(self.scopes.get((method, resource), []))):
+            return self._refused(401, "UNAUTHORIZED", "Unauthorized", headers)
         text = None if body is None else body if isinstance(body, str) else json.dumps(body)
         if text is not None and len(text.encode()) > MAX_REQUEST_BYTES:
-            return 413, {}, {"message": "Request Too Long"}
-        event = self._event(method, path, resource, parameters, text, headers or {}, token, query)
+            return self._refused(413, "REQUEST_TOO_LARGE", "Request Too Long", headers)
+        event = self._event(method, path, resource, parameters, text, headers, None if open_route else token, query)
         future = self._pool.submit(self.lambdas.invoke, function, event)
         try:
             done = future.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
-            return 504, {"x-amzn-ErrorType": "InternalServerErrorException"}, {"message": "Endpoint request timed out"}
+            return self._refused(504, "INTEGRATION_TIMEOUT", "Endpoint request timed out", headers)
         if not done.ok:
-            return 502, {"x-amzn-ErrorType": "InternalServerErrorException"}, {"message": "Internal server error"}
+            return self._refused(502, "DEFAULT_5XX", "Internal server error", headers)
         response = done.payload
         if not isinstance(response, dict) or "statusCode" not in response:
-            return 502, {}, {"message": "Internal server error"}  # a malformed Lambda proxy response
+            return self._refused(502, "DEFAULT_5XX", "Internal server error", headers)  # a malformed proxy response
         out_headers = {**(response.get("headers") or {})}
         for key, values in (response.get("multiValueHeaders") or {}).items():
             out_headers[key] = ",".join(values)
@@ -249,6 +253,35 @@ class Deployment:
         except ValueError:
             parsed = raw
         return int(response["statusCode"]), out_headers, parsed
+
+    def _refused(
+        self, status: int, kind: str, message: str, request_headers: dict[str, str]
+    ) -> tuple[int, dict[str, str], Any]:
+        """API Gateway's own answer: the gateway response of its type, else its 4XX/5XX default, else the built-in
+        ``{"message"}``; the template's ``$context.error`` variables and the headers' mappings filled in."""
+        default = "DEFAULT_4XX" if status < 500 else "DEFAULT_5XX"
+        headers = {"x-amzn-ErrorType": kind}
+        found = self.gateway_responses.get(kind) or self.gateway_responses.get(default)
+        if found is None:
+            return status, headers, {"message": message}
+        given = {name.lower(): value for name, value in request_headers.items()}
+        for key, value in (found.get("ResponseParameters") or {}).items():
+            name = key.removeprefix("gatewayresponse.header.")
+            if value.startswith("'") and value.endswith("'"):
+                headers[name] = value[1:-1]
+            elif value.startswith("method.request.header."):
+                mapped = given.get(value.removeprefix("method.request.header.").lower())
+                if mapped is not None:  # a header mapped from an absent one is left out
+                    headers[name] = mapped
+            else:
+                raise ValueError(f"gateway response header {name}: {value!r} is not modelled")
+        template = (found.get("ResponseTemplates") or {}).get("application/json")
+        if template is None:
+            return status, headers, {"message": message}
+        body = template.replace("$context.error.responseType", kind).replace(
+            "$context.error.messageString", json.dumps(message)
+        )
+        return status, headers, json.loads(body)
 
     def _route(self, method: str, path: str) -> tuple[str, str, dict[str, str]] | None:
         segments = [s for s in path.split("?", maxsplit=1)[0].split("/") if s]
@@ -277,17 +310,18 @@ class Deployment:
         parameters: dict[str, str],
         body: str | None,
         headers: dict[str, str],
-        token: Token,
+        token: Token | None,
         query: dict[str, str] | None,
     ) -> dict[str, Any]:
         all_headers = {
             "Accept": "application/json",
             "Content-Type": "application/json",
             "Host": "abc123.execute-api.eu-west-1.amazonaws.com",
-            "Authorization": f"harness-{token.token_use}-token",
+            **({"Authorization": f"harness-{token.token_use}-token"} if token is not None else {}),
             **headers,
         }
         request_id = str(uuid.uuid4())
+        authorizer = {"authorizer": {"claims": token.claims()}} if token is not None else {}  # none ran: no claims
         return {
             "resource": resource,
             "path": path,
@@ -312,7 +346,7 @@ class Deployment:
                 "protocol": "HTTP/1.1",
                 "domainName": "abc123.execute-api.eu-west-1.amazonaws.com",
                 "identity": {"sourceIp": "203.0.113.7", "userAgent": "fidelity-harness"},
-                "authorizer": {"claims": token.claims()},
+                **authorizer,
             },
             "body": body,
             "isBase64Encoded": False,

@@ -249,6 +249,21 @@ class Template:
             for props in (m["Properties"] for m in self.of_type("AWS::ApiGateway::Method").values())
         }
 
+    def open_routes(self) -> set[tuple[str, str]]:
+        """(HTTP method, resource path) of each API method without an authorizer (``AuthorizationType: NONE``)."""
+        return {
+            (props["HttpMethod"], self._path_of(props["ResourceId"]))
+            for props in (m["Properties"] for m in self.of_type("AWS::ApiGateway::Method").values())
+            if props.get("AuthorizationType", "NONE") == "NONE"
+        }
+
+    def gateway_responses(self) -> dict[str, dict[str, Any]]:
+        """The API's gateway responses by type (``DEFAULT_4XX``...): their ``ResponseParameters`` and templates."""
+        return {
+            r["Properties"]["ResponseType"]: self.resolve(r["Properties"])
+            for r in self.of_type("AWS::ApiGateway::GatewayResponse").values()
+        }
+
     def _path_of(self, resource_id: Any) -> str:
         if isinstance(resource_id, dict) and "Fn::GetAtt" in resource_id:
             return ""  # the API's root

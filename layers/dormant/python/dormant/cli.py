@@ -108,6 +108,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"processes serving requests side by side, each one at a time (default {DEFAULT_WORKERS}; 1 with a"
         " memory: store; 1 serves in this process)",
     )
+    serve.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let pages of this origin (e.g. http://localhost:5173) call the API from a browser, with the CORS "
+        "headers the deployed API gives (-c cors_origins=); repeat for more (default: none)",
+    )
     serve.add_argument("--quiet", action="store_true", help="do not log each request on stderr")
     serve.add_argument(
         "--sweep-every",
@@ -282,6 +290,7 @@ def _local_api(args: argparse.Namespace) -> Iterator[LocalAPI]:
             groups=[g.strip() for g in args.groups.split(",") if g.strip()],
             pages=default_pages(),
             idempotency=_idempotency(args.store, store),
+            cors_origins=args.cors_origin,
         )
     finally:
         join_local_turns()  # the turns this process runs commit before its store closes

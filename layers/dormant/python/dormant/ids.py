@@ -20,10 +20,12 @@ import time
 from .clock import now_ms
 from .errors import InvalidSessionId
 
-__all__ = ["MAX_ID_LENGTH", "check_id", "new_id", "now_ms"]
+__all__ = ["ID_PATTERN", "MAX_ID_LENGTH", "check_id", "new_id", "now_ms"]
 
 MAX_ID_LENGTH = 128
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+=-]*")
+ID_PATTERN = f"^{_ID.pattern}$"
+"""What ``check_id`` accepts, as a JSON-schema pattern (with ``MAX_ID_LENGTH``): the API document states it."""
 
 
 _COUNTER_BITS = 20  # ids a millisecond before the counter borrows from the next one

@@ -17,6 +17,10 @@ and writes nothing; ``GET /sessions?awaiting=me`` lists the sessions with calls 
 machine client's access token (``token_use`` ``access``, under ``/clients``) must carry the route's scope
 (``routes.scope_of``), and ``dormant/answers.write`` for a commit that holds answers (403 otherwise).
 
+Browsers: the origins in ``DORMANT_CORS_ORIGINS`` (none by default) get ``Access-Control-*`` headers on every
+answer, errors included, and a preflight ``OPTIONS`` is answered before any route or tenant is looked at.
+``GET /openapi.json`` answers the OpenAPI document of every route (``serving.openapi``, built on first ask).
+
 ``POST /erasures`` (``{scope, scope_id}``) runs ``app.erase`` and answers its report. Any caller may
 erase, and only within its own tenant: the app it erases from is ``{app}@{tenant}``, so another
 tenant's sessions and shared state are out of its reach by construction, like everything else here.
@@ -47,7 +51,7 @@ from dataclasses import asdict
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
-from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver, CORSConfig, Response, content_types
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -85,10 +89,12 @@ __all__ = [
     "MAX_EVENTS_PAGE_BYTES",
     "MAX_LIST_LIMIT",
     "MAX_WAIT_SECONDS",
+    "CORS_ORIGINS",
     "Hooks",
     "Idempotency",
     "api_handler",
     "build_resolver",
+    "cors_config",
     "idempotency_from_env",
     "records",
     "session_view",
@@ -104,6 +110,36 @@ STATUSES: tuple[str, ...] = typing.get_args(SessionStatus)
 """What ``GET /sessions?status=`` may ask for."""
 MAX_BODY_BYTES = 256 * 1024
 """Larger bodies are refused with 413 before they are parsed (an event must fit a DynamoDB item)."""
+
+
+CORS_ORIGINS = "DORMANT_CORS_ORIGINS"
+"""The origins (comma-separated) whose pages may call the API from a browser; none when unset (the stack sets it
+from ``-c cors_origins=``, ``dormant serve`` from ``--cors-origin``)."""
+CORS_HEADERS = ("Idempotency-Key", "Prefer")
+"""Request headers a page may send beyond Powertools' own (Authorization, Content-Type and AWS's)."""
+CORS_MAX_AGE = 600
+"""Seconds a browser may keep a preflight's answer."""
+
+
+def cors_config(origins: Sequence[str], headers: Sequence[str] = ()) -> CORSConfig | None:
+    """Powertools' CORS for ``origins`` (``None``: no origin is allowed, no ``Access-Control-*`` header is sent).
+    A preflight (``OPTIONS``) is answered by the resolver itself, before any route; an answer carries the
+    ``Access-Control-*`` headers only when the request's ``Origin`` is one of ``origins``."""
+    allowed = [origin.strip().rstrip("/") for origin in origins if origin.strip()]
+    if not allowed:
+        return None
+    first, *rest = allowed
+    return CORSConfig(
+        allow_origin=first,
+        extra_origins=rest,
+        allow_headers=[*CORS_HEADERS, *headers],
+        expose_headers=["Location"],
+        max_age=CORS_MAX_AGE,
+    )
+
+
+def cors_origins_from_env() -> list[str]:
+    return [origin for origin in os.environ.get(CORS_ORIGINS, "").split(",") if origin.strip()]
 
 
 class Idempotency:
@@ -388,11 +424,12 @@ def build_resolver(
     logger: Logger,
     idempotency: Idempotency | None = None,
     function: str | None = None,
+    cors: CORSConfig | None = None,
 ) -> APIGatewayRestResolver:
     """The routes of ``function`` (``serving.routes``; ``None``: every route), over ``served``; each request
     works on the app as its tenant sees it. A function answers only its own routes, as API Gateway sends it
     only those: any other is a 404."""
-    resolver = APIGatewayRestResolver(strip_prefixes=[CLIENT_PREFIX])
+    resolver = APIGatewayRestResolver(cors=cors, strip_prefixes=[CLIENT_PREFIX])
     mine = {(m, p.replace("{id}", "<session_id>")) for m, p, f in ROUTES if function is None or f == function}
 
     def route(method: str, path: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -755,6 +792,13 @@ def build_resolver(
         )
         return dataclasses.asdict(report)
 
+    @route("GET", "/openapi.json")
+    def openapi() -> Response[Any]:
+        tenant()  # behind the authorizer, as every route
+        from .openapi import document_json  # built when first asked for: no cold start pays for it
+
+        return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=document_json())
+
     def dormant_error(exc: DormantError) -> Response[Any]:
         status = http_status(exc)
         if isinstance(exc, VersionConflict):
@@ -878,12 +922,16 @@ def api_handler(
     idempotency: Idempotency | None = None,
     *,
     function: str | None = None,
+    cors_origins: Sequence[str] | None = None,
+    cors_headers: Sequence[str] = (),
 ) -> Callable[[dict[str, Any], Any], Any]:
     """A Lambda handler serving the routes of ``function`` (``functions/<name>``; ``None``: every route), with
     ``served`` defaulting to ``DORMANT_APP`` on ``DORMANT_STORE`` and ``idempotency`` to
     ``DORMANT_IDEMPOTENCY_TABLE``; it builds its routes over the app on its first request. ``hooks`` say who
-    runs a claimed turn (``None``: the request itself) and what answers wake."""
+    runs a claimed turn (``None``: the request itself) and what answers wake. ``cors_origins`` (default:
+    ``DORMANT_CORS_ORIGINS``) may call it from a browser, sending ``cors_headers`` too (``cors_config``)."""
     logger = Logger()
+    cors = cors_config(cors_origins_from_env() if cors_origins is None else cors_origins, cors_headers)
     metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "dormant"))
 
     @functools.cache
@@ -897,12 +945,16 @@ def api_handler(
             logger,
             idempotency or idempotency_from_env(),
             function,
+            cors,
         )
 
     @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)
     def handler(event: dict[str, Any], context: Any) -> Any:
         try:
-            return resolver().resolve(event, context)
+            response = resolver().resolve(event, context)
+            if cors is not None:  # the answer differs by Origin: a cache must not give one origin's to another
+                response.setdefault("multiValueHeaders", {})["Vary"] = ["Origin"]
+            return response
         finally:
             if metrics.metric_set:
                 metrics.flush_metrics()

@@ -14,7 +14,9 @@ is its own tenant, as a token without the claim is on AWS. Nothing here
 authenticates anyone, so only loopback clients are served: any other gets a 403. A loopback client may
 be a browser running another site's script, so a request a browser marks as cross-site (``Origin`` not
 this server, ``Sec-Fetch-Site: cross-site``) or one whose ``Host`` is not a loopback name (DNS
-rebinding) gets a 403 too, before it reaches a handler.
+rebinding) gets a 403 too, before it reaches a handler. The pages of the origins given as ``cors_origins``
+(``dormant serve --cors-origin``) are let through, and get the ``Access-Control-*`` headers and preflight
+answers the deployed API gives them (``serving.api.cors_config``).
 
 **Concurrency.** A ``LocalAPI`` takes one request at a time: Powertools' resolver keeps the current event
 on its class (``BaseRouter.current_event``, shared by every instance and thread), so two requests in
@@ -75,7 +77,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 from ..errors import ConfigurationError, InputError
 from ..people import parse_groups
 from .api import Idempotency, api_handler
-from .routes import ROUTES
+from .routes import PREFLIGHT_FUNCTION, ROUTES
 from .runtime import Served, tenant_claim
 from .workflow import in_process_hooks
 
@@ -285,13 +287,21 @@ class LocalAPI:
         idempotency: Idempotency | None = None,
         tenant: str | None = None,
         groups: Sequence[str] = (),
+        cors_origins: Sequence[str] = (),
     ) -> None:
         self.served = served
         self.principal = principal
         self.tenant = tenant
         self.groups = tuple(groups)
         self.pages = list(pages)
-        self._handler = api_handler(in_process_hooks(served), served, idempotency)
+        self.cors_origins = frozenset(origin.strip().rstrip("/") for origin in cors_origins if origin.strip())
+        self._handler = api_handler(
+            in_process_hooks(served),
+            served,
+            idempotency,
+            cors_origins=sorted(self.cors_origins),
+            cors_headers=(PRINCIPAL_HEADER, TENANT_HEADER, GROUPS_HEADER),
+        )
         self._routes = [_Route(m, r, _compile(r), f) for m, r, f in ROUTES]
         self._lock = threading.Lock()
 
@@ -299,7 +309,7 @@ class LocalAPI:
         """Answer one HTTP request from the client at address ``client``."""
         if not is_loopback(client):
             return _refuse(403, "dormant serve answers loopback clients only: it authenticates no one")
-        foreign = _cross_site(headers)
+        foreign = _cross_site(headers, self.cors_origins)
         if foreign is not None:
             return _refuse(403, f"dormant serve answers its own pages and local tools only, not {foreign}")
         given = [value for name, value in headers if name.lower() == PRINCIPAL_HEADER.lower()]
@@ -369,6 +379,8 @@ class LocalAPI:
         if matched is None:
             return _refuse(404, f"no route {split.path}")
         route = next((r for r in matched[0] if r.method == method.upper()), None)
+        if route is None and method.upper() == "OPTIONS" and self.cors_origins:  # a preflight, as API Gateway routes it
+            route = _Route("OPTIONS", matched[0][0].resource, matched[0][0].pattern, PREFLIGHT_FUNCTION)
         if route is None:
             return _not_allowed(method, split.path, ", ".join(sorted({r.method for r in matched[0]})))
         pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
@@ -388,6 +400,8 @@ class LocalAPI:
             tenant=tenant,
             groups=groups,
         )
+        if route.method == "OPTIONS":  # no authorizer runs on a preflight: it carries no token
+            event["requestContext"].pop("authorizer")
         context = _LambdaContext(f"dormant-{route.function}", request_id)
         with self._lock:
             context.deadline = time.monotonic() + _LAMBDA_TIMEOUT_MS / 1000
@@ -405,17 +419,20 @@ class LocalAPI:
         return (routes, params) if routes else None
 
 
-def _cross_site(headers: Sequence[tuple[str, str]]) -> str | None:
+def _cross_site(headers: Sequence[tuple[str, str]], allowed: frozenset[str] = frozenset()) -> str | None:
     """What marks a request as sent by another site's page in a browser on this machine, or ``None``.
 
     Such a page can reach a loopback port (a simple POST needs no preflight) and, through a host name it
     rebinds to 127.0.0.1, read the answers: its ``Host`` is its own name, and its ``Origin`` not ours.
+    A page of an ``allowed`` origin is let through (its ``Host`` must still be loopback).
     """
     given = {name.lower(): value.strip() for name, value in headers}
     host = given.get("host")
     if host is not None and not _loopback_host(host):
         return f"Host {host!r}"
     origin = given.get("origin")
+    if origin is not None and origin in allowed:
+        return None
     if origin is not None and (
         host is None or origin.lower() not in {f"http://{host.lower()}", f"https://{host.lower()}"}
     ):

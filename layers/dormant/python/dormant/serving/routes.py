@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..errors import ConfigurationError
 
-__all__ = ["CLIENT_PREFIX", "ROUTES", "SCOPES", "Route", "scope_of"]
+__all__ = ["CLIENT_PREFIX", "PREFLIGHT_FUNCTION", "ROUTES", "SCOPES", "Route", "scope_of"]
 
 Route = tuple[str, str, str]
 
@@ -25,6 +25,7 @@ ROUTES: tuple[Route, ...] = (
     ("POST", "/sessions/{id}/tools", "tools"),
     ("POST", "/sessions/{id}/commit", "commit"),
     ("POST", "/erasures", "sessions"),
+    ("GET", "/openapi.json", "sessions"),  # the OpenAPI document (serving.openapi), built when asked for
 )
 
 CLIENT_PREFIX = "/clients"
@@ -65,3 +66,8 @@ def scope_of(method: str, path: str) -> str:
     if scope is None:
         raise ConfigurationError(f"no scope for {method} {path}: add it to serving.routes")
     return scope
+
+
+PREFLIGHT_FUNCTION = "sessions"
+"""With CORS on, the function that answers a browser's preflight ``OPTIONS`` on every path of the API (no
+authorizer: a browser sends no token with it)."""
