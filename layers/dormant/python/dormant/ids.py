@@ -136,14 +136,15 @@ def split_app_name(app_name: str) -> tuple[str, str | None]:
 
 
 def check_scoped_key(value: object, field: str) -> str:
-    """Return ``value`` if it is a usable key of a shared scope: text of 1 to ``MAX_KEY_LENGTH`` characters,
+    """Return ``value`` if it is a usable state key (of a shared scope, where it is a store's key, or of any
+    other: one rule for every scope): text of 1 to ``MAX_KEY_LENGTH`` characters,
     with no NUL or lone surrogate (``ValueNotStorable``, as for any text no store can keep)."""
     if not isinstance(value, str):
-        raise InvalidKey(f"a scoped key is a string, not {type(value).__name__}", field=field)
+        raise InvalidKey(f"a state key is a string, not {type(value).__name__}", field=field)
     if not 1 <= len(value) <= MAX_KEY_LENGTH:
-        raise InvalidKey(f"a scoped key is 1 to {MAX_KEY_LENGTH} characters long, not {len(value):,}", field=field)
+        raise InvalidKey(f"a state key is 1 to {MAX_KEY_LENGTH} characters long, not {len(value):,}", field=field)
     if _UNSTORABLE.search(value):
-        raise ValueNotStorable(f"a scoped key may not hold NUL or a lone surrogate: {value!r}", field=field)
+        raise ValueNotStorable(f"a state key may not hold NUL or a lone surrogate: {value!r}", field=field)
     return value
 
 
