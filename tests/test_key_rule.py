@@ -121,3 +121,19 @@ def test_the_tenant_separator_round_trips_and_has_one_reading() -> None:
     assert view_of(app, "clinic@eu@x") is None  # a name only a store written before the rule can hold
     with pytest.raises(Exception, match="already a tenant's view"):
         for_tenant(for_tenant(app, "eu"), "x")
+
+
+@pytest.mark.parametrize("defect", [*sorted(DEFECTS), "empty"])
+def test_an_event_id_outside_the_rule_is_a_400_and_writes_nothing(
+    client: Client,  # noqa: F811
+    served: Served,  # noqa: F811
+    defect: str,
+) -> None:
+    """An event id is a key on every store (DynamoDB's id index): an empty one was a 503 after the gate there."""
+    create(client, "s-1")
+    events = [{"type": "user", "id": DEFECTS.get(defect, ""), "text": "hello", "created_at": 1_700_000_000_000}]
+    got, refused = client.call("commit", session_id="s-1", body={"expected_version": 1, "events": events})
+    assert (got, refused["error"], refused["field"]) == (400, "InvalidKey", "events.0.id"), refused
+    assert client.call("get_session", session_id="s-1")[1]["version"] == 1
+    got, again = client.call("commit", session_id="s-1", body={"expected_version": 1, "events": []})
+    assert got == 200, again

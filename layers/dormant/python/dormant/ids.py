@@ -8,6 +8,7 @@ key                characters                                            refused
 =================  ====================================================  ============================
 session id         letters, digits and ``_ . : @ + = -``, starting       ``InvalidSessionId``
 scope id           with a letter or digit                                (``session_id``, ``scope_id``)
+event id           the same                                              ``InvalidKey`` (``new_events.N.id``)
 app name, tenant   the same, without ``@``: the tenant separator         ``InvalidKey`` (``app_name``,
                                                                          ``tenant``)
 scope              the same as a session id                              ``InvalidKey`` (``scope``)
@@ -54,6 +55,7 @@ __all__ = [
     "MAX_KEY_LENGTH",
     "TENANT_SEPARATOR",
     "check_app_key",
+    "check_event_id",
     "check_id",
     "check_name",
     "check_scoped_key",
@@ -105,6 +107,11 @@ def new_id(prefix: str = "") -> str:
 def check_id(value: object, what: str = "session id", field: str | None = None) -> str:
     """Return ``value`` if it is a usable id (a session or scope id), else raise ``InvalidSessionId`` saying why."""
     return _check(value, what, field, _ID, "_ . : @ + = -", InvalidSessionId)
+
+
+def check_event_id(value: object, field: str) -> str:
+    """Return ``value`` if it is a usable event id (a key too: DynamoDB's id index sorts on it), else ``InvalidKey``."""
+    return _check(value, "event id", field, _ID, "_ . : @ + = -", InvalidKey)
 
 
 def check_name(value: object, what: str = "app name", field: str | None = None) -> str:

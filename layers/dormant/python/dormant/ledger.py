@@ -13,6 +13,7 @@ same order, one event at a time, starting from what the ledger already holds (it
 * calls and results only while an invocation runs (after its start or resume, not while it is paused on a
   yield); a yield, resume or end only of the open invocation; a start only when none is open, under a new id;
   a yield only of calls made and still without a result, of tools that yield (when the app's tools are given);
+* every event's id by the key rule (``dormant.ids``: a key on every store), named ``{field}.N.id``;
 * every ``state_change`` checked against its scope's schema, by the key rules every writer meets
   (``ScopeSchema.check_write``: declared keys, the model's types, no empty key, no NUL or lone surrogate).
 
@@ -50,6 +51,7 @@ from .events import (
     ToolResultEvent,
     UserEvent,
 )
+from .ids import check_event_id
 from .projection import Projection
 from .state.schema import Schema
 
@@ -118,6 +120,7 @@ class LedgerRules:
 
     def check(self, event: Event, position: int) -> None:
         where = f"{self.field}.{position}"
+        check_event_id(event.id, f"{where}.id")  # a key on every store: the one key rule (dormant.ids)
         if isinstance(event, StateChangeEvent):
             if self.state:
                 self._state(event, where)

@@ -94,6 +94,7 @@ from ..ids import (
     MAX_KEY_LENGTH,
     TENANT_SEPARATOR,
     check_app_key,
+    check_event_id,
     check_id,
     check_name,
     check_scoped_key,
@@ -613,9 +614,10 @@ class BaseSessionStore(ABC):
         seen: set[str] = set()
         events: builtins.list[EncodedEvent] = []
         total = 0
-        for event in new_events:
+        for n, event in enumerate(new_events):
             if not isinstance(event, EventBase):
                 raise InputError(f"commit takes events, not {type(event).__name__}", field="new_events")
+            check_event_id(event.id, f"new_events.{n}.id")
             if event.id in seen:
                 continue
             seen.add(event.id)

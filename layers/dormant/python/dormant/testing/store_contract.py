@@ -669,6 +669,23 @@ class StoreContract:
         good = StoredSession(id="s-1", app_name=app, scopes={"user": "u-1"})
         assert store.commit(good, [_event(1)], 0, [ScopedStateChange("user", "u-1", "name", "Ada")]).ok
 
+    @pytest.mark.parametrize("defect", sorted(KEY_DEFECTS))
+    def test_an_event_id_outside_the_key_rule_is_refused_and_writes_nothing(
+        self, store: SessionStore, app: str, defect: str
+    ) -> None:
+        """An event id is a key too (DynamoDB's id index sorts on it, the SQL stores key events by it)."""
+        meta = self.meta(app, "s-1")
+        bad = UserEvent(id=self.KEY_DEFECTS[defect], created_at=1_700_000_000_000, text="hello")
+        with pytest.raises(InputError) as caught:
+            store.commit(meta, [_event(1), bad], 0)
+        assert type(caught.value) is InvalidKey and caught.value.field == "new_events.1.id"
+        assert store.load(app, "s-1") is None and store.list(app) == []
+        assert store.commit(meta, [_event(1)], 0).ok
+        with pytest.raises(InvalidKey):
+            store.commit(meta, [_event(2), bad], 1)
+        loaded = store.load(app, "s-1")
+        assert loaded is not None and loaded.session.version == 1 and _ids(loaded.events) == ["evt-1"]
+
     def test_scoped_keys_at_the_key_rule_s_limits_are_kept(self, store: SessionStore, app: str) -> None:
         keys = ["k", "k" * MAX_KEY_LENGTH, "\u00e9" * MAX_KEY_LENGTH, "\U0001f600" * MAX_KEY_LENGTH, "a#b@c d"]
         meta = self.meta(app, scopes={"user": "u-1"})
