@@ -68,8 +68,9 @@ __all__ = [
 MAX_KEY_LENGTH = 128
 """Characters in any key: an id, app name, tenant, scope or scoped key (the one length limit)."""
 MAX_ID_LENGTH = MAX_KEY_LENGTH
-MAX_CURSOR_LENGTH = 256
-"""Characters in a listing cursor: ``encode_cursor`` of the greatest time and a ``MAX_KEY_LENGTH`` id takes 207."""
+MAX_CURSOR_LENGTH = 4 * -(-(MAX_KEY_LENGTH + 25) // 3)
+"""Characters in a listing cursor (204): the base64 of ``[time, "id"]`` with the greatest time (19 digits) and a
+``MAX_KEY_LENGTH`` id, what ``encode_cursor`` makes of the longest it is given. A longer one is refused unread."""
 TENANT_SEPARATOR = "@"
 """Between an app's name and a tenant in the app name a tenant's view is stored under; in neither of them."""
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+=-]*")
