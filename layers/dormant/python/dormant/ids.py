@@ -68,7 +68,7 @@ __all__ = [
 MAX_KEY_LENGTH = 128
 """Characters in any key: an id, app name, tenant, scope or scoped key (the one length limit)."""
 MAX_ID_LENGTH = MAX_KEY_LENGTH
-MAX_CURSOR_LENGTH = 4 * -(-(MAX_KEY_LENGTH + 25) // 3)
+MAX_CURSOR_LENGTH = -(-4 * (MAX_KEY_LENGTH + 25) // 3)  # unpadded base64 of MAX_KEY_LENGTH + 25 bytes
 """Characters in a listing cursor (204): the base64 of ``[time, "id"]`` with the greatest time (19 digits) and a
 ``MAX_KEY_LENGTH`` id, what ``encode_cursor`` makes of the longest it is given. A longer one is refused unread."""
 TENANT_SEPARATOR = "@"
