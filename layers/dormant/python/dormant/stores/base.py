@@ -26,6 +26,11 @@ The contract (``SessionStore``; ``dormant.testing.StoreContract`` checks every p
   scoped value at most ``max_scoped_value_bytes`` once encoded. Over a limit, ``EventTooLarge`` or
   ``CommitTooLarge`` is raised before anything is written. Every store accepts everything within the
   defaults, so an app can move between stores.
+* Keys: every app name (an app's, or ``{app}@{tenant}`` for a tenant's view), session id, event id, scope,
+  scope id, state key and listing cursor meets the one key rule (``dormant.ids``: its characters, 1 to 128
+  characters, no NUL or lone surrogate), checked before anything is written: ``InvalidKey`` (or
+  ``InvalidSessionId``, or ``ValueNotStorable`` for a state key no store can keep) naming the field. The
+  rule fits every store's keys (DynamoDB's included), so none refuses late what another accepts.
 * Expiry: creating the id of a session past its retention (``StoredSession.retention_ms`` after its
   ``updated_at``) starts a new session in its place (``PreparedCommit.replaces``), on every store.
 * ``updated_at`` never goes backwards: a commit stores ``max(now, previous)``, so listings keep their
