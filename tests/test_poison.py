@@ -64,13 +64,15 @@ POISON = [
     (scoped("preferences", "notadict"), 422, "StateValidationError", "scoped_changes.0.value"),
     (scoped("preferences", {"part_of_day": "midnight"}), 422, "StateValidationError", "scoped_changes.0.value"),
     (scoped("favourite", "tea"), 422, "StateValidationError", "scoped_changes.0.key"),  # not declared
-    (scoped("", "x"), 400, "InputError", "scoped_changes.0.key"),
+    (scoped("", "x"), 400, "InvalidKey", "scoped_changes.0.key"),
+    (scoped("k" * 129, "x"), 400, "InvalidKey", "scoped_changes.0.key"),  # the key rule: 1 to 128 characters
     (scoped("na\x00me", "x"), 422, "ValueNotStorable", "scoped_changes.0.key"),
     (scoped("name", "Al\x00ex"), 422, "ValueNotStorable", "scoped_changes.0.value"),
     (change("name", 5), 422, "StateValidationError", "events.0.changes.0.new_value"),
     (change("preferences", "notadict"), 422, "StateValidationError", "events.0.changes.0.new_value"),
     (change("favourite", "tea"), 422, "StateValidationError", "events.0.changes.0.key"),
-    (change("", "x"), 400, "InputError", "events.0.changes.0.key"),
+    (change("", "x"), 400, "InvalidKey", "events.0.changes.0.key"),
+    (change("k" * 129, "x"), 400, "InvalidKey", "events.0.changes.0.key"),
     (change("na\x00me", "x"), 422, "ValueNotStorable", "events.0.changes.0.key"),
     (change("approved_slot", 5, scope="session"), 422, "StateValidationError", "events.0.changes.0.new_value"),
     (change("k", 1, scope="temp"), 400, "UnknownScope", "events.0.scope"),  # temp is never on a ledger

@@ -18,7 +18,7 @@ from .agents.tools import Tool, ToolContext
 from .clock import now_ms
 from .errors import ConfigurationError, InputError, SessionNotFound, VersionConflict
 from .events import Event, parse_event
-from .ids import check_id
+from .ids import check_id, check_name
 from .ledger import LedgerRules
 from .models.base import ModelAdapter, ModelSpec, default_adapter
 from .session import Session
@@ -67,6 +67,9 @@ def adk(
 ) -> App:
     """Build an app. ``schema`` maps scope names to pydantic models; ``store`` defaults to in-memory.
 
+    ``name`` follows the key rule (``dormant.ids``): 1 to 128 letters, digits and ``_ . : + = -``; never ``@``,
+    which separates an app from a tenant in the name a tenant's view is stored under (``{app}@{tenant}``).
+
     ``migrations`` lists, per scope, the steps its model went through, oldest first
     (``RenameKey``, ``ConvertKey``, ``SplitKey``): state written under an older model is read in the new shape.
     ``retention`` is how long a session is kept after its last commit: older ones are gone from loads and
@@ -97,7 +100,7 @@ class App:
         retention: timedelta | None = None,
         snapshot_every: int | None = DEFAULT_EVERY,
     ) -> None:
-        self.name = check_id(name, "app name")
+        self.name = check_name(name, "app name")  # no '@': "{app}@{tenant}" names a tenant's view (dormant.ids)
         if retention is not None and (not isinstance(retention, timedelta) or retention <= timedelta(0)):
             raise ConfigurationError(f"retention is a positive datetime.timedelta, not {retention!r}")
         self.retention_ms = None if retention is None else retention // timedelta(milliseconds=1)

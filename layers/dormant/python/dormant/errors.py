@@ -8,7 +8,8 @@ the declared class rather than re-wrap it, and ``http_status(exc)`` reads it)::
     │   ├── SchemaError                           500  a schema that is not scope -> pydantic model class
     │   └── StateMigrationError                   500  stored state no migration brings to the model (``key``)
     ├── InputError                                400  bad input from a caller; carries ``field``
-    │   ├── InvalidSessionId                      400
+    │   ├── InvalidKey                            400  a key outside the key rule (app name, tenant, scope, cursor...)
+    │   │   └── InvalidSessionId                  400  a session id or scope id outside it
     │   ├── ValueNotStorable                      422  NaN/Infinity, a lone surrogate or NUL (``field``)
     │   ├── StateError                            400  a state read or write that cannot be done
     │   │   ├── StateValidationError              422  value refused by the scope's model (``scope``, ``key``)
@@ -85,6 +86,7 @@ __all__ = [
     "EventTooLarge",
     "EventValidationError",
     "InputError",
+    "InvalidKey",
     "InvalidSessionId",
     "MalformedModelResponse",
     "ModelError",
@@ -192,8 +194,15 @@ class InputError(DormantError):
         self.field = field
 
 
-class InvalidSessionId(InputError):
-    """A session id (or scope id, or app name) that is empty, too long, or has characters outside the allowed set."""
+class InvalidKey(InputError):
+    """A key outside the one key rule (``dormant.ids``): an app name, tenant, scope, scoped key or listing cursor
+    that is empty, too long, or holds a character the rule refuses. ``field`` names it; nothing was written."""
+
+    http_status: ClassVar[int] = 400
+
+
+class InvalidSessionId(InvalidKey):
+    """A session id (or scope id) that is empty, too long, or has characters outside the allowed set."""
 
     http_status: ClassVar[int] = 400
 

@@ -16,6 +16,7 @@ same order, one event at a time, starting from what the ledger already holds (it
 * with a ``Caller`` (a remote runner's commit): each answer recorded as that caller (``principal`` given or
   ``None``: ``NotPermitted`` otherwise), by a caller the tool's ``answerable_by`` admits (``AnswerRefused``),
   and each invocation start or fork recorded as that caller too;
+* every event's id by the key rule (``dormant.ids``: a key on every store), named ``{field}.N.id``;
 * every ``state_change`` checked against its scope's schema, by the key rules every writer meets
   (``ScopeSchema.check_write``: declared keys, the model's types, no empty key, no NUL or lone surrogate).
 
@@ -55,6 +56,7 @@ from .events import (
     ToolResultEvent,
     UserEvent,
 )
+from .ids import check_event_id
 from .people import Caller, check_answer
 from .projection import Projection
 from .state.schema import Schema
@@ -133,6 +135,7 @@ class LedgerRules:
 
     def check(self, event: Event, position: int) -> None:
         where = f"{self.field}.{position}"
+        check_event_id(event.id, f"{where}.id")  # a key on every store: the one key rule (dormant.ids)
         caller = self.caller
         if (
             caller is not None

@@ -813,6 +813,12 @@ def build_resolver(
         logger.exception("unexpected error")
         return _error(500, "InternalError", "the request failed; see the logs for its request id")
 
+    def no_route(exc: Exception) -> Response[Any]:
+        # A path no route takes: one whose id holds what no route's segment matches (a NUL, a lone surrogate,
+        # a newline) once API Gateway decoded it. A 404 as dormant serve answers it, not the catch-all's 500.
+        return _error(404, "NotFound", "no route for this path")
+
+    resolver.not_found(no_route)
     for kind, on_error in ((DormantError, dormant_error), (Exception, unexpected)):
         resolver.exception_handler(kind)(on_error)
 

@@ -5,9 +5,11 @@
   with ``store=`` the store, so the user's code never picks a store itself.
 * ``DORMANT_STORE`` is a store URL (``dormant.stores.url.store_from_url``).
 * Tenants: ``for_tenant`` gives the app as one tenant sees it: the same tools and agents, under the
-  app name ``{app}@{tenant}``. Every key a store writes starts with the app name (``S#{app}#{id}``,
-  ``X#{app}#...``, the listing's partition), so one tenant's requests cannot name another's sessions,
-  state or listings: isolation by construction, not by a filter.
+  app name ``{app}@{tenant}`` (``dormant.ids.tenant_app_name``). Every key a store writes starts with the
+  app name (``S#{app}#{id}``, ``X#{app}#...``, the listing's partition), so one tenant's requests cannot
+  name another's sessions, state or listings: isolation by construction, not by a filter. Neither an app
+  name nor a tenant may hold ``@`` (the key rule, checked by ``App`` and by every store), so a stored app
+  name has one reading: an app called ``clinic@eu`` cannot exist to meet tenant ``eu`` of ``clinic``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 from ..agents.agent import Agent
 from ..app import App, Sessions
 from ..errors import ConfigurationError, InputError
-from ..ids import check_id
+from ..ids import TENANT_SEPARATOR, split_app_name, tenant_app_name
 from ..stores.base import BaseSessionStore, SessionStore
 from ..stores.url import store_from_url
 
@@ -71,12 +73,14 @@ class Served:
 
 
 def for_tenant(app: App, tenant: str) -> App:
-    """``app`` as ``tenant`` sees it: its sessions, state and listings live under ``{app.name}@{tenant}``."""
-    check_id(tenant, "tenant")
-    if "@" in tenant:
-        raise InputError(f"a tenant may not contain '@': {tenant!r}", field="tenant")
+    """``app`` as ``tenant`` sees it: its sessions, state and listings live under ``{app.name}@{tenant}``.
+
+    ``InvalidKey`` naming ``tenant`` for a tenant outside the key rule (``@`` included); ``app`` must be an
+    app's own view, not a tenant's (a tenant has no tenants)."""
+    if TENANT_SEPARATOR in app.name:
+        raise ConfigurationError(f"{app.name!r} is already a tenant's view of an app; take for_tenant of the app")
     view = copy.copy(app)
-    view.name = check_id(f"{app.name}@{tenant}", "app name")
+    view.name = tenant_app_name(app.name, tenant)
     view.sessions = Sessions(view)
     return view
 
@@ -85,7 +89,7 @@ def tenant_views(app: App) -> list[App] | None:
     """``app`` and each tenant's view of it; ``None`` on a store that cannot list its app names without a
     scan (``app_names`` is ``None``: DynamoDB)."""
     store = app.store
-    names = store.app_names(f"{app.name}@") if isinstance(store, BaseSessionStore) else None
+    names = store.app_names(f"{app.name}{TENANT_SEPARATOR}") if isinstance(store, BaseSessionStore) else None
     if names is None:
         return None
     return [app, *(view for name in names if (view := view_of(app, name)) is not None and view is not app)]
@@ -93,13 +97,15 @@ def tenant_views(app: App) -> list[App] | None:
 
 def view_of(app: App, name: str) -> App | None:
     """The view of ``app`` whose keys are under app name ``name``: ``app`` itself, one of its tenants
-    (``{app}@{tenant}``), or ``None`` for another app's name."""
+    (``{app}@{tenant}``), or ``None`` for another app's name (and for a name outside the key rule, which only
+    a store written before the rule can hold)."""
     if name == app.name:
         return app
-    tenant = name.removeprefix(f"{app.name}@")
-    if tenant == name or not tenant or "@" in tenant:
+    try:
+        owner, tenant = split_app_name(name)
+    except InputError:
         return None
-    return for_tenant(app, tenant)
+    return for_tenant(app, tenant) if owner == app.name and tenant is not None else None
 
 
 def purge_tenants(app: App) -> dict[str, list[str]]:
