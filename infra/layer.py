@@ -75,5 +75,6 @@ class Layers(Construct):
             code=_locally_bundled(packages[0].parent, lambda out: bundle_app(out, packages, wanted)),
             compatible_runtimes=[RUNTIME],
             compatible_architectures=[ARCHITECTURE],
-            description=f"the agent app: {', '.join(p.name for p in packages)}",
+            description=f"the agent app: {', '.join(p.name for p in packages)}"
+            + (f"; with {', '.join(wanted)}" if wanted else ""),
         )
