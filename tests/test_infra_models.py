@@ -154,3 +154,42 @@ def test_the_app_layer_requirements_are_the_apps_file_and_the_models_extra(tmp_p
         app_requirements(file)
     with pytest.raises(SystemExit, match="no such file"):
         app_requirements(tmp_path / "missing.txt")
+
+
+def _dist(target: Path, name: str, requires: tuple[str, ...] = ()) -> None:
+    info = target / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    lines = "".join(f"Requires-Dist: {r}\n" for r in requires)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n{lines}")
+    (target / name).mkdir()
+    (target / name / "__init__.py").write_text("")
+    record = [f"{name}/__init__.py", f"{info.name}/METADATA", f"{info.name}/RECORD"]
+    (info / "RECORD").write_text("".join(f"{path},,\n" for path in record))
+
+
+def test_the_app_layer_leaves_out_what_the_library_layer_ships(tmp_path: Path) -> None:
+    from infra.bundle import drop_closure
+
+    # the library needs pydantic and powertools[tracer] (-> xray -> wrapt); the app needs openai (-> httpx, pydantic)
+    _dist(tmp_path, "pydantic", ("typing-extensions>=4",))
+    _dist(tmp_path, "typing_extensions")
+    _dist(
+        tmp_path, "aws_lambda_powertools", ('aws-xray-sdk; extra == "tracer"', 'fastjsonschema; extra == "validation"')
+    )
+    _dist(tmp_path, "aws_xray_sdk", ("wrapt",))
+    _dist(tmp_path, "wrapt")
+    _dist(tmp_path, "fastjsonschema")  # only the validation extra, which the library does not ask for
+    _dist(tmp_path, "openai", ("httpx", "pydantic>=1.9"))
+    _dist(tmp_path, "httpx")
+    dropped = drop_closure(tmp_path, ["pydantic>=2.7,<3", "aws-lambda-powertools[tracer]>=3.5"])
+    assert sorted(dropped) == ["aws-lambda-powertools", "aws-xray-sdk", "pydantic", "typing-extensions", "wrapt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [
+            "fastjsonschema",
+            "fastjsonschema-1.0.dist-info",
+            "httpx",
+            "httpx-1.0.dist-info",
+            "openai",
+            "openai-1.0.dist-info",
+        ]
+    )
