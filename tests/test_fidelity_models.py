@@ -147,15 +147,81 @@ def test_a_model_slower_than_the_functions_time_ends_the_step_with_a_typed_error
     assert model_end["latency_ms"] < RESUME_TIMEOUT * 1000, model_end
 
 
-@pytest.mark.backend("dynamodb")
-def test_zz_the_model_grants_are_all_used(served: Served) -> None:
-    """Runs last: every secret and model grant of this deployment was used by a scenario, no call was denied."""
-    d = served.d
-    calls = [(c.action, c.resource) for c in d.calls()]
-    unused = [
+def _unused_model_grants(d: Any) -> list[tuple[str, tuple[str, str]]]:
+    """(function, grant) of each secret or model grant no call of that function needed."""
+    return [
         (name, grant)
         for name, function in d.functions.items()
         for grant in iam.grants(function.statements, ("secretsmanager", "ssm", "bedrock"))
-        if not iam.grant_used(grant, calls)
+        if not iam.grant_used(grant, [(c.action, c.resource) for c in d.calls(name)])
     ]
+
+
+@pytest.mark.backend("dynamodb")
+def test_zz_the_model_grants_are_all_used(served: Served) -> None:
+    """Runs last: every secret and model grant of this deployment was used by a scenario, no call was denied."""
+    unused = _unused_model_grants(served.d)
+    assert not unused and not served.d.denied(), (unused, evidence(served.d))
+
+
+# -- Bedrock, through an inference profile ------------------------------------------------------------------
+
+PROFILE = "eu.anthropic.claude-fidelity-v1:0"
+
+
+def _converse(received: Received) -> Reply:
+    """Bedrock's Converse: ask for one sign-off, then answer."""
+    blocks = [b for m in received.json["messages"] for b in m["content"]]
+    if any("toolResult" in b for b in blocks):
+        content: list[dict[str, Any]] = [{"text": "All steps signed off."}]
+        stop = "end_turn"
+    else:
+        content, stop = [{"toolUse": {"toolUseId": "t1", "name": "sign_off", "input": {"step": 1}}}], "tool_use"
+    usage = {"inputTokens": 10, "outputTokens": 5, "totalTokens": 15}
+    return Reply(
+        body={"output": {"message": {"role": "assistant", "content": content}}, "stopReason": stop, "usage": usage}
+    )
+
+
+@pytest.fixture(scope="module")
+def bedrock_served(dynamodb_endpoint: str) -> Iterator[Any]:
+    pytest.importorskip("aws_cdk", reason="the harness synthesizes the CDK app (the infra extra)")
+    pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambda extra")
+    from tests.fidelity.deployment import Deployment
+
+    server = FakeModelServer().start()
+    server.always(_converse)
+    deployment = Deployment.start(
+        dynamodb_endpoint=dynamodb_endpoint,
+        app="fidelity_app:build",
+        app_packages=[APP_PACKAGE],
+        context={"model": f"bedrock:{PROFILE}"},
+        endpoints={"AWS_ENDPOINT_URL_BEDROCK_RUNTIME": server.url},
+        timeouts={"resume": RESUME_TIMEOUT},
+    )
+    try:
+        yield deployment, server
+    finally:
+        deployment.close()
+        server.stop()
+
+
+@pytest.mark.backend("dynamodb")
+def test_resume_calls_bedrock_through_the_profile_with_exactly_its_grants(bedrock_served: Any) -> None:
+    d, server = bedrock_served
+    sid = fresh("bedrock")
+    create(d, sid)
+    shown = run(d, sid, "signoffs=1")
+    assert shown["status"] == "awaiting_input", (shown["status"], json.dumps(ledger(d, sid)[-1]), evidence(d))
+    assert answer(d, sid, shown)["status"] == "completed", evidence(d)
+    assert {r.path for r in server.requests} == {f"/model/{PROFILE.replace(':', '%3A')}/converse"}
+    # each call authorized on the profile and on the model in the region it routed to, by resume's role only
+    calls = [c for c in d.calls() if c.action.startswith("bedrock:")]
+    assert {c.function for c in calls} == {"resume"} and all(c.allowed for c in calls), calls
+    assert {c.resource for c in calls} == {
+        f"arn:aws:bedrock:eu-west-1:123456789012:inference-profile/{PROFILE}",
+        "arn:aws:bedrock:eu-west-1::foundation-model/anthropic.claude-fidelity-v1:0",
+    }
+    assert not _secret_calls(d) and not [f for f in d.functions.values() if "DORMANT_OPENAI_SECRET" in f.environment]
+    unused = _unused_model_grants(d)
     assert not unused and not d.denied(), (unused, evidence(d))
