@@ -59,7 +59,7 @@ def served(dynamodb_endpoint: str) -> Iterator[Served]:
     pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambda extra")
     pytest.importorskip("openai", reason="the deployed model is an OpenAI-compatible server")
     from tests.fidelity.deployment import Deployment
-    from tests.fidelity.secrets import SecretsServer
+    from tests.fidelity.secret_store import SecretsServer
 
     secrets = SecretsServer()
     key = f"sk-fidelity-{uuid.uuid4().hex}"

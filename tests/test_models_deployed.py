@@ -1,6 +1,6 @@
 """The deployment's model in the library: chosen by the environment, keyed by a secret read with Powertools and
 cached, and called within the time the function has left (``calls_end_by``), against real HTTP servers: the
-scripted model server, and moto's Secrets Manager and SSM served over HTTP (``tests/fidelity/secrets.py``).
+scripted model server, and moto's Secrets Manager and SSM served over HTTP (``tests/fidelity/secret_store.py``).
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def secrets(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     pytest.importorskip("aws_lambda_powertools")
     from aws_lambda_powertools.utilities import parameters
 
-    from tests.fidelity.secrets import SecretsServer
+    from tests.fidelity.secret_store import SecretsServer
 
     served = SecretsServer()
     for name, url in served.endpoints().items():
