@@ -26,6 +26,26 @@ RESUME_TIMEOUT = 30.0
 """The resume function's timeout in this deployment (900 s in the template): a slow model meets it in seconds."""
 
 
+def test_secret_parameter_and_bedrock_calls_are_authorized_on_what_aws_checks() -> None:
+    arn = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:dormant/openai-Ab12Cd"
+    assert iam.required("secretsmanager", "GetSecretValue", {"SecretId": arn}) == [
+        ("secretsmanager:GetSecretValue", arn)
+    ]
+    (by_name,) = iam.required("secretsmanager", "GetSecretValue", {"SecretId": "dormant/openai"})
+    grant = {"Effect": "Allow", "Action": "secretsmanager:GetSecretValue", "Resource": arn[:-6] + "??????"}
+    assert iam.allowed([grant], *by_name)  # a name is what its ARN, six characters appended, would be
+    assert iam.required("ssm", "GetParameter", {"Name": "/dormant/key", "WithDecryption": True}) == [
+        ("ssm:GetParameter", "arn:aws:ssm:eu-west-1:123456789012:parameter/dormant/key")
+    ]
+    assert iam.required("bedrock-runtime", "Converse", {"modelId": "eu.amazon.nova-pro-v1:0"}) == [
+        ("bedrock:InvokeModel", "arn:aws:bedrock:eu-west-1:123456789012:inference-profile/eu.amazon.nova-pro-v1:0"),
+        ("bedrock:InvokeModel", "arn:aws:bedrock:eu-west-1::foundation-model/amazon.nova-pro-v1:0"),
+    ]
+    assert iam.required("bedrock-runtime", "ConverseStream", {"modelId": "amazon.nova-pro-v1:0"}) == [
+        ("bedrock:InvokeModelWithResponseStream", "arn:aws:bedrock:eu-west-1::foundation-model/amazon.nova-pro-v1:0")
+    ]
+
+
 def _completion(message: dict[str, Any], finish: str) -> dict[str, Any]:
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex[:8]}",
