@@ -193,3 +193,17 @@ def test_the_app_layer_leaves_out_what_the_library_layer_ships(tmp_path: Path) -
             "openai-1.0.dist-info",
         ]
     )
+
+
+@pytest.mark.backend("runtime-python")
+def test_the_openai_sdk_reaches_the_app_layer_for_arm64_without_the_librarys_packages(tmp_path: Path) -> None:
+    # The real build (pip fetches cp312 aarch64 wheels), as -c model=openai:... makes it.
+    from infra.bundle import ROOT, bundle_app
+
+    bundle_app(tmp_path / "out", [ROOT / "samples" / "bookings"], app_requirements(None, ("openai",)))
+    layer = tmp_path / "out" / "python"
+    top = {p.name for p in layer.iterdir() if not p.name.endswith(".dist-info")}
+    assert {"openai", "bookings", "jiter"} <= top, sorted(top)
+    assert [p.name for p in (layer / "jiter").glob("*.so")] == ["jiter.cpython-312-aarch64-linux-gnu.so"]
+    # what the library layer ships is not shipped twice (both unpack into /opt/python)
+    assert not top & {"pydantic", "pydantic_core", "typing_extensions", "aws_lambda_powertools", "boto3", "botocore"}
