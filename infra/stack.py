@@ -1,11 +1,12 @@
 """``DormantStack``: the table, the layers, the functions, the API, the resume workflow and the sweeper.
 
 Deploy-time choices are stack parameters (listing shards, wait timeout, log retention); build-time ones
-are CDK context (``-c app=module:attr``, ``-c app_packages=dir,dir``, ``-c removal=destroy``, ``-c tracing=true``,
-``-c tenant_claim=custom:tenant`` (the ID-token claim naming the caller's tenant; a token without it is its own
-tenant), ``-c auth_domain=prefix`` (the Cognito domain machine clients get tokens from; default
-``{stack}-{account}``), ``-c cors_origins=https://a.example,https://b.example``: the origins whose pages may call
-the API; none by default).
+are CDK context (``-c app=module:attr``, ``-c app_packages=dir,dir``, ``-c app_requirements=file``,
+``-c removal=destroy``, ``-c tracing=true``, ``-c tenant_claim=custom:tenant`` (the ID-token claim naming the
+caller's tenant; a token without it is its own tenant), ``-c auth_domain=prefix`` (the Cognito domain machine
+clients get tokens from; default ``{stack}-{account}``), ``-c cors_origins=https://a.example,https://b.example``
+(the origins whose pages may call the API; none by default), and the model: ``-c model=...``,
+``-c openai_base_url=...``, ``-c openai_secret=...``, see ``infra.model``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .api import Api
 from .bundle import ROOT
 from .functions import Functions
 from .layer import Layers
+from .model import ModelAccess, model_choice
 from .schedule import SweeperSchedule
 from .table import SessionTable
 from .wiring import (
@@ -33,6 +35,8 @@ from .wiring import (
     EXECUTIONS,
     IDEMPOTENCY_TABLE,
     MACHINE,
+    MODEL_ENVIRONMENT,
+    MODEL_FUNCTIONS,
     STATE_MACHINE,
     STATES_ACCESS,
     STORE,
@@ -57,6 +61,8 @@ class DormantStack(Stack):
         removal = RemovalPolicy.DESTROY if context("removal") == "destroy" else RemovalPolicy.RETAIN
         app_packages = [ROOT / p for p in str(context("app_packages") or DEFAULT_APP_PACKAGES).split(",") if p]
         cors_origins = [o.strip().rstrip("/") for o in str(context("cors_origins") or "").split(",") if o.strip()]
+        requirements = context("app_requirements")
+        choice = model_choice(context)
 
         shards = CfnParameter(
             self,
@@ -88,7 +94,14 @@ class DormantStack(Stack):
         table = SessionTable(
             self, "Sessions", removal_policy=removal, deletion_protection=removal != RemovalPolicy.DESTROY
         ).table
-        layers = Layers(self, "Layers", app_packages=app_packages)
+        layers = Layers(
+            self,
+            "Layers",
+            app_packages=app_packages,
+            requirements=ROOT / str(requirements) if requirements else None,
+            extras=("openai",) if choice is not None and choice.provider == "openai" else (),
+        )
+        model = ModelAccess(self, "Model", choice=choice, removal_policy=removal) if choice is not None else None
 
         # The state machine's name is fixed, so its ARN is known before it exists: the functions it invokes hold
         # that ARN (and grants on it) without depending on it, which would be a circular dependency.
@@ -120,17 +133,26 @@ class DormantStack(Stack):
             # No pydantic plugins are deployed: skip pydantic's scan of every installed package's
             # entry points, which the first model built would otherwise pay at cold start.
             "PYDANTIC_DISABLE_PLUGINS": "__all__",
+            **(model.environment if model is not None else {}),
         }
         functions = Functions(
             self,
             "Functions",
             layers=[layers.library, layers.app],
-            environment={name: {key: values[key] for key in sorted(keys)} for name, keys in ENVIRONMENT.items()},
+            environment={
+                name: {key: values[key] for key in sorted(keys | (MODEL_ENVIRONMENT & values.keys()))}
+                for name, keys in ENVIRONMENT.items()
+            },
             log_retention_days=retention.value_as_number,
             tracing=tracing,
         )
         for name, function in functions.by_name.items():
             _grant_table(function, table, name)
+            if model is not None and name in MODEL_FUNCTIONS:
+                for statement in model.statements:
+                    function.add_to_role_policy(statement)
+                if model.acknowledgments:
+                    Validations.of(functions.node.find_child(name.capitalize())).acknowledge(*model.acknowledgments)
             states = STATES_ACCESS.get(name)
             if states:
                 # A policy of its own, not the function's default policy, which the function depends on: the

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from dormant.serving.deployed import MODEL, OPENAI_BASE_URL, OPENAI_SECRET
 from dormant.serving.routes import ROUTES
 from dormant.stores.dynamodb import IDS_INDEX, LISTING_INDEX, PENDING_INDEX, RUNNING_INDEX
 
@@ -56,6 +57,27 @@ ENVIRONMENT: Mapping[str, frozenset[str]] = MappingProxyType(
     }
 )
 """Function -> the names of its environment variables (the values are the stack's)."""
+
+MODEL_ENVIRONMENT = frozenset({MODEL, OPENAI_BASE_URL, OPENAI_SECRET})
+"""With ``-c model=...`` every function also gets these (those that apply): every function builds the same
+served app, whose factory is given the deployment's model. They name the model, a server and *where* its key is
+kept; no function's environment holds a key."""
+
+MODEL_FUNCTIONS = frozenset({"resume"})
+"""The functions that call the model, the only ones granted ``bedrock:InvokeModel`` on the chosen model or read
+on its key: ``resume`` runs turns in the workflow. ``run`` only claims a turn (the execution it starts runs it)
+and reads the key nowhere: the key is read on the first model call, not when the app is built."""
+
+MODEL_ACTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        # Converse is authorized as bedrock:InvokeModel (there is no bedrock:Converse action); no streaming.
+        "bedrock": ("bedrock:InvokeModel",),
+        "secretsmanager": ("secretsmanager:GetSecretValue",),
+        "ssm": ("ssm:GetParameter",),
+    }
+)
+"""What a model function may call, by where its model or key is: Bedrock's Converse, or the read of its key
+(Powertools' ``get_secret`` is one ``GetSecretValue``, ``get_parameter`` one ``GetParameter``)."""
 
 # -- the table ------------------------------------------------------------------------------------
 

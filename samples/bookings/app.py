@@ -275,7 +275,7 @@ def database(db: str | Path | None = None) -> str:
 
 def build(
     db: str | Path | None = None,
-    model: str | None = None,
+    model: str | ModelSpec | None = None,
     adapter: ModelAdapter | None = None,
     *,
     store: SessionStore | None = None,
@@ -283,9 +283,13 @@ def build(
 ) -> Bookings:
     """The Bookings app on ``store``, else the SQLite file ``database(db)`` (which must exist unless ``create``).
 
-    ``store=`` is how a deployment serves it (``DORMANT_APP=bookings:build``): the handlers pass theirs.
+    ``store=`` is how a deployment serves it (``DORMANT_APP=bookings:build``): the handlers pass theirs, and the
+    deployment's model (``cdk deploy -c model=...``) as ``model=``, a ``ModelSpec`` used instead of the script.
     """
-    spec, label = model_from_env(model if model is not None else os.environ.get("BOOKINGS_MODEL"))
+    if isinstance(model, ModelSpec):
+        spec, label = model, f"{model.provider} {model.name} (the deployment's model)"
+    else:
+        spec, label = model_from_env(model if model is not None else os.environ.get("BOOKINGS_MODEL"))
     adapters: dict[str, ModelAdapter] = {}
     if spec.provider == "scripted":
         adapters["scripted"] = adapter or ScriptedBookingsModel()

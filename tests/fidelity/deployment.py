@@ -94,10 +94,14 @@ class Deployment:
         app_packages: list[Path],
         time_scale: float = 0.01,
         workdir: Path | None = None,
+        endpoints: dict[str, str] | None = None,
+        timeouts: dict[str, float] | None = None,
     ) -> None:
         self.template = template
         self.workdir = workdir or scratch()
         self.functions = template.functions()
+        for name, seconds in (timeouts or {}).items():  # as if deployed with another timeout
+            self.functions[name].timeout = seconds
         self.machine_arn, self.definition = template.state_machine()
         self.table_name = template.table()["TableName"]
         self.dynamodb_endpoint = dynamodb_endpoint
@@ -106,8 +110,12 @@ class Deployment:
             self._invoke_for_states, time_scale=time_scale, machine_role=template.state_machine_role()
         )
         self.sfn.create_state_machine(self.machine_arn, self.definition)
-        endpoints = {"AWS_ENDPOINT_URL_DYNAMODB": dynamodb_endpoint, "AWS_ENDPOINT_URL_SFN": self.sfn.serve()}
-        self.lambdas = LambdaService(self.functions, self._layers(app_packages), endpoints, self.workdir)
+        stand_ins = {
+            "AWS_ENDPOINT_URL_DYNAMODB": dynamodb_endpoint,
+            "AWS_ENDPOINT_URL_SFN": self.sfn.serve(),
+            **(endpoints or {}),
+        }
+        self.lambdas = LambdaService(self.functions, self._layers(app_packages), stand_ins, self.workdir)
         self.routes = {
             (method, path): self._function_by_logical(logical) for method, path, logical in template.routes()
         }
@@ -126,8 +134,12 @@ class Deployment:
         parameters: dict[str, Any] | None = None,
         time_scale: float = 0.01,
         context: dict[str, str] | None = None,
+        endpoints: dict[str, str] | None = None,
+        timeouts: dict[str, float] | None = None,
     ) -> Deployment:
-        """``context``: more CDK context (``cors_origins``...)."""
+        """``context``: more CDK context (``cors_origins``, ``model=``...); ``endpoints``: more stand-ins the
+        functions reach (``AWS_ENDPOINT_URL_<SERVICE>``); ``timeouts``: function -> seconds, as if deployed with
+        that timeout."""
         workdir = scratch()
         context = dict(context or {})
         if app:
@@ -139,7 +151,13 @@ class Deployment:
         packages = [ROOT / p for p in (app_packages or ["samples/bookings"])]
         template = Template(raw, names, workdir / "cdk.out")
         return cls(
-            template, dynamodb_endpoint=dynamodb_endpoint, app_packages=packages, time_scale=time_scale, workdir=workdir
+            template,
+            dynamodb_endpoint=dynamodb_endpoint,
+            app_packages=packages,
+            time_scale=time_scale,
+            workdir=workdir,
+            endpoints=endpoints,
+            timeouts=timeouts,
         )
 
     # -- setup -------------------------------------------------------------------------------------------------

@@ -80,6 +80,8 @@ class Template:
             return self.state_machine_arn(name)
         if kind == "AWS::Lambda::LayerVersion":
             return f"arn:{PARTITION}:lambda:{REGION}:{ACCOUNT}:layer:{name}:1"
+        if kind == "AWS::SecretsManager::Secret":  # Ref is the ARN, with the six characters AWS appends
+            return f"arn:{PARTITION}:secretsmanager:{REGION}:{ACCOUNT}:secret:{self.physical_name(name)}-AbCdEf"
         # Functions, roles, log groups, APIs and the rest: Ref is the physical name (or an id).
         return self.physical_name(name)
 

@@ -5,7 +5,9 @@ function serves many sessions, each with its own script: ``signoffs=N`` (yieldin
 final answer, default 1), ``sleep=S`` (seconds each model call takes), ``fail=model`` (the model raises a
 non-retryable error on its call after the first sign-off), ``steps=K`` (plain tool steps first: events
 enough for a snapshot), ``tool=approve`` (the sign-offs are calls of ``approve``, answerable by group
-``approvers`` only) or ``tool=review`` (of ``review``: anyone but who started the run, four eyes).
+``approvers`` only) or ``tool=review`` (of ``review``: anyone but who started the run, four eyes). Deployed
+with a model (``-c model=...``) its agent uses that model instead: the harness's loopback model server then
+plays the script.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pydantic import BaseModel
 from dormant import App, adk
 from dormant.agents.agent import Agent
 from dormant.agents.tools import ToolContext
-from dormant.models.base import ModelRequest, ModelResponse
+from dormant.models.base import ModelRequest, ModelResponse, ModelSpec
 from dormant.stores.base import SessionStore
 
 
@@ -74,7 +76,7 @@ class FidelityApp:
     agent: Agent
 
 
-def build(store: SessionStore) -> FidelityApp:
+def build(store: SessionStore, model: ModelSpec | None = None) -> FidelityApp:
     app = adk(
         name="fidelity", schema={"user": Person}, adapters={"ordered": OrderedModel()}, store=store, snapshot_every=10
     )
@@ -105,7 +107,7 @@ def build(store: SessionStore) -> FidelityApp:
     noted = app.tool(name="note", description="Note a step.", schema=Step, execute=note)
     agent = app.agent(
         name="signoff",
-        model={"provider": "ordered", "name": "script"},
+        model=model or {"provider": "ordered", "name": "script"},
         context=[app.context.history()],
         tools=[sign_off, approve, review, noted],
         max_steps=50,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
+import inspect
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from ..agents.agent import Agent
 from ..app import App, Sessions
 from ..errors import ConfigurationError, InputError
 from ..ids import TENANT_SEPARATOR, split_app_name, tenant_app_name
+from ..models.base import ModelSpec
 from ..stores.base import BaseSessionStore, SessionStore
 from ..stores.url import store_from_url
 
@@ -118,8 +120,9 @@ def purge_tenants(app: App) -> dict[str, list[str]]:
     return {view.name: purged for view in views or [] if (purged := view.sessions.purge())}
 
 
-def load_served(spec: str, store: SessionStore) -> Served:
-    """Import ``spec`` (``module:attr``) and bind what it names to ``store``."""
+def load_served(spec: str, store: SessionStore, model: ModelSpec | None = None) -> Served:
+    """Import ``spec`` (``module:attr``) and bind what it names to ``store``. ``model``, the deployment's model
+    (``serving.deployed``), is given to the factory as ``model=``: one that takes none is refused."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ConfigurationError(f"DORMANT_APP is module:attr, not {spec!r}")
@@ -127,7 +130,13 @@ def load_served(spec: str, store: SessionStore) -> Served:
         target: Any = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ConfigurationError(f"DORMANT_APP={spec!r} cannot be imported: {exc}") from exc
-    built = target(store=store) if callable(target) else target
+    if model is not None and not _takes_model(target):
+        raise ConfigurationError(
+            f"the deployment chose the model {model.provider}:{model.name}, but DORMANT_APP={spec!r} takes no "
+            "model= (a factory with a model parameter decides what its agents use; it may still pick its own)"
+        )
+    extra = {} if model is None else {"model": model}
+    built = target(store=store, **extra) if callable(target) else target
     app = getattr(built, "app", None)
     if not isinstance(app, App):
         raise ConfigurationError(f"DORMANT_APP={spec!r} gave {built!r}, which has no .app (an App)")
@@ -141,8 +150,21 @@ def load_served(spec: str, store: SessionStore) -> Served:
     return Served(app, dict(agents))
 
 
+def _takes_model(target: Any) -> bool:
+    if not callable(target):
+        return False
+    try:
+        parameters = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "model" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
 @functools.cache
 def served_from_env() -> Served:
-    """What ``DORMANT_APP`` and ``DORMANT_STORE`` name, built once per process (a Lambda's cold start)."""
+    """What ``DORMANT_APP``, ``DORMANT_STORE`` and ``DORMANT_MODEL`` name, built once per process (a Lambda's
+    cold start)."""
+    from .deployed import model_from_env
+
     store = store_from_url(os.environ.get("DORMANT_STORE", DEFAULT_STORE))
-    return load_served(os.environ.get("DORMANT_APP", DEFAULT_APP), store)
+    return load_served(os.environ.get("DORMANT_APP", DEFAULT_APP), store, model_from_env())
