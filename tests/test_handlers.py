@@ -19,7 +19,8 @@ pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambd
 
 from dormant.errors import TurnNotClaimed
 from dormant.events import InvocationStartEvent
-from dormant.serving.api import MAX_BODY_BYTES, MAX_LIST_LIMIT, Idempotency, api_handler
+from dormant.serving.api import MAX_BODY_BYTES, MAX_LIST_LIMIT, api_handler
+from dormant.serving.idempotency import DynamoDBIdempotency
 from dormant.serving.runtime import Served, load_served
 from dormant.serving.workflow import (
     StepFunctions,
@@ -957,7 +958,7 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_first_result_and_runs
     ddb = dynamodb_client(dynamodb_endpoint)
     try:
         served = load_served("bookings:build", store)
-        client = Client(api_handler(in_process_hooks(served), served, Idempotency(table, client=ddb)))
+        client = Client(api_handler(in_process_hooks(served), served, DynamoDBIdempotency(table, client=ddb)))
         for tenant in (TENANT_A, TENANT_B):
             create(client, "s-1", tenant=tenant)
         key = {"Idempotency-Key": "k-1"}

@@ -69,7 +69,8 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from ..errors import ConfigurationError, InputError
-from .api import Idempotency, api_handler
+from .api import api_handler
+from .idempotency import Idempotency
 from .routes import ROUTES
 from .runtime import Served
 from .workflow import in_process_hooks
