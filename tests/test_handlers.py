@@ -581,13 +581,18 @@ def test_a_remote_commit_writing_shared_state_the_session_is_not_bound_to_is_a_4
     create(client)  # bound to user alex-doe
     write = {"type": "state_change", "scope": "user", "scope_id": "other", "source": "direct"}
     write["changes"] = [{"key": "k", "new_value": 1}]
-    for body, field in (
-        ({"scoped_changes": [{"scope": "user", "scope_id": "other", "key": "k", "value": 1}]}, "scoped_changes.0"),
-        ({"scoped_changes": [{"scope": "team", "scope_id": "t-1", "key": "k", "value": 1}]}, "scoped_changes.0"),
-        ({"events": [{"type": "user", "text": "hi"}, write]}, "events.1"),
+    team = {"scope": "team", "scope_id": "t-1", "key": "k", "value": 1}  # a scope the app does not declare
+    for body, kind, field in (
+        (
+            {"scoped_changes": [{"scope": "user", "scope_id": "other", "key": "k", "value": 1}]},
+            "ScopeNotBound",
+            "scoped_changes.0.scope_id",
+        ),
+        ({"scoped_changes": [team]}, "UnknownScope", "scoped_changes.0.scope"),
+        ({"events": [{"type": "user", "text": "hi"}, write]}, "ScopeNotBound", "events.1.scope_id"),
     ):
         status, error = client.call("commit", session_id="s-1", body={"expected_version": 1, "events": [], **body})
-        assert (status, error["error"], error["field"]) == (400, "ScopeNotBound", f"{field}.scope_id"), error
+        assert (status, error["error"], error["field"]) == (400, kind, field), error
     assert client.call("get_session", session_id="s-1")[1]["version"] == 1
     app = served.for_tenant(TENANT_A)
     assert app.store.load_scoped_state(app.name, "user", "other") == {}

@@ -124,7 +124,7 @@ def test_a_retry_while_the_first_request_runs_is_a_409_on_every_store(
     )
     first.start()
     try:
-        eventually(lambda: (folder / "inside").exists())  # the first request is inside its turn
+        eventually((folder / "inside").exists)  # the first request is inside its turn
         for _ in range(3):  # whichever worker takes the retry: the record is the store's, not the process's
             status, held = call(f"{api}/sessions/{sid}/runs", "POST", {"message": "go"}, extra=key)
             assert (status, held.get("error"), held.get("field")) == (409, "RequestInProgress", "Idempotency-Key"), held

@@ -54,6 +54,7 @@ from ..errors import (
     DormantError,
     EventIndexError,
     InputError,
+    InvalidSessionId,
     NotAuthenticated,
     RequestTooLarge,
     SessionNotFound,
@@ -62,9 +63,10 @@ from ..errors import (
     http_status,
 )
 from ..events import Event, InvocationEndEvent, ToolInputEvent, parse_event
-from ..ids import new_id
+from ..ids import check_id, new_id
 from ..projection import Projection, SessionStatus
 from ..session import Session
+from ..state.values import check_storable
 from ..stores.base import ScopedStateChange, SessionListing
 from .hooks import Hooks, Started
 from .routes import ROUTES
@@ -369,7 +371,11 @@ def build_resolver(
     def create() -> Response[Any]:
         request = body(CreateBody)
         tenant_app = app()
-        session = tenant_app.sessions.create(request.session_id, request.scopes)
+        try:
+            session = tenant_app.sessions.create(request.session_id, request.scopes)
+        except VersionConflict as exc:  # the id is taken
+            exc.field = "session_id"
+            raise
         return _json(201, session_view(tenant_app, session))
 
     @route("GET", "/sessions")
@@ -548,6 +554,11 @@ def build_resolver(
                 events.append(parse_event(raw))
             except InputError as exc:
                 raise InputError(str(exc), field=f"events.{position}") from None
+            check_storable(events[-1].model_dump(), f"events.{position}")  # named here, not by the store's encoder
+            try:  # an id is a key in every store: an empty or odd one must not reach one (DynamoDB's gate)
+                check_id(events[-1].id, "event id")
+            except InvalidSessionId as exc:
+                raise InputError(str(exc), field=f"events.{position}.id") from None
         # What a run could not record, no commit records (dormant.ledger): each event where it stands, state
         # changes against their scope's model, answers as strict as POST /tools takes them. Before appending.
         rules = session.rules()
@@ -560,7 +571,11 @@ def build_resolver(
         named = [ScopedStateChange(c.scope, c.scope_id, c.key, c.value) for c in request.scoped_changes or []]
         changes = session.check_scoped_changes(named)
         if request.expected_version != session.version:  # a 409, as the store would answer (nothing written)
-            raise VersionConflict(session_id, expected_version=request.expected_version, actual_version=session.version)
+            conflict = VersionConflict(
+                session_id, expected_version=request.expected_version, actual_version=session.version
+            )
+            conflict.field = "expected_version"
+            raise conflict
         # Through the write path, as a run's: the bound-scope and retention checks (before anything is
         # written), and the snapshots that keep a load of a session only remote runners write from growing.
         result = tenant_app.sessions.write(
@@ -592,7 +607,10 @@ def build_resolver(
             logger.exception("request failed")
             return _error(status, type(exc).__name__, "the request failed; see the logs for its request id")
         extra = {"actual_version": exc.actual_version} if isinstance(exc, VersionConflict) else {}
-        return _error(status, type(exc).__name__, str(exc), getattr(exc, "field", None), **extra)
+        field = getattr(exc, "field", None)
+        if field is None and isinstance(exc, SessionNotFound):  # the path's id, named as a body names it
+            field = "session_id"
+        return _error(status, type(exc).__name__, str(exc), field, **extra)
 
     def unexpected(exc: Exception) -> Response[Any]:
         logger.exception("unexpected error")
