@@ -288,6 +288,10 @@ def test_a_client_off_loopback_is_refused_with_or_without_the_header(
         [("Host", "127.0.0.1:8000"), ("Origin", "http://localhost:8000")],  # another origin on this machine
         [("Host", "127.0.0.1:8000"), ("Origin", "null")],  # a sandboxed frame, a file: page
         [("Host", "rebound.evil.example:8000")],  # DNS rebinding: the attacker's name, resolving to 127.0.0.1
+        [("Host", "attackerlocalhost:8000")],  # a name that merely ends in "localhost"
+        [("Host", "localhost.evil.example:8000")],
+        [("Host", "127.0.0.1:8000"), ("Origin", "http://127.0.0.1:8000.evil.example")],  # ours only as a prefix
+        [("Host", "127.0.0.1:8000"), ("Origin", "http://127.0.0.1:80")],  # a prefix of ours
         [("Host", "[::1")],
         [("Host", "127.0.0.1:8000"), ("Sec-Fetch-Site", "cross-site")],
         [("Host", "127.0.0.1:8000"), ("Sec-Fetch-Site", "same-site")],
