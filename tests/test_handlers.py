@@ -818,6 +818,35 @@ def test_answers_that_arrive_before_park_are_not_lost(aws: Any) -> None:
     assert act(workflow, "run", started)["status"] == "completed"
 
 
+def test_answers_landing_between_parks_read_and_its_write_still_wake_the_execution(
+    aws: Any, served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Park stores its token behind the version gate: answers that land after park read the session (still
+    waiting) and before its write move the version, so park reads again, finds them, and wakes itself. A token
+    stored without the gate would land after the answers looked for it: nobody would ever wake the execution."""
+    client, fake, workflow = aws
+    create(client)
+    client.call("run", session_id="s-1", headers={"Prefer": ""})
+    (started,) = fake.started
+    act(workflow, "run", started)
+    call = client.call("get_session", session_id="s-1")[1]["yielded_tools"][0]
+    store = served.app.store
+    load = store.load
+    armed = [True]
+
+    def load_then_answer(app_name: str, session_id: str, **kwargs: Any) -> Any:
+        loaded = load(app_name, session_id, **kwargs)
+        if armed and session_id == "s-1":  # park's read: the answers land right after it
+            armed.clear()
+            status, answered = approve(client, "s-1", call["call_id"], wait=False)
+            assert status == 202 and answered["woke"] is False  # no token stored yet
+        return loaded
+
+    monkeypatch.setattr(store, "load", load_then_answer)
+    assert act(workflow, "park", started, token="token-mid") == {"woke": True, "status": "resumable"}
+    assert not armed and fake.sent == ["token-mid"]
+
+
 def test_expire_and_fail_end_only_their_own_invocation(client: Client, served: Served) -> None:
     handler = workflow_handler(served)
     for session_id, action in (("s-expire", "expire"), ("s-fail", "fail")):
