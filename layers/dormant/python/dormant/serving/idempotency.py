@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -52,19 +53,19 @@ EXPIRES_AFTER_SECONDS = 24 * 3600
 """How long a request's result is kept for its retries."""
 
 
-class Idempotency:
+class Idempotency(ABC):
     """Run a request once per ``Idempotency-Key``; subclasses say where the records live (``layer``, ``forget``)."""
 
     def __init__(self, expires_after_seconds: int = EXPIRES_AFTER_SECONDS) -> None:
         self.expires_after_seconds = expires_after_seconds
 
+    @abstractmethod
     def layer(self, partition: str) -> BasePersistenceLayer:
         """The Powertools persistence layer keeping the records of ``partition``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def forget(self, partition: str) -> None:
         """Delete every record under ``partition`` (results cached for retries hold what the session held)."""
-        raise NotImplementedError
 
     def once(
         self,
