@@ -16,8 +16,12 @@ from pydantic import BaseModel
 from dormant import adk, in_memory_store, openai
 from dormant.errors import AwaitingInput
 from dormant.events import InvocationYieldEvent, ToolCallEvent, UserEvent
+from dormant.serving.api import api_handler
+from dormant.serving.runtime import Served
 from dormant.serving.turns import claim_turn, run_claimed
+from dormant.serving.workflow import in_process_hooks
 from dormant.testing import MockAdapter
+from tests.lambda_events import TENANT_A, Client
 
 
 class Question(BaseModel):
@@ -28,12 +32,16 @@ class Reply(BaseModel):
     ok: bool
 
 
-def cut_session() -> tuple[Any, Any, MockAdapter, str]:
-    """A session whose turn stopped after its yielding call was committed, before the yield was."""
+def cut_session(tenant: str | None = None) -> tuple[Any, Any, MockAdapter, str]:
+    """A session whose turn stopped after its yielding call was committed, before the yield was (the app as
+    ``tenant`` sees it, when one is named; ``app.served`` is what the API serves)."""
     model = MockAdapter()
-    app = adk(name="cut", store=in_memory_store(), adapters={"openai": model})
-    ask = app.tool(name="ask", schema=Question, yield_schema=Reply, execute=None)
-    agent = app.agent(name="a", model=openai("m"), context=[app.context.history()], tools=[ask])
+    base = adk(name="cut", store=in_memory_store(), adapters={"openai": model})
+    ask = base.tool(name="ask", schema=Question, yield_schema=Reply, execute=None)
+    agent = base.agent(name="a", model=openai("m"), context=[base.context.history()], tools=[ask])
+    served = Served(base, {agent.name: agent})
+    app = served.for_tenant(tenant) if tenant is not None else base
+    app.served = served
     model.set_responses([{"tool_calls": [{"name": "ask", "args": {"q": "go?"}, "call_id": "c-1"}]}, {"text": "done"}])
     session = app.sessions.create("s-1")
     for event in app.stream(agent, "start", session=session):
@@ -84,4 +92,17 @@ def test_a_takeover_without_a_message_records_the_yield_and_the_answer_runs_on()
     done = app.run(agent, {"tools": [{"call_id": "c-1", "input": {"ok": True}}]}, session=stored)
     app.sessions.commit(stored)
     assert done.status == "completed"
+    ordered(app.sessions.require(sid).events)
+
+
+def test_over_http_a_takeover_with_a_message_is_a_409_and_one_without_records_the_yield() -> None:
+    app, _, _, sid = cut_session(TENANT_A)
+    client = Client(api_handler(in_process_hooks(app.served), app.served))
+    version = app.sessions.require(sid).version
+    status, refused = client.call("run", session_id=sid, body={"message": "hello?", "takeover": True})
+    assert (status, refused["error"], refused["field"]) == (409, "AwaitingInput", "message"), refused
+    assert app.sessions.require(sid).version == version
+    status, ran = client.call("run", session_id=sid, body={"takeover": True})
+    assert status == 200 and ran["status"] == "yielded_tool", ran
+    assert [y["call_id"] for y in ran["yielded_tools"]] == ["c-1"]
     ordered(app.sessions.require(sid).events)
