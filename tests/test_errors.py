@@ -39,6 +39,9 @@ PRIVATE_CLASSES = {
     "dormant.stores.dynamodb.store._MarkerGone",
     "dormant.stores.dynamodb.store._Conflict",  # a request another transaction held: re-sent by _call
     "dormant.stores.dynamodb.store._Exhausted",
+    # Powertools' persistence-layer protocol: raised by dormant's layers to Powertools, which catches them.
+    "aws_lambda_powertools.utilities.idempotency.exceptions.IdempotencyItemAlreadyExistsError",
+    "aws_lambda_powertools.utilities.idempotency.exceptions.IdempotencyItemNotFoundError",
 }
 HARNESS_RAISES = {"AssertionError", "NotImplementedError"}  # dormant.testing: a failing contract check
 # A bridge raises the errors the framework it plugs into promises its callers (ADK's own services raise these).

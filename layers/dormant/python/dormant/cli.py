@@ -37,7 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
     from .app import App
-    from .serving.api import Idempotency
+    from .serving.idempotency import Idempotency
     from .serving.local import LocalAPI, Page
     from .serving.runtime import Served
     from .stores.base import SessionStore
@@ -324,13 +324,11 @@ def _sweeping(args: argparse.Namespace, served: Served | None, stop: threading.E
 
 
 def _idempotency(url: str, store: SessionStore) -> Idempotency | None:
-    """On DynamoDB, ``Idempotency-Key`` works as deployed: Powertools' records in the session table."""
-    if urlsplit(url).scheme.lower() != "dynamodb":
-        return None
-    from .serving.api import Idempotency
-    from .stores.dynamodb import DynamoDBSessionStore
+    """``Idempotency-Key`` works as deployed on every store: Powertools' records in the DynamoDB table, in the
+    SQLite or Postgres database's ``idempotency`` table, or beside a memory store."""
+    from .serving.idempotency import idempotency_for
 
-    return Idempotency(store.table_name, client=store.client) if isinstance(store, DynamoDBSessionStore) else None
+    return idempotency_for(store)
 
 
 def default_pages() -> list[Page]:

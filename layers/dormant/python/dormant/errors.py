@@ -602,6 +602,8 @@ class VersionConflict(StoreError):
     """The stored version is not the one the commit expected; nothing was written."""
 
     http_status: ClassVar[int] = 409
+    field: str | None = None
+    """What a caller sent that conflicted (``expected_version``, a create's ``session_id``), when an API knows."""
 
     def __init__(self, session_id: str, *, expected_version: int, actual_version: int) -> None:
         super().__init__(

@@ -407,9 +407,9 @@ class Session:
         checked: list[ScopedStateChange] = []
         for position, change in enumerate(changes):
             where = f"{field}.{position}"
-            self.check_bound(change.scope, change.scope_id, f"{where}.scope_id")
-            if change.scope not in schema:
+            if change.scope not in schema:  # first: an unknown scope is no unbound id
                 raise UnknownScope(change.scope, field=f"{where}.scope")
+            self.check_bound(change.scope, change.scope_id, f"{where}.scope_id")
             scope = schema[change.scope]
             current = values.setdefault(change.scope, dict(self._projection.scoped_states.get(change.scope) or {}))
             value = scope.check_write(

@@ -37,7 +37,7 @@ from ..events import (
 )
 from ..ids import new_id
 from ..models.base import Message, ModelAdapter, ModelRequest, ModelResponse, ModelSpec
-from ..projection import Output, YieldedTool
+from ..projection import Output, Projection, YieldedTool
 from ..session import Runtime, Session
 from ..state.access import Invocation
 from ..state.values import check_storable, json_values, repaired, storable_text, unstorable
@@ -180,9 +180,12 @@ def start_run(
     projection = session.projection
     if run_input.message is not None:
         # A call left waiting would get its result after the message, a transcript no provider accepts:
-        # every yielded call is answered first (now, or before).
+        # every yielded call is answered first (now, or before). So is a yielding call whose yield was never
+        # recorded (its runner died between the two): it waits all the same, and the loop would hear the
+        # message before writing the yield. A takeover without a message records it.
         answering = {answer.call_id for answer in answers}
         unanswered = [call_id for call_id in projection.pending if call_id not in answering]
+        unanswered += [call.call_id for call in _unyielded(agent, projection) if call.call_id not in answering]
         if unanswered:
             raise AwaitingInput(session.id, unanswered)
     if projection.open_invocation is not None:
@@ -530,6 +533,22 @@ class _Run:
             invocation_id=invocation_id,
             events=events,
         )
+
+
+def _unyielded(agent: Agent, projection: Projection) -> list[ToolCallEvent]:
+    """The calls of yielding tools that wait for an answer but were never yielded (the loop yields them next)."""
+    waiting = []
+    for call in projection.unexecuted_calls():
+        tool = agent.tool(call.name)
+        if (
+            tool is not None
+            and tool.yields
+            and call.call_id not in projection.answered
+            and call.call_id not in projection.pending
+            and _callable_with(tool, call)
+        ):
+            waiting.append(call)
+    return waiting
 
 
 def _callable_with(tool: Tool, call: ToolCallEvent) -> bool:

@@ -26,8 +26,9 @@ erase, and only within its own tenant: the app it erases from is ``{app}@{tenant
 tenant's sessions and shared state are out of its reach by construction, like everything else here.
 
 ``POST /runs`` and ``POST /tools`` retried with the same ``Idempotency-Key`` header return the first
-result without running again: Powertools idempotency, persisted in the session table under the
-partition ``I#{app}@{tenant}`` (a tenant's keys never meet another's), expiring through the table's TTL.
+result without running again: Powertools idempotency (``serving.idempotency``), its records kept with the
+session's (one partition per session of a tenant: a tenant's keys never meet another's): in the session
+table on DynamoDB, expiring through its TTL; in the ``idempotency`` table of a SQLite or Postgres database.
 
 ``POST /runs`` claims the turn and answers 202 (``Location``: the session; ``after``: the index of the
 turn's first event); the turn runs outside the request (``Hooks``: on AWS a Step Functions execution,
@@ -48,7 +49,7 @@ import time
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, CORSConfig, Response, content_types
@@ -66,7 +67,6 @@ from ..errors import (
     InputError,
     NotAuthenticated,
     NotPermitted,
-    RequestInProgress,
     RequestTooLarge,
     SessionNotFound,
     UnknownCallId,
@@ -78,11 +78,15 @@ from ..ids import new_id
 from ..people import Caller, may_answer, parse_groups
 from ..projection import Projection, SessionStatus
 from ..session import Session
+from ..state.values import check_storable
 from ..stores.base import ScopedStateChange, SessionListing
 from .hooks import Hooks, Started
 from .routes import CLIENT_PREFIX, ROUTES, SCOPES, scope_of
 from .runtime import Served, served_from_env, tenant_claim
 from .turns import CLAIM_GRACE_MS, AdvanceOutcome, claim_turn, run_to_end
+
+if TYPE_CHECKING:
+    from .idempotency import Idempotency
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -91,7 +95,6 @@ __all__ = [
     "MAX_WAIT_SECONDS",
     "CORS_ORIGINS",
     "Hooks",
-    "Idempotency",
     "api_handler",
     "build_resolver",
     "cors_config",
@@ -142,102 +145,14 @@ def cors_origins_from_env() -> list[str]:
     return [origin for origin in os.environ.get(CORS_ORIGINS, "").split(",") if origin.strip()]
 
 
-class Idempotency:
-    """Run a request once per ``Idempotency-Key`` (Powertools idempotency on the session table)."""
-
-    def __init__(self, table_name: str, client: Any = None, expires_after_seconds: int = 24 * 3600) -> None:
-        self.table_name = table_name
-        self.expires_after_seconds = expires_after_seconds
-        self._client = client
-
-    def once(
-        self,
-        partition: str,
-        key: str,
-        route: str,
-        work: Callable[[], dict[str, Any]],
-        context: Any,
-        payload: str = "",
-    ) -> dict[str, Any]:
-        """``work()``, or the result of the request that ran first with ``key`` on ``route``; ``payload`` (the
-        request's body) must be that request's: a key reused for another body is refused, not replayed."""
-        from aws_lambda_powertools.utilities.idempotency import (
-            DynamoDBPersistenceLayer,
-            IdempotencyConfig,
-            idempotent_function,
-        )
-        from aws_lambda_powertools.utilities.idempotency.exceptions import (
-            IdempotencyAlreadyInProgressError,
-            IdempotencyValidationError,
-        )
-
-        from ..stores.dynamodb import TABLE
-
-        layer = DynamoDBPersistenceLayer(
-            table_name=self.table_name,
-            key_attr=TABLE.partition_key[0],
-            sort_key_attr=TABLE.sort_key[0],
-            static_pk_value=f"I#{partition}",
-            expiry_attr=TABLE.ttl_attribute,
-            boto3_client=self._boto(),
-        )
-        config = IdempotencyConfig(
-            event_key_jmespath="[key, route]",
-            payload_validation_jmespath="body",
-            expires_after_seconds=self.expires_after_seconds,
-        )
-        config.register_lambda_context(context)  # a request cut off by the Lambda timeout may be retried
-
-        def run(request: dict[str, str]) -> dict[str, Any]:
-            return work()
-
-        guarded = idempotent_function(run, data_keyword_argument="request", persistence_store=layer, config=config)
-        try:
-            result: dict[str, Any] = guarded(request={"key": key, "route": route, "body": payload})
-        except IdempotencyValidationError:
-            raise InputError(
-                f"Idempotency-Key {key!r} was used for another request body; use a new key for a new request",
-                field="Idempotency-Key",
-            ) from None
-        except IdempotencyAlreadyInProgressError:
-            raise RequestInProgress(
-                f"a request with Idempotency-Key {key!r} is still running; retry later", field="Idempotency-Key"
-            ) from None
-        return result
-
-    def forget(self, partition: str) -> None:
-        """Delete every record under ``partition`` (results cached for retries hold what the session held)."""
-        from ..stores.dynamodb import TABLE
-
-        client = self._boto()
-        query: dict[str, Any] = {
-            "TableName": self.table_name,
-            "KeyConditionExpression": "#pk = :pk",
-            "ExpressionAttributeNames": {"#pk": TABLE.partition_key[0], "#sk": TABLE.sort_key[0]},
-            "ExpressionAttributeValues": {":pk": {"S": f"I#{partition}"}},
-            "ProjectionExpression": "#pk, #sk",
-            "ConsistentRead": True,
-        }
-        while True:
-            page = client.query(**query)
-            for item in page.get("Items", []):
-                client.delete_item(TableName=self.table_name, Key=item)
-            if "LastEvaluatedKey" not in page:
-                return
-            query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-
-    def _boto(self) -> Any:
-        if self._client is None:
-            import boto3
-
-            self._client = boto3.client("dynamodb")
-        return self._client
-
-
 def idempotency_from_env() -> Idempotency | None:
     """``DORMANT_IDEMPOTENCY_TABLE`` (set by the stack) turns idempotency on."""
     table = os.environ.get("DORMANT_IDEMPOTENCY_TABLE")
-    return Idempotency(table) if table else None
+    if not table:
+        return None
+    from .idempotency import DynamoDBIdempotency  # Powertools' idempotency: loaded by the first request, not the import
+
+    return DynamoDBIdempotency(table)
 
 
 class _Body(BaseModel):
@@ -539,7 +454,11 @@ def build_resolver(
     def create() -> Response[Any]:
         request = body(CreateBody)
         tenant_app = app()
-        session = tenant_app.sessions.create(request.session_id, request.scopes)
+        try:
+            session = tenant_app.sessions.create(request.session_id, request.scopes)
+        except VersionConflict as exc:  # the id is taken
+            exc.field = "session_id"
+            raise
         return _json(201, session_view(tenant_app, session, caller()))
 
     @route("GET", "/sessions")
@@ -749,6 +668,7 @@ def build_resolver(
                 raise InputError(str(exc), field=f"events.{position}") from None
             if isinstance(event, ToolInputEvent):
                 permit(SCOPES["answer"])  # a machine client that may only run may not answer through a commit
+            check_storable(event.model_dump(), f"events.{position}")  # named here, not by the store's encoder
             events.append(event)
         # What a run could not record, no commit records (dormant.ledger): each event where it stands, state
         # changes against their scope's model, answers as strict as POST /tools takes them. Before appending.
@@ -762,7 +682,11 @@ def build_resolver(
         named = [ScopedStateChange(c.scope, c.scope_id, c.key, c.value) for c in request.scoped_changes or []]
         changes = session.check_scoped_changes(named)
         if request.expected_version != session.version:  # a 409, as the store would answer (nothing written)
-            raise VersionConflict(session_id, expected_version=request.expected_version, actual_version=session.version)
+            conflict = VersionConflict(
+                session_id, expected_version=request.expected_version, actual_version=session.version
+            )
+            conflict.field = "expected_version"
+            raise conflict
         # Through the write path, as a run's: the bound-scope and retention checks (before anything is
         # written), and the snapshots that keep a load of a session only remote runners write from growing.
         result = tenant_app.sessions.write(
@@ -807,7 +731,10 @@ def build_resolver(
             logger.exception("request failed")
             return _error(status, type(exc).__name__, "the request failed; see the logs for its request id")
         extra = {"actual_version": exc.actual_version} if isinstance(exc, VersionConflict) else {}
-        return _error(status, type(exc).__name__, str(exc), getattr(exc, "field", None), **extra)
+        field = getattr(exc, "field", None)
+        if field is None and isinstance(exc, SessionNotFound):  # the path's id, named as a body names it
+            field = "session_id"
+        return _error(status, type(exc).__name__, str(exc), field, **extra)
 
     def unexpected(exc: Exception) -> Response[Any]:
         logger.exception("unexpected error")

@@ -76,7 +76,8 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 from ..errors import ConfigurationError, InputError
 from ..people import parse_groups
-from .api import Idempotency, api_handler
+from .api import api_handler
+from .idempotency import Idempotency
 from .routes import PREFLIGHT_FUNCTION, ROUTES
 from .runtime import Served, tenant_claim
 from .workflow import in_process_hooks

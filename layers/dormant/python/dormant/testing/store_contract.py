@@ -335,16 +335,18 @@ class StoreContract:
         assert [s.id for s in listed] == ["s0", "s4", "s3", "s2", "s1"]
         assert [s.updated_at for s in listed] == sorted((s.updated_at for s in listed), reverse=True)
         assert listed[0].version == 2
-        pages: list[str] = []
-        cursor = None
-        while True:
-            page = store.list(app, limit=2, cursor=cursor)
-            assert len(page) <= 2
-            if not page:
-                break
-            pages += [s.id for s in page]
-            cursor = page[-1].cursor
-        assert pages == [s.id for s in listed]
+        for size in (1, 2):
+            pages: list[str] = []
+            cursor = None
+            for _ in range(len(listed) + 1):  # bounded: a cursor that lists its own session again never ends
+                page = store.list(app, limit=size, cursor=cursor)
+                assert len(page) <= size
+                if not page:
+                    break
+                assert cursor is None or cursor not in {s.cursor for s in page}, "a page repeats the cursor's session"
+                pages += [s.id for s in page]
+                cursor = page[-1].cursor
+            assert pages == [s.id for s in listed]
 
     def test_list_carries_the_status_saved_with_the_commit(self, store: SessionStore, app: str) -> None:
         meta = self.meta(app, status="running")
