@@ -102,7 +102,8 @@ def test_a_retried_run_and_answer_return_their_first_result_on_every_store(serve
 @pytest.fixture
 def hold_server(store: tuple[str, dict[str, str]], tmp_path: Path) -> Iterator[tuple[ServeProcess, Path]]:
     url, env = store
-    env = {**env, "HOLD_DIR": str(tmp_path)}
+    root = str(Path(__file__).resolve().parent.parent)  # tests.serve_app: the entry point does not add the cwd
+    env = {**env, "HOLD_DIR": str(tmp_path), "PYTHONPATH": root}
     args = ("--store", url, "--app", "tests.serve_app:build", "--principal", "clinic")
     with dormant_serve(*args, env=env, cwd=tmp_path, timeout=TIMEOUT) as process:
         yield process, tmp_path

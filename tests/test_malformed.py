@@ -366,7 +366,7 @@ CASES = [
     case("POST", f"{IS}/commit", commit([user(), user(id="")]), field="events.1.id", id="commit-event-id-empty"),
     case("POST", f"{IS}/commit", commit([user(id="../x")]), field="events.0.id", id="commit-event-id-dotdot"),
     case("POST", f"{IS}/commit", commit([user(id="e" * 200)]), field="events.0.id", id="commit-event-id-oversize"),
-    case("POST", f"{IS}/commit", commit([user(id=NUL)]), 422, "events.0.id", id="commit-event-id-nul"),
+    case("POST", f"{IS}/commit", commit([user(id=NUL)]), 400, "events.0.id", id="commit-event-id-nul"),
     case("POST", f"{IS}/commit", commit([user(created_at="now")]), field="events.0", id="commit-event-time-string"),
     case(
         "POST",
@@ -422,7 +422,7 @@ CASES = [
         "POST",
         f"{IS}/commit",
         commit([], [change("k" * 2000)]),
-        status=422,
+        status=400,  # the key rule (dormant.ids): InvalidKey
         field="scoped_changes.0.key",
         id="commit-change-long-key",
     ),

@@ -74,7 +74,7 @@ from ..errors import (
     http_status,
 )
 from ..events import Event, InvocationEndEvent, InvocationStartEvent, SessionForkedEvent, ToolInputEvent, parse_event
-from ..ids import new_id
+from ..ids import check_event_id, new_id
 from ..people import Caller, may_answer, parse_groups
 from ..projection import Projection, SessionStatus
 from ..session import Session
@@ -668,6 +668,7 @@ def build_resolver(
                 raise InputError(str(exc), field=f"events.{position}") from None
             if isinstance(event, ToolInputEvent):
                 permit(SCOPES["answer"])  # a machine client that may only run may not answer through a commit
+            check_event_id(event.id, f"events.{position}.id")  # the key rule first: an id is a key on every store
             check_storable(event.model_dump(), f"events.{position}")  # named here, not by the store's encoder
             events.append(event)
         # What a run could not record, no commit records (dormant.ledger): each event where it stands, state
