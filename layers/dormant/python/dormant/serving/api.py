@@ -50,6 +50,7 @@ import typing
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, CORSConfig, Response, content_types
@@ -350,7 +351,15 @@ def build_resolver(
     def route(method: str, path: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def register(view: Callable[..., Any]) -> Callable[..., Any]:
             if (method, path) in mine:
-                resolver.route(path, method)(view)
+
+                @functools.wraps(view)
+                def decoded(**keys: str) -> Any:
+                    # API Gateway's REST API passes the path as the client escaped it (only pathParameters are
+                    # decoded) and Powertools routes on the path: an id holding ':', '@', '+' or '=' arrives
+                    # escaped by any client that escapes path segments (a browser's encodeURIComponent).
+                    return view(**{name: unquote(value) for name, value in keys.items()})
+
+                resolver.route(path, method)(decoded)
             return view
 
         return register
