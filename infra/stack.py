@@ -1,8 +1,13 @@
 """``DormantStack``: the table, the layers, the functions, the API, the resume workflow and the sweeper.
 
 Deploy-time choices are stack parameters (listing shards, wait timeout, log retention); build-time ones
-are CDK context (``-c app=module:attr``, ``-c app_packages=dir,dir``, ``-c removal=destroy``, ``-c tracing=true``,
-``-c alarm_topic=<SNS topic ARN>``: where the alarms go).
+are CDK context (``-c app=module:attr``, ``-c app_packages=dir,dir``, ``-c app_requirements=file``,
+``-c removal=destroy``, ``-c tracing=true``, ``-c tenant_claim=custom:tenant`` (the ID-token claim naming the
+caller's tenant; a token without it is its own tenant), ``-c auth_domain=prefix`` (the Cognito domain machine
+clients get tokens from; default ``{stack}-{account}``), ``-c cors_origins=https://a.example,https://b.example``
+(the origins whose pages may call the API; none by default), the model: ``-c model=...``,
+``-c openai_base_url=...``, ``-c openai_secret=...``, see ``infra.model``, ``-c alarm_topic=<SNS topic ARN>``
+(where the alarms go), and the guardrails of ``infra.guardrails``).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from dormant import metrics
+from dormant.serving.runtime import DEFAULT_TENANT_CLAIM
 from dormant.stores.dynamodb import TABLE
 
 from .alarms import Alarms
@@ -25,18 +31,23 @@ from .dashboard import Dashboard
 from .functions import Functions
 from .guardrails import Guardrails, MachineClientPlans, RateLimitedWebAcl
 from .layer import Layers
+from .model import ModelAccess, model_choice
 from .schedule import SweeperSchedule
 from .table import SessionTable
 from .wiring import (
     APP,
+    CORS_ORIGINS,
     ENVIRONMENT,
     EXECUTIONS,
     IDEMPOTENCY_TABLE,
     MACHINE,
+    MODEL_ENVIRONMENT,
+    MODEL_FUNCTIONS,
     STATE_MACHINE,
     STATES_ACCESS,
     STORE,
     TABLE_ACCESS,
+    TENANT_CLAIM,
     TURN_QUOTA,
     state_machine_name,
 )
@@ -57,6 +68,9 @@ class DormantStack(Stack):
         tracing = str(context("tracing") or "false").lower() == "true"
         removal = RemovalPolicy.DESTROY if context("removal") == "destroy" else RemovalPolicy.RETAIN
         app_packages = [ROOT / p for p in str(context("app_packages") or DEFAULT_APP_PACKAGES).split(",") if p]
+        cors_origins = [o.strip().rstrip("/") for o in str(context("cors_origins") or "").split(",") if o.strip()]
+        requirements = context("app_requirements")
+        choice = model_choice(context)
 
         shards = CfnParameter(
             self,
@@ -88,7 +102,14 @@ class DormantStack(Stack):
         table = SessionTable(
             self, "Sessions", removal_policy=removal, deletion_protection=removal != RemovalPolicy.DESTROY
         ).table
-        layers = Layers(self, "Layers", app_packages=app_packages)
+        layers = Layers(
+            self,
+            "Layers",
+            app_packages=app_packages,
+            requirements=ROOT / str(requirements) if requirements else None,
+            extras=("openai",) if choice is not None and choice.provider == "openai" else (),
+        )
+        model = ModelAccess(self, "Model", choice=choice, removal_policy=removal) if choice is not None else None
 
         # The state machine's name is fixed, so its ARN is known before it exists: the functions it invokes hold
         # that ARN (and grants on it) without depending on it, which would be a circular dependency.
@@ -113,23 +134,34 @@ class DormantStack(Stack):
             IDEMPOTENCY_TABLE: table.table_name,  # idempotency records share the session table
             STATE_MACHINE: arns[MACHINE],
             TURN_QUOTA: guardrails.turn_quota,
+            TENANT_CLAIM: str(context("tenant_claim") or DEFAULT_TENANT_CLAIM),
+            CORS_ORIGINS: ",".join(cors_origins),
             "POWERTOOLS_SERVICE_NAME": metrics.SERVICE,
             "POWERTOOLS_METRICS_NAMESPACE": metrics.NAMESPACE,
             "POWERTOOLS_TRACE_DISABLED": "false" if tracing else "true",
             # No pydantic plugins are deployed: skip pydantic's scan of every installed package's
             # entry points, which the first model built would otherwise pay at cold start.
             "PYDANTIC_DISABLE_PLUGINS": "__all__",
+            **(model.environment if model is not None else {}),
         }
         functions = Functions(
             self,
             "Functions",
             layers=[layers.library, layers.app],
-            environment={name: {key: values[key] for key in sorted(keys)} for name, keys in ENVIRONMENT.items()},
+            environment={
+                name: {key: values[key] for key in sorted(keys | (MODEL_ENVIRONMENT & values.keys()))}
+                for name, keys in ENVIRONMENT.items()
+            },
             log_retention_days=retention.value_as_number,
             tracing=tracing,
         )
         for name, function in functions.by_name.items():
             _grant_table(function, table, name)
+            if model is not None and name in MODEL_FUNCTIONS:
+                for statement in model.statements:
+                    function.add_to_role_policy(statement)
+                if model.acknowledgments:
+                    Validations.of(functions.node.find_child(name.capitalize())).acknowledge(*model.acknowledgments)
             states = STATES_ACCESS.get(name)
             if states:
                 # A policy of its own, not the function's default policy, which the function depends on: the
@@ -178,6 +210,8 @@ class DormantStack(Stack):
             functions=functions.by_name,
             log_retention_days=retention.value_as_number,
             tracing=tracing,
+            auth_domain_prefix=str(context("auth_domain") or f"{self.stack_name.lower()}-{self.account}"),
+            cors_origins=cors_origins,
             throttling=guardrails.stage_throttling(),
         )
         stage = api.rest_api.deployment_stage
@@ -202,6 +236,8 @@ class DormantStack(Stack):
         CfnOutput(self, "ApiUrl", value=api.rest_api.url)
         CfnOutput(self, "UserPoolId", value=api.user_pool.user_pool_id)
         CfnOutput(self, "UserPoolClientId", value=api.client.user_pool_client_id)
+        CfnOutput(self, "MachineClientId", value=api.machine_client.user_pool_client_id)
+        CfnOutput(self, "TokenUrl", value=f"{api.domain.base_url()}/oauth2/token")
         CfnOutput(self, "TableName", value=table.table_name)
         CfnOutput(self, "StateMachineArn", value=machine.state_machine_arn)
 

@@ -460,6 +460,8 @@ def test_a_sandbox_enforces_the_role_timeouts_crashes_and_the_response_limit(san
 
 TENANT = "tenant-a"
 APP_PACKAGE = "tests/fidelity/fidelity_app"
+BROWSER_APP = "https://app.example"
+"""The one origin the deployment lets call it from a browser (``-c cors_origins=``)."""
 
 
 @pytest.fixture(scope="module")
@@ -470,7 +472,11 @@ def deployment(dynamodb_endpoint: str) -> Iterator[Any]:
     from tests.fidelity.deployment import Deployment
 
     started = Deployment.start(
-        dynamodb_endpoint=dynamodb_endpoint, app="fidelity_app:build", app_packages=[APP_PACKAGE], time_scale=0.01
+        dynamodb_endpoint=dynamodb_endpoint,
+        app="fidelity_app:build",
+        app_packages=[APP_PACKAGE],
+        time_scale=0.01,
+        context={"cors_origins": BROWSER_APP},
     )
     try:
         yield started
@@ -569,8 +575,87 @@ def test_list_sessions(deployment: Any) -> None:
     status, _, body = d.api("GET", "/sessions", tenant=tenant)
     assert status == 200, (status, body, evidence(d))
     assert sorted(s["id"] for s in body["sessions"]) == ids
-    # a route the template does not have is API Gateway's answer, not a function's
-    assert d.api("GET", "/nowhere")[::2] == (403, {"message": "Missing Authentication Token"})
+    # a route the template does not have is API Gateway's answer, not a function's (in the API's error shape)
+    refused = (403, {"error": "MISSING_AUTHENTICATION_TOKEN", "message": "Missing Authentication Token"})
+    assert d.api("GET", "/nowhere")[::2] == refused
+
+
+def _as(d: Any, token: Any, method: str, path: str, body: Any = None, **options: Any) -> tuple[int, Any]:
+    status, _, answered = d.api(method, path, body, token=token, **options)
+    return status, answered
+
+
+@pytest.mark.backend("dynamodb")
+def test_people_of_a_tenant_approve_by_group_four_eyes_and_machine_scopes(deployment: Any) -> None:
+    """Issue 22's done-when, on the stack: tenant T's requester A, approver B, outsider C; D of tenant U; a
+    machine client that may only run."""
+    from tests.fidelity.deployment import Token
+
+    d, tenant, other = deployment, fresh("clinic"), fresh("lab")
+    a, b, c = (Token.person(fresh(who), tenant) for who in ("alice", "bob", "carol"))
+    b = Token.person(b.sub, tenant, groups=["approvers", "staff"])
+    dave = Token.person(fresh("dave"), other, groups=["approvers"])
+    sid = fresh("booking")
+    assert _as(d, a, "POST", "/sessions", {"session_id": sid})[0] == 201
+    status, started = _as(d, a, "POST", f"/sessions/{sid}/runs", {"message": "tool=approve"})
+    assert status in (200, 202), (status, started, evidence(d))
+    d.settle()
+    status, shown = _as(d, b, "GET", f"/sessions/{sid}")  # B, of the same tenant, sees A's session
+    assert status == 200 and shown["status"] == "awaiting_input", (status, shown, evidence(d))
+    (call,) = shown["yielded_tools"]
+    assert call["name"] == "approve" and call["answerable_by"] == ["group:approvers"] and call["answerable"]
+
+    # who may answer: B sees it in ?awaiting=me; A and C (outside the group) do not
+    status, mine = _as(d, b, "GET", "/sessions", query={"awaiting": "me"})
+    assert status == 200 and [(s["id"], [x["call_id"] for x in s["calls"]]) for s in mine["sessions"]] == [
+        (sid, [call["call_id"]])
+    ], mine
+    for outsider in (a, c):
+        assert _as(d, outsider, "GET", "/sessions", query={"awaiting": "me"}) == (200, {"sessions": [], "cursor": None})
+    approval = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
+    status, refused = _as(d, c, "POST", f"/sessions/{sid}/tools", approval)
+    assert status == 403 and refused["error"] == "AnswerRefused", refused
+    assert call["call_id"] in refused["message"] and "group:approvers" in refused["message"]
+    assert _as(d, dave, "POST", f"/sessions/{sid}/tools", approval)[0] == 404  # another tenant: no such session
+    status, events = _as(d, a, "GET", f"/sessions/{sid}/events", query={"limit": "1000"})
+    assert status == 200 and not [e for e in events["events"] if e["type"] == "tool_input"]  # nothing written
+    status, _ = _as(d, b, "POST", f"/sessions/{sid}/tools", approval)
+    assert status == 202, evidence(d)
+    d.settle()
+    status, events = _as(d, a, "GET", f"/sessions/{sid}/events", query={"limit": "1000"})
+    (answered,) = [e for e in events["events"] if e["type"] == "tool_input"]
+    assert answered["principal"] == b.sub  # recorded as B (C's refusal wrote nothing: one answer)
+    assert [e["principal"] for e in events["events"] if e["type"] == "invocation_start"] == [a.sub]  # A started it
+    assert _as(d, a, "GET", f"/sessions/{sid}")[1]["status"] == "completed", evidence(d)
+
+    # four eyes: A may not answer the review A's own run asked for; C may
+    second = fresh("review")
+    assert _as(d, a, "POST", "/sessions", {"session_id": second})[0] == 201
+    assert _as(d, a, "POST", f"/sessions/{second}/runs", {"message": "tool=review"})[0] in (200, 202)
+    d.settle()
+    (review,) = _as(d, a, "GET", f"/sessions/{second}")[1]["yielded_tools"]
+    own = {"answers": [{"call_id": review["call_id"], "input": {"approved": True}}]}
+    status, refused = _as(d, a, "POST", f"/sessions/{second}/tools", own)
+    assert status == 403 and "not_starter" in refused["message"], refused
+    assert _as(d, c, "POST", f"/sessions/{second}/tools", own)[0] == 202, evidence(d)
+
+    # a machine client with dormant/runs.write only: it runs, under /clients; it cannot answer, nor read
+    robot = Token.machine(fresh("client"), ["dormant/runs.write"])
+    job = fresh("job")
+    assert _as(d, robot, "POST", "/clients/sessions", {"session_id": job})[0] == 201
+    status, ran = _as(d, robot, "POST", f"/clients/sessions/{job}/runs", {"message": "signoffs=1"})
+    assert status in (200, 202), (ran, evidence(d))
+    d.settle()
+    machine_call = {"answers": [{"call_id": "any", "input": {"approved": True}}]}
+    invoked = len(d.lambdas.invocations)
+    assert _as(d, robot, "POST", f"/clients/sessions/{job}/tools", machine_call)[0] == 401  # no answers.write
+    assert _as(d, robot, "GET", f"/clients/sessions/{job}")[0] == 401  # no sessions.read
+    assert _as(d, robot, "POST", f"/sessions/{job}/runs", {"message": "x"})[0] == 401  # people's method: ID only
+    assert _as(d, a, "GET", f"/clients/sessions/{sid}")[0] == 401  # the machines' method: access tokens only
+    assert len(d.lambdas.invocations) == invoked  # the authorizer refused them all: no function ran
+    reader = Token.machine(robot.sub, ["dormant/sessions.read"])
+    status, job_shown = _as(d, reader, "GET", f"/clients/sessions/{job}")
+    assert status == 200 and job_shown["status"] == "awaiting_input", (job_shown, evidence(d))
 
 
 @pytest.mark.backend("dynamodb")
@@ -724,6 +809,54 @@ def test_a_commit_from_a_remote_runner(deployment: Any) -> None:
     status, _, committed = d.api("POST", f"/sessions/{sid}/commit", body)
     assert status in (200, 201), (status, committed, evidence(d))
     assert [e["text"] for e in ledger(d, sid) if e["type"] == "user"] == ["from a remote runner"]
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_browser_of_the_allowed_origin_and_no_other(deployment: Any) -> None:
+    """CORS as deployed with ``-c cors_origins=``: a preflight passes without a token on every path and is answered
+    for the allowed origin only; the handlers' answers (errors too) and API Gateway's own refusals carry
+    ``Access-Control-Allow-Origin`` for it, in the error shape."""
+    d, sid = deployment, fresh("cors")
+    asked = {"Origin": BROWSER_APP, "Access-Control-Request-Method": "POST"}
+    for path in ("/sessions", f"/sessions/{sid}/runs", "/openapi.json"):
+        status, headers, _ = d.api("OPTIONS", path, headers=asked, tenant=None)  # a preflight carries no token
+        assert status == 204, (path, status, headers, evidence(d))
+        assert headers["Access-Control-Allow-Origin"] == BROWSER_APP, (path, headers)
+        assert (
+            "POST" in headers["Access-Control-Allow-Methods"]
+            and "Idempotency-Key" in headers["Access-Control-Allow-Headers"]
+        ), headers
+    status, headers, _ = d.api("OPTIONS", "/sessions", headers={**asked, "Origin": "https://evil.example"}, tenant=None)
+    assert status == 204 and "Access-Control-Allow-Origin" not in headers, headers  # the browser refuses the call
+
+    create(d, sid)
+    status, headers, body = d.api("GET", f"/sessions/{sid}", headers={"Origin": BROWSER_APP})
+    assert status == 200 and headers["Access-Control-Allow-Origin"] == BROWSER_APP, (status, headers)
+    assert "Origin" in headers["Vary"], headers
+    status, headers, body = d.api("GET", "/sessions/nope", headers={"Origin": BROWSER_APP})
+    assert status == 404 and headers["Access-Control-Allow-Origin"] == BROWSER_APP, (status, headers, body)
+    status, headers, _ = d.api("GET", f"/sessions/{sid}", headers={"Origin": "https://evil.example"})
+    assert status == 200 and "Access-Control-Allow-Origin" not in headers, headers
+
+    # API Gateway's own answers: no token, an unknown path; in the handlers' error shape, readable by the page
+    status, headers, body = d.api("GET", "/sessions", headers={"Origin": BROWSER_APP}, tenant=None)
+    assert status == 401 and headers["Access-Control-Allow-Origin"] == BROWSER_APP, (status, headers)
+    assert body == {"error": "UNAUTHORIZED", "message": "Unauthorized"}, body
+    status, headers, body = d.api("GET", "/nowhere", headers={"Origin": BROWSER_APP})
+    assert status == 403 and headers["Access-Control-Allow-Origin"] == BROWSER_APP, (status, headers)
+    assert body["error"] == "MISSING_AUTHENTICATION_TOKEN", body
+
+
+@pytest.mark.backend("dynamodb")
+def test_the_openapi_document_is_served_behind_the_authorizer(deployment: Any) -> None:
+    from dormant.serving.openapi import document
+
+    d = deployment
+    status, _, body = d.api("GET", "/openapi.json", tenant=None)
+    assert status == 401, (status, body)
+    status, _, body = d.api("GET", "/openapi.json")
+    assert status == 200, (status, body, evidence(d))
+    assert body == document()  # what `make openapi` writes, from the function's own layer
 
 
 @pytest.mark.backend("dynamodb")

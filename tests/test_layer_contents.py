@@ -27,6 +27,7 @@ SHIPPED = {
     "agents",
     "app.py",
     "audit.py",
+    "bridges",  # dormant.bridges.adk: an ADK agent on Lambda brings google-adk itself
     "clock.py",
     "errors.py",
     "events.py",
@@ -34,6 +35,7 @@ SHIPPED = {
     "ledger.py",
     "metrics.py",
     "models",
+    "people.py",
     "projection.py",
     "py.typed",
     "serving",

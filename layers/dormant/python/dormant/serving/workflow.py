@@ -9,7 +9,9 @@ invocation_id}``; each action works on that one invocation, never on "whatever i
   out or died after committing) finds the invocation still open and takes it over from its last committed
   step; one that finds it waiting for answers parks again. An invocation not on the ledger yet (the
   execution starts just before the API commits the claim) is ``TurnNotClaimed``, which the state machine
-  retries for a while and then drops: a claim that never landed has nothing to run.
+  retries for a while and then drops: a claim that never landed has nothing to run. Its model calls must
+  return ``MODEL_END_RESERVE_MS`` before the function's own deadline (``models.base.calls_end_by``): a slow
+  provider ends the step with a typed error on the ledger, not a killed function.
 * ``park`` (a ``.waitForTaskToken`` task) stores the task token with the session, gated on the version at
   which the invocation still awaited answers, and with it the wait's record: which execution parked
   (``execution``), at which version (``wait_version``) and until when it waits (``wait_until``); the sweeper
@@ -31,6 +33,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -39,6 +42,7 @@ from ..app import App
 from ..clock import now_ms
 from ..errors import ClaimLost, ConfigurationError, DormantError, InputError, TurnNotClaimed
 from ..events import InvocationEndEvent
+from ..models.base import calls_end_by
 from ..session import Session
 from ..stores.base import BaseSessionStore, RunningSession, ScopedStateChange
 from .hooks import Hooks, Started
@@ -60,6 +64,8 @@ __all__ = [
 ]
 
 TOKEN_SCOPE = "workflow"
+MODEL_END_RESERVE_MS = 10_000
+"""What a run keeps of its function's time after a model call gave up: to record the error and commit."""
 _ATTEMPTS = 5
 _GONE = {"InvalidToken", "TaskDoesNotExist", "TaskTimedOut"}
 WAIT_GRACE_MS = 5 * 60_000
@@ -340,8 +346,10 @@ def workflow_handler(
         invocation_id = str(event["invocation_id"])
         action = event["action"]
         if action == "run":
-            deadline = now_ms() + int(context.get_remaining_time_in_millis())
-            return run_action(chosen, app, session_id, invocation_id, deadline)
+            remaining = int(context.get_remaining_time_in_millis())
+            deadline = now_ms() + remaining
+            with calls_end_by(time.time() + (remaining - MODEL_END_RESERVE_MS) / 1000):
+                return run_action(chosen, app, session_id, invocation_id, deadline)
         if action == "park":
             if step_functions is None:
                 raise InputError("this function is not wired to answer task tokens", field="action")

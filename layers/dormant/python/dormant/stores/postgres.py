@@ -275,6 +275,14 @@ class PostgresSessionStore(BaseSessionStore):
             " VACUUM FULL on sessions, events, snapshots and scoped_state (WAL and backups keep them until they expire)"
         )
 
+    def execute(self, statement: str, params: Sequence[Any]) -> tuple[builtins.list[tuple[Any, ...]], int]:
+        """One statement (``{mark}`` for each parameter) in its own transaction, on a table beside the
+        sessions' (the API's idempotency records): its rows and rowcount."""
+        with self._connection() as conn:
+            with _atomic(conn):
+                cursor = conn.cursor(row_factory=tuple_row).execute(statement.format(mark="%s"), tuple(params))
+            return (cursor.fetchall() if cursor.description else []), cursor.rowcount
+
     def _close(self) -> None:
         """Close the pool the store built; a pool given to the store is left open, for its owner."""
         if self._owns_pool:

@@ -11,6 +11,9 @@ reading the app's; built from the rows themselves, so a file made before them is
 ``IF NOT EXISTS`` when a store opens, so a database made before it gets it, indexed whole, on first open.
 ``idx_sessions_waiting``: the same for the waiting statuses (``awaiting_input``, ``resumable``): where the
 sweeper finds waits whose wake-up may have been lost (``waiting_sessions``).
+``idempotency``: the API's ``Idempotency-Key`` records (``serving.idempotency``), in the sessions' database
+so a retry behaves as deployed on every store; one partition per session (``records``), which deleting or
+erasing the session through the API or the CLI removes with it. Made like the other tables.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from __future__ import annotations
 from ..errors import InputError
 from ..state.schema import BOUND_SCOPES
 
-__all__ = ["INDEXES", "RUNNING_QUERY", "TABLES", "WAITING_QUERY", "bound_id", "ddl"]
+__all__ = ["IDEMPOTENCY", "INDEXES", "RUNNING_QUERY", "TABLES", "WAITING_QUERY", "bound_id", "ddl"]
 
-TABLES = ("sessions", "events", "scoped_state", "snapshots")
+TABLES = ("sessions", "events", "scoped_state", "snapshots", "idempotency")
 INDEXES = (
     "idx_sessions_updated",
     "idx_events_order",
@@ -83,7 +86,38 @@ CREATE TABLE IF NOT EXISTS snapshots (
   data TEXT NOT NULL,
   PRIMARY KEY (app_name, session_id)
 );
+CREATE TABLE IF NOT EXISTS idempotency (
+  partition_key TEXT NOT NULL,
+  record_key TEXT NOT NULL,
+  status TEXT NOT NULL,
+  expires_at BIGINT NOT NULL,
+  in_progress_expires_at BIGINT,
+  response TEXT,
+  payload_hash TEXT,
+  PRIMARY KEY (partition_key, record_key)
+);
 """
+
+_RECORD = "partition_key = {mark} AND record_key = {mark}"
+IDEMPOTENCY = {
+    "get": "SELECT status, expires_at, in_progress_expires_at, response, payload_hash FROM idempotency"
+    " WHERE " + _RECORD,
+    # Taken when absent, expired, or in progress past its own deadline (what Powertools' DynamoDB layer's
+    # condition allows): rowcount 0 means another request holds the key.
+    "put": (
+        "INSERT INTO idempotency (partition_key, record_key, status, expires_at, in_progress_expires_at, response,"
+        " payload_hash) VALUES ({mark}, {mark}, {mark}, {mark}, {mark}, {mark}, {mark})"
+        " ON CONFLICT (partition_key, record_key) DO UPDATE SET status = excluded.status,"
+        " expires_at = excluded.expires_at, in_progress_expires_at = excluded.in_progress_expires_at,"
+        " response = excluded.response, payload_hash = excluded.payload_hash"
+        " WHERE idempotency.expires_at < {mark} OR (idempotency.status = 'INPROGRESS'"
+        " AND idempotency.in_progress_expires_at IS NOT NULL AND idempotency.in_progress_expires_at < {mark})"
+    ),
+    "update": "UPDATE idempotency SET status = {mark}, expires_at = {mark}, response = {mark} WHERE " + _RECORD,
+    "delete": "DELETE FROM idempotency WHERE " + _RECORD,
+    "forget": "DELETE FROM idempotency WHERE partition_key = {mark}",
+}
+"""The statements of ``serving.idempotency``'s SQL persistence layer (``{mark}``: the driver's parameter mark)."""
 
 
 def bound_id(json_type: str, scope: str) -> str:

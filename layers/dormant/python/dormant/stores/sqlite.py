@@ -267,6 +267,13 @@ class SQLiteSessionStore(BaseSessionStore):
         with self._use():
             return [name for (name,) in self._conn.execute(sql, (prefix, prefix + "~"))]
 
+    def execute(self, statement: str, params: Sequence[Any]) -> tuple[builtins.list[tuple[Any, ...]], int]:
+        """One statement (``{mark}`` for each parameter) in its own write transaction, on a table beside the
+        sessions' (the API's idempotency records): its rows and rowcount."""
+        with self._use(), self._transaction():
+            cursor = self._conn.execute(statement.format(mark="?"), tuple(params))
+            return cursor.fetchall(), cursor.rowcount
+
     def _close(self) -> None:
         with self._lock:
             self._conn.close()
