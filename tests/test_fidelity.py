@@ -1128,3 +1128,81 @@ def test_zz_the_policies_grant_what_the_code_calls(deployment: Any) -> None:
         f"denied: {denied} {machine_denied}; granted but never used (function, action): {unused}; "
         f"functions that made no AWS call in any scenario: {idle}"
     )
+
+
+UNIT_TESTED_METRICS = {"merges", "forks", "snapshot_write_failures", "conflicts"}
+"""Metrics the scenarios here do not reliably reach (a lost race, a merge, a fork, a snapshot the store refused):
+their paths are held by tests/test_metrics.py. Every other metric must come out of the functions' logs."""
+
+
+@pytest.mark.backend("dynamodb")
+def test_zz_every_metric_is_emitted_by_the_function_whose_path_should(deployment: Any) -> None:
+    """Runs after the scenarios: the EMF lines the functions printed (their stdout, as CloudWatch Logs gets it)
+    hold each metric under the namespace and dimensions the code defines, from a function that should emit it,
+    never with an id as a dimension; and each alarm on an application metric watches one of those lines."""
+    from dormant import metrics
+    from tests.test_alarms import alarms, watched
+
+    d = deployment
+    seen: dict[str, set[tuple[tuple[str, str], ...]]] = {}
+    for name in d.functions:
+        for line in d.log(name).splitlines():
+            if not (line.startswith("{") and '"_aws"' in line):
+                continue
+            record = json.loads(line)
+            (directive,) = record["_aws"]["CloudWatchMetrics"]
+            (dims,) = directive["Dimensions"]
+            assert directive["Namespace"] == metrics.NAMESPACE
+            assert record["function"] == name, (name, record)  # published by the function that counted it
+            for metric in directive["Metrics"]:
+                definition = metrics.METRICS[metric["Name"]]
+                assert name in definition.emitted_by, (name, metric)
+                assert metric["Unit"] == definition.unit
+                want = metrics.dimensions(name, record.get("agent") if definition.by_agent else None)
+                assert {k: record[k] for k in dims} == want, (metric, dims)  # nothing else: no session or tenant id
+                seen.setdefault(metric["Name"], set()).add(tuple(sorted(want.items())))
+    for name in ("sessions", "run", "tools", "commit", "park", "resume"):  # the functions with a Powertools logger
+        for line in d.log(name).splitlines():
+            if line.startswith("{") and '"level"' in line:
+                logged = json.loads(line)
+                assert logged.get("tenant") and logged.get("principal"), (name, line[:300])
+    missing = set(metrics.METRICS) - UNIT_TESTED_METRICS - set(seen)
+    assert not missing, f"never emitted in the scenarios: {sorted(missing)}; emitted: {sorted(seen)}"
+    for alarm_name, alarm in alarms(d.template.raw).items():
+        for metric in watched(alarm):
+            if metric["namespace"] == metrics.NAMESPACE and metric["name"] not in UNIT_TESTED_METRICS:
+                assert tuple(sorted(metric["dimensions"].items())) in seen.get(metric["name"], set()), alarm_name
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_caller_past_its_turn_quota_gets_429_and_runs_nothing(dynamodb_endpoint: str) -> None:
+    """A deployment of its own, with ``-c turn_quota=2/3600``: the third POST /runs of a tenant in the hour is a
+    429 naming the quota; no execution starts and the session's ledger is untouched. Another tenant runs."""
+    from tests.fidelity.deployment import Deployment
+
+    d = Deployment.start(
+        dynamodb_endpoint=dynamodb_endpoint,
+        app="fidelity_app:build",
+        app_packages=[APP_PACKAGE],
+        context={"turn_quota": "2/3600"},
+    )
+    try:
+        tenant = fresh("quota")
+        for sid in ("q-1", "q-2", "q-3"):
+            create(d, sid, tenant=tenant)
+        for sid in ("q-1", "q-2"):
+            assert run(d, sid, "signoffs=0", tenant=tenant, settle=30)["status"] == "completed", evidence(d)
+        before = ledger(d, "q-3", tenant)
+        executions = len(d.executions())
+        status, _, body = d.api("POST", "/sessions/q-3/runs", {"message": "signoffs=0"}, tenant=tenant)
+        assert status == 429, (status, body, evidence(d))
+        assert (body["error"], body["field"]) == ("TurnQuotaExceeded", "quota")
+        assert "2 turns per 3600 s" in body["message"]
+        d.settle(10)
+        assert len(d.executions()) == executions  # no execution started for it
+        assert ledger(d, "q-3", tenant) == before and show(d, "q-3", tenant)["status"] != "running"
+        other = fresh("quota")
+        create(d, "q-3", tenant=other)
+        assert run(d, "q-3", "signoffs=0", tenant=other, settle=30)["status"] == "completed", evidence(d)
+    finally:
+        d.close()

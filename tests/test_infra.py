@@ -141,12 +141,21 @@ COMMON_ENV = {
     "PYDANTIC_DISABLE_PLUGINS",
 }
 CONTRACT_ENV = {
-    # the API's functions name the caller's tenant claim (-c tenant_claim=) and the allowed origins
-    "sessions": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS"},
+    # the API's functions name the caller's tenant claim (-c tenant_claim=), the allowed origins and the quota
+    "sessions": COMMON_ENV
+    | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
     "run": COMMON_ENV
-    | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_STATE_MACHINE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS"},
-    "tools": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS"},
-    "commit": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS"},
+    | {
+        "DORMANT_IDEMPOTENCY_TABLE",
+        "DORMANT_STATE_MACHINE",
+        "DORMANT_TENANT_CLAIM",
+        "DORMANT_CORS_ORIGINS",
+        "DORMANT_TURN_QUOTA",
+    },
+    "tools": COMMON_ENV
+    | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
+    "commit": COMMON_ENV
+    | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
     "park": COMMON_ENV,
     "resume": COMMON_ENV,
     "sweeper": COMMON_ENV | {"DORMANT_STATE_MACHINE"},
@@ -669,6 +678,7 @@ def test_cdk_nag_passes_with_only_the_acknowledged_findings(synth: Synth) -> Non
         "AwsSolutions-COG8",
         "AwsSolutions-APIG2",
         "AwsSolutions-APIG3",
+        "AwsSolutions-SQS3",  # the sweeper schedule's dead-letter queue is itself a DLQ
     }
 
 
