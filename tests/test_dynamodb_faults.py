@@ -20,7 +20,7 @@ pytest.importorskip("boto3")
 from dynamodb_faults import Died, Faults
 
 from dormant.clock import FrozenClock, frozen_clock
-from dormant.errors import CommitIncomplete, StoreBusy, StoreUnavailable
+from dormant.errors import CommitIncomplete, StoreBusy, StoreError, StoreUnavailable
 from dormant.events import UserEvent
 from dormant.stores.base import ScopedStateChange, StoredSession
 from dormant.stores.dynamodb import DynamoDBSessionStore
@@ -59,7 +59,9 @@ class World:
         return c
 
     def store(self, client: Any = None, **options: Any) -> DynamoDBSessionStore:
-        options = {"live_wait_s": 0.5, "unprocessed_retries": 3, **options}
+        # The gated protocol unless a test asks for one-call commits (``single_call_items=100``): its faults
+        # are what most tests here inject.
+        options = {"live_wait_s": 0.5, "unprocessed_retries": 3, "single_call_items": 0, **options}
         return DynamoDBSessionStore(client or self._client(), self.table, **options)
 
     def meta(self, **extra: Any) -> StoredSession:
@@ -773,3 +775,117 @@ def test_writers_racing_from_several_processes_get_contiguous_versions(
     for w in range(writers):
         assert [i for i in ids if i.startswith(f"w{w}-")] == [f"w{w}-{n}-{k}" for n in range(commits) for k in range(3)]
     c.close()
+
+
+# -- one-call commits: one TransactWriteItems, no marker ----------------------------------------------
+
+
+def _pending_markers(world: World) -> int:
+    key = {"pk": {"S": session_pk(world.app, world.sid)}, "sk": {"S": "#M"}}
+    item = world.writer_client.get_item(TableName=world.table, Key=key, ConsistentRead=True).get("Item", {})
+    return int("pending" in item)
+
+
+def test_a_commit_that_fits_one_transaction_is_one_call(world: World) -> None:
+    one = world.store(world.writer_client, single_call_items=100)
+    assert one.commit(world.meta(), _events("base", 10), 0).ok
+    world.faults.calls.clear()
+    assert one.commit(world.meta(status="idle"), _events("turn", 5), 1).ok
+    assert dict(world.faults.calls) == {"TransactWriteItems": 1}
+    # A store that never saw the session takes the gated protocol once, then knows it: one call again.
+    other_client = world._client()
+    other, faults = world.store(other_client, single_call_items=100), Faults(other_client)
+    assert other.commit(world.meta(), _events("o", 2), 2).ok
+    assert dict(faults.calls) == {"UpdateItem": 2, "BatchWriteItem": 1}
+    faults.calls.clear()
+    assert other.commit(world.meta(), _events("p", 2), 3).ok
+    assert dict(faults.calls) == {"TransactWriteItems": 1}
+    # ...and one that loaded it builds on what it read.
+    third_client = world._client()
+    third, faults = world.store(third_client, single_call_items=100), Faults(third_client)
+    third.load(world.app, world.sid)
+    faults.calls.clear()
+    assert third.commit(world.meta(), _events("q", 2), 4).ok
+    assert dict(faults.calls) == {"TransactWriteItems": 1}
+    # The first store's knowledge is stale now: its transaction is refused (nothing written) and it conflicts.
+    result = one.commit(world.meta(), _events("late", 2), 2)
+    assert (result.ok, result.version) == (False, 5)
+    later = ["o-000", "o-001", "p-000", "p-001", "q-000", "q-001"]
+    assert world.ids() == [*_events_ids("base", 10), *_events_ids("turn", 5), *later]
+
+
+def test_a_one_call_commit_that_raises_leaves_nothing_and_needs_no_repair(world: World) -> None:
+    one = world.store(world.writer_client, single_call_items=100)
+    assert one.commit(world.meta(), _events("base", 10), 0).ok
+    world.faults.error("TransactWriteItems", "InternalServerError", attempts=10)  # every retry refused
+    with pytest.raises(StoreError):
+        one.commit(world.meta(), _events("x", 5), 1)
+    assert world.ids() == _events_ids("base", 10) and world.raw_event_items() == 10
+    assert _pending_markers(world) == 0
+    assert world.store().repair_pending(older_than_s=0) == []
+    _takes_the_next_commit(world, 1, _events_ids("base", 10))
+
+
+def test_a_one_call_commit_whose_answer_was_lost_lands_once(world: World) -> None:
+    one = world.store(world.writer_client, single_call_items=100)
+    assert one.commit(world.meta(), _events("base", 10), 0).ok
+    world.faults.lose("TransactWriteItems", attempts=50)  # applied; every answer lost, botocore's retries too
+    result = one.commit(world.meta(status="done"), _events("x", 5), 1)
+    assert (result.ok, result.version, result.appended) == (True, 2, 5)  # its touch says it landed
+    assert world.ids() == _events_ids("base", 10) + _events_ids("x", 5)
+    assert _pending_markers(world) == 0
+    _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("x", 5))
+
+
+def test_a_one_call_commit_that_never_reached_dynamodb_says_so_and_wrote_nothing(world: World) -> None:
+    one = world.store(world.writer_client, single_call_items=100)
+    assert one.commit(world.meta(), _events("base", 10), 0).ok
+    world.faults.fail("TransactWriteItems", times=10)  # connection refused, past botocore's retries
+    with pytest.raises(StoreUnavailable):
+        one.commit(world.meta(), _events("x", 5), 1)
+    assert world.ids() == _events_ids("base", 10) and world.raw_event_items() == 10
+    _takes_the_next_commit(world, 1, _events_ids("base", 10))
+
+
+def test_a_large_commit_racing_a_small_one_holds_it_off_then_it_conflicts(world: World) -> None:
+    """A 200-event commit takes the gated protocol; a 2-event commit racing it from another store would be one
+    transaction, but the large one's marker refuses it: it waits out the marker, then conflicts."""
+    _seeded(world)
+    arrived, resume = threading.Event(), threading.Event()
+    world.faults.pause("BatchWriteItem", 3, arrived, resume)  # after 50 of 200 event items
+    results: dict[str, Any] = {}
+    large = threading.Thread(target=lambda: results.update(a=world.writer.commit(world.meta(), _events("a", 200), 1)))
+    large.start()
+    assert arrived.wait(timeout=30)
+    small = world.store(single_call_items=100, live_wait_s=20)
+    small.load(world.app, world.sid)  # it knows version 1: its transaction is built, and refused
+    releaser = threading.Timer(0.3, resume.set)
+    releaser.start()
+    results["b"] = small.commit(world.meta(), _events("b", 2), 1)
+    large.join(timeout=60)
+    releaser.join(timeout=30)
+    assert (results["a"].ok, results["a"].version) == (True, 2)
+    assert (results["b"].ok, results["b"].version, results["b"].appended) == (False, 2, 0)
+    assert world.ids() == _events_ids("base", 10) + _events_ids("a", 200)
+    # ...and at version 2 it is one call again (its refusal told it the stored item).
+    small_faults = Faults(small.client)
+    assert small.commit(world.meta(), _events("b", 2), 2).ok
+    assert dict(small_faults.calls) == {"TransactWriteItems": 1}
+
+
+def test_a_small_commit_landing_first_makes_the_large_one_conflict_at_its_gate(world: World) -> None:
+    _seeded(world)
+    arrived, resume = threading.Event(), threading.Event()
+    world.faults.pause("UpdateItem", 1, arrived, resume)  # the large commit's gate, not yet sent
+    results: dict[str, Any] = {}
+    large = threading.Thread(target=lambda: results.update(a=world.writer.commit(world.meta(), _events("a", 200), 1)))
+    large.start()
+    assert arrived.wait(timeout=30)
+    small = world.store(single_call_items=100)
+    small.load(world.app, world.sid)
+    assert small.commit(world.meta(), _events("b", 2), 1).ok
+    resume.set()
+    large.join(timeout=60)
+    assert (results["a"].ok, results["a"].version) == (False, 2)
+    assert world.ids() == _events_ids("base", 10) + _events_ids("b", 2)
+    assert world.raw_event_items() == 12  # the large commit wrote nothing past its refused gate

@@ -103,6 +103,7 @@ from .keys import (
     chunks,
     event_prefix,
     event_sk,
+    item_bytes,
     listing_key,
     listing_keys,
     parse_event_sk,
@@ -142,6 +143,12 @@ MAX_BOUND_SCOPES = 99
 MAX_MARKER_BYTES = 300_000
 """What a pending marker may hold (the scoped changes, as JSON): it lives on the 400 KB meta item."""
 _BATCH = 25
+MAX_TRANSACT_ITEMS = 100
+"""DynamoDB's most items in one ``TransactWriteItems``."""
+MAX_TRANSACT_BYTES = 4_000_000
+"""What the items of one ``TransactWriteItems`` may total (AWS: 4 MB), less room for the request's expressions."""
+_KNOWN_SESSIONS = 1000
+"""Meta items a store remembers for one-call commits (``_known``): the least recently stored go first."""
 TTL = TABLE.ttl_attribute
 _SET_MARKER = "pending = :p, ppk = :ppk, psk = :psk"
 _THROTTLED = {
@@ -308,7 +315,16 @@ class DynamoDBSessionStore(BaseSessionStore):
         live_wait_s: float = 10.0,
         unprocessed_retries: int = 8,
         conflict_retries: int = 8,
+        single_call_items: int = MAX_TRANSACT_ITEMS,
     ) -> None:
+        if (
+            not isinstance(single_call_items, int)
+            or isinstance(single_call_items, bool)
+            or not 0 <= single_call_items <= MAX_TRANSACT_ITEMS
+        ):
+            raise ConfigurationError(
+                f"single_call_items must be an int from 0 to {MAX_TRANSACT_ITEMS}, not {single_call_items!r}"
+            )
         for name, value in (("listing_shards", listing_shards), ("pending_shards", pending_shards)):
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1000:
                 raise ConfigurationError(f"{name} must be an int from 1 to 1000, not {value!r}")
@@ -321,6 +337,10 @@ class DynamoDBSessionStore(BaseSessionStore):
         self._live_wait_s = live_wait_s
         self._unprocessed_retries = unprocessed_retries
         self._conflict_retries = conflict_retries
+        self._single_call_items = single_call_items
+        self._known: dict[str, dict[str, Any]] = {}
+        """Meta items as this store last read or wrote them, by ``pk`` (no marker on them): what a one-call
+        commit builds on. Only a hint: its transaction is conditional on the version and incarnation."""
 
     @property
     def table_name(self) -> str:
@@ -341,6 +361,8 @@ class DynamoDBSessionStore(BaseSessionStore):
             meta = self._call("get_item", TableName=self._table, Key=_key(pk, META_SK), ConsistentRead=True).get("Item")
             if meta is not None and _expired(meta, now):
                 return None
+            if meta is not None:
+                self._remember(pk, meta)
             if meta is None or int(meta["version"]["N"]) <= after:
                 return None if meta is None or int(meta["version"]["N"]) == 0 else (_stored(meta, pk), [])
             # Committed versions are immutable: events read after the meta item are the ones it vouches for.
@@ -366,6 +388,7 @@ class DynamoDBSessionStore(BaseSessionStore):
         meta = everything[0]
         if int(meta["version"]["N"]) == 0 or _expired(meta, now):
             return None  # its creating commit is still pending, or it expired
+        self._remember(pk, meta)
         return _stored(meta, pk), _visible_events(meta, everything[1:])
 
     def _write(self, commit: PreparedCommit) -> int | Refused:
@@ -406,6 +429,9 @@ class DynamoDBSessionStore(BaseSessionStore):
                 field="scoped_changes",
             )
         pk = session_pk(row.app_name, row.id)
+        done = self._one_call(pk, commit, marker, data)
+        if done is not None:
+            return done
         old = self._pass_gate(pk, commit, marker)
         if isinstance(old, Refused):
             return old
@@ -439,8 +465,9 @@ class DynamoDBSessionStore(BaseSessionStore):
                 session_id=row.id,
                 version=marker.version,
             ) from exc
+        ids.add(e.id for e in fresh)
         try:
-            self._finish(pk, marker, ids.add(e.id for e in fresh), plan)
+            finish = self._finish(pk, marker, ids, plan)
         except _MarkerGone as gone:
             return self._after_lost_marker(pk, marker, inc, gone.item, len(fresh), items, plan)
         except StoreError as exc:
@@ -450,10 +477,127 @@ class DynamoDBSessionStore(BaseSessionStore):
                 session_id=row.id,
                 version=marker.version,
             ) from exc
+        self._remember(pk, _known_after(inc, marker.version, ids, plan, finish))
         return len(fresh)
+
+    def _one_call(
+        self, pk: str, commit: PreparedCommit, marker: _Marker, data: Mapping[str, bytes]
+    ) -> int | Refused | None:
+        """The commit in one ``TransactWriteItems``, when it fits: the meta item's update (conditional on the
+        expected version and incarnation, no marker, the same scopes, not expired), the event items, the
+        touches, the scoped writes and, for a create, the binding entries. Atomic: no marker, nothing to
+        repair. ``None`` when it cannot be one call (too large, the meta item not known, an id the filter
+        flags, an expiry refresh due, a marker in the way): the gated protocol takes it from there.
+
+        A create needs nothing stored; a later commit builds on the meta item this store last read or wrote
+        (``_known``), which the transaction's condition checks: the version and incarnation pin every
+        attribute the commit builds on (only a commit changes them)."""
+        row, expected = commit.row, commit.expected_version
+        if self._single_call_items == 0:
+            return None
+        if expected == 0:
+            old: Mapping[str, Any] = {}
+            inc = secrets.token_hex(4)
+        else:
+            known = self._known.get(pk)
+            if known is None or int(known["version"]["N"]) != expected or "inc" not in known:
+                return None
+            old, inc = known, known["inc"]["S"]
+        plan = _plan(marker, old)
+        ids = IdFilter.of(old)
+        if plan.refresh or any(ids.may_hold(e.id) for e in commit.events):
+            return None
+        items = _event_items(pk, marker, inc, [(e.id, data[e.id]) for e in commit.events], plan.horizon)
+        puts = [*items, *self._touches(pk, plan, marker.grant)]
+        app_name, session_id = row.app_name, row.id
+        if expected == 0:
+            puts += [_expiring(key, plan.horizon) for key in _binding_keys(app_name, session_id, row.scopes)]
+        scoped = [_transact_item(self._table, app_name, write) for write in commit.scoped]
+        if 1 + len(puts) + len(scoped) > self._single_call_items:
+            return None
+        size = item_bytes(old) + 1024 + sum(map(item_bytes, puts))
+        size += sum(item_bytes(w.get("Put", {}).get("Item", {})) + 1024 for w in scoped)
+        if size > MAX_TRANSACT_BYTES:
+            return None
+        ids.add(e.id for e in commit.events)
+        update = self._commit_update(pk, marker, ids, plan)
+        names, values = update["ExpressionAttributeNames"], update["ExpressionAttributeValues"]
+        sets, removes = update["UpdateExpression"].removeprefix("SET ").split(" REMOVE ")
+        now = now_ms()
+        values |= {
+            ":so": {"S": json.dumps(row.scopes, separators=(",", ":"), sort_keys=True)},
+            ":inc": {"S": inc},
+            ":now": {"N": str(now // 1000)},
+        }
+        if expected == 0:
+            # What the gate and the finish of a create write together; an expired incarnation is replaced.
+            sets += ", #id = :id, created_at = :created, scopes = :so, inc = :inc"
+            names["#id"] = "id"
+            values |= {":id": {"S": session_id}, ":created": {"N": str(row.created_at)}}
+            removes += ", dead"
+            for name, value in (("forked_from", row.forked_from), ("fork_reason", row.fork_reason)):
+                if value is None:
+                    removes += f", {name}"
+                else:
+                    sets += f", {name} = :{name}"
+                    values[f":{name}"] = {"S": value}
+            condition = "attribute_not_exists(pk) OR #x <= :now"
+        else:
+            condition = (
+                "#v = :e AND inc = :inc AND attribute_not_exists(pending) AND scopes = :so"
+                " AND (attribute_not_exists(#x) OR #x > :now)"
+            )
+            values[":e"] = {"N": str(expected)}
+        update["UpdateExpression"] = f"SET {sets} REMOVE {removes}"
+        update["ConditionExpression"] = condition
+        request = [{"Update": update}, *({"Put": {"TableName": self._table, "Item": p}} for p in puts), *scoped]
+        try:
+            self._transact(request)
+        except _Cancelled as cancelled:
+            return self._one_call_refused(pk, commit, cancelled.items[0], now)
+        except StoreUnavailable:
+            # No answer: it applied or it did not, whole. Its touch (this grant's) says which.
+            if not self._landed(pk, plan, marker.grant):
+                raise
+        self._remember(pk, _known_after(inc, marker.version, ids, plan, update))
+        return len(commit.events)
+
+    def _one_call_refused(
+        self, pk: str, commit: PreparedCommit, item: Mapping[str, Any] | None, now: int
+    ) -> Refused | None:
+        """What a one-call commit's failed condition means: a refusal, or ``None`` for the gated protocol to
+        sort out (a marker in the way: it waits or repairs; a meta item this store did not know)."""
+        self._known.pop(pk, None)
+        if item is None or _expired(item, now):
+            return Refused(0) if commit.expected_version else None
+        if "pending" in item:
+            return None
+        self._remember(pk, item)
+        refused = Refused(int(item["version"]["N"]), json.loads(item["scopes"]["S"]))
+        if commit.expected_version == 0:
+            return refused if refused.version else None
+        if refused.version != commit.expected_version or refused.scopes != commit.row.scopes:
+            return refused
+        return None
+
+    def _landed(self, pk: str, plan: _Plan, grant: str) -> bool:
+        """Whether a one-call commit whose answer was lost applied: its touch is there, with its grant."""
+        touch = self._call(
+            "get_item", TableName=self._table, Key=_key(pk, plan.touch), ProjectionExpression="t", ConsistentRead=True
+        ).get("Item")
+        return touch is not None and touch.get("t", {}).get("S") == grant
+
+    def _remember(self, pk: str, meta: Mapping[str, Any]) -> None:
+        if "pending" in meta:
+            return
+        self._known.pop(pk, None)
+        if len(self._known) >= _KNOWN_SESSIONS:
+            self._known.pop(next(iter(self._known)))
+        self._known[pk] = dict(meta)
 
     def _delete(self, app_name: str, session_id: str) -> None:
         pk = session_pk(app_name, session_id)
+        self._known.pop(pk, None)
         # The meta item first: from here every commit to this session conflicts and every load is None.
         meta = self._call("delete_item", TableName=self._table, Key=_key(pk, META_SK), ReturnValues="ALL_OLD")
         keys = self._query(
@@ -888,6 +1032,7 @@ class DynamoDBSessionStore(BaseSessionStore):
                     "nothing of it was written, try again"
                 )
             if blocking is None or refused.version != expected or (expected and refused.scopes != row.scopes):
+                self._remember(pk, item)  # the stored item: the caller's next try can be one call
                 return refused
             if now_ms() - blocking.at >= self._stale_after_ms and not repaired:
                 # A writer that died mid-commit: finish or undo its commit, then try the gate again.
@@ -942,15 +1087,36 @@ class DynamoDBSessionStore(BaseSessionStore):
         except _ConditionFailed as failed:
             raise _MarkerGone(failed.item) from None
 
-    def _finish(self, pk: str, marker: _Marker, ids: IdFilter, plan: _Plan) -> None:
+    def _finish(self, pk: str, marker: _Marker, ids: IdFilter, plan: _Plan) -> dict[str, Any]:
         """Make the marker's version the stored one and clear the marker; with its scoped writes and (when
         they ride here, ``_Marker.touch_in_finish``) its touches, atomically.
 
         It also drops a listing entry the meta item carried itself (``lpk``, written before touches):
         from here the session's touches list it."""
+        app_name = split_session_pk(pk)[0]
+        update = self._commit_update(pk, marker, ids, plan)
+        update["ConditionExpression"] = "pending.t = :t"
+        update["ExpressionAttributeValues"][":t"] = {"S": marker.grant}
+        writes = [_transact_item(self._table, app_name, ScopedWrite(*write)) for write in json.loads(marker.scoped)]
+        if marker.touch_in_finish:
+            writes += [{"Put": {"TableName": self._table, "Item": t}} for t in self._touches(pk, plan, marker.grant)]
+        if not writes:
+            try:
+                self._call("update_item", **update)
+            except _ConditionFailed as failed:
+                raise _MarkerGone(failed.item) from None
+            return update
+        try:
+            self._transact([{"Update": update}, *writes])
+        except _Cancelled as cancelled:
+            raise _MarkerGone(cancelled.items[0]) from None
+        return update
+
+    def _commit_update(self, pk: str, marker: _Marker, ids: IdFilter, plan: _Plan) -> dict[str, Any]:
+        """The meta item's update that lands a commit (no condition): what the finish and the one-call
+        transaction both write, so the two paths leave the same item."""
         app_name, session_id = split_session_pk(pk)
         values: dict[str, Any] = {
-            ":t": {"S": marker.grant},
             ":v": {"N": str(marker.version)},
             ":u": {"N": str(plan.updated_at)},
             ":bf": {"B": ids.dump()},
@@ -978,28 +1144,14 @@ class DynamoDBSessionStore(BaseSessionStore):
             values[":rpk"] = {"S": running_key(app_name, session_id, self._pending_shards)}
         else:
             removes += ", rpk"
-        update = {
+        return {
             "TableName": self._table,
             "Key": _key(pk, META_SK),
             "UpdateExpression": f"SET {sets} REMOVE {removes}",
-            "ConditionExpression": "pending.t = :t",
             "ExpressionAttributeNames": {"#v": "version", "#st": "status", "#x": TTL},
             "ExpressionAttributeValues": values,
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
-        writes = [_transact_item(self._table, app_name, ScopedWrite(*write)) for write in json.loads(marker.scoped)]
-        if marker.touch_in_finish:
-            writes += [{"Put": {"TableName": self._table, "Item": t}} for t in self._touches(pk, plan, marker.grant)]
-        if not writes:
-            try:
-                self._call("update_item", **update)
-            except _ConditionFailed as failed:
-                raise _MarkerGone(failed.item) from None
-            return
-        try:
-            self._transact([{"Update": update}, *writes])
-        except _Cancelled as cancelled:
-            raise _MarkerGone(cancelled.items[0]) from None
 
     def _touches(self, pk: str, plan: _Plan, grant: str) -> builtins.list[dict[str, Any]]:
         """The commit's touch (its one listing-index write), after the superseded touch it marks expired.
@@ -1242,6 +1394,18 @@ def _backoff(attempt: int, base: float = 0.025, cap: float = 1.0) -> None:
     time.sleep(min(cap, base * 2**attempt) * (0.5 + random.random() / 2))
 
 
+def _known_after(inc: str, version: int, ids: IdFilter, plan: _Plan, update: Mapping[str, Any]) -> dict[str, Any]:
+    """The attributes of a meta item a commit just landed (by ``update``) that a one-call commit after it builds on."""
+    item: dict[str, Any] = {"version": {"N": str(version)}, "inc": {"S": inc}, "lsk": {"N": str(plan.updated_at)}}
+    item["bf"] = update["ExpressionAttributeValues"][":bf"]
+    if ids.greatest is not None:
+        item["hi"] = {"S": ids.greatest}
+    for name, value in (("plsk", plan.previous), (TTL, plan.expires), ("xh", plan.horizon)):
+        if value is not None:
+            item[name] = {"N": str(value)}
+    return item
+
+
 def _key(pk: str, sk: str) -> dict[str, Any]:
     return {"pk": {"S": pk}, "sk": {"S": sk}}
 
@@ -1366,6 +1530,7 @@ def dynamo_store(
     listing_shards: int = DEFAULT_LISTING_SHARDS,
     pending_shards: int = DEFAULT_PENDING_SHARDS,
     stale_after_s: float = 30.0,
+    single_call_items: int = MAX_TRANSACT_ITEMS,
 ) -> DynamoDBSessionStore:
     """A store on the DynamoDB table ``table_name`` (make it with ``create_table`` or the CDK stack).
 
@@ -1374,6 +1539,8 @@ def dynamo_store(
     Nothing is sent until the first call. ``close()`` closes a client the store built, never yours.
     ``stale_after_s`` is how old a pending marker must be before a writer meeting it repairs it first
     (marker ages come from ``dormant.clock``, so a test can move time instead of waiting).
+    A commit of at most ``single_call_items`` items (and 4 MB) is one ``TransactWriteItems``; 0 sends every
+    commit through the gated protocol (docs/dynamodb.md).
     """
     if not isinstance(table_name, str) or len(table_name) < 3:
         raise ConfigurationError(f"a DynamoDB table name has at least 3 characters, not {table_name!r}")
@@ -1387,6 +1554,7 @@ def dynamo_store(
         listing_shards=listing_shards,
         pending_shards=pending_shards,
         stale_after_s=stale_after_s,
+        single_call_items=single_call_items,
     )
 
 
