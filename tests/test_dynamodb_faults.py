@@ -795,6 +795,8 @@ def test_a_commit_that_fits_one_transaction_is_one_call(world: World) -> None:
     # A store that never saw the session takes the gated protocol once, then knows it: one call again.
     other_client = world._client()
     other, faults = world.store(other_client, single_call_items=100), Faults(other_client)
+    other.load("warm-up", "nothing")  # its first call reads the table's shard counts
+    faults.calls.clear()
     assert other.commit(world.meta(), _events("o", 2), 2).ok
     assert dict(faults.calls) == {"UpdateItem": 2, "BatchWriteItem": 1}
     faults.calls.clear()
@@ -803,6 +805,7 @@ def test_a_commit_that_fits_one_transaction_is_one_call(world: World) -> None:
     # ...and one that loaded it builds on what it read.
     third_client = world._client()
     third, faults = world.store(third_client, single_call_items=100), Faults(third_client)
+    third.load("warm-up", "nothing")
     third.load(world.app, world.sid)
     faults.calls.clear()
     assert third.commit(world.meta(), _events("q", 2), 4).ok
@@ -851,14 +854,14 @@ def test_a_large_commit_racing_a_small_one_holds_it_off_then_it_conflicts(world:
     """A 200-event commit takes the gated protocol; a 2-event commit racing it from another store would be one
     transaction, but the large one's marker refuses it: it waits out the marker, then conflicts."""
     _seeded(world)
+    small = world.store(single_call_items=100, live_wait_s=20)
+    small.load(world.app, world.sid)  # it knows version 1: its transaction is built, and refused by the marker
     arrived, resume = threading.Event(), threading.Event()
     world.faults.pause("BatchWriteItem", 3, arrived, resume)  # after 50 of 200 event items
     results: dict[str, Any] = {}
     large = threading.Thread(target=lambda: results.update(a=world.writer.commit(world.meta(), _events("a", 200), 1)))
     large.start()
     assert arrived.wait(timeout=30)
-    small = world.store(single_call_items=100, live_wait_s=20)
-    small.load(world.app, world.sid)  # it knows version 1: its transaction is built, and refused
     releaser = threading.Timer(0.3, resume.set)
     releaser.start()
     results["b"] = small.commit(world.meta(), _events("b", 2), 1)
@@ -889,3 +892,15 @@ def test_a_small_commit_landing_first_makes_the_large_one_conflict_at_its_gate(w
     assert (results["a"].ok, results["a"].version) == (False, 2)
     assert world.ids() == _events_ids("base", 10) + _events_ids("b", 2)
     assert world.raw_event_items() == 12  # the large commit wrote nothing past its refused gate
+
+
+def test_a_one_call_commit_on_a_re_created_session_lands_in_the_new_incarnation(world: World) -> None:
+    """A store that knew the session before it was deleted and created again (same id, same version) holds
+    the old incarnation: its transaction is refused on it, and the commit lands visible, in the new one."""
+    stale = world.store(single_call_items=100)
+    assert stale.commit(world.meta(), _events("old", 2), 0).ok  # it knows version 1, incarnation one
+    world.reader.delete(world.app, world.sid)
+    assert world.reader.commit(world.meta(), _events("new", 2), 0).ok  # version 1 again, incarnation two
+    result = stale.commit(world.meta(), _events("x", 2), 1)
+    assert (result.ok, result.version, result.appended) == (True, 2, 2)
+    assert world.ids() == ["new-000", "new-001", "x-000", "x-001"]

@@ -774,7 +774,8 @@ def test_the_sweeper_repairs_a_commit_a_dead_writer_left_pending(
     Faults(store._client).die("BatchWriteItem", nth=1)  # type: ignore[attr-defined]
     ten_minutes_ago = now_ms() - 600_000
     with use_clock(lambda: ten_minutes_ago), pytest.raises(Died):
-        store.commit(row, [UserEvent(text=f"lost {n}") for n in range(30)], row.version)
+        # 120 events: more than one TransactWriteItems holds, so the gated protocol (gate, batches, finish)
+        store.commit(row, [UserEvent(text=f"lost {n}") for n in range(120)], row.version)
     store.close()
     event = json.loads((Path(__file__).resolve().parents[1] / "events/schedule/sweeper.json").read_text())
     ok, result = d.invoke("sweeper", event)

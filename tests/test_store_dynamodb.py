@@ -6,7 +6,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -58,7 +58,16 @@ class TestDynamoDBStoreGated(TestDynamoDBStore):
 
 
 class TestDynamoDBStoreOneShard(TestDynamoDBStore):
-    """The suite again with the listing unsharded: ``{app}`` as the listing key."""
+    """The suite again with the listing unsharded: ``{app}`` as the listing key (a table of its own: shard
+    counts are fixed per table)."""
+
+    @pytest.fixture(autouse=True)
+    def _table(self, dynamodb_endpoint: str, layout_table: Callable[[int], str]) -> Iterator[None]:
+        self.endpoint, self.table = dynamodb_endpoint, layout_table(1)
+        self.clients: list[Any] = []
+        yield
+        for c in self.clients:
+            c.close()
 
     def make_store(self) -> SessionStore:
         c = local_client(self.endpoint)
@@ -69,6 +78,23 @@ class TestDynamoDBStoreOneShard(TestDynamoDBStore):
 # -- what only the DynamoDB store has ---------------------------------------------------------------
 
 
+@pytest.fixture(scope="session")
+def layout_table(dynamodb_endpoint: str) -> Iterator[Callable[..., str]]:
+    """A table for each listing (and pending) shard count a test opens stores with, made on first use: the
+    table records the counts of its first store and refuses others."""
+    made: dict[tuple[int, int], str] = {}
+    c = local_client(dynamodb_endpoint)
+
+    def table(listing: int, pending: int = 8) -> str:
+        if (listing, pending) not in made:
+            made[listing, pending] = f"dormant-layout-{uuid.uuid4().hex[:8]}"
+            create_table(made[listing, pending], client=c)
+        return made[listing, pending]
+
+    yield table
+    c.close()
+
+
 @pytest.fixture
 def app() -> str:
     return f"app-{uuid.uuid4().hex[:12]}"
@@ -77,7 +103,14 @@ def app() -> str:
 @pytest.fixture
 def store(ddb: Any, dynamodb_table: str) -> DynamoDBSessionStore:
     """A store on the gated protocol (gate, batches, finish): most tests here are about it."""
-    return dynamo_store(dynamodb_table, client=ddb, single_call_items=0)
+    return _warm(dynamo_store(dynamodb_table, client=ddb, single_call_items=0))
+
+
+def _warm(store: DynamoDBSessionStore) -> DynamoDBSessionStore:
+    """The store after its first call, which reads the table's shard counts (one GetItem): what the tests
+    count is the calls after it."""
+    store.load("warm-up", "nothing")
+    return store
 
 
 def _meta(app: str, sid: str = "s-1", **extra: Any) -> StoredSession:
@@ -294,12 +327,13 @@ def test_listing_is_sharded_by_session_and_merged(ddb: Any, dynamodb_table: str,
     assert faults.calls["BatchGetItem"] == 1  # the listed sessions' meta items, in one call
     rest = store.list(app, cursor=page[-1].cursor)
     assert [s.id for s in page + rest] == [s.id for s in listed]
-    # Another shard count lists nothing of these: it is part of the table's layout (see the docs).
-    assert dynamo_store(dynamodb_table, client=ddb, listing_shards=1).list(app) == []
+    # Another shard count would list nothing of these: the table refuses a store opened with one.
+    with pytest.raises(ConfigurationError, match=r"listing_shards=4 .*listing_shards=1"):
+        dynamo_store(dynamodb_table, client=ddb, listing_shards=1).list(app)
 
 
-def test_listing_ties_on_updated_at_page_by_id(ddb: Any, dynamodb_table: str, app: str) -> None:
-    store = dynamo_store(dynamodb_table, client=ddb, listing_shards=3)
+def test_listing_ties_on_updated_at_page_by_id(ddb: Any, layout_table: Callable[..., str], app: str) -> None:
+    store = dynamo_store(layout_table(3), client=ddb, listing_shards=3)
     with frozen_clock(1_800_000_000_000):
         for n in range(9):
             store.commit(_meta(app, f"s{n}"), [], 0)
@@ -380,7 +414,7 @@ def test_an_unreachable_endpoint_is_store_unavailable(dynamodb_table: str) -> No
     store = dynamo_store(
         dynamodb_table, client=local_client("http://127.0.0.1:1", retries={"max_attempts": 1}, connect_timeout=1)
     )
-    with pytest.raises(StoreUnavailable, match="DynamoDB query failed"):
+    with pytest.raises(StoreUnavailable, match="DynamoDB get_item failed"):  # its first call: the shard counts
         store.load("app", "s")
 
 
@@ -453,7 +487,10 @@ def test_a_commit_costs_one_listing_index_write_and_marks_the_touch_it_supersede
         assert (listed.version, listed.status, listed.updated_at) == (8, "turn-7", int(live["lsk"]["N"]))
 
 
-def test_a_listing_shows_only_committed_rows_whatever_touches_are_left(ddb: Any, dynamodb_table: str, app: str) -> None:
+def test_a_listing_shows_only_committed_rows_whatever_touches_are_left(
+    ddb: Any, layout_table: Callable[..., str], app: str
+) -> None:
+    dynamodb_table = layout_table(2)
     store = dynamo_store(dynamodb_table, client=ddb, listing_shards=2)
     with frozen_clock(1_800_000_000_000) as clock:
         for n in range(5):
@@ -466,7 +503,9 @@ def test_a_listing_shows_only_committed_rows_whatever_touches_are_left(ddb: Any,
         faults.die("UpdateItem", nth=2)
         clock.advance(10)
         with pytest.raises(Died):
-            dynamo_store(dynamodb_table, client=dying).commit(_meta(app, "s0", status="late"), [_event("late")], 3)
+            dynamo_store(dynamodb_table, client=dying, listing_shards=2).commit(
+                _meta(app, "s0", status="late"), [_event("late")], 3
+            )
         dying.close()
         assert len(_touches(ddb, dynamodb_table, app, "s0")) == 4
         listed = store.list(app)
@@ -482,7 +521,7 @@ def test_a_listing_shows_only_committed_rows_whatever_touches_are_left(ddb: Any,
         late_id = {"S": "evt-late"}
         (event_item,) = [i for i in _raw_items(ddb, dynamodb_table, session_pk(app, "s0")) if i.get("eid") == late_id]
         ddb.delete_item(TableName=dynamodb_table, Key={"pk": event_item["pk"], "sk": event_item["sk"]})
-        (report,) = dynamo_store(dynamodb_table, client=ddb).repair_pending(older_than_s=0)
+        (report,) = dynamo_store(dynamodb_table, client=ddb, listing_shards=2).repair_pending(older_than_s=0)
         assert report.action == "rolled_back"
         assert len(_touches(ddb, dynamodb_table, app, "s0")) == 3
         assert [s.id for s in store.list(app)] == ["s4", "s3", "s2", "s1", "s0"]
@@ -575,7 +614,7 @@ def test_the_running_index_is_written_only_when_a_session_goes_into_or_out_of_ru
     """A session's running entry is put by the commit that makes it ``running`` and deleted by the one that
     ends that: the commits in between (a new ``updated_at``, new events) write no index entry. And no call
     is added: a 5-event commit stays one transaction, or a gate, one batch and a finish."""
-    store = dynamo_store(dynamodb_table, client=ddb, single_call_items=single_call_items)
+    store = _warm(dynamo_store(dynamodb_table, client=ddb, single_call_items=single_call_items))
     calls = {"TransactWriteItems": 1} if single_call_items else {"UpdateItem": 2, "BatchWriteItem": 1}
     units, faults = _Units(ddb), Faults(ddb)
     statuses = ["idle", "running", "running", "running", "completed", "completed", "running"]
@@ -693,3 +732,32 @@ def test_every_commit_takes_at_most_two_calls_plus_one_per_25_events(
     assert store.load_scoped_state(app, "user", "u-2") == {"k": count}
     live = [t for t in _touches(ddb, dynamodb_table, app, "bound") if "expires_at" not in t]
     assert sorted(int(t["lsk"]["N"]) for t in live) == [1_800_000_003_000, 1_800_000_004_000]  # the rest marked
+
+
+# -- shard counts: fixed when the table is first used ---------------------------------------------------
+
+
+def test_the_table_records_its_shard_counts_and_refuses_a_store_with_others(ddb: Any, app: str) -> None:
+    name = f"dormant-layout-{uuid.uuid4().hex[:8]}"
+    create_table(name, client=ddb)
+    try:
+        first = dynamo_store(name, client=ddb, listing_shards=2, pending_shards=3)
+        assert first.commit(_meta(app), [_event(1)], 0).ok
+        layout = ddb.get_item(TableName=name, Key={"pk": {"S": "#layout"}, "sk": {"S": "#layout"}})["Item"]
+        assert (layout["listing_shards"]["N"], layout["pending_shards"]["N"]) == ("2", "3")
+        for listing, pending in ((2, 8), (4, 3)):
+            other = dynamo_store(name, client=ddb, listing_shards=listing, pending_shards=pending)
+            faults = Faults(ddb)
+            with pytest.raises(ConfigurationError) as info:
+                other.commit(_meta(app, "s-2"), [_event(2)], 0)
+            message = str(info.value)
+            assert "listing_shards=2 and pending_shards=3" in message  # the table's
+            assert f"listing_shards={listing} and pending_shards={pending}" in message  # the store's
+            assert dict(faults.calls) == {"GetItem": 1}  # refused before anything was written
+            with pytest.raises(ConfigurationError):  # every call, not only the first
+                other.list(app)
+        assert [s.id for s in first.list(app)] == ["s-1"]
+        same = dynamo_store(name, client=ddb, listing_shards=2, pending_shards=3)
+        assert [s.id for s in same.list(app)] == ["s-1"]
+    finally:
+        ddb.delete_table(TableName=name)

@@ -147,6 +147,8 @@ MAX_TRANSACT_ITEMS = 100
 """DynamoDB's most items in one ``TransactWriteItems``."""
 MAX_TRANSACT_BYTES = 4_000_000
 """What the items of one ``TransactWriteItems`` may total (AWS: 4 MB), less room for the request's expressions."""
+LAYOUT_KEY = {"pk": {"S": "#layout"}, "sk": {"S": "#layout"}}
+"""The item recording the table's shard counts (outside every app's keys: ``S#``, ``X#``, ``B#``, ``I#``)."""
 _KNOWN_SESSIONS = 1000
 """Meta items a store remembers for one-call commits (``_known``): the least recently stored go first."""
 TTL = TABLE.ttl_attribute
@@ -338,6 +340,7 @@ class DynamoDBSessionStore(BaseSessionStore):
         self._unprocessed_retries = unprocessed_retries
         self._conflict_retries = conflict_retries
         self._single_call_items = single_call_items
+        self._layout_checked = False
         self._known: dict[str, dict[str, Any]] = {}
         """Meta items as this store last read or wrote them, by ``pk`` (no marker on them): what a one-call
         commit builds on. Only a hint: its transaction is conditional on the version and incarnation."""
@@ -1325,6 +1328,13 @@ class DynamoDBSessionStore(BaseSessionStore):
 
     def _send(self, operation: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         self._check_open()
+        if not self._layout_checked:
+            self._layout_checked = True  # before the check's own calls, which come back through here
+            try:
+                self._check_layout()
+            except BaseException:
+                self._layout_checked = False
+                raise
         try:
             answer: dict[str, Any] = getattr(self._client, operation)(**kwargs)
             return answer
@@ -1357,6 +1367,42 @@ class DynamoDBSessionStore(BaseSessionStore):
             raise StoreUnavailable(f"DynamoDB {operation} failed: {exc}") from exc
         except BotoCoreError as exc:
             raise StoreError(f"DynamoDB {operation} failed: {exc}") from exc
+
+    def _check_layout(self) -> None:
+        """Hold this store's shard counts against the ones the table records (``LAYOUT_KEY``), once per store.
+
+        The first store on a table records its counts (a conditional put); a store opened with other counts
+        is refused before it reads or writes anything: listing over another count would hide every session
+        whose entry is in a shard it does not query, and a sweeper over fewer pending shards would never see
+        some markers. One ``GetItem`` per store (a Lambda cold start), none per call after it."""
+        mine = {"listing_shards": self._listing_shards, "pending_shards": self._pending_shards}
+        item = {**LAYOUT_KEY, **{name: {"N": str(value)} for name, value in mine.items()}}
+        recorded = self._call("get_item", TableName=self._table, Key=LAYOUT_KEY, ConsistentRead=True).get("Item")
+        if recorded is None:
+            try:
+                self._call(
+                    "put_item",
+                    TableName=self._table,
+                    Item=item,
+                    ConditionExpression="attribute_not_exists(pk)",
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                )
+                return
+            except _ConditionFailed as failed:  # another store recorded them first
+                recorded = failed.item
+                if recorded is None:
+                    recorded = self._call("get_item", TableName=self._table, Key=LAYOUT_KEY, ConsistentRead=True).get(
+                        "Item"
+                    )
+        theirs = {name: int(recorded[name]["N"]) for name in mine} if recorded else mine
+        if theirs != mine:
+            raise ConfigurationError(
+                f"DynamoDB table {self._table!r} was made with listing_shards={theirs['listing_shards']} and "
+                f"pending_shards={theirs['pending_shards']}; this store was opened with "
+                f"listing_shards={mine['listing_shards']} and pending_shards={mine['pending_shards']}. "
+                "Shard counts are fixed when the table is first used: open the store with the table's counts "
+                "(a new table takes new ones)"
+            )
 
     def _query(self, **kwargs: Any) -> builtins.list[dict[str, Any]]:
         """Every item a Query returns, following its pages."""
