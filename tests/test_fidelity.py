@@ -766,7 +766,7 @@ def test_the_sweeper_repairs_a_commit_a_dead_writer_left_pending(
     create(d, sid)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
-    store = store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}")
+    store = store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}&{_SHARDS}")
     app_name = f"fidelity@{TENANT}"
     loaded = store.load(app_name, sid)
     assert loaded is not None
@@ -805,7 +805,7 @@ def test_the_sweeper_hands_a_turn_whose_runner_died_to_a_fresh_execution(
     create(d, sid)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
-    store = store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}")
+    store = store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}&{_SHARDS}")
     fidelity = build(store)
     view = for_tenant(fidelity.app, TENANT)
     ten_minutes_ago = now_ms() - 600_000
@@ -821,6 +821,10 @@ def test_the_sweeper_hands_a_turn_whose_runner_died_to_a_fresh_execution(
     assert show(d, sid)["status"] == "completed", evidence(d)
     (execution,) = chain(d, sid)
     assert execution.states[0] == "Run" and execution.states[-1] == "Done", execution.states
+
+
+_SHARDS = "shards=1&pending_shards=8"
+"""The deployment's shard counts (``infra.stack.SHARD_DEFAULTS``): the table refuses a store opened with others."""
 
 
 REACHED_RARELY = {
