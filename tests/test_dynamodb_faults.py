@@ -176,7 +176,7 @@ def test_throttled_calls_are_retried_by_botocore(world: World) -> None:
     world.faults.throttle("BatchWriteItem", 2)
     result = world.writer.commit(world.meta(), _events("t", 5), 1)
     assert result.ok and result.version == 2
-    assert world.faults.sent["UpdateItem"] - before == 3 + 1  # the gate after two throttled attempts, the finish
+    assert world.faults.sent["UpdateItem"] - before == 3  # the gate after two throttled attempts (no finish update)
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
 
 
@@ -227,7 +227,7 @@ def test_writer_dies_right_after_the_gate_and_the_next_writer_repairs_the_stale_
 
 def test_writer_dies_after_the_events_before_the_marker_is_cleared(world: World) -> None:
     _seeded(world)
-    world.faults.die("UpdateItem", nth=2)  # the gate is the first UpdateItem, the finish the second
+    world.faults.die("TransactWriteItems", nth=1)  # the finish: the meta update, the touch, the superseded one
     with pytest.raises(Died):
         world.writer.commit(world.meta(status="done"), _events("whole", 30), 1)
     assert world.raw_event_items() == 40  # every event item is there...
@@ -400,7 +400,7 @@ def test_a_gate_meeting_a_transaction_is_resent_and_the_commit_lands_once(world:
     world.faults.error("UpdateItem", _CONFLICT, attempts=3)
     result = world.writer.commit(world.meta(), _events("t", 5), 1)
     assert (result.ok, result.version, result.appended) == (True, 2, 5)
-    assert world.faults.sent["UpdateItem"] - before == 3 + 1 + 1  # three refused gates, the gate, the finish
+    assert world.faults.sent["UpdateItem"] - before == 3 + 1  # three refused gates, the gate
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
     _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("t", 5))
 
@@ -471,7 +471,7 @@ def test_a_gate_whose_answer_was_lost_finds_its_own_marker_and_commits(world: Wo
     world.faults.lose("UpdateItem")  # DynamoDB applies the gate; botocore times out and sends it again
     result = world.writer.commit(world.meta(), _events("t", 5), 1)
     assert (result.ok, result.version, result.appended) == (True, 2, 5)
-    assert world.faults.sent["UpdateItem"] - before == 2 + 1  # the lost gate, its re-send, the finish
+    assert world.faults.sent["UpdateItem"] - before == 2  # the lost gate, its re-send
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
     assert world.store().repair_pending(older_than_s=0) == []
     _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("t", 5))
@@ -514,15 +514,15 @@ def test_a_finish_whose_answer_was_lost_is_a_commit_that_landed_once(
 ) -> None:
     _seeded(world)
     # DynamoDB applies the finish and its answer is lost; botocore sends it again and finds the marker gone.
-    # The finish is the commit's second UpdateItem, or with scoped changes its TransactWriteItems (whose
-    # re-send carries the same idempotency token).
-    world.faults.lose("TransactWriteItems" if changes else "UpdateItem", nth=1 if changes else 2)
+    # The finish is the commit's TransactWriteItems (the touches ride there; its re-send carries the same
+    # idempotency token).
+    world.faults.lose("TransactWriteItems", nth=1)
     before = world.faults.sent["UpdateItem"]
     result = world.writer.commit(world.meta(), _events("t", 5), 1, changes)
     assert (result.ok, result.version, result.appended) == (True, 2, 5)
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
     assert world.reader.load_scoped_state(world.app, "user", "u-1") == ({"name": "Ada"} if changes else {})
-    assert world.faults.sent["UpdateItem"] - before == (1 if changes else 3)  # the gate; the finish twice
+    assert world.faults.sent["UpdateItem"] - before == 1  # the gate
     assert world.store().repair_pending(older_than_s=0) == []
 
 
@@ -604,7 +604,7 @@ def test_a_rolled_back_writer_dying_after_its_late_writes_leaves_them_invisible(
     _seeded(world)
     arrived, resume = threading.Event(), threading.Event()
     world.faults.pause("BatchWriteItem", 2, arrived, resume)  # after 25 of 60 items
-    world.faults.die("UpdateItem", 2)  # and it dies at its finish, so it never cleans up after itself
+    world.faults.die("TransactWriteItems", 1)  # and it dies at its finish, so it never cleans up after itself
     died: list[BaseException] = []
 
     def slow() -> None:
@@ -650,7 +650,7 @@ def test_a_rolled_back_commit_never_lands_its_scoped_changes(world: World) -> No
 
 @pytest.mark.parametrize(
     ("finish", "nth", "count"),
-    [("UpdateItem", 2, 7), ("TransactWriteItems", 1, 24)],  # the gate is UpdateItem 1
+    [("TransactWriteItems", 1, 7), ("TransactWriteItems", 1, 24)],  # the finish carries the touches
     ids=["touch-after-the-events", "touch-in-the-finish"],
 )
 def test_a_sweeper_rolling_forward_a_slow_writer_lets_the_writer_succeed(
@@ -679,7 +679,7 @@ def test_a_sweeper_rolling_forward_a_slow_writer_lets_the_writer_succeed(
 
 def test_two_sweepers_racing_repair_a_marker_once(world: World) -> None:
     _seeded(world)
-    world.faults.die("UpdateItem", nth=2)
+    world.faults.die("TransactWriteItems", nth=1)  # the finish
     with pytest.raises(Died):
         world.writer.commit(world.meta(), _events("x", 4), 1)
     world.clock.advance(1)
@@ -798,7 +798,7 @@ def test_a_commit_that_fits_one_transaction_is_one_call(world: World) -> None:
     other.load("warm-up", "nothing")  # its first call reads the table's shard counts
     faults.calls.clear()
     assert other.commit(world.meta(), _events("o", 2), 2).ok
-    assert dict(faults.calls) == {"UpdateItem": 2, "BatchWriteItem": 1}
+    assert dict(faults.calls) == {"UpdateItem": 1, "BatchWriteItem": 1, "TransactWriteItems": 1}
     faults.calls.clear()
     assert other.commit(world.meta(), _events("p", 2), 3).ok
     assert dict(faults.calls) == {"TransactWriteItems": 1}
