@@ -838,3 +838,40 @@ def test_a_listing_never_omits_a_committed_session_while_the_index_lags(
     finally:
         lister_client.close()
         clean.close()
+
+
+# -- sessions at scale: 50,000 events, 100 MB ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_session_of_50000_events_commits_loads_and_takes_one_call_turns(
+    ddb: Any, dynamodb_table: str, app: str
+) -> None:
+    """Five commits of 10,000 events (the gated protocol: 400 batches each), then an ordinary turn, one call."""
+    store = _warm(dynamo_store(dynamodb_table, client=ddb))
+    ids = [new_id() for _ in range(50_000)]  # in the order they are made, as dormant mints them
+    for version in range(5):
+        events = [UserEvent(id=i, created_at=1, text="x") for i in ids[version * 10_000 : (version + 1) * 10_000]]
+        assert store.commit(_meta(app, "long"), events, version).ok
+    loaded = store.load(app, "long")
+    assert loaded is not None and len(loaded.events) == 50_000 and loaded.session.version == 5
+    faults = Faults(ddb)
+    assert store.commit(_meta(app, "long"), [UserEvent(id=new_id(), created_at=1, text="turn")], 5).ok
+    assert dict(faults.calls) == {"TransactWriteItems": 1}
+    resent = store.commit(_meta(app, "long"), [UserEvent(id=ids[12_345], created_at=1, text="again")], 6)
+    assert (resent.ok, resent.appended) == (True, 0)  # a re-sent id, found among 50,000
+    assert [(s.id, s.version) for s in store.list(app)] == [("long", 7)]
+
+
+@pytest.mark.slow
+def test_a_session_of_100_mb_commits_and_loads(ddb: Any, dynamodb_table: str, app: str) -> None:
+    """100 events of 1 MB (3 items each) in four commits of 25 MB, then a one-call turn on top."""
+    store = _warm(dynamo_store(dynamodb_table, client=ddb))
+    text = "y" * 1_000_000
+    for version in range(4):
+        events = [UserEvent(id=f"b{version * 25 + n:04d}", created_at=1, text=text) for n in range(25)]
+        assert store.commit(_meta(app, "big"), events, version).ok
+    assert store.commit(_meta(app, "big"), [UserEvent(id=new_id(), created_at=1, text="small")], 4).ok
+    loaded = store.load(app, "big")
+    assert loaded is not None and len(loaded.events) == 101
+    assert sum(len(e.text) for e in loaded.events if isinstance(e, UserEvent)) >= 100_000_000

@@ -137,7 +137,7 @@ DEFAULT_PENDING_SHARDS = 8
 500 commits/s a shard). Every store and the sweeper on one table must use the same number."""
 MAX_SCOPED_KEYS = 97
 """Scoped keys one commit may change: they are written in one ``TransactWriteItems`` (at most 100 items)
-with the finish's meta update and, when they ride there, the touch and the marking of the superseded one."""
+with the finish's meta update, the touch and the delete of the touch it supersedes."""
 MAX_BOUND_SCOPES = 99
 """Scopes one session may bind: a create puts their binding entries in the gate's ``TransactWriteItems``."""
 MAX_MARKER_BYTES = 300_000
