@@ -5,9 +5,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
-EXTRAS ?= dev,postgres,dynamodb,openai,bedrock,lambda,infra
+EXTRAS ?= dev,postgres,dynamodb,openai,bedrock,lambda,infra,adk
 
-.PHONY: setup demo serve test lint typecheck pytest bench clean dynamodb-local invoke screenshots
+.PHONY: setup demo serve test lint typecheck pytest bench clean dynamodb-local invoke screenshots openapi
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -66,3 +66,8 @@ invoke: setup
 # The README's screenshots of the session inspector, taken by its browser test from a real page.
 screenshots: setup
 	DORMANT_SCREENSHOTS=docs/img $(PY) -m pytest tests/test_inspector.py -q -k booking_from_ask
+
+# The API's OpenAPI document, generated from its routes and bodies (README: "The API document"); a test fails when
+# the committed docs/openapi.json is not what this writes.
+openapi: $(VENV)/.serve
+	$(PY) -m dormant.serving.openapi docs/openapi.json

@@ -1,12 +1,23 @@
 """The REST API: the routes of the HTTP API, every method behind a Cognito user-pool authorizer.
 
-The caller's tenant is the ``sub`` claim of the Cognito ID token the authorizer verified; the handlers
-read it from the request context and put it into every key they touch.
+People sign in to the user pool (SRP, no OAuth redirect: no implicit grant, no callback URL) and call the
+routes with their ID token, which carries ``sub`` (the principal), the tenant claim (``custom:tenant``, set
+by an administrator: the app client cannot write it) and ``cognito:groups``. Machine clients get an access
+token by the client-credentials grant, with scopes of the ``dormant`` resource server, and call the same
+routes under ``/clients`` (``serving.routes.CLIENT_PREFIX``): those methods require the route's scope, and
+API Gateway takes only an access token on a method with scopes, only an ID token on one without.
+
+API Gateway's own refusals (no token, an unknown path, a body too large, a timeout) answer in the handlers'
+error shape, ``{"error", "message"}`` (gateway responses). With ``cors_origins``, every path also takes
+``OPTIONS`` without the authorizer (a browser's preflight carries no token), answered by the function that
+knows the origins (``serving.routes.PREFLIGHT_FUNCTION``), and the gateway's refusals carry
+``Access-Control-Allow-Origin`` too: a page can then tell an expired token from a network failure. Machine
+clients' ``/clients`` paths take no preflight: a machine has no browser.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Validations
 from aws_cdk import aws_apigateway as apigw
@@ -15,7 +26,17 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from dormant.serving.routes import ROUTES
+from dormant.serving.routes import CLIENT_PREFIX, PREFLIGHT_FUNCTION, ROUTES, SCOPES, scope_of
+
+_SCOPE_DESCRIPTIONS = {
+    "read": "read sessions, their events and state",
+    "run": "create, run, fork and commit sessions",
+    "answer": "answer yielded tool calls",
+    "admin": "erase a person's data and delete sessions",
+}
+
+ERROR_TEMPLATE = '{"error": "$context.error.responseType", "message": $context.error.messageString}'
+"""The body of API Gateway's own 4xx and 5xx: the handlers' error shape (``messageString`` is quoted JSON)."""
 
 
 class Api(Construct):
@@ -27,6 +48,8 @@ class Api(Construct):
         functions: Mapping[str, lambda_.IFunction],
         log_retention_days: float,
         tracing: bool,
+        auth_domain_prefix: str,
+        cors_origins: Sequence[str] = (),
     ) -> None:
         super().__init__(scope, id)
         self.user_pool = cognito.UserPool(
@@ -46,8 +69,40 @@ class Api(Construct):
             mfa_second_factor=cognito.MfaSecondFactor(otp=True, sms=False),
             account_recovery=cognito.AccountRecovery.EMAIL_ONLY,
             removal_policy=RemovalPolicy.RETAIN,
+            # The tenant a person belongs to: set by an administrator (README, Deploy), read by the handlers.
+            custom_attributes={"tenant": cognito.StringAttribute(min_len=1, max_len=128, mutable=True)},
         )
-        self.client = self.user_pool.add_client("Client", auth_flows=cognito.AuthFlow(user_srp=True))
+        # People: SRP sign-in for an ID token; no OAuth flows (no implicit grant, no placeholder callback URL).
+        # They may change their email, never their tenant (write_attributes leaves custom:tenant out).
+        self.client = self.user_pool.add_client(
+            "Client",
+            auth_flows=cognito.AuthFlow(user_srp=True),
+            disable_o_auth=True,
+            write_attributes=cognito.ClientAttributes().with_standard_attributes(email=True),
+        )
+        self.resource_server = self.user_pool.add_resource_server(
+            "Scopes",
+            identifier=SCOPES["read"].split("/")[0],
+            scopes=[
+                cognito.ResourceServerScope(scope_name=SCOPES[key].split("/")[1], scope_description=text)
+                for key, text in _SCOPE_DESCRIPTIONS.items()
+            ],
+        )
+        # Machines: the client-credentials grant at the pool's token endpoint, for any of the scopes (each token
+        # asks for the ones it needs with scope=).
+        self.domain = self.user_pool.add_domain(
+            "Domain", cognito_domain=cognito.CognitoDomainOptions(domain_prefix=auth_domain_prefix)
+        )
+        self.machine_client = self.user_pool.add_client(
+            "Machines",
+            generate_secret=True,
+            auth_flows=cognito.AuthFlow(),
+            o_auth=cognito.OAuthSettings(
+                flows=cognito.OAuthFlows(client_credentials=True),
+                scopes=[cognito.OAuthScope.custom(scope) for scope in SCOPES.values()],
+            ),
+        )
+        self.machine_client.node.add_dependency(self.resource_server)
         authorizer = apigw.CognitoUserPoolsAuthorizer(self, "Authorizer", cognito_user_pools=[self.user_pool])
 
         access_logs = logs.LogGroup(self, "AccessLogs", removal_policy=RemovalPolicy.DESTROY)
@@ -89,6 +144,15 @@ class Api(Construct):
         for method, path, function in ROUTES:
             resource = self.rest_api.root.resource_for_path(path)
             resource.add_method(method, integrations[function], request_validator=validator)
+            # the machine clients' twin: an access token with the route's scope (an ID token is refused here)
+            clients = self.rest_api.root.resource_for_path(CLIENT_PREFIX + path)
+            clients.add_method(
+                method,
+                integrations[function],
+                request_validator=validator,
+                authorization_scopes=[scope_of(method, path)],
+            )
+        self._cors(cors_origins, functions[PREFLIGHT_FUNCTION])
 
         Validations.of(self.user_pool).acknowledge(
             Acknowledgment(
@@ -109,3 +173,42 @@ class Api(Construct):
                 "with the v1 stage when the API is public. Every method requires a Cognito token.",
             ),
         )
+
+    def _cors(self, origins: Sequence[str], preflight: lambda_.IFunction) -> None:
+        """Gateway responses in the error shape (with ``Access-Control-*`` for ``origins``), and with ``origins``
+        an unauthenticated ``OPTIONS`` on every path of the routes."""
+        headers: dict[str, str] = {}
+        if origins:
+            # One origin is written as is; several cannot be chosen from by a gateway response, which only maps
+            # headers: it echoes the request's Origin (its refusals hold no data; the handlers check the list).
+            headers = {
+                "Access-Control-Allow-Origin": f"'{origins[0]}'"
+                if len(origins) == 1
+                else "method.request.header.Origin",
+                "Vary": "'Origin'",
+            }
+        for name, kind in (
+            ("Default4xx", apigw.ResponseType.DEFAULT_4_XX),
+            ("Default5xx", apigw.ResponseType.DEFAULT_5_XX),
+        ):
+            self.rest_api.add_gateway_response(
+                name, type=kind, response_headers=headers or None, templates={"application/json": ERROR_TEMPLATE}
+            )
+        if not origins:
+            return
+        integration = apigw.LambdaIntegration(preflight)
+        for path in sorted({path for _, path, _ in ROUTES}):
+            method = self.rest_api.root.resource_for_path(path).add_method(
+                "OPTIONS", integration, authorization_type=apigw.AuthorizationType.NONE
+            )
+            Validations.of(method).acknowledge(
+                Acknowledgment(
+                    id="AwsSolutions::AwsSolutions-APIG4",
+                    reason="A CORS preflight: browsers send it without a token. It reaches only the preflight answer "
+                    "(Powertools' CORS, before any route), which reads no data.",
+                ),
+                Acknowledgment(
+                    id="AwsSolutions::AwsSolutions-COG4",
+                    reason="A CORS preflight carries no Cognito token; every other method requires one.",
+                ),
+            )

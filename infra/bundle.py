@@ -67,6 +67,30 @@ def _name(requirement: str) -> str:
 def bundle_library(output_dir: Path, requirements: Sequence[str] | None = None) -> None:
     """Write the library layer into ``output_dir/python``: wheels for the Lambda runtime, then ``dormant``."""
     target = output_dir / "python"
+    install_for_runtime(target, layer_requirements() if requirements is None else requirements)
+    copy_packages(target, [LIBRARY], leave_out=LEFT_OUT)
+    compile_for_runtime(target)
+
+
+def app_requirements(requirements_file: Path | None, extras: Sequence[str] = ()) -> list[str]:
+    """What the app layer installs: the lines of the app's requirements file (``-c app_requirements=``), and the
+    library's optional dependencies ``extras`` (pyproject.toml) the deployment needs, less what the runtime has."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    wanted = [req for extra in extras for req in project["optional-dependencies"][extra]]
+    if requirements_file is not None:
+        if not requirements_file.is_file():
+            raise SystemExit(f"-c app_requirements={requirements_file}: no such file")
+        for raw in requirements_file.read_text(encoding="utf-8").splitlines():
+            line = raw.split(" #", 1)[0].strip()
+            if line.startswith("-"):
+                raise SystemExit(f"{requirements_file}: only requirement lines, not pip options ({line!r})")
+            if line and not line.startswith("#"):
+                wanted.append(line)
+    return [req for req in wanted if _name(req) not in PROVIDED]
+
+
+def install_for_runtime(target: Path, requirements: Sequence[str]) -> None:
+    """pip-install ``requirements`` into ``target`` as wheels for the Lambda runtime, less what it provides."""
     subprocess.run(
         [
             sys.executable,
@@ -85,15 +109,13 @@ def bundle_library(output_dir: Path, requirements: Sequence[str] | None = None) 
             "--only-binary=:all:",
             "--target",
             str(target),
-            *(layer_requirements() if requirements is None else requirements),
+            *requirements,
         ],
         check=True,
         timeout=600,
     )
     shutil.rmtree(target / "bin", ignore_errors=True)  # console scripts: nothing in a layer runs them
     drop_provided(target)
-    copy_packages(target, [LIBRARY], leave_out=LEFT_OUT)
-    compile_for_runtime(target)
 
 
 def _canonical(name: str) -> str:
@@ -108,10 +130,17 @@ def drop_provided(target: Path) -> list[str]:
     """Remove every distribution in ``PROVIDED`` from the pip target ``target`` (each file its RECORD lists,
     then its emptied directories and its dist-info); return their names. Then check what is left requires
     them only at versions the runtime has (``check_provided_requirements``)."""
+    dropped = _drop(target, PROVIDED)
+    check_provided_requirements(target)
+    return dropped
+
+
+def _drop(target: Path, names: frozenset[str] | set[str]) -> list[str]:
+    """Remove the distributions called ``names`` (normalized) from the pip target ``target``; their names."""
     dropped = []
     for dist_info in sorted(target.glob("*.dist-info")):
         name = _canonical(str(_metadata(dist_info)["Name"]))
-        if name not in PROVIDED:
+        if name not in names:
             continue
         directories: set[Path] = set()
         for row in csv.reader((dist_info / "RECORD").read_text(encoding="utf-8").splitlines()):
@@ -127,8 +156,36 @@ def drop_provided(target: Path) -> list[str]:
                 directory.rmdir()
         shutil.rmtree(dist_info, ignore_errors=True)
         dropped.append(name)
-    check_provided_requirements(target)
     return dropped
+
+
+def drop_closure(target: Path, roots: Sequence[str]) -> list[str]:
+    """Remove from ``target`` every distribution ``roots`` (requirements) need, transitively as the installed
+    metadata says (extras and markers evaluated for the runtime); their names."""
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # pip's own copy: pip runs this build anyway
+        from pip._vendor.packaging.requirements import Requirement  # type: ignore[assignment]
+
+    installed = {_canonical(str(_metadata(d)["Name"])): d for d in target.glob("*.dist-info")}
+    base = {"python_version": PYTHON_VERSION, "sys_platform": "linux", "platform_machine": "aarch64"}
+    base |= {"platform_system": "Linux", "implementation_name": "cpython"}
+    todo = [Requirement(r) for r in roots]
+    seen: set[str] = set()
+    while todo:
+        requirement = todo.pop()
+        name = _canonical(requirement.name)
+        extras = set(requirement.extras)
+        key = f"{name}[{','.join(sorted(extras))}]"
+        if key in seen or name not in installed:
+            continue
+        seen.add(key)
+        for line in _metadata(installed[name]).get_all("Requires-Dist") or []:
+            needed = Requirement(line)
+            markers = [{**base, "extra": extra} for extra in extras or {""}] + [{**base, "extra": ""}]
+            if needed.marker is None or any(needed.marker.evaluate(m) for m in markers):
+                todo.append(needed)
+    return _drop(target, {key.split("[", 1)[0] for key in seen})
 
 
 def check_provided_requirements(target: Path) -> None:
@@ -161,8 +218,15 @@ def _module_in(target: Path, module: str) -> bool:
     return (target / module).exists() or (target / f"{module}.py").exists()
 
 
-def bundle_app(output_dir: Path, packages: Sequence[Path]) -> None:
-    """Write the app layer into ``output_dir/python``: the agent app's packages, compiled."""
+def bundle_app(output_dir: Path, packages: Sequence[Path], requirements: Sequence[str] = ()) -> None:
+    """Write the app layer into ``output_dir/python``: the app's requirements as wheels for the runtime (none
+    it provides), then the agent app's packages, compiled."""
+    if requirements:
+        # One resolution with the library's own requirements, so the app's agree with what the library layer
+        # ships; then what that layer ships is dropped here: layers unpack into the same /opt/python, and a
+        # second copy of a package would overwrite the first file by file.
+        install_for_runtime(output_dir / "python", [*layer_requirements(), *requirements])
+        drop_closure(output_dir / "python", layer_requirements())
     copy_packages(output_dir / "python", packages)
     compile_for_runtime(output_dir / "python")
 

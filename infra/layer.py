@@ -14,7 +14,7 @@ from aws_cdk import AssetHashType, BundlingOptions, DockerImage, ILocalBundling
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
-from .bundle import LIBRARY, bundle_app, bundle_library
+from .bundle import LIBRARY, app_requirements, bundle_app, bundle_library
 
 RUNTIME = lambda_.Runtime.PYTHON_3_12
 ARCHITECTURE = lambda_.Architecture.ARM_64
@@ -45,9 +45,19 @@ def _locally_bundled(source: Path, build: Callable[[Path], None]) -> lambda_.Cod
 
 
 class Layers(Construct):
-    """``library``: dormant and its dependencies. ``app``: the packages of the agent app the functions serve."""
+    """``library``: dormant and its dependencies. ``app``: the packages of the agent app the functions serve, with
+    the distributions its ``requirements`` file names and the library's ``extras`` the chosen model needs (the
+    ``openai`` SDK for ``-c model=openai:...``), fetched for the runtime like the library's."""
 
-    def __init__(self, scope: Construct, id: str, *, app_packages: Sequence[Path]) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        app_packages: Sequence[Path],
+        requirements: Path | None = None,
+        extras: Sequence[str] = (),
+    ) -> None:
         super().__init__(scope, id)
         self.library = lambda_.LayerVersion(
             self,
@@ -58,11 +68,13 @@ class Layers(Construct):
             description="dormant and its dependencies (Python 3.12, arm64)",
         )
         packages = list(app_packages)
+        wanted = app_requirements(requirements, extras)
         self.app = lambda_.LayerVersion(
             self,
             "App",
-            code=_locally_bundled(packages[0].parent, lambda out: bundle_app(out, packages)),
+            code=_locally_bundled(packages[0].parent, lambda out: bundle_app(out, packages, wanted)),
             compatible_runtimes=[RUNTIME],
             compatible_architectures=[ARCHITECTURE],
-            description=f"the agent app: {', '.join(p.name for p in packages)}",
+            description=f"the agent app: {', '.join(p.name for p in packages)}"
+            + (f"; with {', '.join(wanted)}" if wanted else ""),
         )

@@ -1,36 +1,49 @@
 """``DormantStack``: the table, the layers, the functions, the API, the resume workflow and the sweeper.
 
 Deploy-time choices are stack parameters (wait timeout, log retention); build-time ones are CDK context
-(``-c app=module:attr``, ``-c app_packages=dir,dir``, ``-c removal=destroy``, ``-c tracing=true``), and so are
-the table's shard counts (``-c listing_shards=N``, ``-c pending_shards=N``): fixed at the first deploy, as
-the table records them and refuses a store opened with others (a parameter would invite changing them).
+(``-c app=module:attr``, ``-c app_packages=dir,dir``, ``-c app_requirements=file``, ``-c removal=destroy``,
+``-c tracing=true``, ``-c tenant_claim=custom:tenant`` (the ID-token claim naming the caller's tenant; a token
+without it is its own tenant), ``-c auth_domain=prefix`` (the Cognito domain machine clients get tokens from;
+default ``{stack}-{account}``), ``-c cors_origins=https://a.example,https://b.example`` (the origins whose pages
+may call the API; none by default), and the model: ``-c model=...``, ``-c openai_base_url=...``,
+``-c openai_secret=...``, see ``infra.model``), and so are the table's shard counts (``-c listing_shards=N``,
+``-c pending_shards=N``): fixed at the first deploy, as the table records them and refuses a store opened with
+others (a parameter would invite changing them).
 """
 
 from __future__ import annotations
 
 from typing import Any, cast
 
-from aws_cdk import ArnFormat, CfnOutput, CfnParameter, RemovalPolicy, Stack
+from aws_cdk import Acknowledgment, ArnFormat, CfnOutput, CfnParameter, RemovalPolicy, Stack, Token, Validations
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
+from dormant.serving.runtime import DEFAULT_TENANT_CLAIM
+
 from .api import Api
 from .bundle import ROOT
 from .functions import Functions
 from .layer import Layers
+from .model import ModelAccess, model_choice
 from .schedule import SweeperSchedule
 from .table import SessionTable
 from .wiring import (
     APP,
+    CORS_ORIGINS,
     ENVIRONMENT,
+    EXECUTIONS,
     IDEMPOTENCY_TABLE,
     MACHINE,
+    MODEL_ENVIRONMENT,
+    MODEL_FUNCTIONS,
     STATE_MACHINE,
     STATES_ACCESS,
     STORE,
     TABLE_ACCESS,
+    TENANT_CLAIM,
     state_machine_name,
 )
 from .workflow import MAX_WAIT_SECONDS, ResumeWorkflow
@@ -66,6 +79,9 @@ class DormantStack(Stack):
         tracing = str(context("tracing") or "false").lower() == "true"
         removal = RemovalPolicy.DESTROY if context("removal") == "destroy" else RemovalPolicy.RETAIN
         app_packages = [ROOT / p for p in str(context("app_packages") or DEFAULT_APP_PACKAGES).split(",") if p]
+        cors_origins = [o.strip().rstrip("/") for o in str(context("cors_origins") or "").split(",") if o.strip()]
+        requirements = context("app_requirements")
+        choice = model_choice(context)
 
         shards = {name: _shard_count(context, name, default) for name, default in SHARD_DEFAULTS.items()}
         wait_timeout = CfnParameter(
@@ -89,7 +105,14 @@ class DormantStack(Stack):
         table = SessionTable(
             self, "Sessions", removal_policy=removal, deletion_protection=removal != RemovalPolicy.DESTROY
         ).table
-        layers = Layers(self, "Layers", app_packages=app_packages)
+        layers = Layers(
+            self,
+            "Layers",
+            app_packages=app_packages,
+            requirements=ROOT / str(requirements) if requirements else None,
+            extras=("openai",) if choice is not None and choice.provider == "openai" else (),
+        )
+        model = ModelAccess(self, "Model", choice=choice, removal_policy=removal) if choice is not None else None
 
         # The state machine's name is fixed, so its ARN is known before it exists: the functions it invokes hold
         # that ARN (and grants on it) without depending on it, which would be a circular dependency.
@@ -101,6 +124,12 @@ class DormantStack(Stack):
                 resource_name=machine_name,
                 arn_format=ArnFormat.COLON_RESOURCE_NAME,
             ),
+            EXECUTIONS: self.format_arn(
+                service="states",
+                resource="execution",
+                resource_name=f"{machine_name}:*",
+                arn_format=ArnFormat.COLON_RESOURCE_NAME,
+            ),
         }
         values = {
             STORE: (
@@ -110,28 +139,39 @@ class DormantStack(Stack):
             APP: str(context("app") or DEFAULT_APP),
             IDEMPOTENCY_TABLE: table.table_name,  # idempotency records share the session table
             STATE_MACHINE: arns[MACHINE],
+            TENANT_CLAIM: str(context("tenant_claim") or DEFAULT_TENANT_CLAIM),
+            CORS_ORIGINS: ",".join(cors_origins),
             "POWERTOOLS_SERVICE_NAME": "dormant",
             "POWERTOOLS_METRICS_NAMESPACE": "dormant",
             "POWERTOOLS_TRACE_DISABLED": "false" if tracing else "true",
             # No pydantic plugins are deployed: skip pydantic's scan of every installed package's
             # entry points, which the first model built would otherwise pay at cold start.
             "PYDANTIC_DISABLE_PLUGINS": "__all__",
+            **(model.environment if model is not None else {}),
         }
         functions = Functions(
             self,
             "Functions",
             layers=[layers.library, layers.app],
-            environment={name: {key: values[key] for key in sorted(keys)} for name, keys in ENVIRONMENT.items()},
+            environment={
+                name: {key: values[key] for key in sorted(keys | (MODEL_ENVIRONMENT & values.keys()))}
+                for name, keys in ENVIRONMENT.items()
+            },
             log_retention_days=retention.value_as_number,
             tracing=tracing,
         )
         for name, function in functions.by_name.items():
             _grant_table(function, table, name)
+            if model is not None and name in MODEL_FUNCTIONS:
+                for statement in model.statements:
+                    function.add_to_role_policy(statement)
+                if model.acknowledgments:
+                    Validations.of(functions.node.find_child(name.capitalize())).acknowledge(*model.acknowledgments)
             states = STATES_ACCESS.get(name)
             if states:
                 # A policy of its own, not the function's default policy, which the function depends on: the
                 # state machine depends on the functions it invokes.
-                iam.Policy(
+                policy = iam.Policy(
                     cast(Construct, functions.node.find_child(name.capitalize())),
                     "StepFunctions",
                     roles=[function.role],  # type: ignore[list-item]
@@ -139,10 +179,20 @@ class DormantStack(Stack):
                         iam.PolicyStatement(
                             actions=sorted(a for a, on in states.items() if on == target), resources=[arns[target]]
                         )
-                        for target in (MACHINE,)
+                        for target in (MACHINE, EXECUTIONS)
                         if target in states.values()
                     ],
                 )
+                if EXECUTIONS in states.values():
+                    region, account = (v if not Token.is_unresolved(v) else f"<AWS::{k}>" for k, v in _nag_env(self))
+                    arn = f"arn:<AWS::Partition>:states:{region}:{account}:execution:{machine_name}:*"
+                    Validations.of(policy).acknowledge(
+                        Acknowledgment(
+                            id=f"AwsSolutions::AwsSolutions-IAM5[Resource::{arn}]",
+                            reason="An execution's name is made per turn: DescribeExecution is granted on this state "
+                            "machine's executions (ARN:*), none of any other machine.",
+                        )
+                    )
 
         workflow = ResumeWorkflow(
             self,
@@ -159,15 +209,28 @@ class DormantStack(Stack):
         machine.add_to_role_policy(iam.PolicyStatement(actions=["states:StartExecution"], resources=[arns[MACHINE]]))
 
         api = Api(
-            self, "Api", functions=functions.by_name, log_retention_days=retention.value_as_number, tracing=tracing
+            self,
+            "Api",
+            functions=functions.by_name,
+            log_retention_days=retention.value_as_number,
+            tracing=tracing,
+            auth_domain_prefix=str(context("auth_domain") or f"{self.stack_name.lower()}-{self.account}"),
+            cors_origins=cors_origins,
         )
         SweeperSchedule(self, "Sweeper", sweeper=functions["sweeper"])
 
         CfnOutput(self, "ApiUrl", value=api.rest_api.url)
         CfnOutput(self, "UserPoolId", value=api.user_pool.user_pool_id)
         CfnOutput(self, "UserPoolClientId", value=api.client.user_pool_client_id)
+        CfnOutput(self, "MachineClientId", value=api.machine_client.user_pool_client_id)
+        CfnOutput(self, "TokenUrl", value=f"{api.domain.base_url()}/oauth2/token")
         CfnOutput(self, "TableName", value=table.table_name)
         CfnOutput(self, "StateMachineArn", value=machine.state_machine_arn)
+
+
+def _nag_env(stack: Stack) -> list[tuple[str, str]]:
+    """The stack's region and account as cdk-nag writes them in a finding's id (a token as ``<AWS::...>``)."""
+    return [("Region", stack.region), ("AccountId", stack.account)]
 
 
 def _grant_table(function: lambda_.Function, table: dynamodb.Table, name: str) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from dormant.serving.deployed import MODEL, OPENAI_BASE_URL, OPENAI_SECRET
 from dormant.serving.routes import ROUTES
 from dormant.stores.dynamodb import IDS_INDEX, LISTING_INDEX, PENDING_INDEX, RUNNING_INDEX
 
@@ -21,6 +22,8 @@ STORE = "DORMANT_STORE"
 APP = "DORMANT_APP"
 IDEMPOTENCY_TABLE = "DORMANT_IDEMPOTENCY_TABLE"
 STATE_MACHINE = "DORMANT_STATE_MACHINE"
+TENANT_CLAIM = "DORMANT_TENANT_CLAIM"
+CORS_ORIGINS = "DORMANT_CORS_ORIGINS"  # serving.api.CORS_ORIGINS: -c cors_origins=, empty (no origin) by default
 COMMON_ENVIRONMENT = frozenset(
     {
         STORE,
@@ -38,12 +41,14 @@ API_FUNCTIONS = frozenset(function for _, _, function in ROUTES)
 
 ENVIRONMENT: Mapping[str, frozenset[str]] = MappingProxyType(
     {
-        "sessions": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE},
+        # the API's functions read the caller's tenant from the claim TENANT_CLAIM names (-c tenant_claim=), and
+        # answer browsers of the allowed origins; sessions answers their preflights too
+        "sessions": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, TENANT_CLAIM, CORS_ORIGINS},
         # starts the execution that runs the turn it is about to claim (before the claim: every claim has a runner)
-        "run": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, STATE_MACHINE},
+        "run": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, STATE_MACHINE, TENANT_CLAIM, CORS_ORIGINS},
         # wakes a waiting execution with the task token stored on the session: no ARN needed
-        "tools": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE},
-        "commit": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE},
+        "tools": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, TENANT_CLAIM, CORS_ORIGINS},
+        "commit": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, TENANT_CLAIM, CORS_ORIGINS},
         # answers its own task token (park) or runs in the execution (resume): no ARN needed
         "park": COMMON_ENVIRONMENT,
         "resume": COMMON_ENVIRONMENT,
@@ -52,6 +57,27 @@ ENVIRONMENT: Mapping[str, frozenset[str]] = MappingProxyType(
     }
 )
 """Function -> the names of its environment variables (the values are the stack's)."""
+
+MODEL_ENVIRONMENT = frozenset({MODEL, OPENAI_BASE_URL, OPENAI_SECRET})
+"""With ``-c model=...`` every function also gets these (those that apply): every function builds the same
+served app, whose factory is given the deployment's model. They name the model, a server and *where* its key is
+kept; no function's environment holds a key."""
+
+MODEL_FUNCTIONS = frozenset({"resume"})
+"""The functions that call the model, the only ones granted ``bedrock:InvokeModel`` on the chosen model or read
+on its key: ``resume`` runs turns in the workflow. ``run`` only claims a turn (the execution it starts runs it)
+and reads the key nowhere: the key is read on the first model call, not when the app is built."""
+
+MODEL_ACTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        # Converse is authorized as bedrock:InvokeModel (there is no bedrock:Converse action); no streaming.
+        "bedrock": ("bedrock:InvokeModel",),
+        "secretsmanager": ("secretsmanager:GetSecretValue",),
+        "ssm": ("ssm:GetParameter",),
+    }
+)
+"""What a model function may call, by where its model or key is: Bedrock's Converse, or the read of its key
+(Powertools' ``get_secret`` is one ``GetSecretValue``, ``get_parameter`` one ``GetParameter``)."""
 
 # -- the table ------------------------------------------------------------------------------------
 
@@ -99,18 +125,25 @@ event; only the session listing reads ``LISTING_INDEX``, and only the sweeper ``
 # -- Step Functions -------------------------------------------------------------------------------
 
 MACHINE = "machine"
+EXECUTIONS = "executions"
 STATES_ACCESS: Mapping[str, Mapping[str, str]] = MappingProxyType(
     {
         "run": {"states:StartExecution": MACHINE},
-        "sweeper": {"states:StartExecution": MACHINE},
+        # hands a dead runner's turn or a lost wait to a fresh execution; asks whether a wait's execution lives
+        # (DescribeExecution, authorized on the execution); sends the wake-up POST /tools lost (SendTaskSuccess)
+        "sweeper": {
+            "states:StartExecution": MACHINE,
+            "states:DescribeExecution": EXECUTIONS,
+            "states:SendTaskSuccess": MACHINE,
+        },
         # A task token is authorized against the state machine whose execution issued it. Only success is sent:
         # a failure is the workflow's own (RecordFailure), never a token answered with an error.
         "tools": {"states:SendTaskSuccess": MACHINE},
         "park": {"states:SendTaskSuccess": MACHINE},
     }
 )
-"""Function -> action -> what it acts on (the state machine, ``MACHINE``). Functions not named here make no Step
-Functions call: ``resume`` runs in the execution."""
+"""Function -> action -> what it acts on (the state machine, ``MACHINE``, or its executions, ``EXECUTIONS``).
+Functions not named here make no Step Functions call: ``resume`` runs in the execution."""
 
 
 def state_machine_name(stack_name: str) -> str:

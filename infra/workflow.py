@@ -16,14 +16,16 @@ time than one invocation comes back ``handed_on`` and runs again from its last c
 ``Run`` (its first attempt timed out or died) takes the invocation over; one whose claim has not landed
 yet raises ``TurnNotClaimed``, retried for about a minute and then dropped (``NotClaimed``).
 
-``Park`` is a ``.waitForTaskToken`` task: the park function stores the token with the session and the
-execution sleeps, at no cost, until ``POST /tools`` sends the answers or the wait times out. Every wait ends
-its execution: the turn goes on in a fresh execution (``Continue``, "continue as new"), so one execution
-holds at most one wait, its history stays short (tens of events, never near 25,000) and its life stays under
-Step Functions' one year (the wait timeout is at most ``MAX_WAIT_SECONDS``). The next execution's name is
-the first's with ``-<loop>``: a retried ``Continue`` finds it started (``ExecutionAlreadyExists``). The machine
-has a fixed name (``infra.wiring.state_machine_name``), so the stack grants its role ``StartExecution`` on
-its own ARN without a circular reference.
+``Park`` is a ``.waitForTaskToken`` task: the park function stores the token with the session (and which
+execution parked, until when: the sweeper finds a wait whose execution is gone and gives it a fresh one; an
+``Expire`` of an execution it superseded ends nothing) and the execution sleeps, at no cost, until
+``POST /tools`` sends the answers or the wait times out. Every wait ends its execution: the turn goes on in a fresh
+execution (``Continue``, "continue as new"), so one execution holds at most one wait, its history stays short
+(tens of events, never near 25,000) and its life stays under Step Functions' one year (the wait timeout is at
+most ``MAX_WAIT_SECONDS``). The next execution's name is the first's with ``-<loop>``: a retried ``Continue``
+finds it started (``ExecutionAlreadyExists``). The machine has a fixed name
+(``infra.wiring.state_machine_name``), so the stack grants its role ``StartExecution`` on its own ARN without
+a circular reference.
 
 Every task retries, with backoff and jitter, what may pass by itself: dormant's retryable errors
 (``dormant.errors.retryable_error_names()``), Lambda throttling, and, for ``Run``, a function that timed
@@ -105,7 +107,13 @@ class ResumeWorkflow(Construct):
             "Park",
             lambda_function=park,
             integration_pattern=sfn.IntegrationPattern.WAIT_FOR_TASK_TOKEN,
-            payload=_turn("park", token=sfn.JsonPath.task_token),
+            # the wait's record (which execution parked, until when): the sweeper tells a lost wait from a live one
+            payload=_turn(
+                "park",
+                token=sfn.JsonPath.task_token,
+                execution=sfn.JsonPath.string_at("$$.Execution.Id"),
+                wait_seconds=wait_timeout_seconds,
+            ),
             task_timeout=sfn.Timeout.duration(Duration.seconds(wait_timeout_seconds)),
             result_path="$.answer",
         )
@@ -113,7 +121,7 @@ class ResumeWorkflow(Construct):
             self,
             "Expire",
             lambda_function=resume,
-            payload=_turn("expire"),
+            payload=_turn("expire", execution=sfn.JsonPath.string_at("$$.Execution.Id")),
             result_selector=status,
             result_path="$.expired",
         )

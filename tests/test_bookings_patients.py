@@ -63,3 +63,8 @@ def test_each_tenant_books_its_own_slots(tmp_path: Path) -> None:
         assert bookings.reservations.holder("physio-tue-1430") is None
         for tenant in ("clinic-a", "clinic-b"):
             assert bookings.reservations.holder("physio-tue-1430", f"bookings@{tenant}") is not None
+        # Each tenant's slots are its view of the app bookings.slots: none is a tenant of bookings, whose
+        # purge would then take the reservations (a tenant "clinic-a.slots" of "bookings" before the key rule).
+        store = bookings.app.store
+        assert store.app_names("bookings@") == ["bookings@clinic-a", "bookings@clinic-b"]
+        assert store.app_names("bookings.slots@") == ["bookings.slots@clinic-a", "bookings.slots@clinic-b"]

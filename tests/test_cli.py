@@ -62,6 +62,7 @@ def test_erase_removes_one_person_in_one_tenant(db: Path, capsys: pytest.Capture
         "sessions": ["s-alex"],
         "scoped_keys": ["name"],
         "residue": None,
+        "principal": None,  # run by the operator on the store, not by an API caller
     }
     store = sqlite_store(db, create=False)
     try:
@@ -156,6 +157,7 @@ def test_erase_that_leaves_residue_exits_3_naming_it_and_a_second_run_exits_0(db
         "sessions": [],
         "scoped_keys": [],
         "residue": None,
+        "principal": None,
     }
 
 
@@ -167,7 +169,8 @@ def test_erase_on_dynamodb_removes_the_apis_results_kept_for_retries(
     ``dormant erase`` deletes those records with the sessions, in the tenant erased only."""
     import uuid
 
-    from dormant.serving.api import Idempotency, records
+    from dormant.serving.api import records
+    from dormant.serving.idempotency import DynamoDBIdempotency
     from dormant.stores.dynamodb import DynamoDBSessionStore
     from dormant.stores.url import store_from_url
     from tests.servers.dynamodb import ACCESS_KEY, REGION
@@ -182,7 +185,7 @@ def test_erase_on_dynamodb_removes_the_apis_results_kept_for_retries(
     try:
         app = load_served("bookings:build", store).app
         context = SimpleNamespace(function_name="dormant-cli-test", get_remaining_time_in_millis=lambda: 29_000)
-        idempotency = Idempotency(store.table_name, client=ddb)
+        idempotency = DynamoDBIdempotency(store.table_name, client=ddb)
         for tenant in ("t-1", "t-2"):
             view = for_tenant(app, tenant)
             view.sessions.create("s-alex", scopes={"user": "alex-doe"})

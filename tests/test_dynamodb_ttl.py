@@ -285,3 +285,50 @@ def test_a_bound_sessions_binding_entries_expire_with_it(ddb: Any, dynamodb_tabl
         meta, _ = _expiries(ddb, dynamodb_table, app, "s-1", clock())
         moved = binding()
         assert meta is not None and moved is not None and first < meta <= moved
+
+
+def test_the_expiry_follows_the_stored_updated_at_not_a_late_writers_clock(
+    ddb: Any, dynamodb_table: str, store: Any
+) -> None:
+    """A writer whose clock runs behind the session's stored ``updated_at`` (it keeps the later one) must not
+    pull the expiry in: ``expires_at`` is the stored ``updated_at`` plus the retention."""
+    app = adk(name=f"ttl-{uuid.uuid4().hex[:8]}", store=store, retention=timedelta(days=30))
+    with frozen_clock(T0 + 10 * 3_600_000):
+        session = app.sessions.create("s-1")
+        session.input.message("on time")
+        app.sessions.commit(session)
+    with frozen_clock(T0 + 3_600_000) as clock:  # another writer, nine hours behind
+        late = app.sessions.get("s-1")
+        assert late is not None
+        late.input.message("from a slow clock")
+        app.sessions.commit(late)
+        meta, _ = _expiries(ddb, dynamodb_table, app.name, "s-1", clock())
+    row = store.load(app.name, "s-1")
+    assert row.session.updated_at == T0 + 10 * 3_600_000  # the later time stays
+    assert meta == (T0 + 10 * 3_600_000 + 30 * DAY_MS) // 1000
+
+
+def test_an_id_stored_by_an_expired_incarnation_is_not_taken_as_stored_by_the_new_one(
+    ddb: Any, dynamodb_table: str, store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The expired session's items wait for AWS's TTL; the id made again is a new incarnation, and an event id
+    only the old one stored is new to it. The id filter is told to suspect every id, so the exact lookup on the
+    id index (which must match the incarnation) decides."""
+    from dormant.events import UserEvent
+    from dormant.stores.dynamodb import store as dynamodb_module
+
+    app = adk(name=f"ttl-{uuid.uuid4().hex[:8]}", store=store, retention=timedelta(days=1))
+    with frozen_clock(T0) as clock:
+        first = app.sessions.create("s-1")
+        first.append(UserEvent(id="evt-x", created_at=clock(), text="first life"))
+        app.sessions.commit(first)
+        clock.advance(2 * DAY_MS)
+        again = app.sessions.create("s-1")
+        assert again.version == 1 and list(again.events) == []
+        again.append(UserEvent(id="evt-y", created_at=clock(), text="to reach the old item's version"))
+        app.sessions.commit(again)
+        monkeypatch.setattr(dynamodb_module.IdFilter, "may_hold", lambda self, event_id: True)
+        again.append(UserEvent(id="evt-x", created_at=clock(), text="second life"))
+        assert app.sessions.commit(again).appended == 1
+        loaded = app.sessions.get("s-1")
+    assert loaded is not None and [e.id for e in loaded.events] == ["evt-y", "evt-x"]

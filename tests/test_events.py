@@ -13,6 +13,7 @@ from pydantic import ValidationError
 import dormant
 from dormant.errors import EventValidationError
 from dormant.events import (
+    AdkEvent,
     AssistantEvent,
     Event,
     InvocationEndEvent,
@@ -60,6 +61,7 @@ ONE_OF_EACH = [
     ),
     ModelEndEvent(invocation_id="i", model=MODEL, usage=Usage(input_tokens=3, output_tokens=4, total_tokens=7)),
     SessionForkedEvent(from_session_id="s-1", at_event_id="e-9", reason="both wrote session.stage"),
+    AdkEvent(author="user", event={"id": "e-1", "author": "user", "content": {"parts": [{"text": "hi"}]}}),
 ]
 
 

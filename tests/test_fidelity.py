@@ -460,6 +460,8 @@ def test_a_sandbox_enforces_the_role_timeouts_crashes_and_the_response_limit(san
 
 TENANT = "tenant-a"
 APP_PACKAGE = "tests/fidelity/fidelity_app"
+BROWSER_APP = "https://app.example"
+"""The one origin the deployment lets call it from a browser (``-c cors_origins=``)."""
 
 
 @pytest.fixture(scope="module")
@@ -470,7 +472,11 @@ def deployment(dynamodb_endpoint: str) -> Iterator[Any]:
     from tests.fidelity.deployment import Deployment
 
     started = Deployment.start(
-        dynamodb_endpoint=dynamodb_endpoint, app="fidelity_app:build", app_packages=[APP_PACKAGE], time_scale=0.01
+        dynamodb_endpoint=dynamodb_endpoint,
+        app="fidelity_app:build",
+        app_packages=[APP_PACKAGE],
+        time_scale=0.01,
+        context={"cors_origins": BROWSER_APP},
     )
     try:
         yield started
@@ -569,8 +575,87 @@ def test_list_sessions(deployment: Any) -> None:
     status, _, body = d.api("GET", "/sessions", tenant=tenant)
     assert status == 200, (status, body, evidence(d))
     assert sorted(s["id"] for s in body["sessions"]) == ids
-    # a route the template does not have is API Gateway's answer, not a function's
-    assert d.api("GET", "/nowhere")[::2] == (403, {"message": "Missing Authentication Token"})
+    # a route the template does not have is API Gateway's answer, not a function's (in the API's error shape)
+    refused = (403, {"error": "MISSING_AUTHENTICATION_TOKEN", "message": "Missing Authentication Token"})
+    assert d.api("GET", "/nowhere")[::2] == refused
+
+
+def _as(d: Any, token: Any, method: str, path: str, body: Any = None, **options: Any) -> tuple[int, Any]:
+    status, _, answered = d.api(method, path, body, token=token, **options)
+    return status, answered
+
+
+@pytest.mark.backend("dynamodb")
+def test_people_of_a_tenant_approve_by_group_four_eyes_and_machine_scopes(deployment: Any) -> None:
+    """Issue 22's done-when, on the stack: tenant T's requester A, approver B, outsider C; D of tenant U; a
+    machine client that may only run."""
+    from tests.fidelity.deployment import Token
+
+    d, tenant, other = deployment, fresh("clinic"), fresh("lab")
+    a, b, c = (Token.person(fresh(who), tenant) for who in ("alice", "bob", "carol"))
+    b = Token.person(b.sub, tenant, groups=["approvers", "staff"])
+    dave = Token.person(fresh("dave"), other, groups=["approvers"])
+    sid = fresh("booking")
+    assert _as(d, a, "POST", "/sessions", {"session_id": sid})[0] == 201
+    status, started = _as(d, a, "POST", f"/sessions/{sid}/runs", {"message": "tool=approve"})
+    assert status in (200, 202), (status, started, evidence(d))
+    d.settle()
+    status, shown = _as(d, b, "GET", f"/sessions/{sid}")  # B, of the same tenant, sees A's session
+    assert status == 200 and shown["status"] == "awaiting_input", (status, shown, evidence(d))
+    (call,) = shown["yielded_tools"]
+    assert call["name"] == "approve" and call["answerable_by"] == ["group:approvers"] and call["answerable"]
+
+    # who may answer: B sees it in ?awaiting=me; A and C (outside the group) do not
+    status, mine = _as(d, b, "GET", "/sessions", query={"awaiting": "me"})
+    assert status == 200 and [(s["id"], [x["call_id"] for x in s["calls"]]) for s in mine["sessions"]] == [
+        (sid, [call["call_id"]])
+    ], mine
+    for outsider in (a, c):
+        assert _as(d, outsider, "GET", "/sessions", query={"awaiting": "me"}) == (200, {"sessions": [], "cursor": None})
+    approval = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
+    status, refused = _as(d, c, "POST", f"/sessions/{sid}/tools", approval)
+    assert status == 403 and refused["error"] == "AnswerRefused", refused
+    assert call["call_id"] in refused["message"] and "group:approvers" in refused["message"]
+    assert _as(d, dave, "POST", f"/sessions/{sid}/tools", approval)[0] == 404  # another tenant: no such session
+    status, events = _as(d, a, "GET", f"/sessions/{sid}/events", query={"limit": "1000"})
+    assert status == 200 and not [e for e in events["events"] if e["type"] == "tool_input"]  # nothing written
+    status, _ = _as(d, b, "POST", f"/sessions/{sid}/tools", approval)
+    assert status == 202, evidence(d)
+    d.settle()
+    status, events = _as(d, a, "GET", f"/sessions/{sid}/events", query={"limit": "1000"})
+    (answered,) = [e for e in events["events"] if e["type"] == "tool_input"]
+    assert answered["principal"] == b.sub  # recorded as B (C's refusal wrote nothing: one answer)
+    assert [e["principal"] for e in events["events"] if e["type"] == "invocation_start"] == [a.sub]  # A started it
+    assert _as(d, a, "GET", f"/sessions/{sid}")[1]["status"] == "completed", evidence(d)
+
+    # four eyes: A may not answer the review A's own run asked for; C may
+    second = fresh("review")
+    assert _as(d, a, "POST", "/sessions", {"session_id": second})[0] == 201
+    assert _as(d, a, "POST", f"/sessions/{second}/runs", {"message": "tool=review"})[0] in (200, 202)
+    d.settle()
+    (review,) = _as(d, a, "GET", f"/sessions/{second}")[1]["yielded_tools"]
+    own = {"answers": [{"call_id": review["call_id"], "input": {"approved": True}}]}
+    status, refused = _as(d, a, "POST", f"/sessions/{second}/tools", own)
+    assert status == 403 and "not_starter" in refused["message"], refused
+    assert _as(d, c, "POST", f"/sessions/{second}/tools", own)[0] == 202, evidence(d)
+
+    # a machine client with dormant/runs.write only: it runs, under /clients; it cannot answer, nor read
+    robot = Token.machine(fresh("client"), ["dormant/runs.write"])
+    job = fresh("job")
+    assert _as(d, robot, "POST", "/clients/sessions", {"session_id": job})[0] == 201
+    status, ran = _as(d, robot, "POST", f"/clients/sessions/{job}/runs", {"message": "signoffs=1"})
+    assert status in (200, 202), (ran, evidence(d))
+    d.settle()
+    machine_call = {"answers": [{"call_id": "any", "input": {"approved": True}}]}
+    invoked = len(d.lambdas.invocations)
+    assert _as(d, robot, "POST", f"/clients/sessions/{job}/tools", machine_call)[0] == 401  # no answers.write
+    assert _as(d, robot, "GET", f"/clients/sessions/{job}")[0] == 401  # no sessions.read
+    assert _as(d, robot, "POST", f"/sessions/{job}/runs", {"message": "x"})[0] == 401  # people's method: ID only
+    assert _as(d, a, "GET", f"/clients/sessions/{sid}")[0] == 401  # the machines' method: access tokens only
+    assert len(d.lambdas.invocations) == invoked  # the authorizer refused them all: no function ran
+    reader = Token.machine(robot.sub, ["dormant/sessions.read"])
+    status, job_shown = _as(d, reader, "GET", f"/clients/sessions/{job}")
+    assert status == 200 and job_shown["status"] == "awaiting_input", (job_shown, evidence(d))
 
 
 @pytest.mark.backend("dynamodb")
@@ -727,6 +812,54 @@ def test_a_commit_from_a_remote_runner(deployment: Any) -> None:
 
 
 @pytest.mark.backend("dynamodb")
+def test_a_browser_of_the_allowed_origin_and_no_other(deployment: Any) -> None:
+    """CORS as deployed with ``-c cors_origins=``: a preflight passes without a token on every path and is answered
+    for the allowed origin only; the handlers' answers (errors too) and API Gateway's own refusals carry
+    ``Access-Control-Allow-Origin`` for it, in the error shape."""
+    d, sid = deployment, fresh("cors")
+    asked = {"Origin": BROWSER_APP, "Access-Control-Request-Method": "POST"}
+    for path in ("/sessions", f"/sessions/{sid}/runs", "/openapi.json"):
+        status, headers, _ = d.api("OPTIONS", path, headers=asked, tenant=None)  # a preflight carries no token
+        assert status == 204, (path, status, headers, evidence(d))
+        assert headers["Access-Control-Allow-Origin"] == BROWSER_APP, (path, headers)
+        assert (
+            "POST" in headers["Access-Control-Allow-Methods"]
+            and "Idempotency-Key" in headers["Access-Control-Allow-Headers"]
+        ), headers
+    status, headers, _ = d.api("OPTIONS", "/sessions", headers={**asked, "Origin": "https://evil.example"}, tenant=None)
+    assert status == 204 and "Access-Control-Allow-Origin" not in headers, headers  # the browser refuses the call
+
+    create(d, sid)
+    status, headers, body = d.api("GET", f"/sessions/{sid}", headers={"Origin": BROWSER_APP})
+    assert status == 200 and headers["Access-Control-Allow-Origin"] == BROWSER_APP, (status, headers)
+    assert "Origin" in headers["Vary"], headers
+    status, headers, body = d.api("GET", "/sessions/nope", headers={"Origin": BROWSER_APP})
+    assert status == 404 and headers["Access-Control-Allow-Origin"] == BROWSER_APP, (status, headers, body)
+    status, headers, _ = d.api("GET", f"/sessions/{sid}", headers={"Origin": "https://evil.example"})
+    assert status == 200 and "Access-Control-Allow-Origin" not in headers, headers
+
+    # API Gateway's own answers: no token, an unknown path; in the handlers' error shape, readable by the page
+    status, headers, body = d.api("GET", "/sessions", headers={"Origin": BROWSER_APP}, tenant=None)
+    assert status == 401 and headers["Access-Control-Allow-Origin"] == BROWSER_APP, (status, headers)
+    assert body == {"error": "UNAUTHORIZED", "message": "Unauthorized"}, body
+    status, headers, body = d.api("GET", "/nowhere", headers={"Origin": BROWSER_APP})
+    assert status == 403 and headers["Access-Control-Allow-Origin"] == BROWSER_APP, (status, headers)
+    assert body["error"] == "MISSING_AUTHENTICATION_TOKEN", body
+
+
+@pytest.mark.backend("dynamodb")
+def test_the_openapi_document_is_served_behind_the_authorizer(deployment: Any) -> None:
+    from dormant.serving.openapi import document
+
+    d = deployment
+    status, _, body = d.api("GET", "/openapi.json", tenant=None)
+    assert status == 401, (status, body)
+    status, _, body = d.api("GET", "/openapi.json")
+    assert status == 200, (status, body, evidence(d))
+    assert body == document()  # what `make openapi` writes, from the function's own layer
+
+
+@pytest.mark.backend("dynamodb")
 def test_a_snapshot_is_written_after_enough_events(deployment: Any) -> None:
     d, sid = deployment, fresh("snap")
     create(d, sid)
@@ -825,6 +958,136 @@ def test_the_sweeper_hands_a_turn_whose_runner_died_to_a_fresh_execution(
 
 _SHARDS = "shards=1&pending_shards=8"
 """The deployment's shard counts (``infra.stack.SHARD_DEFAULTS``): the table refuses a store opened with others."""
+
+
+def swept(result: dict[str, Any], sid: str) -> list[str]:
+    """The sweeper's lines about session ``sid``."""
+    return [line for line in result["turns"] if line.startswith(f"{sid}@") or line.startswith(f"{sid}:")]
+
+
+@pytest.mark.backend("dynamodb")
+def test_the_sweeper_gives_a_wait_whose_execution_is_gone_a_fresh_one(deployment: Any) -> None:
+    """A session waits on answers, and its execution is stopped by hand: the sweeper (DescribeExecution on the
+    execution the wait's record names) starts a fresh one, which parks again with a new task token; a later
+    answer wakes it and the session completes. A sweep while that execution lives leaves it alone."""
+    d, sid = deployment, fresh("stopped")
+    create(d, sid)
+    shown = run(d, sid, "signoffs=1")
+    assert shown["status"] == "awaiting_input", (shown["status"], evidence(d))
+    first = parked(d, sid)
+    assert not swept(d.sweep(grace_seconds=None), sid)  # the default grace: a wait just parked is not looked at
+    assert not swept(d.sweep(), sid)  # looked at: its execution lives, so nothing is done
+    d.stop(first)
+    assert ended(d, first).status == "ABORTED"
+    lines = swept(d.sweep(), sid)
+    assert len(lines) == 1 and "restarted (execution" in lines[0], (lines, evidence(d))
+    d.settle()
+    again = parked(d, sid)
+    assert again is not first and again.states[0] == "Run", again.states
+    assert not swept(d.sweep(), sid) and parked(d, sid) is again  # alive: no second execution, no second run
+    assert show(d, sid)["status"] == "awaiting_input"
+    done = answer(d, sid, shown)
+    assert done["status"] == "completed", (done["status"], evidence(d))
+    assert [e["type"] for e in ledger(d, sid)].count("tool_result") == 1
+
+
+@pytest.mark.backend("dynamodb")
+def test_the_sweeper_starts_an_execution_for_a_wait_that_never_had_one(
+    deployment: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session that yielded with no execution ever started for it (run outside the workflow: what a lost
+    start leaves): the sweeper starts one, it parks, and the answer completes the session."""
+    from dormant.serving.runtime import for_tenant
+    from dormant.serving.turns import claim_turn, run_to_end
+    from dormant.stores.url import store_from_url
+    from tests.fidelity.fidelity_app import build
+    from tests.servers.dynamodb import ACCESS_KEY, REGION
+
+    d, sid = deployment, fresh("never")
+    create(d, sid)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
+    store = store_from_url(f"dynamodb://{d.table_name}?{_SHARDS}&endpoint={d.dynamodb_endpoint}&region={REGION}")
+    fidelity = build(store)
+    view = for_tenant(fidelity.app, TENANT)
+    run_to_end(view, claim_turn(view, fidelity.agent, sid, "signoffs=1"), lambda _: fidelity.agent)
+    store.close()
+    shown = show(d, sid)
+    assert shown["status"] == "awaiting_input" and not d.executions_of(TENANT, sid), shown
+    lines = swept(d.sweep(), sid)
+    assert len(lines) == 1 and "restarted (execution" in lines[0], (lines, evidence(d))
+    d.settle()
+    parked(d, sid)
+    assert answer(d, sid, shown)["status"] == "completed", evidence(d)
+
+
+@pytest.mark.backend("dynamodb")
+def test_the_sweeper_wakes_an_answered_wait_whose_wake_up_was_lost(deployment: Any) -> None:
+    """``tools`` dies after storing the answers and before ``SendTaskSuccess``: the session is ``resumable``
+    and its execution sleeps on. The sweeper sends the stored token (the wake-up that was lost) and the turn
+    completes, the answered tool's result recorded once. Answered while its execution is gone too: a fresh
+    execution runs it."""
+    d, sid, other = deployment, fresh("lost"), fresh("lostgone")
+    for session in (sid, other):
+        create(d, session)
+    shown = run(d, sid, "signoffs=1")
+    shown_other = run(d, other, "signoffs=1")
+    assert (shown["status"], shown_other["status"]) == ("awaiting_input", "awaiting_input"), evidence(d)
+    execution, gone = parked(d, sid), parked(d, other)
+    for session, seen in ((sid, shown), (other, shown_other)):
+        d.crash_before("tools", "states:SendTaskSuccess")
+        (call,) = seen["yielded_tools"]
+        body = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
+        status, _, answered = d.api("POST", f"/sessions/{session}/tools", body)
+        assert status == 502, (status, answered)
+    d.settle()
+    assert show(d, sid)["status"] == "resumable" and execution.status == "RUNNING", evidence(d)
+    d.stop(gone)
+    result = d.sweep()
+    assert swept(result, sid) == [f"{sid}: woken (execution {execution.name})"], (result, evidence(d))
+    (line,) = swept(result, other)
+    assert "restarted (execution" in line, (result, evidence(d))
+    d.settle()
+    for session in (sid, other):
+        final = show(d, session)
+        assert final["status"] == "completed", (session, final["status"], evidence(d))
+        kinds = [e["type"] for e in ledger(d, session)]
+        assert kinds.count("tool_input") == 1 and kinds.count("tool_result") == 1, kinds
+    assert ended(d, execution).status == "SUCCEEDED" and execution.states[-1] == "Continued", execution.states
+
+
+@pytest.mark.backend("dynamodb")
+def test_the_sweeper_expires_a_wait_past_its_timeout_whose_execution_is_gone(deployment: Any) -> None:
+    """The wait's execution was stopped by hand and its wait timed out since: the sweeper ends the invocation
+    as ``Expire`` would (``SessionExpired``), rather than give it a new wait or leave it waiting on no one."""
+    d, sid, warm = deployment, fresh("lapsed"), fresh("warm")
+    create(d, warm)  # functions warm first: a cold start must not eat the short wait below
+    assert run(d, warm, "signoffs=1")["status"] == "awaiting_input", evidence(d)
+    default = d.template.parameter("WaitTimeoutSeconds")
+    wait = 20
+    d.update({"WaitTimeoutSeconds": wait})
+    try:
+        create(d, sid)
+        status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=1"})
+        assert status in (200, 202), (status, body, evidence(d))
+        # stopped as soon as it sleeps in Park (its wait's record stored), well before its own Expire
+        deadline = time.monotonic() + wait - 2
+        while not [e for e in d.executions_of(TENANT, sid) if e.states[-1:] == ["Park"] and d.sfn._asleep(e)]:
+            assert time.monotonic() < deadline, ([e.states for e in d.executions_of(TENANT, sid)], evidence(d))
+            time.sleep(0.02)
+        execution = parked(d, sid)
+        d.stop(execution)
+        parked_at = time.monotonic()
+        assert show(d, sid)["status"] == "awaiting_input", evidence(d)
+        time.sleep(max(0.0, parked_at + wait + 0.5 - time.monotonic()))
+    finally:
+        d.update({"WaitTimeoutSeconds": default})
+    lines = swept(d.sweep(), sid)
+    assert len(lines) == 1 and lines[0].endswith(": expired"), (lines, evidence(d))
+    end = ledger(d, sid)[-1]
+    assert end["type"] == "invocation_end" and end["error_type"] == "SessionExpired", end
+    assert show(d, sid)["status"] == "error"
+    assert len(d.executions_of(TENANT, sid)) == 1  # no new execution for a wait that is over
 
 
 REACHED_RARELY = {

@@ -357,8 +357,8 @@ def test_event_streams_refuse_as_the_json_route_does(tmp_path: Path) -> None:
         base = server.url
         assert http_call(base, "POST", "/sessions", {"session_id": "s-1"})[0] == 201
         cases = [
-            ({"X-Dormant-Principal": "someone-else"}, "/sessions/s-1/events", 404, None),  # another tenant's
-            ({}, "/sessions/nope/events", 404, None),
+            ({"X-Dormant-Principal": "someone-else"}, "/sessions/s-1/events", 404, "session_id"),  # another tenant's
+            ({}, "/sessions/nope/events", 404, "session_id"),
             ({"Origin": "http://evil.example"}, "/sessions/s-1/events", 403, None),
             ({}, "/sessions/s-1/events?after=x", 400, "after"),
             ({}, "/sessions/s-1/events?limit=5000", 400, "limit"),

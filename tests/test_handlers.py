@@ -19,7 +19,8 @@ pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambd
 
 from dormant.errors import TurnNotClaimed
 from dormant.events import InvocationStartEvent
-from dormant.serving.api import MAX_BODY_BYTES, MAX_LIST_LIMIT, Idempotency, api_handler
+from dormant.serving.api import MAX_BODY_BYTES, MAX_LIST_LIMIT, api_handler
+from dormant.serving.idempotency import DynamoDBIdempotency
 from dormant.serving.runtime import Served, load_served
 from dormant.serving.workflow import (
     StepFunctions,
@@ -580,13 +581,18 @@ def test_a_remote_commit_writing_shared_state_the_session_is_not_bound_to_is_a_4
     create(client)  # bound to user alex-doe
     write = {"type": "state_change", "scope": "user", "scope_id": "other", "source": "direct"}
     write["changes"] = [{"key": "k", "new_value": 1}]
-    for body, field in (
-        ({"scoped_changes": [{"scope": "user", "scope_id": "other", "key": "k", "value": 1}]}, "scoped_changes.0"),
-        ({"scoped_changes": [{"scope": "team", "scope_id": "t-1", "key": "k", "value": 1}]}, "scoped_changes.0"),
-        ({"events": [{"type": "user", "text": "hi"}, write]}, "events.1"),
+    team = {"scope": "team", "scope_id": "t-1", "key": "k", "value": 1}  # a scope the app does not declare
+    for body, kind, field in (
+        (
+            {"scoped_changes": [{"scope": "user", "scope_id": "other", "key": "k", "value": 1}]},
+            "ScopeNotBound",
+            "scoped_changes.0.scope_id",
+        ),
+        ({"scoped_changes": [team]}, "UnknownScope", "scoped_changes.0.scope"),
+        ({"events": [{"type": "user", "text": "hi"}, write]}, "ScopeNotBound", "events.1.scope_id"),
     ):
         status, error = client.call("commit", session_id="s-1", body={"expected_version": 1, "events": [], **body})
-        assert (status, error["error"], error["field"]) == (400, "ScopeNotBound", f"{field}.scope_id"), error
+        assert (status, error["error"], error["field"]) == (400, kind, field), error
     assert client.call("get_session", session_id="s-1")[1]["version"] == 1
     app = served.for_tenant(TENANT_A)
     assert app.store.load_scoped_state(app.name, "user", "other") == {}
@@ -663,6 +669,7 @@ def test_an_erasure_removes_one_person_within_the_callers_tenant_only(client: Cl
         "sessions": ["s-1"],
         "scoped_keys": ["name"],
         "residue": None,
+        "principal": TENANT_A,  # who erased: the sessions are gone, so the report says it
     }
     assert client.call("get_session", session_id="s-1")[0] == 404
     assert client.call("get_session", session_id="s-2")[0] == 200
@@ -812,6 +819,35 @@ def test_answers_that_arrive_before_park_are_not_lost(aws: Any) -> None:
     assert act(workflow, "run", started)["status"] == "completed"
 
 
+def test_answers_landing_between_parks_read_and_its_write_still_wake_the_execution(
+    aws: Any, served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Park stores its token behind the version gate: answers that land after park read the session (still
+    waiting) and before its write move the version, so park reads again, finds them, and wakes itself. A token
+    stored without the gate would land after the answers looked for it: nobody would ever wake the execution."""
+    client, fake, workflow = aws
+    create(client)
+    client.call("run", session_id="s-1", headers={"Prefer": ""})
+    (started,) = fake.started
+    act(workflow, "run", started)
+    call = client.call("get_session", session_id="s-1")[1]["yielded_tools"][0]
+    store = served.app.store
+    load = store.load
+    armed = [True]
+
+    def load_then_answer(app_name: str, session_id: str, **kwargs: Any) -> Any:
+        loaded = load(app_name, session_id, **kwargs)
+        if armed and session_id == "s-1":  # park's read: the answers land right after it
+            armed.clear()
+            status, answered = approve(client, "s-1", call["call_id"], wait=False)
+            assert status == 202 and answered["woke"] is False  # no token stored yet
+        return loaded
+
+    monkeypatch.setattr(store, "load", load_then_answer)
+    assert act(workflow, "park", started, token="token-mid") == {"woke": True, "status": "resumable"}
+    assert not armed and fake.sent == ["token-mid"]
+
+
 def test_expire_and_fail_end_only_their_own_invocation(client: Client, served: Served) -> None:
     handler = workflow_handler(served)
     for session_id, action in (("s-expire", "expire"), ("s-fail", "fail")):
@@ -957,7 +993,7 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_first_result_and_runs
     ddb = dynamodb_client(dynamodb_endpoint)
     try:
         served = load_served("bookings:build", store)
-        client = Client(api_handler(in_process_hooks(served), served, Idempotency(table, client=ddb)))
+        client = Client(api_handler(in_process_hooks(served), served, DynamoDBIdempotency(table, client=ddb)))
         for tenant in (TENANT_A, TENANT_B):
             create(client, "s-1", tenant=tenant)
         key = {"Idempotency-Key": "k-1"}
@@ -1021,6 +1057,7 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_first_result_and_runs
 # the X-Ray SDK (tracing is off), a client or the app (both are built by the first request), and the run
 # loop (only a request that runs an agent needs it).
 COLD_PATH_EXCLUDES = {"boto3", "s3transfer", "aws_xray_sdk", "botocore.client", "bookings", "dormant.agents.loop"}
+COLD_PATH_EXCLUDES |= {"dormant.serving.openapi"}  # the OpenAPI document is built when GET /openapi.json asks
 # The workflow's functions serve no HTTP: no Powertools resolver, no pydantic request models.
 WORKFLOW_EXCLUDES = {"aws_lambda_powertools.event_handler", "dormant.serving.api"}
 

@@ -25,10 +25,10 @@ pytest.importorskip("aws_cdk", reason="the infra tests need the infra extra (pip
 pytest.importorskip("cdk_nag", reason="the infra tests need cdk-nag (the infra extra)")
 
 import dormant  # noqa: E402
-from dormant.serving.routes import ROUTES  # noqa: E402
+from dormant.serving.routes import CLIENT_PREFIX, ROUTES, SCOPES, scope_of  # noqa: E402
 from dormant.stores.dynamodb import TABLE  # noqa: E402
 from infra.functions import FUNCTIONS_DIR, HANDLERS  # noqa: E402
-from infra.wiring import ENVIRONMENT  # noqa: E402
+from infra.wiring import ENVIRONMENT, MODEL_ENVIRONMENT  # noqa: E402
 from infra.workflow import MAX_WAIT_SECONDS, RETRYABLE_ERRORS, RUNNER_LOST  # noqa: E402
 from tests.cdk_template import STACK, Synth, definition_of, function_of, synthesize  # noqa: E402
 
@@ -142,10 +142,12 @@ COMMON_ENV = {
     "PYDANTIC_DISABLE_PLUGINS",
 }
 CONTRACT_ENV = {
-    "sessions": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE"},
-    "run": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_STATE_MACHINE"},
-    "tools": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE"},
-    "commit": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE"},
+    # the API's functions name the caller's tenant claim (-c tenant_claim=) and the allowed origins
+    "sessions": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS"},
+    "run": COMMON_ENV
+    | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_STATE_MACHINE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS"},
+    "tools": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS"},
+    "commit": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS"},
     "park": COMMON_ENV,
     "resume": COMMON_ENV,
     "sweeper": COMMON_ENV | {"DORMANT_STATE_MACHINE"},
@@ -334,7 +336,9 @@ _READS_MORE_TODAY: set[str] = set()  # every function reads only what its templa
 def test_each_function_code_reads_no_dormant_variable_its_template_does_not_give_it(name: str) -> None:
     reads = _Code(Path(dormant.__file__).parent, "dormant").reads(FUNCTIONS_DIR / name / "app.py")
     assert {"DORMANT_STORE", "DORMANT_APP"} <= reads  # the analysis reaches the composition root
-    assert reads <= ENVIRONMENT[name], f"{name} reads {sorted(reads - ENVIRONMENT[name])}, which it is not given"
+    # the model's variables are given to every function when a model is chosen (tests/test_infra_models.py)
+    given = ENVIRONMENT[name] | MODEL_ENVIRONMENT
+    assert reads <= given, f"{name} reads {sorted(reads - given)}, which it is not given"
 
 
 def _allowed_resources(synth: Synth, name: str) -> dict[str, set[str]]:
@@ -384,7 +388,11 @@ def test_each_function_may_touch_only_its_logs_this_table_and_this_state_machine
 # state machine whose execution issued it; DescribeExecution against the execution).
 CONTRACT_STATES = {
     "run": {"states:StartExecution": "machine"},
-    "sweeper": {"states:StartExecution": "machine"},
+    "sweeper": {
+        "states:StartExecution": "machine",
+        "states:DescribeExecution": "executions",
+        "states:SendTaskSuccess": "machine",
+    },
     "tools": {"states:SendTaskSuccess": "machine"},
     "park": {"states:SendTaskSuccess": "machine"},
 }
@@ -473,8 +481,15 @@ def test_the_api_has_exactly_the_routes_of_the_table(synth: Synth) -> None:
         assert len(targets) == 1
         assert props["Integration"]["Type"] == "AWS_PROXY"
         routes.add((props["HttpMethod"], path, targets[0]))
-    assert routes == set(ROUTES)
-    assert len(methods) == len(ROUTES)  # no OPTIONS or ANY method left open
+        # people's methods take their ID token (no scopes); the machine clients' twins require the route's scope
+        scopes = props.get("AuthorizationScopes")
+        if path.startswith(CLIENT_PREFIX):
+            assert scopes == [scope_of(props["HttpMethod"], path.removeprefix(CLIENT_PREFIX))], path
+        else:
+            assert scopes is None, path
+    clients = {(m, CLIENT_PREFIX + p, f) for m, p, f in ROUTES}
+    assert routes == set(ROUTES) | clients
+    assert len(methods) == 2 * len(ROUTES)  # no OPTIONS or ANY method left open
 
 
 def test_every_method_is_behind_the_cognito_authorizer(synth: Synth) -> None:
@@ -486,6 +501,26 @@ def test_every_method_is_behind_the_cognito_authorizer(synth: Synth) -> None:
         props = method["Properties"]
         assert props["AuthorizationType"] == "COGNITO_USER_POOLS"
         assert props["AuthorizerId"] == {"Ref": authorizer_id}
+
+
+def test_people_sign_in_without_oauth_and_machines_by_client_credentials(synth: Synth) -> None:
+    clients = {
+        c["Properties"].get("GenerateSecret", False): c["Properties"]
+        for c in synth.of_type("AWS::Cognito::UserPoolClient").values()
+    }
+    people, machines = clients[False], clients[True]
+    assert people["ExplicitAuthFlows"] == ["ALLOW_USER_SRP_AUTH", "ALLOW_REFRESH_TOKEN_AUTH"]
+    assert "AllowedOAuthFlows" not in people and "CallbackURLs" not in people  # no implicit grant, no placeholder URL
+    assert people["WriteAttributes"] == ["email"]  # a person cannot move to another tenant
+    assert machines["AllowedOAuthFlows"] == ["client_credentials"]
+    assert sorted(machines["AllowedOAuthScopes"]) == sorted(SCOPES.values())
+    _, server = synth.one("AWS::Cognito::UserPoolResourceServer")
+    named = {f"{server['Properties']['Identifier']}/{s['ScopeName']}" for s in server["Properties"]["Scopes"]}
+    assert named == set(SCOPES.values())
+    _, pool = synth.one("AWS::Cognito::UserPool")
+    assert {"Name": "tenant", "AttributeDataType": "String", "Mutable": True}.items() <= next(
+        a for a in pool["Properties"]["Schema"] if a["Name"] == "tenant"
+    ).items()
 
 
 # -- the resume workflow -------------------------------------------------------------------------
@@ -525,6 +560,9 @@ def test_the_workflow_runs_parks_continues_as_new_and_ends_cleanly(synth: Synth)
     park = states["Park"]
     assert park["Resource"].endswith(":states:::lambda:invoke.waitForTaskToken")
     assert park["Parameters"]["Payload"]["token.$"] == "$$.Task.Token"
+    # the wait's record, for the sweeper: which execution parked, and for how long
+    assert park["Parameters"]["Payload"]["execution.$"] == "$$.Execution.Id"
+    assert park["Parameters"]["Payload"]["wait_seconds"] == "<WaitTimeoutSeconds>"
     assert park["ResultPath"] == "$.answer"  # the callback's output must not replace the session's ids
     assert park["TimeoutSeconds"] == "<WaitTimeoutSeconds>"
     catches = {tuple(c["ErrorEquals"]): c["Next"] for c in park["Catch"]}
@@ -550,6 +588,7 @@ def test_the_workflow_runs_parks_continues_as_new_and_ends_cleanly(synth: Synth)
     assert cont["Next"] == "Continued" and states["Continued"]["Type"] == "Succeed"
 
     assert states["Expire"]["Parameters"]["Payload"]["action"] == "expire"
+    assert states["Expire"]["Parameters"]["Payload"]["execution.$"] == "$$.Execution.Id"  # only its own wait
     assert states["Expire"]["Next"] == "Answered as it expired?"
     answered = states["Answered as it expired?"]
     assert answered["Choices"] == [{"Variable": "$.expired.status", "StringEquals": "resumable", "Next": "Next loop"}]
@@ -624,6 +663,8 @@ def test_cdk_nag_passes_with_only_the_acknowledged_findings(synth: Synth) -> Non
         f"AwsSolutions-IAM5[Resource::<{park_id}.Arn>:*]",
         f"AwsSolutions-IAM5[Resource::<{resume_id}.Arn>:*]",
         "AwsSolutions-IAM5[Resource::*]",
+        # the sweeper's DescribeExecution: on this machine's executions, whose names are made per turn
+        f"AwsSolutions-IAM5[Resource::{machine_arn(synth).replace(':stateMachine:', ':execution:')}:*]",
         "AwsSolutions-L1",
         "AwsSolutions-SF2",
         "AwsSolutions-COG8",

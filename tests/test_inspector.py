@@ -8,6 +8,7 @@ The page is checked against the ledger the store holds, not against itself. ``DO
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -58,6 +59,20 @@ def test_every_page_path_is_the_document_and_assets_are_typed() -> None:
     assert asset("/inspect/assets/.hidden.js") is None and asset("/inspect/assets/__init__.py") is None
 
 
+HTML_SINKS = (
+    "innerHTML",
+    "outerHTML",
+    "insertAdjacentHTML",
+    "document.write",
+    # text parsed as HTML without touching innerHTML: a parser, a range's fragment, the newer setters, a frame
+    "DOMParser",
+    "parseFromString",
+    "createContextualFragment",
+    "setHTML",
+    "srcdoc",
+)
+
+
 def test_no_script_of_the_page_writes_html() -> None:
     """Everything is rendered as text: no script assigns markup (the browser tests check the effect)."""
     static = Path(asset.__code__.co_filename).parent / "static"
@@ -65,7 +80,7 @@ def test_no_script_of_the_page_writes_html() -> None:
     assert {p.name for p in scripts} >= {"app.js", "dom.js", "form.js", "timeline.js", "api.js"}
     for script in scripts:
         text = script.read_text(encoding="utf-8")
-        for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+        for sink in (*HTML_SINKS, "eval(", "new Function"):
             assert sink not in text, f"{script.name} uses {sink}"
 
 
@@ -604,3 +619,49 @@ def test_a_long_running_session_updates_its_status_live_and_its_pages_hold_every
     assert [r.get_attribute("data-index") for r in rows] == [str(i) for i in range(len(ledger))]
     assert [r.get_attribute("data-type") for r in rows] == [e["type"] for e in ledger]
     no_page_errors(driver)
+
+
+# -- who acts, and what they may answer ------------------------------------------------------------------------
+
+
+@pytest.mark.backend("browser")
+def test_the_page_shows_who_acts_and_offers_no_answer_the_api_would_refuse(browser: Any, tmp_path: Path) -> None:
+    """Two pages over one store, as two people of tenant clinic: carol (no group) sees the approval waiting
+    and no form for it, with the rule; bob (an approver) answers it on the page, recorded as bob."""
+    from tests.people_app import build
+
+    store = store_from_url(f"sqlite:///{tmp_path / 'people.db'}")
+    people = build(store)
+    served = Served(people.app, {"asker": people.agent})
+    carol = LocalAPI(served, principal="carol", tenant="clinic", pages=default_pages())
+    bob = LocalAPI(served, principal="bob", tenant="clinic", groups=["approvers"], pages=default_pages())
+    headers = {"Content-Type": "application/json", "Prefer": "wait=25"}
+    assert carol.call("POST", "/sessions", headers, b'{"session_id": "b-1"}', "alice", tenant="clinic").status == 201
+    ran = carol.call("POST", "/sessions/b-1/runs", headers, b'{"message": "approve"}', "alice", tenant="clinic")
+    assert ran.json()["status"] == "yielded_tool", ran.json()
+    driver = browser
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for name, api in (("carol", carol), ("bob", bob)):
+            server = LocalServer(api, "127.0.0.1", 0, log_requests=False)
+            stack.enter_context(server.running())
+            servers[name] = server
+        driver.get(servers["carol"].url + "/inspect/sessions/b-1")
+        wait_for(driver, shown("#waiting .refused"), "the refusal note")
+        assert css(driver, "#who").text == "acting as carol · tenant clinic"
+        assert "answerable by group:approvers" in css(driver, "#waiting .refused").text
+        assert css_all(driver, "#waiting form") == []  # nothing offered that the API would refuse
+
+        driver.get(servers["bob"].url + "/inspect/sessions/b-1")
+        wait_for(driver, shown("#waiting form"), "the answer form")
+        assert css(driver, "#who").text == "acting as bob · tenant clinic · groups approvers"
+        css(driver, "#waiting input[data-choice='true']").click()
+        css(driver, "#waiting button[type=submit]").click()
+        wait_for(driver, lambda d: not css_all(d, "#waiting"), "the answered call to go")
+    session = people.app.sessions.get("b-1")
+    assert session is None  # the tenant's session is under its view, not the bare app's
+    from dormant.serving.runtime import for_tenant
+
+    answered = [e for e in for_tenant(people.app, "clinic").sessions.require("b-1").events if e.type == "tool_input"]
+    assert [e.principal for e in answered] == ["bob"]
+    store.close()

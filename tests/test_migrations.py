@@ -259,3 +259,20 @@ def test_a_renamed_shared_key_once_deleted_stays_deleted(store: Any) -> None:
     run("forget")
     run("look")
     assert seen == ["Countess", None]
+
+
+class Counted(BaseModel):
+    n: int = 0
+
+
+def test_a_value_upcasts_from_the_step_after_the_last_it_went_through() -> None:
+    """Each step runs once on a value: one written at version 1 went through the first step already (steps that
+    are not idempotent tell: adding 1 twice, multiplying by 10 twice)."""
+    steps = [ConvertKey("n", lambda v: v + 1), ConvertKey("n", lambda v: v * 10)]
+    schema = Schema({"session": Counted}, {"session": steps})
+    for version, expected in ((None, 60), (1, 50), (2, 5)):
+        event = StateChangeEvent(scope="session", source="direct", changes=[{"key": "n", "new_value": 5}])
+        if version is not None:
+            event = event.model_copy(update={"schema_version": version})
+        assert [(c.key, c.new_value) for c in schema.upcast(event).changes] == [("n", expected)], version
+    assert schema["session"].upcast("n", 5, 1) == {"n": 50}

@@ -20,7 +20,7 @@ from release_fixtures import APP, DONE, FIXTURES, USER, WAITING, fixture_app
 
 from dormant.audit import key_history
 from dormant.events import StateChangeEvent, ToolResultEvent
-from dormant.stores.sql_schema import RUNNING_QUERY
+from dormant.stores.sql_schema import RUNNING_QUERY, WAITING_QUERY
 from dormant.stores.sqlite import sqlite_store
 
 RELEASES = sorted(path.name for path in FIXTURES.iterdir() if (path / "generate.py").exists())
@@ -96,6 +96,8 @@ def test_a_sqlite_file_made_before_the_running_index_gets_it_whole(release: str,
         assert [(r.app_name, r.session_id) for r in store.running_sessions()] == [(APP, WAITING)]
         plan = store._conn.execute("EXPLAIN QUERY PLAN " + RUNNING_QUERY.format(mark="?"), (10,)).fetchall()
         assert "idx_sessions_running" in str(plan)
+        plan = store._conn.execute("EXPLAIN QUERY PLAN " + WAITING_QUERY.format(mark="?"), (10,)).fetchall()
+        assert "idx_sessions_waiting" in str(plan)  # made on open too: the sweeper's waits read no other row
     finally:
         store.close()
 
@@ -159,7 +161,9 @@ def test_a_postgres_schema_made_before_the_running_index_gets_it_whole(postgres_
         with psycopg.connect(postgres_schema, autocommit=True) as conn:
             conn.execute("SET enable_seqscan = off")  # a handful of rows: make the planner show it can use it
             plan = conn.execute("EXPLAIN " + RUNNING_QUERY.format(mark="10")).fetchall()
+            waiting = conn.execute("EXPLAIN " + WAITING_QUERY.format(mark="10")).fetchall()
         assert "idx_sessions_running" in str(plan)
+        assert "idx_sessions_waiting" in str(waiting)
     finally:
         store.close()
 

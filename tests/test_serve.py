@@ -156,19 +156,15 @@ def test_a_booking_sleeps_is_answered_over_http_and_resumes_in_process(server: S
     assert call(f"{api}/sessions/b-1")[0] == 404
 
 
-def test_a_retried_run_with_an_idempotency_key_runs_once_on_dynamodb(
-    server: ServeProcess, store_env: tuple[str, dict[str, str]]
-) -> None:
+def test_a_retried_run_with_an_idempotency_key_runs_once(server: ServeProcess) -> None:
+    """On SQLite as on DynamoDB (tests/test_idempotency.py: every store, the other body, the overlap)."""
     api = server.url
     assert call(f"{api}/sessions", "POST", {"session_id": "b-3"})[0] == 201
     key = {"Idempotency-Key": "run-1"}
     first = call(f"{api}/sessions/b-3/runs", "POST", {"message": REQUEST}, extra=key)
     assert first[0] == 200 and first[1]["status"] == "yielded_tool"
     again = call(f"{api}/sessions/b-3/runs", "POST", {"message": REQUEST}, extra=key)
-    if store_env[0].startswith("dynamodb:"):  # Powertools' records in the session table, as deployed
-        assert again == first and call(f"{api}/sessions/b-3")[1]["version"] == first[1]["version"]
-    else:  # no idempotency table next to SQLite: the retry is a new request (README, decisions)
-        assert again != first
+    assert again == first and call(f"{api}/sessions/b-3")[1]["version"] == first[1]["version"]
 
 
 def test_bad_input_is_a_4xx_naming_the_field_and_writes_nothing(server: ServeProcess) -> None:
@@ -292,6 +288,10 @@ def test_a_client_off_loopback_is_refused_with_or_without_the_header(
         [("Host", "127.0.0.1:8000"), ("Origin", "http://localhost:8000")],  # another origin on this machine
         [("Host", "127.0.0.1:8000"), ("Origin", "null")],  # a sandboxed frame, a file: page
         [("Host", "rebound.evil.example:8000")],  # DNS rebinding: the attacker's name, resolving to 127.0.0.1
+        [("Host", "attackerlocalhost:8000")],  # a name that merely ends in "localhost"
+        [("Host", "localhost.evil.example:8000")],
+        [("Host", "127.0.0.1:8000"), ("Origin", "http://127.0.0.1:8000.evil.example")],  # ours only as a prefix
+        [("Host", "127.0.0.1:8000"), ("Origin", "http://127.0.0.1:80")],  # a prefix of ours
         [("Host", "[::1")],
         [("Host", "127.0.0.1:8000"), ("Sec-Fetch-Site", "cross-site")],
         [("Host", "127.0.0.1:8000"), ("Sec-Fetch-Site", "same-site")],
@@ -607,3 +607,19 @@ def test_a_request_never_enters_the_handler_while_another_is_inside(tmp_path: Pa
         assert listed.result(timeout=TIMEOUT) == (200, {"sessions": [], "cursor": None})
     store.close()
     assert overlapped == [False]
+
+
+def test_an_id_a_client_escapes_in_the_path_is_the_same_id(server: ServeProcess) -> None:
+    """A browser escapes ':', '@', '+' and '=' in a path segment (``encodeURIComponent``): API Gateway and
+    ``dormant serve`` pass the path as sent, so the API decodes the ids it routes on."""
+    api, sid = server.url, "visit:a@b+c=d"
+    assert call(f"{api}/sessions", "POST", {"session_id": sid, "scopes": {"user": "alex-doe"}})[0] == 201
+    escaped = urllib.parse.quote(sid, safe="")
+    assert escaped != sid
+    for path in (escaped, sid):  # escaped or as it is: one session
+        status, shown = call(f"{api}/sessions/{path}")
+        assert (status, shown["id"]) == (200, sid), shown
+    status, page = call(f"{api}/sessions/{escaped}/events")
+    assert status == 200 and page["events"] == []
+    assert call(f"{api}/sessions/{escaped}", "DELETE")[0] == 204
+    assert call(f"{api}/sessions/{escaped}")[0] == 404

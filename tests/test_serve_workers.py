@@ -254,3 +254,43 @@ def test_zero_workers_is_refused_naming_the_option(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 2 and "--workers" in done.stderr and "Traceback" not in done.stderr
+
+
+class _Echo:
+    """A worker's API that answers each request with its own body, after a pause that varies."""
+
+    def handle(self, method: str, target: str, headers: Any, body: bytes, client: str) -> Any:
+        from dormant.serving.local import Reply
+
+        time.sleep((hash(body) % 5) / 1000)
+        return Reply(200, body, {"X-Worker": str(os.getpid())})
+
+
+def test_the_pool_answers_each_request_with_its_own_reply_and_never_hangs() -> None:
+    """The pool in this process, without a server: 200 requests from 8 threads over 3 workers each get their own
+    reply, within seconds. A worker handed to a second request before the first's reply is read (two readers
+    on one pipe) gives replies to the wrong callers, or none: either fails here at once, not at a shutdown."""
+    import contextlib
+    from collections.abc import Iterator
+    from concurrent.futures import wait
+
+    from dormant.serving.local import Workers
+
+    @contextlib.contextmanager
+    def build() -> Iterator[Any]:
+        yield _Echo()
+
+    workers = Workers(build, 3, timeout=30)
+    pool = ThreadPoolExecutor(CLIENTS)
+    try:
+        futures = [
+            pool.submit(workers.handle, "GET", "/x", [], f"request-{n}".encode(), "127.0.0.1") for n in range(200)
+        ]
+        _, pending = wait(futures, timeout=5)  # they take well under a second
+        assert not pending, f"{len(pending)} requests got no reply"
+        replies = [future.result() for future in futures]
+        assert [reply.body for reply in replies] == [f"request-{n}".encode() for n in range(200)]
+        assert len({reply.headers["X-Worker"] for reply in replies}) > 1  # the work was shared
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        workers.close(timeout=5)

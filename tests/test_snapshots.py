@@ -393,6 +393,7 @@ def test_a_snapshot_of_an_unknown_format_is_ignored_and_rebuilt() -> None:
         lambda d: json.dumps({**d, "projection": {**d["projection"], "open_calls": [{"type": "user", "text": "x"}]}}),
         lambda d: json.dumps({**d, "count": d["count"] + 1}),
         lambda d: json.dumps({k: v for k, v in d.items() if k != "anchors"}),
+        json.dumps,  # an earlier version's snapshot, stored under the later version: its own disagrees
     ],
 )
 def test_a_snapshot_that_does_not_parse_is_ignored(corrupt: Callable[[dict[str, Any]], str]) -> None:
@@ -513,3 +514,28 @@ def test_a_snapshot_folded_before_a_migration_is_ignored() -> None:
     assert kept is not None and json.loads(kept.data)["schema"] == {"session": 1}
     again = later.sessions.get(sid)
     assert again is not None and again.state.total == 100 and "count" not in again.projection.session_state
+
+
+def test_no_snapshot_follows_a_commit_in_which_the_store_skipped_re_sent_ids() -> None:
+    """A tail-loaded session does not hold the events before its snapshot: one of their ids appended again is
+    skipped by the store (idempotency by id), so this session's fold counts an event the ledger does not hold
+    where it says. No snapshot is taken of it: a load still matches the whole ledger replayed."""
+    from dormant.events import UserEvent
+
+    store = in_memory_store()
+    app, agent, model = build(store, every=10)
+    sid = long_session(app, agent, model, 3)  # 36 events, snapshots at 10-event crossings
+    early = whole(app, sid).events[0]
+    kept = store.load_snapshot("snap", sid)
+    assert kept is not None
+    session = app.sessions.get(sid)
+    assert session is not None
+    session.append(UserEvent(id=early.id, created_at=early.created_at, text="sent again"))
+    for n in range(11):  # crosses a multiple of 10
+        session.append(UserEvent(text=f"note {n}"))
+    result = app.sessions.commit(session)
+    assert result.appended == 11  # the re-sent id was skipped
+    assert store.load_snapshot("snap", sid) == kept  # none of this session's fold
+    reloaded = app.sessions.get(sid)
+    assert reloaded is not None
+    same(reloaded, whole(app, sid))

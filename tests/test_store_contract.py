@@ -32,3 +32,34 @@ class TestSQLiteFileStore(StoreContract):
 class TestSQLiteMemoryStore(StoreContract):
     def make_store(self) -> SessionStore:
         return sqlite_store(":memory:")
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_commit_of_exactly_the_byte_limit_is_stored_and_one_byte_more_is_refused(kind: str, tmp_path: Path) -> None:
+    """The byte limit is inclusive (``CommitTooLarge`` only past it): limits small enough to reach in a test."""
+    from dormant.errors import CommitTooLarge
+    from dormant.events import UserEvent
+    from dormant.stores.base import StoredSession, StoreLimits
+    from dormant.stores.memory import MemorySessionStore
+    from dormant.stores.sqlite import SQLiteSessionStore
+
+    events = [UserEvent(id=f"evt-{n}", created_at=1_700_000_000_000, text="x" * (100 + n)) for n in range(3)]
+    total = sum(len(event.model_dump_json().encode()) for event in events)
+
+    def store(limit: int) -> SessionStore:
+        base: type[MemorySessionStore] | type[SQLiteSessionStore] = (
+            MemorySessionStore if kind == "memory" else SQLiteSessionStore
+        )
+        limited = type("Limited", (base,), {"limits": StoreLimits(max_commit_bytes=limit)})
+        return limited() if kind == "memory" else limited(tmp_path / f"{limit}.db")  # type: ignore[no-any-return]
+
+    meta = StoredSession(id="s-1", app_name="app", created_at=1)
+    exact = store(total)
+    assert exact.commit(meta, events, 0).ok
+    loaded = exact.load("app", "s-1")
+    assert loaded is not None and [e.id for e in loaded.events] == [e.id for e in events]
+    short = store(total - 1)
+    with pytest.raises(CommitTooLarge) as caught:
+        short.commit(meta, events, 0)
+    assert (caught.value.size, caught.value.limit) == (total, total - 1)
+    assert short.load("app", "s-1") is None

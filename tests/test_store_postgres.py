@@ -163,7 +163,7 @@ def test_tables_land_in_the_search_path_schema_as_jsonb(postgres_url: str, fresh
             (schema,),
         )
     )
-    assert {table for table, _ in columns} == {"sessions", "events", "scoped_state", "snapshots"}
+    assert {table for table, _ in columns} == {"sessions", "events", "scoped_state", "snapshots", "idempotency"}
     assert columns["snapshots", "data"] == "text"  # opaque to the store: never parsed by the server
     assert columns["events", "data"] == columns["sessions", "scopes"] == columns["scoped_state", "value"] == "jsonb"
     assert columns["sessions", "created_at"] == columns["sessions", "updated_at"] == "bigint"

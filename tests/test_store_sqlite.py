@@ -29,7 +29,7 @@ def test_the_file_and_its_parent_directories_are_created_in_wal_mode(tmp_path: P
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert tables == {"sessions", "events", "scoped_state", "snapshots"}
+    assert tables == {"sessions", "events", "scoped_state", "snapshots", "idempotency"}
 
 
 def test_a_file_made_before_snapshots_gains_their_table_and_keeps_its_sessions(tmp_path: Path) -> None:

@@ -217,7 +217,7 @@ def test_dormant_serve_hands_on_a_turn_whose_runner_died(store_url: str, tmp_pat
 
 def test_running_turns_are_the_apps_and_its_tenants_only() -> None:
     """The store lists every app's running sessions: the sweeper of app ``a`` takes its own and its tenants',
-    never those of ``ab`` (a name ``a`` prefixes) or of a name with a second ``@``."""
+    never those of ``ab`` or ``a.t`` (names ``a`` prefixes), nor those of a tenant of ``ab``."""
     from dormant import adk, in_memory_store
     from dormant.events import InvocationStartEvent
     from dormant.serving.runtime import for_tenant
@@ -225,7 +225,7 @@ def test_running_turns_are_the_apps_and_its_tenants_only() -> None:
 
     store = in_memory_store()
     app = adk(name="a", store=store)
-    for view in (app, for_tenant(app, "t"), adk(name="ab", store=store), adk(name="a@t@x", store=store)):
+    for view in (app, for_tenant(app, "t"), adk(name="ab", store=store), adk(name="a.t", store=store)):
         session = view.sessions.create(f"s-{view.name}")
         session.append(InvocationStartEvent(invocation_id=f"inv-{view.name}", agent_name="agent"))
         view.sessions.commit(session)

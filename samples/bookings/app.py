@@ -24,7 +24,9 @@ from pydantic import BaseModel, Field
 from dormant.agents.agent import Agent
 from dormant.app import App, adk
 from dormant.errors import VersionConflict
+from dormant.ids import split_app_name
 from dormant.models.base import ModelAdapter, ModelSpec, bedrock, openai
+from dormant.serving.runtime import for_tenant
 from dormant.stores.base import SessionStore
 from dormant.stores.sqlite import sqlite_store
 
@@ -118,7 +120,9 @@ class Reservations:
     """One session per booked slot, created only if absent: the store's conditional write is the lock.
 
     The reservations of the app ``bookings`` live in the app ``bookings.slots``; a deployment serving
-    tenants runs the app as ``bookings@<tenant>``, whose slots are then ``bookings@<tenant>.slots``.
+    tenants runs each tenant's view of the app (stored as ``bookings@<tenant>``), whose slots are then that
+    tenant's view of ``bookings.slots`` (stored as ``bookings.slots@<tenant>``): the tenant stays a key
+    component of its own, never spliced into an app name.
     """
 
     def __init__(self, store: SessionStore) -> None:
@@ -144,8 +148,11 @@ class Reservations:
         return SlotHold(booking=booking, reference=reference)
 
     def _app(self, app_name: str) -> App:
+        """The slots app of the booking app stored as ``app_name`` (an app's, or a tenant's view of one)."""
         if app_name not in self._apps:
-            self._apps[app_name] = adk(name=f"{app_name}.slots", schema={"session": SlotHold}, store=self.store)
+            owner, tenant = split_app_name(app_name)
+            slots = adk(name=f"{owner}.slots", schema={"session": SlotHold}, store=self.store)
+            self._apps[app_name] = slots if tenant is None else for_tenant(slots, tenant)
         return self._apps[app_name]
 
 
@@ -268,7 +275,7 @@ def database(db: str | Path | None = None) -> str:
 
 def build(
     db: str | Path | None = None,
-    model: str | None = None,
+    model: str | ModelSpec | None = None,
     adapter: ModelAdapter | None = None,
     *,
     store: SessionStore | None = None,
@@ -276,9 +283,13 @@ def build(
 ) -> Bookings:
     """The Bookings app on ``store``, else the SQLite file ``database(db)`` (which must exist unless ``create``).
 
-    ``store=`` is how a deployment serves it (``DORMANT_APP=bookings:build``): the handlers pass theirs.
+    ``store=`` is how a deployment serves it (``DORMANT_APP=bookings:build``): the handlers pass theirs, and the
+    deployment's model (``cdk deploy -c model=...``) as ``model=``, a ``ModelSpec`` used instead of the script.
     """
-    spec, label = model_from_env(model if model is not None else os.environ.get("BOOKINGS_MODEL"))
+    if isinstance(model, ModelSpec):
+        spec, label = model, f"{model.provider} {model.name} (the deployment's model)"
+    else:
+        spec, label = model_from_env(model if model is not None else os.environ.get("BOOKINGS_MODEL"))
     adapters: dict[str, ModelAdapter] = {}
     if spec.provider == "scripted":
         adapters["scripted"] = adapter or ScriptedBookingsModel()

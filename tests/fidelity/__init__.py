@@ -8,6 +8,10 @@
 * ``stepfunctions``: an ASL interpreter served over HTTP, which the functions reach with their own botocore.
 * ``deployment``: API Gateway's routing and limits, and the ``Deployment`` the tests drive.
 
+* ``secret_store``: moto's Secrets Manager and SSM Parameter Store served over HTTP.
+
 Stand-ins for AWS endpoints: ``AWS_ENDPOINT_URL_DYNAMODB`` (DynamoDB Local) and ``AWS_ENDPOINT_URL_SFN``
-(the interpreter) are the only variables a function sees that AWS would not set.
+(the interpreter), and where a test adds them ``AWS_ENDPOINT_URL_SECRETS_MANAGER``/``AWS_ENDPOINT_URL_SSM``
+(``secret_store``) and ``AWS_ENDPOINT_URL_BEDROCK_RUNTIME`` (a loopback model server), are the only variables a
+function sees that AWS would not set.
 """

@@ -5,6 +5,13 @@ function sandboxes, the Step Functions stand-in, and a table in DynamoDB Local m
 creates the table from the template's own definition, starts the state machine's API and the functions'
 sandboxes. Tests then only talk to it as a client would (``api``), or as AWS would (``invoke`` for a
 scheduled event), and read what happened (``executions``, ``calls``, DynamoDB).
+
+Callers carry a ``Token``: a person's ID token (``sub``, the tenant claim, ``cognito:groups``) or a machine
+client's access token (``sub`` its client id, ``scope``). The Cognito authorizer is played as API Gateway
+plays it, from each method's ``AuthorizationScopes`` in the template: a method without scopes takes only an ID
+token, a method with scopes only an access token carrying one of them; anything else is a 401 that never
+reaches the function. The claims reach the handler as the authorizer passes them: strings (a list claim,
+``cognito:groups``, comma-joined).
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +35,45 @@ STACK = "Dormant"
 INTEGRATION_TIMEOUT = 29.0
 """API Gateway REST's default integration timeout (seconds)."""
 MAX_REQUEST_BYTES = 10 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Token:
+    """A bearer token as the authorizer verified it: ``token_use`` ``id`` (a person) or ``access`` (a machine)."""
+
+    sub: str
+    token_use: str = "id"
+    tenant: str | None = None
+    groups: tuple[str, ...] = ()
+    scopes: tuple[str, ...] = ()
+    tenant_claim: str = "custom:tenant"
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def person(cls, sub: str, tenant: str | None = None, groups: Sequence[str] = ()) -> Token:
+        return cls(sub, "id", tenant, tuple(groups))
+
+    @classmethod
+    def machine(cls, client_id: str, scopes: Sequence[str]) -> Token:
+        """A client-credentials access token: its ``sub`` is the client id; it has no tenant claim, no groups."""
+        return cls(client_id, "access", scopes=tuple(scopes))
+
+    def claims(self) -> dict[str, str]:
+        if self.token_use == "access":
+            claims = {"sub": self.sub, "client_id": self.sub, "token_use": "access", "scope": " ".join(self.scopes)}
+        else:
+            claims = {"sub": self.sub, "token_use": "id", "cognito:username": self.sub, "email": "x@example.com"}
+            if self.tenant is not None:
+                claims[self.tenant_claim] = self.tenant
+            if self.groups:
+                claims["cognito:groups"] = ",".join(self.groups)
+        return {**claims, **self.extra}
+
+    def admitted(self, scopes: Sequence[str]) -> bool:
+        """Whether the Cognito authorizer lets this token through a method with ``scopes``."""
+        if not scopes:
+            return self.token_use == "id"
+        return self.token_use == "access" and bool(set(scopes) & set(self.scopes))
 
 
 def synthesize(outdir: Path, context: dict[str, str]) -> dict[str, Any]:
@@ -46,10 +94,14 @@ class Deployment:
         app_packages: list[Path],
         time_scale: float = 0.01,
         workdir: Path | None = None,
+        endpoints: dict[str, str] | None = None,
+        timeouts: dict[str, float] | None = None,
     ) -> None:
         self.template = template
         self.workdir = workdir or scratch()
         self.functions = template.functions()
+        for name, seconds in (timeouts or {}).items():  # as if deployed with another timeout
+            self.functions[name].timeout = seconds
         self.machine_arn, self.definition = template.state_machine()
         self.table_name = template.table()["TableName"]
         self.dynamodb_endpoint = dynamodb_endpoint
@@ -58,11 +110,18 @@ class Deployment:
             self._invoke_for_states, time_scale=time_scale, machine_role=template.state_machine_role()
         )
         self.sfn.create_state_machine(self.machine_arn, self.definition)
-        endpoints = {"AWS_ENDPOINT_URL_DYNAMODB": dynamodb_endpoint, "AWS_ENDPOINT_URL_SFN": self.sfn.serve()}
-        self.lambdas = LambdaService(self.functions, self._layers(app_packages), endpoints, self.workdir)
+        stand_ins = {
+            "AWS_ENDPOINT_URL_DYNAMODB": dynamodb_endpoint,
+            "AWS_ENDPOINT_URL_SFN": self.sfn.serve(),
+            **(endpoints or {}),
+        }
+        self.lambdas = LambdaService(self.functions, self._layers(app_packages), stand_ins, self.workdir)
         self.routes = {
             (method, path): self._function_by_logical(logical) for method, path, logical in template.routes()
         }
+        self.scopes = template.method_scopes()
+        self.open_routes = template.open_routes()
+        self.gateway_responses = template.gateway_responses()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16)
 
     @classmethod
@@ -74,9 +133,15 @@ class Deployment:
         app_packages: list[str] | None = None,
         parameters: dict[str, Any] | None = None,
         time_scale: float = 0.01,
+        context: dict[str, str] | None = None,
+        endpoints: dict[str, str] | None = None,
+        timeouts: dict[str, float] | None = None,
     ) -> Deployment:
+        """``context``: more CDK context (``cors_origins``, ``model=``...); ``endpoints``: more stand-ins the
+        functions reach (``AWS_ENDPOINT_URL_<SERVICE>``); ``timeouts``: function -> seconds, as if deployed with
+        that timeout."""
         workdir = scratch()
-        context = {}
+        context = dict(context or {})
         if app:
             context["app"] = app
         if app_packages:
@@ -86,7 +151,13 @@ class Deployment:
         packages = [ROOT / p for p in (app_packages or ["samples/bookings"])]
         template = Template(raw, names, workdir / "cdk.out")
         return cls(
-            template, dynamodb_endpoint=dynamodb_endpoint, app_packages=packages, time_scale=time_scale, workdir=workdir
+            template,
+            dynamodb_endpoint=dynamodb_endpoint,
+            app_packages=packages,
+            time_scale=time_scale,
+            workdir=workdir,
+            endpoints=endpoints,
+            timeouts=timeouts,
         )
 
     # -- setup -------------------------------------------------------------------------------------------------
@@ -161,32 +232,36 @@ class Deployment:
         tenant: str | None = "tenant-a",
         query: dict[str, str] | None = None,
         timeout: float = INTEGRATION_TIMEOUT,
+        token: Token | None = None,
     ) -> tuple[int, dict[str, str], Any]:
-        """A request through API Gateway: (status, headers, JSON body or None)."""
+        """A request through API Gateway: (status, headers, JSON body or None), as ``token``'s bearer (default: a
+        person whose ``sub`` is ``tenant``, with no tenant claim: their own tenant; ``tenant=None``: no token). A
+        method without an authorizer (a CORS preflight) is passed on without a caller; the gateway's own refusals
+        are its gateway responses."""
+        headers = headers or {}
         route = self._route(method, path)
         if route is None:
-            return (
-                403,
-                {"x-amzn-ErrorType": "MissingAuthenticationTokenException"},
-                {"message": "Missing Authentication Token"},
-            )
-        if tenant is None:
-            return 401, {"x-amzn-ErrorType": "UnauthorizedException"}, {"message": "Unauthorized"}
+            return self._refused(403, "MISSING_AUTHENTICATION_TOKEN", "Missing Authentication Token", headers)
         resource, function, parameters = route
+        open_route = (method, resource) in self.open_routes
+        if token is None and tenant is not None:
+            token = Token.person(tenant)
+        if not open_route and (token is None or not token.admitted(self.scopes.get((method, resource), []))):
+            return self._refused(401, "UNAUTHORIZED", "Unauthorized", headers)
         text = None if body is None else body if isinstance(body, str) else json.dumps(body)
         if text is not None and len(text.encode()) > MAX_REQUEST_BYTES:
-            return 413, {}, {"message": "Request Too Long"}
-        event = self._event(method, path, resource, parameters, text, headers or {}, tenant, query)
+            return self._refused(413, "REQUEST_TOO_LARGE", "Request Too Long", headers)
+        event = self._event(method, path, resource, parameters, text, headers, None if open_route else token, query)
         future = self._pool.submit(self.lambdas.invoke, function, event)
         try:
             done = future.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
-            return 504, {"x-amzn-ErrorType": "InternalServerErrorException"}, {"message": "Endpoint request timed out"}
+            return self._refused(504, "INTEGRATION_TIMEOUT", "Endpoint request timed out", headers)
         if not done.ok:
-            return 502, {"x-amzn-ErrorType": "InternalServerErrorException"}, {"message": "Internal server error"}
+            return self._refused(502, "DEFAULT_5XX", "Internal server error", headers)
         response = done.payload
         if not isinstance(response, dict) or "statusCode" not in response:
-            return 502, {}, {"message": "Internal server error"}  # a malformed Lambda proxy response
+            return self._refused(502, "DEFAULT_5XX", "Internal server error", headers)  # a malformed proxy response
         out_headers = {**(response.get("headers") or {})}
         for key, values in (response.get("multiValueHeaders") or {}).items():
             out_headers[key] = ",".join(values)
@@ -196,6 +271,35 @@ class Deployment:
         except ValueError:
             parsed = raw
         return int(response["statusCode"]), out_headers, parsed
+
+    def _refused(
+        self, status: int, kind: str, message: str, request_headers: dict[str, str]
+    ) -> tuple[int, dict[str, str], Any]:
+        """API Gateway's own answer: the gateway response of its type, else its 4XX/5XX default, else the built-in
+        ``{"message"}``; the template's ``$context.error`` variables and the headers' mappings filled in."""
+        default = "DEFAULT_4XX" if status < 500 else "DEFAULT_5XX"
+        headers = {"x-amzn-ErrorType": kind}
+        found = self.gateway_responses.get(kind) or self.gateway_responses.get(default)
+        if found is None:
+            return status, headers, {"message": message}
+        given = {name.lower(): value for name, value in request_headers.items()}
+        for key, value in (found.get("ResponseParameters") or {}).items():
+            name = key.removeprefix("gatewayresponse.header.")
+            if value.startswith("'") and value.endswith("'"):
+                headers[name] = value[1:-1]
+            elif value.startswith("method.request.header."):
+                mapped = given.get(value.removeprefix("method.request.header.").lower())
+                if mapped is not None:  # a header mapped from an absent one is left out
+                    headers[name] = mapped
+            else:
+                raise ValueError(f"gateway response header {name}: {value!r} is not modelled")
+        template = (found.get("ResponseTemplates") or {}).get("application/json")
+        if template is None:
+            return status, headers, {"message": message}
+        body = template.replace("$context.error.responseType", kind).replace(
+            "$context.error.messageString", json.dumps(message)
+        )
+        return status, headers, json.loads(body)
 
     def _route(self, method: str, path: str) -> tuple[str, str, dict[str, str]] | None:
         segments = [s for s in path.split("?", maxsplit=1)[0].split("/") if s]
@@ -224,17 +328,18 @@ class Deployment:
         parameters: dict[str, str],
         body: str | None,
         headers: dict[str, str],
-        tenant: str,
+        token: Token | None,
         query: dict[str, str] | None,
     ) -> dict[str, Any]:
         all_headers = {
             "Accept": "application/json",
             "Content-Type": "application/json",
             "Host": "abc123.execute-api.eu-west-1.amazonaws.com",
-            "Authorization": "harness-id-token",
+            **({"Authorization": f"harness-{token.token_use}-token"} if token is not None else {}),
             **headers,
         }
         request_id = str(uuid.uuid4())
+        authorizer = {"authorizer": {"claims": token.claims()}} if token is not None else {}  # none ran: no claims
         return {
             "resource": resource,
             "path": path,
@@ -259,9 +364,7 @@ class Deployment:
                 "protocol": "HTTP/1.1",
                 "domainName": "abc123.execute-api.eu-west-1.amazonaws.com",
                 "identity": {"sourceIp": "203.0.113.7", "userAgent": "fidelity-harness"},
-                "authorizer": {
-                    "claims": {"sub": tenant, "token_use": "id", "cognito:username": tenant, "email": "x@example.com"}
-                },
+                **authorizer,
             },
             "body": body,
             "isBase64Encoded": False,
@@ -308,6 +411,20 @@ class Deployment:
     def crash_before(self, function: str, action: str) -> None:
         """Kill ``function``'s sandbox just before its next call needing ``action`` (e.g. states:StartExecution)."""
         self.lambdas.crash_before(function, action)
+
+    def stop(self, execution: Execution) -> None:
+        """``StopExecution``, as an operator would from the console (the execution ends ``ABORTED``)."""
+        self.sfn.stop_execution(execution.arn, error="Operator", cause="stopped by hand")
+
+    def sweep(self, grace_seconds: float | None = 0) -> dict[str, Any]:
+        """Invoke the sweeper with the schedule's event (plus ``grace_seconds``: an operator's "sweep now")."""
+        event = json.loads((ROOT / "events/schedule/sweeper.json").read_text())
+        if grace_seconds is not None:
+            event["grace_seconds"] = grace_seconds
+        ok, result = self.invoke("sweeper", event)
+        if not ok:
+            raise AssertionError(f"the sweeper failed: {result}")
+        return result  # type: ignore[no-any-return]
 
     def errors(self, function: str | None = None) -> list[tuple[str, str | None, str]]:
         """(function, errorType, errorMessage) of each failed invocation."""

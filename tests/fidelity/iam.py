@@ -11,6 +11,12 @@ function's policy statements grant them.
 * Step Functions: ``StartExecution``/``ListExecutions`` on the state machine, ``DescribeExecution``/
   ``StopExecution``/``GetExecutionHistory`` on the execution ARN, and ``SendTask*`` on the state machine
   the token belongs to (``token_owner`` tells it; a token nobody issued is checked against ``*``).
+* Secrets Manager: ``GetSecretValue`` (and the other secret calls) on the secret's ARN; a secret named without
+  its ARN is checked as ``secret:NAME-??????`` would match it (AWS appends six characters). SSM:
+  ``GetParameter(s)`` on ``parameter/NAME`` (each name of a ``GetParameters``).
+* Bedrock: ``Converse``/``InvokeModel`` are ``bedrock:InvokeModel`` (the streaming ones
+  ``bedrock:InvokeModelWithResponseStream``) on the model's ARN; through a system-defined inference profile,
+  on the profile's ARN and on the foundation model in the region it routes to (here: this one).
 
 ``allowed(statements, action, resource)``: an explicit Deny wins, else some Allow must match (Action or
 NotAction, Resource or NotResource, ``*`` and ``?`` wildcards, actions case-insensitively). Conditions
@@ -65,7 +71,41 @@ def required(
             owner = token_owner(str(params.get("taskToken", ""))) if token_owner else None
             return [(f"states:{operation}", owner or "*")]
         return [(f"states:{operation}", "*")]
+    if service == "secretsmanager":
+        secret = str(params.get("SecretId", "*"))
+        if secret != "*" and not secret.startswith("arn:"):
+            secret = f"arn:aws:secretsmanager:{region}:{account}:secret:{secret}-AbCdEf"
+        return [(f"secretsmanager:{operation}", secret)]
+    if service == "ssm" and operation in ("GetParameter", "GetParameters"):
+        names = [params["Name"]] if operation == "GetParameter" else list(params.get("Names", []))
+        return [(f"ssm:{operation}", _parameter_arn(str(n), region, account)) for n in names]
+    if service == "bedrock-runtime":
+        action = "InvokeModelWithResponseStream" if "Stream" in operation else "InvokeModel"
+        return [(f"bedrock:{action}", arn) for arn in model_arns(str(params.get("modelId", "*")), region, account)]
     return [(f"{service}:{operation}", "*")]
+
+
+def _parameter_arn(name: str, region: str, account: str) -> str:
+    return name if name.startswith("arn:") else f"arn:aws:ssm:{region}:{account}:parameter/{name.lstrip('/')}"
+
+
+GEOGRAPHIES = ("us", "us-gov", "eu", "apac", "jp", "au", "ca", "global")
+
+
+def model_arns(model_id: str, region: str = REGION, account: str = ACCOUNT) -> list[str]:
+    """What a call to ``model_id`` is authorized on: the model, or the profile and the model it routes to."""
+    if model_id.startswith("arn:"):
+        kind, _, ident = model_id.split(":", 5)[-1].partition("/")
+        if kind == "inference-profile":
+            return [model_id, f"arn:aws:bedrock:{region}::foundation-model/{ident.partition('.')[2]}"]
+        return [model_id]
+    geography, _, model = model_id.partition(".")
+    if geography in GEOGRAPHIES and "." in model:
+        return [
+            f"arn:aws:bedrock:{region}:{account}:inference-profile/{model_id}",
+            f"arn:aws:bedrock:{region}::foundation-model/{model}",
+        ]
+    return [f"arn:aws:bedrock:{region}::foundation-model/{model_id}"]
 
 
 def _dynamodb(operation: str, params: dict[str, Any], region: str, account: str) -> list[tuple[str, str]]:
@@ -126,9 +166,11 @@ def allowed(statements: list[dict[str, Any]], action: str, resource: str) -> boo
     return granted
 
 
-def grants(
-    statements: list[dict[str, Any]], services: tuple[str, ...] = ("dynamodb", "states")
-) -> set[tuple[str, str]]:
+SERVICES = ("dynamodb", "states", "secretsmanager", "ssm", "bedrock")
+"""The services whose grants the policy test holds to the calls made."""
+
+
+def grants(statements: list[dict[str, Any]], services: tuple[str, ...] = SERVICES) -> set[tuple[str, str]]:
     """The (action, resource pattern) pairs the Allow statements name, for ``services`` (no wildcard
     actions expanded: a ``dynamodb:*`` grant is reported as such)."""
     found = set()
@@ -149,4 +191,4 @@ def grant_used(grant: tuple[str, str], calls: list[tuple[str, str]]) -> bool:
     )
 
 
-__all__ = ["allowed", "grant_used", "grants", "required", "table_arn"]
+__all__ = ["SERVICES", "allowed", "grant_used", "grants", "model_arns", "required", "table_arn"]

@@ -78,6 +78,8 @@ class LambdaService:
         self.workdir = workdir
         self.calls: list[Call] = []
         self.invocations: list[Invocation] = []
+        self.cold_starts: dict[str, int] = {}
+        """Function -> how many sandboxes were started for it (each a cold start: its init ran once)."""
         self._idle: dict[str, list[_Sandbox]] = {name: [] for name in functions}
         self._busy: dict[str, list[_Sandbox]] = {name: [] for name in functions}
         self._lock = threading.Lock()
@@ -136,6 +138,8 @@ class LambdaService:
 
     def _start(self, name: str) -> _Sandbox:
         function = self.functions[name]
+        with self._lock:
+            self.cold_starts[name] = self.cold_starts.get(name, 0) + 1
         read, write = os.pipe()
         log = (self.workdir / f"{name}.log").open("ab")
         process = subprocess.Popen(

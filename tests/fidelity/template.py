@@ -80,6 +80,8 @@ class Template:
             return self.state_machine_arn(name)
         if kind == "AWS::Lambda::LayerVersion":
             return f"arn:{PARTITION}:lambda:{REGION}:{ACCOUNT}:layer:{name}:1"
+        if kind == "AWS::SecretsManager::Secret":  # Ref is the ARN, with the six characters AWS appends
+            return f"arn:{PARTITION}:secretsmanager:{REGION}:{ACCOUNT}:secret:{self.physical_name(name)}-AbCdEf"
         # Functions, roles, log groups, APIs and the rest: Ref is the physical name (or an id).
         return self.physical_name(name)
 
@@ -241,6 +243,28 @@ class Template:
                 continue
             found.append((props["HttpMethod"], self._path_of(props["ResourceId"]), target))
         return found
+
+    def method_scopes(self) -> dict[tuple[str, str], list[str]]:
+        """(HTTP method, resource path) -> the method's ``AuthorizationScopes`` (``[]``: none, an ID token's method)."""
+        return {
+            (props["HttpMethod"], self._path_of(props["ResourceId"])): list(props.get("AuthorizationScopes") or [])
+            for props in (m["Properties"] for m in self.of_type("AWS::ApiGateway::Method").values())
+        }
+
+    def open_routes(self) -> set[tuple[str, str]]:
+        """(HTTP method, resource path) of each API method without an authorizer (``AuthorizationType: NONE``)."""
+        return {
+            (props["HttpMethod"], self._path_of(props["ResourceId"]))
+            for props in (m["Properties"] for m in self.of_type("AWS::ApiGateway::Method").values())
+            if props.get("AuthorizationType", "NONE") == "NONE"
+        }
+
+    def gateway_responses(self) -> dict[str, dict[str, Any]]:
+        """The API's gateway responses by type (``DEFAULT_4XX``...): their ``ResponseParameters`` and templates."""
+        return {
+            r["Properties"]["ResponseType"]: self.resolve(r["Properties"])
+            for r in self.of_type("AWS::ApiGateway::GatewayResponse").values()
+        }
 
     def _path_of(self, resource_id: Any) -> str:
         if isinstance(resource_id, dict) and "Fn::GetAtt" in resource_id:

@@ -4,7 +4,10 @@ A sign-off agent whose scripted model reads its orders from the user's messages,
 function serves many sessions, each with its own script: ``signoffs=N`` (yielding tool calls before the
 final answer, default 1), ``sleep=S`` (seconds each model call takes), ``fail=model`` (the model raises a
 non-retryable error on its call after the first sign-off), ``steps=K`` (plain tool steps first: events
-enough for a snapshot).
+enough for a snapshot), ``tool=approve`` (the sign-offs are calls of ``approve``, answerable by group
+``approvers`` only) or ``tool=review`` (of ``review``: anyone but who started the run, four eyes). Deployed
+with a model (``-c model=...``) its agent uses that model instead: the harness's loopback model server then
+plays the script.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pydantic import BaseModel
 from dormant import App, adk
 from dormant.agents.agent import Agent
 from dormant.agents.tools import ToolContext
-from dormant.models.base import ModelRequest, ModelResponse
+from dormant.models.base import ModelRequest, ModelResponse, ModelSpec
 from dormant.stores.base import SessionStore
 
 
@@ -43,7 +46,7 @@ class ScriptedFailure(RuntimeError):
 
 def _orders(request: ModelRequest) -> dict[str, str]:
     said = " ".join(m.content or "" for m in request.messages if m.role == "user")
-    return dict(re.findall(r"\b(signoffs|sleep|fail|steps)=(\w+)", said))
+    return dict(re.findall(r"\b(signoffs|sleep|fail|steps|tool)=(\w+)", said))
 
 
 class OrderedModel:
@@ -62,7 +65,8 @@ class OrderedModel:
             raise ScriptedFailure("the scripted model's provider crashed")
         if done < steps + signoffs:
             step = done - steps + 1
-            return ModelResponse(tool_calls=[{"name": "sign_off", "args": {"step": step}}], finish_reason="tool_calls")
+            name = orders.get("tool", "sign_off")
+            return ModelResponse(tool_calls=[{"name": name, "args": {"step": step}}], finish_reason="tool_calls")
         return ModelResponse(text="All steps signed off.", finish_reason="stop")
 
 
@@ -72,12 +76,29 @@ class FidelityApp:
     agent: Agent
 
 
-def build(store: SessionStore) -> FidelityApp:
+def build(store: SessionStore, model: ModelSpec | None = None) -> FidelityApp:
     app = adk(
         name="fidelity", schema={"user": Person}, adapters={"ordered": OrderedModel()}, store=store, snapshot_every=10
     )
     sign_off = app.tool(
         name="sign_off", description="Ask a human to sign off a step.", schema=Step, execute=None, yield_schema=SignOff
+    )
+
+    approve = app.tool(
+        name="approve",
+        description="Ask an approver to approve a step.",
+        schema=Step,
+        execute=None,
+        yield_schema=SignOff,
+        answerable_by="group:approvers",
+    )
+    review = app.tool(
+        name="review",
+        description="Ask someone else to review a step.",
+        schema=Step,
+        execute=None,
+        yield_schema=SignOff,
+        answerable_by="not_starter",
     )
 
     def note(context: ToolContext) -> dict[str, Any]:
@@ -86,9 +107,9 @@ def build(store: SessionStore) -> FidelityApp:
     noted = app.tool(name="note", description="Note a step.", schema=Step, execute=note)
     agent = app.agent(
         name="signoff",
-        model={"provider": "ordered", "name": "script"},
+        model=model or {"provider": "ordered", "name": "script"},
         context=[app.context.history()],
-        tools=[sign_off, noted],
+        tools=[sign_off, approve, review, noted],
         max_steps=50,
     )
     return FidelityApp(app, agent)

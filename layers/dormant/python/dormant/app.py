@@ -18,7 +18,7 @@ from .agents.tools import Tool, ToolContext
 from .clock import now_ms
 from .errors import ConfigurationError, InputError, SessionNotFound, VersionConflict
 from .events import Event, parse_event
-from .ids import check_id
+from .ids import check_id, check_name
 from .ledger import LedgerRules
 from .models.base import ModelAdapter, ModelSpec, default_adapter
 from .session import Session
@@ -50,6 +50,9 @@ class ErasureReport:
     sessions: list[str]
     scoped_keys: list[str]
     residue: str | None = None
+    principal: str | None = None
+    """Who erased (the API's caller; ``None`` in-process): the sessions are gone, so the report and the log
+    are where it is recorded."""
 
 
 def adk(
@@ -63,6 +66,9 @@ def adk(
     snapshot_every: int | None = DEFAULT_EVERY,
 ) -> App:
     """Build an app. ``schema`` maps scope names to pydantic models; ``store`` defaults to in-memory.
+
+    ``name`` follows the key rule (``dormant.ids``): 1 to 128 letters, digits and ``_ . : + = -``; never ``@``,
+    which separates an app from a tenant in the name a tenant's view is stored under (``{app}@{tenant}``).
 
     ``migrations`` lists, per scope, the steps its model went through, oldest first
     (``RenameKey``, ``ConvertKey``, ``SplitKey``): state written under an older model is read in the new shape.
@@ -94,7 +100,7 @@ class App:
         retention: timedelta | None = None,
         snapshot_every: int | None = DEFAULT_EVERY,
     ) -> None:
-        self.name = check_id(name, "app name")
+        self.name = check_name(name, "app name")  # no '@': "{app}@{tenant}" names a tenant's view (dormant.ids)
         if retention is not None and (not isinstance(retention, timedelta) or retention <= timedelta(0)):
             raise ConfigurationError(f"retention is a positive datetime.timedelta, not {retention!r}")
         self.retention_ms = None if retention is None else retention // timedelta(milliseconds=1)
@@ -132,6 +138,7 @@ class App:
         schema: type[BaseModel] | None = None,
         execute: Callable[[ToolContext], Any] | None,
         yield_schema: type[BaseModel] | None = None,
+        answerable_by: str | Sequence[str] = "tenant",
     ) -> Tool: ...
     @overload
     def tool(
@@ -141,6 +148,7 @@ class App:
         description: str = "",
         schema: type[BaseModel] | None = None,
         yield_schema: type[BaseModel] | None = None,
+        answerable_by: str | Sequence[str] = "tenant",
     ) -> Callable[[Callable[[ToolContext], Any]], Tool]: ...
     def tool(
         self,
@@ -150,10 +158,13 @@ class App:
         schema: type[BaseModel] | None = None,
         execute: Any = _MISSING,
         yield_schema: type[BaseModel] | None = None,
+        answerable_by: str | Sequence[str] = "tenant",
     ) -> Tool | Callable[[Callable[[ToolContext], Any]], Tool]:
         """Define a tool. Without ``execute`` this is a decorator: ``@app.tool(description=..., schema=...)``.
 
         A yielding tool (``yield_schema=``) may pass ``execute=None``: its result is then the answer.
+        ``answerable_by`` says who may answer its calls (``dormant.people``: ``"tenant"``, ``"group:NAME"``,
+        ``"starter"``, ``"not_starter"``, or a tuple of them that must all hold).
         """
 
         def build(fn: Callable[[ToolContext], Any] | None) -> Tool:
@@ -161,7 +172,8 @@ class App:
             if tool_name is None:
                 raise ConfigurationError("a tool needs a name")
             kwargs: dict[str, Any] = {"schema": schema} if schema is not None else {}
-            tool = Tool(tool_name, description, execute=fn, yield_schema=yield_schema, **kwargs)
+            rules = answerable_by if isinstance(answerable_by, str) else tuple(answerable_by)
+            tool = Tool(tool_name, description, execute=fn, yield_schema=yield_schema, answerable_by=rules, **kwargs)
             self._register(tool)
             return tool
 
@@ -210,14 +222,24 @@ class App:
 
     # -- running ----------------------------------------------------------------------------
 
-    def run(self, agent: Agent, input: Any = None, *, session: Session | None = None) -> RunResult:
+    def run(
+        self,
+        agent: Agent,
+        input: Any = None,
+        *,
+        session: Session | None = None,
+        principal: str | None = None,
+        groups: Iterable[str] = (),
+    ) -> RunResult:
         """Run ``agent`` until it answers, yields, fails or runs out of steps.
 
         ``input`` is a user message, or a dict of ``message``, ``tools`` (answers to yielded calls),
         ``state`` (session values to set first) and ``initial_state`` (scopes to seed). Without
         ``session`` an ephemeral one is built; nothing is stored until ``app.sessions.commit``.
+        ``principal`` (a member of ``groups``) is who runs it: recorded on the invocation's start and on the
+        answers, which each tool's ``answerable_by`` must admit (``AnswerRefused``).
         """
-        return self.stream(agent, input, session=session).finish()
+        return self.stream(agent, input, session=session, principal=principal, groups=groups).finish()
 
     def stream(
         self,
@@ -228,6 +250,8 @@ class App:
         invocation_id: str | None = None,
         deadline: int | None = None,
         checkpoint: Checkpoint | None = None,
+        principal: str | None = None,
+        groups: Iterable[str] = (),
     ) -> RunStream:
         """Like ``run``, yielding each event as it lands; the ``RunResult`` is on ``.result`` at the end.
 
@@ -248,9 +272,11 @@ class App:
             invocation_id=invocation_id,
             deadline=deadline,
             checkpoint=checkpoint,
+            principal=principal,
+            groups=groups,
         )
 
-    def erase(self, *, scope: str, scope_id: str) -> ErasureReport:
+    def erase(self, *, scope: str, scope_id: str, principal: str | None = None) -> ErasureReport:
         """Remove one person's (or org's...) data: the shared ``scope`` state stored under ``scope_id``,
         and every session bound to it, expired or not. Returns what was removed.
 
@@ -279,7 +305,9 @@ class App:
         residue = store.scrub()
         if residue is not None:
             _log.warning("erasure in %s: %s", self.name, residue)
-        return ErasureReport(scope=scope, scope_id=scope_id, sessions=bound, scoped_keys=keys, residue=residue)
+        return ErasureReport(
+            scope=scope, scope_id=scope_id, sessions=bound, scoped_keys=keys, residue=residue, principal=principal
+        )
 
     def close(self) -> None:
         """Close the store (so a CLI or worker exits instead of hanging on a pool)."""

@@ -37,7 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
     from .app import App
-    from .serving.api import Idempotency
+    from .serving.idempotency import Idempotency
     from .serving.local import LocalAPI, Page
     from .serving.runtime import Served
     from .stores.base import SessionStore
@@ -55,9 +55,11 @@ A run that waits for answers is resumed by the request that answers it (on AWS, 
 Requests run side by side in --workers processes (each its own app and store connection, taking one
 request at a time, as a Lambda instance does), so a slow run holds up no one else.
 
-Identity is a development stand-in for the Cognito authorizer: the X-Dormant-Principal header, else
---principal. It decides the tenant, as a token's sub claim does on AWS. Only loopback clients are
-served (any other gets 403): nothing here authenticates anyone.
+Identity is a development stand-in for the Cognito authorizer: the X-Dormant-Principal header (the
+token's sub), X-Dormant-Tenant (its tenant claim) and X-Dormant-Groups (a comma list: cognito:groups),
+else --principal, --tenant and --groups. Without a tenant the principal is its own tenant, as a token
+without the tenant claim is on AWS. Only loopback clients are served (any other gets 403): nothing here
+authenticates anyone.
 
 Stores: sqlite:///relative.db, sqlite:////absolute.db, memory:, postgresql://...,
 dynamodb://table?endpoint=http://127.0.0.1:8001 (DynamoDB Local: the table is created if missing; the
@@ -93,10 +95,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--principal", default="local", help="the caller of a request without X-Dormant-Principal (default local)"
     )
     serve.add_argument(
+        "--tenant", help="the tenant of a request without X-Dormant-Tenant (default: the principal is its own tenant)"
+    )
+    serve.add_argument(
+        "--groups",
+        default="",
+        help="the groups (comma list) of a request naming neither X-Dormant-Groups nor X-Dormant-Principal",
+    )
+    serve.add_argument(
         "--workers",
         type=int,
         help=f"processes serving requests side by side, each one at a time (default {DEFAULT_WORKERS}; 1 with a"
         " memory: store; 1 serves in this process)",
+    )
+    serve.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let pages of this origin (e.g. http://localhost:5173) call the API from a browser, with the CORS "
+        "headers the deployed API gives (-c cors_origins=); repeat for more (default: none)",
     )
     serve.add_argument("--quiet", action="store_true", help="do not log each request on stderr")
     serve.add_argument(
@@ -234,7 +252,8 @@ def _serve(args: argparse.Namespace) -> int:
             stack.callback(stop_sweeping.set)
         print(
             f"dormant serve: {args.app} on {_redacted(args.store)} at {server.url} "
-            f"(caller without {PRINCIPAL_HEADER}: {args.principal}; "
+            f"(caller without {PRINCIPAL_HEADER}: {args.principal}"
+            f"{f' of tenant {args.tenant}' if args.tenant else ''}{f' in {args.groups}' if args.groups else ''}; "
             f"{count} worker{'s' if count > 1 else ''}; Ctrl-C stops)\n"
             f"dormant serve: the session inspector is at {server.url}/",
             flush=True,
@@ -265,7 +284,13 @@ def _local_api(args: argparse.Namespace) -> Iterator[LocalAPI]:
     try:
         served = load_served(args.app, store)
         yield LocalAPI(
-            served, principal=args.principal, pages=default_pages(), idempotency=_idempotency(args.store, store)
+            served,
+            principal=args.principal,
+            tenant=args.tenant,
+            groups=[g.strip() for g in args.groups.split(",") if g.strip()],
+            pages=default_pages(),
+            idempotency=_idempotency(args.store, store),
+            cors_origins=args.cors_origin,
         )
     finally:
         join_local_turns()  # the turns this process runs commit before its store closes
@@ -299,13 +324,11 @@ def _sweeping(args: argparse.Namespace, served: Served | None, stop: threading.E
 
 
 def _idempotency(url: str, store: SessionStore) -> Idempotency | None:
-    """On DynamoDB, ``Idempotency-Key`` works as deployed: Powertools' records in the session table."""
-    if urlsplit(url).scheme.lower() != "dynamodb":
-        return None
-    from .serving.api import Idempotency
-    from .stores.dynamodb import DynamoDBSessionStore
+    """``Idempotency-Key`` works as deployed on every store: Powertools' records in the DynamoDB table, in the
+    SQLite or Postgres database's ``idempotency`` table, or beside a memory store."""
+    from .serving.idempotency import idempotency_for
 
-    return Idempotency(store.table_name, client=store.client) if isinstance(store, DynamoDBSessionStore) else None
+    return idempotency_for(store)
 
 
 def default_pages() -> list[Page]:

@@ -8,7 +8,8 @@ the declared class rather than re-wrap it, and ``http_status(exc)`` reads it)::
     │   ├── SchemaError                           500  a schema that is not scope -> pydantic model class
     │   └── StateMigrationError                   500  stored state no migration brings to the model (``key``)
     ├── InputError                                400  bad input from a caller; carries ``field``
-    │   ├── InvalidSessionId                      400
+    │   ├── InvalidKey                            400  a key outside the key rule (app name, tenant, scope, cursor...)
+    │   │   └── InvalidSessionId                  400  a session id or scope id outside it
     │   ├── ValueNotStorable                      422  NaN/Infinity, a lone surrogate or NUL (``field``)
     │   ├── StateError                            400  a state read or write that cannot be done
     │   │   ├── StateValidationError              422  value refused by the scope's model (``scope``, ``key``)
@@ -30,7 +31,9 @@ the declared class rather than re-wrap it, and ``http_status(exc)`` reads it)::
     │   ├── ScopeMismatch                         409  a commit whose scopes differ from the stored row's (``scope``)
     │   ├── RequestTooLarge                       413  an HTTP body over the handler's limit (``size``, ``limit``)
     │   ├── RequestInProgress                     409  a retry of a request (same Idempotency-Key) still running
-    │   └── NotAuthenticated                      401  an HTTP request with no authenticated caller
+    │   ├── NotAuthenticated                      401  an HTTP request with no authenticated caller
+    │   └── NotPermitted                          403  a caller a rule refuses (``AnswerRefused``, a missing scope)
+    │       └── AnswerRefused                     403  an answer the tool's ``answerable_by`` refuses this caller
     ├── ModelError                                502  a model failed; a run records it and ends with ``error``
     │   ├── ModelProviderError                    502  the provider's API failed (``status_code``, ``code``)
     │   │   ├── ModelUnavailable                  503  throttled, timed out, down or unreachable: retry later
@@ -68,6 +71,7 @@ __all__ = [
     "HTTP_STATUS",
     "RETRYABLE",
     "AgentMismatch",
+    "AnswerRefused",
     "AwaitingInput",
     "BedrockMalformedResponse",
     "BedrockModelError",
@@ -82,12 +86,14 @@ __all__ = [
     "EventTooLarge",
     "EventValidationError",
     "InputError",
+    "InvalidKey",
     "InvalidSessionId",
     "MalformedModelResponse",
     "ModelError",
     "ModelProviderError",
     "ModelUnavailable",
     "NotAuthenticated",
+    "NotPermitted",
     "OpenAIMalformedResponse",
     "OpenAIModelError",
     "OpenAIModelUnavailable",
@@ -188,8 +194,15 @@ class InputError(DormantError):
         self.field = field
 
 
-class InvalidSessionId(InputError):
-    """A session id (or scope id, or app name) that is empty, too long, or has characters outside the allowed set."""
+class InvalidKey(InputError):
+    """A key outside the one key rule (``dormant.ids``): an app name, tenant, scope, scoped key or listing cursor
+    that is empty, too long, or holds a character the rule refuses. ``field`` names it; nothing was written."""
+
+    http_status: ClassVar[int] = 400
+
+
+class InvalidSessionId(InvalidKey):
+    """A session id (or scope id) that is empty, too long, or has characters outside the allowed set."""
 
     http_status: ClassVar[int] = 400
 
@@ -456,6 +469,27 @@ class NotAuthenticated(InputError):
     http_status: ClassVar[int] = 401
 
 
+class NotPermitted(InputError):
+    """An authenticated caller a rule refuses: nothing is written. ``rule`` names the rule."""
+
+    http_status: ClassVar[int] = 403
+
+    def __init__(self, message: str, *, rule: str, field: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.rule = rule
+
+
+class AnswerRefused(NotPermitted):
+    """An answer by a caller the tool's ``answerable_by`` refuses (``call_id``, ``tool``, ``rule``)."""
+
+    http_status: ClassVar[int] = 403
+
+    def __init__(self, call_id: str, tool: str, rule: str, why: str, *, field: str | None = None) -> None:
+        super().__init__(f"call {call_id!r} of {tool!r} is answerable by {rule}: {why}", rule=rule, field=field)
+        self.call_id = call_id
+        self.tool = tool
+
+
 class ModelError(DormantError):
     """A model adapter failed. Inside a run this is recorded and the run ends with status ``error``."""
 
@@ -568,6 +602,8 @@ class VersionConflict(StoreError):
     """The stored version is not the one the commit expected; nothing was written."""
 
     http_status: ClassVar[int] = 409
+    field: str | None = None
+    """What a caller sent that conflicted (``expected_version``, a create's ``session_id``), when an API knows."""
 
     def __init__(self, session_id: str, *, expected_version: int, actual_version: int) -> None:
         super().__init__(

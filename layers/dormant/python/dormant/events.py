@@ -23,6 +23,7 @@ from .ids import new_id
 
 __all__ = [
     "FORMAT_VERSION",
+    "AdkEvent",
     "AssistantEvent",
     "Event",
     "EventBase",
@@ -155,6 +156,9 @@ class InvocationStartEvent(EventBase):
     deadline: int | None = None
     """When the runner that opened it stops (ms since the epoch): past it, with the invocation still open, the
     runner is gone and the sweeper ends or hands on the turn. ``None``: a runner with no deadline (``app.run``)."""
+    principal: str | None = None
+    """Who started it, as authenticated where the run came in (``answerable_by="starter"`` and four eyes read
+    it); ``None`` for a run started in-process, and in ledgers written before it was recorded."""
 
 
 class InvocationEndEvent(EventBase):
@@ -237,6 +241,8 @@ class SessionForkedEvent(EventBase):
     from_session_id: str
     at_event_id: str | None = None
     reason: str
+    principal: str | None = None
+    """Who forked it (``None``: in-process, a runner's own fork, or a ledger written before it was recorded)."""
 
 
 class ModelEndEvent(EventBase):
@@ -248,6 +254,21 @@ class ModelEndEvent(EventBase):
     error: str | None = None
     error_type: str | None = None
     latency_ms: int | None = None
+
+
+class AdkEvent(EventBase):
+    """An event of a Google ADK agent, kept whole (``dormant.bridges.adk``, the ``dormant[adk]`` extra).
+
+    ``event`` is ADK's ``Event`` as JSON (its ``model_dump(mode="json", exclude_none=True)``: ADK's own
+    stored form), ``author`` its author. dormant's ``id`` is its own: ADK lets two different events share
+    an id, a ledger does not. The state its ``actions.state_delta`` changed is recorded beside it as
+    ``state_change`` events, so audit, time travel and erasure see ADK state like any other. Added in
+    0.2 without a format change: no earlier event reads differently.
+    """
+
+    type: Literal["adk_event"] = "adk_event"
+    author: str
+    event: dict[str, JsonValue]
 
 
 Event: TypeAlias = Annotated[
@@ -263,7 +284,8 @@ Event: TypeAlias = Annotated[
     | InvocationResumeEvent
     | ModelStartEvent
     | ModelEndEvent
-    | SessionForkedEvent,
+    | SessionForkedEvent
+    | AdkEvent,
     Field(discriminator="type"),
 ]
 

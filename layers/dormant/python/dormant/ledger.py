@@ -13,6 +13,10 @@ same order, one event at a time, starting from what the ledger already holds (it
 * calls and results only while an invocation runs (after its start or resume, not while it is paused on a
   yield); a yield, resume or end only of the open invocation; a start only when none is open, under a new id;
   a yield only of calls made and still without a result, of tools that yield (when the app's tools are given);
+* with a ``Caller`` (a remote runner's commit): each answer recorded as that caller (``principal`` given or
+  ``None``: ``NotPermitted`` otherwise), by a caller the tool's ``answerable_by`` admits (``AnswerRefused``),
+  and each invocation start or fork recorded as that caller too;
+* every event's id by the key rule (``dormant.ids``: a key on every store), named ``{field}.N.id``;
 * every ``state_change`` checked against its scope's schema, by the key rules every writer meets
   (``ScopeSchema.check_write``: declared keys, the model's types, no empty key, no NUL or lone surrogate).
 
@@ -29,6 +33,7 @@ from .errors import (
     AwaitingInput,
     EventOutOfOrder,
     InputError,
+    NotPermitted,
     ScopeNotBound,
     StateMigrationError,
     StateValidationError,
@@ -44,12 +49,15 @@ from .events import (
     InvocationYieldEvent,
     ModelEndEvent,
     ModelStartEvent,
+    SessionForkedEvent,
     StateChangeEvent,
     ToolCallEvent,
     ToolInputEvent,
     ToolResultEvent,
     UserEvent,
 )
+from .ids import check_event_id
+from .people import Caller, check_answer
 from .projection import Projection
 from .state.schema import Schema
 
@@ -61,6 +69,9 @@ class AnswerCheck(Protocol):
 
     @property
     def yields(self) -> bool: ...
+
+    @property
+    def rules(self) -> tuple[str, ...]: ...
 
     def check_input(self, call_id: str, value: Any, position: int = 0) -> Any: ...
 
@@ -76,6 +87,8 @@ class LedgerRules:
     made them (a run's writes went through the state rules already; validating them twice costs a run).
     ``results_before_messages=False`` lets a message follow calls that have no result yet but do not wait
     (the run loop hears a message before yielding a call whose turn was cut between its call and its yield).
+    ``caller``: who hands the events over (a remote runner's commit): answers, starts and forks must be theirs,
+    and answers are held to each tool's ``answerable_by``. ``None``: the app's own code, trusted.
     """
 
     def __init__(
@@ -89,8 +102,12 @@ class LedgerRules:
         field: str = "events",
         state: bool = True,
         results_before_messages: bool = True,
+        caller: Caller | None = None,
     ) -> None:
         start = start if start is not None else Projection(schema.upcaster)
+        self.caller = caller
+        self.starters = {invocation_id: node.principal for invocation_id, node in start.invocations.items()}
+        """Invocation id -> who started it, for the starter rules."""
         self.schema = schema
         self.session_id = session_id
         self.tool_named = tool_named
@@ -118,6 +135,18 @@ class LedgerRules:
 
     def check(self, event: Event, position: int) -> None:
         where = f"{self.field}.{position}"
+        check_event_id(event.id, f"{where}.id")  # a key on every store: the one key rule (dormant.ids)
+        caller = self.caller
+        if (
+            caller is not None
+            and isinstance(event, ToolInputEvent | InvocationStartEvent | SessionForkedEvent)
+            and event.principal not in (None, caller.principal)
+        ):
+            raise NotPermitted(
+                f"a {event.type} event recorded as {event.principal!r} is not {caller.principal!r}'s to commit",
+                rule="principal",
+                field=f"{where}.principal",
+            )
         if isinstance(event, StateChangeEvent):
             if self.state:
                 self._state(event, where)
@@ -167,6 +196,7 @@ class LedgerRules:
                     f"{where}.invocation_id",
                 )
             self.invocations.add(event.invocation_id)
+            self.starters[event.invocation_id] = self.caller.principal if self.caller is not None else event.principal
             self.open_invocation, self.paused = event.invocation_id, False
             self.open_calls, self.waiting, self.answered = {}, {}, set()
         elif isinstance(event, InvocationYieldEvent):
@@ -225,6 +255,16 @@ class LedgerRules:
                 f"{where}.name",
             )
         tool = self.tool_named(event.name) if self.tool_named is not None else None
+        if self.caller is not None and tool is not None:
+            check_answer(
+                tool.rules,
+                call_id=event.call_id,
+                tool=event.name,
+                principal=self.caller.principal,
+                groups=self.caller.groups,
+                starter=self.starters.get(event.invocation_id or self.open_invocation or ""),
+                field=f"{where}.call_id",
+            )
         if tool is not None and tool.yields:
             try:
                 tool.check_input(event.call_id, event.input, position)

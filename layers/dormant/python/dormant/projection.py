@@ -81,6 +81,8 @@ class InvocationNode:
     end_index: int | None = None
     model_calls: int = 0
     """``model_start`` events so far (an agent's ``max_steps`` counts them across resumes)."""
+    principal: str | None = None
+    """Who started it (``InvocationStartEvent.principal``): what ``answerable_by`` rules about the starter read."""
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,7 @@ class Projection:
             if node is not None:
                 node.model_calls += 1
         elif isinstance(event, InvocationStartEvent):
-            node = InvocationNode(event.invocation_id, event.agent_name, "running", index)
+            node = InvocationNode(event.invocation_id, event.agent_name, "running", index, principal=event.principal)
             self.invocations[event.invocation_id] = node
             self.open_invocation = event.invocation_id
             self.deadline = event.deadline
@@ -245,7 +247,8 @@ class Projection:
             "current_agent_name": self.current_agent_name,
             "output": [self.output.text, json_copy(self.output.value)],
             "invocations": [
-                [n.invocation_id, n.agent_name, n.status, n.start_index, n.end_index, n.model_calls]
+                # the principal last: a snapshot without it (written before it was recorded) restores with None
+                [n.invocation_id, n.agent_name, n.status, n.start_index, n.end_index, n.model_calls, n.principal]
                 for n in self.invocations.values()
                 if n.status not in _ENDED
             ],
@@ -275,7 +278,7 @@ class Projection:
         text, value = data["output"]
         projection.output = Output(text, value)
         projection.invocations = {
-            row[0]: InvocationNode(row[0], row[1], row[2], _count(row[3]), row[4], _count(row[5]))
+            row[0]: InvocationNode(row[0], row[1], row[2], _count(row[3]), row[4], _count(row[5]), _principal(row[6:]))
             for row in data["invocations"]
         }
         projection.open_invocation = data["open_invocation"]
@@ -294,6 +297,13 @@ def _events(rows: list[Any], kind: type[_E]) -> list[_E]:
     if not all(isinstance(event, kind) for event in events):
         raise InputError(f"a snapshot's calls are {kind.__name__} events", field="snapshot")
     return events  # type: ignore[return-value]
+
+
+def _principal(rest: list[Any]) -> str | None:
+    principal = rest[0] if rest else None
+    if principal is not None and not isinstance(principal, str):
+        raise InputError(f"a snapshot's principals are strings, not {principal!r}", field="snapshot")
+    return principal
 
 
 def _count(value: Any) -> int:

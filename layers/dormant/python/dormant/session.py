@@ -34,6 +34,7 @@ from .events import Event, InvocationYieldEvent, SessionForkedEvent, StateChange
 from .ids import check_id, new_id
 from .ledger import AnswerCheck, LedgerRules
 from .models.base import Message
+from .people import Caller, check_answer
 from .projection import Output, Projection, SessionStatus, StateSnapshot, YieldedTool
 from .state.access import Access, Invocation
 from .state.schema import APP_SCOPE_ID, SHARED_SCOPES, Schema, ScopeSchema
@@ -372,7 +373,7 @@ class Session:
             if isinstance(event, StateChangeEvent) and event.scope != "session" and event.scope_id is not None:
                 self.check_bound(event.scope, event.scope_id, f"events.{position}.scope_id")
 
-    def rules(self, *, field: str = "events", checks: bool = True) -> LedgerRules:
+    def rules(self, *, field: str = "events", checks: bool = True, caller: Caller | None = None) -> LedgerRules:
         """The ledger rules (``dormant.ledger``) from where this ledger stands now, for events to append.
 
         ``checks``: besides the order, check answers against their tool's ``yield_schema`` (as ``input``
@@ -380,7 +381,7 @@ class Session:
         events from outside. ``append`` checks the order alone: what a run appends went through those
         rules already, and a commit checks the bindings (``check_writes``). It lets a message follow calls
         with no result that do not wait: the run loop writes one there when a turn was cut between a yielding
-        call and its yield."""
+        call and its yield. ``caller``: who hands the events over (``LedgerRules``)."""
         return LedgerRules(
             self._runtime.schema,
             self._projection,
@@ -390,6 +391,7 @@ class Session:
             field=field,
             state=checks,
             results_before_messages=checks,
+            caller=caller,
         )
 
     def check_scoped_changes(
@@ -405,9 +407,9 @@ class Session:
         checked: list[ScopedStateChange] = []
         for position, change in enumerate(changes):
             where = f"{field}.{position}"
-            self.check_bound(change.scope, change.scope_id, f"{where}.scope_id")
-            if change.scope not in schema:
+            if change.scope not in schema:  # first: an unknown scope is no unbound id
                 raise UnknownScope(change.scope, field=f"{where}.scope")
+            self.check_bound(change.scope, change.scope_id, f"{where}.scope_id")
             scope = schema[change.scope]
             current = values.setdefault(change.scope, dict(self._projection.scoped_states.get(change.scope) or {}))
             value = scope.check_write(
@@ -441,13 +443,14 @@ class Session:
             projection.apply(event)
         return projection.snapshot()
 
-    def fork_at(self, index: int, *, reason: str = "fork_at") -> Session:
+    def fork_at(self, index: int, *, reason: str = "fork_at", principal: str | None = None) -> Session:
         """A new session (new id, not stored until committed): copies of events ``0..index``, then a
         ``session_forked`` event saying where it came from and ``reason``. Cut inside a running invocation,
         the copy is paused there (an ``invocation_yield`` waiting for nothing before ``session_forked``): it
         is ``resumable``, and a message or a run continues it, running the calls that had no result.
 
-        On a session loaded from a snapshot the earlier ledger is fetched first."""
+        On a session loaded from a snapshot the earlier ledger is fetched first. ``principal``: who forks it
+        (recorded on the ``session_forked`` event)."""
         position = self._position(index)
         self._fetch_from(0)
         if not isinstance(reason, str) or not reason:
@@ -465,7 +468,7 @@ class Session:
             copied.append(
                 InvocationYieldEvent(invocation_id=replayed.open_invocation, pending=[], agent_name=agent_name)
             )
-        return self._fork(self._events[position].id, reason, copied)
+        return self._fork(self._events[position].id, reason, copied, principal)
 
     def fork(self, reason: str) -> Session:
         """A new session holding this whole ledger, stored or not (a run that could not join its session).
@@ -477,11 +480,13 @@ class Session:
         at = self._events[self._committed - 1].id if self._committed else None
         return self._fork(at, reason, list(self._events))
 
-    def _fork(self, at_event_id: str | None, reason: str, events: list[Event]) -> Session:
+    def _fork(self, at_event_id: str | None, reason: str, events: list[Event], principal: str | None = None) -> Session:
         fork = Session(
             self._runtime, scopes=self.scopes, events=events, committed=0, forked_from=self.id, fork_reason=reason
         )
-        fork.append(SessionForkedEvent(from_session_id=self.id, at_event_id=at_event_id, reason=reason))
+        fork.append(
+            SessionForkedEvent(from_session_id=self.id, at_event_id=at_event_id, reason=reason, principal=principal)
+        )
         return fork
 
     def model_input(self, index: int) -> list[Message]:
@@ -603,28 +608,43 @@ class SessionInput:
     def __init__(self, session: Session) -> None:
         self._session = session
 
-    def tool(self, call_id: str, input: Any) -> ToolInputEvent:
-        """Answer a yielded call; the answer is validated against the tool's ``yield_schema`` first."""
-        return self.tools([{"call_id": call_id, "input": input}])[0]
+    def tool(
+        self, call_id: str, input: Any, *, principal: str | None = None, groups: Iterable[str] = ()
+    ) -> ToolInputEvent:
+        """Answer a yielded call; the answer is validated against the tool's ``yield_schema`` first, and the
+        answerer (``principal``, a member of ``groups``) against its ``answerable_by`` (``AnswerRefused``)."""
+        return self.tools([{"call_id": call_id, "input": input}], principal=principal, groups=groups)[0]
 
     def tools(
-        self, answers: Sequence[Mapping[str, Any]], *, principal: str | None = None, field: str = "tools"
+        self,
+        answers: Sequence[Mapping[str, Any]],
+        *,
+        principal: str | None = None,
+        groups: Iterable[str] = (),
+        field: str = "tools",
     ) -> list[ToolInputEvent]:
         """Answer several yielded calls at once: all are checked before any is recorded.
 
-        ``principal``: who answers, as authenticated by the caller of this (recorded on each answer).
+        ``principal``: who answers, as authenticated by the caller of this (recorded on each answer), a member
+        of ``groups``: each answer's tool's ``answerable_by`` must admit them (``AnswerRefused``, 403).
         ``field``: what errors call the answers (``tools.N...`` as in ``app.run``'s input; the API's ``answers``).
         """
-        events = self.prepare(answers, principal=principal, field=field)
+        events = self.prepare(answers, principal=principal, groups=groups, field=field)
         for event in events:
             self._session.append(event)
         return events
 
     def prepare(
-        self, answers: Sequence[Mapping[str, Any]], *, principal: str | None = None, field: str = "tools"
+        self,
+        answers: Sequence[Mapping[str, Any]],
+        *,
+        principal: str | None = None,
+        groups: Iterable[str] = (),
+        field: str = "tools",
     ) -> list[ToolInputEvent]:
         """Check answers and build their events without recording them (errors name ``{field}.N...``)."""
         session = self._session
+        member_of = frozenset(groups)
         if isinstance(answers, str | bytes) or not isinstance(answers, Sequence):
             raise InputError(f"{field} is a list of {{'call_id': ..., 'input': ...}}", field=field)
         pending = session.projection.pending
@@ -654,6 +674,16 @@ class SessionInput:
                     f"tool {call.name!r} is not registered with app {session.app_name!r}: "
                     "define it (app.tool) in this process before answering its calls"
                 )
+            node = session.projection.invocations.get(call.invocation_id or "")
+            check_answer(
+                tool.rules,
+                call_id=call_id,
+                tool=call.name,
+                principal=principal,
+                groups=member_of,
+                starter=node.principal if node is not None else None,
+                field=f"{field}.{position}.call_id",
+            )
             given = answer.get("input")
             check_storable(given, f"{field}.{position}.input")  # named as unstorable, not as "not JSON"
             try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
@@ -37,7 +37,7 @@ from ..events import (
 )
 from ..ids import new_id
 from ..models.base import Message, ModelAdapter, ModelRequest, ModelResponse, ModelSpec
-from ..projection import Output, YieldedTool
+from ..projection import Output, Projection, YieldedTool
 from ..session import Runtime, Session
 from ..state.access import Invocation
 from ..state.values import check_storable, json_values, repaired, storable_text, unstorable
@@ -149,13 +149,17 @@ def start_run(
     invocation_id: str | None = None,
     deadline: int | None = None,
     checkpoint: Checkpoint | None = None,
+    principal: str | None = None,
+    groups: Iterable[str] = (),
 ) -> RunStream:
     """Check the input (raising, with nothing written, if it is bad) and return the run's event stream.
 
     ``adapter_for`` resolves an agent's model to its adapter; ``ephemeral`` builds the session a run
     without one uses. The app passes both, so the loop never reaches back into it. A runner (a server
     running turns) passes ``invocation_id`` for a new invocation (so it can name the turn before claiming
-    it), its ``deadline`` (recorded on the ledger) and a ``checkpoint``.
+    it), its ``deadline`` (recorded on the ledger) and a ``checkpoint``. ``principal`` (a member of ``groups``)
+    is who runs it: recorded on the invocation's start and on the answers the input gives, which each tool's
+    ``answerable_by`` must admit.
     """
     if not isinstance(agent, Agent):
         raise ConfigurationError(f"app.run takes an agent built with app.agent, not {agent!r}")
@@ -172,13 +176,16 @@ def start_run(
     if run_input.state:
         base = {**session.projection.session_state, **seeds.get("session", {})}
         state = session.access.check("session", run_input.state, base=base)
-    answers = session.input.prepare(run_input.tools)
+    answers = session.input.prepare(run_input.tools, principal=principal, groups=groups)
     projection = session.projection
     if run_input.message is not None:
         # A call left waiting would get its result after the message, a transcript no provider accepts:
-        # every yielded call is answered first (now, or before).
+        # every yielded call is answered first (now, or before). So is a yielding call whose yield was never
+        # recorded (its runner died between the two): it waits all the same, and the loop would hear the
+        # message before writing the yield. A takeover without a message records it.
         answering = {answer.call_id for answer in answers}
         unanswered = [call_id for call_id in projection.pending if call_id not in answering]
+        unanswered += [call.call_id for call in _unyielded(agent, projection) if call.call_id not in answering]
         if unanswered:
             raise AwaitingInput(session.id, unanswered)
     if projection.open_invocation is not None:
@@ -187,6 +194,7 @@ def start_run(
             raise AgentMismatch(waiting, agent.name)
     run = _Run(adapter_for, agent, session, run_input, seeds, state, stored, answers)
     run.invocation_id, run.deadline, run.checkpoint = invocation_id, deadline, checkpoint
+    run.principal = principal
     return RunStream(run.steps())
 
 
@@ -219,6 +227,7 @@ class _Run:
         self.invocation_id: str | None = None
         self.deadline: int | None = None
         self.checkpoint: Checkpoint | None = None
+        self.principal: str | None = None
 
     def _go_on(self) -> bool:
         """Whether the runner lets the run take its next step (it commits what the run holds first)."""
@@ -260,7 +269,9 @@ class _Run:
         else:
             invocation_id = self.invocation_id or new_id("inv_")
             session.append(
-                InvocationStartEvent(invocation_id=invocation_id, agent_name=agent_name, deadline=self.deadline)
+                InvocationStartEvent(
+                    invocation_id=invocation_id, agent_name=agent_name, deadline=self.deadline, principal=self.principal
+                )
             )
         invocation = session.invocation(invocation_id, agent_name, stored=self.stored)
         if self.message is not None and not projection.unexecuted_calls():
@@ -522,6 +533,22 @@ class _Run:
             invocation_id=invocation_id,
             events=events,
         )
+
+
+def _unyielded(agent: Agent, projection: Projection) -> list[ToolCallEvent]:
+    """The calls of yielding tools that wait for an answer but were never yielded (the loop yields them next)."""
+    waiting = []
+    for call in projection.unexecuted_calls():
+        tool = agent.tool(call.name)
+        if (
+            tool is not None
+            and tool.yields
+            and call.call_id not in projection.answered
+            and call.call_id not in projection.pending
+            and _callable_with(tool, call)
+        ):
+            waiting.append(call)
+    return waiting
 
 
 def _callable_with(tool: Tool, call: ToolCallEvent) -> bool:

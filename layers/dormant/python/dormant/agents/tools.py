@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import PydanticSerializationError, to_json
 
 from ..errors import ConfigurationError, ToolArgumentsError, ToolInputError
+from ..people import ANYONE, parse_rules
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -59,6 +60,9 @@ class Tool:
     schema: type[BaseModel] = _NoArgs
     execute: Callable[[ToolContext], Any] | None = None
     yield_schema: type[BaseModel] | None = None
+    answerable_by: str | tuple[str, ...] = ANYONE
+    """Who may answer a yielded call (``dormant.people``): ``"tenant"``, ``"group:NAME"``, ``"starter"``,
+    ``"not_starter"``, or a tuple of them that must all hold."""
     _definition: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -71,6 +75,9 @@ class Tool:
                 raise ConfigurationError(f"tool {self.name!r}: {label} must be a pydantic model class, not {model!r}")
         if self.execute is None and self.yield_schema is None:
             raise ConfigurationError(f"tool {self.name!r} needs execute= (only a yielding tool may leave it out)")
+        self.answerable_by = parse_rules(self.answerable_by)
+        if self.answerable_by != (ANYONE,) and self.yield_schema is None:
+            raise ConfigurationError(f"tool {self.name!r}: answerable_by is for a tool that yields (yield_schema=)")
         if self.execute is not None and not callable(self.execute):
             raise ConfigurationError(f"tool {self.name!r}: execute must be callable")
         parameters = self.schema.model_json_schema()
@@ -81,6 +88,11 @@ class Tool:
     @property
     def yields(self) -> bool:
         return self.yield_schema is not None
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        """``answerable_by`` as the tuple of rules it is once checked."""
+        return self.answerable_by if isinstance(self.answerable_by, tuple) else (self.answerable_by,)
 
     @property
     def answer_schema(self) -> dict[str, Any] | None:

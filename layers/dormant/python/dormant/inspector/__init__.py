@@ -5,6 +5,10 @@ no build step) and reads and acts only through the API routes, so a tenant sees 
 exactly what it could over curl. Every page URL answers the same document, which routes on the path
 (``/inspect/sessions/{id}``, ``?at=`` for time travel): a link to any view can be shared.
 
+The page shows who it acts as (``GET /inspect/me``: ``dormant serve``'s caller, its principal, tenant and
+groups) and offers no answer form for a call the API would refuse this caller (``answerable`` is false in
+the session's ``yielded_tools``); the API refuses it anyway (403), as over curl.
+
 A session that is ``running`` is followed live: the page opens ``dormant serve``'s event stream
 (``GET /sessions/{id}/events`` as ``text/event-stream``) and appends each step as the turn commits it.
 
@@ -16,14 +20,17 @@ It is left out of the Lambda layer (``infra.bundle``): nothing on Lambda serves 
 
 from __future__ import annotations
 
+import json
 from importlib.resources import files
 from typing import NamedTuple
 
 from ..serving.local import PageRequest, Reply
 
-__all__ = ["ASSET_PREFIX", "Asset", "asset", "page"]
+__all__ = ["ASSET_PREFIX", "ME_PATH", "Asset", "asset", "page"]
 
 ASSET_PREFIX = "/inspect/assets/"
+ME_PATH = "/inspect/me"
+"""Who the page acts as, as JSON: ``{"principal", "tenant", "groups"}``."""
 _TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -72,5 +79,8 @@ def page(request: PageRequest) -> Reply | None:
     """``dormant serve``'s page for the inspector: its paths on GET and HEAD, anything else passed on."""
     if request.method not in {"GET", "HEAD"}:
         return None
+    if request.path == ME_PATH:
+        me = {"principal": request.principal, "tenant": request.tenant, "groups": list(request.groups)}
+        return Reply(200, json.dumps(me).encode(), {"Content-Type": "application/json", **_HEADERS})
     found = asset(request.path)
     return None if found is None else Reply(200, found.body, found.headers)

@@ -8,8 +8,11 @@ raises ends the run with status ``error``, recorded on the ledger.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,7 +28,9 @@ __all__ = [
     "ModelSpec",
     "ToolCall",
     "bedrock",
+    "calls_end_by",
     "openai",
+    "time_left",
 ]
 
 
@@ -96,6 +101,36 @@ class ModelAdapter(Protocol):
     """What a model provider implements."""
 
     def complete(self, request: ModelRequest) -> ModelResponse: ...
+
+
+# -- the time a model call may take --------------------------------------------------------
+
+_CALLS_END_BY: contextvars.ContextVar[float | None] = contextvars.ContextVar("dormant_calls_end_by", default=None)
+
+MIN_ATTEMPT_SECONDS = 1.0
+"""An adapter starts no attempt (first try or retry) with less time than this left: it would only time out."""
+
+
+@contextlib.contextmanager
+def calls_end_by(deadline: float | None) -> Iterator[None]:
+    """Model calls made inside must have returned by ``deadline`` (``time.time()`` seconds), retries included.
+
+    A Lambda handler sets it from ``context.get_remaining_time_in_millis()``, less the time it needs to record
+    what happened: a provider slower than that ends the step with the adapter's typed ``ModelUnavailable``
+    (on the ledger) instead of Lambda killing the function mid-step. Without it adapters keep their own
+    timeouts and retries.
+    """
+    token = _CALLS_END_BY.set(deadline)
+    try:
+        yield
+    finally:
+        _CALLS_END_BY.reset(token)
+
+
+def time_left() -> float | None:
+    """Seconds until the ``calls_end_by`` deadline in force (``None``: no deadline; never below 0)."""
+    deadline = _CALLS_END_BY.get()
+    return None if deadline is None else max(0.0, deadline - time.time())
 
 
 # Providers dormant ships, imported only when a run first needs one (their SDKs are optional extras).

@@ -10,7 +10,11 @@ Options (``bedrock(model_id, **options)`` or ``BedrockAdapter(**options)``):
   suggests for Bedrock throttling), ``"standard"`` or ``"legacy"``; ``max_attempts`` counts the first
   try (default 4), as ``AWS_MAX_ATTEMPTS`` does — botocore's own ``retries["max_attempts"]`` counts
   retries only, hence ``total_max_attempts`` — plus ``connect_timeout`` and ``read_timeout``.
-  Throttling, 5xx and timeouts are retried by botocore's handler; this module adds no retry loop.
+  Throttling, 5xx and timeouts are retried by botocore's handler; this module adds no retry loop, except
+  under a deadline (``dormant.models.base.calls_end_by``, set by the Lambda handlers from the function's
+  remaining time): then each attempt is made by a client whose read timeout is what is left, and a retry
+  only when its backoff leaves time for it (at most ``max_attempts`` in all), so a slow model ends the step
+  with ``BedrockModelUnavailable`` rather than a killed function.
   An injected client keeps its own config.
 - request options: ``max_tokens``, ``temperature``, ``top_p``, ``stop_sequences`` (into
   ``inferenceConfig``) and Converse's own top-level fields by their API names (``inferenceConfig``,
@@ -32,8 +36,10 @@ support Bedrock's native structured output.
 from __future__ import annotations
 
 import json
+import random
 import re
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,7 +51,7 @@ from ..errors import (
     ModelError,
 )
 from ..events import Usage
-from .base import Message, ModelRequest, ModelResponse, ToolCall
+from .base import MIN_ATTEMPT_SECONDS, Message, ModelRequest, ModelResponse, ToolCall, time_left
 
 # The errors are defined in dormant.errors (one tree) and re-exported here, where callers look for them.
 __all__ = ["BedrockAdapter", "BedrockMalformedResponse", "BedrockModelError", "BedrockModelUnavailable"]
@@ -114,6 +120,8 @@ class BedrockAdapter:
         self.client_options = {k: v for k, v in options.items() if k in _CLIENT_OPTIONS}
         self.request_options = _request_options(options)
         self._client: Any = options.get("client")
+        self._injected = self._client is not None
+        self._session: Any = None
         self._lock = threading.Lock()
 
     # -- the request ------------------------------------------------------------------------
@@ -183,12 +191,49 @@ class BedrockAdapter:
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         payload = self.wire_request(request)
+        if time_left() is not None:
+            return self.parse_response(self._converse_by_deadline(payload, request.model.name), request)
         client = self._get_client()
         try:
             response = client.converse(**payload)
         except Exception as exc:
             raise _translate(exc, request.model.name) from exc
         return self.parse_response(response, request)
+
+    def _converse_by_deadline(self, payload: dict[str, Any], model_id: str) -> Any:
+        """``converse`` under a deadline: one attempt per client call, timed out when the deadline comes; a
+        retry only when its backoff leaves at least ``MIN_ATTEMPT_SECONDS``."""
+        attempt = 0
+        while True:
+            left = time_left() or 0.0
+            if left < MIN_ATTEMPT_SECONDS:
+                tried = f" after {attempt} {'retry' if attempt == 1 else 'retries'}" if attempt else ""
+                raise BedrockModelUnavailable(
+                    f"Bedrock Converse ({model_id}): the function's time ran out{tried} before "
+                    f"{'a retry' if attempt else 'the call'} could be made"
+                )
+            client = self._get_client() if self._injected else self._bounded_client(left)
+            try:
+                return client.converse(**payload)
+            except Exception as exc:
+                pause = _retry_pause(exc, attempt) if attempt + 1 < self.max_attempts else None
+                if pause is None or (time_left() or 0.0) - pause < MIN_ATTEMPT_SECONDS:
+                    raise _translate(exc, model_id) from exc
+                time.sleep(pause)
+                attempt += 1
+
+    def _bounded_client(self, seconds: float) -> Any:
+        """A client that makes one attempt and gives up reading after ``seconds``."""
+        from botocore.config import Config
+
+        connect = min(float(self.client_options.get("connect_timeout", 60)), seconds)
+        config = Config(
+            retries={"mode": "standard", "total_max_attempts": 1},
+            connect_timeout=connect,
+            read_timeout=seconds,
+            user_agent_extra="dormant",
+        )
+        return self._build_client(config)
 
     def parse_response(self, response: Any, request: ModelRequest | None = None) -> ModelResponse:
         """Map a Converse response to a ``ModelResponse``; the forced output tool's input becomes the text."""
@@ -231,7 +276,7 @@ class BedrockAdapter:
                 self._client = self._build_client()
             return self._client
 
-    def _build_client(self) -> Any:
+    def _build_client(self, config: Any = None) -> Any:
         try:
             import boto3
             from botocore.exceptions import BotoCoreError
@@ -245,11 +290,12 @@ class BedrockAdapter:
             if k in self.client_options
         }
         try:
-            session = boto3.session.Session(**session_options)
-            return session.client(
+            if self._session is None:
+                self._session = boto3.session.Session(**session_options)
+            return self._session.client(
                 "bedrock-runtime",
                 endpoint_url=self.client_options.get("endpoint_url"),
-                config=self.client_config(),
+                config=config or self.client_config(),
             )
         except BotoCoreError as exc:  # no region, unknown profile...
             raise ConfigurationError(
@@ -361,6 +407,19 @@ def _int(value: Any) -> int:
 
 
 # -- errors ---------------------------------------------------------------------------------
+
+
+def _retry_pause(exc: Exception, attempt: int) -> float | None:
+    """Seconds to wait before retrying after ``exc`` (throttling, 5xx-like codes, timeouts, dropped
+    connections), or ``None`` for an error a retry would not mend."""
+    from botocore.exceptions import ClientError, ConnectionError, ReadTimeoutError
+
+    if isinstance(exc, ClientError):
+        if str(exc.response.get("Error", {}).get("Code")) not in _RETRYABLE_CODES:
+            return None
+    elif not isinstance(exc, ReadTimeoutError | ConnectionError):
+        return None
+    return float(min(0.5 * 2**attempt, 8.0) * (1 - 0.25 * random.random()))
 
 
 def _translate(exc: Exception, model_id: str) -> ModelError | ConfigurationError:

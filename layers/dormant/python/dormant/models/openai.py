@@ -2,11 +2,15 @@
 
 Options (``openai(name, **options)`` or ``OpenAIAdapter(**options)``) are of two kinds:
 
-- client options configure the SDK client once: ``api_key`` (else ``OPENAI_API_KEY``), ``base_url``,
+- client options configure the SDK client once: ``api_key`` (else ``OPENAI_API_KEY``; or a
+  ``dormant.models.secrets.Secret``, read on the first call and again when its cached value changes), ``base_url``,
   ``organization``, ``project``, ``timeout``, ``max_retries``, ``default_headers``, ``default_query``,
   ``http_client``, ``websocket_base_url``; or ``client=`` a ready ``openai.OpenAI`` (Azure, proxies, tests).
   Retries with backoff on 429, 408/409, 5xx, timeouts and dropped connections are the SDK's own
-  (``max_retries``, default 2; ``Retry-After`` honoured): this module adds no retry loop.
+  (``max_retries``, default 2; ``Retry-After`` honoured): this module adds no retry loop, except under a
+  deadline (``dormant.models.base.calls_end_by``, set by the Lambda handlers from the function's remaining
+  time): then each attempt gets what is left as its timeout, and a retry is made only if its backoff leaves
+  time for it (at most ``max_retries``), so a slow provider ends the step with ``OpenAIModelUnavailable``.
 - every other option is a request field sent as is (``temperature``, ``max_tokens``, ``seed``,
   ``top_p``, ``reasoning_effort``, vendor fields of a compatible server...). Request options on the
   agent's model spec override the adapter's, so one injected adapter can serve several agents.
@@ -28,8 +32,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import threading
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +48,7 @@ from ..errors import (
     OpenAIRefusal,
 )
 from ..events import Usage
-from .base import Message, ModelRequest, ModelResponse, ToolCall
+from .base import MIN_ATTEMPT_SECONDS, Message, ModelRequest, ModelResponse, ToolCall, time_left
 
 if TYPE_CHECKING:
     import openai as openai_sdk
@@ -72,6 +78,8 @@ _RESERVED = frozenset({"model", "messages", "tools", "stream", "extra_body", "ex
 # Non-body parameters of ``chat.completions.create``; everything else in its signature is a body field.
 _CREATE_NON_BODY = frozenset({"extra_headers", "extra_query", "extra_body", "timeout"})
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
+_SDK_MAX_RETRIES = 2
+"""The SDK's own default ``max_retries``: what a deadline-bound call allows itself too."""
 _SCHEMA_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -84,6 +92,8 @@ class OpenAIAdapter:
         self.client_options = {k: v for k, v in options.items() if k in _CLIENT_OPTIONS}
         self.request_options = {k: v for k, v in options.items() if k not in _CLIENT_OPTIONS | _ADAPTER_OPTIONS}
         self._client: openai_sdk.OpenAI | None = options.get("client")
+        self._injected = self._client is not None
+        self._key_used: str | None = None
         self._body_fields: frozenset[str] | None = None
         self._lock = threading.Lock()
 
@@ -120,11 +130,36 @@ class OpenAIAdapter:
         fields = self._create_body_fields(client)
         kwargs = {k: v for k, v in body.items() if k in fields}
         extra = {k: v for k, v in body.items() if k not in fields}  # vendor fields the SDK does not name
-        try:
-            completion = client.chat.completions.create(**kwargs, extra_body=extra or None)
-        except Exception as exc:
-            raise _translate(exc, client) from exc
+        if time_left() is None:
+            try:
+                completion = client.chat.completions.create(**kwargs, extra_body=extra or None)
+            except Exception as exc:
+                raise _translate(exc, client) from exc
+        else:
+            completion = self._create_by_deadline(client, kwargs, extra)
         return self.parse_response(completion, request)
+
+    def _create_by_deadline(self, client: openai_sdk.OpenAI, kwargs: dict[str, Any], extra: dict[str, Any]) -> Any:
+        """``create`` under a deadline: each attempt times out when the deadline comes, and a retry is made only
+        when its backoff leaves at least ``MIN_ATTEMPT_SECONDS``."""
+        retries = self.client_options.get("max_retries", _SDK_MAX_RETRIES)
+        attempt = 0
+        while True:
+            left = time_left() or 0.0
+            if left < MIN_ATTEMPT_SECONDS:
+                raise OpenAIModelUnavailable(
+                    f"OpenAI chat completion ({client.base_url}): the function's time ran out"
+                    f"{_after(attempt)} before {'a retry' if attempt else 'the call'} could be made"
+                )
+            try:
+                bounded = client.with_options(timeout=left, max_retries=0)
+                return bounded.chat.completions.create(**kwargs, extra_body=extra or None)
+            except Exception as exc:
+                pause = _retry_pause(exc, attempt) if attempt < retries else None
+                if pause is None or (time_left() or 0.0) - pause < MIN_ATTEMPT_SECONDS:
+                    raise _translate(exc, client, retries=attempt, deadline=True) from exc
+                time.sleep(pause)
+                attempt += 1
 
     def parse_response(self, completion: Any, request: ModelRequest | None = None) -> ModelResponse:
         """Map a chat completion (SDK object or its JSON) to a ``ModelResponse``; refuse a malformed one."""
@@ -161,15 +196,23 @@ class OpenAIAdapter:
 
     def _get_client(self) -> openai_sdk.OpenAI:
         with self._lock:
+            key = self.client_options.get("api_key")
+            if callable(getattr(key, "value", None)):  # a Secret: its cached value; a new one rebuilds the client
+                value = str(key.value())  # type: ignore[union-attr]
+                if self._client is not None and value != self._key_used and not self._injected:
+                    self._client = None
+                self._key_used = value
             if self._client is None:
-                self._client = self._build_client()
+                self._client = self._build_client(self._key_used)
             return self._client
 
-    def _build_client(self) -> openai_sdk.OpenAI:
+    def _build_client(self, key: str | None = None) -> openai_sdk.OpenAI:
         _sdk()
         import openai as sdk
 
         options = dict(self.client_options)
+        if key is not None:
+            options["api_key"] = key
         if not options.get("api_key"):
             options["api_key"] = os.environ.get("OPENAI_API_KEY") or None
         if not options["api_key"]:
@@ -294,12 +337,40 @@ def _int(value: Any) -> int:
 # -- errors ---------------------------------------------------------------------------------
 
 
-def _translate(exc: Exception, client: openai_sdk.OpenAI) -> ModelError:
+def _after(retries: int) -> str:
+    return f" after {retries} {'retry' if retries == 1 else 'retries'}" if retries else ""
+
+
+def _retry_pause(exc: Exception, attempt: int) -> float | None:
+    """Seconds to wait before retrying after ``exc`` (the SDK's rules: ``x-should-retry``, 408/409/429/5xx,
+    timeouts and dropped connections; ``Retry-After`` up to 60 s, else backoff from 0.5 s), or ``None``."""
+    sdk = _sdk()
+    if isinstance(exc, sdk.APIStatusError):
+        headers = exc.response.headers
+        should = headers.get("x-should-retry")
+        retryable = exc.status_code in _RETRYABLE_STATUS or exc.status_code >= 500
+        if should == "false" or (should != "true" and not retryable):
+            return None
+        for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+            try:
+                seconds = float(headers.get(name, "")) * scale
+            except ValueError:
+                continue
+            if 0 < seconds <= 60:
+                return seconds
+    elif not isinstance(exc, sdk.APITimeoutError | sdk.APIConnectionError):
+        return None
+    return float(min(0.5 * 2**attempt, 8.0) * (1 - 0.25 * random.random()))
+
+
+def _translate(
+    exc: Exception, client: openai_sdk.OpenAI, *, retries: int | None = None, deadline: bool = False
+) -> ModelError:
     """An SDK/HTTP failure as a typed dormant error whose message says what happened and how often it was tried."""
     sdk = _sdk()
     where = f"OpenAI chat completion ({client.base_url})"
-    retries = _retries_taken(exc)
-    tried = f" after {retries} {'retry' if retries == 1 else 'retries'}" if retries else ""
+    retries = _retries_taken(exc) if retries is None else retries
+    tried = _after(retries)
     if isinstance(exc, sdk.APIStatusError):
         status = exc.status_code
         kind = OpenAIModelUnavailable if status in _RETRYABLE_STATUS or status >= 500 else OpenAIModelError
@@ -309,7 +380,8 @@ def _translate(exc: Exception, client: openai_sdk.OpenAI) -> ModelError:
             request_id=exc.request_id,
         )
     if isinstance(exc, sdk.APITimeoutError):
-        return OpenAIModelUnavailable(f"{where} timed out{tried}")
+        spent = " (the function's remaining time)" if deadline else ""
+        return OpenAIModelUnavailable(f"{where} timed out{spent}{tried}")
     if isinstance(exc, sdk.APIConnectionError):
         cause = exc.__cause__ or exc.__context__
         detail = f": {cause}" if cause is not None else ""

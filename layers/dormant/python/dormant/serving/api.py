@@ -7,16 +7,28 @@ imports the X-Ray SDK, which costs a cold start nothing uses otherwise).
 
 What a caller gets: JSON in and out; bad input a 400 naming the field; an unknown session (or another
 tenant's) a 404; a body over ``MAX_BODY_BYTES`` a 413; a lost claim or version a 409 — each with
-``{"error": <class>, "message", "field"?}``, never a traceback, and with nothing written. The tenant
-is the ``sub`` claim the Cognito authorizer verified (``requestContext.authorizer.claims.sub``).
+``{"error": <class>, "message", "field"?}``, never a traceback, and with nothing written.
+
+Who calls: the claims the Cognito authorizer verified (``requestContext.authorizer.claims``). The principal
+is always ``sub``; the tenant is the ``DORMANT_TENANT_CLAIM`` claim (``custom:tenant``), or ``sub`` when the
+token has none (single-user mode); the groups are ``cognito:groups``. Runs, answers, forks and erasures
+record the principal. An answer the tool's ``answerable_by`` refuses this caller is a 403 (``AnswerRefused``)
+and writes nothing; ``GET /sessions?awaiting=me`` lists the sessions with calls this caller may answer. A
+machine client's access token (``token_use`` ``access``, under ``/clients``) must carry the route's scope
+(``routes.scope_of``), and ``dormant/answers.write`` for a commit that holds answers (403 otherwise).
+
+Browsers: the origins in ``DORMANT_CORS_ORIGINS`` (none by default) get ``Access-Control-*`` headers on every
+answer, errors included, and a preflight ``OPTIONS`` is answered before any route or tenant is looked at.
+``GET /openapi.json`` answers the OpenAPI document of every route (``serving.openapi``, built on first ask).
 
 ``POST /erasures`` (``{scope, scope_id}``) runs ``app.erase`` and answers its report. Any caller may
 erase, and only within its own tenant: the app it erases from is ``{app}@{tenant}``, so another
 tenant's sessions and shared state are out of its reach by construction, like everything else here.
 
 ``POST /runs`` and ``POST /tools`` retried with the same ``Idempotency-Key`` header return the first
-result without running again: Powertools idempotency, persisted in the session table under the
-partition ``I#{app}@{tenant}`` (a tenant's keys never meet another's), expiring through the table's TTL.
+result without running again: Powertools idempotency (``serving.idempotency``), its records kept with the
+session's (one partition per session of a tenant: a tenant's keys never meet another's): in the session
+table on DynamoDB, expiring through its TTL; in the ``idempotency`` table of a SQLite or Postgres database.
 
 ``POST /runs`` claims the turn and answers 202 (``Location``: the session; ``after``: the index of the
 turn's first event); the turn runs outside the request (``Hooks``: on AWS a Step Functions execution,
@@ -37,10 +49,11 @@ import time
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from aws_lambda_powertools import Logger, Metrics
-from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver, CORSConfig, Response, content_types
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -54,32 +67,38 @@ from ..errors import (
     EventIndexError,
     InputError,
     NotAuthenticated,
-    RequestInProgress,
+    NotPermitted,
     RequestTooLarge,
     SessionNotFound,
     UnknownCallId,
     VersionConflict,
     http_status,
 )
-from ..events import Event, InvocationEndEvent, ToolInputEvent, parse_event
-from ..ids import new_id
+from ..events import Event, InvocationEndEvent, InvocationStartEvent, SessionForkedEvent, ToolInputEvent, parse_event
+from ..ids import check_event_id, new_id
+from ..people import Caller, may_answer, parse_groups
 from ..projection import Projection, SessionStatus
 from ..session import Session
+from ..state.values import check_storable
 from ..stores.base import ScopedStateChange, SessionListing
 from .hooks import Hooks, Started
-from .routes import ROUTES
-from .runtime import Served, served_from_env
+from .routes import CLIENT_PREFIX, ROUTES, SCOPES, scope_of
+from .runtime import Served, served_from_env, tenant_claim
 from .turns import CLAIM_GRACE_MS, AdvanceOutcome, claim_turn, run_to_end
+
+if TYPE_CHECKING:
+    from .idempotency import Idempotency
 
 __all__ = [
     "MAX_BODY_BYTES",
     "MAX_EVENTS_PAGE_BYTES",
     "MAX_LIST_LIMIT",
     "MAX_WAIT_SECONDS",
+    "CORS_ORIGINS",
     "Hooks",
-    "Idempotency",
     "api_handler",
     "build_resolver",
+    "cors_config",
     "idempotency_from_env",
     "records",
     "session_view",
@@ -97,102 +116,44 @@ MAX_BODY_BYTES = 256 * 1024
 """Larger bodies are refused with 413 before they are parsed (an event must fit a DynamoDB item)."""
 
 
-class Idempotency:
-    """Run a request once per ``Idempotency-Key`` (Powertools idempotency on the session table)."""
+CORS_ORIGINS = "DORMANT_CORS_ORIGINS"
+"""The origins (comma-separated) whose pages may call the API from a browser; none when unset (the stack sets it
+from ``-c cors_origins=``, ``dormant serve`` from ``--cors-origin``)."""
+CORS_HEADERS = ("Idempotency-Key", "Prefer")
+"""Request headers a page may send beyond Powertools' own (Authorization, Content-Type and AWS's)."""
+CORS_MAX_AGE = 600
+"""Seconds a browser may keep a preflight's answer."""
 
-    def __init__(self, table_name: str, client: Any = None, expires_after_seconds: int = 24 * 3600) -> None:
-        self.table_name = table_name
-        self.expires_after_seconds = expires_after_seconds
-        self._client = client
 
-    def once(
-        self,
-        partition: str,
-        key: str,
-        route: str,
-        work: Callable[[], dict[str, Any]],
-        context: Any,
-        payload: str = "",
-    ) -> dict[str, Any]:
-        """``work()``, or the result of the request that ran first with ``key`` on ``route``; ``payload`` (the
-        request's body) must be that request's: a key reused for another body is refused, not replayed."""
-        from aws_lambda_powertools.utilities.idempotency import (
-            DynamoDBPersistenceLayer,
-            IdempotencyConfig,
-            idempotent_function,
-        )
-        from aws_lambda_powertools.utilities.idempotency.exceptions import (
-            IdempotencyAlreadyInProgressError,
-            IdempotencyValidationError,
-        )
+def cors_config(origins: Sequence[str], headers: Sequence[str] = ()) -> CORSConfig | None:
+    """Powertools' CORS for ``origins`` (``None``: no origin is allowed, no ``Access-Control-*`` header is sent).
+    A preflight (``OPTIONS``) is answered by the resolver itself, before any route; an answer carries the
+    ``Access-Control-*`` headers only when the request's ``Origin`` is one of ``origins``."""
+    allowed = [origin.strip().rstrip("/") for origin in origins if origin.strip()]
+    if not allowed:
+        return None
+    first, *rest = allowed
+    return CORSConfig(
+        allow_origin=first,
+        extra_origins=rest,
+        allow_headers=[*CORS_HEADERS, *headers],
+        expose_headers=["Location"],
+        max_age=CORS_MAX_AGE,
+    )
 
-        from ..stores.dynamodb import TABLE
 
-        layer = DynamoDBPersistenceLayer(
-            table_name=self.table_name,
-            key_attr=TABLE.partition_key[0],
-            sort_key_attr=TABLE.sort_key[0],
-            static_pk_value=f"I#{partition}",
-            expiry_attr=TABLE.ttl_attribute,
-            boto3_client=self._boto(),
-        )
-        config = IdempotencyConfig(
-            event_key_jmespath="[key, route]",
-            payload_validation_jmespath="body",
-            expires_after_seconds=self.expires_after_seconds,
-        )
-        config.register_lambda_context(context)  # a request cut off by the Lambda timeout may be retried
-
-        def run(request: dict[str, str]) -> dict[str, Any]:
-            return work()
-
-        guarded = idempotent_function(run, data_keyword_argument="request", persistence_store=layer, config=config)
-        try:
-            result: dict[str, Any] = guarded(request={"key": key, "route": route, "body": payload})
-        except IdempotencyValidationError:
-            raise InputError(
-                f"Idempotency-Key {key!r} was used for another request body; use a new key for a new request",
-                field="Idempotency-Key",
-            ) from None
-        except IdempotencyAlreadyInProgressError:
-            raise RequestInProgress(
-                f"a request with Idempotency-Key {key!r} is still running; retry later", field="Idempotency-Key"
-            ) from None
-        return result
-
-    def forget(self, partition: str) -> None:
-        """Delete every record under ``partition`` (results cached for retries hold what the session held)."""
-        from ..stores.dynamodb import TABLE
-
-        client = self._boto()
-        query: dict[str, Any] = {
-            "TableName": self.table_name,
-            "KeyConditionExpression": "#pk = :pk",
-            "ExpressionAttributeNames": {"#pk": TABLE.partition_key[0], "#sk": TABLE.sort_key[0]},
-            "ExpressionAttributeValues": {":pk": {"S": f"I#{partition}"}},
-            "ProjectionExpression": "#pk, #sk",
-            "ConsistentRead": True,
-        }
-        while True:
-            page = client.query(**query)
-            for item in page.get("Items", []):
-                client.delete_item(TableName=self.table_name, Key=item)
-            if "LastEvaluatedKey" not in page:
-                return
-            query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-
-    def _boto(self) -> Any:
-        if self._client is None:
-            import boto3
-
-            self._client = boto3.client("dynamodb")
-        return self._client
+def cors_origins_from_env() -> list[str]:
+    return [origin for origin in os.environ.get(CORS_ORIGINS, "").split(",") if origin.strip()]
 
 
 def idempotency_from_env() -> Idempotency | None:
     """``DORMANT_IDEMPOTENCY_TABLE`` (set by the stack) turns idempotency on."""
     table = os.environ.get("DORMANT_IDEMPOTENCY_TABLE")
-    return Idempotency(table) if table else None
+    if not table:
+        return None
+    from .idempotency import DynamoDBIdempotency  # Powertools' idempotency: loaded by the first request, not the import
+
+    return DynamoDBIdempotency(table)
 
 
 class _Body(BaseModel):
@@ -245,8 +206,9 @@ class CommitBody(_Body):
     scoped_changes: list[ScopedChange] | None = None
 
 
-def session_view(app: App, session: Session) -> dict[str, Any]:
-    """What ``GET /sessions/{id}`` answers: the session, its state in every bound scope, its waiting calls."""
+def session_view(app: App, session: Session, caller: Caller | None = None) -> dict[str, Any]:
+    """What ``GET /sessions/{id}`` answers: the session, its state in every bound scope, its waiting calls (with
+    who may answer each, and whether ``caller`` may)."""
     state: dict[str, Any] = {"session": session.state.to_dict()}
     for scope in session.scopes:
         state[scope] = getattr(session.state, scope).to_dict()
@@ -256,7 +218,7 @@ def session_view(app: App, session: Session) -> dict[str, Any]:
         "status": session.status,
         "scopes": dict(session.scopes),
         "state": state,
-        "yielded_tools": _yielded(app, session),
+        "yielded_tools": _yielded(app, session, caller),
         # The last event, not a scan: on a tail-loaded session a scan would fetch the whole ledger.
         "updated_at": session.events[-1].created_at if len(session.events) else session.created_at,
     }
@@ -287,13 +249,23 @@ def state_view(session: Session, at: int | None, since: int | None) -> dict[str,
     }
 
 
-def _yielded(app: App, session: Session) -> list[dict[str, Any]]:
+def _yielded(app: App, session: Session, caller: Caller | None = None) -> list[dict[str, Any]]:
     tools = []
     for call in session.yielded_tools:
         tool = app.tool_named(call.name)
         schema = tool.answer_schema if tool is not None else None
-        tools.append({"call_id": call.call_id, "name": call.name, "args": call.args, "answer_schema": schema})
+        shown: dict[str, Any] = {"call_id": call.call_id, "name": call.name, "args": call.args, "answer_schema": schema}
+        if tool is not None:
+            shown["answerable_by"] = list(tool.rules)
+            if caller is not None:
+                shown["answerable"] = _may_answer(session, tool.rules, call.invocation_id, caller)
+        tools.append(shown)
     return tools
+
+
+def _may_answer(session: Session, rules: Sequence[str], invocation_id: str | None, caller: Caller) -> bool:
+    node = session.projection.invocations.get(invocation_id or "")
+    return may_answer(rules, caller.principal, caller.groups, node.principal if node is not None else None)
 
 
 MAX_WAIT_SECONDS = 25
@@ -368,17 +340,26 @@ def build_resolver(
     logger: Logger,
     idempotency: Idempotency | None = None,
     function: str | None = None,
+    cors: CORSConfig | None = None,
 ) -> APIGatewayRestResolver:
     """The routes of ``function`` (``serving.routes``; ``None``: every route), over ``served``; each request
     works on the app as its tenant sees it. A function answers only its own routes, as API Gateway sends it
     only those: any other is a 404."""
-    resolver = APIGatewayRestResolver()
+    resolver = APIGatewayRestResolver(cors=cors, strip_prefixes=[CLIENT_PREFIX])
     mine = {(m, p.replace("{id}", "<session_id>")) for m, p, f in ROUTES if function is None or f == function}
 
     def route(method: str, path: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def register(view: Callable[..., Any]) -> Callable[..., Any]:
             if (method, path) in mine:
-                resolver.route(path, method)(view)
+
+                @functools.wraps(view)
+                def decoded(**keys: str) -> Any:
+                    # API Gateway's REST API passes the path as the client escaped it (only pathParameters are
+                    # decoded) and Powertools routes on the path: an id holding ':', '@', '+' or '=' arrives
+                    # escaped by any client that escapes path segments (a browser's encodeURIComponent).
+                    return view(**{name: unquote(value) for name, value in keys.items()})
+
+                resolver.route(path, method)(decoded)
             return view
 
         return register
@@ -401,15 +382,42 @@ def build_resolver(
         response.headers.update(result.get("headers") or {})
         return response
 
-    def tenant() -> str:
+    claim = tenant_claim()
+
+    def claims() -> dict[str, Any]:
         context = resolver.current_event.request_context
-        claims = (context.authorizer.claims or {}) if context.authorizer else {}
-        sub = claims.get("sub")
-        if not sub:
+        found = (context.authorizer.claims or {}) if context.authorizer else {}
+        if not found.get("sub"):
             raise NotAuthenticated("no authenticated caller (the authorizer gave no sub claim)")
-        return str(sub)
+        return found
+
+    def caller() -> Caller:
+        """Who is acting: the ``sub`` claim, in the groups of ``cognito:groups``."""
+        found = claims()
+        return Caller(str(found["sub"]), parse_groups(found.get("cognito:groups")))
+
+    def tenant() -> str:
+        """The tenant claim, else ``sub``: a token without a tenant is a tenant of its own (single-user mode)."""
+        found = claims()
+        return str(found.get(claim) or found["sub"])
+
+    def granted() -> frozenset[str] | None:
+        """The scopes of a machine client's access token; ``None`` for a person's ID token."""
+        found = claims()
+        if found.get("token_use") != "access":
+            return None
+        return frozenset(str(found.get("scope") or "").split())
+
+    def permit(scope: str) -> None:
+        scopes = granted()
+        if scopes is not None and scope not in scopes:
+            raise NotPermitted(f"this access token lacks the scope {scope}", rule=scope, field="scope")
 
     def app() -> App:
+        event = resolver.current_event
+        resource = event.request_context.resource_path.removeprefix(CLIENT_PREFIX)
+        if resource in {p for _, p, _ in ROUTES}:
+            permit(scope_of(event.http_method, resource))
         return served.for_tenant(tenant())
 
     def body(model: type[Any]) -> Any:
@@ -455,8 +463,12 @@ def build_resolver(
     def create() -> Response[Any]:
         request = body(CreateBody)
         tenant_app = app()
-        session = tenant_app.sessions.create(request.session_id, request.scopes)
-        return _json(201, session_view(tenant_app, session))
+        try:
+            session = tenant_app.sessions.create(request.session_id, request.scopes)
+        except VersionConflict as exc:  # the id is taken
+            exc.field = "session_id"
+            raise
+        return _json(201, session_view(tenant_app, session, caller()))
 
     @route("GET", "/sessions")
     def listing() -> dict[str, Any]:
@@ -464,25 +476,47 @@ def build_resolver(
         status = resolver.current_event.get_query_string_value("status")
         if status is not None and status not in STATUSES:  # else a typo reads ten pages to list nothing
             raise InputError(f"status is one of {', '.join(STATUSES)}, not {status!r}", field="status")
+        awaiting = resolver.current_event.get_query_string_value("awaiting")
+        if awaiting is not None and awaiting != "me":
+            raise InputError(f"awaiting is 'me' (the calls this caller may answer), not {awaiting!r}", field="awaiting")
         cursor = resolver.current_event.get_query_string_value("cursor")
-        sessions = app().sessions
+        tenant_app = app()
+        sessions = tenant_app.sessions
+        if awaiting is not None:
+            status = "awaiting_input"
+            me = caller()
+
+            def mine(row: SessionListing) -> list[dict[str, Any]]:
+                session = sessions.get(row.id) if row.status == status else None
+                if session is None:
+                    return []
+                return [c for c in _yielded(tenant_app, session, me) if c.get("answerable")]
+
         # With a status, read on (up to _SCAN_PAGES store pages) until the page is full, so a filtered
         # listing is not a run of empty pages; the cursor goes on after the last session looked at.
         rows: list[SessionListing] = []
+        calls: dict[str, list[dict[str, Any]]] = {}
         for _ in range(_SCAN_PAGES if status is not None else 1):
             page = sessions.list(limit=limit, cursor=cursor)
             rows += [s for s in page if status is None or s.status == status]
+            if awaiting is not None:  # only the sessions with a call this caller may answer
+                for row in page:
+                    if row.id not in calls and (found := mine(row)):
+                        calls[row.id] = found
+                rows = [s for s in rows if s.id in calls]
             cursor = page[-1].cursor if len(page) == limit else None
             if len(rows) >= limit or cursor is None:
                 break
         if len(rows) > limit:
             rows, cursor = rows[:limit], rows[limit - 1].cursor
+        if awaiting is not None:  # with the calls this caller may answer
+            return {"sessions": [{**s._asdict(), "calls": calls[s.id]} for s in rows], "cursor": cursor}
         return {"sessions": [s._asdict() for s in rows], "cursor": cursor}
 
     @route("GET", "/sessions/<session_id>")
     def show(session_id: str) -> dict[str, Any]:
         tenant_app = app()
-        return session_view(tenant_app, tenant_app.sessions.require(session_id))
+        return session_view(tenant_app, tenant_app.sessions.require(session_id), caller())
 
     @route("DELETE", "/sessions/<session_id>")
     def delete(session_id: str) -> Response[Any]:
@@ -537,12 +571,13 @@ def build_resolver(
         request = body(ForkBody)
         tenant_app = app()
         try:
-            forked = tenant_app.sessions.require(session_id).fork_at(request.at, reason=request.reason)
+            session = tenant_app.sessions.require(session_id)
+            forked = session.fork_at(request.at, reason=request.reason, principal=caller().principal)
         except EventIndexError as exc:
             exc.field = "at"
             raise
         tenant_app.sessions.commit(forked)
-        return _json(201, session_view(tenant_app, forked))
+        return _json(201, session_view(tenant_app, forked, caller()))
 
     def prefer_wait() -> int:
         """``Prefer: wait=N`` (RFC 7240): hold the request up to N seconds for the turn to end."""
@@ -560,6 +595,7 @@ def build_resolver(
         tenant_app = app()
         agent = served.agent(request.agent)
         run_input = {k: v for k, v in (("message", request.message), ("state", request.state)) if v is not None}
+        me = caller()
 
         def work() -> dict[str, Any]:
             session = tenant_app.sessions.require(session_id)
@@ -578,6 +614,8 @@ def build_resolver(
                 takeover=request.takeover,
                 invocation_id=invocation_id,
                 deadline=now_ms() + CLAIM_GRACE_MS,
+                principal=me.principal,  # who started it: the ledger says so, and the starter rules read it
+                groups=me.groups,
             )
             metrics.add_metric(name="turns", unit=MetricUnit.Count, value=1)
             if claim.invocation_id is None or (hooks.run is None and hooks.before_claim is None):
@@ -587,7 +625,7 @@ def build_resolver(
                 outcome = _await(tenant_app, session_id, claim.version, started, wait)
             if outcome is not None:
                 _count(metrics, outcome)
-                return {"status": 200, "body": _finished(tenant_app, outcome)}
+                return {"status": 200, "body": _finished(tenant_app, outcome, me)}
             return {
                 "status": 202,
                 "body": {"status": "running", "session_id": session_id, "version": claim.version, "after": claim.after},
@@ -602,10 +640,12 @@ def build_resolver(
         wait = prefer_wait()
         tenant_app = app()
         answers = [a.model_dump() for a in request.answers]
+        me = caller()
 
         def store(session: Session) -> None:
             try:  # errors are served as raised (their class, their status), named in this body: answers.N
-                session.input.tools(answers, principal=tenant(), field="answers")  # the audit says who answered
+                # the audit says who answered; the tool's answerable_by must admit them (403, nothing written)
+                session.input.tools(answers, principal=me.principal, groups=me.groups, field="answers")
             except UnknownCallId as exc:
                 raise _unknown_call(session, exc) from None
 
@@ -618,7 +658,7 @@ def build_resolver(
             if wait and answered["status"] in ("resumable", "running"):
                 outcome = _await(tenant_app, session_id, int(answered["version"]), None, wait)
                 if outcome is not None:
-                    return {"status": 200, "body": _finished(tenant_app, outcome)}
+                    return {"status": 200, "body": _finished(tenant_app, outcome, me)}
             return {"status": 202, "body": answered}
 
         return once(tenant_app, session_id, work)
@@ -627,26 +667,36 @@ def build_resolver(
     def remote_commit(session_id: str) -> Response[Any]:
         request = body(CommitBody)
         tenant_app = app()
+        me = caller()
         session = tenant_app.sessions.require(session_id)
         events = []
         for position, raw in enumerate(request.events):
             try:
-                events.append(parse_event(raw))
+                event = parse_event(raw)
             except InputError as exc:
                 raise InputError(str(exc), field=f"events.{position}") from None
+            if isinstance(event, ToolInputEvent):
+                permit(SCOPES["answer"])  # a machine client that may only run may not answer through a commit
+            check_event_id(event.id, f"events.{position}.id")  # the key rule first: an id is a key on every store
+            check_storable(event.model_dump(), f"events.{position}")  # named here, not by the store's encoder
+            events.append(event)
         # What a run could not record, no commit records (dormant.ledger): each event where it stands, state
         # changes against their scope's model, answers as strict as POST /tools takes them. Before appending.
-        rules = session.rules()
+        rules = session.rules(caller=me)
         for position, event in enumerate(events):
             try:
-                rules.check(event, position)
+                rules.check(event, position)  # answers, starts and forks are the caller's, answers by its rules
             except UnknownCallId as exc:
                 raise _unknown_call(session, exc) from None
-            session.append(event)
+            session.append(_as_caller(event, me.principal))
         named = [ScopedStateChange(c.scope, c.scope_id, c.key, c.value) for c in request.scoped_changes or []]
         changes = session.check_scoped_changes(named)
         if request.expected_version != session.version:  # a 409, as the store would answer (nothing written)
-            raise VersionConflict(session_id, expected_version=request.expected_version, actual_version=session.version)
+            conflict = VersionConflict(
+                session_id, expected_version=request.expected_version, actual_version=session.version
+            )
+            conflict.field = "expected_version"
+            raise conflict
         # Through the write path, as a run's: the bound-scope and retention checks (before anything is
         # written), and the snapshots that keep a load of a session only remote runners write from growing.
         result = tenant_app.sessions.write(
@@ -659,16 +709,29 @@ def build_resolver(
     def erase() -> dict[str, Any]:
         request = body(EraseBody)
         tenant_app = app()
-        report = tenant_app.erase(scope=request.scope, scope_id=request.scope_id)
+        report = tenant_app.erase(scope=request.scope, scope_id=request.scope_id, principal=caller().principal)
         if idempotency is not None:  # the answers kept for retries hold what the sessions held
             for session_id in report.sessions:
                 idempotency.forget(records(tenant_app, session_id))
         metrics.add_metric(name="erasures", unit=MetricUnit.Count, value=1)
         # What was erased, counted, for the audit; the person's id stays out of the logs.
         logger.info(
-            "erased", extra={"scope": report.scope, "sessions": len(report.sessions), "keys": len(report.scoped_keys)}
+            "erased",
+            extra={
+                "scope": report.scope,
+                "sessions": len(report.sessions),
+                "keys": len(report.scoped_keys),
+                "principal": report.principal,  # who erased (the erased person's id stays out)
+            },
         )
         return dataclasses.asdict(report)
+
+    @route("GET", "/openapi.json")
+    def openapi() -> Response[Any]:
+        tenant()  # behind the authorizer, as every route
+        from .openapi import document_json  # built when first asked for: no cold start pays for it
+
+        return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=document_json())
 
     def dormant_error(exc: DormantError) -> Response[Any]:
         status = http_status(exc)
@@ -678,12 +741,21 @@ def build_resolver(
             logger.exception("request failed")
             return _error(status, type(exc).__name__, "the request failed; see the logs for its request id")
         extra = {"actual_version": exc.actual_version} if isinstance(exc, VersionConflict) else {}
-        return _error(status, type(exc).__name__, str(exc), getattr(exc, "field", None), **extra)
+        field = getattr(exc, "field", None)
+        if field is None and isinstance(exc, SessionNotFound):  # the path's id, named as a body names it
+            field = "session_id"
+        return _error(status, type(exc).__name__, str(exc), field, **extra)
 
     def unexpected(exc: Exception) -> Response[Any]:
         logger.exception("unexpected error")
         return _error(500, "InternalError", "the request failed; see the logs for its request id")
 
+    def no_route(exc: Exception) -> Response[Any]:
+        # A path no route takes: one whose id holds what no route's segment matches (a NUL, a lone surrogate,
+        # a newline) once API Gateway decoded it. A 404 as dormant serve answers it, not the catch-all's 500.
+        return _error(404, "NotFound", "no route for this path")
+
+    resolver.not_found(no_route)
     for kind, on_error in ((DormantError, dormant_error), (Exception, unexpected)):
         resolver.exception_handler(kind)(on_error)
 
@@ -693,6 +765,14 @@ def build_resolver(
 def records(app: App, session_id: str) -> str:
     """The partition of a session's idempotency records (ids hold no ``#``: one partition per session)."""
     return f"{app.name}#{session_id}"
+
+
+def _as_caller(event: Event, principal: str) -> Event:
+    """``event`` recorded as ``principal`` when it is an answer, a start or a fork that names no one (the rules
+    refused one naming someone else)."""
+    if isinstance(event, ToolInputEvent | InvocationStartEvent | SessionForkedEvent) and event.principal is None:
+        return event.model_copy(update={"principal": principal})
+    return event
 
 
 def _held(session: Session) -> ClaimLost:
@@ -735,12 +815,12 @@ def _await(app: App, session_id: str, version: int, started: Started | None, sec
     return None
 
 
-def _finished(app: App, outcome: AdvanceOutcome) -> dict[str, Any]:
-    """The body of a turn that ended within the request."""
+def _finished(app: App, outcome: AdvanceOutcome, caller: Caller | None = None) -> dict[str, Any]:
+    """The body of a turn that ended within the request (whether ``caller`` may answer each waiting call)."""
     return {
         "status": outcome.status,
         "output": {"text": outcome.output.text, "value": outcome.output.value},
-        "yielded_tools": _yielded(app, outcome.session),
+        "yielded_tools": _yielded(app, outcome.session, caller),
         "commit_status": outcome.commit_status,
         "version": outcome.version,
         "fork_id": outcome.fork_id,
@@ -785,12 +865,16 @@ def api_handler(
     idempotency: Idempotency | None = None,
     *,
     function: str | None = None,
+    cors_origins: Sequence[str] | None = None,
+    cors_headers: Sequence[str] = (),
 ) -> Callable[[dict[str, Any], Any], Any]:
     """A Lambda handler serving the routes of ``function`` (``functions/<name>``; ``None``: every route), with
     ``served`` defaulting to ``DORMANT_APP`` on ``DORMANT_STORE`` and ``idempotency`` to
     ``DORMANT_IDEMPOTENCY_TABLE``; it builds its routes over the app on its first request. ``hooks`` say who
-    runs a claimed turn (``None``: the request itself) and what answers wake."""
+    runs a claimed turn (``None``: the request itself) and what answers wake. ``cors_origins`` (default:
+    ``DORMANT_CORS_ORIGINS``) may call it from a browser, sending ``cors_headers`` too (``cors_config``)."""
     logger = Logger()
+    cors = cors_config(cors_origins_from_env() if cors_origins is None else cors_origins, cors_headers)
     metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "dormant"))
 
     @functools.cache
@@ -804,12 +888,16 @@ def api_handler(
             logger,
             idempotency or idempotency_from_env(),
             function,
+            cors,
         )
 
     @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)
     def handler(event: dict[str, Any], context: Any) -> Any:
         try:
-            return resolver().resolve(event, context)
+            response = resolver().resolve(event, context)
+            if cors is not None:  # the answer differs by Origin: a cache must not give one origin's to another
+                response.setdefault("multiValueHeaders", {})["Vary"] = ["Origin"]
+            return response
         finally:
             if metrics.metric_set:
                 metrics.flush_metrics()

@@ -6,11 +6,17 @@ and goes to the handler ``api.api_handler`` builds for Lambda; its response is w
 Gateway would write it. Where Step Functions resumes a sleeping agent on AWS, the answers' own
 request resumes it here, in-process (``workflow.in_process_hooks``).
 
-Identity is a development stand-in for the authorizer: the ``X-Dormant-Principal`` header, else the
-server's ``principal``. Nothing here authenticates anyone, so only loopback clients are served: any
-other gets a 403. A loopback client may be a browser running another site's script, so a request a
-browser marks as cross-site (``Origin`` not this server, ``Sec-Fetch-Site: cross-site``) or one whose
-``Host`` is not a loopback name (DNS rebinding) gets a 403 too, before it reaches a handler.
+Identity is a development stand-in for the authorizer: the ``X-Dormant-Principal`` header (the token's
+``sub``), ``X-Dormant-Tenant`` (its tenant claim, ``DORMANT_TENANT_CLAIM``) and ``X-Dormant-Groups`` (a comma
+list: its ``cognito:groups``), each else the server's ``principal``, ``tenant`` and ``groups`` (the groups
+only for a request that names no principal: they are the default caller's); without a tenant the principal
+is its own tenant, as a token without the claim is on AWS. Nothing here
+authenticates anyone, so only loopback clients are served: any other gets a 403. A loopback client may
+be a browser running another site's script, so a request a browser marks as cross-site (``Origin`` not
+this server, ``Sec-Fetch-Site: cross-site``) or one whose ``Host`` is not a loopback name (DNS
+rebinding) gets a 403 too, before it reaches a handler. The pages of the origins given as ``cors_origins``
+(``dormant serve --cors-origin``) are let through, and get the ``Access-Control-*`` headers and preflight
+answers the deployed API gives them (``serving.api.cors_config``).
 
 **Concurrency.** A ``LocalAPI`` takes one request at a time: Powertools' resolver keeps the current event
 on its class (``BaseRouter.current_event``, shared by every instance and thread), so two requests in
@@ -69,14 +75,18 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from ..errors import ConfigurationError, InputError
-from .api import Idempotency, api_handler
-from .routes import ROUTES
-from .runtime import Served
+from ..people import parse_groups
+from .api import api_handler
+from .idempotency import Idempotency
+from .routes import PREFLIGHT_FUNCTION, ROUTES
+from .runtime import Served, tenant_claim
 from .workflow import in_process_hooks
 
 __all__ = [
+    "GROUPS_HEADER",
     "MAX_REQUEST_BYTES",
     "PRINCIPAL_HEADER",
+    "TENANT_HEADER",
     "Handler",
     "LocalAPI",
     "LocalServer",
@@ -89,6 +99,9 @@ __all__ = [
 ]
 
 PRINCIPAL_HEADER = "X-Dormant-Principal"
+TENANT_HEADER = "X-Dormant-Tenant"
+GROUPS_HEADER = "X-Dormant-Groups"
+_IDENTITY_HEADERS = frozenset(h.lower() for h in (PRINCIPAL_HEADER, TENANT_HEADER, GROUPS_HEADER))
 MAX_REQUEST_BYTES = 10 * 1024 * 1024
 """API Gateway's payload limit: a larger body is refused unread (the handler's own limit is lower)."""
 _LAMBDA_TIMEOUT_MS = 29_000  # API Gateway's integration timeout
@@ -130,11 +143,14 @@ class PageRequest:
     body: bytes
     principal: str
     api: LocalAPI
+    tenant: str | None = None
+    groups: tuple[str, ...] = ()
 
     def call_api(self, method: str, path: str, body: Any = None) -> Reply:
         """Call an API route (``path`` may carry a query) as this request's caller, through the handler."""
         raw = b"" if body is None else json.dumps(body).encode()
-        return self.api.call(method, path, {"content-type": "application/json"}, raw, self.principal)
+        headers = {"content-type": "application/json"}
+        return self.api.call(method, path, headers, raw, self.principal, tenant=self.tenant, groups=self.groups)
 
 
 Page = Callable[[PageRequest], Reply | None]
@@ -186,8 +202,12 @@ def proxy_event(
     principal: str,
     source_ip: str,
     request_id: str,
+    tenant: str | None = None,
+    groups: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The API Gateway proxy event (REST API, v1) for one request, as the Cognito authorizer passes it on.
+    """The API Gateway proxy event (REST API, v1) for one request, as the Cognito authorizer passes it on: an
+    ID token's claims, ``sub`` the principal, the tenant claim when there is a ``tenant``, ``cognito:groups``
+    as the authorizer writes a list (comma-joined) when there are ``groups``.
 
     Query values arrive decoded, one per name in ``queryStringParameters`` (the last) and all in
     ``multiValueQueryStringParameters``; headers likewise. A body that is not UTF-8 is base64-encoded.
@@ -229,11 +249,20 @@ def proxy_event(
             "protocol": "HTTP/1.1",
             "domainName": lower.get("host", "localhost"),
             "identity": {"sourceIp": source_ip, "userAgent": lower.get("user-agent")},
-            "authorizer": {"claims": {"sub": principal, "cognito:username": principal, "token_use": "id"}},
+            "authorizer": {"claims": _claims(principal, tenant, groups)},
         },
         "body": text if body else None,
         "isBase64Encoded": encoded,
     }
+
+
+def _claims(principal: str, tenant: str | None, groups: Sequence[str]) -> dict[str, str]:
+    claims = {"sub": principal, "cognito:username": principal, "token_use": "id"}
+    if tenant:
+        claims[tenant_claim()] = tenant
+    if groups:
+        claims["cognito:groups"] = ",".join(groups)
+    return claims
 
 
 def is_loopback(address: str) -> bool:
@@ -257,11 +286,23 @@ class LocalAPI:
         principal: str = "local",
         pages: Sequence[Page] = (),
         idempotency: Idempotency | None = None,
+        tenant: str | None = None,
+        groups: Sequence[str] = (),
+        cors_origins: Sequence[str] = (),
     ) -> None:
         self.served = served
         self.principal = principal
+        self.tenant = tenant
+        self.groups = tuple(groups)
         self.pages = list(pages)
-        self._handler = api_handler(in_process_hooks(served), served, idempotency)
+        self.cors_origins = frozenset(origin.strip().rstrip("/") for origin in cors_origins if origin.strip())
+        self._handler = api_handler(
+            in_process_hooks(served),
+            served,
+            idempotency,
+            cors_origins=sorted(self.cors_origins),
+            cors_headers=(PRINCIPAL_HEADER, TENANT_HEADER, GROUPS_HEADER),
+        )
         self._routes = [_Route(m, r, _compile(r), f) for m, r, f in ROUTES]
         self._lock = threading.Lock()
 
@@ -269,16 +310,23 @@ class LocalAPI:
         """Answer one HTTP request from the client at address ``client``."""
         if not is_loopback(client):
             return _refuse(403, "dormant serve answers loopback clients only: it authenticates no one")
-        foreign = _cross_site(headers)
+        foreign = _cross_site(headers, self.cors_origins)
         if foreign is not None:
             return _refuse(403, f"dormant serve answers its own pages and local tools only, not {foreign}")
         given = [value for name, value in headers if name.lower() == PRINCIPAL_HEADER.lower()]
         principal = given[-1].strip() if given else self.principal
         if not principal:
             return _refuse(400, f"{PRINCIPAL_HEADER} is empty", field=PRINCIPAL_HEADER)
+        named = [value for name, value in headers if name.lower() == TENANT_HEADER.lower()]
+        tenant = named[-1].strip() if named else self.tenant
+        if named and not tenant:
+            return _refuse(400, f"{TENANT_HEADER} is empty", field=TENANT_HEADER)
+        listed = [value for name, value in headers if name.lower() == GROUPS_HEADER.lower()]
+        # the server's groups are its default caller's: a request naming another principal names its groups too
+        groups = tuple(sorted(parse_groups(listed[-1]))) if listed else () if given else self.groups
         split = urlsplit(target)
         if self._match(split.path) is not None:
-            return self.call(method, target, headers, body, principal, client)
+            return self.call(method, target, headers, body, principal, client, tenant=tenant, groups=groups)
         request = PageRequest(
             method=method,
             path=split.path,
@@ -287,6 +335,8 @@ class LocalAPI:
             body=body,
             principal=principal,
             api=self,
+            tenant=tenant,
+            groups=groups,
         )
         for page in self.pages:
             try:
@@ -319,17 +369,23 @@ class LocalAPI:
         body: bytes,
         principal: str,
         client: str = "127.0.0.1",
+        *,
+        tenant: str | None = None,
+        groups: Sequence[str] = (),
     ) -> Reply:
-        """One API request as ``principal``, through the Lambda handler (a 404 or 405 when no route fits)."""
+        """One API request as ``principal`` (of ``tenant``, in ``groups``), through the Lambda handler (a 404 or
+        405 when no route fits)."""
         split = urlsplit(target)
         matched = self._match(split.path)
         if matched is None:
             return _refuse(404, f"no route {split.path}")
         route = next((r for r in matched[0] if r.method == method.upper()), None)
+        if route is None and method.upper() == "OPTIONS" and self.cors_origins:  # a preflight, as API Gateway routes it
+            route = _Route("OPTIONS", matched[0][0].resource, matched[0][0].pattern, PREFLIGHT_FUNCTION)
         if route is None:
             return _not_allowed(method, split.path, ", ".join(sorted({r.method for r in matched[0]})))
         pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
-        forwarded = [(name, value) for name, value in pairs if name.lower() != PRINCIPAL_HEADER.lower()]
+        forwarded = [(name, value) for name, value in pairs if name.lower() not in _IDENTITY_HEADERS]
         request_id = str(uuid.uuid4())
         event = proxy_event(
             route.method,
@@ -342,7 +398,11 @@ class LocalAPI:
             principal,
             client,
             request_id,
+            tenant=tenant,
+            groups=groups,
         )
+        if route.method == "OPTIONS":  # no authorizer runs on a preflight: it carries no token
+            event["requestContext"].pop("authorizer")
         context = _LambdaContext(f"dormant-{route.function}", request_id)
         with self._lock:
             context.deadline = time.monotonic() + _LAMBDA_TIMEOUT_MS / 1000
@@ -360,17 +420,20 @@ class LocalAPI:
         return (routes, params) if routes else None
 
 
-def _cross_site(headers: Sequence[tuple[str, str]]) -> str | None:
+def _cross_site(headers: Sequence[tuple[str, str]], allowed: frozenset[str] = frozenset()) -> str | None:
     """What marks a request as sent by another site's page in a browser on this machine, or ``None``.
 
     Such a page can reach a loopback port (a simple POST needs no preflight) and, through a host name it
     rebinds to 127.0.0.1, read the answers: its ``Host`` is its own name, and its ``Origin`` not ours.
+    A page of an ``allowed`` origin is let through (its ``Host`` must still be loopback).
     """
     given = {name.lower(): value.strip() for name, value in headers}
     host = given.get("host")
     if host is not None and not _loopback_host(host):
         return f"Host {host!r}"
     origin = given.get("origin")
+    if origin is not None and origin in allowed:
+        return None
     if origin is not None and (
         host is None or origin.lower() not in {f"http://{host.lower()}", f"https://{host.lower()}"}
     ):

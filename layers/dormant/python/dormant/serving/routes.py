@@ -6,7 +6,9 @@ serves it, so each function holds only the permissions its routes need.
 
 from __future__ import annotations
 
-__all__ = ["ROUTES", "Route"]
+from ..errors import ConfigurationError
+
+__all__ = ["CLIENT_PREFIX", "PREFLIGHT_FUNCTION", "ROUTES", "SCOPES", "Route", "scope_of"]
 
 Route = tuple[str, str, str]
 
@@ -23,4 +25,49 @@ ROUTES: tuple[Route, ...] = (
     ("POST", "/sessions/{id}/tools", "tools"),
     ("POST", "/sessions/{id}/commit", "commit"),
     ("POST", "/erasures", "sessions"),
+    ("GET", "/openapi.json", "sessions"),  # the OpenAPI document (serving.openapi), built when asked for
 )
+
+CLIENT_PREFIX = "/clients"
+"""Machine clients call every route under this prefix, with an access token (client-credentials grant).
+
+API Gateway's Cognito authorizer takes only an ID token on a method without authorization scopes, and only
+an access token carrying one of them on a method with scopes: no one method serves both. So each route is
+two methods: ``/sessions...`` for people (their ID token carries the tenant claim and ``cognito:groups``)
+and ``/clients/sessions...`` requiring the route's scope (``scope_of``). The handlers serve both (the prefix
+is stripped) and check the scope of an access token again themselves."""
+
+SCOPES = {
+    "read": "dormant/sessions.read",
+    "run": "dormant/runs.write",
+    "answer": "dormant/answers.write",
+    "admin": "dormant/admin",
+}
+"""The resource server's scopes (``dormant/...``): read sessions; start runs (and create, fork, commit them);
+answer yielded calls; erase and delete."""
+
+_ROUTE_SCOPES = {
+    ("POST", "/sessions"): SCOPES["run"],
+    ("DELETE", "/sessions/{id}"): SCOPES["admin"],
+    ("POST", "/sessions/{id}/forks"): SCOPES["run"],
+    ("POST", "/sessions/{id}/runs"): SCOPES["run"],
+    ("POST", "/sessions/{id}/tools"): SCOPES["answer"],
+    ("POST", "/sessions/{id}/commit"): SCOPES["run"],
+    ("POST", "/erasures"): SCOPES["admin"],
+}
+
+
+def scope_of(method: str, path: str) -> str:
+    """The scope a machine client needs for a route (a read for any GET not named above). A commit that holds
+    answers needs ``dormant/answers.write`` as well (the handler checks)."""
+    scope = _ROUTE_SCOPES.get((method, path))
+    if scope is None and method == "GET":
+        return SCOPES["read"]
+    if scope is None:
+        raise ConfigurationError(f"no scope for {method} {path}: add it to serving.routes")
+    return scope
+
+
+PREFLIGHT_FUNCTION = "sessions"
+"""With CORS on, the function that answers a browser's preflight ``OPTIONS`` on every path of the API (no
+authorizer: a browser sends no token with it)."""

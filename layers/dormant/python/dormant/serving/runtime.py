@@ -5,9 +5,11 @@
   with ``store=`` the store, so the user's code never picks a store itself.
 * ``DORMANT_STORE`` is a store URL (``dormant.stores.url.store_from_url``).
 * Tenants: ``for_tenant`` gives the app as one tenant sees it: the same tools and agents, under the
-  app name ``{app}@{tenant}``. Every key a store writes starts with the app name (``S#{app}#{id}``,
-  ``X#{app}#...``, the listing's partition), so one tenant's requests cannot name another's sessions,
-  state or listings: isolation by construction, not by a filter.
+  app name ``{app}@{tenant}`` (``dormant.ids.tenant_app_name``). Every key a store writes starts with the
+  app name (``S#{app}#{id}``, ``X#{app}#...``, the listing's partition), so one tenant's requests cannot
+  name another's sessions, state or listings: isolation by construction, not by a filter. Neither an app
+  name nor a tenant may hold ``@`` (the key rule, checked by ``App`` and by every store), so a stored app
+  name has one reading: an app called ``clinic@eu`` cannot exist to meet tenant ``eu`` of ``clinic``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
+import inspect
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,14 +26,32 @@ from typing import Any
 from ..agents.agent import Agent
 from ..app import App, Sessions
 from ..errors import ConfigurationError, InputError
-from ..ids import check_id
+from ..ids import TENANT_SEPARATOR, split_app_name, tenant_app_name
+from ..models.base import ModelSpec
 from ..stores.base import BaseSessionStore, SessionStore
 from ..stores.url import store_from_url
 
-__all__ = ["Served", "for_tenant", "load_served", "purge_tenants", "served_from_env", "tenant_views", "view_of"]
+__all__ = [
+    "DEFAULT_TENANT_CLAIM",
+    "Served",
+    "for_tenant",
+    "load_served",
+    "purge_tenants",
+    "served_from_env",
+    "tenant_claim",
+    "tenant_views",
+    "view_of",
+]
 
 DEFAULT_APP = "bookings:build"
 DEFAULT_STORE = "sqlite:///data/dormant.db"
+DEFAULT_TENANT_CLAIM = "custom:tenant"
+
+
+def tenant_claim() -> str:
+    """The claim that names the caller's tenant (``DORMANT_TENANT_CLAIM``, set by the stack from
+    ``-c tenant_claim=``; default ``custom:tenant``). A token without it is its own tenant (its ``sub``)."""
+    return os.environ.get("DORMANT_TENANT_CLAIM") or DEFAULT_TENANT_CLAIM
 
 
 @dataclass(frozen=True)
@@ -54,12 +75,14 @@ class Served:
 
 
 def for_tenant(app: App, tenant: str) -> App:
-    """``app`` as ``tenant`` sees it: its sessions, state and listings live under ``{app.name}@{tenant}``."""
-    check_id(tenant, "tenant")
-    if "@" in tenant:
-        raise InputError(f"a tenant may not contain '@': {tenant!r}", field="tenant")
+    """``app`` as ``tenant`` sees it: its sessions, state and listings live under ``{app.name}@{tenant}``.
+
+    ``InvalidKey`` naming ``tenant`` for a tenant outside the key rule (``@`` included); ``app`` must be an
+    app's own view, not a tenant's (a tenant has no tenants)."""
+    if TENANT_SEPARATOR in app.name:
+        raise ConfigurationError(f"{app.name!r} is already a tenant's view of an app; take for_tenant of the app")
     view = copy.copy(app)
-    view.name = check_id(f"{app.name}@{tenant}", "app name")
+    view.name = tenant_app_name(app.name, tenant)
     view.sessions = Sessions(view)
     return view
 
@@ -68,7 +91,7 @@ def tenant_views(app: App) -> list[App] | None:
     """``app`` and each tenant's view of it; ``None`` on a store that cannot list its app names without a
     scan (``app_names`` is ``None``: DynamoDB)."""
     store = app.store
-    names = store.app_names(f"{app.name}@") if isinstance(store, BaseSessionStore) else None
+    names = store.app_names(f"{app.name}{TENANT_SEPARATOR}") if isinstance(store, BaseSessionStore) else None
     if names is None:
         return None
     return [app, *(view for name in names if (view := view_of(app, name)) is not None and view is not app)]
@@ -76,13 +99,15 @@ def tenant_views(app: App) -> list[App] | None:
 
 def view_of(app: App, name: str) -> App | None:
     """The view of ``app`` whose keys are under app name ``name``: ``app`` itself, one of its tenants
-    (``{app}@{tenant}``), or ``None`` for another app's name."""
+    (``{app}@{tenant}``), or ``None`` for another app's name (and for a name outside the key rule, which only
+    a store written before the rule can hold)."""
     if name == app.name:
         return app
-    tenant = name.removeprefix(f"{app.name}@")
-    if tenant == name or not tenant or "@" in tenant:
+    try:
+        owner, tenant = split_app_name(name)
+    except InputError:
         return None
-    return for_tenant(app, tenant)
+    return for_tenant(app, tenant) if owner == app.name and tenant is not None else None
 
 
 def purge_tenants(app: App) -> dict[str, list[str]]:
@@ -95,8 +120,9 @@ def purge_tenants(app: App) -> dict[str, list[str]]:
     return {view.name: purged for view in views or [] if (purged := view.sessions.purge())}
 
 
-def load_served(spec: str, store: SessionStore) -> Served:
-    """Import ``spec`` (``module:attr``) and bind what it names to ``store``."""
+def load_served(spec: str, store: SessionStore, model: ModelSpec | None = None) -> Served:
+    """Import ``spec`` (``module:attr``) and bind what it names to ``store``. ``model``, the deployment's model
+    (``serving.deployed``), is given to the factory as ``model=``: one that takes none is refused."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ConfigurationError(f"DORMANT_APP is module:attr, not {spec!r}")
@@ -104,7 +130,13 @@ def load_served(spec: str, store: SessionStore) -> Served:
         target: Any = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ConfigurationError(f"DORMANT_APP={spec!r} cannot be imported: {exc}") from exc
-    built = target(store=store) if callable(target) else target
+    if model is not None and not _takes_model(target):
+        raise ConfigurationError(
+            f"the deployment chose the model {model.provider}:{model.name}, but DORMANT_APP={spec!r} takes no "
+            "model= (a factory with a model parameter decides what its agents use; it may still pick its own)"
+        )
+    extra = {} if model is None else {"model": model}
+    built = target(store=store, **extra) if callable(target) else target
     app = getattr(built, "app", None)
     if not isinstance(app, App):
         raise ConfigurationError(f"DORMANT_APP={spec!r} gave {built!r}, which has no .app (an App)")
@@ -118,8 +150,21 @@ def load_served(spec: str, store: SessionStore) -> Served:
     return Served(app, dict(agents))
 
 
+def _takes_model(target: Any) -> bool:
+    if not callable(target):
+        return False
+    try:
+        parameters = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "model" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
 @functools.cache
 def served_from_env() -> Served:
-    """What ``DORMANT_APP`` and ``DORMANT_STORE`` name, built once per process (a Lambda's cold start)."""
+    """What ``DORMANT_APP``, ``DORMANT_STORE`` and ``DORMANT_MODEL`` name, built once per process (a Lambda's
+    cold start)."""
+    from .deployed import model_from_env
+
     store = store_from_url(os.environ.get("DORMANT_STORE", DEFAULT_STORE))
-    return load_served(os.environ.get("DORMANT_APP", DEFAULT_APP), store)
+    return load_served(os.environ.get("DORMANT_APP", DEFAULT_APP), store, model_from_env())

@@ -19,7 +19,7 @@ Its own last events go through ``serving.commit``'s merge-or-fork at the end, so
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -131,12 +131,15 @@ def claim_turn(
     takeover: bool = False,
     invocation_id: str | None = None,
     deadline: int | None = None,
+    principal: str | None = None,
+    groups: Iterable[str] = (),
 ) -> Claim:
     """Add ``input`` to ``session`` and open its invocation, committed as one claim, or raise ``ClaimLost``.
 
     ``invocation_id`` names the invocation a new turn opens (a server starts its runner, named after it,
     before claiming); ``deadline`` (ms since the epoch) is recorded on the invocation: by then a runner must
-    have taken it on, else the sweeper hands it on. Raises the typed input errors of ``app.run`` (nothing
+    have taken it on, else the sweeper hands it on. ``principal`` (a member of ``groups``) is the caller: recorded
+    on the invocation's start and on the input's answers. Raises the typed input errors of ``app.run`` (nothing
     written).
     """
     if isinstance(session, str):
@@ -152,7 +155,14 @@ def claim_turn(
     invocation_id = session.projection.open_invocation or invocation_id or new_id("inv_")
     checkpoint = _Checkpoint(app, session)
     stream = app.stream(
-        agent, input, session=session, invocation_id=invocation_id, deadline=deadline, checkpoint=checkpoint
+        agent,
+        input,
+        session=session,
+        invocation_id=invocation_id,
+        deadline=deadline,
+        checkpoint=checkpoint,
+        principal=principal,
+        groups=groups,
     )
     for event in stream:
         if isinstance(event, InvocationStartEvent | InvocationResumeEvent):

@@ -9,13 +9,19 @@ invocation_id}``; each action works on that one invocation, never on "whatever i
   out or died after committing) finds the invocation still open and takes it over from its last committed
   step; one that finds it waiting for answers parks again. An invocation not on the ledger yet (the
   execution starts just before the API commits the claim) is ``TurnNotClaimed``, which the state machine
-  retries for a while and then drops: a claim that never landed has nothing to run.
+  retries for a while and then drops: a claim that never landed has nothing to run. Its model calls must
+  return ``MODEL_END_RESERVE_MS`` before the function's own deadline (``models.base.calls_end_by``): a slow
+  provider ends the step with a typed error on the ledger, not a killed function.
 * ``park`` (a ``.waitForTaskToken`` task) stores the task token with the session, gated on the version at
-  which the invocation still awaited answers. Answers that arrived first moved the version: park sees them
+  which the invocation still awaited answers, and with it the wait's record: which execution parked
+  (``execution``), at which version (``wait_version``) and until when it waits (``wait_until``); the sweeper
+  reads it to tell a live wait from a lost one. Answers that arrived first moved the version: park sees them
   and wakes the execution itself, so they are not lost. ``POST /tools`` commits the answers (merging past a
   token commit), then reads the token and wakes the execution. Whichever lands second sees the other.
 * ``expire`` (the wait timed out) ends the invocation with ``SessionExpired`` only while it still waits on
-  answers; answers that landed as the wait timed out are honoured (``resumable``: the state machine runs on).
+  answers, and only if this execution holds the wait (the record names it, or none does): an execution the
+  sweeper superseded never expires the wait its successor holds. Answers that landed as the wait timed out
+  are honoured (``resumable``: the state machine runs on).
 * ``fail`` (a task failed for good) ends the invocation as an ``error`` with the reason, if it is still open.
 """
 
@@ -26,6 +32,7 @@ import hashlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,8 +40,9 @@ from ..app import App
 from ..clock import now_ms
 from ..errors import ClaimLost, ConfigurationError, DormantError, InputError, TurnNotClaimed
 from ..events import InvocationEndEvent
+from ..models.base import calls_end_by
 from ..session import Session
-from ..stores.base import BaseSessionStore, ScopedStateChange
+from ..stores.base import BaseSessionStore, RunningSession, ScopedStateChange
 from .hooks import Hooks, Started
 from .runtime import Served, purge_tenants, served_from_env, view_of
 from .turns import RUNNER_TURN_MS, AdvanceOutcome, Claim, claim_turn, resume_turn, run_to_end
@@ -48,13 +56,21 @@ __all__ = [
     "step_functions_hooks",
     "running_turns",
     "sweep_turns",
+    "sweep_waits",
     "sweeper_handler",
     "workflow_handler",
 ]
 
 TOKEN_SCOPE = "workflow"
+MODEL_END_RESERVE_MS = 10_000
+"""What a run keeps of its function's time after a model call gave up: to record the error and commit."""
 _ATTEMPTS = 5
 _GONE = {"InvalidToken", "TaskDoesNotExist", "TaskTimedOut"}
+WAIT_GRACE_MS = 5 * 60_000
+"""How long after its last commit a waiting session is left to its execution before the sweeper looks at it:
+longer than a ``park`` takes with its retries, so a wait being parked is never taken for a lost one."""
+_RESTARTS = 5
+"""Names the sweeper tries for one wait's fresh execution (``-r1``...): a name whose execution ended is not reused."""
 
 
 def execution_name(tenant: str, session_id: str, invocation_id: str, version: int) -> str:
@@ -64,10 +80,22 @@ def execution_name(tenant: str, session_id: str, invocation_id: str, version: in
 
 
 def end_invocation(
-    app: App, session_id: str, invocation_id: str, error: str, error_type: str, *, only_waiting: bool = False
+    app: App,
+    session_id: str,
+    invocation_id: str,
+    error: str,
+    error_type: str,
+    *,
+    only_waiting: bool = False,
+    holder: str | None = None,
 ) -> dict[str, Any]:
     """End invocation ``invocation_id`` as an ``error`` with the reason, if it is still open (and, with
-    ``only_waiting``, still waiting on answers); report the session's status either way."""
+    ``only_waiting``, still waiting on answers; with ``holder``, an execution's ARN, only while no other
+    execution holds the wait); report the session's status either way."""
+    if holder is not None:
+        parked = app.store.load_scoped_state(app.name, TOKEN_SCOPE, session_id).get("execution")
+        if parked and parked != holder:  # the sweeper gave the wait to another execution: that one ends it
+            return {"status": "superseded"}
 
     def end(session: Session) -> None:
         if session.projection.open_invocation != invocation_id:
@@ -126,14 +154,48 @@ class StepFunctions:
 
     def start(self, tenant: str, session_id: str, invocation_id: str, version: int) -> str:
         """Start the execution that will run this claim (the same claim's retry finds it started)."""
+        name = execution_name(tenant, session_id, invocation_id, version)
+        with contextlib.suppress(self.client.exceptions.ExecutionAlreadyExists):
+            self._start(tenant, session_id, invocation_id, name)
+        return name
+
+    def restart(self, tenant: str, session_id: str, invocation_id: str, version: int) -> str:
+        """Start a fresh execution for a wait whose own is gone (the sweeper). Named after the session's version
+        (``<claim's name>-r0``: a claim's own execution is never taken for it), so two sweeps of the same wait
+        start one execution; a name whose execution already ended (a restart that died before it parked) is not
+        reused: the next (``-r1``, ``-r2``...) is tried."""
+        base = execution_name(tenant, session_id, invocation_id, version)
+        for attempt in range(_RESTARTS):
+            name = f"{base}-r{attempt}"
+            try:
+                self._start(tenant, session_id, invocation_id, name)
+            except self.client.exceptions.ExecutionAlreadyExists:
+                if self.status(name) == "RUNNING":
+                    return name  # another sweep started it: it is the wait's execution
+                continue
+            return name
+        raise ConfigurationError(f"{_RESTARTS} executions for session {session_id!r} at version {version} ended")
+
+    def _start(self, tenant: str, session_id: str, invocation_id: str, name: str) -> None:
         if self.state_machine_arn is None:
             # a wiring mistake (a 500 naming it), not the caller's: no request can mend it
             raise ConfigurationError("StepFunctions was built without the state machine's ARN: it cannot start one")
-        name = execution_name(tenant, session_id, invocation_id, version)
         payload = {"tenant": tenant, "session_id": session_id, "invocation_id": invocation_id, "name": name, "loop": 0}
-        with contextlib.suppress(self.client.exceptions.ExecutionAlreadyExists):
-            self.client.start_execution(stateMachineArn=self.state_machine_arn, name=name, input=json.dumps(payload))
-        return name
+        self.client.start_execution(stateMachineArn=self.state_machine_arn, name=name, input=json.dumps(payload))
+
+    def status(self, execution: str) -> str | None:
+        """An execution's status (``RUNNING``, ``SUCCEEDED``, ``ABORTED``...) by ARN or by name (this machine's);
+        ``None`` when there is no such execution."""
+        arn = execution
+        if not arn.startswith("arn:"):
+            if self.state_machine_arn is None:
+                raise ConfigurationError("StepFunctions was built without the state machine's ARN")
+            arn = f"{self.state_machine_arn.replace(':stateMachine:', ':execution:', 1)}:{execution}"
+        try:
+            described = self.client.describe_execution(executionArn=arn)
+        except self.client.exceptions.ExecutionDoesNotExist:
+            return None
+        return str(described["status"])
 
     def on_answers(self, tenant: str, app: App, session: Session) -> dict[str, Any]:
         token = app.store.load_scoped_state(app.name, TOKEN_SCOPE, session.id).get("task_token")
@@ -153,15 +215,30 @@ class StepFunctions:
             raise
         return True
 
-    def park(self, app: App, session_id: str, invocation_id: str, token: str) -> dict[str, Any]:
+    def park(
+        self,
+        app: App,
+        session_id: str,
+        invocation_id: str,
+        token: str,
+        *,
+        execution: str | None = None,
+        wait_seconds: float | None = None,
+    ) -> dict[str, Any]:
         """Store ``token`` with the session while it waits on ``invocation_id``; if answers arrived first (or
-        the wait is over), send the token back at once, so the execution goes on."""
+        the wait is over), send the token back at once, so the execution goes on. With it goes the wait's
+        record: the parked ``execution`` (its ARN), the version this commit stores and when the wait times out."""
 
         def waiting(session: Session) -> bool:
             return session.status == "awaiting_input" and session.projection.open_invocation == invocation_id
 
         def token_while_waiting(session: Session) -> list[ScopedStateChange]:
-            return [ScopedStateChange(TOKEN_SCOPE, session_id, "task_token", token)] if waiting(session) else []
+            if not waiting(session):
+                return []
+            until = None if wait_seconds is None else now_ms() + int(float(wait_seconds) * 1000)
+            record = {"task_token": token, "execution": execution, "wait_version": session.version + 1}
+            record["wait_until"] = until
+            return [ScopedStateChange(TOKEN_SCOPE, session_id, key, value) for key, value in record.items()]
 
         written = app.sessions.write(
             session_id, waiting, on_conflict="retry", scoped_changes=token_while_waiting, attempts=_ATTEMPTS
@@ -252,15 +329,32 @@ def workflow_handler(
         action = event["action"]
         logger.append_keys(session_id=session_id, action=action)
         if action == "run":
-            deadline = now_ms() + int(context.get_remaining_time_in_millis())
-            return run_action(chosen, app, session_id, invocation_id, deadline)
+            remaining = int(context.get_remaining_time_in_millis())
+            deadline = now_ms() + remaining
+            with calls_end_by(time.time() + (remaining - MODEL_END_RESERVE_MS) / 1000):
+                return run_action(chosen, app, session_id, invocation_id, deadline)
         if action == "park":
             if step_functions is None:
                 raise InputError("this function is not wired to answer task tokens", field="action")
-            return step_functions.park(app, session_id, invocation_id, str(event["token"]))
+            execution, wait = event.get("execution"), event.get("wait_seconds")
+            return step_functions.park(
+                app,
+                session_id,
+                invocation_id,
+                str(event["token"]),
+                execution=None if execution is None else str(execution),
+                wait_seconds=None if wait is None else float(wait),
+            )
         if action == "expire":
+            holder = event.get("execution")
             return end_invocation(
-                app, session_id, invocation_id, "the wait for answers timed out", "SessionExpired", only_waiting=True
+                app,
+                session_id,
+                invocation_id,
+                "the wait for answers timed out",
+                "SessionExpired",
+                only_waiting=True,
+                holder=None if holder is None else str(holder),
             )
         if action == "fail":
             error = event.get("error") or {}
@@ -289,12 +383,26 @@ def running_turns(app: App) -> Iterator[tuple[App, str]]:
             yield view, str(row.session_id)
 
 
-def sweep_turns(served: Served, app: App, *, machine: StepFunctions | None = None, grace_ms: int = 60_000) -> list[str]:
+def sweep_turns(
+    served: Served,
+    app: App,
+    *,
+    machine: StepFunctions | None = None,
+    grace_ms: int = 60_000,
+    wait_grace_ms: int = WAIT_GRACE_MS,
+) -> list[str]:
     """Hand on the turns whose runner is gone, in ``app`` and every tenant of it: a ``running`` session whose
     recorded deadline passed more than ``grace_ms`` ago. With ``machine`` (on AWS) a tenant's turn gets a fresh
     Step Functions execution, whose ``Run`` takes the invocation over; otherwise it is run here. Either way its
     committed steps are kept and completed tools are not run again. A turn whose agent the app no longer has is
-    ended as an ``error``. Returns ``session@invocation: what`` lines."""
+    ended as an ``error``. Then the waits whose wake-up was lost (``sweep_waits``, after ``wait_grace_ms``).
+    Returns ``session@invocation: what`` lines."""
+    return _sweep_running(served, app, machine, grace_ms) + sweep_waits(
+        served, app, machine=machine, grace_ms=wait_grace_ms
+    )
+
+
+def _sweep_running(served: Served, app: App, machine: StepFunctions | None, grace_ms: int) -> list[str]:
     done: list[str] = []
     now = now_ms()
     for view, session_id in running_turns(app):
@@ -323,19 +431,122 @@ def sweep_turns(served: Served, app: App, *, machine: StepFunctions | None = Non
     return done
 
 
+def waiting_turns(app: App) -> Iterator[tuple[App, RunningSession]]:
+    """``(view, row)`` for each session of ``app`` and of its tenants whose stored status is ``awaiting_input``
+    or ``resumable``, from the store's cross-app index of them (``waiting_sessions``), oldest first."""
+    store = app.store
+    if not isinstance(store, BaseSessionStore):
+        return
+    views: dict[str, App | None] = {}
+    for row in store.waiting_sessions():
+        name = str(row.app_name)
+        if name not in views:
+            views[name] = view_of(app, name)
+        view = views[name]
+        if view is not None:
+            yield view, row
+
+
+def sweep_waits(
+    served: Served, app: App, *, machine: StepFunctions | None = None, grace_ms: int = WAIT_GRACE_MS
+) -> list[str]:
+    """Give every wait someone to end it, in ``app`` and its tenants: a session that waits (``awaiting_input``,
+    ``resumable``) and has not committed for ``grace_ms``.
+
+    With ``machine`` (on AWS, a tenant's session): the execution the wait's record names is asked for
+    (``DescribeExecution``). Alive, it is left alone, or, if the answers are in (``resumable``), woken with the
+    stored task token: the wake-up ``POST /tools`` lost. Gone (stopped, failed, never started): a wait whose
+    time ran out is expired as the state machine's ``Expire`` would; any other gets a fresh execution (a
+    deterministic name), which parks again or, answered, runs the turn on. Off AWS (in-process hooks), a
+    ``resumable`` session whose resume was lost is resumed here; one that awaits answers needs nobody until they
+    come. Runs never double: a resumed turn is claimed under optimistic concurrency. Returns lines as
+    ``sweep_turns``."""
+    done: list[str] = []
+    now = now_ms()
+    for view, row in waiting_turns(app):
+        if now < row.updated_at + grace_ms:
+            continue  # just parked, just answered: its execution (or request) is on it
+        tenant = view.name.removeprefix(f"{app.name}@") if view is not app else None
+        try:
+            if machine is not None and tenant is not None:
+                line = _sweep_wait(machine, view, tenant, row, now)
+            else:
+                line = _resume_here(served, view, row)
+        except DormantError as exc:  # one session's trouble does not stop the sweep of the others
+            _logger.warning("dormant: the sweep of %s failed: %s: %s", row.session_id, type(exc).__name__, exc)
+            line = f"{row.session_id}: failed ({type(exc).__name__})"
+        if line is not None:
+            done.append(line)
+    return done
+
+
+def _sweep_wait(machine: StepFunctions, view: App, tenant: str, row: RunningSession, now: int) -> str | None:
+    """One waiting session on AWS (see ``sweep_waits``)."""
+    record = view.store.load_scoped_state(view.name, TOKEN_SCOPE, row.session_id)
+    parked = record.get("execution")
+    if parked and machine.status(str(parked)) == "RUNNING":
+        token = record.get("task_token")
+        if row.status == "resumable" and token and machine.wake(str(token)):
+            return f"{row.session_id}: woken (execution {str(parked).rsplit(':', 1)[-1]})"
+        return None  # its execution holds the wait (or is moving on from it)
+    session = view.sessions.get(row.session_id)
+    if session is None or session.status not in ("awaiting_input", "resumable"):
+        return None
+    invocation = session.projection.open_invocation
+    if invocation is None:
+        return None
+    until = record.get("wait_until")
+    this_wait = record.get("wait_version") == session.version  # nothing committed since it parked
+    if session.status == "awaiting_input" and this_wait and isinstance(until, int) and now >= until:
+        end_invocation(
+            view, session.id, invocation, "the wait for answers timed out", "SessionExpired", only_waiting=True
+        )
+        return f"{session.id}@{invocation}: expired"
+    name = machine.restart(tenant, session.id, invocation, session.version)
+    return f"{session.id}@{invocation}: restarted (execution {name})"
+
+
+def _resume_here(served: Served, view: App, row: RunningSession) -> str | None:
+    """Off AWS: resume a ``resumable`` session whose resume was lost, in this process."""
+    if row.status != "resumable":
+        return None
+    session = view.sessions.get(row.session_id)
+    invocation = None if session is None else session.projection.open_invocation
+    if session is None or session.status != "resumable" or invocation is None:
+        return None
+    try:
+        served.agent(session.current_agent_name)
+    except InputError:
+        end_invocation(view, session.id, invocation, "its answers came and no agent can go on", "RunnerLost")
+        return f"{session.id}@{invocation}: ended"
+    try:
+        outcome = resume_turn(view, served.agent, session.id, invocation, deadline=now_ms() + RUNNER_TURN_MS)
+    except ClaimLost:
+        return None  # resumed by another meanwhile
+    return f"{session.id}@{invocation}: resumed ({outcome.status})"
+
+
 def sweeper_handler(
     served: Served | None = None, step_functions: StepFunctions | None = None
 ) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
     """The scheduled sweeper: repair commits a stopped writer left pending (stores that gate commits), purge
-    the sessions past the app's retention, and hand on turns whose runner is gone, in every tenant (with
-    ``step_functions``, on AWS, to a fresh execution; else in this process)."""
+    the sessions past the app's retention, hand on turns whose runner is gone, and give each wait whose
+    wake-up was lost an execution (``sweep_waits``), in every tenant (with ``step_functions``, on AWS, to a
+    fresh execution; else in this process). An event may carry ``grace_seconds`` (an operator's "sweep
+    now"): how long a session must have been quiet, instead of the defaults."""
 
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         chosen = served or served_from_env()
         app = chosen.app
         repair: Callable[[], list[Any]] | None = getattr(app.store, "repair_pending", None)
         reports = repair() if repair is not None else []
-        turns = sweep_turns(chosen, app, machine=step_functions)
+        graces: dict[str, int] = {}
+        given = event.get("grace_seconds") if isinstance(event, dict) else None
+        if given is not None:
+            if isinstance(given, bool) or not isinstance(given, int | float) or given < 0:
+                raise InputError(f"grace_seconds is a number >= 0, not {given!r}", field="grace_seconds")
+            graces = {"grace_ms": int(given * 1000), "wait_grace_ms": int(given * 1000)}
+        turns = sweep_turns(chosen, app, machine=step_functions, **graces)
         return {
             "repaired": len(reports),
             "sessions": [f"{r.app_name}/{r.session_id}@{r.version}: {r.action}" for r in reports],

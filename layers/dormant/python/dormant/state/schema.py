@@ -14,8 +14,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from ..errors import InputError, SchemaError, StateMigrationError, StateValidationError
+from ..errors import SchemaError, StateMigrationError, StateValidationError
 from ..events import StateChange, StateChangeEvent
+from ..ids import check_scoped_key
 from .migrations import ConvertKey, MigrationStep, RenameKey, SplitKey, apply_step
 from .values import check_storable, json_copy, json_values
 
@@ -164,13 +165,11 @@ class ScopeSchema:
     ) -> Any:
         """The JSON form of ``value`` written to ``key`` (``None``: a deletion), by the one set of rules every
         writer of every scope meets — a run, ``state``, a remote runner's ``scoped_changes`` and ``state_change``
-        events alike: a key is a non-empty string with no NUL or lone surrogate; a model declares it (unless
-        open); the model's validators take the value; the result is storable. ``current`` are the scope's
-        JSON values the write lands on. Errors name ``key_field`` (a key that is no key), ``unknown_field`` (a key
-        the model does not declare; default ``key_field``) or ``value_field``."""
-        if not isinstance(key, str) or not key:
-            raise InputError(f"state keys are non-empty strings, not {key!r}", field=key_field)
-        check_storable(key, key_field)
+        events alike: a key follows the key rule (1 to 128 characters, no NUL or lone surrogate); a model
+        declares it (unless open); the model's validators take the value; the result is storable. ``current``
+        are the scope's JSON values the write lands on. Errors name ``key_field`` (a key that is no key),
+        ``unknown_field`` (a key the model does not declare; default ``key_field``) or ``value_field``."""
+        check_scoped_key(key, key_field)  # the one key rule (dormant.ids), as every store checks it
         if value is None:
             return None
         try:

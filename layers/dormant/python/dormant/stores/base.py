@@ -26,6 +26,11 @@ The contract (``SessionStore``; ``dormant.testing.StoreContract`` checks every p
   scoped value at most ``max_scoped_value_bytes`` once encoded. Over a limit, ``EventTooLarge`` or
   ``CommitTooLarge`` is raised before anything is written. Every store accepts everything within the
   defaults, so an app can move between stores.
+* Keys: every app name (an app's, or ``{app}@{tenant}`` for a tenant's view), session id, event id, scope,
+  scope id, state key and listing cursor meets the one key rule (``dormant.ids``: its characters, 1 to 128
+  characters, no NUL or lone surrogate), checked before anything is written: ``InvalidKey`` (or
+  ``InvalidSessionId``, or ``ValueNotStorable`` for a state key no store can keep) naming the field. The
+  rule fits every store's keys (DynamoDB's included), so none refuses late what another accepts.
 * Expiry: creating the id of a session past its retention (``StoredSession.retention_ms`` after its
   ``updated_at``) starts a new session in its place (``PreparedCommit.replaces``), on every store.
 * ``updated_at`` never goes backwards: a commit stores ``max(now, previous)``, so listings keep their
@@ -59,6 +64,7 @@ A store supplies only these primitives, each documented with the concurrency it 
 * ``_load_scoped(app, scope, scope_id)`` -> ``{key: encoded value}``;
 * ``_delete(app, session_id)``, ``_list(app, limit, after)`` and ``_close()``;
 * ``_running(limit)``: the sessions whose stored status is ``running``, across apps, from an index;
+* ``_waiting(limit)``: the same for the waiting statuses (``awaiting_input``, ``resumable``);
 * optionally ``_save_snapshot``/``_load_snapshot`` (the defaults keep none: loads are then whole).
 
 Then run ``StoreContract`` against it.
@@ -71,7 +77,7 @@ import builtins
 import itertools
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple, Protocol, cast, runtime_checkable
 
@@ -82,13 +88,23 @@ from ..errors import (
     CommitTooLarge,
     EventTooLarge,
     InputError,
+    InvalidKey,
     ScopeMismatch,
     StoreClosed,
     ValueNotStorable,
     VersionConflict,
 )
 from ..events import Event, EventBase, parse_event_json
-from ..ids import MAX_ID_LENGTH, check_id
+from ..ids import (
+    MAX_CURSOR_LENGTH,
+    MAX_KEY_LENGTH,
+    TENANT_SEPARATOR,
+    check_app_key,
+    check_event_id,
+    check_id,
+    check_name,
+    check_scoped_key,
+)
 from ..state.schema import BOUND_SCOPES
 from ..state.values import check_storable
 
@@ -96,6 +112,7 @@ __all__ = [
     "MAX_CURSOR_TIME",
     "MAX_SCOPED_KEY_BYTES",
     "RUNNING_STATUS",
+    "WAITING_STATUSES",
     "BaseSessionStore",
     "CommitResult",
     "EncodedEvent",
@@ -116,11 +133,13 @@ __all__ = [
 ]
 
 
-MAX_SCOPED_KEY_BYTES = 1024
-"""A scoped key's length in UTF-8 bytes: DynamoDB's limit on a sort key (the key is one there), held by every
-store so none refuses late what another accepts."""
+MAX_SCOPED_KEY_BYTES = 4 * MAX_KEY_LENGTH
+"""The most UTF-8 bytes a scoped key can take (``MAX_KEY_LENGTH`` characters of 4 bytes): within DynamoDB's
+1,024 for a sort key (the key is one there). The limit itself is in characters (``dormant.ids``)."""
 RUNNING_STATUS = "running"
 """The stored status ``running_sessions`` finds (``Projection.status`` while an invocation is open)."""
+WAITING_STATUSES = ("awaiting_input", "resumable")
+"""The stored statuses ``waiting_sessions`` finds: an invocation open on yielded tools, unanswered or answered."""
 MAX_CURSOR_TIME = (1 << 63) - 1
 """The largest ``updated_at`` a listing cursor may carry (what a 64-bit SQL integer holds)."""
 
@@ -201,12 +220,14 @@ class SessionListing(NamedTuple):
 
 class RunningSession(NamedTuple):
     """A session whose stored status is ``running`` (``running_sessions``): an invocation started and not ended,
-    in progress or with its runner gone. The sweeper loads it to read the runner's deadline."""
+    in progress or with its runner gone. The sweeper loads it to read the runner's deadline. ``waiting_sessions``
+    answers the same rows for the sessions that wait (``status`` says on what)."""
 
     app_name: str
     session_id: str
     updated_at: int
     """When it last committed (epoch ms): the oldest come first."""
+    status: str = RUNNING_STATUS
 
 
 @dataclass(frozen=True)
@@ -356,7 +377,7 @@ class BaseSessionStore(ABC):
     # -- the contract -------------------------------------------------------------------------
 
     def load(self, app_name: str, session_id: str, *, after: int | None = None) -> LoadedSession | None:
-        check_id(app_name, "app name")
+        check_app_key(app_name)
         check_id(session_id)
         if after is not None and not _is_count(after):
             raise InputError(f"after is a version (an int >= 0), not {after!r}", field="after")
@@ -384,21 +405,21 @@ class BaseSessionStore(ABC):
         return CommitResult(ok=True, version=expected_version + 1, appended=outcome)
 
     def delete(self, app_name: str, session_id: str) -> None:
-        check_id(app_name, "app name")
+        check_app_key(app_name)
         check_id(session_id)
         self._check_open()
         self._delete(app_name, session_id)
 
     def load_scoped_state(self, app_name: str, scope: str, scope_id: str) -> dict[str, Any]:
-        check_id(app_name, "app name")
-        _check_scoped_name(scope, "scope", "a scope", MAX_ID_LENGTH, _len)
+        check_app_key(app_name)
+        check_name(scope, "scope")
         check_id(scope_id, "scope id")
         self._check_open()
         return {key: json.loads(value) for key, value in self._load_scoped(app_name, scope, scope_id).items()}
 
     def save_scoped_state(self, app_name: str, scope: str, scope_id: str, state: Mapping[str, Any]) -> None:
         """Merge ``state`` into the scope: unmentioned keys stay, ``None`` deletes a key."""
-        check_id(app_name, "app name")
+        check_app_key(app_name)
         changes = [ScopedStateChange(scope, scope_id, key, value) for key, value in state.items()]
         writes = self._scoped_writes(changes, "state")
         self._check_open()
@@ -407,7 +428,7 @@ class BaseSessionStore(ABC):
     def bound_sessions(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
         """The ids of the app's sessions bound to ``scope_id`` in ``scope``, read from an index of the
         bindings (what ``app.erase`` reads instead of every session of the app), sorted."""
-        check_id(app_name, "app name")
+        check_app_key(app_name)
         if scope not in BOUND_SCOPES:
             raise InputError(f"sessions are bound by id to {', '.join(BOUND_SCOPES)}, not {scope!r}", field="scope")
         check_id(scope_id, "scope_id")
@@ -417,7 +438,7 @@ class BaseSessionStore(ABC):
     def forget_bound(self, app_name: str, scope: str, scope_id: str) -> None:
         """Drop what the binding index still holds of ``scope_id`` once its sessions are deleted (the
         last step of an erasure)."""
-        check_id(app_name, "app name")
+        check_app_key(app_name)
         check_id(scope_id, "scope_id")
         self._check_open()
         self._forget_bound(app_name, scope, scope_id)
@@ -429,9 +450,13 @@ class BaseSessionStore(ABC):
         return self._scrub()
 
     def app_names(self, prefix: str) -> builtins.list[str] | None:
-        """The app names holding sessions that start with ``prefix`` (``"{app}@"``: an app's tenants), or
-        ``None`` from a store that cannot list them without a scan (DynamoDB, whose TTL expires sessions
-        where a sweeper would purge them)."""
+        """The app names holding sessions that start with ``prefix``, which is ``"{app}@"``: the stored names of
+        an app's tenants (``dormant.ids.tenant_app_name``), or ``None`` from a store that cannot list them
+        without a scan (DynamoDB, whose TTL expires sessions where a sweeper would purge them)."""
+        if not isinstance(prefix, str) or not prefix.endswith(TENANT_SEPARATOR):
+            refused = f"app_names lists an app's tenants: the prefix is '{{app}}@', not {prefix!r}"
+            raise InvalidKey(refused, field="prefix")
+        check_name(prefix[:-1], "app name", "prefix")
         self._check_open()
         return self._app_names(prefix)
 
@@ -446,10 +471,19 @@ class BaseSessionStore(ABC):
         self._check_open()
         return self._running(limit)
 
+    def waiting_sessions(self, limit: int = 1000) -> builtins.list[RunningSession]:
+        """The sessions of every app whose stored status is one of ``WAITING_STATUSES`` (``awaiting_input``,
+        ``resumable``), least recently updated first, at most ``limit``: where the sweeper finds waits that may
+        have lost the execution meant to wake them. From an index of them, as ``running_sessions``."""
+        if not _is_count(limit) or limit < 1:
+            raise InputError(f"limit is an int >= 1, not {limit!r}", field="limit")
+        self._check_open()
+        return self._waiting(limit)
+
     def list(
         self, app_name: str, *, limit: int | None = None, cursor: str | None = None
     ) -> builtins.list[SessionListing]:
-        check_id(app_name, "app name")
+        check_app_key(app_name)
         if limit is not None and (not _is_count(limit) or limit < 1):
             raise InputError(f"limit is an int >= 1, not {limit!r}", field="limit")
         after = decode_cursor(cursor) if cursor is not None else None
@@ -462,7 +496,7 @@ class BaseSessionStore(ABC):
             self._close()
 
     def save_snapshot(self, app_name: str, session_id: str, snapshot: StoredSnapshot) -> bool:
-        check_id(app_name, "app name")
+        check_app_key(app_name)
         check_id(session_id)
         if not isinstance(snapshot, StoredSnapshot) or not _is_count(snapshot.version) or snapshot.version < 1:
             raise InputError("a snapshot is a StoredSnapshot of a stored version (>= 1)", field="snapshot")
@@ -472,7 +506,7 @@ class BaseSessionStore(ABC):
         return self._save_snapshot(app_name, session_id, snapshot)
 
     def load_snapshot(self, app_name: str, session_id: str) -> StoredSnapshot | None:
-        check_id(app_name, "app name")
+        check_app_key(app_name)
         check_id(session_id)
         self._check_open()
         return self._load_snapshot(app_name, session_id)
@@ -541,6 +575,10 @@ class BaseSessionStore(ABC):
         (updated_at, app name, id) ascending, read from an index of them (never every session)."""
 
     @abstractmethod
+    def _waiting(self, limit: int) -> builtins.list[RunningSession]:
+        """As ``_running``, for the sessions whose stored status is in ``WAITING_STATUSES`` (with that status)."""
+
+    @abstractmethod
     def _close(self) -> None:
         """Release what the store owns (called once)."""
 
@@ -585,8 +623,13 @@ class BaseSessionStore(ABC):
         expected_version: int,
         scoped_changes: Sequence[ScopedStateChange] | None,
     ) -> PreparedCommit:
-        check_id(session.app_name, "app name")
+        check_app_key(session.app_name)
         check_id(session.id)
+        if not isinstance(session.scopes, Mapping):
+            raise InputError(f"scopes is a dict of scope -> id, not {type(session.scopes).__name__}", field="scopes")
+        for scope, scope_id in session.scopes.items():  # keys too, on DynamoDB (the binding index)
+            check_name(scope, "scope", "scopes")
+            check_id(scope_id, "scope id", f"scopes.{scope}")
         if not _is_count(expected_version):
             raise InputError(
                 f"expected_version must be an int >= 0, not {expected_version!r}", field="expected_version"
@@ -595,9 +638,10 @@ class BaseSessionStore(ABC):
         seen: set[str] = set()
         events: builtins.list[EncodedEvent] = []
         total = 0
-        for event in new_events:
+        for n, event in enumerate(new_events):
             if not isinstance(event, EventBase):
                 raise InputError(f"commit takes events, not {type(event).__name__}", field="new_events")
+            check_event_id(event.id, f"new_events.{n}.id")
             if event.id in seen:
                 continue
             seen.add(event.id)
@@ -639,17 +683,16 @@ class BaseSessionStore(ABC):
     ) -> tuple[ScopedWrite, ...]:
         """One write per (scope, scope id, key) — a later change wins — encoded, checked and sorted.
 
-        Scope names and keys follow one rule on every store, checked here before anything is written
-        (``what.N.scope``, ``what.N.key`` name a refused one): 1 to ``MAX_ID_LENGTH`` characters for a
-        scope, 1 to ``MAX_SCOPED_KEY_BYTES`` UTF-8 bytes for a key, no NUL and no lone surrogate in either.
+        Scopes, scope ids and keys follow the one key rule (``dormant.ids``) on every store, checked here before
+        anything is written (``what.N.scope``, ``what.N.scope_id``, ``what.N.key`` name a refused one).
         """
         latest: dict[tuple[str, str, str], Any] = {}
         for n, change in enumerate(changes):
             if not isinstance(change, ScopedStateChange):
                 raise InputError(f"scoped changes are ScopedStateChange, not {type(change).__name__}", field=what)
-            _check_scoped_name(change.scope, f"{what}.{n}.scope", "a scope", MAX_ID_LENGTH, _len)
-            check_id(change.scope_id, "scope id")
-            _check_scoped_name(change.key, f"{what}.{n}.key", "a scoped key", MAX_SCOPED_KEY_BYTES, _utf8_size)
+            check_name(change.scope, "scope", f"{what}.{n}.scope")
+            check_id(change.scope_id, "scope id", f"{what}.{n}.scope_id")
+            check_scoped_key(change.key, f"{what}.{n}.key")
             latest[(change.scope, change.scope_id, change.key)] = change.value
         limit = self.limits.max_scoped_value_bytes
         writes = []
@@ -679,19 +722,6 @@ def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _check_scoped_name(name: object, field_name: str, what: str, limit: int, size: Callable[[str], int]) -> None:
-    if not isinstance(name, str):
-        raise InputError(f"{what} is a string, not {type(name).__name__}", field=field_name)
-    check_storable(name, field_name)  # no NUL, no lone surrogate
-    if not 1 <= size(name) <= limit:
-        unit = "bytes" if size is _utf8_size else "characters"
-        raise InputError(f"{what} is 1 to {limit:,} {unit} long, not {size(name):,}", field=field_name)
-
-
-def _len(text: str) -> int:
-    return len(text)
-
-
 def _utf8_size(text: str) -> int:
     """UTF-8 length of ``text`` (``isascii`` is a flag lookup: most events skip the encode)."""
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
@@ -704,8 +734,8 @@ def encode_cursor(updated_at: int, session_id: str) -> str:
 def decode_cursor(cursor: str) -> tuple[int, str]:
     """``(updated_at, session id)`` from a listing's ``cursor``; ``InputError`` naming ``cursor`` for anything
     ``encode_cursor`` did not make (a float, a number past ``MAX_CURSOR_TIME``, an id no session may have)."""
-    refused = InputError("not a listing cursor", field="cursor")
-    if not isinstance(cursor, str):
+    refused = InvalidKey("not a listing cursor", field="cursor")
+    if not isinstance(cursor, str) or len(cursor) > MAX_CURSOR_LENGTH:
         raise refused
     try:
         decoded = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from .base import (
     RUNNING_STATUS,
+    WAITING_STATUSES,
     BaseSessionStore,
     PreparedCommit,
     Refused,
@@ -123,6 +124,16 @@ class MemorySessionStore(BaseSessionStore):
             ]
         running.sort(key=lambda r: (r.updated_at, r.app_name, r.session_id))
         return running[:limit]
+
+    def _waiting(self, limit: int) -> builtins.list[RunningSession]:
+        with self._lock:
+            waiting = [
+                RunningSession(app, sid, row.meta.updated_at, row.meta.status)
+                for (app, sid), row in self._sessions.items()
+                if row.meta.status in WAITING_STATUSES
+            ]
+        waiting.sort(key=lambda r: (r.updated_at, r.app_name, r.session_id))
+        return waiting[:limit]
 
     def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
         with self._lock:

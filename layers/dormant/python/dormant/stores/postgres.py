@@ -49,7 +49,7 @@ from .base import (
     StoredSession,
     StoredSnapshot,
 )
-from .sql_schema import INDEXES, RUNNING_QUERY, TABLES, bound_id, ddl
+from .sql_schema import INDEXES, RUNNING_QUERY, TABLES, WAITING_QUERY, bound_id, ddl
 
 __all__ = ["DDL", "PostgresSessionStore", "postgres_store"]
 
@@ -246,6 +246,11 @@ class PostgresSessionStore(BaseSessionStore):
             rows = conn.cursor(row_factory=tuple_row).execute(RUNNING_QUERY.format(mark="%s"), (limit,)).fetchall()
         return [RunningSession(*row) for row in rows]
 
+    def _waiting(self, limit: int) -> builtins.list[RunningSession]:
+        with self._connection() as conn:
+            rows = conn.cursor(row_factory=tuple_row).execute(WAITING_QUERY.format(mark="%s"), (limit,)).fetchall()
+        return [RunningSession(*row) for row in rows]
+
     def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
         # No ORDER BY: it could tempt the planner into the primary key's order instead of the binding index.
         query = f"SELECT id FROM sessions WHERE app_name = %s AND {bound_id('JSONB', scope)} = %s"
@@ -269,6 +274,14 @@ class PostgresSessionStore(BaseSessionStore):
             "PostgreSQL keeps deleted row versions in the table files until they are rewritten: run"
             " VACUUM FULL on sessions, events, snapshots and scoped_state (WAL and backups keep them until they expire)"
         )
+
+    def execute(self, statement: str, params: Sequence[Any]) -> tuple[builtins.list[tuple[Any, ...]], int]:
+        """One statement (``{mark}`` for each parameter) in its own transaction, on a table beside the
+        sessions' (the API's idempotency records): its rows and rowcount."""
+        with self._connection() as conn:
+            with _atomic(conn):
+                cursor = conn.cursor(row_factory=tuple_row).execute(statement.format(mark="%s"), tuple(params))
+            return (cursor.fetchall() if cursor.description else []), cursor.rowcount
 
     def _close(self) -> None:
         """Close the pool the store built; a pool given to the store is left open, for its owner."""

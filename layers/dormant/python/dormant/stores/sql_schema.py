@@ -9,6 +9,11 @@ reading the app's; built from the rows themselves, so a file made before them is
 ``idx_sessions_running``: a partial index of the sessions whose status is ``running``, ordered by
 ``updated_at``, so ``running_sessions`` (the sweeper's question, across apps) reads only those; made with
 ``IF NOT EXISTS`` when a store opens, so a database made before it gets it, indexed whole, on first open.
+``idx_sessions_waiting``: the same for the waiting statuses (``awaiting_input``, ``resumable``): where the
+sweeper finds waits whose wake-up may have been lost (``waiting_sessions``).
+``idempotency``: the API's ``Idempotency-Key`` records (``serving.idempotency``), in the sessions' database
+so a retry behaves as deployed on every store; one partition per session (``records``), which deleting or
+erasing the session through the API or the CLI removes with it. Made like the other tables.
 """
 
 from __future__ import annotations
@@ -16,13 +21,14 @@ from __future__ import annotations
 from ..errors import InputError
 from ..state.schema import BOUND_SCOPES
 
-__all__ = ["INDEXES", "RUNNING_QUERY", "TABLES", "bound_id", "ddl"]
+__all__ = ["IDEMPOTENCY", "INDEXES", "RUNNING_QUERY", "TABLES", "WAITING_QUERY", "bound_id", "ddl"]
 
-TABLES = ("sessions", "events", "scoped_state", "snapshots")
+TABLES = ("sessions", "events", "scoped_state", "snapshots", "idempotency")
 INDEXES = (
     "idx_sessions_updated",
     "idx_events_order",
     "idx_sessions_running",
+    "idx_sessions_waiting",
     *(f"idx_sessions_bound_{scope}" for scope in BOUND_SCOPES),
 )
 
@@ -32,6 +38,11 @@ RUNNING_QUERY = (
 )
 """``running_sessions``: spelled as the partial index's predicate, so the planner uses it (``{mark}``: the
 driver's parameter mark)."""
+WAITING_QUERY = (
+    "SELECT app_name, id, updated_at, status FROM sessions WHERE status IN ('awaiting_input', 'resumable')"
+    " ORDER BY updated_at, app_name, id LIMIT {mark}"
+)
+"""``waiting_sessions``: spelled as its partial index's predicate (``WAITING_STATUSES``), so the planner uses it."""
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -48,6 +59,8 @@ CREATE TABLE IF NOT EXISTS sessions (
 );
 CREATE INDEX IF NOT EXISTS idx_sessions_updated ON sessions (app_name, updated_at, id);
 CREATE INDEX IF NOT EXISTS idx_sessions_running ON sessions (updated_at, app_name, id) WHERE status = 'running';
+CREATE INDEX IF NOT EXISTS idx_sessions_waiting ON sessions (updated_at, app_name, id)
+  WHERE status IN ('awaiting_input', 'resumable');
 CREATE TABLE IF NOT EXISTS events (
   app_name TEXT NOT NULL,
   session_id TEXT NOT NULL,
@@ -73,7 +86,38 @@ CREATE TABLE IF NOT EXISTS snapshots (
   data TEXT NOT NULL,
   PRIMARY KEY (app_name, session_id)
 );
+CREATE TABLE IF NOT EXISTS idempotency (
+  partition_key TEXT NOT NULL,
+  record_key TEXT NOT NULL,
+  status TEXT NOT NULL,
+  expires_at BIGINT NOT NULL,
+  in_progress_expires_at BIGINT,
+  response TEXT,
+  payload_hash TEXT,
+  PRIMARY KEY (partition_key, record_key)
+);
 """
+
+_RECORD = "partition_key = {mark} AND record_key = {mark}"
+IDEMPOTENCY = {
+    "get": "SELECT status, expires_at, in_progress_expires_at, response, payload_hash FROM idempotency"
+    " WHERE " + _RECORD,
+    # Taken when absent, expired, or in progress past its own deadline (what Powertools' DynamoDB layer's
+    # condition allows): rowcount 0 means another request holds the key.
+    "put": (
+        "INSERT INTO idempotency (partition_key, record_key, status, expires_at, in_progress_expires_at, response,"
+        " payload_hash) VALUES ({mark}, {mark}, {mark}, {mark}, {mark}, {mark}, {mark})"
+        " ON CONFLICT (partition_key, record_key) DO UPDATE SET status = excluded.status,"
+        " expires_at = excluded.expires_at, in_progress_expires_at = excluded.in_progress_expires_at,"
+        " response = excluded.response, payload_hash = excluded.payload_hash"
+        " WHERE idempotency.expires_at < {mark} OR (idempotency.status = 'INPROGRESS'"
+        " AND idempotency.in_progress_expires_at IS NOT NULL AND idempotency.in_progress_expires_at < {mark})"
+    ),
+    "update": "UPDATE idempotency SET status = {mark}, expires_at = {mark}, response = {mark} WHERE " + _RECORD,
+    "delete": "DELETE FROM idempotency WHERE " + _RECORD,
+    "forget": "DELETE FROM idempotency WHERE partition_key = {mark}",
+}
+"""The statements of ``serving.idempotency``'s SQL persistence layer (``{mark}``: the driver's parameter mark)."""
 
 
 def bound_id(json_type: str, scope: str) -> str:

@@ -42,7 +42,7 @@ from .base import (
     StoredSession,
     StoredSnapshot,
 )
-from .sql_schema import INDEXES, RUNNING_QUERY, TABLES, bound_id, ddl
+from .sql_schema import INDEXES, RUNNING_QUERY, TABLES, WAITING_QUERY, bound_id, ddl
 
 __all__ = ["DDL", "SQLiteSessionStore", "sqlite_store"]
 
@@ -250,6 +250,11 @@ class SQLiteSessionStore(BaseSessionStore):
             rows = self._conn.execute(RUNNING_QUERY.format(mark="?"), (limit,)).fetchall()
         return [RunningSession(*row) for row in rows]
 
+    def _waiting(self, limit: int) -> builtins.list[RunningSession]:
+        with self._use():
+            rows = self._conn.execute(WAITING_QUERY.format(mark="?"), (limit,)).fetchall()
+        return [RunningSession(*row) for row in rows]
+
     def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
         # No ORDER BY: with one, the planner walks the app's rows in primary-key order instead of the index.
         sql = f"SELECT id FROM sessions WHERE app_name = ? AND {bound_id('TEXT', scope)} = ?"
@@ -261,6 +266,13 @@ class SQLiteSessionStore(BaseSessionStore):
         sql = "SELECT DISTINCT app_name FROM sessions WHERE app_name >= ? AND app_name < ? ORDER BY app_name"
         with self._use():
             return [name for (name,) in self._conn.execute(sql, (prefix, prefix + "~"))]
+
+    def execute(self, statement: str, params: Sequence[Any]) -> tuple[builtins.list[tuple[Any, ...]], int]:
+        """One statement (``{mark}`` for each parameter) in its own write transaction, on a table beside the
+        sessions' (the API's idempotency records): its rows and rowcount."""
+        with self._use(), self._transaction():
+            cursor = self._conn.execute(statement.format(mark="?"), tuple(params))
+            return cursor.fetchall(), cursor.rowcount
 
     def _close(self) -> None:
         with self._lock:

@@ -11,6 +11,10 @@ Prove a store in a few lines — subclass, give it a name starting with ``Test``
 A store that implements the optional ``SnapshotStore`` part is checked on it too; one that does not
 reports those tests skipped.
 
+The key rule (``dormant.ids``) is part of the contract: every key kind with every defect is refused the same
+way on every store with nothing written, the longest keys are kept, and ``{app}@{tenant}`` has one reading
+(no app can be named like another's tenant, through lists, purges and erasures).
+
 Override ``make_peer(store)`` to return a second handle on the same storage (another connection,
 another client) and the concurrency tests race the two. Every test uses fresh app and session ids,
 so a shared database (a Postgres server, a DynamoDB table) needs no cleaning between runs.
@@ -21,15 +25,26 @@ from __future__ import annotations
 import base64
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from ..clock import frozen_clock
-from ..errors import CommitTooLarge, EventTooLarge, InputError, ScopeMismatch, StoreClosed, ValueNotStorable
+from ..errors import (
+    CommitTooLarge,
+    EventTooLarge,
+    InputError,
+    InvalidKey,
+    InvalidSessionId,
+    ScopeMismatch,
+    StoreClosed,
+    ValueNotStorable,
+)
 from ..events import (
     Event,
     InvocationEndEvent,
@@ -39,10 +54,11 @@ from ..events import (
     ToolCallEvent,
     UserEvent,
 )
+from ..ids import MAX_CURSOR_LENGTH, MAX_KEY_LENGTH, TENANT_SEPARATOR
 from ..stores.base import (
     MAX_CURSOR_TIME,
-    MAX_SCOPED_KEY_BYTES,
     BaseSessionStore,
+    RunningSession,
     ScopedStateChange,
     SessionStore,
     SnapshotStore,
@@ -63,6 +79,12 @@ def _event(n: int | str, text: str | None = None) -> UserEvent:
         created_at=1_700_000_000_000 + (n if isinstance(n, int) else 0),
         text=f"message {n}" if text is None else text,
     )
+
+
+class _Owner(BaseModel):
+    """The user scope of the tenant test's apps: which app wrote it."""
+
+    owner: str = ""
 
 
 def _ids(events: Sequence[Event]) -> list[str]:
@@ -313,16 +335,18 @@ class StoreContract:
         assert [s.id for s in listed] == ["s0", "s4", "s3", "s2", "s1"]
         assert [s.updated_at for s in listed] == sorted((s.updated_at for s in listed), reverse=True)
         assert listed[0].version == 2
-        pages: list[str] = []
-        cursor = None
-        while True:
-            page = store.list(app, limit=2, cursor=cursor)
-            assert len(page) <= 2
-            if not page:
-                break
-            pages += [s.id for s in page]
-            cursor = page[-1].cursor
-        assert pages == [s.id for s in listed]
+        for size in (1, 2):
+            pages: list[str] = []
+            cursor = None
+            for _ in range(len(listed) + 1):  # bounded: a cursor that lists its own session again never ends
+                page = store.list(app, limit=size, cursor=cursor)
+                assert len(page) <= size
+                if not page:
+                    break
+                assert cursor is None or cursor not in {s.cursor for s in page}, "a page repeats the cursor's session"
+                pages += [s.id for s in page]
+                cursor = page[-1].cursor
+            assert pages == [s.id for s in listed]
 
     def test_list_carries_the_status_saved_with_the_commit(self, store: SessionStore, app: str) -> None:
         meta = self.meta(app, status="running")
@@ -404,6 +428,69 @@ class StoreContract:
             for owner, sid in set(made):
                 store.delete(owner, sid)
         assert running() == []
+
+    def test_waiting_sessions_are_the_waiting_ones_of_every_app(self, store: SessionStore, app: str) -> None:
+        """The sessions whose stored status is ``awaiting_input`` or ``resumable``, across apps, oldest first,
+        with that status: one answered (awaiting -> resumable) stays, one that runs, ends or is deleted leaves,
+        a refused commit changes nothing; ``running_sessions`` lists none of them."""
+        if not isinstance(store, BaseSessionStore):
+            pytest.skip("waiting_sessions is part of BaseSessionStore")
+        other = f"{app}-other"
+        made: list[tuple[str, str]] = []
+
+        def commit(owner: str, sid: str, status: str, n: int, expected: int) -> bool:
+            made.append((owner, sid))
+            return store.commit(self.meta(owner, sid, status=status), [_event(n)], expected).ok
+
+        def listed(rows: Sequence[RunningSession]) -> list[tuple[str, str, int, str]]:
+            return [(r.app_name, r.session_id, r.updated_at, r.status) for r in rows if r.app_name in (app, other)]
+
+        def waiting(limit: int = 100_000) -> list[tuple[str, str, int, str]]:
+            return listed(store.waiting_sessions(limit))
+
+        t = 1_000_000_000
+        try:
+            with frozen_clock(t) as clock:
+                for owner, sid, status in (
+                    (app, "s-asks", "awaiting_input"),  # t+1
+                    (other, "s-answered", "resumable"),  # t+2
+                    (app, "s-runs", "running"),  # t+3
+                    (other, "s-idle", "idle"),  # t+4
+                    (app, "s-resumed", "awaiting_input"),  # t+5
+                    (other, "s-refused", "awaiting_input"),  # t+6
+                    (app, "s-deleted", "awaiting_input"),  # t+7
+                ):
+                    clock.advance(1)
+                    assert commit(owner, sid, status, 1, 0)
+                assert waiting() == [
+                    (app, "s-asks", t + 1, "awaiting_input"),
+                    (other, "s-answered", t + 2, "resumable"),
+                    (app, "s-resumed", t + 5, "awaiting_input"),
+                    (other, "s-refused", t + 6, "awaiting_input"),
+                    (app, "s-deleted", t + 7, "awaiting_input"),
+                ]
+                assert waiting(limit=2) == waiting()[:2]
+                assert [r[1] for r in listed(store.running_sessions())] == ["s-runs"]
+                clock.advance(1)  # t+8
+                assert commit(app, "s-asks", "resumable", 2, 1)  # answered: still waits (for its runner)
+                assert commit(app, "s-resumed", "running", 2, 1)  # resumed: running, not waiting
+                assert commit(other, "s-answered", "completed", 2, 1)  # ended
+                assert commit(app, "s-runs", "awaiting_input", 2, 1)  # yielded: waits now
+                assert not commit(other, "s-refused", "completed", 2, 5)  # a conflict: nothing changes
+                store.delete(app, "s-deleted")
+                assert waiting() == [
+                    (other, "s-refused", t + 6, "awaiting_input"),
+                    (app, "s-asks", t + 8, "resumable"),
+                    (app, "s-runs", t + 8, "awaiting_input"),
+                ]
+                assert [r[1] for r in listed(store.running_sessions())] == ["s-resumed"]
+                with pytest.raises(InputError) as refused:
+                    store.waiting_sessions(0)
+                assert refused.value.field == "limit"
+        finally:
+            for owner, sid in set(made):
+                store.delete(owner, sid)
+        assert waiting() == []
 
     # -- scoped state -----------------------------------------------------------------------
 
@@ -590,55 +677,212 @@ class StoreContract:
 
     # -- the one key rule: refused before anything is written, the same on every store ----------
 
-    @pytest.mark.parametrize(
-        ("key", "error"),
-        [
-            ("", InputError),
-            ("k" * (MAX_SCOPED_KEY_BYTES + 1), InputError),
-            ("\u00e9" * (MAX_SCOPED_KEY_BYTES // 2 + 1), InputError),  # 512 characters, 1,026 bytes
-            ("a\ud800b", ValueNotStorable),
-            ("a\x00b", ValueNotStorable),
-            (5, InputError),
-        ],
-        ids=["empty", "too-long", "too-many-bytes", "lone-surrogate", "nul", "not-a-string"],
-    )
-    def test_a_scoped_key_outside_the_key_rule_is_refused_and_writes_nothing(
-        self, store: SessionStore, app: str, key: Any, error: type[InputError]
+    # Each key kind with each way of breaking the rule (``dormant.ids``): what the store must raise, exactly.
+    KEY_DEFECTS: ClassVar[dict[str, str]] = {
+        "empty": "",
+        "nul": "a\x00b",
+        "lone-surrogate": "a\ud800b",
+        "too-long": "k" * (MAX_KEY_LENGTH + 1),
+    }
+    KEY_KINDS: ClassVar[dict[str, tuple[str, type[InputError]]]] = {
+        # kind: (the field the refusal names, the error for a key that is no key of that kind)
+        "app_name": ("app_name", InvalidKey),
+        "tenant": ("app_name", InvalidKey),  # the part of the stored app name after the '@'
+        "session_id": ("session_id", InvalidSessionId),
+        "binding_scope_id": ("scopes.user", InvalidSessionId),  # session.scopes, a key of the binding index
+        "scope": ("scoped_changes.0.scope", InvalidKey),
+        "scope_id": ("scoped_changes.0.scope_id", InvalidSessionId),
+        "scoped_key": ("scoped_changes.0.key", InvalidKey),
+    }
+
+    @pytest.mark.parametrize("defect", sorted(KEY_DEFECTS))
+    @pytest.mark.parametrize("kind", sorted(KEY_KINDS))
+    def test_every_key_kind_outside_the_key_rule_is_refused_the_same_and_writes_nothing(
+        self, store: SessionStore, app: str, kind: str, defect: str
     ) -> None:
-        meta = self.meta(app, scopes={"user": "u-1"})
-        bad = [ScopedStateChange("user", "u-1", "name", "Ada"), ScopedStateChange("user", "u-1", key, 1)]
+        bad = self.KEY_DEFECTS[defect]
+        field_name, error = self.KEY_KINDS[kind]
+        if kind == "scoped_key" and defect in ("nul", "lone-surrogate"):
+            error = ValueNotStorable  # text no store can keep, as a value with a NUL is (a 422)
+        parts = {"app_name": app, "session_id": "s-1", "scope": "user", "scope_id": "u-1", "scoped_key": "name"}
+        parts["binding_scope_id"] = "u-1"
+        if kind == "tenant":
+            parts["app_name"] = f"{app}{TENANT_SEPARATOR}{bad}"
+        else:
+            parts[kind] = bad
+        meta = StoredSession(
+            id=parts["session_id"], app_name=parts["app_name"], scopes={"user": parts["binding_scope_id"]}
+        )
+        change = ScopedStateChange(parts["scope"], parts["scope_id"], parts["scoped_key"], "Ada")
         with pytest.raises(error) as caught:
-            store.commit(meta, [_event(1)], 0, bad)
-        assert caught.value.field == "scoped_changes.1.key"
-        assert store.load(app, meta.id) is None
+            store.commit(meta, [_event(1)], 0, [change])
+        assert type(caught.value) is error and caught.value.field == field_name
+        # The reads that take the key refuse it the same way (no 500, no driver error, no empty answer).
+        reads: list[Callable[[], object]] = []
+        if kind in ("app_name", "tenant", "session_id"):
+            reads += [lambda: store.load(parts["app_name"], parts["session_id"])]
+            reads += [lambda: store.delete(parts["app_name"], parts["session_id"])]
+        if kind in ("app_name", "tenant"):
+            reads += [lambda: store.list(parts["app_name"], limit=5)]
+        if kind in ("app_name", "tenant", "scope", "scope_id"):
+            reads += [lambda: store.load_scoped_state(parts["app_name"], parts["scope"], parts["scope_id"])]
+        for read in reads:
+            with pytest.raises(error) as refused:
+                read()
+            assert type(refused.value) is error
+        # Nothing written: not the session, not its listing, not the scoped change.
+        assert store.load(app, "s-1") is None and store.list(app) == []
         assert store.load_scoped_state(app, "user", "u-1") == {}
+        if isinstance(store, BaseSessionStore):
+            assert store.bound_sessions(app, "user", "u-1") == []
+        # And nothing held: the same session, with good keys, is created at once.
+        good = StoredSession(id="s-1", app_name=app, scopes={"user": "u-1"})
+        assert store.commit(good, [_event(1)], 0, [ScopedStateChange("user", "u-1", "name", "Ada")]).ok
+
+    @pytest.mark.parametrize("defect", sorted(KEY_DEFECTS))
+    def test_an_event_id_outside_the_key_rule_is_refused_and_writes_nothing(
+        self, store: SessionStore, app: str, defect: str
+    ) -> None:
+        """An event id is a key too (DynamoDB's id index sorts on it, the SQL stores key events by it)."""
+        meta = self.meta(app, "s-1")
+        bad = UserEvent(id=self.KEY_DEFECTS[defect], created_at=1_700_000_000_000, text="hello")
+        with pytest.raises(InputError) as caught:
+            store.commit(meta, [_event(1), bad], 0)
+        assert type(caught.value) is InvalidKey and caught.value.field == "new_events.1.id"
+        assert store.load(app, "s-1") is None and store.list(app) == []
         assert store.commit(meta, [_event(1)], 0).ok
-        with pytest.raises(error):
-            store.commit(meta, [_event(2)], 1, bad)
-        # Nothing written, and nothing left holding the session: the next commit lands at once.
-        assert store.load_scoped_state(app, "user", "u-1") == {}
-        assert store.commit(meta, [_event(3)], 1).ok
-        loaded = store.load(app, meta.id)
-        assert loaded is not None and _ids(loaded.events) == ["evt-1", "evt-3"]
+        with pytest.raises(InvalidKey):
+            store.commit(meta, [_event(2), bad], 1)
+        loaded = store.load(app, "s-1")
+        assert loaded is not None and loaded.session.version == 1 and _ids(loaded.events) == ["evt-1"]
 
     def test_scoped_keys_at_the_key_rule_s_limits_are_kept(self, store: SessionStore, app: str) -> None:
-        keys = ["k", "k" * MAX_SCOPED_KEY_BYTES, "\u00e9" * (MAX_SCOPED_KEY_BYTES // 2), "\U0001f600" * 256]
+        keys = ["k", "k" * MAX_KEY_LENGTH, "\u00e9" * MAX_KEY_LENGTH, "\U0001f600" * MAX_KEY_LENGTH, "a#b@c d"]
         meta = self.meta(app, scopes={"user": "u-1"})
         assert store.commit(
             meta, [_event(1)], 0, [ScopedStateChange("user", "u-1", k, n) for n, k in enumerate(keys)]
         ).ok
         assert store.load_scoped_state(app, "user", "u-1") == {k: n for n, k in enumerate(keys)}
 
+    def test_ids_at_the_key_rule_s_limit_are_kept_in_every_key(self, store: SessionStore) -> None:
+        """The longest app name, tenant, session id, scope id and scoped key at once: every key the store builds
+        from them (DynamoDB's partition and sort keys with their prefixes) still fits."""
+        longest = "a" * MAX_KEY_LENGTH
+        app = f"{uuid.uuid4().hex}{'a' * (MAX_KEY_LENGTH - 32)}{TENANT_SEPARATOR}{longest}"
+        sid, key = "s" * MAX_KEY_LENGTH, "\U0001f600" * MAX_KEY_LENGTH
+        meta = StoredSession(id=sid, app_name=app, scopes={"user": longest, "org": longest})
+        change = ScopedStateChange("user", longest, key, 1)
+        assert store.commit(meta, [_event(1)], 0, [change]).ok
+        assert store.commit(StoredSession(id=sid, app_name=app, scopes=meta.scopes), [_event(2)], 1).ok
+        loaded = store.load(app, sid)
+        assert loaded is not None and _ids(loaded.events) == ["evt-1", "evt-2"]
+        assert store.load_scoped_state(app, "user", longest) == {key: 1}
+        listed = store.list(app, limit=1)
+        assert [s.id for s in listed] == [sid]
+        assert store.list(app, limit=1, cursor=listed[0].cursor) == []
+        if isinstance(store, BaseSessionStore):
+            assert store.bound_sessions(app, "org", longest) == [sid]
+        store.delete(app, sid)
+        assert store.load(app, sid) is None
+
     def test_a_scope_name_outside_the_key_rule_is_refused(self, store: SessionStore, app: str) -> None:
         meta = self.meta(app)
-        for scope in ("", "s" * 129, "a\ud800"):
-            with pytest.raises(InputError) as caught:
+        for scope in ("", "s" * 129, "a\ud800", "a\x00", "a#b", "a@b"):
+            with pytest.raises(InvalidKey) as caught:
                 store.commit(meta, [_event(1)], 0, [ScopedStateChange(scope, "u-1", "k", 1)])
             assert caught.value.field == "scoped_changes.0.scope"
-            with pytest.raises(InputError) as caught:
+            with pytest.raises(InvalidKey) as caught:
                 store.load_scoped_state(app, scope, "u-1")
             assert caught.value.field == "scope"
+            with pytest.raises(InvalidKey) as caught:
+                store.commit(self.meta(app, scopes={scope: "u-1"}), [_event(1)], 0)
+            assert caught.value.field == "scopes"
         assert store.load(app, meta.id) is None
+
+    # -- tenants: "{app}@{tenant}" has one reading -------------------------------------------
+
+    def test_an_app_named_like_a_tenant_cannot_reach_the_tenant_nor_the_tenant_it(
+        self, store: SessionStore, app: str
+    ) -> None:
+        """``clinic@eu`` is tenant ``eu`` of ``clinic`` and nothing else: no app may take that name (nor any
+        name with ``@``), so none sees, lists, purges or erases the tenant's sessions, and the tenant none of
+        theirs. The apps whose names come closest (``clinic.eu``, ``clinic-eu``, ``clinic@eu.x`` as tenant
+        ``eu.x``, tenant ``eu`` of ``clinic.x``) keep to their own keys, through every path."""
+        from ..app import App, adk
+        from ..serving.runtime import for_tenant, purge_tenants
+
+        hour = 3_600_000
+
+        def make(name: str) -> App:
+            return adk(name=name, store=store, schema={"user": _Owner}, retention=timedelta(milliseconds=hour))
+
+        clinic = make(app)
+        for name in (f"{app}@eu", f"{app}@eu@x", f"@{app}", f"{app}@"):
+            with pytest.raises(InvalidKey) as caught:
+                adk(name=name, store=store)
+            assert caught.value.field == "app_name"
+        for crafted in (f"{app}@eu@x", f"{app}@@eu", f"@{app}", f"{app}@"):
+            with pytest.raises(InvalidKey) as caught:
+                store.commit(self.meta(crafted, "s-1"), [_event(1)], 0)
+            assert caught.value.field == "app_name"
+        with pytest.raises(InvalidKey) as caught:
+            for_tenant(clinic, "eu@x")
+        assert caught.value.field == "tenant"
+
+        tenant = for_tenant(clinic, "eu")
+        assert tenant.name == f"{app}@eu"
+        others = [
+            clinic,
+            make(f"{app}.eu"),
+            make(f"{app}-eu"),
+            for_tenant(clinic, "eu.x"),
+            for_tenant(make(f"{app}.x"), "eu"),
+        ]
+        views = [tenant, *others]
+        sql_like = isinstance(store, BaseSessionStore) and store.app_names(f"{app}@") is not None
+        with frozen_clock(2_000_000_000_000) as clock:
+            for view in views:  # the same ids everywhere: only the app name keeps them apart
+                view.sessions.create("s-old", scopes={"user": "u-1"})
+            clock.advance(hour // 2)
+            for view in views:
+                view.sessions.create("s-new", scopes={"user": "u-1"})
+                assert store.commit(
+                    StoredSession(id="s-new", app_name=view.name, scopes={"user": "u-1"}, retention_ms=hour),
+                    [_event(1, view.name)],
+                    1,
+                    [ScopedStateChange("user", "u-1", "owner", view.name)],
+                ).ok
+            clock.advance(hour // 2)  # every s-old is past its hour, every s-new within it
+            for view in views:
+                loaded = store.load(view.name, "s-new")
+                assert loaded is not None and [e.text for e in loaded.events if isinstance(e, UserEvent)] == [view.name]
+                assert store.load_scoped_state(view.name, "user", "u-1") == {"owner": view.name}
+                assert [s.id for s in view.sessions.list()] == ["s-new"]
+            if sql_like:
+                assert isinstance(store, BaseSessionStore)
+                assert store.app_names(f"{app}@") == sorted([f"{app}@eu", f"{app}@eu.x"])
+                assert store.app_names(f"{app}.x@") == [f"{app}.x@eu"]
+            # The clinic's purge takes its own and its tenants' expired sessions, never another app's.
+            purged = purge_tenants(clinic)
+            tenants_of_clinic = (app, f"{app}@eu", f"{app}@eu.x")
+            assert purged == ({name: ["s-old"] for name in tenants_of_clinic} if sql_like else {})
+            for view in others[1:3] + others[4:]:
+                if sql_like:  # still stored (expired): only its own purge deletes it
+                    assert store.load(view.name, "s-old") is not None
+                assert view.sessions.purge() == (["s-old"] if sql_like else [])
+            for view in views:
+                assert store.load(view.name, "s-new") is not None
+        # An erasure in one view removes that view's sessions and state of u-1, and nobody else's.
+        for eraser in (others[1], tenant):
+            report = eraser.erase(scope="user", scope_id="u-1")
+            assert "s-new" in report.sessions and set(report.sessions) <= {"s-new", "s-old"}
+            assert report.scoped_keys == ["owner"]
+            for view in views:
+                erased = view is others[1] or (view is tenant and eraser is tenant)
+                assert (store.load(view.name, "s-new") is None) is erased, (eraser.name, view.name)
+                assert (store.load_scoped_state(view.name, "user", "u-1") == {}) is erased
+        if isinstance(store, BaseSessionStore):
+            assert "s-new" in store.bound_sessions(f"{app}@eu.x", "user", "u-1")
 
     @pytest.mark.parametrize(
         "cursor",
@@ -654,6 +898,7 @@ class StoreContract:
                     '[true, "s-1"]',
                     f'[{MAX_CURSOR_TIME + 1}, "s-1"]',
                     '[1, "\\ud800"]',
+                    '[1, "a\\u0000"]',
                     '[1, ""]',
                     '[1, "a b"]',
                     "[1, 2]",
@@ -661,17 +906,25 @@ class StoreContract:
                     "{}",
                 )
             ),
+            encode_cursor(1, "s" * (MAX_KEY_LENGTH + 1)),
+            "A" * (MAX_CURSOR_LENGTH + 1),
             "garbage!",
             "",
+            "\x00",
             "\ud800",
             "\u00e9t\u00e9",
         ],
     )
     def test_a_crafted_cursor_is_an_input_error_naming_cursor(self, store: SessionStore, app: str, cursor: str) -> None:
         assert store.commit(self.meta(app), [_event(1)], 0).ok
-        with pytest.raises(InputError) as caught:
+        with pytest.raises(InvalidKey) as caught:
             store.list(app, limit=5, cursor=cursor)
-        assert caught.value.field == "cursor"
+        assert type(caught.value) is InvalidKey and caught.value.field == "cursor"
+
+    def test_the_longest_cursor_is_within_its_limit(self, store: SessionStore, app: str) -> None:
+        longest = encode_cursor(MAX_CURSOR_TIME, "s" * MAX_KEY_LENGTH)
+        assert len(longest) == MAX_CURSOR_LENGTH  # the limit is the longest cursor a listing can return
+        assert store.list(app, limit=5, cursor=longest) == []
 
     def test_a_cursor_at_the_greatest_time_lists_from_the_top(self, store: SessionStore, app: str) -> None:
         meta = self.meta(app, "s-only")

@@ -368,13 +368,22 @@ function waitingCalls(session) {
         { class: "yielded", dataset: { callId: call.call_id, name: call.name } },
         h("h3", null, h("code", { class: "tool" }, call.name), " ", h("span", { class: "call-id" }, call.call_id)),
         value(call.args),
-        schemaForm(call.answer_schema, {
-          submitLabel: "Answer and resume",
-          onSubmit: async (input) => {
-            await post(`${sessionApi(session.id)}/tools`, { answers: [{ call_id: call.call_id, input }] });
-            reload();
-          },
-        }),
+        // What the API would refuse, the page does not offer: who may answer, and why this caller may not.
+        call.answerable === false
+          ? h(
+              "p",
+              { class: "refused", role: "note" },
+              "You may not answer this call: it is answerable by ",
+              h("code", null, (call.answerable_by || []).join(" and ")),
+              ".",
+            )
+          : schemaForm(call.answer_schema, {
+              submitLabel: "Answer and resume",
+              onSubmit: async (input) => {
+                await post(`${sessionApi(session.id)}/tools`, { answers: [{ call_id: call.call_id, input }] });
+                reload();
+              },
+            }),
       ),
     ),
   );
@@ -603,5 +612,15 @@ async function auditView(id, url, stale) {
   return {};
 }
 
-render();
+// Who the page acts as: dormant serve's caller (its X-Dormant-* headers, else --principal, --tenant, --groups).
+get("/inspect/me")
+  .then((me) => {
+    const who = document.getElementById("who");
+    const parts = [`acting as ${me.principal}`, me.tenant ? `tenant ${me.tenant}` : null];
+    if (me.groups.length) parts.push(`groups ${me.groups.join(", ")}`);
+    who.textContent = parts.filter(Boolean).join(" · ");
+    who.dataset.principal = me.principal;
+  })
+  .catch(() => {});
 
+render();

@@ -47,10 +47,17 @@ const LABELS = {
   invocation_resume: "resumes",
   invocation_end: "invocation ends",
   session_forked: "forked",
+  adk_event: "ADK event",
 };
 
 const RENDER = {
   user: (e) => h("p", { class: "text" }, e.text),
+  // An ADK agent's event (dormant.bridges.adk), kept whole: its author, its text parts, the rest compact.
+  adk_event: (e) => [
+    h("p", null, h("strong", { class: "author" }, e.author)),
+    ((e.event.content || {}).parts || []).filter((p) => p.text).map((p) => h("p", { class: "text" }, p.text)),
+    compact(e.event),
+  ],
   assistant: (e) => [
     e.text !== null && e.text !== undefined ? h("p", { class: "text" }, e.text) : null,
     e.value !== null && e.value !== undefined ? compact(e.value) : null,

@@ -105,14 +105,15 @@ def pending_key(app_name: str, session_id: str, shards: int) -> str:
     return f"P#{shard_of(f'{app_name}#{session_id}', shards)}"
 
 
-def running_key(app_name: str, session_id: str, shards: int) -> str:
-    """The running index's partition key: the pending index's table-wide shards, under their own prefix."""
-    return f"R#{shard_of(f'{app_name}#{session_id}', shards)}"
+def running_key(app_name: str, session_id: str, shards: int, *, waiting: bool = False) -> str:
+    """The running index's partition key: the pending index's table-wide shards, under their own prefix
+    (``W#`` for a session that waits, ``R#`` for a running one: the two listings read only their own)."""
+    return f"{'W' if waiting else 'R'}#{shard_of(f'{app_name}#{session_id}', shards)}"
 
 
-def running_keys(shards: int) -> list[str]:
-    """Every partition of the running index: what ``running_sessions`` queries."""
-    return [f"R#{k}" for k in range(shards)]
+def running_keys(shards: int, *, waiting: bool = False) -> list[str]:
+    """Every partition of the running index: what ``running_sessions`` (``waiting_sessions``) queries."""
+    return [f"{'W' if waiting else 'R'}#{k}" for k in range(shards)]
 
 
 class EventKey(NamedTuple):

@@ -85,6 +85,7 @@ from ...errors import (
 )
 from ..base import (
     RUNNING_STATUS,
+    WAITING_STATUSES,
     BaseSessionStore,
     PreparedCommit,
     Refused,
@@ -769,13 +770,20 @@ class DynamoDBSessionStore(BaseSessionStore):
         return listed
 
     def _running(self, limit: int) -> builtins.list[RunningSession]:
-        """Every shard of the running index (keys only), then the meta items it names, read strongly
+        """Every ``R#`` shard of the running index (keys only), then the meta items it names, read strongly
         consistent in batches: the index lags the table, so only a session whose meta item says ``running``
         now (live, created, not expired) is kept, its ``updated_at`` from the item. Reads every running
         session's meta item to order them oldest first; ``limit`` caps the answer, not the reads."""
+        return self._indexed(running_keys(self._pending_shards), (RUNNING_STATUS,), limit)
+
+    def _waiting(self, limit: int) -> builtins.list[RunningSession]:
+        """As ``_running``, from the index's ``W#`` shards: the sessions that wait (``WAITING_STATUSES``)."""
+        return self._indexed(running_keys(self._pending_shards, waiting=True), WAITING_STATUSES, limit)
+
+    def _indexed(self, keys: Sequence[str], statuses: Sequence[str], limit: int) -> builtins.list[RunningSession]:
         pks = [
             item["pk"]["S"]
-            for key in running_keys(self._pending_shards)
+            for key in keys
             for item in self._query_pages(
                 TableName=self._table,
                 IndexName=RUNNING_INDEX,
@@ -784,19 +792,16 @@ class DynamoDBSessionStore(BaseSessionStore):
             )
         ]
         now = now_ms()
-        running = []
+        found = []
         for pk, meta in self._metas(pks, consistent=True).items():
-            if (
-                meta is None
-                or int(meta["version"]["N"]) == 0
-                or meta.get("status", {}).get("S") != RUNNING_STATUS
-                or _expired(meta, now)
-            ):
+            status = None if meta is None else meta.get("status", {}).get("S")
+            if meta is None or int(meta["version"]["N"]) == 0 or status not in statuses or _expired(meta, now):
                 continue
             app_name, session_id = split_session_pk(pk)
-            running.append(RunningSession(app_name, session_id, int(meta["lsk"]["N"]) if "lsk" in meta else 0))
-        running.sort(key=lambda r: (r.updated_at, r.app_name, r.session_id))
-        return running[:limit]
+            updated_at = int(meta["lsk"]["N"]) if "lsk" in meta else 0
+            found.append(RunningSession(app_name, session_id, updated_at, str(status)))
+        found.sort(key=lambda r: (r.updated_at, r.app_name, r.session_id))
+        return found[:limit]
 
     def _metas(self, pks: Sequence[str], *, consistent: bool = False) -> dict[str, dict[str, Any] | None]:
         """The listed attributes of these sessions' meta items (``None``: no item), by ``BatchGetItem``."""
@@ -1162,10 +1167,12 @@ class DynamoDBSessionStore(BaseSessionStore):
             sets += ", #st = :st"
             values[":st"] = {"S": marker.status}
         # The running index's key goes with the status, in this same write: an index write only when the
-        # session goes into or out of ``running`` (the value is the same on every commit in between).
-        if marker.status == RUNNING_STATUS:
+        # session goes into or out of ``running`` or of waiting (the value is the same on every commit in
+        # between, and for ``awaiting_input`` and ``resumable`` alike).
+        if marker.status == RUNNING_STATUS or marker.status in WAITING_STATUSES:
             sets += ", rpk = :rpk"
-            values[":rpk"] = {"S": running_key(app_name, session_id, self._pending_shards)}
+            waiting = marker.status in WAITING_STATUSES
+            values[":rpk"] = {"S": running_key(app_name, session_id, self._pending_shards, waiting=waiting)}
         else:
             removes += ", rpk"
         return {

@@ -16,9 +16,10 @@ Key design (one table, string ``pk``/``sk``):
   carries ``ppk``/``psk``, so the sweeper queries stale markers instead of scanning;
 * the running index (``RUNNING_INDEX``) is sparse too: only a meta item whose stored status is ``running``
   carries ``rpk`` (``R#{shard}``, the pending index's table-wide shards), keyed on the item's own ``pk``,
-  keys only, so the sweeper finds the sessions whose runner may have died without a list of apps. The
-  finish that stores the status sets or removes ``rpk``: an index write only when a session goes into or
-  out of ``running``, none for the commits in between;
+  keys only, so the sweeper finds the sessions whose runner may have died without a list of apps. A
+  session that waits (``awaiting_input``, ``resumable``) carries ``W#{shard}`` there instead: the sweeper's
+  waits whose wake-up may be lost. The finish that stores the status sets or removes ``rpk``: an index
+  write only when a session goes into or out of ``running`` or of waiting, none for the commits in between;
 * the event-id index (``IDS_INDEX``) is a *local* secondary index on ``eid``, which only event items
   carry: a commit looks up a re-sent event id there (a strongly consistent read, one item) instead of
   reading the session's history;

@@ -1,0 +1,198 @@
+"""The sweeper's repair of waits: a session that waits (``awaiting_input``, ``resumable``) is never left with no one
+to wake it.
+
+Off AWS (``dormant serve --sweep-every``, in-process hooks) the sweep resumes a ``resumable`` session whose
+in-process resume was lost. On AWS it asks Step Functions whether the wait's execution lives, and starts a
+fresh one, wakes it, or expires the wait: the deployment-fidelity harness (``tests/test_fidelity.py``) runs
+those; here, the pieces it is built from, on SQLite and DynamoDB Local.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dormant.clock import now_ms, use_clock
+from dormant.serving.runtime import Served
+from dormant.serving.turns import claim_turn, run_to_end
+from dormant.serving.workflow import TOKEN_SCOPE, StepFunctions, end_invocation, sweep_turns
+from dormant.stores.url import store_from_url
+
+ROOT = Path(__file__).resolve().parents[1]
+APPS = ROOT / "tests" / "fidelity"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("dynamodb", marks=pytest.mark.backend("dynamodb"))])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'waits.db'}"
+        return
+    from tests.servers.dynamodb import ACCESS_KEY, REGION
+
+    endpoint = request.getfixturevalue("dynamodb_endpoint")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
+    yield f"dynamodb://waits-{uuid.uuid4().hex[:12]}?endpoint={endpoint}&region={REGION}"
+
+
+def _fidelity() -> Any:
+    sys.path.insert(0, str(APPS))
+    try:
+        from fidelity_app import build  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(APPS))
+    return build
+
+
+def _yielded(view: Any, agent: Any, sid: str, signoffs: int = 1) -> Any:
+    """A session of ``view`` run in this process until it waits on a sign-off."""
+    view.sessions.create(sid)
+    outcome = run_to_end(view, claim_turn(view, agent, sid, f"signoffs={signoffs}"), lambda _: agent)
+    assert outcome.status == "yielded_tool", outcome
+    return outcome
+
+
+def _answer(view: Any, sid: str) -> None:
+    """Store the answer and nothing else: the resume that should follow is lost."""
+    (call,) = view.sessions.require(sid).yielded_tools
+    view.sessions.write(sid, lambda s: s.input.tools([{"call_id": call.call_id, "input": {"approved": True}}]))
+    assert view.sessions.require(sid).status == "resumable"
+
+
+def test_the_sweep_resumes_an_answered_session_whose_resume_was_lost(store_url: str) -> None:
+    """Answers stored ten minutes ago, and the process that should have resumed the turn died: the sweep resumes
+    it (the sign-off's result recorded once). One answered just now is left to its own resume (the grace), and
+    one that awaits answers needs no one off AWS: both stay as they are."""
+    fidelity = _fidelity()(store_from_url(store_url))
+    served = Served(fidelity.app, {fidelity.agent.name: fidelity.agent})
+    view = served.for_tenant("local")
+    ten_minutes_ago = now_ms() - 600_000
+    with use_clock(lambda: ten_minutes_ago):
+        _yielded(view, fidelity.agent, "lost")
+        _answer(view, "lost")
+    _yielded(view, fidelity.agent, "fresh")
+    _answer(view, "fresh")
+    with use_clock(lambda: ten_minutes_ago):
+        _yielded(view, fidelity.agent, "asks")
+    invocation = view.sessions.require("lost").projection.open_invocation
+
+    assert sweep_turns(served, fidelity.app) == [f"lost@{invocation}: resumed (completed)"]
+    lost = view.sessions.require("lost")
+    assert lost.status == "completed" and lost.output.text == "All steps signed off.", lost.status
+    kinds = [e.type for e in lost.events]
+    assert kinds.count("tool_input") == 1 and kinds.count("tool_result") == 1, kinds
+    assert view.sessions.require("fresh").status == "resumable"
+    assert view.sessions.require("asks").status == "awaiting_input"
+    assert sweep_turns(served, fidelity.app) == []  # nothing left to do: a second sweep runs nothing again
+    assert [e.type for e in view.sessions.require("lost").events].count("tool_result") == 1
+    fidelity.app.close()
+
+
+def test_dormant_serve_resumes_a_session_whose_resume_was_lost(store_url: str, tmp_path: Path) -> None:
+    """``dormant serve --sweep-every`` does the same: a session answered ten minutes ago with no resume after
+    (the serving process died in between) completes under the next sweep."""
+    from tests.servers.serve import dormant_serve
+
+    store = store_from_url(store_url)
+    fidelity = _fidelity()(store)
+    view = Served(fidelity.app, {fidelity.agent.name: fidelity.agent}).for_tenant("local")
+    ten_minutes_ago = now_ms() - 600_000
+    with use_clock(lambda: ten_minutes_ago):
+        _yielded(view, fidelity.agent, "lost")
+        _answer(view, "lost")
+    store.close()
+
+    env = {"PYTHONPATH": os.pathsep.join([str(APPS), str(ROOT), *sys.path])}
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    args = ("--store", store_url, "--app", "fidelity_app:build", "--sweep-every", "0.2", "--quiet")
+    with dormant_serve(*args, env=env, cwd=tmp_path) as server:
+        deadline = time.monotonic() + 60
+        while True:
+            with urllib.request.urlopen(f"{server.url}/sessions/lost", timeout=30) as response:
+                shown = json.loads(response.read())
+            if shown["status"] not in ("resumable", "running"):
+                break
+            assert time.monotonic() < deadline, shown
+            time.sleep(0.1)
+    assert shown["status"] == "completed", shown
+    assert "resumed (completed)" in server.output()
+
+
+def test_an_expire_ends_only_the_wait_its_execution_holds(store_url: str) -> None:
+    """The sweeper gave a wait to a fresh execution, and the execution it superseded times out later: that
+    ``Expire`` ends nothing (the wait is the other's). The holder's own ``Expire`` does."""
+    fidelity = _fidelity()(store_from_url(store_url))
+    view = Served(fidelity.app, {fidelity.agent.name: fidelity.agent}).for_tenant("local")
+    outcome = _yielded(view, fidelity.agent, "held")
+    invocation = view.sessions.require("held").projection.open_invocation
+    assert invocation is not None and outcome.status == "yielded_tool"
+    view.store.save_scoped_state(view.name, TOKEN_SCOPE, "held", {"execution": "arn:exec:fresh"})
+    expired = ("the wait for answers timed out", "SessionExpired")
+    old = end_invocation(view, "held", invocation, *expired, only_waiting=True, holder="arn:exec:superseded")
+    assert old == {"status": "superseded"}
+    assert view.sessions.require("held").status == "awaiting_input"
+    own = end_invocation(view, "held", invocation, *expired, only_waiting=True, holder="arn:exec:fresh")
+    assert own["status"] == "error" and view.sessions.require("held").events[-1].error_type == "SessionExpired"
+    fidelity.app.close()
+
+
+def test_park_records_the_wait_it_holds(store_url: str) -> None:
+    """``park`` stores, with the token, which execution parked, the version its commit makes and when the wait
+    times out: what lets the sweeper tell this wait's execution from an earlier wait's."""
+    fidelity = _fidelity()(store_from_url(store_url))
+    view = Served(fidelity.app, {fidelity.agent.name: fidelity.agent}).for_tenant("local")
+    _yielded(view, fidelity.agent, "parked")
+    invocation = view.sessions.require("parked").projection.open_invocation
+    assert invocation is not None
+    before = now_ms()
+    answer = StepFunctions().park(view, "parked", invocation, "token-1", execution="arn:exec:1", wait_seconds=60)
+    assert answer == {"woke": False, "status": "awaiting_input"}
+    record = view.store.load_scoped_state(view.name, TOKEN_SCOPE, "parked")
+    assert record["task_token"] == "token-1" and record["execution"] == "arn:exec:1"
+    assert record["wait_version"] == view.sessions.require("parked").version
+    assert before + 60_000 <= record["wait_until"] <= now_ms() + 60_000
+    fidelity.app.close()
+
+
+def test_a_restart_never_reuses_an_ended_executions_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two sweeps of one wait start one execution (the same name, the same input); a restart whose execution
+    ended before it parked (stopped, failed) is not taken for a live one: the next sweep starts ``-r1``."""
+    import botocore.session
+
+    from tests.fidelity.stepfunctions import StepFunctions as Interpreter
+    from tests.fidelity.template import ACCOUNT, REGION
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    interpreter = Interpreter(lambda function, payload: (True, {}))
+    machine = f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:sessions"
+    interpreter.create_state_machine(
+        machine, {"StartAt": "Sleep", "States": {"Sleep": {"Type": "Wait", "Seconds": 60, "End": True}}}
+    )
+    endpoint = interpreter.serve()
+    try:
+        client = botocore.session.get_session().create_client(
+            "stepfunctions", region_name=REGION, endpoint_url=endpoint
+        )
+        sfn = StepFunctions(machine, client)
+        first = sfn.restart("t", "s", "inv", 3)
+        assert sfn.restart("t", "s", "inv", 3) == first and first.endswith("-r0")
+        assert sfn.status(first) == "RUNNING" and sfn.status("no-such-execution") is None
+        interpreter.stop_execution(f"arn:aws:states:{REGION}:{ACCOUNT}:execution:sessions:{first}")
+        assert sfn.status(first) == "ABORTED"
+        second = sfn.restart("t", "s", "inv", 3)
+        assert second == first[:-1] + "1" and sfn.status(second) == "RUNNING"
+        assert len(interpreter.executions) == 2
+    finally:
+        interpreter.close()
