@@ -1,18 +1,20 @@
 """``DormantStack``: the table, the layers, the functions, the API, the resume workflow and the sweeper.
 
-Deploy-time choices are stack parameters (listing shards, wait timeout, log retention); build-time ones
-are CDK context (``-c app=module:attr``, ``-c app_packages=dir,dir``, ``-c app_requirements=file``,
-``-c removal=destroy``, ``-c tracing=true``, ``-c tenant_claim=custom:tenant`` (the ID-token claim naming the
-caller's tenant; a token without it is its own tenant), ``-c auth_domain=prefix`` (the Cognito domain machine
-clients get tokens from; default ``{stack}-{account}``), ``-c cors_origins=https://a.example,https://b.example``
-(the origins whose pages may call the API; none by default), the model: ``-c model=...``,
-``-c openai_base_url=...``, ``-c openai_secret=...``, see ``infra.model``, ``-c alarm_topic=<SNS topic ARN>``
-(where the alarms go), and the guardrails of ``infra.guardrails``).
+Deploy-time choices are stack parameters (wait timeout, log retention); build-time ones are CDK context
+(``-c app=module:attr``, ``-c app_packages=dir,dir``, ``-c app_requirements=file``, ``-c removal=destroy``,
+``-c tracing=true``, ``-c tenant_claim=custom:tenant`` (the ID-token claim naming the caller's tenant; a token
+without it is its own tenant), ``-c auth_domain=prefix`` (the Cognito domain machine clients get tokens from;
+default ``{stack}-{account}``), ``-c cors_origins=https://a.example,https://b.example`` (the origins whose pages
+may call the API; none by default), the model: ``-c model=...``, ``-c openai_base_url=...``,
+``-c openai_secret=...``, see ``infra.model``, ``-c alarm_topic=<SNS topic ARN>`` (where the alarms go), and the
+guardrails of ``infra.guardrails``), and so are the table's shard counts (``-c listing_shards=N``,
+``-c pending_shards=N``): fixed at the first deploy, as the table records them and refuses a store opened with
+others (a parameter would invite changing them).
 """
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 from aws_cdk import Acknowledgment, ArnFormat, CfnOutput, CfnParameter, RemovalPolicy, Stack, Token, Validations
 from aws_cdk import aws_dynamodb as dynamodb
@@ -60,6 +62,23 @@ _DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 18
 LOG_RETENTION_DAYS = [str(days) for days in _DAYS]
 
 
+SHARD_DEFAULTS = {"listing_shards": 1, "pending_shards": 8}
+"""The table's shard counts when the context gives none (the listing's per app, the pending index's per table)."""
+
+
+def _shard_count(context: Any, name: str, default: int) -> int:
+    value = context(name)
+    if value is None:
+        return default
+    try:
+        count = int(str(value))
+    except ValueError:
+        count = 0
+    if not 1 <= count <= 1000:
+        raise ValueError(f"context {name} is a whole number from 1 to 1000, not {value!r}")
+    return count
+
+
 class DormantStack(Stack):
     def __init__(self, scope: Construct, id: str, **kwargs: object) -> None:
         super().__init__(scope, id, **kwargs)  # type: ignore[arg-type]
@@ -72,15 +91,7 @@ class DormantStack(Stack):
         requirements = context("app_requirements")
         choice = model_choice(context)
 
-        shards = CfnParameter(
-            self,
-            "ListingShards",
-            type="Number",
-            default=1,
-            min_value=1,
-            max_value=64,
-            description="Write shards of the session listing index (more shards, more listing writes per second)",
-        )
+        shards = {name: _shard_count(context, name, default) for name, default in SHARD_DEFAULTS.items()}
         wait_timeout = CfnParameter(
             self,
             "WaitTimeoutSeconds",
@@ -129,7 +140,10 @@ class DormantStack(Stack):
             ),
         }
         values = {
-            STORE: f"dynamodb://{table.table_name}?shards={shards.value_as_string}",
+            STORE: (
+                f"dynamodb://{table.table_name}?shards={shards['listing_shards']}"
+                f"&pending_shards={shards['pending_shards']}"
+            ),
             APP: str(context("app") or DEFAULT_APP),
             IDEMPOTENCY_TABLE: table.table_name,  # idempotency records share the session table
             STATE_MACHINE: arns[MACHINE],

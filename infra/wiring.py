@@ -107,8 +107,8 @@ class TableAccess:
 
 TABLE_ACCESS: Mapping[str, TableAccess] = MappingProxyType(
     {
-        # the listing: a Query per shard of the listing index, then the meta items by BatchGetItem
-        "sessions": TableAccess((*SESSION_ACTIONS, "dynamodb:BatchGetItem"), (IDS_INDEX, LISTING_INDEX)),
+        # the listing: a Query per shard of the listing index, which projects the rows (no BatchGetItem)
+        "sessions": TableAccess(SESSION_ACTIONS, (IDS_INDEX, LISTING_INDEX)),
         "run": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
         "tools": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
         "commit": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),

@@ -899,7 +899,7 @@ def test_the_sweeper_repairs_a_commit_a_dead_writer_left_pending(
     create(d, sid)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
-    store = store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}")
+    store = store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}&{_SHARDS}")
     app_name = f"fidelity@{TENANT}"
     loaded = store.load(app_name, sid)
     assert loaded is not None
@@ -907,7 +907,8 @@ def test_the_sweeper_repairs_a_commit_a_dead_writer_left_pending(
     Faults(store._client).die("BatchWriteItem", nth=1)  # type: ignore[attr-defined]
     ten_minutes_ago = now_ms() - 600_000
     with use_clock(lambda: ten_minutes_ago), pytest.raises(Died):
-        store.commit(row, [UserEvent(text=f"lost {n}") for n in range(30)], row.version)
+        # 120 events: more than one TransactWriteItems holds, so the gated protocol (gate, batches, finish)
+        store.commit(row, [UserEvent(text=f"lost {n}") for n in range(120)], row.version)
     store.close()
     event = json.loads((Path(__file__).resolve().parents[1] / "events/schedule/sweeper.json").read_text())
     ok, result = d.invoke("sweeper", event)
@@ -937,7 +938,7 @@ def test_the_sweeper_hands_a_turn_whose_runner_died_to_a_fresh_execution(
     create(d, sid)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
-    store = store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}")
+    store = store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}&{_SHARDS}")
     fidelity = build(store)
     view = for_tenant(fidelity.app, TENANT)
     ten_minutes_ago = now_ms() - 600_000
@@ -953,6 +954,10 @@ def test_the_sweeper_hands_a_turn_whose_runner_died_to_a_fresh_execution(
     assert show(d, sid)["status"] == "completed", evidence(d)
     (execution,) = chain(d, sid)
     assert execution.states[0] == "Run" and execution.states[-1] == "Done", execution.states
+
+
+_SHARDS = "shards=1&pending_shards=8"
+"""The deployment's shard counts (``infra.stack.SHARD_DEFAULTS``): the table refuses a store opened with others."""
 
 
 def swept(result: dict[str, Any], sid: str) -> list[str]:
@@ -1002,7 +1007,7 @@ def test_the_sweeper_starts_an_execution_for_a_wait_that_never_had_one(
     create(d, sid)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
-    store = store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}")
+    store = store_from_url(f"dynamodb://{d.table_name}?{_SHARDS}&endpoint={d.dynamodb_endpoint}&region={REGION}")
     fidelity = build(store)
     view = for_tenant(fidelity.app, TENANT)
     run_to_end(view, claim_turn(view, fidelity.agent, sid, "signoffs=1"), lambda _: fidelity.agent)

@@ -483,6 +483,8 @@ class TurnQuotaExceeded(InputError):
         )
         self.quota = f"{turns}/{seconds}"
         self.retry_after = retry_after
+
+
 class NotPermitted(InputError):
     """An authenticated caller a rule refuses: nothing is written. ``rule`` names the rule."""
 
