@@ -386,11 +386,14 @@ class Sessions:
             raise SessionNotFound(session_id)
         return session
 
-    def list(self, *, limit: int | None = None, cursor: str | None = None) -> builtins.list[SessionListing]:
-        """The app's stored sessions, most recently updated first (``cursor=`` a listing's ``cursor`` to go on)."""
+    def list(
+        self, *, limit: int | None = None, cursor: str | None = None, status: str | None = None
+    ) -> builtins.list[SessionListing]:
+        """The app's stored sessions, most recently updated first (``cursor=`` a listing's ``cursor`` to go on);
+        with ``status``, only those whose stored status is that one, from the store's index of them."""
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
             raise InputError(f"limit is an int >= 1, not {limit!r}", field="limit")
-        listed = self._app.store.list(self._app.name, limit=limit, cursor=cursor)
+        listed = self._app.store.list(self._app.name, limit=limit, cursor=cursor, status=status)
         now = now_ms()
         return [listing for listing in listed if not self._expired(listing.updated_at, now)]
 
