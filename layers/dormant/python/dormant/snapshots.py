@@ -6,7 +6,10 @@ yielded and answered calls, the open invocation), the ledger positions of its la
 known (version, event count) pairs so a load can start the ledger at a turn. It holds state, not
 history, and the store keeps one per session, so storage stays linear in the ledger.
 
-A snapshot is a cache. It is written after the commit, as a separate best-effort write (a failure is
+On a store with ``snapshots_in_commit`` (SQLite, Postgres) every commit of an app with snapshots keeps
+the snapshot as of that commit in the commit's own transaction (one more row written, no round trip), so a
+state read folds nothing; the store keeps it only when the commit lands whole. On the other stores a
+snapshot is a cache written after the commit, as a separate best-effort write (a failure is
 logged and the commit stands), kept only if no later one is; it is checked on load (format, version,
 the row's ``created_at``) and anything that does not fit is ignored — the session is then loaded whole
 and the next commit writes a fresh snapshot. It is never trusted over the ledger.
@@ -29,7 +32,15 @@ from .projection import Projection
 from .session import Runtime, Session
 from .stores.base import SnapshotStore, StoredSession, StoredSnapshot
 
-__all__ = ["DEFAULT_EVERY", "FORMAT", "load_session", "save_after_commit", "save_snapshot", "snapshot_of"]
+__all__ = [
+    "DEFAULT_EVERY",
+    "FORMAT",
+    "load_session",
+    "pending_snapshot",
+    "save_after_commit",
+    "save_snapshot",
+    "snapshot_of",
+]
 
 FORMAT = 1
 DEFAULT_EVERY = 100
@@ -48,20 +59,35 @@ class _Snapshot:
     anchors: list[tuple[int, int]]
 
 
-def snapshot_of(session: Session) -> StoredSnapshot:
-    """``session``'s snapshot as of its committed version (every event of it must be committed)."""
+def snapshot_of(session: Session, *, pending: bool = False) -> StoredSnapshot:
+    """``session``'s snapshot as of its committed version (every event of it must be committed).
+
+    ``pending``: as of the commit about to store every uncommitted event, at the next version (the store
+    keeps it in that commit's transaction, only if the commit lands whole).
+    """
     projection = session.projection
     anchors = sorted({session.anchor_for(position) for position in projection.recent_turns})
+    version = session.version + 1 if pending else session.version
     data = {
         "format": FORMAT,
-        "version": session.version,
-        "count": session.committed_count,
+        "version": version,
+        "count": projection.count if pending else session.committed_count,
         "created_at": session.created_at,
         "schema": session.runtime.schema.versions,
         "projection": projection.export(),
         "anchors": [list(anchor) for anchor in anchors],
     }
-    return StoredSnapshot(session.version, json.dumps(data, separators=(",", ":"), allow_nan=False))
+    return StoredSnapshot(version, json.dumps(data, separators=(",", ":"), allow_nan=False))
+
+
+def pending_snapshot(session: Session) -> StoredSnapshot | None:
+    """The snapshot to keep with the commit about to store ``session``'s uncommitted events, or ``None`` when
+    it cannot be built (a cache: the commit goes ahead without it; the next one tries again)."""
+    try:
+        return snapshot_of(session, pending=True)
+    except Exception:
+        _log.warning("could not build a snapshot of session %s", session.id, exc_info=True)
+        return None
 
 
 def _decode(stored: StoredSnapshot | None, runtime: Runtime) -> _Snapshot | None:

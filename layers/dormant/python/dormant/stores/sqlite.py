@@ -62,6 +62,8 @@ _ROW = "SELECT version, scopes, created_at, status, updated_at, forked_from, for
 
 
 class SQLiteSessionStore(BaseSessionStore):
+    snapshots_in_commit = True
+
     def __init__(
         self,
         path: str | Path,
@@ -175,6 +177,9 @@ class SQLiteSessionStore(BaseSessionStore):
                     (new.version, new.status, new.updated_at, app, sid),
                 )
             self._merge(app, commit.scoped)
+            if commit.snapshot is not None and len(fresh) == len(commit.events):
+                snap = commit.snapshot
+                conn.execute(_SAVE_SNAPSHOT, (snap.version, snap.data, app, sid, snap.version))
             return len(fresh)
 
     def _save_snapshot(self, app_name: str, session_id: str, snapshot: StoredSnapshot) -> bool:
