@@ -30,7 +30,7 @@ from typing import Any
 from .errors import InputError
 from .projection import Projection
 from .session import Runtime, Session
-from .stores.base import SnapshotStore, StoredSession, StoredSnapshot
+from .stores.base import BaseSessionStore, SnapshotStore, StoredSession, StoredSnapshot
 
 __all__ = [
     "DEFAULT_EVERY",
@@ -129,7 +129,8 @@ def load_session(
     turns than the window, the rest of the window is read from the snapshot's anchors.
     """
     store = runtime.store
-    if history is None or not snapshots or not isinstance(store, SnapshotStore):
+    # The base class first: a runtime Protocol check inspects every member, on every read.
+    if history is None or not snapshots or not isinstance(store, (BaseSessionStore, SnapshotStore)):
         return _whole(runtime, session_id, covered=None, alive=alive)
     snapshot = _decode(store.load_snapshot(runtime.name, session_id), runtime)
     if snapshot is None:
