@@ -563,3 +563,29 @@ def test_a_commit_keeps_its_snapshot_only_when_it_lands_whole(tmp_path: Path) ->
         assert store.load_snapshot("a", "s") == kept
         assert store.commit(row, [event(4)], 3, snapshot=StoredSnapshot(4, '{"at":4}')).ok
         assert store.load_snapshot("a", "s") == StoredSnapshot(4, '{"at":4}')
+
+
+def test_a_state_read_at_the_last_commit_reads_one_row_and_folds_nothing(tmp_path: Path) -> None:
+    """On SQLite the snapshot is kept with every commit: ``get`` reads the row with its snapshot in one
+    statement, decodes no event, and shows the state and the ledger a full replay shows."""
+    with closing(sqlite_store(tmp_path / "s.db")) as store:
+        app = adk(name="read", schema={"session": Notes}, store=store)
+        session = app.sessions.create()
+        for n in range(7):  # 7 commits, none at a multiple of snapshot_every (100)
+            session.input.message(f"m{n}")
+            session.state.count = n + 1
+            app.sessions.commit(session)
+        decoded: list[object] = []
+        decode = store.decode_event
+        store.decode_event = lambda data: decoded.append(data) or decode(data)  # type: ignore[method-assign]
+        statements: list[str] = []
+        store._conn.set_trace_callback(statements.append)
+        loaded = app.sessions.get(session.id)
+        store._conn.set_trace_callback(None)
+        assert loaded is not None and loaded.state.count == 7 and loaded.version == session.version
+        assert decoded == [], "no event is decoded: the snapshot is at the last commit"
+        assert [s.split()[0] for s in statements] == ["BEGIN", "SELECT", "SELECT", "COMMIT"]
+        replay = load_session(app, session.id, history=None)
+        assert replay is not None
+        assert [e.id for e in loaded.events] == [e.id for e in replay.events]
+        assert loaded.projection.export() == replay.projection.export()

@@ -132,12 +132,26 @@ def load_session(
     # The base class first: a runtime Protocol check inspects every member, on every read.
     if history is None or not snapshots or not isinstance(store, (BaseSessionStore, SnapshotStore)):
         return _whole(runtime, session_id, covered=None, alive=alive)
-    snapshot = _decode(store.load_snapshot(runtime.name, session_id), runtime)
-    if snapshot is None:
-        return _whole(runtime, session_id, covered=0, alive=alive)  # none, or unreadable: the next commit writes one
-    loaded = store.load(runtime.name, session_id, after=snapshot.version)
-    if loaded is None:
-        return None
+    if isinstance(store, BaseSessionStore):  # the snapshot, the row and the tail in one read
+        kept, loaded = store.load_with_snapshot(runtime.name, session_id)
+        if loaded is None:
+            return None
+        snapshot = _decode(kept, runtime)
+        if kept is None:  # the read holds the whole ledger: fold it (the next commit keeps a snapshot)
+            if alive is not None and not alive(loaded.session):
+                return None
+            session = Session.from_row(runtime, loaded.session, loaded.events)
+            session.snapshot_at = 0
+            return session
+        if snapshot is None:
+            return _whole(runtime, session_id, covered=0, alive=alive)  # unreadable: the next commit writes one
+    else:
+        snapshot = _decode(store.load_snapshot(runtime.name, session_id), runtime)
+        if snapshot is None:
+            return _whole(runtime, session_id, covered=0, alive=alive)  # none, or unreadable: rebuilt next commit
+        loaded = store.load(runtime.name, session_id, after=snapshot.version)
+        if loaded is None:
+            return None
     row = loaded.session
     if alive is not None and not alive(row):
         return None

@@ -530,6 +530,24 @@ class BaseSessionStore(ABC):
         self._check_open()
         return self._load_snapshot(app_name, session_id)
 
+    def load_with_snapshot(self, app_name: str, session_id: str) -> tuple[StoredSnapshot | None, LoadedSession | None]:
+        """The kept snapshot and the session with the events after the snapshot's version (all of them when
+        there is none), read together: in one transaction on a store that overrides ``_read_with_snapshot``."""
+        check_app_key(app_name)
+        check_id(session_id)
+        self._check_open()
+        snapshot, found = self._read_with_snapshot(app_name, session_id)
+        if found is None:
+            return snapshot, None
+        row, data = found
+        return snapshot, LoadedSession(row, [self.decode_event(item) for item in data])
+
+    def _read_with_snapshot(
+        self, app_name: str, session_id: str
+    ) -> tuple[StoredSnapshot | None, tuple[StoredSession, Sequence[str]] | None]:
+        snapshot = self._load_snapshot(app_name, session_id)
+        return snapshot, self._read(app_name, session_id, snapshot.version if snapshot is not None else 0)
+
     # -- the encoding seam ----------------------------------------------------------------------
 
     def encode_event(self, event: Event) -> str:

@@ -135,6 +135,30 @@ class SQLiteSessionStore(BaseSessionStore):
         )
         return meta, [d for (d,) in data]
 
+    def _read_with_snapshot(
+        self, app_name: str, session_id: str
+    ) -> tuple[StoredSnapshot | None, tuple[StoredSession, Sequence[str]] | None]:
+        with self._use(), self._transaction("BEGIN"):
+            found = self._conn.execute(
+                "SELECT s.version, s.scopes, s.created_at, s.status, s.updated_at, s.forked_from, s.fork_reason,"
+                " n.version, n.data FROM sessions s LEFT JOIN snapshots n"
+                " ON n.app_name = s.app_name AND n.session_id = s.id WHERE s.app_name = ? AND s.id = ?",
+                (app_name, session_id),
+            ).fetchone()
+            if found is None:
+                return None, None
+            *row, kept, text = found
+            snapshot = StoredSnapshot(kept, text) if kept is not None else None
+            data = self._conn.execute(
+                "SELECT data FROM events WHERE app_name = ? AND session_id = ? AND version > ? ORDER BY version, seq",
+                (app_name, session_id, kept or 0),
+            ).fetchall()
+        version, scopes, created_at, status, updated_at, forked_from, fork_reason = row
+        meta = StoredSession(
+            session_id, app_name, version, json.loads(scopes), created_at, status, updated_at, forked_from, fork_reason
+        )
+        return snapshot, (meta, [d for (d,) in data])
+
     def _write(self, commit: PreparedCommit) -> int | Refused:
         new = commit.row
         app, sid = new.app_name, new.id
