@@ -49,7 +49,6 @@ __all__ = ["DDL", "SQLiteSessionStore", "sqlite_store"]
 DDL = ddl("TEXT")
 
 _BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
-_ID_CHUNK = 500  # event ids per "IN (...)" lookup, well under SQLite's variable limit
 _SCRUB_WAIT = 2.0  # seconds a scrub waits for other connections to leave the write-ahead log
 # Kept only while the row is at the snapshot's version or later, and only over an older snapshot.
 _SAVE_SNAPSHOT = (
@@ -173,10 +172,16 @@ class SQLiteSessionStore(BaseSessionStore):
             stored = (row[0], json.loads(row[1])) if row is not None else (0, None)
             if not commit.admits(*stored):
                 return Refused(*stored)
-            fresh = commit.fresh(self._stored_ids(app, sid, [e.id for e in commit.events]) if row else frozenset())
-            conn.executemany(
-                "INSERT INTO events (app_name, session_id, event_id, version, seq, data) VALUES (?, ?, ?, ?, ?, ?)",
-                [(app, sid, e.id, new.version, n, e.data) for n, e in enumerate(fresh)],
+            # An id already stored (a retried commit) is skipped by the primary key, not looked up first: one
+            # statement less per commit. Its seq is left unused; loads order by (version, seq), gaps and all.
+            appended = (
+                conn.executemany(
+                    "INSERT OR IGNORE INTO events (app_name, session_id, event_id, version, seq, data)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    [(app, sid, e.id, new.version, n, e.data) for n, e in enumerate(commit.events)],
+                ).rowcount
+                if commit.events
+                else 0
             )
             if row is None:
                 conn.execute(
@@ -201,10 +206,10 @@ class SQLiteSessionStore(BaseSessionStore):
                     (new.version, new.status, new.updated_at, app, sid),
                 )
             self._merge(app, commit.scoped)
-            if commit.snapshot is not None and len(fresh) == len(commit.events):
+            if commit.snapshot is not None and appended == len(commit.events):
                 snap = commit.snapshot
                 conn.execute(_SAVE_SNAPSHOT, (snap.version, snap.data, app, sid, snap.version))
-            return len(fresh)
+            return appended
 
     def _save_snapshot(self, app_name: str, session_id: str, snapshot: StoredSnapshot) -> bool:
         with self._use(), self._transaction():
@@ -311,20 +316,6 @@ class SQLiteSessionStore(BaseSessionStore):
                 self._writers = None
 
     # -- internals --------------------------------------------------------------------------
-
-    def _stored_ids(self, app: str, sid: str, ids: builtins.list[str]) -> set[str]:
-        found: set[str] = set()
-        for start in range(0, len(ids), _ID_CHUNK):
-            chunk = ids[start : start + _ID_CHUNK]
-            marks = ",".join("?" * len(chunk))
-            found.update(
-                r[0]
-                for r in self._conn.execute(
-                    f"SELECT event_id FROM events WHERE app_name = ? AND session_id = ? AND event_id IN ({marks})",
-                    (app, sid, *chunk),
-                )
-            )
-        return found
 
     def _merge(self, app: str, writes: Sequence[ScopedWrite]) -> None:
         for scope, scope_id, key, value in writes:
