@@ -544,14 +544,14 @@ def test_no_snapshot_follows_a_commit_in_which_the_store_skipped_re_sent_ids() -
     same(reloaded, whole(app, sid))
 
 
-def test_a_commit_keeps_its_snapshot_only_when_it_lands_whole(tmp_path: Path) -> None:
+def check_snapshot_kept_only_whole(make_store: Callable[[], Any]) -> None:
     """The SQL stores keep the snapshot in the commit's transaction, but not when some of the commit's events
     were already stored (a retry): the ledger then differs from the fold the snapshot holds."""
 
     def event(n: int) -> UserEvent:
         return UserEvent(id=f"e{n}", created_at=1, text=f"m{n}")
 
-    with closing(sqlite_store(tmp_path / "s.db")) as store:
+    with closing(make_store()) as store:
         row = StoredSession(id="s", app_name="a", version=0, created_at=1)
         assert store.commit(row, [event(1)], 0, snapshot=StoredSnapshot(1, '{"at":1}')).ok
         kept = store.load_snapshot("a", "s")
@@ -563,6 +563,17 @@ def test_a_commit_keeps_its_snapshot_only_when_it_lands_whole(tmp_path: Path) ->
         assert store.load_snapshot("a", "s") == kept
         assert store.commit(row, [event(4)], 3, snapshot=StoredSnapshot(4, '{"at":4}')).ok
         assert store.load_snapshot("a", "s") == StoredSnapshot(4, '{"at":4}')
+
+
+def test_a_commit_keeps_its_snapshot_only_when_it_lands_whole(tmp_path: Path) -> None:
+    check_snapshot_kept_only_whole(lambda: sqlite_store(tmp_path / "s.db"))
+
+
+@pytest.mark.backend("postgres")
+def test_a_commit_keeps_its_snapshot_only_when_it_lands_whole_on_postgres(postgres_url: str) -> None:
+    from dormant.stores.postgres import postgres_store
+
+    check_snapshot_kept_only_whole(lambda: postgres_store(postgres_url, max_size=2))
 
 
 def test_a_state_read_at_the_last_commit_reads_one_row_and_folds_nothing(tmp_path: Path) -> None:
