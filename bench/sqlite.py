@@ -18,17 +18,17 @@ from pydantic import BaseModel
 from dormant import adk
 from dormant.stores.sqlite import sqlite_store
 
-from .common import Figure, micros, paired, scale, timed
-from .workloads import EVENTS_PER_TURN, REPEAT, TURNS, event, store_workloads
+from .common import Figure, micros, paired, per_second, scale, timed
+from .workloads import EVENTS_PER_TURN, REPEAT, TURNS, _meta, event, store_workloads, turns
 
 
 class Floor:
     """Raw sqlite3: the statements a correct store needs at the least."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, synchronous: str = "FULL") -> None:
         self.conn = sqlite3.connect(path, isolation_level=None)
         self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=FULL")
+        self.conn.execute(f"PRAGMA synchronous={synchronous}")
 
     def commit(self, app: str, sid: str, rows: list[dict[str, Any]], version: int) -> None:
         conn, now = self.conn, time.time_ns() // 1_000_000
@@ -128,13 +128,45 @@ def state_read(store: Any, floor: Floor) -> Figure:
     )
 
 
+def w1_normal(path: Path) -> Figure:
+    """W1 with ``synchronous=NORMAL`` on both sides: no fsync per commit, so the ratio is the CPU's."""
+    store, floor = sqlite_store(path, synchronous="NORMAL"), Floor(path, "NORMAL")
+    batches = turns()
+    rows = [[e.model_dump(mode="json") for e in batch] for batch in batches]
+    try:
+
+        def ours(n: int) -> float:
+            return timed(lambda: [store.commit(_meta(f"n-ours-{n}", "w1", v), b, v) for v, b in enumerate(batches)])
+
+        def raw(n: int) -> float:
+            return timed(lambda: [floor.commit(f"n-floor-{n}", "w1", b, v) for v, b in enumerate(rows)])
+
+        mine, floor_time = paired(ours, raw, REPEAT)
+    finally:
+        store.close()
+        floor.conn.close()
+    return Figure(
+        "sqlite",
+        "W1 commits, synchronous=NORMAL, throughput",
+        per_second(TURNS, mine),
+        per_second(TURNS, floor_time),
+        floor_time / mine,
+        0.7,
+        "higher",
+    )
+
+
 def run() -> list[Figure]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.db"
         store = sqlite_store(path)
         floor = Floor(path)
         try:
-            return [*store_workloads("sqlite", store, floor), state_read(store, floor)]
+            return [
+                *store_workloads("sqlite", store, floor),
+                w1_normal(Path(tmp) / "normal.db"),
+                state_read(store, floor),
+            ]
         finally:
             store.close()
             floor.conn.close()
