@@ -509,10 +509,12 @@ class Sessions:
         )
 
     def snapshot(self, session: Session) -> bool:
-        """Store a snapshot of ``session`` now (it must be committed); True when the store kept it.
+        """Store a snapshot of ``session`` now (it must be committed); True when the store keeps one at its
+        version.
 
-        Commits store one every ``snapshot_every`` events on their own; this is for a long session stored
-        before snapshots, or one about to be read by many processes.
+        Commits store one every ``snapshot_every`` events on their own (on the SQL stores, with every
+        commit); this is for a long session stored before snapshots, or one about to be read by many
+        processes.
         """
         self._check(session)
         if session.uncommitted_events or session.version == 0:

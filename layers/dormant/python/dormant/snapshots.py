@@ -191,12 +191,16 @@ def _whole(
 
 
 def save_snapshot(runtime: Runtime, session: Session) -> bool:
-    """Store ``session``'s snapshot now; True when the store kept it. Nothing may be uncommitted."""
+    """Store ``session``'s snapshot now; True when the store keeps one at its version (this one, or the one its
+    commit kept). Nothing may be uncommitted."""
     store = runtime.store
     session.snapshot_at = session.committed_count
     if not isinstance(store, SnapshotStore):
         return False
-    return store.save_snapshot(session.app_name, session.id, snapshot_of(session))
+    if store.save_snapshot(session.app_name, session.id, snapshot_of(session)):
+        return True
+    kept = store.load_snapshot(session.app_name, session.id)  # the commit's own, at this version, counts
+    return kept is not None and kept.version == session.version
 
 
 def save_after_commit(runtime: Runtime, session: Session, *, before: int, every: int | None, complete: bool) -> None:
