@@ -163,15 +163,38 @@ class SQLiteSessionStore(BaseSessionStore):
         app, sid = new.app_name, new.id
         with self._use(), self._transaction():
             conn = self._conn
-            row = conn.execute(
-                "SELECT version, scopes, updated_at FROM sessions WHERE app_name = ? AND id = ?", (app, sid)
-            ).fetchone()
-            if row is not None and commit.replaces(row[2]):  # an expired session: its id starts afresh
-                self._remove(app, sid)
-                row = None
-            stored = (row[0], json.loads(row[1])) if row is not None else (0, None)
-            if not commit.admits(*stored):
-                return Refused(*stored)
+            # The gate as one UPDATE, as the floor does it: the expected version and the scopes' stored text.
+            # When it matches no row (a conflict, a create, scopes spelled otherwise) the row is read and
+            # judged in Python below, which tells a refusal's version and scopes.
+            bumped = (
+                commit.expected_version > 0
+                and conn.execute(
+                    "UPDATE sessions SET version = ?, status = ?, updated_at = MAX(updated_at, ?)"
+                    " WHERE app_name = ? AND id = ? AND version = ? AND scopes = ?",
+                    (
+                        new.version,
+                        new.status,
+                        new.updated_at,
+                        app,
+                        sid,
+                        commit.expected_version,
+                        json.dumps(new.scopes),
+                    ),
+                ).rowcount
+                == 1
+            )
+            create = False
+            if not bumped:
+                row = conn.execute(
+                    "SELECT version, scopes, updated_at FROM sessions WHERE app_name = ? AND id = ?", (app, sid)
+                ).fetchone()
+                if row is not None and commit.replaces(row[2]):  # an expired session: its id starts afresh
+                    self._remove(app, sid)
+                    row = None
+                stored = (row[0], json.loads(row[1])) if row is not None else (0, None)
+                if not commit.admits(*stored):
+                    return Refused(*stored)
+                create = row is None
             # An id already stored (a retried commit) is skipped by the primary key, not looked up first: one
             # statement less per commit. Its seq is left unused; loads order by (version, seq), gaps and all.
             appended = (
@@ -183,7 +206,7 @@ class SQLiteSessionStore(BaseSessionStore):
                 if commit.events
                 else 0
             )
-            if row is None:
+            if create:
                 conn.execute(
                     "INSERT INTO sessions (app_name, id, version, scopes, status, created_at, updated_at, forked_from,"
                     " fork_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -199,7 +222,7 @@ class SQLiteSessionStore(BaseSessionStore):
                         new.fork_reason,
                     ),
                 )
-            else:
+            elif not bumped:
                 conn.execute(
                     "UPDATE sessions SET version = ?, status = ?, updated_at = MAX(updated_at, ?)"
                     " WHERE app_name = ? AND id = ?",
