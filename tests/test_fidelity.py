@@ -535,6 +535,21 @@ def ended(d: Any, execution: Any, timeout: float = 30) -> Any:
     return execution
 
 
+def until(condition: Any, what: str, timeout: float = 120) -> Any:
+    """Poll ``condition`` until it returns something true (which is returned); fail naming ``what`` after
+    ``timeout`` s. A generous bound: the tests wait on what they need, not on time, on a loaded machine."""
+    deadline = time.monotonic() + timeout
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.05)
+    return found
+
+
+def steps_committed(d: Any, sid: str) -> int:
+    """How many tool steps of session ``sid`` are committed (on the ledger)."""
+    return sum(1 for e in ledger(d, sid) if e["type"] == "tool_result")
+
+
 def chain(d: Any, sid: str) -> list[Any]:
     """The session's executions, oldest first: each wait ends its execution and the turn goes on in the next."""
     return sorted(d.executions_of(TENANT, sid), key=lambda e: e.started)
@@ -728,11 +743,9 @@ def test_a_runner_killed_half_way_is_ended_with_its_committed_steps_kept(deploym
         target=lambda: answers.append(d.api("POST", f"/sessions/{sid}/runs", {"message": "steps=4 sleep=1 signoffs=0"}))
     )
     request.start()
-    # the turn runs in the workflow (target) or in the request (today): kill whichever runs it, mid-turn
-    deadline = time.monotonic() + 20
-    while not (d.lambdas.busy("resume") or d.lambdas.busy("run")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(2.5)
+    # the turn runs in the workflow (target) or in the request (today): kill whichever runs it, mid-turn, once
+    # it has committed a step (not after a fixed time: a slow cold start would make that a kill before any step)
+    until(lambda: steps_committed(d, sid) >= 1, f"a first step committed; {evidence(d)}")
     assert d.kill("resume") + d.kill("run") >= 1, "no runner was running the turn"
     request.join(30)
     d.settle()
@@ -776,10 +789,8 @@ def test_a_retried_run_task_completes_the_session(deployment: Any) -> None:
         target=lambda: d.api("POST", f"/sessions/{sid}/runs", {"message": "steps=3 sleep=1 signoffs=0"})
     )
     request.start()
-    deadline = time.monotonic() + 20
-    while not d.lambdas.busy("resume") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.5)
+    # killed once it has committed a step (not after a fixed time, which a slow cold start eats)
+    until(lambda: steps_committed(d, sid) >= 1, f"a first step committed; {evidence(d)}")
     assert d.kill("resume") == 1, "no runner was running the turn"
     request.join(30)
     d.settle()
@@ -789,6 +800,31 @@ def test_a_retried_run_task_completes_the_session(deployment: Any) -> None:
     assert execution.states.count("Run") >= 1 and execution.states[-1] == "Done", execution.states
     resumes = [e for e in ledger(d, sid) if e["type"] == "invocation_resume"]
     assert resumes and all(e["deadline"] for e in resumes), resumes  # each runner recorded its deadline
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_runner_killed_mid_commit_does_not_hold_up_its_retry(deployment: Any) -> None:
+    """The runner dies between a commit's gate and its events, leaving the commit's marker on the session: the
+    retried ``Run`` (whose predecessor is gone for sure) finishes or undoes that commit at once and completes the
+    turn, instead of waiting on a dead writer's marker (``StoreBusy``, again and again) until it turns stale."""
+    import threading
+
+    d, sid = deployment, fresh("midcommit")
+    create(d, sid)
+    request = threading.Thread(
+        target=lambda: d.api("POST", f"/sessions/{sid}/runs", {"message": "steps=3 sleep=1 signoffs=0"})
+    )
+    request.start()
+    until(lambda: steps_committed(d, sid) >= 1, f"a first step committed; {evidence(d)}")
+    d.crash_before("resume", "dynamodb:BatchWriteItem")  # the next commit's events: after its gate
+    request.join(30)
+    d.settle()
+    assert not (d.workdir / "resume.crash").exists(), "the runner was not killed mid-commit"
+    shown = show(d, sid)
+    assert shown["status"] == "completed", (shown["status"], evidence(d))
+    held = [e for e in d.errors("resume") if e[1] == "StoreBusy" and sid in e[2]]
+    assert not held, f"the retry waited on the dead runner's commit: {held}"
+    assert steps_committed(d, sid) == 3, ledger(d, sid)  # each step once: none lost, none run twice
 
 
 @pytest.mark.backend("dynamodb")
