@@ -117,7 +117,7 @@ def test_dormant_serve_resumes_a_session_whose_resume_was_lost(store_url: str, t
             env[name] = os.environ[name]
     args = ("--store", store_url, "--app", "fidelity_app:build", "--sweep-every", "0.2", "--quiet")
     with dormant_serve(*args, env=env, cwd=tmp_path) as server:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # a generous bound: the loop ends as soon as the sweep has run
         while True:
             with urllib.request.urlopen(f"{server.url}/sessions/lost", timeout=30) as response:
                 shown = json.loads(response.read())
