@@ -140,12 +140,13 @@ class _Functions:
         return self.script[function].pop(0)
 
 
-def until(condition: Any, what: str, timeout: float = 120) -> Any:
-    """Poll ``condition`` until it returns something true (which is returned); fail naming ``what`` after
-    ``timeout`` s. A generous bound: the tests wait on what they need, not on time, on a loaded machine."""
+def until(condition: Any, what: str, timeout: float = 120, evidence: Any = None) -> Any:
+    """Poll ``condition`` until it returns something true (which is returned); fail naming ``what`` (and what
+    ``evidence()`` says then) after ``timeout`` s. A generous bound: the tests wait on what they need, not on a
+    fixed time, which a loaded machine overruns."""
     deadline = time.monotonic() + timeout
     while not (found := condition()):
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s; {evidence() if evidence else ''}"
         time.sleep(0.05)
     return found
 
@@ -743,7 +744,7 @@ def test_a_runner_killed_half_way_is_ended_with_its_committed_steps_kept(deploym
     request.start()
     # the turn runs in the workflow (target) or in the request (today): kill whichever runs it, mid-turn, once
     # it has committed a step (not after a fixed time: a slow cold start would make that a kill before any step)
-    until(lambda: steps_committed(d, sid) >= 1, f"a first step committed; {evidence(d)}")
+    until(lambda: steps_committed(d, sid) >= 1, "a first step committed", evidence=lambda: evidence(d))
     assert d.kill("resume") + d.kill("run") >= 1, "no runner was running the turn"
     request.join(30)
     d.settle()
@@ -788,7 +789,7 @@ def test_a_retried_run_task_completes_the_session(deployment: Any) -> None:
     )
     request.start()
     # killed once it has committed a step (not after a fixed time, which a slow cold start eats)
-    until(lambda: steps_committed(d, sid) >= 1, f"a first step committed; {evidence(d)}")
+    until(lambda: steps_committed(d, sid) >= 1, "a first step committed", evidence=lambda: evidence(d))
     assert d.kill("resume") == 1, "no runner was running the turn"
     request.join(30)
     d.settle()
@@ -813,7 +814,7 @@ def test_a_runner_killed_mid_commit_does_not_hold_up_its_retry(deployment: Any) 
         target=lambda: d.api("POST", f"/sessions/{sid}/runs", {"message": "steps=3 sleep=1 signoffs=0"})
     )
     request.start()
-    until(lambda: steps_committed(d, sid) >= 1, f"a first step committed; {evidence(d)}")
+    until(lambda: steps_committed(d, sid) >= 1, "a first step committed", evidence=lambda: evidence(d))
     d.crash_before("resume", "dynamodb:BatchWriteItem")  # the next commit's events: after its gate
     request.join(30)
     d.settle()
