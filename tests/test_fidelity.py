@@ -513,7 +513,7 @@ def ledger(d: Any, sid: str, tenant: str = TENANT) -> list[dict[str, Any]]:
     return body["events"]  # type: ignore[no-any-return]
 
 
-def run(d: Any, sid: str, message: str, tenant: str = TENANT, settle: float = 60) -> dict[str, Any]:
+def run(d: Any, sid: str, message: str, tenant: str = TENANT, settle: float = 180) -> dict[str, Any]:
     """``POST /runs`` (200 today, 202 in the target contract), then the session once the workflow settled."""
     status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": message}, tenant=tenant)
     assert status in (200, 202), (status, body, evidence(d))
