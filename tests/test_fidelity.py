@@ -934,7 +934,7 @@ def test_the_sweeper_repairs_a_commit_a_dead_writer_left_pending(
     create(d, sid)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
-    store = store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}")
+    store = store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}&{_SHARDS}")
     app_name = f"fidelity@{TENANT}"
     loaded = store.load(app_name, sid)
     assert loaded is not None
@@ -942,7 +942,8 @@ def test_the_sweeper_repairs_a_commit_a_dead_writer_left_pending(
     Faults(store._client).die("BatchWriteItem", nth=1)  # type: ignore[attr-defined]
     ten_minutes_ago = now_ms() - 600_000
     with use_clock(lambda: ten_minutes_ago), pytest.raises(Died):
-        store.commit(row, [UserEvent(text=f"lost {n}") for n in range(30)], row.version)
+        # 120 events: more than one TransactWriteItems holds, so the gated protocol (gate, batches, finish)
+        store.commit(row, [UserEvent(text=f"lost {n}") for n in range(120)], row.version)
     store.close()
     event = json.loads((Path(__file__).resolve().parents[1] / "events/schedule/sweeper.json").read_text())
     ok, result = d.invoke("sweeper", event)
@@ -972,7 +973,7 @@ def test_the_sweeper_hands_a_turn_whose_runner_died_to_a_fresh_execution(
     create(d, sid)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
-    store = store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}")
+    store = store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}&{_SHARDS}")
     fidelity = build(store)
     view = for_tenant(fidelity.app, TENANT)
     ten_minutes_ago = now_ms() - 600_000
@@ -988,6 +989,10 @@ def test_the_sweeper_hands_a_turn_whose_runner_died_to_a_fresh_execution(
     assert show(d, sid)["status"] == "completed", evidence(d)
     (execution,) = chain(d, sid)
     assert execution.states[0] == "Run" and execution.states[-1] == "Done", execution.states
+
+
+_SHARDS = "shards=1&pending_shards=8"
+"""The deployment's shard counts (``infra.stack.SHARD_DEFAULTS``): the table refuses a store opened with others."""
 
 
 def swept(result: dict[str, Any], sid: str) -> list[str]:
@@ -1037,7 +1042,7 @@ def test_the_sweeper_starts_an_execution_for_a_wait_that_never_had_one(
     create(d, sid)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
-    store = store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}")
+    store = store_from_url(f"dynamodb://{d.table_name}?{_SHARDS}&endpoint={d.dynamodb_endpoint}&region={REGION}")
     fidelity = build(store)
     view = for_tenant(fidelity.app, TENANT)
     run_to_end(view, claim_turn(view, fidelity.agent, sid, "signoffs=1"), lambda _: fidelity.agent)
@@ -1163,3 +1168,81 @@ def test_zz_the_policies_grant_what_the_code_calls(deployment: Any) -> None:
         f"denied: {denied} {machine_denied}; granted but never used (function, action): {unused}; "
         f"functions that made no AWS call in any scenario: {idle}"
     )
+
+
+UNIT_TESTED_METRICS = {"merges", "forks", "snapshot_write_failures", "conflicts"}
+"""Metrics the scenarios here do not reliably reach (a lost race, a merge, a fork, a snapshot the store refused):
+their paths are held by tests/test_metrics.py. Every other metric must come out of the functions' logs."""
+
+
+@pytest.mark.backend("dynamodb")
+def test_zz_every_metric_is_emitted_by_the_function_whose_path_should(deployment: Any) -> None:
+    """Runs after the scenarios: the EMF lines the functions printed (their stdout, as CloudWatch Logs gets it)
+    hold each metric under the namespace and dimensions the code defines, from a function that should emit it,
+    never with an id as a dimension; and each alarm on an application metric watches one of those lines."""
+    from dormant import metrics
+    from tests.test_alarms import alarms, watched
+
+    d = deployment
+    seen: dict[str, set[tuple[tuple[str, str], ...]]] = {}
+    for name in d.functions:
+        for line in d.log(name).splitlines():
+            if not (line.startswith("{") and '"_aws"' in line):
+                continue
+            record = json.loads(line)
+            (directive,) = record["_aws"]["CloudWatchMetrics"]
+            (dims,) = directive["Dimensions"]
+            assert directive["Namespace"] == metrics.NAMESPACE
+            assert record["function"] == name, (name, record)  # published by the function that counted it
+            for metric in directive["Metrics"]:
+                definition = metrics.METRICS[metric["Name"]]
+                assert name in definition.emitted_by, (name, metric)
+                assert metric["Unit"] == definition.unit
+                want = metrics.dimensions(name, record.get("agent") if definition.by_agent else None)
+                assert {k: record[k] for k in dims} == want, (metric, dims)  # nothing else: no session or tenant id
+                seen.setdefault(metric["Name"], set()).add(tuple(sorted(want.items())))
+    for name in ("sessions", "run", "tools", "commit", "park", "resume"):  # the functions with a Powertools logger
+        for line in d.log(name).splitlines():
+            if line.startswith("{") and '"level"' in line:
+                logged = json.loads(line)
+                assert logged.get("tenant") and logged.get("principal"), (name, line[:300])
+    missing = set(metrics.METRICS) - UNIT_TESTED_METRICS - set(seen)
+    assert not missing, f"never emitted in the scenarios: {sorted(missing)}; emitted: {sorted(seen)}"
+    for alarm_name, alarm in alarms(d.template.raw).items():
+        for metric in watched(alarm):
+            if metric["namespace"] == metrics.NAMESPACE and metric["name"] not in UNIT_TESTED_METRICS:
+                assert tuple(sorted(metric["dimensions"].items())) in seen.get(metric["name"], set()), alarm_name
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_caller_past_its_turn_quota_gets_429_and_runs_nothing(dynamodb_endpoint: str) -> None:
+    """A deployment of its own, with ``-c turn_quota=2/3600``: the third POST /runs of a tenant in the hour is a
+    429 naming the quota; no execution starts and the session's ledger is untouched. Another tenant runs."""
+    from tests.fidelity.deployment import Deployment
+
+    d = Deployment.start(
+        dynamodb_endpoint=dynamodb_endpoint,
+        app="fidelity_app:build",
+        app_packages=[APP_PACKAGE],
+        context={"turn_quota": "2/3600"},
+    )
+    try:
+        tenant = fresh("quota")
+        for sid in ("q-1", "q-2", "q-3"):
+            create(d, sid, tenant=tenant)
+        for sid in ("q-1", "q-2"):
+            assert run(d, sid, "signoffs=0", tenant=tenant, settle=30)["status"] == "completed", evidence(d)
+        before = ledger(d, "q-3", tenant)
+        executions = len(d.executions())
+        status, _, body = d.api("POST", "/sessions/q-3/runs", {"message": "signoffs=0"}, tenant=tenant)
+        assert status == 429, (status, body, evidence(d))
+        assert (body["error"], body["field"]) == ("TurnQuotaExceeded", "quota")
+        assert "2 turns per 3600 s" in body["message"]
+        d.settle(10)
+        assert len(d.executions()) == executions  # no execution started for it
+        assert ledger(d, "q-3", tenant) == before and show(d, "q-3", tenant)["status"] != "running"
+        other = fresh("quota")
+        create(d, "q-3", tenant=other)
+        assert run(d, "q-3", "signoffs=0", tenant=other, settle=30)["status"] == "completed", evidence(d)
+    finally:
+        d.close()

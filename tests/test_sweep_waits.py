@@ -14,8 +14,6 @@ import os
 import sys
 import time
 import urllib.request
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +27,6 @@ from dormant.stores.url import store_from_url
 
 ROOT = Path(__file__).resolve().parents[1]
 APPS = ROOT / "tests" / "fidelity"
-
-
-@pytest.fixture(params=["sqlite", pytest.param("dynamodb", marks=pytest.mark.backend("dynamodb"))])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'waits.db'}"
-        return
-    from tests.servers.dynamodb import ACCESS_KEY, REGION
-
-    endpoint = request.getfixturevalue("dynamodb_endpoint")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
-    yield f"dynamodb://waits-{uuid.uuid4().hex[:12]}?endpoint={endpoint}&region={REGION}"
 
 
 def _fidelity() -> Any:
