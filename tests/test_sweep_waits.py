@@ -14,6 +14,7 @@ import os
 import sys
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
