@@ -811,8 +811,8 @@ def test_a_runner_killed_mid_commit_does_not_hold_up_its_retry(deployment: Any) 
     d, sid = deployment, fresh("midcommit")
     create(d, sid)
     request = threading.Thread(
-        target=lambda: d.api("POST", f"/sessions/{sid}/runs", {"message": "steps=3 sleep=1 signoffs=0"})
-    )
+        target=lambda: d.api("POST", f"/sessions/{sid}/runs", {"message": "steps=3 sleep=1 signoffs=0 keys=120"})
+    )  # 120 state keys a step: each step's commit is too large for one transaction, so it is gated
     request.start()
     until(lambda: steps_committed(d, sid) >= 1, "a first step committed", evidence=lambda: evidence(d))
     d.crash_before("resume", "dynamodb:BatchWriteItem")  # the next commit's events: after its gate

@@ -209,7 +209,8 @@ def test_a_retried_run_frees_the_session_of_its_dead_runners_commit(
     assert row is not None
     Faults(store._client).die("BatchWriteItem", nth=1)  # type: ignore[attr-defined]
     with pytest.raises(Died):
-        store.commit(row.session, [UserEvent(text="lost")], row.session.version)
+        # more events than one transaction takes: the gated commit, whose marker a dead writer leaves behind
+        store.commit(row.session, [UserEvent(text="lost") for _ in range(120)], row.session.version)
 
     assert not repair_after_lost_runner(view, "held", "inv_someone_else")
     assert repair_after_lost_runner(view, "held", claim.invocation_id)
