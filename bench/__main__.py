@@ -15,7 +15,7 @@ import time
 
 from .common import QUICK, Figure
 
-SECTIONS = ["ledger", "sqlite", "postgres", "dynamodb", "cold_start", "long", "serve", "adk"]
+SECTIONS = ["ledger", "sqlite", "postgres", "dynamodb", "cold_start", "long", "serve", "cost", "adk"]
 
 
 def main(argv: list[str] | None = None) -> int:

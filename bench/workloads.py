@@ -12,6 +12,7 @@ SELECTs with ``json.loads`` of each row — what any correct code must do at lea
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol
 
 from dormant import adk
@@ -64,7 +65,13 @@ def _meta(app: str, sid: str, version: int = 0) -> StoredSession:
 
 
 def store_workloads(
-    section: str, store: SessionStore, floor: Floor, *, repeat: int = REPEAT, create_repeat: int | None = None
+    section: str,
+    store: SessionStore,
+    floor: Floor,
+    *,
+    repeat: int = REPEAT,
+    create_repeat: int | None = None,
+    w1_target: float = 0.5,
 ) -> list[Figure]:
     """Run W1, W2 and W4 on ``store`` and ``floor`` (paired, fresh app ids each run); return the figures.
 
@@ -134,7 +141,9 @@ def store_workloads(
     w4_list = paired(
         lambda _: timed(lambda: store.list("w4-ours-1")), lambda _: timed(lambda: floor.list("w4-ours-1")), repeat
     )
-    return store_figures(section, w1=w1, w2=w2, w2_get=w2_get, w4_create=w4_create, w4_list=w4_list)
+    figures = store_figures(section, w1=w1, w2=w2, w2_get=w2_get, w4_create=w4_create, w4_list=w4_list)
+    figures[0] = dataclasses.replace(figures[0], target=w1_target)
+    return figures
 
 
 def store_figures(

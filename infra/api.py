@@ -38,6 +38,32 @@ _SCOPE_DESCRIPTIONS = {
 ERROR_TEMPLATE = '{"error": "$context.error.responseType", "message": $context.error.messageString}'
 """The body of API Gateway's own 4xx and 5xx: the handlers' error shape (``messageString`` is quoted JSON)."""
 
+F = apigw.AccessLogField
+ACCESS_LOG_FIELDS = {
+    "requestId": F.context_request_id(),
+    "ip": F.context_identity_source_ip(),
+    "requestTime": F.context_request_time(),
+    "httpMethod": F.context_http_method(),
+    "resourcePath": F.context_resource_path(),
+    "status": F.context_status(),
+    "protocol": F.context_protocol(),
+    "responseLength": F.context_response_length(),
+    # who called, how long the function took, and why a request failed before or inside it
+    "sub": F.context_authorizer_claims("sub"),
+    "clientId": F.context_authorizer_claims("client_id"),
+    "integrationLatency": F.context_integration_latency(),
+    "integrationStatus": F.context_integration_status(),
+    "integrationError": F.context_integration_error_message(),
+    "errorType": F.context_error_response_type(),
+}
+"""The access log's fields: one JSON object per request (no body, no header, no token)."""
+ACCESS_LOG_FORMAT = apigw.AccessLogFormat.custom(
+    "{"
+    + ",".join(f'"{name}":"{value}"' for name, value in ACCESS_LOG_FIELDS.items())
+    + f',"error":{F.context_error_message_string()}'  # quoted by API Gateway itself
+    + "}"
+)
+
 
 class Api(Construct):
     def __init__(
@@ -50,6 +76,7 @@ class Api(Construct):
         tracing: bool,
         auth_domain_prefix: str,
         cors_origins: Sequence[str] = (),
+        throttling: Mapping[str, float] | None = None,
     ) -> None:
         super().__init__(scope, id)
         self.user_pool = cognito.UserPool(
@@ -113,21 +140,12 @@ class Api(Construct):
             description="dormant: sessions that sleep between turns",
             deploy_options=apigw.StageOptions(
                 stage_name="v1",
+                **(throttling or {}),  # infra.guardrails: the stage's rate and burst
                 logging_level=apigw.MethodLoggingLevel.ERROR,
                 data_trace_enabled=False,
                 tracing_enabled=tracing,
                 access_log_destination=apigw.LogGroupLogDestination(access_logs),
-                access_log_format=apigw.AccessLogFormat.json_with_standard_fields(
-                    caller=True,
-                    http_method=True,
-                    ip=True,
-                    protocol=True,
-                    request_time=True,
-                    resource_path=True,
-                    response_length=True,
-                    status=True,
-                    user=True,
-                ),
+                access_log_format=ACCESS_LOG_FORMAT,
             ),
             # The account's API Gateway logging role (AWS::ApiGateway::Account) is one per account and region: a
             # stack that created it would break every other API's logging when deleted or replaced. It is set

@@ -1,17 +1,20 @@
 """``DormantStack``: the table, the layers, the functions, the API, the resume workflow and the sweeper.
 
-Deploy-time choices are stack parameters (listing shards, wait timeout, log retention); build-time ones
-are CDK context (``-c app=module:attr``, ``-c app_packages=dir,dir``, ``-c app_requirements=file``,
-``-c removal=destroy``, ``-c tracing=true``, ``-c tenant_claim=custom:tenant`` (the ID-token claim naming the
-caller's tenant; a token without it is its own tenant), ``-c auth_domain=prefix`` (the Cognito domain machine
-clients get tokens from; default ``{stack}-{account}``), ``-c cors_origins=https://a.example,https://b.example``
-(the origins whose pages may call the API; none by default), and the model: ``-c model=...``,
-``-c openai_base_url=...``, ``-c openai_secret=...``, see ``infra.model``).
+Deploy-time choices are stack parameters (wait timeout, log retention); build-time ones are CDK context
+(``-c app=module:attr``, ``-c app_packages=dir,dir``, ``-c app_requirements=file``, ``-c removal=destroy``,
+``-c tracing=true``, ``-c tenant_claim=custom:tenant`` (the ID-token claim naming the caller's tenant; a token
+without it is its own tenant), ``-c auth_domain=prefix`` (the Cognito domain machine clients get tokens from;
+default ``{stack}-{account}``), ``-c cors_origins=https://a.example,https://b.example`` (the origins whose pages
+may call the API; none by default), the model: ``-c model=...``, ``-c openai_base_url=...``,
+``-c openai_secret=...``, see ``infra.model``, ``-c alarm_topic=<SNS topic ARN>`` (where the alarms go), and the
+guardrails of ``infra.guardrails``), and so are the table's shard counts (``-c listing_shards=N``,
+``-c pending_shards=N``): fixed at the first deploy, as the table records them and refuses a store opened with
+others (a parameter would invite changing them).
 """
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 from aws_cdk import Acknowledgment, ArnFormat, CfnOutput, CfnParameter, RemovalPolicy, Stack, Token, Validations
 from aws_cdk import aws_dynamodb as dynamodb
@@ -19,11 +22,16 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
+from dormant import metrics
 from dormant.serving.runtime import DEFAULT_TENANT_CLAIM
+from dormant.stores.dynamodb import TABLE
 
+from .alarms import Alarms
 from .api import Api
 from .bundle import ROOT
+from .dashboard import Dashboard
 from .functions import Functions
+from .guardrails import Guardrails, MachineClientPlans, RateLimitedWebAcl
 from .layer import Layers
 from .model import ModelAccess, model_choice
 from .schedule import SweeperSchedule
@@ -42,6 +50,7 @@ from .wiring import (
     STORE,
     TABLE_ACCESS,
     TENANT_CLAIM,
+    TURN_QUOTA,
     state_machine_name,
 )
 from .workflow import MAX_WAIT_SECONDS, ResumeWorkflow
@@ -53,10 +62,28 @@ _DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 18
 LOG_RETENTION_DAYS = [str(days) for days in _DAYS]
 
 
+SHARD_DEFAULTS = {"listing_shards": 1, "pending_shards": 8}
+"""The table's shard counts when the context gives none (the listing's per app, the pending index's per table)."""
+
+
+def _shard_count(context: Any, name: str, default: int) -> int:
+    value = context(name)
+    if value is None:
+        return default
+    try:
+        count = int(str(value))
+    except ValueError:
+        count = 0
+    if not 1 <= count <= 1000:
+        raise ValueError(f"context {name} is a whole number from 1 to 1000, not {value!r}")
+    return count
+
+
 class DormantStack(Stack):
     def __init__(self, scope: Construct, id: str, **kwargs: object) -> None:
         super().__init__(scope, id, **kwargs)  # type: ignore[arg-type]
         context = self.node.try_get_context
+        guardrails = Guardrails.from_context(context)
         tracing = str(context("tracing") or "false").lower() == "true"
         removal = RemovalPolicy.DESTROY if context("removal") == "destroy" else RemovalPolicy.RETAIN
         app_packages = [ROOT / p for p in str(context("app_packages") or DEFAULT_APP_PACKAGES).split(",") if p]
@@ -64,15 +91,7 @@ class DormantStack(Stack):
         requirements = context("app_requirements")
         choice = model_choice(context)
 
-        shards = CfnParameter(
-            self,
-            "ListingShards",
-            type="Number",
-            default=1,
-            min_value=1,
-            max_value=64,
-            description="Write shards of the session listing index (more shards, more listing writes per second)",
-        )
+        shards = {name: _shard_count(context, name, default) for name, default in SHARD_DEFAULTS.items()}
         wait_timeout = CfnParameter(
             self,
             "WaitTimeoutSeconds",
@@ -121,14 +140,18 @@ class DormantStack(Stack):
             ),
         }
         values = {
-            STORE: f"dynamodb://{table.table_name}?shards={shards.value_as_string}",
+            STORE: (
+                f"dynamodb://{table.table_name}?shards={shards['listing_shards']}"
+                f"&pending_shards={shards['pending_shards']}"
+            ),
             APP: str(context("app") or DEFAULT_APP),
             IDEMPOTENCY_TABLE: table.table_name,  # idempotency records share the session table
             STATE_MACHINE: arns[MACHINE],
+            TURN_QUOTA: guardrails.turn_quota,
             TENANT_CLAIM: str(context("tenant_claim") or DEFAULT_TENANT_CLAIM),
             CORS_ORIGINS: ",".join(cors_origins),
-            "POWERTOOLS_SERVICE_NAME": "dormant",
-            "POWERTOOLS_METRICS_NAMESPACE": "dormant",
+            "POWERTOOLS_SERVICE_NAME": metrics.SERVICE,
+            "POWERTOOLS_METRICS_NAMESPACE": metrics.NAMESPACE,
             "POWERTOOLS_TRACE_DISABLED": "false" if tracing else "true",
             # No pydantic plugins are deployed: skip pydantic's scan of every installed package's
             # entry points, which the first model built would otherwise pay at cold start.
@@ -194,6 +217,7 @@ class DormantStack(Stack):
         # Continue-as-new: the execution starts its successor (a states:startExecution task of this machine).
         machine.add_to_role_policy(iam.PolicyStatement(actions=["states:StartExecution"], resources=[arns[MACHINE]]))
 
+        guardrails.reserve(functions.by_name)
         api = Api(
             self,
             "Api",
@@ -202,8 +226,26 @@ class DormantStack(Stack):
             tracing=tracing,
             auth_domain_prefix=str(context("auth_domain") or f"{self.stack_name.lower()}-{self.account}"),
             cors_origins=cors_origins,
+            throttling=guardrails.stage_throttling(),
         )
-        SweeperSchedule(self, "Sweeper", sweeper=functions["sweeper"])
+        stage = api.rest_api.deployment_stage
+        MachineClientPlans(self, "MachineClients", guardrails=guardrails, stage=stage)
+        if guardrails.waf_rate_limit:
+            RateLimitedWebAcl(self, "Waf", limit=guardrails.waf_rate_limit, stage=stage)
+        schedule = SweeperSchedule(self, "Sweeper", sweeper=functions["sweeper"])
+        Alarms(
+            self,
+            "Alarms",
+            functions=functions.by_name,
+            state_machine=machine,
+            table=table,
+            indexes=[index.name for index in TABLE.indexes if not index.local],
+            stage=stage,
+            sweeper_dlq=schedule.dead_letters,
+            topic_arn=context("alarm_topic"),
+        )
+
+        Dashboard(self, "Dashboard", functions=functions.by_name, table=table)
 
         CfnOutput(self, "ApiUrl", value=api.rest_api.url)
         CfnOutput(self, "UserPoolId", value=api.user_pool.user_pool_id)

@@ -24,6 +24,7 @@ IDEMPOTENCY_TABLE = "DORMANT_IDEMPOTENCY_TABLE"
 STATE_MACHINE = "DORMANT_STATE_MACHINE"
 TENANT_CLAIM = "DORMANT_TENANT_CLAIM"
 CORS_ORIGINS = "DORMANT_CORS_ORIGINS"  # serving.api.CORS_ORIGINS: -c cors_origins=, empty (no origin) by default
+TURN_QUOTA = "DORMANT_TURN_QUOTA"  # -c turn_quota=N/SECONDS; empty: none (dormant.serving.quota)
 COMMON_ENVIRONMENT = frozenset(
     {
         STORE,
@@ -41,14 +42,15 @@ API_FUNCTIONS = frozenset(function for _, _, function in ROUTES)
 
 ENVIRONMENT: Mapping[str, frozenset[str]] = MappingProxyType(
     {
-        # the API's functions read the caller's tenant from the claim TENANT_CLAIM names (-c tenant_claim=), and
-        # answer browsers of the allowed origins; sessions answers their preflights too
-        "sessions": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, TENANT_CLAIM, CORS_ORIGINS},
+        # the API's functions read the caller's tenant from the claim TENANT_CLAIM names (-c tenant_claim=),
+        # answer browsers of the allowed origins (sessions answers their preflights too), and read the turn
+        # quota (only POST /runs, in run, takes from it)
+        "sessions": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, TENANT_CLAIM, CORS_ORIGINS, TURN_QUOTA},
         # starts the execution that runs the turn it is about to claim (before the claim: every claim has a runner)
-        "run": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, STATE_MACHINE, TENANT_CLAIM, CORS_ORIGINS},
+        "run": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, STATE_MACHINE, TENANT_CLAIM, CORS_ORIGINS, TURN_QUOTA},
         # wakes a waiting execution with the task token stored on the session: no ARN needed
-        "tools": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, TENANT_CLAIM, CORS_ORIGINS},
-        "commit": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, TENANT_CLAIM, CORS_ORIGINS},
+        "tools": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, TENANT_CLAIM, CORS_ORIGINS, TURN_QUOTA},
+        "commit": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, TENANT_CLAIM, CORS_ORIGINS, TURN_QUOTA},
         # answers its own task token (park) or runs in the execution (resume): no ARN needed
         "park": COMMON_ENVIRONMENT,
         "resume": COMMON_ENVIRONMENT,
@@ -105,8 +107,8 @@ class TableAccess:
 
 TABLE_ACCESS: Mapping[str, TableAccess] = MappingProxyType(
     {
-        # the listing: a Query per shard of the listing index, then the meta items by BatchGetItem
-        "sessions": TableAccess((*SESSION_ACTIONS, "dynamodb:BatchGetItem"), (IDS_INDEX, LISTING_INDEX)),
+        # the listing: a Query per shard of the listing index, which projects the rows (no BatchGetItem)
+        "sessions": TableAccess(SESSION_ACTIONS, (IDS_INDEX, LISTING_INDEX)),
         "run": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
         "tools": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
         "commit": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),

@@ -20,7 +20,7 @@ pytest.importorskip("boto3")
 from dynamodb_faults import Died, Faults
 
 from dormant.clock import FrozenClock, frozen_clock
-from dormant.errors import CommitIncomplete, StoreBusy, StoreUnavailable
+from dormant.errors import CommitIncomplete, StoreBusy, StoreError, StoreUnavailable
 from dormant.events import UserEvent
 from dormant.stores.base import ScopedStateChange, StoredSession
 from dormant.stores.dynamodb import DynamoDBSessionStore
@@ -59,7 +59,9 @@ class World:
         return c
 
     def store(self, client: Any = None, **options: Any) -> DynamoDBSessionStore:
-        options = {"live_wait_s": 0.5, "unprocessed_retries": 3, **options}
+        # The gated protocol unless a test asks for one-call commits (``single_call_items=100``): its faults
+        # are what most tests here inject.
+        options = {"live_wait_s": 0.5, "unprocessed_retries": 3, "single_call_items": 0, **options}
         return DynamoDBSessionStore(client or self._client(), self.table, **options)
 
     def meta(self, **extra: Any) -> StoredSession:
@@ -174,7 +176,7 @@ def test_throttled_calls_are_retried_by_botocore(world: World) -> None:
     world.faults.throttle("BatchWriteItem", 2)
     result = world.writer.commit(world.meta(), _events("t", 5), 1)
     assert result.ok and result.version == 2
-    assert world.faults.sent["UpdateItem"] - before == 3 + 1  # the gate after two throttled attempts, the finish
+    assert world.faults.sent["UpdateItem"] - before == 3  # the gate after two throttled attempts (no finish update)
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
 
 
@@ -225,7 +227,7 @@ def test_writer_dies_right_after_the_gate_and_the_next_writer_repairs_the_stale_
 
 def test_writer_dies_after_the_events_before_the_marker_is_cleared(world: World) -> None:
     _seeded(world)
-    world.faults.die("UpdateItem", nth=2)  # the gate is the first UpdateItem, the finish the second
+    world.faults.die("TransactWriteItems", nth=1)  # the finish: the meta update, the touch, the superseded one
     with pytest.raises(Died):
         world.writer.commit(world.meta(status="done"), _events("whole", 30), 1)
     assert world.raw_event_items() == 40  # every event item is there...
@@ -398,7 +400,7 @@ def test_a_gate_meeting_a_transaction_is_resent_and_the_commit_lands_once(world:
     world.faults.error("UpdateItem", _CONFLICT, attempts=3)
     result = world.writer.commit(world.meta(), _events("t", 5), 1)
     assert (result.ok, result.version, result.appended) == (True, 2, 5)
-    assert world.faults.sent["UpdateItem"] - before == 3 + 1 + 1  # three refused gates, the gate, the finish
+    assert world.faults.sent["UpdateItem"] - before == 3 + 1  # three refused gates, the gate
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
     _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("t", 5))
 
@@ -469,7 +471,7 @@ def test_a_gate_whose_answer_was_lost_finds_its_own_marker_and_commits(world: Wo
     world.faults.lose("UpdateItem")  # DynamoDB applies the gate; botocore times out and sends it again
     result = world.writer.commit(world.meta(), _events("t", 5), 1)
     assert (result.ok, result.version, result.appended) == (True, 2, 5)
-    assert world.faults.sent["UpdateItem"] - before == 2 + 1  # the lost gate, its re-send, the finish
+    assert world.faults.sent["UpdateItem"] - before == 2  # the lost gate, its re-send
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
     assert world.store().repair_pending(older_than_s=0) == []
     _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("t", 5))
@@ -512,15 +514,15 @@ def test_a_finish_whose_answer_was_lost_is_a_commit_that_landed_once(
 ) -> None:
     _seeded(world)
     # DynamoDB applies the finish and its answer is lost; botocore sends it again and finds the marker gone.
-    # The finish is the commit's second UpdateItem, or with scoped changes its TransactWriteItems (whose
-    # re-send carries the same idempotency token).
-    world.faults.lose("TransactWriteItems" if changes else "UpdateItem", nth=1 if changes else 2)
+    # The finish is the commit's TransactWriteItems (the touches ride there; its re-send carries the same
+    # idempotency token).
+    world.faults.lose("TransactWriteItems", nth=1)
     before = world.faults.sent["UpdateItem"]
     result = world.writer.commit(world.meta(), _events("t", 5), 1, changes)
     assert (result.ok, result.version, result.appended) == (True, 2, 5)
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
     assert world.reader.load_scoped_state(world.app, "user", "u-1") == ({"name": "Ada"} if changes else {})
-    assert world.faults.sent["UpdateItem"] - before == (1 if changes else 3)  # the gate; the finish twice
+    assert world.faults.sent["UpdateItem"] - before == 1  # the gate
     assert world.store().repair_pending(older_than_s=0) == []
 
 
@@ -602,7 +604,7 @@ def test_a_rolled_back_writer_dying_after_its_late_writes_leaves_them_invisible(
     _seeded(world)
     arrived, resume = threading.Event(), threading.Event()
     world.faults.pause("BatchWriteItem", 2, arrived, resume)  # after 25 of 60 items
-    world.faults.die("UpdateItem", 2)  # and it dies at its finish, so it never cleans up after itself
+    world.faults.die("TransactWriteItems", 1)  # and it dies at its finish, so it never cleans up after itself
     died: list[BaseException] = []
 
     def slow() -> None:
@@ -648,7 +650,7 @@ def test_a_rolled_back_commit_never_lands_its_scoped_changes(world: World) -> No
 
 @pytest.mark.parametrize(
     ("finish", "nth", "count"),
-    [("UpdateItem", 2, 7), ("TransactWriteItems", 1, 24)],  # the gate is UpdateItem 1
+    [("TransactWriteItems", 1, 7), ("TransactWriteItems", 1, 24)],  # the finish carries the touches
     ids=["touch-after-the-events", "touch-in-the-finish"],
 )
 def test_a_sweeper_rolling_forward_a_slow_writer_lets_the_writer_succeed(
@@ -677,7 +679,7 @@ def test_a_sweeper_rolling_forward_a_slow_writer_lets_the_writer_succeed(
 
 def test_two_sweepers_racing_repair_a_marker_once(world: World) -> None:
     _seeded(world)
-    world.faults.die("UpdateItem", nth=2)
+    world.faults.die("TransactWriteItems", nth=1)  # the finish
     with pytest.raises(Died):
         world.writer.commit(world.meta(), _events("x", 4), 1)
     world.clock.advance(1)
@@ -773,3 +775,132 @@ def test_writers_racing_from_several_processes_get_contiguous_versions(
     for w in range(writers):
         assert [i for i in ids if i.startswith(f"w{w}-")] == [f"w{w}-{n}-{k}" for n in range(commits) for k in range(3)]
     c.close()
+
+
+# -- one-call commits: one TransactWriteItems, no marker ----------------------------------------------
+
+
+def _pending_markers(world: World) -> int:
+    key = {"pk": {"S": session_pk(world.app, world.sid)}, "sk": {"S": "#M"}}
+    item = world.writer_client.get_item(TableName=world.table, Key=key, ConsistentRead=True).get("Item", {})
+    return int("pending" in item)
+
+
+def test_a_commit_that_fits_one_transaction_is_one_call(world: World) -> None:
+    one = world.store(world.writer_client, single_call_items=100)
+    assert one.commit(world.meta(), _events("base", 10), 0).ok
+    world.faults.calls.clear()
+    assert one.commit(world.meta(status="idle"), _events("turn", 5), 1).ok
+    assert dict(world.faults.calls) == {"TransactWriteItems": 1}
+    # A store that never saw the session takes the gated protocol once, then knows it: one call again.
+    other_client = world._client()
+    other, faults = world.store(other_client, single_call_items=100), Faults(other_client)
+    other.load("warm-up", "nothing")  # its first call reads the table's shard counts
+    faults.calls.clear()
+    assert other.commit(world.meta(), _events("o", 2), 2).ok
+    assert dict(faults.calls) == {"UpdateItem": 1, "BatchWriteItem": 1, "TransactWriteItems": 1}
+    faults.calls.clear()
+    assert other.commit(world.meta(), _events("p", 2), 3).ok
+    assert dict(faults.calls) == {"TransactWriteItems": 1}
+    # ...and one that loaded it builds on what it read.
+    third_client = world._client()
+    third, faults = world.store(third_client, single_call_items=100), Faults(third_client)
+    third.load("warm-up", "nothing")
+    third.load(world.app, world.sid)
+    faults.calls.clear()
+    assert third.commit(world.meta(), _events("q", 2), 4).ok
+    assert dict(faults.calls) == {"TransactWriteItems": 1}
+    # The first store's knowledge is stale now: its transaction is refused (nothing written) and it conflicts.
+    result = one.commit(world.meta(), _events("late", 2), 2)
+    assert (result.ok, result.version) == (False, 5)
+    later = ["o-000", "o-001", "p-000", "p-001", "q-000", "q-001"]
+    assert world.ids() == [*_events_ids("base", 10), *_events_ids("turn", 5), *later]
+
+
+def test_a_one_call_commit_that_raises_leaves_nothing_and_needs_no_repair(world: World) -> None:
+    one = world.store(world.writer_client, single_call_items=100)
+    assert one.commit(world.meta(), _events("base", 10), 0).ok
+    world.faults.error("TransactWriteItems", "InternalServerError", attempts=10)  # every retry refused
+    with pytest.raises(StoreError):
+        one.commit(world.meta(), _events("x", 5), 1)
+    assert world.ids() == _events_ids("base", 10) and world.raw_event_items() == 10
+    assert _pending_markers(world) == 0
+    assert world.store().repair_pending(older_than_s=0) == []
+    _takes_the_next_commit(world, 1, _events_ids("base", 10))
+
+
+def test_a_one_call_commit_whose_answer_was_lost_lands_once(world: World) -> None:
+    one = world.store(world.writer_client, single_call_items=100)
+    assert one.commit(world.meta(), _events("base", 10), 0).ok
+    world.faults.lose("TransactWriteItems", attempts=50)  # applied; every answer lost, botocore's retries too
+    result = one.commit(world.meta(status="done"), _events("x", 5), 1)
+    assert (result.ok, result.version, result.appended) == (True, 2, 5)  # its touch says it landed
+    assert world.ids() == _events_ids("base", 10) + _events_ids("x", 5)
+    assert _pending_markers(world) == 0
+    _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("x", 5))
+
+
+def test_a_one_call_commit_that_never_reached_dynamodb_says_so_and_wrote_nothing(world: World) -> None:
+    one = world.store(world.writer_client, single_call_items=100)
+    assert one.commit(world.meta(), _events("base", 10), 0).ok
+    world.faults.fail("TransactWriteItems", times=10)  # connection refused, past botocore's retries
+    with pytest.raises(StoreUnavailable):
+        one.commit(world.meta(), _events("x", 5), 1)
+    assert world.ids() == _events_ids("base", 10) and world.raw_event_items() == 10
+    _takes_the_next_commit(world, 1, _events_ids("base", 10))
+
+
+def test_a_large_commit_racing_a_small_one_holds_it_off_then_it_conflicts(world: World) -> None:
+    """A 200-event commit takes the gated protocol; a 2-event commit racing it from another store would be one
+    transaction, but the large one's marker refuses it: it waits out the marker, then conflicts."""
+    _seeded(world)
+    small = world.store(single_call_items=100, live_wait_s=20)
+    small.load(world.app, world.sid)  # it knows version 1: its transaction is built, and refused by the marker
+    arrived, resume = threading.Event(), threading.Event()
+    world.faults.pause("BatchWriteItem", 3, arrived, resume)  # after 50 of 200 event items
+    results: dict[str, Any] = {}
+    large = threading.Thread(target=lambda: results.update(a=world.writer.commit(world.meta(), _events("a", 200), 1)))
+    large.start()
+    assert arrived.wait(timeout=30)
+    releaser = threading.Timer(0.3, resume.set)
+    releaser.start()
+    results["b"] = small.commit(world.meta(), _events("b", 2), 1)
+    large.join(timeout=60)
+    releaser.join(timeout=30)
+    assert (results["a"].ok, results["a"].version) == (True, 2)
+    assert (results["b"].ok, results["b"].version, results["b"].appended) == (False, 2, 0)
+    assert world.ids() == _events_ids("base", 10) + _events_ids("a", 200)
+    # ...and at version 2 it is one call again (its refusal told it the stored item).
+    small_faults = Faults(small.client)
+    assert small.commit(world.meta(), _events("b", 2), 2).ok
+    assert dict(small_faults.calls) == {"TransactWriteItems": 1}
+
+
+def test_a_small_commit_landing_first_makes_the_large_one_conflict_at_its_gate(world: World) -> None:
+    _seeded(world)
+    arrived, resume = threading.Event(), threading.Event()
+    world.faults.pause("UpdateItem", 1, arrived, resume)  # the large commit's gate, not yet sent
+    results: dict[str, Any] = {}
+    large = threading.Thread(target=lambda: results.update(a=world.writer.commit(world.meta(), _events("a", 200), 1)))
+    large.start()
+    assert arrived.wait(timeout=30)
+    small = world.store(single_call_items=100)
+    small.load(world.app, world.sid)
+    assert small.commit(world.meta(), _events("b", 2), 1).ok
+    resume.set()
+    large.join(timeout=60)
+    assert (results["a"].ok, results["a"].version) == (False, 2)
+    assert world.ids() == _events_ids("base", 10) + _events_ids("b", 2)
+    assert world.raw_event_items() == 12  # the large commit wrote nothing past its refused gate
+
+
+def test_a_one_call_commit_on_a_re_created_session_lands_in_the_new_incarnation(world: World) -> None:
+    """A store that knew the session before it was deleted and created again (same id, same version) holds
+    the old incarnation: its transaction is refused on it, and the commit lands visible, in the new one."""
+    stale = world.store(single_call_items=100)
+    assert stale.commit(world.meta(), _events("old", 2), 0).ok  # it knows version 1, incarnation one
+    world.reader.delete(world.app, world.sid)
+    assert world.reader.commit(world.meta(), _events("new", 2), 0).ok  # version 1 again, incarnation two
+    result = stale.commit(world.meta(), _events("x", 2), 1)
+    assert (result.ok, result.version, result.appended) == (True, 2, 2)
+    assert world.ids() == ["new-000", "new-001", "x-000", "x-001"]

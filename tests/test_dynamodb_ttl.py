@@ -156,7 +156,7 @@ def test_items_stored_without_expiry_get_one_and_lose_it_when_retention_goes(
 @pytest.mark.parametrize(
     ("count", "finish", "action"),
     [
-        (30, ("UpdateItem", 2), "rolled_forward"),  # the touch goes after the events, the finish is an update
+        (30, ("TransactWriteItems", 1), "rolled_forward"),  # 30 events: the finish carries the touches
         (24, ("TransactWriteItems", 1), "rolled_forward"),  # the touch rides in the finish
         (0, ("TransactWriteItems", 1), "rolled_back"),  # nothing shows it got past its gate (and refresh)
     ],

@@ -124,7 +124,8 @@ def test_every_handler_is_a_python_312_arm64_function_with_both_layers(synth: Sy
         assert env["POWERTOOLS_TRACE_DISABLED"] == "true"
         assert env["PYDANTIC_DISABLE_PLUGINS"] == "__all__"  # no entry-point scan at cold start
         table_id, _ = synth.one("AWS::DynamoDB::Table")
-        assert text(env["DORMANT_STORE"]) == f"dynamodb://<{table_id}>?shards=<ListingShards>"
+        # shard counts are context, fixed at the first deploy (the table records them), never a parameter
+        assert text(env["DORMANT_STORE"]) == f"dynamodb://<{table_id}>?shards=1&pending_shards=8"
         if "DORMANT_IDEMPOTENCY_TABLE" in env:
             assert env["DORMANT_IDEMPOTENCY_TABLE"] == {"Ref": table_id}  # idempotency records share the table
         if "DORMANT_STATE_MACHINE" in env:
@@ -141,12 +142,21 @@ COMMON_ENV = {
     "PYDANTIC_DISABLE_PLUGINS",
 }
 CONTRACT_ENV = {
-    # the API's functions name the caller's tenant claim (-c tenant_claim=) and the allowed origins
-    "sessions": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS"},
+    # the API's functions name the caller's tenant claim (-c tenant_claim=), the allowed origins and the quota
+    "sessions": COMMON_ENV
+    | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
     "run": COMMON_ENV
-    | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_STATE_MACHINE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS"},
-    "tools": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS"},
-    "commit": COMMON_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS"},
+    | {
+        "DORMANT_IDEMPOTENCY_TABLE",
+        "DORMANT_STATE_MACHINE",
+        "DORMANT_TENANT_CLAIM",
+        "DORMANT_CORS_ORIGINS",
+        "DORMANT_TURN_QUOTA",
+    },
+    "tools": COMMON_ENV
+    | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
+    "commit": COMMON_ENV
+    | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
     "park": COMMON_ENV,
     "resume": COMMON_ENV,
     "sweeper": COMMON_ENV | {"DORMANT_STATE_MACHINE"},
@@ -546,6 +556,7 @@ def test_the_workflow_runs_parks_continues_as_new_and_ends_cleanly(synth: Synth)
     }
     run = states["Run"]
     assert run["Parameters"]["Payload"]["action"] == "run"
+    assert run["Parameters"]["Payload"]["retry.$"] == "$$.State.RetryCount"  # a retry repairs a dead runner's commit
     assert run["ResultPath"] == "$.turn" and run["ResultSelector"] == {"status.$": "$.Payload.status"}
     catches = {tuple(c["ErrorEquals"]): c["Next"] for c in run["Catch"]}
     assert catches == {("TurnNotClaimed",): "NotClaimed", ("States.ALL",): "RecordFailure"}
@@ -633,7 +644,7 @@ def test_the_wait_timeout_is_a_parameter_under_a_year(synth: Synth) -> None:
     params = synth.template["Parameters"]
     # one wait per execution, and its turn's runs, stay under Step Functions' one year
     assert params["WaitTimeoutSeconds"]["MaxValue"] == MAX_WAIT_SECONDS == 360 * 24 * 3600 < 365 * 24 * 3600
-    assert params["ListingShards"]["MinValue"] == 1
+    assert "ListingShards" not in params  # context, fixed at the first deploy: the table records it
     assert "30" in params["LogRetentionDays"]["AllowedValues"]
     for group in synth.of_type("AWS::Logs::LogGroup").values():
         assert group["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}
@@ -669,6 +680,7 @@ def test_cdk_nag_passes_with_only_the_acknowledged_findings(synth: Synth) -> Non
         "AwsSolutions-COG8",
         "AwsSolutions-APIG2",
         "AwsSolutions-APIG3",
+        "AwsSolutions-SQS3",  # the sweeper schedule's dead-letter queue is itself a DLQ
     }
 
 
@@ -682,3 +694,14 @@ def test_cfn_lint_is_clean(synth: Synth) -> None:
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_shard_counts_are_context_with_defaults_and_checked() -> None:
+    from infra.stack import SHARD_DEFAULTS, _shard_count
+
+    given = {"listing_shards": "4"}
+    assert _shard_count(given.get, "listing_shards", 1) == 4
+    assert _shard_count(given.get, "pending_shards", 8) == 8 == SHARD_DEFAULTS["pending_shards"]
+    for bad in ("0", "x", "1001"):
+        with pytest.raises(ValueError, match="listing_shards"):
+            _shard_count({"listing_shards": bad}.get, "listing_shards", 1)

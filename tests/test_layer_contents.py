@@ -33,6 +33,7 @@ SHIPPED = {
     "events.py",
     "ids.py",
     "ledger.py",
+    "metrics.py",
     "models",
     "people.py",
     "projection.py",

@@ -607,3 +607,19 @@ def test_a_request_never_enters_the_handler_while_another_is_inside(tmp_path: Pa
         assert listed.result(timeout=TIMEOUT) == (200, {"sessions": [], "cursor": None})
     store.close()
     assert overlapped == [False]
+
+
+def test_an_id_a_client_escapes_in_the_path_is_the_same_id(server: ServeProcess) -> None:
+    """A browser escapes ':', '@', '+' and '=' in a path segment (``encodeURIComponent``): API Gateway and
+    ``dormant serve`` pass the path as sent, so the API decodes the ids it routes on."""
+    api, sid = server.url, "visit:a@b+c=d"
+    assert call(f"{api}/sessions", "POST", {"session_id": sid, "scopes": {"user": "alex-doe"}})[0] == 201
+    escaped = urllib.parse.quote(sid, safe="")
+    assert escaped != sid
+    for path in (escaped, sid):  # escaped or as it is: one session
+        status, shown = call(f"{api}/sessions/{path}")
+        assert (status, shown["id"]) == (200, sid), shown
+    status, page = call(f"{api}/sessions/{escaped}/events")
+    assert status == 200 and page["events"] == []
+    assert call(f"{api}/sessions/{escaped}", "DELETE")[0] == 204
+    assert call(f"{api}/sessions/{escaped}")[0] == 404

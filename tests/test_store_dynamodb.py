@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -47,8 +48,27 @@ class TestDynamoDBStore(StoreContract):
         return self.make_store()
 
 
+class TestDynamoDBStoreGated(TestDynamoDBStore):
+    """The suite again with every commit on the gated protocol (gate, batches, finish), as a commit too large
+    for one ``TransactWriteItems`` is written."""
+
+    def make_store(self) -> SessionStore:
+        c = local_client(self.endpoint)
+        self.clients.append(c)
+        return dynamo_store(self.table, client=c, single_call_items=0)
+
+
 class TestDynamoDBStoreOneShard(TestDynamoDBStore):
-    """The suite again with the listing unsharded: ``{app}`` as the listing key."""
+    """The suite again with the listing unsharded: ``{app}`` as the listing key (a table of its own: shard
+    counts are fixed per table)."""
+
+    @pytest.fixture(autouse=True)
+    def _table(self, dynamodb_endpoint: str, layout_table: Callable[[int], str]) -> Iterator[None]:
+        self.endpoint, self.table = dynamodb_endpoint, layout_table(1)
+        self.clients: list[Any] = []
+        yield
+        for c in self.clients:
+            c.close()
 
     def make_store(self) -> SessionStore:
         c = local_client(self.endpoint)
@@ -59,6 +79,23 @@ class TestDynamoDBStoreOneShard(TestDynamoDBStore):
 # -- what only the DynamoDB store has ---------------------------------------------------------------
 
 
+@pytest.fixture(scope="session")
+def layout_table(dynamodb_endpoint: str) -> Iterator[Callable[..., str]]:
+    """A table for each listing (and pending) shard count a test opens stores with, made on first use: the
+    table records the counts of its first store and refuses others."""
+    made: dict[tuple[int, int], str] = {}
+    c = local_client(dynamodb_endpoint)
+
+    def table(listing: int, pending: int = 8) -> str:
+        if (listing, pending) not in made:
+            made[listing, pending] = f"dormant-layout-{uuid.uuid4().hex[:8]}"
+            create_table(made[listing, pending], client=c)
+        return made[listing, pending]
+
+    yield table
+    c.close()
+
+
 @pytest.fixture
 def app() -> str:
     return f"app-{uuid.uuid4().hex[:12]}"
@@ -66,7 +103,15 @@ def app() -> str:
 
 @pytest.fixture
 def store(ddb: Any, dynamodb_table: str) -> DynamoDBSessionStore:
-    return dynamo_store(dynamodb_table, client=ddb)
+    """A store on the gated protocol (gate, batches, finish): most tests here are about it."""
+    return _warm(dynamo_store(dynamodb_table, client=ddb, single_call_items=0))
+
+
+def _warm(store: DynamoDBSessionStore) -> DynamoDBSessionStore:
+    """The store after its first call, which reads the table's shard counts (one GetItem): what the tests
+    count is the calls after it."""
+    store.load("warm-up", "nothing")
+    return store
 
 
 def _meta(app: str, sid: str = "s-1", **extra: Any) -> StoredSession:
@@ -98,10 +143,11 @@ def test_a_commit_is_a_gate_its_batches_and_a_finish(store: DynamoDBSessionStore
     meta = _meta(app, scopes={"user": "u-1"})
     assert store.commit(meta, [_event(n) for n in range(5)], 0).ok
     # a create of a bound session puts its binding entry (what an erasure reads) in the gate's transaction
-    assert dict(faults.calls) == {"TransactWriteItems": 1, "BatchWriteItem": 1, "UpdateItem": 1}
+    # and the finish is a transaction of the meta update, the touch and the delete of the superseded touch
+    assert dict(faults.calls) == {"TransactWriteItems": 2, "BatchWriteItem": 1}
     faults.calls.clear()
     assert store.commit(meta, [_event(n) for n in range(5, 65)], 1).ok  # 60 events: 3 batches
-    assert dict(faults.calls) == {"UpdateItem": 2, "BatchWriteItem": 3}
+    assert dict(faults.calls) == {"UpdateItem": 1, "BatchWriteItem": 3, "TransactWriteItems": 1}
     faults.calls.clear()
     changes = [ScopedStateChange("user", "u-1", "k", 1)]
     assert store.commit(meta, [_event(99)], 2, changes).ok
@@ -128,7 +174,7 @@ def test_a_resent_id_is_looked_up_alone_not_in_the_history(store: DynamoDBSessio
     loaded = store.load(app, "s-1")
     assert loaded is not None and [e.id for e in loaded.events][-3:] == ["evt-199", "evt-200", "evt-201"]
     # The marker was recounted for the items really written: a repair would judge the commit by them.
-    assert faults.calls["UpdateItem"] == 3
+    assert faults.calls["UpdateItem"] == 2  # the gate and the recount (the finish is a transaction)
 
 
 def test_new_ids_cost_no_lookup(store: DynamoDBSessionStore, ddb: Any, app: str) -> None:
@@ -280,15 +326,16 @@ def test_listing_is_sharded_by_session_and_merged(ddb: Any, dynamodb_table: str,
     page = store.list(app, limit=5)
     assert [s.id for s in page] == [s.id for s in listed[:5]]
     assert faults.calls["Query"] == 4  # one page from each shard
-    assert faults.calls["BatchGetItem"] == 1  # the listed sessions' meta items, in one call
+    assert "BatchGetItem" not in faults.calls  # the index projects the rows: Queries only
     rest = store.list(app, cursor=page[-1].cursor)
     assert [s.id for s in page + rest] == [s.id for s in listed]
-    # Another shard count lists nothing of these: it is part of the table's layout (see the docs).
-    assert dynamo_store(dynamodb_table, client=ddb, listing_shards=1).list(app) == []
+    # Another shard count would list nothing of these: the table refuses a store opened with one.
+    with pytest.raises(ConfigurationError, match=r"listing_shards=4 .*listing_shards=1"):
+        dynamo_store(dynamodb_table, client=ddb, listing_shards=1).list(app)
 
 
-def test_listing_ties_on_updated_at_page_by_id(ddb: Any, dynamodb_table: str, app: str) -> None:
-    store = dynamo_store(dynamodb_table, client=ddb, listing_shards=3)
+def test_listing_ties_on_updated_at_page_by_id(ddb: Any, layout_table: Callable[..., str], app: str) -> None:
+    store = dynamo_store(layout_table(3), client=ddb, listing_shards=3)
     with frozen_clock(1_800_000_000_000):
         for n in range(9):
             store.commit(_meta(app, f"s{n}"), [], 0)
@@ -309,7 +356,7 @@ def test_a_delete_racing_a_commit_never_shows_the_old_incarnation(
     try:
         faults = Faults(slow_client)
         faults.pause("BatchWriteItem", 1, arrived, resume)
-        faults.die("UpdateItem", 2)  # it dies at its finish: its items stay behind
+        faults.die("TransactWriteItems", 1)  # it dies at its finish: its items stay behind
         slow = dynamo_store(dynamodb_table, client=slow_client)
         died: list[BaseException] = []
 
@@ -369,7 +416,7 @@ def test_an_unreachable_endpoint_is_store_unavailable(dynamodb_table: str) -> No
     store = dynamo_store(
         dynamodb_table, client=local_client("http://127.0.0.1:1", retries={"max_attempts": 1}, connect_timeout=1)
     )
-    with pytest.raises(StoreUnavailable, match="DynamoDB query failed"):
+    with pytest.raises(StoreUnavailable, match="DynamoDB get_item failed"):  # its first call: the shard counts
         store.load("app", "s")
 
 
@@ -421,41 +468,48 @@ def _touches(ddb: Any, table: str, app: str, sid: str) -> list[dict[str, Any]]:
     return [i for i in _raw_items(ddb, table, session_pk(app, sid)) if i["sk"]["S"].startswith("T#")]
 
 
-def test_a_commit_costs_one_listing_index_write_and_marks_the_touch_it_superseded(
-    ddb: Any, dynamodb_table: str, app: str
+@pytest.mark.parametrize("single_call_items", [0, 100], ids=["gated", "one-call"])
+def test_a_commit_puts_its_touch_and_deletes_the_one_it_superseded(
+    ddb: Any, dynamodb_table: str, app: str, single_call_items: int
 ) -> None:
-    store = dynamo_store(dynamodb_table, client=ddb)
+    """Two listing-index writes a commit (the new entry and the superseded one's delete, in the commit's
+    transaction), and one touch per session, carrying the row a listing shows."""
+    store = _warm(dynamo_store(dynamodb_table, client=ddb, single_call_items=single_call_items))
     units = _Units(ddb)
     with frozen_clock(1_800_000_000_000) as clock:
         for version in range(8):
             assert store.commit(_meta(app, status=f"turn-{version}"), [_event(version)], version).ok
-            assert units.take("listing") == 1  # the new touch: no entry moved, none deleted
+            # DynamoDB Local reports 2 for the transaction's index writes whatever it holds (AWS bills the put and
+            # the delete, twice each): what is checked here is that one touch is left, the superseded one gone.
+            assert units.take("listing") == 2, version
+            (touch,) = _touches(ddb, dynamodb_table, app, "s-1")
+            assert (touch["version"]["N"], touch["status"]["S"]) == (str(version + 1), f"turn-{version}")
             clock.advance(1000)
-        touches = _touches(ddb, dynamodb_table, app, "s-1")
-        now_s = 1_800_000_000 + 8
-        live, previous, *stale = sorted(touches, key=lambda t: -int(t["lsk"]["N"]))
-        assert "expires_at" not in live and "expires_at" not in previous  # the one before waits for the next commit
-        assert len(stale) == 6 and all(int(t["expires_at"]["N"]) <= now_s for t in stale)  # AWS's TTL deletes these
         (listed,) = store.list(app)
-        assert (listed.version, listed.status, listed.updated_at) == (8, "turn-7", int(live["lsk"]["N"]))
+        assert (listed.version, listed.status, listed.updated_at) == (8, "turn-7", int(touch["lsk"]["N"]))
 
 
-def test_a_listing_shows_only_committed_rows_whatever_touches_are_left(ddb: Any, dynamodb_table: str, app: str) -> None:
+def test_a_listing_shows_only_committed_rows_whatever_touches_are_left(
+    ddb: Any, layout_table: Callable[..., str], app: str
+) -> None:
+    dynamodb_table = layout_table(2)
     store = dynamo_store(dynamodb_table, client=ddb, listing_shards=2)
     with frozen_clock(1_800_000_000_000) as clock:
         for n in range(5):
             for version in range(3):
                 assert store.commit(_meta(app, f"s{n}"), [_event(f"{n}-{version}")], version).ok
                 clock.advance(10)
-        # A commit in flight: its touch is written, its finish is not (the writer died there).
+        # A commit in flight: its events are written, its finish (which carries its touch) is not.
         dying = local_client(ddb.meta.endpoint_url)
         faults = Faults(dying)
-        faults.die("UpdateItem", nth=2)
+        faults.die("TransactWriteItems", nth=1)
         clock.advance(10)
         with pytest.raises(Died):
-            dynamo_store(dynamodb_table, client=dying).commit(_meta(app, "s0", status="late"), [_event("late")], 3)
+            dynamo_store(dynamodb_table, client=dying, listing_shards=2).commit(
+                _meta(app, "s0", status="late"), [_event("late")], 3
+            )
         dying.close()
-        assert len(_touches(ddb, dynamodb_table, app, "s0")) == 4
+        assert len(_touches(ddb, dynamodb_table, app, "s0")) == 1  # the committed one: the dying one wrote none
         listed = store.list(app)
         assert [s.id for s in listed] == ["s4", "s3", "s2", "s1", "s0"]  # once each, s0 at its committed place
         assert [(s.version, s.status) for s in listed][-1] == (3, None)
@@ -469,9 +523,9 @@ def test_a_listing_shows_only_committed_rows_whatever_touches_are_left(ddb: Any,
         late_id = {"S": "evt-late"}
         (event_item,) = [i for i in _raw_items(ddb, dynamodb_table, session_pk(app, "s0")) if i.get("eid") == late_id]
         ddb.delete_item(TableName=dynamodb_table, Key={"pk": event_item["pk"], "sk": event_item["sk"]})
-        (report,) = dynamo_store(dynamodb_table, client=ddb).repair_pending(older_than_s=0)
+        (report,) = dynamo_store(dynamodb_table, client=ddb, listing_shards=2).repair_pending(older_than_s=0)
         assert report.action == "rolled_back"
-        assert len(_touches(ddb, dynamodb_table, app, "s0")) == 3
+        assert len(_touches(ddb, dynamodb_table, app, "s0")) == 1
         assert [s.id for s in store.list(app)] == ["s4", "s3", "s2", "s1", "s0"]
         clock.advance(10)
         assert store.commit(_meta(app, "s0"), [_event("again")], 3).ok
@@ -487,7 +541,7 @@ def test_a_rolled_back_commit_in_the_same_millisecond_keeps_the_live_touch(
     with frozen_clock(1_800_000_000_000):  # every commit at the same updated_at: one touch key for all
         assert store.commit(_meta(app), [_event(1)], 0).ok
         dying = local_client(ddb.meta.endpoint_url)
-        Faults(dying).die("UpdateItem", nth=2)
+        Faults(dying).die("TransactWriteItems", nth=1)  # the finish
         with pytest.raises(Died):
             dynamo_store(dynamodb_table, client=dying).commit(_meta(app), [_event(2), _event(3)], 1)
         dying.close()
@@ -555,13 +609,16 @@ def _running_entry(ddb: Any, table: str, app: str, sid: str) -> str | None:
     return item.get("Item", {}).get("rpk", {}).get("S")
 
 
+@pytest.mark.parametrize("single_call_items", [0, 100], ids=["gated", "one-call"])
 def test_the_running_index_is_written_only_when_a_session_goes_into_or_out_of_running(
-    ddb: Any, dynamodb_table: str, app: str
+    ddb: Any, dynamodb_table: str, app: str, single_call_items: int
 ) -> None:
     """A session's running entry is put by the commit that makes it ``running`` and deleted by the one that
     ends that: the commits in between (a new ``updated_at``, new events) write no index entry. And no call
-    is added: a 5-event commit stays a gate, one batch and a finish."""
-    store = dynamo_store(dynamodb_table, client=ddb)
+    is added: a 5-event commit stays one transaction, or a gate, one batch and a finish."""
+    store = _warm(dynamo_store(dynamodb_table, client=ddb, single_call_items=single_call_items))
+    gated = {"UpdateItem": 1, "BatchWriteItem": 1, "TransactWriteItems": 1}  # the finish carries the touches
+    calls = {"TransactWriteItems": 1} if single_call_items else gated
     units, faults = _Units(ddb), Faults(ddb)
     statuses = ["idle", "running", "running", "running", "completed", "completed", "running"]
     expected_units = [0, 1, 0, 0, 1, 0, 1]
@@ -569,8 +626,8 @@ def test_the_running_index_is_written_only_when_a_session_goes_into_or_out_of_ru
         for version, (status, cost) in enumerate(zip(statuses, expected_units, strict=True)):
             faults.calls.clear()
             assert store.commit(_meta(app, status=status), [_event(f"{version}-{n}") for n in range(5)], version).ok
-            assert units.take("running") == cost, (version, status)
-            assert dict(faults.calls) == {"UpdateItem": 2, "BatchWriteItem": 1}  # gate, batch, finish
+            assert units.take("running") == cost * 2, (version, status)  # in a transaction: billed twice
+            assert dict(faults.calls) == calls
             clock.advance(1000)
     assert _running_entry(ddb, dynamodb_table, app, "s-1") is not None
     assert [(r.session_id, r.updated_at) for r in store.running_sessions() if r.app_name == app] == [
@@ -587,7 +644,7 @@ def test_a_repair_carries_the_running_entry_with_the_status(ddb: Any, dynamodb_t
         assert store.commit(_meta(app, "s-back", status="running"), [_event(1)], 0).ok
         clock.advance(1000)
         dying = local_client(ddb.meta.endpoint_url)
-        Faults(dying).die("UpdateItem", nth=2)  # the finish, after the events and the touch
+        Faults(dying).die("TransactWriteItems", nth=1)  # the finish, after the events
         with pytest.raises(Died):
             dynamo_store(dynamodb_table, client=dying).commit(_meta(app, "s-fwd", status="running"), [_event(2)], 1)
         Faults(dying).die("BatchWriteItem", nth=1)  # the events: nothing of the commit but its gate
@@ -659,7 +716,7 @@ def test_every_commit_takes_at_most_two_calls_plus_one_per_25_events(
         plain, bound_to = _meta(app, "plain"), _meta(app, "bound", scopes={"user": "u-1", "org": "o-1"})
         commit(plain, 0)  # a create
         commit(bound_to, 0)  # a create of a session bound to shared scopes (its binding entries)
-        for version in (1, 2, 3):  # from version 2 on, each commit also marks a superseded touch
+        for version in (1, 2, 3):  # each commit also deletes the touch it superseded
             clock.advance(1000)
             commit(bound_to, version)
         clock.advance(1000)
@@ -676,5 +733,145 @@ def test_every_commit_takes_at_most_two_calls_plus_one_per_25_events(
     assert store.bound_sessions(app, "user", "u-1") == ["bound"]
     assert store.load_scoped_state(app, "user", "u-1") == {"seen": count}
     assert store.load_scoped_state(app, "user", "u-2") == {"k": count}
-    live = [t for t in _touches(ddb, dynamodb_table, app, "bound") if "expires_at" not in t]
-    assert sorted(int(t["lsk"]["N"]) for t in live) == [1_800_000_003_000, 1_800_000_004_000]  # the rest marked
+    (live,) = _touches(ddb, dynamodb_table, app, "bound")  # each commit deleted the touch it superseded
+    assert int(live["lsk"]["N"]) == 1_800_000_004_000
+
+
+# -- shard counts: fixed when the table is first used ---------------------------------------------------
+
+
+def test_the_table_records_its_shard_counts_and_refuses_a_store_with_others(ddb: Any, app: str) -> None:
+    name = f"dormant-layout-{uuid.uuid4().hex[:8]}"
+    create_table(name, client=ddb)
+    try:
+        first = dynamo_store(name, client=ddb, listing_shards=2, pending_shards=3)
+        assert first.commit(_meta(app), [_event(1)], 0).ok
+        layout = ddb.get_item(TableName=name, Key={"pk": {"S": "#layout"}, "sk": {"S": "#layout"}})["Item"]
+        assert (layout["listing_shards"]["N"], layout["pending_shards"]["N"]) == ("2", "3")
+        for listing, pending in ((2, 8), (4, 3)):
+            other = dynamo_store(name, client=ddb, listing_shards=listing, pending_shards=pending)
+            faults = Faults(ddb)
+            with pytest.raises(ConfigurationError) as info:
+                other.commit(_meta(app, "s-2"), [_event(2)], 0)
+            message = str(info.value)
+            assert "listing_shards=2 and pending_shards=3" in message  # the table's
+            assert f"listing_shards={listing} and pending_shards={pending}" in message  # the store's
+            assert dict(faults.calls) == {"GetItem": 1}  # refused before anything was written
+            with pytest.raises(ConfigurationError):  # every call, not only the first
+                other.list(app)
+        assert [s.id for s in first.list(app)] == ["s-1"]
+        same = dynamo_store(name, client=ddb, listing_shards=2, pending_shards=3)
+        assert [s.id for s in same.list(app)] == ["s-1"]
+    finally:
+        ddb.delete_table(TableName=name)
+
+
+# -- listings while the index lags ------------------------------------------------------------------------
+
+
+class _Answered:
+    status_code = 200
+    headers: dict[str, str] = {}  # noqa: RUF012
+
+
+class _StaleIndex:
+    """A botocore hook on a client that makes the listing index lag: each listing ``Query`` is answered with what
+    the index returned to the same query the time before (run then on a clean client), as a global index that
+    has not caught up with the commits since would answer."""
+
+    def __init__(self, client: Any, clean: Any) -> None:
+        self.clean = clean
+        self.previous: dict[str, dict[str, Any]] = {}
+        self.lagged = 0
+        self._local = threading.local()
+        client.meta.events.register("before-parameter-build.dynamodb.Query", self._params)
+        client.meta.events.register("before-call.dynamodb.Query", self._answer)
+
+    def _params(self, params: dict[str, Any], **_: Any) -> None:
+        self._local.params = dict(params) if params.get("IndexName") == "listing" else None
+
+    def _answer(self, **_: Any) -> Any:
+        params = getattr(self._local, "params", None)
+        if params is None:
+            return None
+        key = json.dumps(params, sort_keys=True, default=str)
+        now = self.clean.query(**params)
+        answer = self.previous.get(key, now)
+        self.lagged += answer is not now
+        self.previous[key] = now
+        return _Answered(), answer
+
+
+@pytest.mark.parametrize("single_call_items", [0, 100], ids=["gated", "one-call"])
+def test_a_listing_never_omits_a_committed_session_while_the_index_lags(
+    ddb: Any, dynamodb_endpoint: str, dynamodb_table: str, app: str, single_call_items: int
+) -> None:
+    """Commits and listings interleaved, the index one listing behind: every session committed before the index's
+    view is listed, once, at a version no older than the one it had then (the index still holds its previous
+    touch until it catches up: never nothing)."""
+    writer = dynamo_store(dynamodb_table, client=ddb, single_call_items=single_call_items)
+    lister_client, clean = local_client(dynamodb_endpoint), local_client(dynamodb_endpoint)
+    stale = _StaleIndex(lister_client, clean)
+    lister = dynamo_store(dynamodb_table, client=lister_client)
+    committed: dict[str, int] = {}
+    in_view: dict[str, int] = {}  # what was committed when the index took the view it answers with now
+    try:
+        with frozen_clock(1_800_000_000_000) as clock:
+            for round_ in range(6):
+                for n in range(round_ + 1):  # every session so far takes a commit, and one more is created
+                    sid = f"s{n}"
+                    version = committed.get(sid, 0)
+                    clock.advance(7)
+                    meta = _meta(app, sid, status=f"r{round_}")
+                    assert writer.commit(meta, [_event(f"{sid}-{version}")], version).ok
+                    committed[sid] = version + 1
+                    listed = lister.list(app)
+                    ids = [s.id for s in listed]
+                    assert len(ids) == len(set(ids)), ids  # never twice
+                    versions = {s.id: s.version for s in listed}
+                    missing = {sid: v for sid, v in in_view.items() if versions.get(sid, 0) < v}
+                    assert not missing, (round_, n, missing, versions)
+                    in_view = dict(committed)
+        assert stale.lagged > 10  # the hook did make the index lag
+        caught_up = dynamo_store(dynamodb_table, client=clean)  # the index as it is now: every newest version
+        assert {s.id: s.version for s in caught_up.list(app)} == committed
+    finally:
+        lister_client.close()
+        clean.close()
+
+
+# -- sessions at scale: 50,000 events, 100 MB ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_session_of_50000_events_commits_loads_and_takes_one_call_turns(
+    ddb: Any, dynamodb_table: str, app: str
+) -> None:
+    """Five commits of 10,000 events (the gated protocol: 400 batches each), then an ordinary turn, one call."""
+    store = _warm(dynamo_store(dynamodb_table, client=ddb))
+    ids = [new_id() for _ in range(50_000)]  # in the order they are made, as dormant mints them
+    for version in range(5):
+        events = [UserEvent(id=i, created_at=1, text="x") for i in ids[version * 10_000 : (version + 1) * 10_000]]
+        assert store.commit(_meta(app, "long"), events, version).ok
+    loaded = store.load(app, "long")
+    assert loaded is not None and len(loaded.events) == 50_000 and loaded.session.version == 5
+    faults = Faults(ddb)
+    assert store.commit(_meta(app, "long"), [UserEvent(id=new_id(), created_at=1, text="turn")], 5).ok
+    assert dict(faults.calls) == {"TransactWriteItems": 1}
+    resent = store.commit(_meta(app, "long"), [UserEvent(id=ids[12_345], created_at=1, text="again")], 6)
+    assert (resent.ok, resent.appended) == (True, 0)  # a re-sent id, found among 50,000
+    assert [(s.id, s.version) for s in store.list(app)] == [("long", 7)]
+
+
+@pytest.mark.slow
+def test_a_session_of_100_mb_commits_and_loads(ddb: Any, dynamodb_table: str, app: str) -> None:
+    """100 events of 1 MB (3 items each) in four commits of 25 MB, then a one-call turn on top."""
+    store = _warm(dynamo_store(dynamodb_table, client=ddb))
+    text = "y" * 1_000_000
+    for version in range(4):
+        events = [UserEvent(id=f"b{version * 25 + n:04d}", created_at=1, text=text) for n in range(25)]
+        assert store.commit(_meta(app, "big"), events, version).ok
+    assert store.commit(_meta(app, "big"), [UserEvent(id=new_id(), created_at=1, text="small")], 4).ok
+    loaded = store.load(app, "big")
+    assert loaded is not None and len(loaded.events) == 101
+    assert sum(len(e.text) for e in loaded.events if isinstance(e, UserEvent)) >= 100_000_000

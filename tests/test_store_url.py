@@ -39,15 +39,15 @@ def test_dynamodb_names_the_table_region_endpoint_and_shards() -> None:
     from dormant.stores.dynamodb import DynamoDBSessionStore
 
     # (an endpoint= also creates a missing table: see the DynamoDB Local test below)
-    store = store_from_url("dynamodb://sessions-table?region=eu-west-2&shards=8")
+    store = store_from_url("dynamodb://sessions-table?region=eu-west-2&shards=8&pending_shards=16")
     try:
         assert isinstance(store, DynamoDBSessionStore)
-        assert (store._table, store._listing_shards) == ("sessions-table", 8)
+        assert (store._table, store._listing_shards, store._pending_shards) == ("sessions-table", 8, 16)
         assert store._client.meta.region_name == "eu-west-2"
     finally:
         store.close()
     default = store_from_url("dynamodb://sessions-table?region=eu-west-2")
-    assert isinstance(default, DynamoDBSessionStore) and default._listing_shards == 4
+    assert isinstance(default, DynamoDBSessionStore) and (default._listing_shards, default._pending_shards) == (4, 8)
     default.close()
 
 
@@ -67,7 +67,14 @@ def test_a_dynamodb_url_reaches_the_table(
 
 @pytest.mark.parametrize(
     "url",
-    ["dynamodb://", "dynamodb://t?color=red", "dynamodb://t?shards=x", "dynamodb://t/path", "dynamodb://t?region"],
+    [
+        "dynamodb://",
+        "dynamodb://t?color=red",
+        "dynamodb://t?shards=x",
+        "dynamodb://t?pending_shards=-1",
+        "dynamodb://t/path",
+        "dynamodb://t?region",
+    ],
 )
 def test_a_bad_dynamodb_url_is_a_configuration_error(url: str) -> None:
     pytest.importorskip("boto3")

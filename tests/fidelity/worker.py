@@ -64,9 +64,17 @@ def main(config_path: str, fd: int) -> None:
             payload = handler(request["event"], context)
             body = json.dumps(payload)
         except Exception as exc:
-            send({"kind": "result", "ok": False, **_error(exc, type(exc).__name__)})
+            failed = _error(exc, type(exc).__name__)
+            _flush()
+            send({"kind": "result", "ok": False, **failed})
             continue
+        _flush()  # an invocation's log lines reach CloudWatch Logs by the time it ends, as on Lambda
         send({"kind": "result", "ok": True, "payload": body})
+
+
+def _flush() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 def _error(exc: BaseException, error_type: str) -> dict[str, Any]:

@@ -32,8 +32,9 @@ the declared class rather than re-wrap it, and ``http_status(exc)`` reads it)::
     │   ├── RequestTooLarge                       413  an HTTP body over the handler's limit (``size``, ``limit``)
     │   ├── RequestInProgress                     409  a retry of a request (same Idempotency-Key) still running
     │   ├── NotAuthenticated                      401  an HTTP request with no authenticated caller
-    │   └── NotPermitted                          403  a caller a rule refuses (``AnswerRefused``, a missing scope)
-    │       └── AnswerRefused                     403  an answer the tool's ``answerable_by`` refuses this caller
+    │   ├── NotPermitted                          403  a caller a rule refuses (``AnswerRefused``, a missing scope)
+    │   │   └── AnswerRefused                     403  an answer the tool's ``answerable_by`` refuses this caller
+    │   └── TurnQuotaExceeded                     429  a caller past its turn quota (``quota``, ``retry_after``)
     ├── ModelError                                502  a model failed; a run records it and ends with ``error``
     │   ├── ModelProviderError                    502  the provider's API failed (``status_code``, ``code``)
     │   │   ├── ModelUnavailable                  503  throttled, timed out, down or unreachable: retry later
@@ -112,6 +113,7 @@ __all__ = [
     "StoreBusy",
     "StoreClosed",
     "TurnNotClaimed",
+    "TurnQuotaExceeded",
     "StoreError",
     "StoreUnavailable",
     "TempOutsideInvocation",
@@ -467,6 +469,20 @@ class NotAuthenticated(InputError):
     """An HTTP request that reached a handler with no authenticated caller (no authorizer identity)."""
 
     http_status: ClassVar[int] = 401
+
+
+class TurnQuotaExceeded(InputError):
+    """A caller (tenant) past its turn quota: nothing was run or written. ``quota`` names it (``turns/seconds``);
+    ``retry_after`` is the seconds until its window ends."""
+
+    http_status: ClassVar[int] = 429
+
+    def __init__(self, turns: int, seconds: int, retry_after: int) -> None:
+        super().__init__(
+            f"the turn quota of {turns} turns per {seconds} s is spent; try again in {retry_after} s", field="quota"
+        )
+        self.quota = f"{turns}/{seconds}"
+        self.retry_after = retry_after
 
 
 class NotPermitted(InputError):

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import metrics
 from .errors import InputError
 from .projection import Projection
 from .session import Runtime, Session
@@ -217,4 +218,5 @@ def save_after_commit(runtime: Runtime, session: Session, *, before: int, every:
     try:
         save_snapshot(runtime, session)
     except Exception:  # a cache: the commit has landed and stands
+        metrics.count("snapshot_write_failures")
         _log.warning("could not store a snapshot of session %s", session.id, exc_info=True)

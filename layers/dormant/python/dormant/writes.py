@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Literal, Protocol, TypeAlias, TypeVar
 
+from . import metrics
 from .errors import (
     AwaitingInput,
     EventOutOfOrder,
@@ -148,6 +149,7 @@ def write(
         try:
             result = sessions.commit(current, scoped_changes=scoped)
         except VersionConflict:
+            metrics.count("conflicts")
             if on_conflict == "fail":
                 raise
             if on_conflict == "merge":
@@ -224,8 +226,10 @@ def _merge(
         try:
             result = sessions.commit(merged, scoped_changes=scoped)
         except VersionConflict:
+            metrics.count("conflicts")
             continue
         session.replace_ledger(merged)
+        metrics.count("merges")
         return WriteResult("merged", session, result.version, value, tried, result.appended)
     return _fork(session, [f"the session kept moving: all {attempts} attempts to commit lost the race"], value, tried)
 
@@ -271,4 +275,5 @@ def _fork(session: Session, conflicts: list[str], value: T, tried: int) -> Write
     if not result.ok:  # a fresh random id already taken: nothing was written
         raise VersionConflict(fork.id, expected_version=0, actual_version=result.version)
     fork.mark_committed(result.version)
+    metrics.count("forks")
     return WriteResult("forked", fork, result.version, value, tried, result.appended, fork.id, conflicts)

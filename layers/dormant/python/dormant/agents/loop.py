@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
+from .. import metrics
 from ..errors import AgentMismatch, AwaitingInput, ConfigurationError, InputError, ModelError
 from ..events import (
     AssistantEvent,
@@ -412,6 +413,8 @@ class _Run:
                 latency_ms=_ms_since(started),
             )
         )
+        usage = response.usage
+        metrics.model_call(agent.name, usage.input_tokens, usage.output_tokens, (time.perf_counter() - started) * 1000)
         yield from self._new()
         return response
 

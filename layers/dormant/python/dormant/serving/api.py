@@ -1,8 +1,8 @@
 """The HTTP API as Lambda handlers behind API Gateway (REST, proxy integration), with Powertools.
 
 ``api_handler()`` builds one function's handler: a Powertools ``APIGatewayRestResolver`` with the
-routes of ``serving.routes``, a ``Logger`` that carries the request id as correlation id, ``Metrics``
-(commits, conflicts, merges, orphans, yields, resumes), and a ``Tracer`` only when tracing is on (it
+routes of ``serving.routes``, a ``Logger`` that carries the request id as correlation id, the invocation's
+``dormant.metrics`` published as EMF, and a ``Tracer`` only when tracing is on (it
 imports the X-Ray SDK, which costs a cold start nothing uses otherwise).
 
 What a caller gets: JSON in and out; bad input a 400 naming the field; an unknown session (or another
@@ -50,13 +50,15 @@ import typing
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
-from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools import Logger
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, CORSConfig, Response, content_types
 from aws_lambda_powertools.logging import correlation_paths
-from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .. import metrics
 from ..app import App
 from ..audit import key_history, state_diff
 from ..clock import now_ms
@@ -81,6 +83,7 @@ from ..session import Session
 from ..state.values import check_storable
 from ..stores.base import ScopedStateChange, SessionListing
 from .hooks import Hooks, Started
+from .quota import TurnQuota, quota_from_env
 from .routes import CLIENT_PREFIX, ROUTES, SCOPES, scope_of
 from .runtime import Served, served_from_env, tenant_claim
 from .turns import CLAIM_GRACE_MS, AdvanceOutcome, claim_turn, run_to_end
@@ -335,10 +338,10 @@ def _events_page(events: Sequence[Event], first: int, limit: int, total: int) ->
 def build_resolver(
     served: Served,
     hooks: Hooks,
-    metrics: Metrics,
     logger: Logger,
     idempotency: Idempotency | None = None,
     function: str | None = None,
+    quota: TurnQuota | None = None,
     cors: CORSConfig | None = None,
 ) -> APIGatewayRestResolver:
     """The routes of ``function`` (``serving.routes``; ``None``: every route), over ``served``; each request
@@ -350,7 +353,15 @@ def build_resolver(
     def route(method: str, path: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def register(view: Callable[..., Any]) -> Callable[..., Any]:
             if (method, path) in mine:
-                resolver.route(path, method)(view)
+
+                @functools.wraps(view)
+                def decoded(**keys: str) -> Any:
+                    # API Gateway's REST API passes the path as the client escaped it (only pathParameters are
+                    # decoded) and Powertools routes on the path: an id holding ':', '@', '+' or '=' arrives
+                    # escaped by any client that escapes path segments (a browser's encodeURIComponent).
+                    return view(**{name: unquote(value) for name, value in keys.items()})
+
+                resolver.route(path, method)(decoded)
             return view
 
         return register
@@ -591,11 +602,15 @@ def build_resolver(
         def work() -> dict[str, Any]:
             session = tenant_app.sessions.require(session_id)
             invocation_id = session.projection.open_invocation or new_id("inv_")
+            logger.append_keys(invocation_id=invocation_id)
             # No execution for a claim that must fail, nor for input that opens no invocation (state set while
             # calls wait: the execution parked on them goes on waiting).
-            if hooks.before_claim is not None and session.status != "awaiting_input":
-                if session.status == "running" and not request.takeover:
-                    raise _held(session)
+            starts = hooks.before_claim is not None and session.status != "awaiting_input"
+            if starts and session.status == "running" and not request.takeover:
+                raise _held(session)
+            if quota is not None:  # before anything is started or claimed: past it, a 429 and nothing run
+                quota.take(tenant_app.store, served.app.name, tenant())
+            if starts and hooks.before_claim is not None:
                 hooks.before_claim(tenant(), session_id, invocation_id, session.version)
             claim = claim_turn(
                 tenant_app,
@@ -608,14 +623,13 @@ def build_resolver(
                 principal=me.principal,  # who started it: the ledger says so, and the starter rules read it
                 groups=me.groups,
             )
-            metrics.add_metric(name="turns", unit=MetricUnit.Count, value=1)
+            metrics.count("turns", agent=agent.name)
             if claim.invocation_id is None or (hooks.run is None and hooks.before_claim is None):
                 outcome: AdvanceOutcome | None = run_to_end(tenant_app, claim, served.agent)  # this request runs it
             else:
                 started = hooks.run(tenant(), tenant_app, claim) if hooks.run is not None else None
                 outcome = _await(tenant_app, session_id, claim.version, started, wait)
             if outcome is not None:
-                _count(metrics, outcome)
                 return {"status": 200, "body": _finished(tenant_app, outcome, me)}
             return {
                 "status": 202,
@@ -643,7 +657,7 @@ def build_resolver(
         def work() -> dict[str, Any]:
             # A version moved by park storing its token is no reason to fail: the answers go on a fresh load.
             session = tenant_app.sessions.write(session_id, store, on_conflict="retry", attempts=_ATTEMPTS).session
-            metrics.add_metric(name="answers", unit=MetricUnit.Count, value=len(answers))
+            metrics.count("answers", len(answers))
             woke = hooks.on_answers(tenant(), tenant_app, session) if hooks.on_answers is not None else None
             answered = {"version": session.version, "status": session.status, **(woke or {})}
             if wait and answered["status"] in ("resumable", "running"):
@@ -693,7 +707,6 @@ def build_resolver(
         result = tenant_app.sessions.write(
             session=session, change=lambda _: None, on_conflict="fail", scoped_changes=lambda _: changes
         )
-        metrics.add_metric(name="commits", unit=MetricUnit.Count, value=1)
         return _json(200, {"version": result.version, "appended": result.appended})
 
     @route("POST", "/erasures")
@@ -704,7 +717,6 @@ def build_resolver(
         if idempotency is not None:  # the answers kept for retries hold what the sessions held
             for session_id in report.sessions:
                 idempotency.forget(records(tenant_app, session_id))
-        metrics.add_metric(name="erasures", unit=MetricUnit.Count, value=1)
         # What was erased, counted, for the audit; the person's id stays out of the logs.
         logger.info(
             "erased",
@@ -726,8 +738,6 @@ def build_resolver(
 
     def dormant_error(exc: DormantError) -> Response[Any]:
         status = http_status(exc)
-        if isinstance(exc, VersionConflict):
-            metrics.add_metric(name="conflicts", unit=MetricUnit.Count, value=1)
         if status >= 500:
             logger.exception("request failed")
             return _error(status, type(exc).__name__, "the request failed; see the logs for its request id")
@@ -751,6 +761,16 @@ def build_resolver(
         resolver.exception_handler(kind)(on_error)
 
     return resolver
+
+
+def log_keys(event: dict[str, Any]) -> dict[str, str | None]:
+    """What every log line of a request carries: the tenant, the principal (a machine client's ``client_id``, else
+    the user's ``sub``) and the session; never a token or a body."""
+    context = event.get("requestContext") or {}
+    claims = (context.get("authorizer") or {}).get("claims") or {}
+    sub = claims.get("sub")
+    session = (event.get("pathParameters") or {}).get("id")
+    return {"tenant": sub, "principal": claims.get("client_id") or sub, "session_id": session}
 
 
 def records(app: App, session_id: str) -> str:
@@ -831,14 +851,6 @@ def _answered(session: Session, call_id: str) -> bool:
     return any(isinstance(e, ToolInputEvent) and e.call_id == call_id for e in session.events)
 
 
-def _count(metrics: Metrics, outcome: AdvanceOutcome) -> None:
-    names = {"committed": "commits", "merged": "merges", "orphaned": "orphans"}
-    if outcome.commit_status in names:
-        metrics.add_metric(name=names[outcome.commit_status], unit=MetricUnit.Count, value=1)
-    if outcome.status == "yielded_tool":
-        metrics.add_metric(name="yields", unit=MetricUnit.Count, value=1)
-
-
 def _json(status: int, payload: dict[str, Any]) -> Response[Any]:
     return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=json.dumps(payload))
 
@@ -866,7 +878,6 @@ def api_handler(
     ``DORMANT_CORS_ORIGINS``) may call it from a browser, sending ``cors_headers`` too (``cors_config``)."""
     logger = Logger()
     cors = cors_config(cors_origins_from_env() if cors_origins is None else cors_origins, cors_headers)
-    metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "dormant"))
 
     @functools.cache
     def resolver() -> APIGatewayRestResolver:
@@ -875,23 +886,26 @@ def api_handler(
         return build_resolver(
             served or served_from_env(),
             hooks or Hooks(),
-            metrics,
             logger,
             idempotency or idempotency_from_env(),
             function,
+            quota_from_env(),
             cors,
         )
 
-    @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)
+    if "AWS_LAMBDA_FUNCTION_NAME" in os.environ:  # not under dormant serve: its logging is the user's
+        # The library's own loggers (dormant.*) write through this one: the same JSON and keys on every line.
+        copy_config_to_registered_loggers(source_logger=logger, include={"dormant"})
+
+    # clear_state: a warm sandbox's next request starts without the last one's keys
+    @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST, clear_state=True)
     def handler(event: dict[str, Any], context: Any) -> Any:
-        try:
+        logger.append_keys(**log_keys(event))
+        with metrics.collecting(function or "api"):
             response = resolver().resolve(event, context)
-            if cors is not None:  # the answer differs by Origin: a cache must not give one origin's to another
-                response.setdefault("multiValueHeaders", {})["Vary"] = ["Origin"]
-            return response
-        finally:
-            if metrics.metric_set:
-                metrics.flush_metrics()
+        if cors is not None:  # the answer differs by Origin: a cache must not give one origin's to another
+            response.setdefault("multiValueHeaders", {})["Vary"] = ["Origin"]
+        return response
 
     return _traced(handler)
 

@@ -19,10 +19,12 @@ Its own last events go through ``serving.commit``'s merge-or-fork at the end, so
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from .. import metrics
 from ..clock import now_ms
 from ..errors import ClaimLost, VersionConflict
 from ..events import InvocationResumeEvent, InvocationStartEvent
@@ -179,7 +181,7 @@ def run_claimed(app: App, claim: Claim, *, deadline: int | None = None) -> Advan
     if checkpoint is not None:
         checkpoint.stop_at = _stop_at(deadline)
     claimed = claim.invocation_id is not None
-    outcome = _finish(app, claim.session, stream, checkpoint, claimed=claimed)
+    outcome = _finish(app, claim.session, stream, checkpoint, claimed=claimed, agent=claim.session.current_agent_name)
     if not claimed and claim.wrote:
         return replace(outcome, commit_status="committed", version=claim.version)
     return outcome
@@ -214,19 +216,34 @@ def resume_turn(
     checkpoint = _Checkpoint(app, session)
     checkpoint.stop_at = _stop_at(deadline)
     agent = agent_for(session.current_agent_name)
+    if session.status == "resumable":  # its answers are in: the turn goes on after its wait
+        metrics.count("resumes", agent=agent.name)
     stream = app.stream(agent, None, session=session, deadline=deadline, checkpoint=checkpoint)
     # The resume event is this runner's claim: committed before anything runs.
     for event in stream:
         if isinstance(event, InvocationResumeEvent):
             _claim(app, session)
             break
-    return _finish(app, session, stream, checkpoint, claimed=True)
+    return _finish(app, session, stream, checkpoint, claimed=True, agent=agent.name)
 
 
 def _finish(
-    app: App, session: Session, stream: RunStream, checkpoint: _Checkpoint | None, *, claimed: bool
+    app: App,
+    session: Session,
+    stream: RunStream,
+    checkpoint: _Checkpoint | None,
+    *,
+    claimed: bool,
+    agent: str | None = None,
 ) -> AdvanceOutcome:
+    started = time.perf_counter()
     result = stream.finish()
+    if claimed:
+        metrics.count("turn_ms", (time.perf_counter() - started) * 1000, agent=agent)
+        if result.status == "yielded_tool":
+            metrics.count("yields", agent=agent)
+        elif result.status == "error":
+            metrics.count("failures")
     if checkpoint is not None and checkpoint.lost is not None:
         lost = checkpoint.lost
         raise ClaimLost(

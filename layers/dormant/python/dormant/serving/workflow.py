@@ -31,11 +31,13 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .. import metrics
 from ..app import App
 from ..clock import now_ms
 from ..errors import ClaimLost, ConfigurationError, DormantError, InputError, TurnNotClaimed
@@ -53,6 +55,7 @@ __all__ = [
     "end_invocation",
     "execution_name",
     "in_process_hooks",
+    "repair_after_lost_runner",
     "step_functions_hooks",
     "running_turns",
     "sweep_turns",
@@ -109,11 +112,17 @@ def end_invocation(
     written = app.sessions.write(session_id, end, on_conflict="retry", attempts=_ATTEMPTS)
     if written.status == "skipped":
         return {"status": written.session.status}
+    metrics.count("expiries" if error_type == "SessionExpired" else "failures")
     return {"status": written.session.status, "version": written.version}
 
 
-def run_action(served: Served, app: App, session_id: str, invocation_id: str, deadline: int | None) -> dict[str, Any]:
-    """The workflow's ``run``: take the invocation on and run it; report where it stands."""
+def run_action(
+    served: Served, app: App, session_id: str, invocation_id: str, deadline: int | None, *, retried: bool = False
+) -> dict[str, Any]:
+    """The workflow's ``run``: take the invocation on and run it; report where it stands. A ``retried`` run
+    (Step Functions' retry of ``Run``) first frees the session of a commit its dead predecessor left pending."""
+    if retried:
+        repair_after_lost_runner(app, session_id, invocation_id)
     try:
         outcome = resume_turn(app, served.agent, session_id, invocation_id, deadline=deadline)
     except ClaimLost:  # another runner holds the turn: that runner's execution carries it on
@@ -127,6 +136,20 @@ def run_action(served: Served, app: App, session_id: str, invocation_id: str, de
     if node is None and not _ended_before(session, invocation_id):
         raise TurnNotClaimed(f"invocation {invocation_id!r} of session {session_id!r} is not on the ledger yet")
     return {"status": node.status if node is not None else "ended", "version": session.version}
+
+
+def repair_after_lost_runner(app: App, session_id: str, invocation_id: str) -> bool:
+    """Finish or undo the commit a killed runner of this turn left pending (stores that gate commits): its
+    retry must not wait on a dead writer's marker until it turns stale (``StoreBusy`` again and again, each
+    costing a retry). Only for a claimed turn still running: a retry of ``TurnNotClaimed`` may meet the API's
+    claim in flight, which is no dead writer's."""
+    repair: Callable[[str, str], Any] | None = getattr(app.store, "repair_session", None)
+    if repair is None:
+        return False
+    session = app.sessions.get(session_id)
+    if session is None or session.status != "running" or session.projection.open_invocation != invocation_id:
+        return False
+    return repair(app.name, session_id) is not None
 
 
 def _ended_before(session: Session, invocation_id: str) -> bool:
@@ -317,22 +340,37 @@ def workflow_handler(
     """The Lambda handler the state machine calls (see the module docstring for its actions). ``park`` needs
     ``step_functions`` (a client; no ARN) to wake itself when answers came first."""
     from aws_lambda_powertools import Logger
+    from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
 
     logger = Logger()
+    if "AWS_LAMBDA_FUNCTION_NAME" in os.environ:  # the library's loggers write through this one, keys and all
+        copy_config_to_registered_loggers(source_logger=logger, include={"dormant"})
 
-    @logger.inject_lambda_context(log_event=False)
+    @logger.inject_lambda_context(log_event=False, clear_state=True)
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        logger.append_keys(
+            tenant=event.get("tenant"),
+            principal="workflow",  # the state machine acts for the tenant who claimed the turn
+            session_id=event.get("session_id"),
+            invocation_id=event.get("invocation_id"),
+            action=event.get("action"),
+        )
+        # One function parks (park), another runs, expires and fails (resume): named by what it was asked.
+        with metrics.collecting("park" if event.get("action") == "park" else "resume"):
+            return _act(event, context)
+
+    def _act(event: dict[str, Any], context: Any) -> dict[str, Any]:
         chosen = served or served_from_env()
         app = chosen.for_tenant(str(event["tenant"]))
         session_id = str(event["session_id"])
         invocation_id = str(event["invocation_id"])
         action = event["action"]
-        logger.append_keys(session_id=session_id, action=action)
         if action == "run":
             remaining = int(context.get_remaining_time_in_millis())
             deadline = now_ms() + remaining
+            retried = int(event.get("retry") or 0) > 0  # Step Functions' $$.State.RetryCount
             with calls_end_by(time.time() + (remaining - MODEL_END_RESERVE_MS) / 1000):
-                return run_action(chosen, app, session_id, invocation_id, deadline)
+                return run_action(chosen, app, session_id, invocation_id, deadline, retried=retried)
         if action == "park":
             if step_functions is None:
                 raise InputError("this function is not wired to answer task tokens", field="action")
@@ -416,11 +454,13 @@ def _sweep_running(served: Served, app: App, machine: StepFunctions | None, grac
             served.agent(session.current_agent_name)
         except InputError:
             end_invocation(view, session.id, invocation, "its runner stopped and no agent can go on", "RunnerLost")
+            metrics.count("stuck_sessions_ended")
             done.append(f"{session.id}@{invocation}: ended")
             continue
         tenant = view.name.removeprefix(f"{app.name}@") if view is not app else None
         if machine is not None and tenant is not None:
             name = machine.start(tenant, session.id, invocation, session.version)
+            metrics.count("stuck_sessions_ended")  # handed on: its dead runner's turn goes to a fresh execution
             done.append(f"{session.id}@{invocation}: handed on (execution {name})")
             continue
         try:
@@ -473,7 +513,10 @@ def sweep_waits(
             else:
                 line = _resume_here(served, view, row)
         except DormantError as exc:  # one session's trouble does not stop the sweep of the others
-            _logger.warning("dormant: the sweep of %s failed: %s: %s", row.session_id, type(exc).__name__, exc)
+            keys = {"tenant": tenant, "session_id": row.session_id}  # the keys every line carries, on this one too
+            _logger.warning(
+                "dormant: the sweep of %s failed: %s: %s", row.session_id, type(exc).__name__, exc, extra=keys
+            )
             line = f"{row.session_id}: failed ({type(exc).__name__})"
         if line is not None:
             done.append(line)
@@ -487,6 +530,7 @@ def _sweep_wait(machine: StepFunctions, view: App, tenant: str, row: RunningSess
     if parked and machine.status(str(parked)) == "RUNNING":
         token = record.get("task_token")
         if row.status == "resumable" and token and machine.wake(str(token)):
+            metrics.count("orphaned_waits_restarted")
             return f"{row.session_id}: woken (execution {str(parked).rsplit(':', 1)[-1]})"
         return None  # its execution holds the wait (or is moving on from it)
     session = view.sessions.get(row.session_id)
@@ -503,6 +547,7 @@ def _sweep_wait(machine: StepFunctions, view: App, tenant: str, row: RunningSess
         )
         return f"{session.id}@{invocation}: expired"
     name = machine.restart(tenant, session.id, invocation, session.version)
+    metrics.count("orphaned_waits_restarted")
     return f"{session.id}@{invocation}: restarted (execution {name})"
 
 
@@ -523,6 +568,7 @@ def _resume_here(served: Served, view: App, row: RunningSession) -> str | None:
         outcome = resume_turn(view, served.agent, session.id, invocation, deadline=now_ms() + RUNNER_TURN_MS)
     except ClaimLost:
         return None  # resumed by another meanwhile
+    metrics.count("orphaned_waits_restarted")
     return f"{session.id}@{invocation}: resumed ({outcome.status})"
 
 
@@ -536,10 +582,15 @@ def sweeper_handler(
     now"): how long a session must have been quiet, instead of the defaults."""
 
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        with metrics.collecting("sweeper"):
+            return _sweep(event)
+
+    def _sweep(event: dict[str, Any]) -> dict[str, Any]:
         chosen = served or served_from_env()
         app = chosen.app
         repair: Callable[[], list[Any]] | None = getattr(app.store, "repair_pending", None)
         reports = repair() if repair is not None else []
+        metrics.count("repairs", len(reports))  # 0 too: "repairs > 0 for 3 sweeps" needs every sweep's count
         graces: dict[str, int] = {}
         given = event.get("grace_seconds") if isinstance(event, dict) else None
         if given is not None:
@@ -553,5 +604,21 @@ def sweeper_handler(
             "purged": [f"{name}/{sid}" for name, ids in purge_tenants(app).items() for sid in ids],
             "turns": turns,
         }
+
+    if "AWS_LAMBDA_FUNCTION_NAME" in os.environ:  # on Lambda, its lines (the library's) are JSON with their keys
+        from aws_lambda_powertools import Logger
+        from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
+
+        logger = Logger()
+        copy_config_to_registered_loggers(source_logger=logger, include={"dormant"})
+
+        def keyed(event: dict[str, Any], context: Any) -> dict[str, Any]:
+            logger.append_keys(principal="sweeper")  # the schedule's sweep, for every tenant
+            return handler(event, context)
+
+        logged: Callable[[dict[str, Any], Any], dict[str, Any]] = logger.inject_lambda_context(
+            log_event=False, clear_state=True
+        )(keyed)
+        return logged
 
     return handler

@@ -4,7 +4,8 @@
 * ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``, ``sqlite:///:memory:``;
 * ``postgresql://user:pass@host/db`` (or ``postgres://``) — the Postgres store (``dormant[postgres]``);
 * ``dynamodb://table?region=eu-west-2&endpoint=http://127.0.0.1:8000&shards=4`` — the DynamoDB store
-  (``dormant[dynamodb]``) on that table; every parameter is optional (``shards``: listing shards).
+  (``dormant[dynamodb]``) on that table; every parameter is optional (``shards``: listing shards,
+  ``pending_shards``: the table-wide pending and running index shards; both fixed by the table's first store).
   Given an ``endpoint`` (DynamoDB Local), the table is created if it is missing: a local table, never
   a deployed one (the stack makes that). An endpoint on this machine (``localhost``, ``127.0.0.1``, ``[::1]``)
   needs nothing else: the credentials and region the environment configures are used, and where it
@@ -68,14 +69,18 @@ def _dynamodb(url: str, create: bool) -> SessionStore:
         params = {key: value for key, [value] in parse_qs(parts.query, strict_parsing=bool(parts.query)).items()}
     except ValueError:
         raise ConfigurationError(f"a DynamoDB store URL takes each parameter once, as key=value: {url!r}") from None
-    unknown = set(params) - {"region", "endpoint", "shards"}
+    unknown = set(params) - {"region", "endpoint", "shards", "pending_shards"}
     if not parts.netloc or parts.path not in {"", "/"} or unknown:
         raise ConfigurationError(
-            f"a DynamoDB store URL is dynamodb://table?region=...&endpoint=...&shards=N, not {url!r}"
+            f"a DynamoDB store URL is dynamodb://table?region=...&endpoint=...&shards=N&pending_shards=N, not {url!r}"
         )
-    shards = params.get("shards", "")
-    if shards and not shards.isdigit():
-        raise ConfigurationError(f"shards in a DynamoDB store URL is a number, not {shards!r}")
+    counts: dict[str, int] = {}
+    for param, option in (("shards", "listing_shards"), ("pending_shards", "pending_shards")):
+        value = params.get(param, "")
+        if value and not value.isdigit():
+            raise ConfigurationError(f"{param} in a DynamoDB store URL is a number, not {value!r}")
+        if value:
+            counts[option] = int(value)
     from .dynamodb import DynamoDBSessionStore, create_table, dynamo_store
 
     endpoint = params.get("endpoint")
@@ -86,9 +91,7 @@ def _dynamodb(url: str, create: bool) -> SessionStore:
         try:
             if create:
                 create_table(parts.netloc, client=client)
-            return DynamoDBSessionStore(
-                client, parts.netloc, owns_client=True, **({"listing_shards": int(shards)} if shards else {})
-            )
+            return DynamoDBSessionStore(client, parts.netloc, owns_client=True, **counts)
         except BaseException:
             client.close()
             raise
@@ -98,7 +101,7 @@ def _dynamodb(url: str, create: bool) -> SessionStore:
         parts.netloc,
         endpoint_url=params.get("endpoint"),
         region=params.get("region"),
-        **({"listing_shards": int(shards)} if shards else {}),
+        **counts,
     )
 
 

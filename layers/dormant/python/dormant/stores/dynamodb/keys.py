@@ -39,6 +39,7 @@ __all__ = [
     "chunks",
     "event_prefix",
     "event_sk",
+    "item_bytes",
     "listing_key",
     "listing_keys",
     "parse_event_sk",
@@ -148,6 +149,35 @@ def parse_event_sk(sk: str) -> EventKey | None:
 def chunks(data: bytes) -> list[bytes]:
     """An event's JSON cut into item-sized pieces (one piece for nearly every event)."""
     return [data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
+
+
+def _value_bytes(value: Mapping[str, Any]) -> int:
+    ((kind, data),) = value.items()
+    if kind == "S":
+        return len(data.encode())
+    if kind == "B":
+        return len(data)
+    if kind == "N":  # DynamoDB: about one byte per two significant digits, plus one
+        return (len(data.lstrip("-").replace(".", "").strip("0")) + 1) // 2 + 1
+    if kind in ("BOOL", "NULL"):
+        return 1
+    if kind == "SS":
+        return sum(len(v.encode()) for v in data)
+    if kind == "BS":
+        return sum(len(v) for v in data)
+    if kind == "NS":
+        return sum(_value_bytes({"N": v}) for v in data)
+    if kind == "M":
+        return 3 + sum(len(k.encode()) + _value_bytes(v) + 1 for k, v in data.items())
+    if kind == "L":
+        return 3 + sum(_value_bytes(v) + 1 for v in data)
+    raise ValueError(f"unknown DynamoDB type {kind!r}")
+
+
+def item_bytes(item: Mapping[str, Mapping[str, Any]]) -> int:
+    """An item's size as DynamoDB counts it (attribute names plus values): what a write is billed on, 1 unit
+    per KB (2 in a transaction), and what the 400 KB item and 4 MB transaction limits are checked against."""
+    return sum(len(name.encode()) + _value_bytes(value) for name, value in item.items())
 
 
 class IdFilter:

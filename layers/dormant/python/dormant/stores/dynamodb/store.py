@@ -1,7 +1,7 @@
 """The DynamoDB store: one table, a gated commit of versioned event batches, sharded listing, repair.
 
-DynamoDB has no transaction large enough for a commit, so a commit is three steps, each safe to be
-interrupted after, in at most ``2 + ceil(events / 25)`` calls whatever the count:
+An ordinary commit is one ``TransactWriteItems`` (``_one_call``). One too large for a transaction is three
+steps, each safe to be interrupted after, in at most ``2 + ceil(events / 25)`` calls whatever the count:
 
 1. **Gate**: a conditional ``UpdateItem`` of the meta item (``attribute_not_exists`` to create, else
    ``version = expected``, the same scopes, and no marker) that records a pending marker: the version it
@@ -15,16 +15,16 @@ interrupted after, in at most ``2 + ceil(events / 25)`` calls whatever the count
    position in the batch. ``UnprocessedItems`` are re-sent with bounded, jittered backoff (the client's
    botocore retry configuration handles throttled calls); when that is exhausted the commit raises
    ``CommitIncomplete`` and leaves its marker for repair.
-   The last batch ends with the commit's *touch* (``keys.touch_sk``), its one listing-index entry, and
-   the marking of the touch it superseded — unless they would spill into a batch of their own, or there
-   are no events: then they ride in the finish (``_Marker.touch_in_finish``).
-3. **Finish**: one conditional write (``grant = ours``) that sets the new version, ``updated_at``,
-   status and expiry, clears the marker — and, when the commit carries scoped changes or its touch rides
-   here, writes them in the same ``TransactWriteItems``. A commit whose marker was rolled back can
-   therefore never land scoped values or a listing entry, however late its writer wakes up.
+   The commit's *touch* (``keys.touch_sk``), its listing entry, rides in the finish, never here.
+3. **Finish**: one ``TransactWriteItems`` conditional on the grant (``grant = ours``) that sets the new
+   version, ``updated_at``, status and expiry, clears the marker, puts the touch, deletes the touch it
+   supersedes, and writes the scoped changes. A commit whose marker was rolled back can therefore never
+   land scoped values or a listing entry, however late its writer wakes up.
 
-**Listing** (``_list``): the touches, newest first, each kept only when its session's meta item has the
-same ``updated_at``. **Retention**: with ``row.retention_ms`` every item carries ``expires_at``, never
+A commit that fits one ``TransactWriteItems`` skips all three (``_one_call``): the same writes in one call.
+
+**Listing** (``_list``): Queries of the listing index alone, which projects the row each touch carries.
+**Retention**: with ``row.retention_ms`` every item carries ``expires_at``, never
 below the meta item's (``_Plan``); an expired session is gone for readers and writers at once.
 
 Readers show events only up to the meta item's ``version``: a pending version is invisible, and so are
@@ -104,6 +104,7 @@ from .keys import (
     chunks,
     event_prefix,
     event_sk,
+    item_bytes,
     listing_key,
     listing_keys,
     parse_event_sk,
@@ -137,12 +138,20 @@ DEFAULT_PENDING_SHARDS = 8
 500 commits/s a shard). Every store and the sweeper on one table must use the same number."""
 MAX_SCOPED_KEYS = 97
 """Scoped keys one commit may change: they are written in one ``TransactWriteItems`` (at most 100 items)
-with the finish's meta update and, when they ride there, the touch and the marking of the superseded one."""
+with the finish's meta update, the touch and the delete of the touch it supersedes."""
 MAX_BOUND_SCOPES = 99
 """Scopes one session may bind: a create puts their binding entries in the gate's ``TransactWriteItems``."""
 MAX_MARKER_BYTES = 300_000
 """What a pending marker may hold (the scoped changes, as JSON): it lives on the 400 KB meta item."""
 _BATCH = 25
+MAX_TRANSACT_ITEMS = 100
+"""DynamoDB's most items in one ``TransactWriteItems``."""
+MAX_TRANSACT_BYTES = 4_000_000
+"""What the items of one ``TransactWriteItems`` may total (AWS: 4 MB), less room for the request's expressions."""
+LAYOUT_KEY = {"pk": {"S": "#layout"}, "sk": {"S": "#layout"}}
+"""The item recording the table's shard counts (outside every app's keys: ``S#``, ``X#``, ``B#``, ``I#``)."""
+_KNOWN_SESSIONS = 1000
+"""Meta items a store remembers for one-call commits (``_known``): the least recently stored go first."""
 TTL = TABLE.ttl_attribute
 _SET_MARKER = "pending = :p, ppk = :ppk, psk = :psk"
 _THROTTLED = {
@@ -309,7 +318,16 @@ class DynamoDBSessionStore(BaseSessionStore):
         live_wait_s: float = 10.0,
         unprocessed_retries: int = 8,
         conflict_retries: int = 8,
+        single_call_items: int = MAX_TRANSACT_ITEMS,
     ) -> None:
+        if (
+            not isinstance(single_call_items, int)
+            or isinstance(single_call_items, bool)
+            or not 0 <= single_call_items <= MAX_TRANSACT_ITEMS
+        ):
+            raise ConfigurationError(
+                f"single_call_items must be an int from 0 to {MAX_TRANSACT_ITEMS}, not {single_call_items!r}"
+            )
         for name, value in (("listing_shards", listing_shards), ("pending_shards", pending_shards)):
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1000:
                 raise ConfigurationError(f"{name} must be an int from 1 to 1000, not {value!r}")
@@ -322,6 +340,11 @@ class DynamoDBSessionStore(BaseSessionStore):
         self._live_wait_s = live_wait_s
         self._unprocessed_retries = unprocessed_retries
         self._conflict_retries = conflict_retries
+        self._single_call_items = single_call_items
+        self._layout_checked = False
+        self._known: dict[str, dict[str, Any]] = {}
+        """Meta items as this store last read or wrote them, by ``pk`` (no marker on them): what a one-call
+        commit builds on. Only a hint: its transaction is conditional on the version and incarnation."""
 
     @property
     def table_name(self) -> str:
@@ -342,6 +365,8 @@ class DynamoDBSessionStore(BaseSessionStore):
             meta = self._call("get_item", TableName=self._table, Key=_key(pk, META_SK), ConsistentRead=True).get("Item")
             if meta is not None and _expired(meta, now):
                 return None
+            if meta is not None:
+                self._remember(pk, meta)
             if meta is None or int(meta["version"]["N"]) <= after:
                 return None if meta is None or int(meta["version"]["N"]) == 0 else (_stored(meta, pk), [])
             # Committed versions are immutable: events read after the meta item are the ones it vouches for.
@@ -367,6 +392,7 @@ class DynamoDBSessionStore(BaseSessionStore):
         meta = everything[0]
         if int(meta["version"]["N"]) == 0 or _expired(meta, now):
             return None  # its creating commit is still pending, or it expired
+        self._remember(pk, meta)
         return _stored(meta, pk), _visible_events(meta, everything[1:])
 
     def _write(self, commit: PreparedCommit) -> int | Refused:
@@ -396,7 +422,7 @@ class DynamoDBSessionStore(BaseSessionStore):
             status=row.status,
             scoped=json.dumps(scoped, separators=(",", ":")),
             retention=row.retention_ms,
-            touch_in_finish=_touch_in_finish(count, commit.expected_version == 0),
+            touch_in_finish=True,
         )
         if len(marker.scoped) > MAX_MARKER_BYTES:
             raise CommitTooLarge(
@@ -407,20 +433,22 @@ class DynamoDBSessionStore(BaseSessionStore):
                 field="scoped_changes",
             )
         pk = session_pk(row.app_name, row.id)
+        done = self._one_call(pk, commit, marker, data)
+        if done is not None:
+            return done
         old = self._pass_gate(pk, commit, marker)
         if isinstance(old, Refused):
             return old
         inc = old["inc"]["S"]
         plan = _plan(marker, old)
+        origin = old if "created_at" in old else _origin(row)
         ids = IdFilter.of(old)
         flagged = [e.id for e in commit.events if ids.may_hold(e.id)]
         stored = {i for i in flagged if self._id_stored(pk, i, inc, commit.expected_version, _dead(old))}
         fresh = commit.fresh(stored)
         items = _event_items(pk, marker, inc, [(e.id, data[e.id]) for e in fresh], plan.horizon)
         if len(items) != marker.items:  # re-sent ids were skipped: the marker must count what is written
-            recounted = dataclasses.replace(
-                marker, items=len(items), touch_in_finish=_touch_in_finish(len(items), commit.expected_version == 0)
-            )
+            recounted = dataclasses.replace(marker, items=len(items))
             try:
                 self._recount(pk, marker, recounted)
             except _MarkerGone as gone:
@@ -428,7 +456,7 @@ class DynamoDBSessionStore(BaseSessionStore):
             marker = recounted
         # A touch written here goes last: a repair that finds it knows every earlier write of the commit was
         # made (any expiry refresh included). One riding in the finish is written with it, atomically.
-        writes = [*items, *([] if marker.touch_in_finish else self._touches(pk, plan, marker.grant))]
+        writes = items
         try:
             if plan.refresh:
                 self._refresh(pk, plan.horizon, row.scopes)
@@ -440,8 +468,9 @@ class DynamoDBSessionStore(BaseSessionStore):
                 session_id=row.id,
                 version=marker.version,
             ) from exc
+        ids.add(e.id for e in fresh)
         try:
-            self._finish(pk, marker, ids.add(e.id for e in fresh), plan)
+            finish = self._finish(pk, marker, ids, plan, origin)
         except _MarkerGone as gone:
             return self._after_lost_marker(pk, marker, inc, gone.item, len(fresh), items, plan)
         except StoreError as exc:
@@ -451,23 +480,167 @@ class DynamoDBSessionStore(BaseSessionStore):
                 session_id=row.id,
                 version=marker.version,
             ) from exc
+        self._remember(pk, _known_after(inc, marker.version, ids, plan, finish, origin))
+        self._drop_stale_touch(pk, plan)
         return len(fresh)
+
+    def _one_call(
+        self, pk: str, commit: PreparedCommit, marker: _Marker, data: Mapping[str, bytes]
+    ) -> int | Refused | None:
+        """The commit in one ``TransactWriteItems``, when it fits: the meta item's update (conditional on the
+        expected version and incarnation, no marker, the same scopes, not expired), the event items, the
+        touches, the scoped writes and, for a create, the binding entries. Atomic: no marker, nothing to
+        repair. ``None`` when it cannot be one call (too large, the meta item not known, an id the filter
+        flags, an expiry refresh due, a marker in the way): the gated protocol takes it from there.
+
+        A create needs nothing stored; a later commit builds on the meta item this store last read or wrote
+        (``_known``), which the transaction's condition checks: the version and incarnation pin every
+        attribute the commit builds on (only a commit changes them)."""
+        row, expected = commit.row, commit.expected_version
+        if self._single_call_items == 0:
+            return None
+        if expected == 0:
+            old: Mapping[str, Any] = {}
+            inc = secrets.token_hex(4)
+        else:
+            known = self._known.get(pk)
+            if known is None or int(known["version"]["N"]) != expected or "inc" not in known:
+                return None
+            old, inc = known, known["inc"]["S"]
+        plan = _plan(marker, old)
+        ids = IdFilter.of(old)
+        if plan.refresh or any(ids.may_hold(e.id) for e in commit.events):
+            return None
+        items = _event_items(pk, marker, inc, [(e.id, data[e.id]) for e in commit.events], plan.horizon)
+        app_name, session_id = row.app_name, row.id
+        if expected == 0:
+            items += [_expiring(key, plan.horizon) for key in _binding_keys(app_name, session_id, row.scopes)]
+        origin = old if "created_at" in old else _origin(row)
+        others = [*self._touches(pk, plan, marker, origin)]
+        others += [_transact_item(self._table, app_name, write) for write in commit.scoped]
+        if 1 + len(items) + len(others) > self._single_call_items:
+            return None
+        size = item_bytes(old) + 1024 + sum(map(item_bytes, items))
+        size += sum(item_bytes(w.get("Put", {}).get("Item", {})) + 1024 for w in others)
+        if size > MAX_TRANSACT_BYTES:
+            return None
+        ids.add(e.id for e in commit.events)
+        update = self._commit_update(pk, marker, ids, plan)
+        names, values = update["ExpressionAttributeNames"], update["ExpressionAttributeValues"]
+        sets, removes = update["UpdateExpression"].removeprefix("SET ").split(" REMOVE ")
+        now = now_ms()
+        values |= {
+            ":so": {"S": json.dumps(row.scopes, separators=(",", ":"), sort_keys=True)},
+            ":inc": {"S": inc},
+            ":now": {"N": str(now // 1000)},
+        }
+        if expected == 0:
+            # What the gate and the finish of a create write together; an expired incarnation is replaced.
+            sets += ", #id = :id, created_at = :created, scopes = :so, inc = :inc"
+            names["#id"] = "id"
+            values |= {":id": {"S": session_id}, ":created": {"N": str(row.created_at)}}
+            removes += ", dead"
+            for name, value in (("forked_from", row.forked_from), ("fork_reason", row.fork_reason)):
+                if value is None:
+                    removes += f", {name}"
+                else:
+                    sets += f", {name} = :{name}"
+                    values[f":{name}"] = {"S": value}
+            condition = "attribute_not_exists(pk) OR #x <= :now"
+        else:
+            condition = (
+                "#v = :e AND inc = :inc AND attribute_not_exists(pending) AND scopes = :so"
+                " AND (attribute_not_exists(#x) OR #x > :now)"
+            )
+            values[":e"] = {"N": str(expected)}
+        update["UpdateExpression"] = f"SET {sets} REMOVE {removes}"
+        update["ConditionExpression"] = condition
+        request = [{"Update": update}, *({"Put": {"TableName": self._table, "Item": i}} for i in items), *others]
+        try:
+            self._transact(request)
+        except _Cancelled as cancelled:
+            return self._one_call_refused(pk, commit, cancelled.items[0], now)
+        except StoreUnavailable:
+            # No answer: it applied or it did not, whole. Its touch (this grant's) says which.
+            if not self._landed(pk, plan, marker.grant):
+                raise
+        self._remember(pk, _known_after(inc, marker.version, ids, plan, update, origin))
+        self._drop_stale_touch(pk, plan)
+        return len(commit.events)
+
+    def _one_call_refused(
+        self, pk: str, commit: PreparedCommit, item: Mapping[str, Any] | None, now: int
+    ) -> Refused | None:
+        """What a one-call commit's failed condition means: a refusal, or ``None`` for the gated protocol to
+        sort out (a marker in the way: it waits or repairs; a meta item this store did not know)."""
+        self._known.pop(pk, None)
+        if item is None or _expired(item, now):
+            return Refused(0) if commit.expected_version else None
+        if "pending" in item:
+            return None
+        self._remember(pk, item)
+        refused = Refused(int(item["version"]["N"]), json.loads(item["scopes"]["S"]))
+        if commit.expected_version == 0:
+            return refused if refused.version else None
+        if refused.version != commit.expected_version or refused.scopes != commit.row.scopes:
+            return refused
+        return None
+
+    def _landed(self, pk: str, plan: _Plan, grant: str) -> bool:
+        """Whether a one-call commit whose answer was lost applied: its touch is there, with its grant."""
+        touch = self._call(
+            "get_item", TableName=self._table, Key=_key(pk, plan.touch), ProjectionExpression="t", ConsistentRead=True
+        ).get("Item")
+        return touch is not None and touch.get("t", {}).get("S") == grant
+
+    def _remember(self, pk: str, meta: Mapping[str, Any]) -> None:
+        if "pending" in meta:
+            return
+        self._known.pop(pk, None)
+        if len(self._known) >= _KNOWN_SESSIONS:
+            self._known.pop(next(iter(self._known)))
+        self._known[pk] = dict(meta)
 
     def _delete(self, app_name: str, session_id: str) -> None:
         pk = session_pk(app_name, session_id)
-        # The meta item first: from here every commit to this session conflicts and every load is None.
-        meta = self._call("delete_item", TableName=self._table, Key=_key(pk, META_SK), ReturnValues="ALL_OLD")
-        keys = self._query(
-            TableName=self._table,
-            KeyConditionExpression="pk = :pk",
-            ExpressionAttributeValues={":pk": {"S": pk}},
-            ProjectionExpression="pk, sk",
-            ConsistentRead=True,
-        )
-        scopes = meta.get("Attributes", {}).get("scopes")
-        if scopes is not None:  # and the session's entries in the binding partitions
-            keys += _binding_keys(app_name, session_id, json.loads(scopes["S"]))
-        self._write_batches([{"DeleteRequest": {"Key": key}} for key in keys])
+        self._known.pop(pk, None)
+        # The meta item and the session's touches (its listing entries) go in one transaction, conditional on
+        # the version read: a listing never shows a session whose delete was cut short, and a commit landing
+        # in between makes the delete read again. From there every commit conflicts and every load is None.
+        for attempt in itertools.count():
+            items = self._query(
+                TableName=self._table,
+                KeyConditionExpression="pk = :pk",
+                ExpressionAttributeValues={":pk": {"S": pk}},
+                ProjectionExpression="pk, sk, version, scopes",
+                ConsistentRead=True,
+            )
+            keys = [{"pk": i["pk"], "sk": i["sk"]} for i in items]
+            meta = next((i for i in items if i["sk"]["S"] == META_SK), None)
+            if meta is None:
+                break
+            touches = [k for k in keys if k["sk"]["S"].startswith(touch_sk(0)[:2])][: MAX_TRANSACT_ITEMS - 1]
+            condition: dict[str, Any] = {"ConditionExpression": "attribute_not_exists(#v)"}
+            condition["ExpressionAttributeNames"] = {"#v": "version"}
+            if "version" in meta:
+                condition |= {"ConditionExpression": "#v = :v", "ExpressionAttributeValues": {":v": meta["version"]}}
+            try:
+                self._transact(
+                    [
+                        {"Delete": {"TableName": self._table, "Key": _key(pk, META_SK), **condition}},
+                        *({"Delete": {"TableName": self._table, "Key": key}} for key in touches),
+                    ]
+                )
+            except _Cancelled:
+                if attempt >= self._conflict_retries:
+                    raise StoreBusy(f"session {session_id!r} kept taking commits while it was deleted") from None
+                continue
+            keys = [k for k in keys if k not in touches and k["sk"]["S"] != META_SK]
+            if "scopes" in meta:  # and the session's entries in the binding partitions
+                keys += _binding_keys(app_name, session_id, json.loads(meta["scopes"]["S"]))
+            self._write_batches([{"DeleteRequest": {"Key": key}} for key in keys])
+            return
+        self._write_batches([{"DeleteRequest": {"Key": {"pk": i["pk"], "sk": i["sk"]}}} for i in items])
 
     def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
         """The binding partition, each entry checked against its session's meta item (an entry may outlive a
@@ -562,46 +735,38 @@ class DynamoDBSessionStore(BaseSessionStore):
         return StoredSnapshot(int(item["ver"]["N"]), item["d"]["S"]) if item else None
 
     def _list(self, app_name: str, limit: int | None, after: tuple[int, str] | None) -> builtins.list[SessionListing]:
-        """The shards' touches merged newest first, each kept only when its session's meta item (read in
-        batches) has that ``updated_at``: a superseded touch, the touch of a commit still in flight or
-        rolled back, and an expired or deleted session's touches are all skipped. The row comes from the
-        meta item. The index is eventually consistent, so the meta items are read so too (half the units):
-        a listing may lag a commit by the index's propagation, never show a session twice."""
-        page = None if limit is None else 2 * limit + 2  # about two touches a session: its live one, the one before
+        """The shards' entries merged newest first: Queries of the listing index only, no read of the table.
+
+        Each entry is a session's touch, written with the commit that made it (in its transaction or its
+        finish), carrying the row a listing shows (``version``, ``status``, ``created_at``, the expiry ``mx``),
+        which the index projects; the commit deletes the touch it superseded. So the index holds only
+        committed positions, and while it lags a commit it still holds the session's previous touch: a
+        listing shows every committed session, at its newest position once the index has caught up, and
+        never twice (a session's first, newest, entry wins). A meta item written by release 0.1 is its own
+        entry (it carries ``lpk`` and the same attributes) until its next commit."""
+        page = None if limit is None else limit + 2  # about one entry a session, and one more while the index lags
         streams = [self._shard_stream(key, after, page) for key in listing_keys(app_name, self._listing_shards)]
-        touches = heapq.merge(*streams, reverse=True)
-        metas: dict[str, dict[str, Any] | None] = {}
         listed: builtins.list[SessionListing] = []
         seen: set[str] = set()
-        now = now_ms()
-        while limit is None or len(listed) < limit:
-            batch = builtins.list(itertools.islice(touches, 100 if limit is None else max(limit - len(listed), 25)))
-            if not batch:
-                break
-            metas |= self._metas([pk for _, _, pk in batch if pk not in metas])
-            for updated_at, session_id, pk in batch:
-                meta = metas[pk]
-                if (
-                    session_id in seen
-                    or meta is None
-                    or int(meta["version"]["N"]) == 0
-                    or "lsk" not in meta
-                    or int(meta["lsk"]["N"]) != updated_at
-                    or _expired(meta, now)
-                ):
-                    continue
-                seen.add(session_id)
-                listed.append(
-                    SessionListing(
-                        session_id,
-                        updated_at,
-                        int(meta["created_at"]["N"]),
-                        int(meta["version"]["N"]),
-                        meta["status"]["S"] if "status" in meta else None,
-                    )
+        now_s = now_ms() // 1000
+        for updated_at, session_id, entry in heapq.merge(*streams, key=lambda e: e[:2], reverse=True):
+            if session_id in seen:
+                continue
+            seen.add(session_id)
+            expiry = entry.get("mx", entry.get(TTL) if entry["sk"]["S"] == META_SK else None)
+            if int(entry.get("version", {"N": "0"})["N"]) == 0 or (expiry is not None and int(expiry["N"]) <= now_s):
+                continue  # a create still pending (release 0.1's meta entry), or an expired session
+            listed.append(
+                SessionListing(
+                    session_id,
+                    updated_at,
+                    int(entry["created_at"]["N"]) if "created_at" in entry else 0,
+                    int(entry["version"]["N"]),
+                    entry["status"]["S"] if "status" in entry else None,
                 )
-                if limit is not None and len(listed) == limit:
-                    break
+            )
+            if limit is not None and len(listed) == limit:
+                break
         return listed
 
     def _running(self, limit: int) -> builtins.list[RunningSession]:
@@ -692,6 +857,14 @@ class DynamoDBSessionStore(BaseSessionStore):
                     reports.append(report)
         return reports
 
+    def repair_session(self, app_name: str, session_id: str) -> RepairReport | None:
+        """Finish or undo the commit pending on one session now, whatever its marker's age: for a caller that
+        knows the writer is gone (a workflow's retried run, whose first attempt was killed mid-commit), so the
+        session is not held for ``stale_after_s``. A live writer's commit undone this way fails, nothing half
+        written (the finish is conditional on its grant)."""
+        self._check_open()
+        return self._repair(session_pk(app_name, session_id), now_ms())
+
     def _repair(self, pk: str, cutoff: int) -> RepairReport | None:
         """Roll the session's marker forward or back if it is at least as old as ``cutoff``."""
         meta = self._call("get_item", TableName=self._table, Key=_key(pk, META_SK), ConsistentRead=True).get("Item")
@@ -727,7 +900,7 @@ class DynamoDBSessionStore(BaseSessionStore):
             if complete:
                 ids = IdFilter.of(meta)
                 ids.add(i["eid"]["S"] for i in items if "eid" in i)
-                self._finish(pk, marker, ids, plan)
+                self._finish(pk, marker, ids, plan, meta)
             else:
                 self._roll_back(pk, marker, create=int(meta["version"]["N"]) == 0)
         except _MarkerGone:
@@ -893,6 +1066,7 @@ class DynamoDBSessionStore(BaseSessionStore):
                     "nothing of it was written, try again"
                 )
             if blocking is None or refused.version != expected or (expected and refused.scopes != row.scopes):
+                self._remember(pk, item)  # the stored item: the caller's next try can be one call
                 return refused
             if now_ms() - blocking.at >= self._stale_after_ms and not repaired:
                 # A writer that died mid-commit: finish or undo its commit, then try the gate again.
@@ -947,15 +1121,38 @@ class DynamoDBSessionStore(BaseSessionStore):
         except _ConditionFailed as failed:
             raise _MarkerGone(failed.item) from None
 
-    def _finish(self, pk: str, marker: _Marker, ids: IdFilter, plan: _Plan) -> None:
+    def _finish(
+        self, pk: str, marker: _Marker, ids: IdFilter, plan: _Plan, origin: Mapping[str, Any]
+    ) -> dict[str, Any]:
         """Make the marker's version the stored one and clear the marker; with its scoped writes and (when
         they ride here, ``_Marker.touch_in_finish``) its touches, atomically.
 
         It also drops a listing entry the meta item carried itself (``lpk``, written before touches):
         from here the session's touches list it."""
+        app_name = split_session_pk(pk)[0]
+        update = self._commit_update(pk, marker, ids, plan)
+        update["ConditionExpression"] = "pending.t = :t"
+        update["ExpressionAttributeValues"][":t"] = {"S": marker.grant}
+        writes = [_transact_item(self._table, app_name, ScopedWrite(*write)) for write in json.loads(marker.scoped)]
+        if marker.touch_in_finish:
+            writes += self._touches(pk, plan, marker, origin)
+        if not writes:
+            try:
+                self._call("update_item", **update)
+            except _ConditionFailed as failed:
+                raise _MarkerGone(failed.item) from None
+            return update
+        try:
+            self._transact([{"Update": update}, *writes])
+        except _Cancelled as cancelled:
+            raise _MarkerGone(cancelled.items[0]) from None
+        return update
+
+    def _commit_update(self, pk: str, marker: _Marker, ids: IdFilter, plan: _Plan) -> dict[str, Any]:
+        """The meta item's update that lands a commit (no condition): what the finish and the one-call
+        transaction both write, so the two paths leave the same item."""
         app_name, session_id = split_session_pk(pk)
         values: dict[str, Any] = {
-            ":t": {"S": marker.grant},
             ":v": {"N": str(marker.version)},
             ":u": {"N": str(plan.updated_at)},
             ":bf": {"B": ids.dump()},
@@ -965,7 +1162,8 @@ class DynamoDBSessionStore(BaseSessionStore):
             values[":hi"] = {"S": ids.greatest}
             sets += ", hi = :hi"
         removes = "pending, ppk, psk, lpk"
-        for name, value in (("plsk", plan.previous), ("#x", plan.expires), ("xh", plan.horizon)):
+        removes += ", plsk"  # an earlier layout's superseded touch: deleted by this commit now
+        for name, value in (("#x", plan.expires), ("xh", plan.horizon)):
             if value is None:
                 removes += f", {name}"
             else:
@@ -985,46 +1183,50 @@ class DynamoDBSessionStore(BaseSessionStore):
             values[":rpk"] = {"S": running_key(app_name, session_id, self._pending_shards, waiting=waiting)}
         else:
             removes += ", rpk"
-        update = {
+        return {
             "TableName": self._table,
             "Key": _key(pk, META_SK),
             "UpdateExpression": f"SET {sets} REMOVE {removes}",
-            "ConditionExpression": "pending.t = :t",
             "ExpressionAttributeNames": {"#v": "version", "#st": "status", "#x": TTL},
             "ExpressionAttributeValues": values,
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
-        writes = [_transact_item(self._table, app_name, ScopedWrite(*write)) for write in json.loads(marker.scoped)]
-        if marker.touch_in_finish:
-            writes += [{"Put": {"TableName": self._table, "Item": t}} for t in self._touches(pk, plan, marker.grant)]
-        if not writes:
-            try:
-                self._call("update_item", **update)
-            except _ConditionFailed as failed:
-                raise _MarkerGone(failed.item) from None
-            return
-        try:
-            self._transact([{"Update": update}, *writes])
-        except _Cancelled as cancelled:
-            raise _MarkerGone(cancelled.items[0]) from None
 
-    def _touches(self, pk: str, plan: _Plan, grant: str) -> builtins.list[dict[str, Any]]:
-        """The commit's touch (its one listing-index write), after the superseded touch it marks expired.
-
-        The marking rewrites that touch with its keys unchanged and an ``expires_at`` of now: the index
-        holds keys only, so it costs no index write, and AWS's TTL deletes the item (free of write units).
-        """
+    def _touches(
+        self, pk: str, plan: _Plan, marker: _Marker, origin: Mapping[str, Any]
+    ) -> builtins.list[dict[str, Any]]:
+        """The commit's touch (its listing entry, carrying the row a listing shows) and the delete of the touch
+        it supersedes, as ``TransactWriteItems`` entries: 2 listing-index writes, and the index never holds a
+        session's superseded entry once it has caught up. ``origin`` is the meta item (or the create's row)
+        the commit keeps ``created_at`` and ``forked_from`` from."""
         app_name, session_id = split_session_pk(pk)
-        lpk = {"S": listing_key(app_name, session_id, self._listing_shards)}
-        touch = {"pk": {"S": pk}, "sk": {"S": plan.touch}, "lpk": lpk, "lsk": {"N": str(plan.updated_at)}}
-        touch["t"] = {"S": grant}
+        touch: dict[str, Any] = {
+            "pk": {"S": pk},
+            "sk": {"S": plan.touch},
+            "lpk": {"S": listing_key(app_name, session_id, self._listing_shards)},
+            "lsk": {"N": str(plan.updated_at)},
+            "t": {"S": marker.grant},
+            "version": {"N": str(marker.version)},
+            "created_at": origin.get("created_at", {"N": "0"}),
+        }
+        if marker.status is not None:
+            touch["status"] = {"S": marker.status}
+        if "forked_from" in origin:
+            touch["forked_from"] = origin["forked_from"]
+        if plan.expires is not None:
+            touch["mx"] = {"N": str(plan.expires)}  # the session's expiry: a listing hides it from then on
         if plan.horizon is not None:
             touch[TTL] = {"N": str(plan.horizon)}
-        if plan.stale is None:
-            return [touch]
-        stale = {"pk": {"S": pk}, "sk": {"S": touch_sk(plan.stale)}, "lpk": lpk, "lsk": {"N": str(plan.stale)}}
-        stale[TTL] = {"N": str(now_ms() // 1000)}
-        return [stale, touch]
+        writes: builtins.list[dict[str, Any]] = [{"Put": {"TableName": self._table, "Item": touch}}]
+        if plan.previous is not None:
+            writes.append({"Delete": {"TableName": self._table, "Key": _key(pk, touch_sk(plan.previous))}})
+        return writes
+
+    def _drop_stale_touch(self, pk: str, plan: _Plan) -> None:
+        """Delete a touch an earlier layout left for the next commit to mark (``plsk``): once, best effort."""
+        if plan.stale is not None:
+            with contextlib.suppress(StoreError):
+                self._call("delete_item", TableName=self._table, Key=_key(pk, touch_sk(plan.stale)))
 
     def _drop_touch(self, pk: str, plan: _Plan, grant: str, meta: Mapping[str, Any] | None) -> None:
         """Delete the touch of a commit that did not land, unless a later commit (or the meta item's own
@@ -1130,8 +1332,8 @@ class DynamoDBSessionStore(BaseSessionStore):
 
     def _shard_stream(
         self, key: str, after: tuple[int, str] | None, limit: int | None
-    ) -> Iterator[tuple[int, str, str]]:
-        """One shard's touches as ``(updated_at, session id, pk)``, newest first; ties on ``updated_at`` by id,
+    ) -> Iterator[tuple[int, str, dict[str, Any]]]:
+        """One shard's entries as ``(updated_at, session id, entry)``, newest first; ties on ``updated_at`` by id,
         descending, like the merge."""
         condition, values = "lpk = :k", {":k": {"S": key}}
         if after is not None:
@@ -1145,17 +1347,16 @@ class DynamoDBSessionStore(BaseSessionStore):
             ScanIndexForward=False,
             **({"Limit": limit + 1} if limit is not None else {}),
         )
-        group: builtins.list[tuple[int, str, str]] = []
+        group: builtins.list[tuple[int, str, dict[str, Any]]] = []
         for item in pages:
-            pk = item["pk"]["S"]
-            touch = (int(item["lsk"]["N"]), split_session_pk(pk)[1], pk)
-            if after is not None and touch[:2] >= after:
+            entry = (int(item["lsk"]["N"]), split_session_pk(item["pk"]["S"])[1], item)
+            if after is not None and entry[:2] >= after:
                 continue
-            if group and group[0][0] != touch[0]:
-                yield from sorted(group, reverse=True)
+            if group and group[0][0] != entry[0]:
+                yield from sorted(group, key=lambda e: e[:2], reverse=True)
                 group = []
-            group.append(touch)
-        yield from sorted(group, reverse=True)
+            group.append(entry)
+        yield from sorted(group, key=lambda e: e[:2], reverse=True)
 
     # -- calls ------------------------------------------------------------------------------
 
@@ -1180,6 +1381,13 @@ class DynamoDBSessionStore(BaseSessionStore):
 
     def _send(self, operation: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         self._check_open()
+        if not self._layout_checked:
+            self._layout_checked = True  # before the check's own calls, which come back through here
+            try:
+                self._check_layout()
+            except BaseException:
+                self._layout_checked = False
+                raise
         try:
             answer: dict[str, Any] = getattr(self._client, operation)(**kwargs)
             return answer
@@ -1212,6 +1420,42 @@ class DynamoDBSessionStore(BaseSessionStore):
             raise StoreUnavailable(f"DynamoDB {operation} failed: {exc}") from exc
         except BotoCoreError as exc:
             raise StoreError(f"DynamoDB {operation} failed: {exc}") from exc
+
+    def _check_layout(self) -> None:
+        """Hold this store's shard counts against the ones the table records (``LAYOUT_KEY``), once per store.
+
+        The first store on a table records its counts (a conditional put); a store opened with other counts
+        is refused before it reads or writes anything: listing over another count would hide every session
+        whose entry is in a shard it does not query, and a sweeper over fewer pending shards would never see
+        some markers. One ``GetItem`` per store (a Lambda cold start), none per call after it."""
+        mine = {"listing_shards": self._listing_shards, "pending_shards": self._pending_shards}
+        item = {**LAYOUT_KEY, **{name: {"N": str(value)} for name, value in mine.items()}}
+        recorded = self._call("get_item", TableName=self._table, Key=LAYOUT_KEY, ConsistentRead=True).get("Item")
+        if recorded is None:
+            try:
+                self._call(
+                    "put_item",
+                    TableName=self._table,
+                    Item=item,
+                    ConditionExpression="attribute_not_exists(pk)",
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                )
+                return
+            except _ConditionFailed as failed:  # another store recorded them first
+                recorded = failed.item
+                if recorded is None:
+                    recorded = self._call("get_item", TableName=self._table, Key=LAYOUT_KEY, ConsistentRead=True).get(
+                        "Item"
+                    )
+        theirs = {name: int(recorded[name]["N"]) for name in mine} if recorded else mine
+        if theirs != mine:
+            raise ConfigurationError(
+                f"DynamoDB table {self._table!r} was made with listing_shards={theirs['listing_shards']} and "
+                f"pending_shards={theirs['pending_shards']}; this store was opened with "
+                f"listing_shards={mine['listing_shards']} and pending_shards={mine['pending_shards']}. "
+                "Shard counts are fixed when the table is first used: open the store with the table's counts "
+                "(a new table takes new ones)"
+            )
 
     def _query(self, **kwargs: Any) -> builtins.list[dict[str, Any]]:
         """Every item a Query returns, following its pages."""
@@ -1247,6 +1491,31 @@ def _backoff(attempt: int, base: float = 0.025, cap: float = 1.0) -> None:
     """Sleep before re-send ``attempt + 1``: exponential from ``base`` up to ``cap`` seconds, jittered by half,
     so writers that collided do not collide again in step."""
     time.sleep(min(cap, base * 2**attempt) * (0.5 + random.random() / 2))
+
+
+def _known_after(
+    inc: str, version: int, ids: IdFilter, plan: _Plan, update: Mapping[str, Any], origin: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The attributes of a meta item a commit just landed (by ``update``) that a one-call commit after it builds on."""
+    item: dict[str, Any] = {"version": {"N": str(version)}, "inc": {"S": inc}, "lsk": {"N": str(plan.updated_at)}}
+    item["bf"] = update["ExpressionAttributeValues"][":bf"]
+    if ids.greatest is not None:
+        item["hi"] = {"S": ids.greatest}
+    for name, value in ((TTL, plan.expires), ("xh", plan.horizon)):
+        if value is not None:
+            item[name] = {"N": str(value)}
+    for name in ("created_at", "forked_from"):
+        if name in origin:
+            item[name] = origin[name]
+    return item
+
+
+def _origin(row: StoredSession) -> dict[str, Any]:
+    """What a create's touch keeps from its row (a later commit's comes from the meta item)."""
+    origin: dict[str, Any] = {"created_at": {"N": str(row.created_at)}}
+    if row.forked_from is not None:
+        origin["forked_from"] = {"S": row.forked_from}
+    return origin
 
 
 def _key(pk: str, sk: str) -> dict[str, Any]:
@@ -1373,6 +1642,7 @@ def dynamo_store(
     listing_shards: int = DEFAULT_LISTING_SHARDS,
     pending_shards: int = DEFAULT_PENDING_SHARDS,
     stale_after_s: float = 30.0,
+    single_call_items: int = MAX_TRANSACT_ITEMS,
 ) -> DynamoDBSessionStore:
     """A store on the DynamoDB table ``table_name`` (make it with ``create_table`` or the CDK stack).
 
@@ -1381,6 +1651,8 @@ def dynamo_store(
     Nothing is sent until the first call. ``close()`` closes a client the store built, never yours.
     ``stale_after_s`` is how old a pending marker must be before a writer meeting it repairs it first
     (marker ages come from ``dormant.clock``, so a test can move time instead of waiting).
+    A commit of at most ``single_call_items`` items (and 4 MB) is one ``TransactWriteItems``; 0 sends every
+    commit through the gated protocol (docs/dynamodb.md).
     """
     if not isinstance(table_name, str) or len(table_name) < 3:
         raise ConfigurationError(f"a DynamoDB table name has at least 3 characters, not {table_name!r}")
@@ -1394,6 +1666,7 @@ def dynamo_store(
         listing_shards=listing_shards,
         pending_shards=pending_shards,
         stale_after_s=stale_after_s,
+        single_call_items=single_call_items,
     )
 
 

@@ -9,9 +9,9 @@ Key design (one table, string ``pk``/``sk``):
 * scoped state lives in ``pk = "X#{app}#{scope}#{scope_id}"``, one item per key;
 * the listing index (``LISTING_INDEX``) is keyed by ``lpk`` — the app name, write-sharded as
   ``{app}#{k}`` when a store lists over more than one shard — and sorted by ``lsk`` (``updated_at``).
-  Its entries are the sessions' *touch* items (``keys.touch_sk``), one per commit, keys only: a listing
-  reads them newest first and keeps an entry only when its session's meta item has the same
-  ``updated_at`` (older touches are superseded and expire by TTL);
+  Its entries are the sessions' *touch* items (``keys.touch_sk``), one per session once the index has
+  caught up (a commit puts its touch and deletes the one it supersedes, atomically with the commit), and
+  the index projects the row a listing shows: a listing is Queries of this index alone;
 * the pending-marker index (``PENDING_INDEX``) is sparse: only a meta item with a live commit marker
   carries ``ppk``/``psk``, so the sweeper queries stale markers instead of scanning;
 * the running index (``RUNNING_INDEX``) is sparse too: only a meta item whose stored status is ``running``
@@ -106,9 +106,16 @@ IDS_INDEX = "ids"
 
 TABLE = TableShape(
     indexes=(
-        # Keys only: a listing takes the row from the meta item, so marking a touch expired (its TTL
-        # attribute, not projected) writes no index entry.
-        IndexShape(LISTING_INDEX, ("lpk", "S"), ("lsk", "N"), "KEYS_ONLY"),
+        # Projects the row a listing shows, so a listing page is Queries of this index alone: the touch carries
+        # it (a release 0.1 meta item, its own entry, carries the same attributes), and ``mx`` the session's
+        # expiry (``expires_at`` on a touch is its horizon; on a release 0.1 meta item, its expiry).
+        IndexShape(
+            LISTING_INDEX,
+            ("lpk", "S"),
+            ("lsk", "N"),
+            "INCLUDE",
+            ("version", "status", "created_at", "forked_from", "mx", "expires_at"),
+        ),
         IndexShape(PENDING_INDEX, ("ppk", "S"), ("psk", "N"), "KEYS_ONLY"),
         # Sorted by the table's own key, which never changes: a running session's later commits (a new
         # ``updated_at``, expiry, filter) rewrite nothing of its entry. ``running_sessions`` reads the rows.
