@@ -98,7 +98,8 @@ class ResumeWorkflow(Construct):
             self,
             "Run",
             lambda_function=resume,
-            payload=_turn("run"),
+            # the retry count: a retried run frees the session of a commit its killed predecessor left pending
+            payload=_turn("run", retry=sfn.JsonPath.number_at("$$.State.RetryCount")),
             result_selector=status,
             result_path="$.turn",
         )

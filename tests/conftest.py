@@ -139,3 +139,19 @@ def dynamodb_table(dynamodb_endpoint: str) -> str:
     finally:
         ddb.close()
     return name
+
+
+@pytest.fixture(params=["sqlite", pytest.param("dynamodb", marks=pytest.mark.backend("dynamodb"))])
+def store_url(request: pytest.FixtureRequest, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A store URL on each backend a served app runs on: a SQLite file, or a fresh table in DynamoDB Local
+    (its local credentials set for the test)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    import uuid
+
+    from tests.servers.dynamodb import ACCESS_KEY, REGION
+
+    endpoint = request.getfixturevalue("dynamodb_endpoint")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
+    return f"dynamodb://t-{uuid.uuid4().hex[:12]}?endpoint={endpoint}&region={REGION}"

@@ -15,7 +15,6 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,18 +34,6 @@ from tests.lambda_events import TENANT_A, TENANT_B, Client, LambdaContext, load_
 from tests.servers.serve import dormant_serve
 
 LAMBDA_RESPONSE_LIMIT = 6_000_000  # bytes: Lambda's synchronous response limit, "6 MB"
-
-
-@pytest.fixture(params=["sqlite", pytest.param("dynamodb", marks=pytest.mark.backend("dynamodb"))])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'follow.db'}"
-    from tests.servers.dynamodb import ACCESS_KEY, REGION
-
-    endpoint = request.getfixturevalue("dynamodb_endpoint")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
-    return f"dynamodb://follow-{uuid.uuid4().hex[:12]}?endpoint={endpoint}&region={REGION}"
 
 
 def open_served(url: str) -> Served:

@@ -556,6 +556,7 @@ def test_the_workflow_runs_parks_continues_as_new_and_ends_cleanly(synth: Synth)
     }
     run = states["Run"]
     assert run["Parameters"]["Payload"]["action"] == "run"
+    assert run["Parameters"]["Payload"]["retry.$"] == "$$.State.RetryCount"  # a retry repairs a dead runner's commit
     assert run["ResultPath"] == "$.turn" and run["ResultSelector"] == {"status.$": "$.Payload.status"}
     catches = {tuple(c["ErrorEquals"]): c["Next"] for c in run["Catch"]}
     assert catches == {("TurnNotClaimed",): "NotClaimed", ("States.ALL",): "RecordFailure"}

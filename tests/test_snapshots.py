@@ -24,7 +24,7 @@ from dormant import App, ModelStartEvent, Session, adk, openai
 from dormant.agents.agent import Agent
 from dormant.clock import frozen_clock
 from dormant.errors import ConfigurationError, InputError
-from dormant.events import Event
+from dormant.events import Event, UserEvent
 from dormant.serving import commit as serving_commit
 from dormant.snapshots import FORMAT, load_session, snapshot_of
 from dormant.stores.base import (
@@ -218,7 +218,10 @@ def check_random_session(make_store: Callable[[], Any], plans: list[str], every:
             assert last is not None
             same(last, whole(replay, session.id))
         kept = store.load_snapshot(name, session.id)
-        assert (kept is not None) == (len(last.events) >= every), "a snapshot once a multiple of K is crossed"
+        if getattr(store, "snapshots_in_commit", False):  # the SQL stores keep it with every commit
+            assert kept is not None and kept.version == last.version, "the snapshot is at the last commit"
+        else:
+            assert (kept is not None) == (len(last.events) >= every), "a snapshot once a multiple of K is crossed"
 
 
 SETTINGS = settings(
@@ -539,3 +542,61 @@ def test_no_snapshot_follows_a_commit_in_which_the_store_skipped_re_sent_ids() -
     reloaded = app.sessions.get(sid)
     assert reloaded is not None
     same(reloaded, whole(app, sid))
+
+
+def check_snapshot_kept_only_whole(make_store: Callable[[], Any]) -> None:
+    """The SQL stores keep the snapshot in the commit's transaction, but not when some of the commit's events
+    were already stored (a retry): the ledger then differs from the fold the snapshot holds."""
+
+    def event(n: int) -> UserEvent:
+        return UserEvent(id=f"e{n}", created_at=1, text=f"m{n}")
+
+    with closing(make_store()) as store:
+        row = StoredSession(id="s", app_name="a", version=0, created_at=1)
+        assert store.commit(row, [event(1)], 0, snapshot=StoredSnapshot(1, '{"at":1}')).ok
+        kept = store.load_snapshot("a", "s")
+        assert kept is not None and kept.version == 1
+        retry = store.commit(row, [event(1), event(2)], 1, snapshot=StoredSnapshot(2, '{"at":2}'))
+        assert retry.ok and retry.appended == 1
+        assert store.load_snapshot("a", "s") == kept, "a partly stored commit keeps no snapshot"
+        assert store.commit(row, [event(3)], 2, snapshot=StoredSnapshot(2, '{"at":2}')).ok  # not its version
+        assert store.load_snapshot("a", "s") == kept
+        assert store.commit(row, [event(4)], 3, snapshot=StoredSnapshot(4, '{"at":4}')).ok
+        assert store.load_snapshot("a", "s") == StoredSnapshot(4, '{"at":4}')
+
+
+def test_a_commit_keeps_its_snapshot_only_when_it_lands_whole(tmp_path: Path) -> None:
+    check_snapshot_kept_only_whole(lambda: sqlite_store(tmp_path / "s.db"))
+
+
+@pytest.mark.backend("postgres")
+def test_a_commit_keeps_its_snapshot_only_when_it_lands_whole_on_postgres(postgres_url: str) -> None:
+    from dormant.stores.postgres import postgres_store
+
+    check_snapshot_kept_only_whole(lambda: postgres_store(postgres_url, max_size=2))
+
+
+def test_a_state_read_at_the_last_commit_reads_one_row_and_folds_nothing(tmp_path: Path) -> None:
+    """On SQLite the snapshot is kept with every commit: ``get`` reads the row with its snapshot in one
+    statement, decodes no event, and shows the state and the ledger a full replay shows."""
+    with closing(sqlite_store(tmp_path / "s.db")) as store:
+        app = adk(name="read", schema={"session": Notes}, store=store)
+        session = app.sessions.create()
+        for n in range(7):  # 7 commits, none at a multiple of snapshot_every (100)
+            session.input.message(f"m{n}")
+            session.state.count = n + 1
+            app.sessions.commit(session)
+        decoded: list[object] = []
+        decode = store.decode_event
+        store.decode_event = lambda data: decoded.append(data) or decode(data)  # type: ignore[method-assign]
+        statements: list[str] = []
+        store._conn.set_trace_callback(statements.append)
+        loaded = app.sessions.get(session.id)
+        store._conn.set_trace_callback(None)
+        assert loaded is not None and loaded.state.count == 7 and loaded.version == session.version
+        assert decoded == [], "no event is decoded: the snapshot is at the last commit"
+        assert [s.split()[0] for s in statements] == ["BEGIN", "SELECT", "SELECT", "COMMIT"]
+        replay = load_session(app, session.id, history=None)
+        assert replay is not None
+        assert [e.id for e in loaded.events] == [e.id for e in replay.events]
+        assert loaded.projection.export() == replay.projection.export()

@@ -15,7 +15,6 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +28,6 @@ from dormant.stores.url import store_from_url
 
 ROOT = Path(__file__).resolve().parents[1]
 APPS = ROOT / "tests" / "fidelity"
-
-
-@pytest.fixture(params=["sqlite", pytest.param("dynamodb", marks=pytest.mark.backend("dynamodb"))])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'waits.db'}"
-        return
-    from tests.servers.dynamodb import ACCESS_KEY, REGION
-
-    endpoint = request.getfixturevalue("dynamodb_endpoint")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
-    yield f"dynamodb://waits-{uuid.uuid4().hex[:12]}?endpoint={endpoint}&region={REGION}"
 
 
 def _fidelity() -> Any:
@@ -117,7 +103,7 @@ def test_dormant_serve_resumes_a_session_whose_resume_was_lost(store_url: str, t
             env[name] = os.environ[name]
     args = ("--store", store_url, "--app", "fidelity_app:build", "--sweep-every", "0.2", "--quiet")
     with dormant_serve(*args, env=env, cwd=tmp_path) as server:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # a generous bound: the loop ends as soon as the sweep has run
         while True:
             with urllib.request.urlopen(f"{server.url}/sessions/lost", timeout=30) as response:
                 shown = json.loads(response.read())
@@ -196,3 +182,40 @@ def test_a_restart_never_reuses_an_ended_executions_name(monkeypatch: pytest.Mon
         assert len(interpreter.executions) == 2
     finally:
         interpreter.close()
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_retried_run_frees_the_session_of_its_dead_runners_commit(
+    dynamodb_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner dies between a commit's gate and its events: its marker holds the session. The workflow's retried
+    ``Run`` repairs it at once (a fresh marker, far from stale) for the turn it runs, and the next write goes
+    through; for another invocation (a retry of ``TurnNotClaimed``, whose claim may be in flight) it repairs
+    nothing."""
+    from dormant.events import UserEvent
+    from dormant.serving.workflow import repair_after_lost_runner
+    from tests.dynamodb_faults import Died, Faults
+    from tests.servers.dynamodb import ACCESS_KEY, REGION
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
+    store = store_from_url(f"dynamodb://held-{uuid.uuid4().hex[:12]}?endpoint={dynamodb_endpoint}&region={REGION}")
+    fidelity = _fidelity()(store)
+    view = Served(fidelity.app, {fidelity.agent.name: fidelity.agent}).for_tenant("local")
+    view.sessions.create("held")
+    claim = claim_turn(view, fidelity.agent, "held", "steps=2 signoffs=0")
+    assert claim.invocation_id is not None and claim.session.status == "running"
+    row = store.load(view.name, "held")
+    assert row is not None
+    Faults(store._client).die("BatchWriteItem", nth=1)  # type: ignore[attr-defined]
+    with pytest.raises(Died):
+        # more events than one transaction takes: the gated commit, whose marker a dead writer leaves behind
+        store.commit(row.session, [UserEvent(text="lost") for _ in range(120)], row.session.version)
+
+    assert not repair_after_lost_runner(view, "held", "inv_someone_else")
+    assert repair_after_lost_runner(view, "held", claim.invocation_id)
+    # held, this write would wait 10 s on the marker and raise StoreBusy (it turns stale only after 30 s)
+    view.sessions.write("held", lambda s: s.append(UserEvent(text="after the repair")), on_conflict="fail")
+    texts = [getattr(e, "text", None) for e in view.sessions.require("held").events]
+    assert "lost" not in texts and "after the repair" in texts
+    fidelity.app.close()

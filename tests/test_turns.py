@@ -12,8 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,19 +25,6 @@ from dormant.stores.url import store_from_url
 from tests.turns_app import build
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(params=["sqlite", pytest.param("dynamodb", marks=pytest.mark.backend("dynamodb"))])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'turns.db'}"
-        return
-    from tests.servers.dynamodb import ACCESS_KEY, REGION
-
-    endpoint = request.getfixturevalue("dynamodb_endpoint")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
-    yield f"dynamodb://turns-{uuid.uuid4().hex[:12]}?endpoint={endpoint}&region={REGION}"
 
 
 def test_a_runner_killed_half_way_is_handed_on_by_the_sweep_with_its_steps_kept(store_url: str, tmp_path: Path) -> None:

@@ -4,10 +4,11 @@ A sign-off agent whose scripted model reads its orders from the user's messages,
 function serves many sessions, each with its own script: ``signoffs=N`` (yielding tool calls before the
 final answer, default 1), ``sleep=S`` (seconds each model call takes), ``fail=model`` (the model raises a
 non-retryable error on its call after the first sign-off), ``steps=K`` (plain tool steps first: events
-enough for a snapshot), ``tool=approve`` (the sign-offs are calls of ``approve``, answerable by group
-``approvers`` only) or ``tool=review`` (of ``review``: anyone but who started the run, four eyes). Deployed
-with a model (``-c model=...``) its agent uses that model instead: the harness's loopback model server then
-plays the script.
+enough for a snapshot; with ``keys=N`` each step also writes N session state keys, so its commit holds more
+items than one transaction takes and goes the gated way), ``tool=approve`` (the sign-offs are calls of
+``approve``, answerable by group ``approvers`` only) or ``tool=review`` (of ``review``: anyone but who
+started the run, four eyes). Deployed with a model (``-c model=...``) its agent uses that model instead: the
+harness's loopback model server then plays the script.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dormant.stores.base import SessionStore
 
 class Step(BaseModel):
     step: int
+    keys: int = 0
 
 
 class SignOff(BaseModel):
@@ -46,7 +48,7 @@ class ScriptedFailure(RuntimeError):
 
 def _orders(request: ModelRequest) -> dict[str, str]:
     said = " ".join(m.content or "" for m in request.messages if m.role == "user")
-    return dict(re.findall(r"\b(signoffs|sleep|fail|steps|tool)=(\w+)", said))
+    return dict(re.findall(r"\b(signoffs|sleep|fail|steps|tool|keys)=(\w+)", said))
 
 
 class OrderedModel:
@@ -60,7 +62,8 @@ class OrderedModel:
         signoffs = int(orders.get("signoffs", 1))
         done = len(answered)
         if done < steps:
-            return ModelResponse(tool_calls=[{"name": "note", "args": {"step": done + 1}}], finish_reason="tool_calls")
+            args = {"step": done + 1, "keys": int(orders.get("keys", 0))}
+            return ModelResponse(tool_calls=[{"name": "note", "args": args}], finish_reason="tool_calls")
         if orders.get("fail") == "model" and done > steps:
             raise ScriptedFailure("the scripted model's provider crashed")
         if done < steps + signoffs:
@@ -102,7 +105,9 @@ def build(store: SessionStore, model: ModelSpec | None = None) -> FidelityApp:
     )
 
     def note(context: ToolContext) -> dict[str, Any]:
-        return {"noted": context.args.step}
+        step = context.args.step
+        context.state.update({f"s{step}k{i}": i for i in range(context.args.keys)})
+        return {"noted": step}
 
     noted = app.tool(name="note", description="Note a step.", schema=Step, execute=note)
     agent = app.agent(

@@ -22,7 +22,7 @@ from .ids import check_id, check_name
 from .ledger import LedgerRules
 from .models.base import ModelAdapter, ModelSpec, default_adapter
 from .session import Session
-from .snapshots import DEFAULT_EVERY, load_session, save_after_commit, save_snapshot
+from .snapshots import DEFAULT_EVERY, load_session, pending_snapshot, save_after_commit, save_snapshot
 from .state.migrations import MigrationStep
 from .state.schema import BOUND_SCOPES, Schema
 from .state.values import check_storable
@@ -458,12 +458,20 @@ class Sessions:
         if session.version > 0 and self._expired(session.updated_at, now) and self._gone(session, now):
             raise SessionNotFound(session.id)
         expected, before = session.version, session.committed_count
-        result = self._app.store.commit(session.stored(), new_events, expected, scoped)
+        store = self._app.store
+        snapshot = None
+        if isinstance(store, BaseSessionStore) and store.snapshots_in_commit and self._app.snapshot_every is not None:
+            snapshot = pending_snapshot(session)  # kept in the commit's transaction: a read then folds nothing
+            result = store.commit(session.stored(), new_events, expected, scoped, snapshot=snapshot)
+        else:
+            result = store.commit(session.stored(), new_events, expected, scoped)
         if not result.ok:
             raise VersionConflict(session.id, expected_version=expected, actual_version=result.version)
         session.updated_at = max(session.updated_at, now)
         session.mark_committed(result.version)
         complete = result.appended == len(new_events)
+        if snapshot is not None and complete:
+            session.snapshot_at = session.committed_count
         save_after_commit(self._app, session, before=before, every=self._app.snapshot_every, complete=complete)
         return result
 
@@ -510,10 +518,12 @@ class Sessions:
         )
 
     def snapshot(self, session: Session) -> bool:
-        """Store a snapshot of ``session`` now (it must be committed); True when the store kept it.
+        """Store a snapshot of ``session`` now (it must be committed); True when the store keeps one at its
+        version.
 
-        Commits store one every ``snapshot_every`` events on their own; this is for a long session stored
-        before snapshots, or one about to be read by many processes.
+        Commits store one every ``snapshot_every`` events on their own (on the SQL stores, with every
+        commit); this is for a long session stored before snapshots, or one about to be read by many
+        processes.
         """
         self._check(session)
         if session.uncommitted_events or session.version == 0:

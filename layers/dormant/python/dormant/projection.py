@@ -288,7 +288,10 @@ class Projection:
         projection.pending = {row[0]: YieldedTool(row[0], row[1], dict(row[2]), row[3]) for row in data["pending"]}
         projection.answered = {e.call_id: e for e in _events(data["answered"], ToolInputEvent)}
         projection.user_turns = _count(data["user_turns"])
-        projection.recent_turns = [_count(i) for i in data["recent_turns"]]
+        recent = data["recent_turns"]
+        if not all(type(i) is int and i >= 0 for i in recent):  # bools and negatives: _count says which
+            recent = [_count(i) for i in recent]
+        projection.recent_turns = list(recent)
         return projection
 
 

@@ -6,7 +6,10 @@ yielded and answered calls, the open invocation), the ledger positions of its la
 known (version, event count) pairs so a load can start the ledger at a turn. It holds state, not
 history, and the store keeps one per session, so storage stays linear in the ledger.
 
-A snapshot is a cache. It is written after the commit, as a separate best-effort write (a failure is
+On a store with ``snapshots_in_commit`` (SQLite, Postgres) every commit of an app with snapshots keeps
+the snapshot as of that commit in the commit's own transaction (one more row written, no round trip), so a
+state read folds nothing; the store keeps it only when the commit lands whole. On the other stores a
+snapshot is a cache written after the commit, as a separate best-effort write (a failure is
 logged and the commit stands), kept only if no later one is; it is checked on load (format, version,
 the row's ``created_at``) and anything that does not fit is ignored — the session is then loaded whole
 and the next commit writes a fresh snapshot. It is never trusted over the ledger.
@@ -28,9 +31,17 @@ from . import metrics
 from .errors import InputError
 from .projection import Projection
 from .session import Runtime, Session
-from .stores.base import SnapshotStore, StoredSession, StoredSnapshot
+from .stores.base import BaseSessionStore, SnapshotStore, StoredSession, StoredSnapshot
 
-__all__ = ["DEFAULT_EVERY", "FORMAT", "load_session", "save_after_commit", "save_snapshot", "snapshot_of"]
+__all__ = [
+    "DEFAULT_EVERY",
+    "FORMAT",
+    "load_session",
+    "pending_snapshot",
+    "save_after_commit",
+    "save_snapshot",
+    "snapshot_of",
+]
 
 FORMAT = 1
 DEFAULT_EVERY = 100
@@ -49,20 +60,35 @@ class _Snapshot:
     anchors: list[tuple[int, int]]
 
 
-def snapshot_of(session: Session) -> StoredSnapshot:
-    """``session``'s snapshot as of its committed version (every event of it must be committed)."""
+def snapshot_of(session: Session, *, pending: bool = False) -> StoredSnapshot:
+    """``session``'s snapshot as of its committed version (every event of it must be committed).
+
+    ``pending``: as of the commit about to store every uncommitted event, at the next version (the store
+    keeps it in that commit's transaction, only if the commit lands whole).
+    """
     projection = session.projection
     anchors = sorted({session.anchor_for(position) for position in projection.recent_turns})
+    version = session.version + 1 if pending else session.version
     data = {
         "format": FORMAT,
-        "version": session.version,
-        "count": session.committed_count,
+        "version": version,
+        "count": projection.count if pending else session.committed_count,
         "created_at": session.created_at,
         "schema": session.runtime.schema.versions,
         "projection": projection.export(),
         "anchors": [list(anchor) for anchor in anchors],
     }
-    return StoredSnapshot(session.version, json.dumps(data, separators=(",", ":"), allow_nan=False))
+    return StoredSnapshot(version, json.dumps(data, separators=(",", ":"), allow_nan=False))
+
+
+def pending_snapshot(session: Session) -> StoredSnapshot | None:
+    """The snapshot to keep with the commit about to store ``session``'s uncommitted events, or ``None`` when
+    it cannot be built (a cache: the commit goes ahead without it; the next one tries again)."""
+    try:
+        return snapshot_of(session, pending=True)
+    except Exception:
+        _log.warning("could not build a snapshot of session %s", session.id, exc_info=True)
+        return None
 
 
 def _decode(stored: StoredSnapshot | None, runtime: Runtime) -> _Snapshot | None:
@@ -104,14 +130,29 @@ def load_session(
     turns than the window, the rest of the window is read from the snapshot's anchors.
     """
     store = runtime.store
-    if history is None or not snapshots or not isinstance(store, SnapshotStore):
+    # The base class first: a runtime Protocol check inspects every member, on every read.
+    if history is None or not snapshots or not isinstance(store, (BaseSessionStore, SnapshotStore)):
         return _whole(runtime, session_id, covered=None, alive=alive)
-    snapshot = _decode(store.load_snapshot(runtime.name, session_id), runtime)
-    if snapshot is None:
-        return _whole(runtime, session_id, covered=0, alive=alive)  # none, or unreadable: the next commit writes one
-    loaded = store.load(runtime.name, session_id, after=snapshot.version)
-    if loaded is None:
-        return None
+    if isinstance(store, BaseSessionStore):  # the snapshot, the row and the tail in one read
+        kept, loaded = store.load_with_snapshot(runtime.name, session_id)
+        if loaded is None:
+            return None
+        snapshot = _decode(kept, runtime)
+        if kept is None:  # the read holds the whole ledger: fold it (the next commit keeps a snapshot)
+            if alive is not None and not alive(loaded.session):
+                return None
+            session = Session.from_row(runtime, loaded.session, loaded.events)
+            session.snapshot_at = 0
+            return session
+        if snapshot is None:
+            return _whole(runtime, session_id, covered=0, alive=alive)  # unreadable: the next commit writes one
+    else:
+        snapshot = _decode(store.load_snapshot(runtime.name, session_id), runtime)
+        if snapshot is None:
+            return _whole(runtime, session_id, covered=0, alive=alive)  # none, or unreadable: rebuilt next commit
+        loaded = store.load(runtime.name, session_id, after=snapshot.version)
+        if loaded is None:
+            return None
     row = loaded.session
     if alive is not None and not alive(row):
         return None
@@ -151,12 +192,16 @@ def _whole(
 
 
 def save_snapshot(runtime: Runtime, session: Session) -> bool:
-    """Store ``session``'s snapshot now; True when the store kept it. Nothing may be uncommitted."""
+    """Store ``session``'s snapshot now; True when the store keeps one at its version (this one, or the one its
+    commit kept). Nothing may be uncommitted."""
     store = runtime.store
     session.snapshot_at = session.committed_count
     if not isinstance(store, SnapshotStore):
         return False
-    return store.save_snapshot(session.app_name, session.id, snapshot_of(session))
+    if store.save_snapshot(session.app_name, session.id, snapshot_of(session)):
+        return True
+    kept = store.load_snapshot(session.app_name, session.id)  # the commit's own, at this version, counts
+    return kept is not None and kept.version == session.version
 
 
 def save_after_commit(runtime: Runtime, session: Session, *, before: int, every: int | None, complete: bool) -> None:

@@ -55,6 +55,7 @@ __all__ = [
     "end_invocation",
     "execution_name",
     "in_process_hooks",
+    "repair_after_lost_runner",
     "step_functions_hooks",
     "running_turns",
     "sweep_turns",
@@ -115,8 +116,13 @@ def end_invocation(
     return {"status": written.session.status, "version": written.version}
 
 
-def run_action(served: Served, app: App, session_id: str, invocation_id: str, deadline: int | None) -> dict[str, Any]:
-    """The workflow's ``run``: take the invocation on and run it; report where it stands."""
+def run_action(
+    served: Served, app: App, session_id: str, invocation_id: str, deadline: int | None, *, retried: bool = False
+) -> dict[str, Any]:
+    """The workflow's ``run``: take the invocation on and run it; report where it stands. A ``retried`` run
+    (Step Functions' retry of ``Run``) first frees the session of a commit its dead predecessor left pending."""
+    if retried:
+        repair_after_lost_runner(app, session_id, invocation_id)
     try:
         outcome = resume_turn(app, served.agent, session_id, invocation_id, deadline=deadline)
     except ClaimLost:  # another runner holds the turn: that runner's execution carries it on
@@ -130,6 +136,20 @@ def run_action(served: Served, app: App, session_id: str, invocation_id: str, de
     if node is None and not _ended_before(session, invocation_id):
         raise TurnNotClaimed(f"invocation {invocation_id!r} of session {session_id!r} is not on the ledger yet")
     return {"status": node.status if node is not None else "ended", "version": session.version}
+
+
+def repair_after_lost_runner(app: App, session_id: str, invocation_id: str) -> bool:
+    """Finish or undo the commit a killed runner of this turn left pending (stores that gate commits): its
+    retry must not wait on a dead writer's marker until it turns stale (``StoreBusy`` again and again, each
+    costing a retry). Only for a claimed turn still running: a retry of ``TurnNotClaimed`` may meet the API's
+    claim in flight, which is no dead writer's."""
+    repair: Callable[[str, str], Any] | None = getattr(app.store, "repair_session", None)
+    if repair is None:
+        return False
+    session = app.sessions.get(session_id)
+    if session is None or session.status != "running" or session.projection.open_invocation != invocation_id:
+        return False
+    return repair(app.name, session_id) is not None
 
 
 def _ended_before(session: Session, invocation_id: str) -> bool:
@@ -348,8 +368,9 @@ def workflow_handler(
         if action == "run":
             remaining = int(context.get_remaining_time_in_millis())
             deadline = now_ms() + remaining
+            retried = int(event.get("retry") or 0) > 0  # Step Functions' $$.State.RetryCount
             with calls_end_by(time.time() + (remaining - MODEL_END_RESERVE_MS) / 1000):
-                return run_action(chosen, app, session_id, invocation_id, deadline)
+                return run_action(chosen, app, session_id, invocation_id, deadline, retried=retried)
         if action == "park":
             if step_functions is None:
                 raise InputError("this function is not wired to answer task tokens", field="action")

@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import dataclasses
 import itertools
 import json
 import re
@@ -351,6 +352,10 @@ class PreparedCommit:
     """In order, each id once; ids already stored are the store's to skip (``fresh``)."""
     scoped: tuple[ScopedWrite, ...]
     """One write per key, sorted (so concurrent commits lock keys in the same order)."""
+    snapshot: StoredSnapshot | None = None
+    """For a store with ``snapshots_in_commit``: the session's snapshot as of ``row.version``, to keep in the
+    commit's transaction, over an older one, and only when every event is fresh (else the ledger differs
+    from the fold the snapshot holds)."""
 
     def admits(self, version: int, scopes: Mapping[str, str] | None) -> bool:
         """The gate, for stores that read the row under their lock: the version, and fixed scopes."""
@@ -377,6 +382,9 @@ class BaseSessionStore(ABC):
     """The shared steps of every store; subclasses supply the ``_``-prefixed primitives."""
 
     limits: ClassVar[StoreLimits] = StoreLimits()
+    snapshots_in_commit: ClassVar[bool] = False
+    """Whether ``commit(snapshot=)`` keeps the snapshot in the commit's own transaction (the SQL stores):
+    a state read then reads the snapshot at the last commit and folds nothing, at no extra round trip."""
     _closed: bool = False
 
     # -- the contract -------------------------------------------------------------------------
@@ -399,8 +407,19 @@ class BaseSessionStore(ABC):
         new_events: Sequence[Event],
         expected_version: int,
         scoped_changes: Sequence[ScopedStateChange] | None = None,
+        *,
+        snapshot: StoredSnapshot | None = None,
     ) -> CommitResult:
+        """``snapshot``: see ``snapshots_in_commit`` (ignored by a store without it, or when too large)."""
         prepared = self._prepare(session, new_events, expected_version, scoped_changes)
+        if (
+            snapshot is not None
+            and self.snapshots_in_commit
+            and snapshot.version == prepared.row.version
+            and len(prepared.events) == len(new_events)
+            and _utf8_size(snapshot.data) <= self.limits.max_snapshot_bytes
+        ):
+            prepared = dataclasses.replace(prepared, snapshot=snapshot)
         self._check_open()
         outcome = self._write(prepared)
         if isinstance(outcome, Refused):
@@ -517,6 +536,24 @@ class BaseSessionStore(ABC):
         check_id(session_id)
         self._check_open()
         return self._load_snapshot(app_name, session_id)
+
+    def load_with_snapshot(self, app_name: str, session_id: str) -> tuple[StoredSnapshot | None, LoadedSession | None]:
+        """The kept snapshot and the session with the events after the snapshot's version (all of them when
+        there is none), read together: in one transaction on a store that overrides ``_read_with_snapshot``."""
+        check_app_key(app_name)
+        check_id(session_id)
+        self._check_open()
+        snapshot, found = self._read_with_snapshot(app_name, session_id)
+        if found is None:
+            return snapshot, None
+        row, data = found
+        return snapshot, LoadedSession(row, [self.decode_event(item) for item in data])
+
+    def _read_with_snapshot(
+        self, app_name: str, session_id: str
+    ) -> tuple[StoredSnapshot | None, tuple[StoredSession, Sequence[str]] | None]:
+        snapshot = self._load_snapshot(app_name, session_id)
+        return snapshot, self._read(app_name, session_id, snapshot.version if snapshot is not None else 0)
 
     # -- the encoding seam ----------------------------------------------------------------------
 

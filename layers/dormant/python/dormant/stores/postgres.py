@@ -98,6 +98,18 @@ _APPEND = (
     " FROM unnest(%(ids)b::text[], %(data)b::text[]) WITH ORDINALITY AS batch (event_id, data, n)"
     " ON CONFLICT (app_name, session_id, event_id) DO NOTHING"
 )
+# The append and the commit's snapshot in one statement: the snapshot is kept only when every event was
+# fresh (a retried commit leaves the ledger other than the fold the snapshot holds), and only over an
+# older one; the statement returns how many events it appended.
+_APPEND_WITH_SNAPSHOT = (
+    "WITH appended AS (" + _APPEND + " RETURNING 1),"
+    " counted AS (SELECT count(*) AS n FROM appended),"
+    " kept AS (INSERT INTO snapshots (app_name, session_id, version, data)"
+    " SELECT %(app)s, %(sid)s, %(version)s, %(snapshot)s FROM counted WHERE counted.n = %(count)s"
+    " ON CONFLICT (app_name, session_id) DO UPDATE SET version = excluded.version, data = excluded.data"
+    " WHERE excluded.version > snapshots.version)"
+    " SELECT n FROM counted"
+)
 _LOAD_ROW = (
     "SELECT version, scopes::text, created_at, status, updated_at, forked_from, fork_reason FROM sessions"
     " WHERE app_name = %s AND id = %s"
@@ -132,6 +144,8 @@ _PIPELINE = psycopg.Pipeline.is_supported()
 
 
 class PostgresSessionStore(BaseSessionStore):
+    snapshots_in_commit = True
+
     def __init__(self, pool: ConnectionPool[Any], *, owns_pool: bool) -> None:
         self._pool = pool
         self._owns_pool = owns_pool
@@ -179,7 +193,7 @@ class PostgresSessionStore(BaseSessionStore):
             "data": [event.data for event in commit.events],
         }
         with self._connection() as conn:
-            appended = None
+            appended = counted = None
             with _atomic(conn):
                 if commit.expected_version == 0 and new.retention_ms is not None:
                     conn.execute(_REPLACE_EXPIRED, {**gate, "cutoff": new.updated_at - new.retention_ms})
@@ -188,13 +202,19 @@ class PostgresSessionStore(BaseSessionStore):
                 )
                 if granted.fetchone() is None:  # in a pipeline, this fetch is the first round trip's end
                     raise _Refuse
-                if commit.events:
+                if commit.events and commit.snapshot is not None:
+                    snapshot = {"snapshot": commit.snapshot.data, "count": len(commit.events)}
+                    counted = conn.cursor(row_factory=tuple_row).execute(_APPEND_WITH_SNAPSHOT, {**append, **snapshot})
+                elif commit.events:
                     appended = conn.cursor().execute(_APPEND, append)
                 for statement, params in _scoped_statements(new.app_name, commit.scoped):
                     conn.execute(statement, params)
             if granted.rowcount != 1:
                 row = conn.cursor(row_factory=tuple_row).execute(_REFUSED, (new.app_name, new.id)).fetchone()
                 return Refused(row[0], json.loads(row[1])) if row else Refused(0)
+            if counted is not None:
+                (count,) = counted.fetchone() or (0,)
+                return int(count)
         return appended.rowcount if appended else 0
 
     def _save_snapshot(self, app_name: str, session_id: str, snapshot: StoredSnapshot) -> bool:

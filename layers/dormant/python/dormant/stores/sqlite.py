@@ -49,7 +49,6 @@ __all__ = ["DDL", "SQLiteSessionStore", "sqlite_store"]
 DDL = ddl("TEXT")
 
 _BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
-_ID_CHUNK = 500  # event ids per "IN (...)" lookup, well under SQLite's variable limit
 _SCRUB_WAIT = 2.0  # seconds a scrub waits for other connections to leave the write-ahead log
 # Kept only while the row is at the snapshot's version or later, and only over an older snapshot.
 _SAVE_SNAPSHOT = (
@@ -62,6 +61,8 @@ _ROW = "SELECT version, scopes, created_at, status, updated_at, forked_from, for
 
 
 class SQLiteSessionStore(BaseSessionStore):
+    snapshots_in_commit = True
+
     def __init__(
         self,
         path: str | Path,
@@ -133,26 +134,79 @@ class SQLiteSessionStore(BaseSessionStore):
         )
         return meta, [d for (d,) in data]
 
+    def _read_with_snapshot(
+        self, app_name: str, session_id: str
+    ) -> tuple[StoredSnapshot | None, tuple[StoredSession, Sequence[str]] | None]:
+        with self._use(), self._transaction("BEGIN"):
+            found = self._conn.execute(
+                "SELECT s.version, s.scopes, s.created_at, s.status, s.updated_at, s.forked_from, s.fork_reason,"
+                " n.version, n.data FROM sessions s LEFT JOIN snapshots n"
+                " ON n.app_name = s.app_name AND n.session_id = s.id WHERE s.app_name = ? AND s.id = ?",
+                (app_name, session_id),
+            ).fetchone()
+            if found is None:
+                return None, None
+            *row, kept, text = found
+            snapshot = StoredSnapshot(kept, text) if kept is not None else None
+            data = self._conn.execute(
+                "SELECT data FROM events WHERE app_name = ? AND session_id = ? AND version > ? ORDER BY version, seq",
+                (app_name, session_id, kept or 0),
+            ).fetchall()
+        version, scopes, created_at, status, updated_at, forked_from, fork_reason = row
+        meta = StoredSession(
+            session_id, app_name, version, json.loads(scopes), created_at, status, updated_at, forked_from, fork_reason
+        )
+        return snapshot, (meta, [d for (d,) in data])
+
     def _write(self, commit: PreparedCommit) -> int | Refused:
         new = commit.row
         app, sid = new.app_name, new.id
         with self._use(), self._transaction():
             conn = self._conn
-            row = conn.execute(
-                "SELECT version, scopes, updated_at FROM sessions WHERE app_name = ? AND id = ?", (app, sid)
-            ).fetchone()
-            if row is not None and commit.replaces(row[2]):  # an expired session: its id starts afresh
-                self._remove(app, sid)
-                row = None
-            stored = (row[0], json.loads(row[1])) if row is not None else (0, None)
-            if not commit.admits(*stored):
-                return Refused(*stored)
-            fresh = commit.fresh(self._stored_ids(app, sid, [e.id for e in commit.events]) if row else frozenset())
-            conn.executemany(
-                "INSERT INTO events (app_name, session_id, event_id, version, seq, data) VALUES (?, ?, ?, ?, ?, ?)",
-                [(app, sid, e.id, new.version, n, e.data) for n, e in enumerate(fresh)],
+            # The gate as one UPDATE, as the floor does it: the expected version and the scopes' stored text.
+            # When it matches no row (a conflict, a create, scopes spelled otherwise) the row is read and
+            # judged in Python below, which tells a refusal's version and scopes.
+            bumped = (
+                commit.expected_version > 0
+                and conn.execute(
+                    "UPDATE sessions SET version = ?, status = ?, updated_at = MAX(updated_at, ?)"
+                    " WHERE app_name = ? AND id = ? AND version = ? AND scopes = ?",
+                    (
+                        new.version,
+                        new.status,
+                        new.updated_at,
+                        app,
+                        sid,
+                        commit.expected_version,
+                        json.dumps(new.scopes),
+                    ),
+                ).rowcount
+                == 1
             )
-            if row is None:
+            create = False
+            if not bumped:
+                row = conn.execute(
+                    "SELECT version, scopes, updated_at FROM sessions WHERE app_name = ? AND id = ?", (app, sid)
+                ).fetchone()
+                if row is not None and commit.replaces(row[2]):  # an expired session: its id starts afresh
+                    self._remove(app, sid)
+                    row = None
+                stored = (row[0], json.loads(row[1])) if row is not None else (0, None)
+                if not commit.admits(*stored):
+                    return Refused(*stored)
+                create = row is None
+            # An id already stored (a retried commit) is skipped by the primary key, not looked up first: one
+            # statement less per commit. Its seq is left unused; loads order by (version, seq), gaps and all.
+            appended = (
+                conn.executemany(
+                    "INSERT OR IGNORE INTO events (app_name, session_id, event_id, version, seq, data)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    [(app, sid, e.id, new.version, n, e.data) for n, e in enumerate(commit.events)],
+                ).rowcount
+                if commit.events
+                else 0
+            )
+            if create:
                 conn.execute(
                     "INSERT INTO sessions (app_name, id, version, scopes, status, created_at, updated_at, forked_from,"
                     " fork_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -168,14 +222,17 @@ class SQLiteSessionStore(BaseSessionStore):
                         new.fork_reason,
                     ),
                 )
-            else:
+            elif not bumped:
                 conn.execute(
                     "UPDATE sessions SET version = ?, status = ?, updated_at = MAX(updated_at, ?)"
                     " WHERE app_name = ? AND id = ?",
                     (new.version, new.status, new.updated_at, app, sid),
                 )
             self._merge(app, commit.scoped)
-            return len(fresh)
+            if commit.snapshot is not None and appended == len(commit.events):
+                snap = commit.snapshot
+                conn.execute(_SAVE_SNAPSHOT, (snap.version, snap.data, app, sid, snap.version))
+            return appended
 
     def _save_snapshot(self, app_name: str, session_id: str, snapshot: StoredSnapshot) -> bool:
         with self._use(), self._transaction():
@@ -287,20 +344,6 @@ class SQLiteSessionStore(BaseSessionStore):
                 self._writers = None
 
     # -- internals --------------------------------------------------------------------------
-
-    def _stored_ids(self, app: str, sid: str, ids: builtins.list[str]) -> set[str]:
-        found: set[str] = set()
-        for start in range(0, len(ids), _ID_CHUNK):
-            chunk = ids[start : start + _ID_CHUNK]
-            marks = ",".join("?" * len(chunk))
-            found.update(
-                r[0]
-                for r in self._conn.execute(
-                    f"SELECT event_id FROM events WHERE app_name = ? AND session_id = ? AND event_id IN ({marks})",
-                    (app, sid, *chunk),
-                )
-            )
-        return found
 
     def _merge(self, app: str, writes: Sequence[ScopedWrite]) -> None:
         for scope, scope_id, key, value in writes:

@@ -864,6 +864,14 @@ class DynamoDBSessionStore(BaseSessionStore):
                     reports.append(report)
         return reports
 
+    def repair_session(self, app_name: str, session_id: str) -> RepairReport | None:
+        """Finish or undo the commit pending on one session now, whatever its marker's age: for a caller that
+        knows the writer is gone (a workflow's retried run, whose first attempt was killed mid-commit), so the
+        session is not held for ``stale_after_s``. A live writer's commit undone this way fails, nothing half
+        written (the finish is conditional on its grant)."""
+        self._check_open()
+        return self._repair(session_pk(app_name, session_id), now_ms())
+
     def _repair(self, pk: str, cutoff: int) -> RepairReport | None:
         """Roll the session's marker forward or back if it is at least as old as ``cutoff``."""
         meta = self._call("get_item", TableName=self._table, Key=_key(pk, META_SK), ConsistentRead=True).get("Item")
