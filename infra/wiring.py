@@ -14,7 +14,7 @@ from types import MappingProxyType
 
 from dormant.serving.deployed import MODEL, OPENAI_BASE_URL, OPENAI_SECRET
 from dormant.serving.routes import ROUTES
-from dormant.stores.dynamodb import IDS_INDEX, LISTING_INDEX, PENDING_INDEX, RUNNING_INDEX
+from dormant.stores.dynamodb import IDS_INDEX, LISTING_INDEX, PENDING_INDEX, RUNNING_INDEX, STATUS_INDEX
 
 # -- environment ----------------------------------------------------------------------------------
 
@@ -107,8 +107,9 @@ class TableAccess:
 
 TABLE_ACCESS: Mapping[str, TableAccess] = MappingProxyType(
     {
-        # the listing: a Query per shard of the listing index, which projects the rows (no BatchGetItem)
-        "sessions": TableAccess(SESSION_ACTIONS, (IDS_INDEX, LISTING_INDEX)),
+        # the listing: a Query per shard of the listing index (of the status index, with ?status=), which
+        # projects the rows (no BatchGetItem)
+        "sessions": TableAccess(SESSION_ACTIONS, (IDS_INDEX, LISTING_INDEX, STATUS_INDEX)),
         "run": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
         "tools": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
         "commit": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
@@ -121,7 +122,7 @@ TABLE_ACCESS: Mapping[str, TableAccess] = MappingProxyType(
     }
 )
 """Function -> its table access. ``IDS_INDEX`` (the event-id index) is read by every commit that may re-send an
-event; only the session listing reads ``LISTING_INDEX``, and only the sweeper ``PENDING_INDEX`` and
+event; only the session listing reads ``LISTING_INDEX`` and ``STATUS_INDEX``, and only the sweeper ``PENDING_INDEX`` and
 ``RUNNING_INDEX``."""
 
 # -- Step Functions -------------------------------------------------------------------------------

@@ -83,9 +83,39 @@ class ReversesBatches(MemorySessionStore):
 
 
 class ListsEveryApp(MemorySessionStore):
-    def list(self, app_name: str, *, limit: int | None = None, cursor: str | None = None) -> list[SessionListing]:
+    def list(
+        self, app_name: str, *, limit: int | None = None, cursor: str | None = None, status: str | None = None
+    ) -> list[SessionListing]:
         apps = {app for app, _ in self._sessions}
-        return [item for app in sorted(apps) for item in MemorySessionStore.list(self, app, limit=limit, cursor=cursor)]
+        listed = (MemorySessionStore.list(self, app, limit=limit, cursor=cursor, status=status) for app in sorted(apps))
+        return [item for page in listed for item in page]
+
+
+class FiltersStatusAfterThePage(MemorySessionStore):
+    """Filters a page of the whole listing by status (what the API's read-ahead did, without reading ahead):
+    pages come back short, or empty, while more sessions of that status follow."""
+
+    def _list(self, app_name: str, limit: int | None, after: Any, status: str | None) -> list[SessionListing]:
+        return [s for s in super()._list(app_name, limit, after, None) if status is None or s.status == status]
+
+
+class StatusIndexOfTheCreate(MemorySessionStore):
+    """A status index written when a session is created and never moved by a later commit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: dict[tuple[str, str], str | None] = {}
+
+    def _write(self, commit: PreparedCommit) -> int | Refused:
+        appended = super()._write(commit)
+        if not isinstance(appended, Refused):
+            self.first.setdefault((commit.row.app_name, commit.row.id), commit.row.status)
+        return appended
+
+    def _list(self, app_name: str, limit: int | None, after: Any, status: str | None) -> list[SessionListing]:
+        listed = super()._list(app_name, None, after, None)
+        kept = [s for s in listed if status is None or self.first.get((app_name, s.id)) == status]
+        return kept if limit is None else kept[:limit]
 
 
 class RebindsScopes(MemorySessionStore):
@@ -247,6 +277,8 @@ RUNNING = "test_running_sessions_are_the_running_ones_of_every_app"
         (RunningOfOneApp, {RUNNING}),
         (SavesTheStatusOfARefusedCommit, {RUNNING}),
         (RunningNewestFirst, {RUNNING}),
+        (FiltersStatusAfterThePage, {"test_list_by_status_pages_through_that_status_alone"}),
+        (StatusIndexOfTheCreate, {"test_a_status_change_moves_the_session_between_status_listings"}),
         (
             IgnoresLimits,
             {

@@ -582,6 +582,15 @@ def test_list_sessions(deployment: Any) -> None:
     status, _, body = d.api("GET", "/sessions", tenant=tenant)
     assert status == 200, (status, body, evidence(d))
     assert sorted(s["id"] for s in body["sessions"]) == ids
+    # ?status= reads the store's status listing (on DynamoDB its own index, granted by its own ARN)
+    for wanted, expected in (("idle", ids), ("running", [])):
+        status, _, body = d.api("GET", "/sessions", tenant=tenant, query={"status": wanted, "limit": "1"})
+        assert status == 200 and len(body["sessions"]) == min(1, len(expected)), (status, body, evidence(d))
+        listed = [s["id"] for s in body["sessions"]]
+        if body["cursor"] is not None:  # the cursor goes on within the status
+            query = {"status": wanted, "cursor": body["cursor"]}
+            listed += [s["id"] for s in d.api("GET", "/sessions", tenant=tenant, query=query)[2]["sessions"]]
+        assert sorted(listed) == expected and {s["status"] for s in body["sessions"]} <= {wanted}, (wanted, body)
     # a route the template does not have is API Gateway's answer, not a function's (in the API's error shape)
     refused = (403, {"error": "MISSING_AUTHENTICATION_TOKEN", "message": "Missing Authentication Token"})
     assert d.api("GET", "/nowhere")[::2] == refused

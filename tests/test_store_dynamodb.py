@@ -431,7 +431,7 @@ def test_create_table_builds_the_shape_once(ddb: Any) -> None:
     assert create_table(name, client=ddb) is False
     described = ddb.describe_table(TableName=name)["Table"]
     request = TABLE.create_table_request(name)
-    assert {i["IndexName"] for i in described["GlobalSecondaryIndexes"]} == {"listing", "pending", "running"}
+    assert {i["IndexName"] for i in described["GlobalSecondaryIndexes"]} == {"listing", "pending", "running", "status"}
     assert [i["IndexName"] for i in described["LocalSecondaryIndexes"]] == ["ids"]
     assert described["KeySchema"] == request["KeySchema"]
     ttl = ddb.describe_time_to_live(TableName=name)["TimeToLiveDescription"]

@@ -386,11 +386,20 @@ class Sessions:
             raise SessionNotFound(session_id)
         return session
 
-    def list(self, *, limit: int | None = None, cursor: str | None = None) -> builtins.list[SessionListing]:
-        """The app's stored sessions, most recently updated first (``cursor=`` a listing's ``cursor`` to go on)."""
+    def list(
+        self, *, limit: int | None = None, cursor: str | None = None, status: str | None = None
+    ) -> builtins.list[SessionListing]:
+        """The app's stored sessions, most recently updated first (``cursor=`` a listing's ``cursor`` to go on);
+        with ``status``, only those whose stored status is that one, from the store's index of them."""
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
             raise InputError(f"limit is an int >= 1, not {limit!r}", field="limit")
-        listed = self._app.store.list(self._app.name, limit=limit, cursor=cursor)
+        store, name = self._app.store, self._app.name
+        # status only when asked: a store written to the protocol before list(status=) still lists
+        listed = (
+            store.list(name, limit=limit, cursor=cursor)
+            if status is None
+            else store.list(name, limit=limit, cursor=cursor, status=status)
+        )
         now = now_ms()
         return [listing for listing in listed if not self._expired(listing.updated_at, now)]
 

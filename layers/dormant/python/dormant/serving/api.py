@@ -108,7 +108,6 @@ __all__ = [
 ]
 
 _ATTEMPTS = 5
-_SCAN_PAGES = 10
 
 MAX_LIST_LIMIT = 1000
 """The most sessions one ``GET /sessions`` page holds (a larger ``limit`` is a 400, not a table read)."""
@@ -476,7 +475,7 @@ def build_resolver(
     def listing() -> dict[str, Any]:
         limit = query_limit(50)
         status = resolver.current_event.get_query_string_value("status")
-        if status is not None and status not in STATUSES:  # else a typo reads ten pages to list nothing
+        if status is not None and status not in STATUSES:  # a typo is a 400, not an empty listing
             raise InputError(f"status is one of {', '.join(STATUSES)}, not {status!r}", field="status")
         awaiting = resolver.current_event.get_query_string_value("awaiting")
         if awaiting is not None and awaiting != "me":
@@ -494,23 +493,15 @@ def build_resolver(
                     return []
                 return [c for c in _yielded(tenant_app, session, me) if c.get("answerable")]
 
-        # With a status, read on (up to _SCAN_PAGES store pages) until the page is full, so a filtered
-        # listing is not a run of empty pages; the cursor goes on after the last session looked at.
-        rows: list[SessionListing] = []
+        # The status filter is the store's (an index of app, status, updated_at): one store page, full unless
+        # no more match. ``awaiting=me`` keeps, of a page of awaiting_input sessions, those with a call this
+        # caller may answer; the cursor goes on after the last session looked at.
+        rows = sessions.list(limit=limit, cursor=cursor, status=status)
+        cursor = rows[-1].cursor if len(rows) == limit else None
         calls: dict[str, list[dict[str, Any]]] = {}
-        for _ in range(_SCAN_PAGES if status is not None else 1):
-            page = sessions.list(limit=limit, cursor=cursor)
-            rows += [s for s in page if status is None or s.status == status]
-            if awaiting is not None:  # only the sessions with a call this caller may answer
-                for row in page:
-                    if row.id not in calls and (found := mine(row)):
-                        calls[row.id] = found
-                rows = [s for s in rows if s.id in calls]
-            cursor = page[-1].cursor if len(page) == limit else None
-            if len(rows) >= limit or cursor is None:
-                break
-        if len(rows) > limit:
-            rows, cursor = rows[:limit], rows[limit - 1].cursor
+        if awaiting is not None:  # only the sessions with a call this caller may answer
+            calls = {row.id: found for row in rows if (found := mine(row))}
+            rows = [s for s in rows if s.id in calls]
         if awaiting is not None:  # with the calls this caller may answer
             return {"sessions": [{**s._asdict(), "calls": calls[s.id]} for s in rows], "cursor": cursor}
         return {"sessions": [s._asdict() for s in rows], "cursor": cursor}

@@ -62,7 +62,7 @@ A store supplies only these primitives, each documented with the concurrency it 
 * ``_write(commit: PreparedCommit)`` -> events appended, or ``Refused``: the atomic, gated step;
 * ``_save_scoped(app, writes)``: scoped writes on their own, atomically;
 * ``_load_scoped(app, scope, scope_id)`` -> ``{key: encoded value}``;
-* ``_delete(app, session_id)``, ``_list(app, limit, after)`` and ``_close()``;
+* ``_delete(app, session_id)``, ``_list(app, limit, after, status)`` and ``_close()``;
 * ``_running(limit)``: the sessions whose stored status is ``running``, across apps, from an index;
 * ``_waiting(limit)``: the same for the waiting statuses (``awaiting_input``, ``resumable``);
 * optionally ``_save_snapshot``/``_load_snapshot`` (the defaults keep none: loads are then whole).
@@ -77,6 +77,7 @@ import builtins
 import dataclasses
 import itertools
 import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -141,6 +142,8 @@ RUNNING_STATUS = "running"
 """The stored status ``running_sessions`` finds (``Projection.status`` while an invocation is open)."""
 WAITING_STATUSES = ("awaiting_input", "resumable")
 """The stored statuses ``waiting_sessions`` finds: an invocation open on yielded tools, unanswered or answered."""
+_STATUS = re.compile(r"[a-z][a-z_]{0,31}")
+"""What ``list(status=)`` accepts: a status as ``Projection.status`` spells them (safe inside any store's key)."""
 MAX_CURSOR_TIME = (1 << 63) - 1
 """The largest ``updated_at`` a listing cursor may carry (what a 64-bit SQL integer holds)."""
 
@@ -279,9 +282,11 @@ class SessionStore(Protocol):
     def load_scoped_state(self, app_name: str, scope: str, scope_id: str) -> dict[str, Any]: ...
 
     def list(
-        self, app_name: str, *, limit: int | None = None, cursor: str | None = None
+        self, app_name: str, *, limit: int | None = None, cursor: str | None = None, status: str | None = None
     ) -> builtins.list[SessionListing]:
-        """The app's sessions, most recently updated first; ``cursor`` continues after a listing."""
+        """The app's sessions, most recently updated first; ``cursor`` continues after a listing. With ``status``,
+        only the sessions whose stored status is that one, read from an index of (app, status, updated_at): a
+        page is full unless no more match, and its last row's cursor goes on within the same status."""
         ...
 
     def close(self) -> None: ...
@@ -500,14 +505,16 @@ class BaseSessionStore(ABC):
         return self._waiting(limit)
 
     def list(
-        self, app_name: str, *, limit: int | None = None, cursor: str | None = None
+        self, app_name: str, *, limit: int | None = None, cursor: str | None = None, status: str | None = None
     ) -> builtins.list[SessionListing]:
         check_app_key(app_name)
         if limit is not None and (not _is_count(limit) or limit < 1):
             raise InputError(f"limit is an int >= 1, not {limit!r}", field="limit")
+        if status is not None and (not isinstance(status, str) or not _STATUS.fullmatch(status)):
+            raise InputError(f"status is a session status (lower case letters and '_'), not {status!r}", field="status")
         after = decode_cursor(cursor) if cursor is not None else None
         self._check_open()
-        return self._list(app_name, limit, after)
+        return self._list(app_name, limit, after, status)
 
     def close(self) -> None:
         if not self._closed:
@@ -603,8 +610,11 @@ class BaseSessionStore(ABC):
         """Remove the row, every event and the snapshot. Concurrency: a ``_write`` that follows must find no row."""
 
     @abstractmethod
-    def _list(self, app_name: str, limit: int | None, after: tuple[int, str] | None) -> builtins.list[SessionListing]:
-        """Rows ordered by (updated_at, id) descending, only those below ``after`` when given."""
+    def _list(
+        self, app_name: str, limit: int | None, after: tuple[int, str] | None, status: str | None
+    ) -> builtins.list[SessionListing]:
+        """Rows ordered by (updated_at, id) descending, only those below ``after`` when given, and only those whose
+        stored status is ``status`` when given (from an index: a page never comes back short while more match)."""
 
     @abstractmethod
     def _running(self, limit: int) -> builtins.list[RunningSession]:

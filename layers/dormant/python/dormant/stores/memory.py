@@ -105,9 +105,15 @@ class MemorySessionStore(BaseSessionStore):
         with self._lock:
             self._sessions.pop((app_name, session_id), None)
 
-    def _list(self, app_name: str, limit: int | None, after: tuple[int, str] | None) -> builtins.list[SessionListing]:
+    def _list(
+        self, app_name: str, limit: int | None, after: tuple[int, str] | None, status: str | None
+    ) -> builtins.list[SessionListing]:
         with self._lock:
-            metas = [row.meta for (app, _), row in self._sessions.items() if app == app_name]
+            metas = [
+                row.meta
+                for (app, _), row in self._sessions.items()
+                if app == app_name and (status is None or row.meta.status == status)
+            ]
         metas.sort(key=lambda m: (m.updated_at, m.id), reverse=True)
         if after is not None:
             metas = [m for m in metas if (m.updated_at, m.id) < after]

@@ -247,9 +247,14 @@ class PostgresSessionStore(BaseSessionStore):
             conn.execute("DELETE FROM events WHERE app_name = %s AND session_id = %s", (app_name, session_id))
             conn.execute("DELETE FROM snapshots WHERE app_name = %s AND session_id = %s", (app_name, session_id))
 
-    def _list(self, app_name: str, limit: int | None, after: tuple[int, str] | None) -> builtins.list[SessionListing]:
+    def _list(
+        self, app_name: str, limit: int | None, after: tuple[int, str] | None, status: str | None
+    ) -> builtins.list[SessionListing]:
         query = "SELECT id, updated_at, created_at, version, status FROM sessions WHERE app_name = %s"
         params: builtins.list[Any] = [app_name]
+        if status is not None:  # idx_sessions_status: (app_name, status, updated_at, id)
+            query += " AND status = %s"
+            params.append(status)
         if after is not None:
             query += " AND (updated_at, id) < (%s, %s)"
             params += list(after)

@@ -11,6 +11,8 @@ reading the app's; built from the rows themselves, so a file made before them is
 ``IF NOT EXISTS`` when a store opens, so a database made before it gets it, indexed whole, on first open.
 ``idx_sessions_waiting``: the same for the waiting statuses (``awaiting_input``, ``resumable``): where the
 sweeper finds waits whose wake-up may have been lost (``waiting_sessions``).
+``idx_sessions_status``: (app_name, status, updated_at, id), so ``list(status=)`` reads only the rows it
+lists, in order, and a filtered page is as full as an unfiltered one. Made on open like the others.
 ``idempotency``: the API's ``Idempotency-Key`` records (``serving.idempotency``), in the sessions' database
 so a retry behaves as deployed on every store; one partition per session (``records``), which deleting or
 erasing the session through the API or the CLI removes with it. Made like the other tables.
@@ -29,6 +31,7 @@ INDEXES = (
     "idx_events_order",
     "idx_sessions_running",
     "idx_sessions_waiting",
+    "idx_sessions_status",
     *(f"idx_sessions_bound_{scope}" for scope in BOUND_SCOPES),
 )
 
@@ -61,6 +64,7 @@ CREATE INDEX IF NOT EXISTS idx_sessions_updated ON sessions (app_name, updated_a
 CREATE INDEX IF NOT EXISTS idx_sessions_running ON sessions (updated_at, app_name, id) WHERE status = 'running';
 CREATE INDEX IF NOT EXISTS idx_sessions_waiting ON sessions (updated_at, app_name, id)
   WHERE status IN ('awaiting_input', 'resumable');
+CREATE INDEX IF NOT EXISTS idx_sessions_status ON sessions (app_name, status, updated_at, id);
 CREATE TABLE IF NOT EXISTS events (
   app_name TEXT NOT NULL,
   session_id TEXT NOT NULL,

@@ -287,9 +287,14 @@ class SQLiteSessionStore(BaseSessionStore):
             " erase again once the file is idle"
         )
 
-    def _list(self, app_name: str, limit: int | None, after: tuple[int, str] | None) -> builtins.list[SessionListing]:
+    def _list(
+        self, app_name: str, limit: int | None, after: tuple[int, str] | None, status: str | None
+    ) -> builtins.list[SessionListing]:
         sql = "SELECT id, updated_at, created_at, version, status FROM sessions WHERE app_name = ?"
         params: builtins.list[Any] = [app_name]
+        if status is not None:  # idx_sessions_status: (app_name, status, updated_at, id)
+            sql += " AND status = ?"
+            params.append(status)
         if after is not None:
             updated_at, after_id = after
             sql += " AND (updated_at < ? OR (updated_at = ? AND id < ?))"

@@ -355,6 +355,62 @@ class StoreContract:
         (listing,) = store.list(app)
         assert listing.status == "awaiting_input"
 
+    def test_list_by_status_pages_through_that_status_alone(self, store: SessionStore, app: str) -> None:
+        """``list(status=)`` among interleaved sessions of other statuses (two per millisecond, so cursors break
+        ties on the id): every page full until the last, no omission, no duplicate, a cursor that goes on
+        within the status, and a status nothing has lists nothing."""
+        statuses = ("running", "idle", "awaiting_input")
+        made: list[tuple[int, str, str]] = []
+        with frozen_clock(1_800_000_000_000) as clock:
+            for n in range(15):
+                if n % 2 == 0:
+                    clock.advance(1)
+                sid, status = f"s{n:02d}", statuses[n % 3]
+                store.commit(self.meta(app, sid, status=status), [_event(n)], 0)
+                made.append((clock.ms, sid, status))
+        for status in statuses:
+            expected = [sid for _, sid, s in sorted(made, reverse=True) if s == status]
+            listed = store.list(app, status=status)
+            assert [s.id for s in listed] == expected
+            assert {s.status for s in listed} == {status}
+            for size in (1, 2, 4):
+                pages: list[list[str]] = []
+                cursor = None
+                for _ in range(len(expected) + 2):  # bounded: a cursor that lists its own session again never ends
+                    page = store.list(app, limit=size, cursor=cursor, status=status)
+                    pages.append([s.id for s in page])
+                    if len(page) < size:
+                        break
+                    cursor = page[-1].cursor
+                    rest = listed[sum(map(len, pages)) :]
+                    assert store.list(app, cursor=cursor, status=status) == rest, "a cursor round trip lists the rest"
+                flat = [sid for page in pages for sid in page]
+                assert flat == expected, f"paging by {size}: omitted or repeated sessions"
+                assert all(len(page) == size for page in pages[:-1]), "a page came back short while more matched"
+        assert store.list(app, status="error") == []
+
+    def test_a_status_change_moves_the_session_between_status_listings(self, store: SessionStore, app: str) -> None:
+        with frozen_clock(1_800_000_000_000) as clock:
+            store.commit(self.meta(app, "other", status="running"), [_event(0)], 0)
+            clock.advance(1)
+            store.commit(self.meta(app, "moving", status="running"), [_event(1)], 0)
+            assert [s.id for s in store.list(app, status="running")] == ["moving", "other"]
+            assert store.list(app, status="awaiting_input") == []
+            clock.advance(1)
+            store.commit(self.meta(app, "moving", status="awaiting_input"), [_event(2)], 1)
+        assert [s.id for s in store.list(app, status="running")] == ["other"]
+        ((sid, version, status),) = [(s.id, s.version, s.status) for s in store.list(app, status="awaiting_input")]
+        assert (sid, version, status) == ("moving", 2, "awaiting_input")
+        assert sorted(s.id for s in store.list(app)) == ["moving", "other"]
+
+    @pytest.mark.parametrize("status", ["", "Running", "running#0", "x" * 33, 7])
+    def test_a_status_outside_the_rule_is_an_input_error_naming_status(
+        self, store: SessionStore, app: str, status: Any
+    ) -> None:
+        with pytest.raises(InputError) as caught:
+            store.list(app, status=status)
+        assert caught.value.field == "status"
+
     # -- running sessions (what the sweeper reads) -------------------------------------------
 
     def test_running_sessions_are_the_running_ones_of_every_app(self, store: SessionStore, app: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .table import IDS_INDEX, LISTING_INDEX, PENDING_INDEX, RUNNING_INDEX, TABLE, IndexShape, TableShape
+from .table import IDS_INDEX, LISTING_INDEX, PENDING_INDEX, RUNNING_INDEX, STATUS_INDEX, TABLE, IndexShape, TableShape
 
 if TYPE_CHECKING:
     from .store import DynamoDBSessionStore, RepairReport, create_table, dynamo_store
@@ -18,6 +18,7 @@ __all__ = [
     "LISTING_INDEX",
     "PENDING_INDEX",
     "RUNNING_INDEX",
+    "STATUS_INDEX",
     "TABLE",
     "DynamoDBSessionStore",
     "IndexShape",

@@ -116,7 +116,7 @@ from .keys import (
     split_session_pk,
     touch_sk,
 )
-from .table import IDS_INDEX, LISTING_INDEX, PENDING_INDEX, RUNNING_INDEX, TABLE
+from .table import IDS_INDEX, LISTING_INDEX, PENDING_INDEX, RUNNING_INDEX, STATUS_INDEX, TABLE
 
 __all__ = [
     "DEFAULT_LISTING_SHARDS",
@@ -734,7 +734,9 @@ class DynamoDBSessionStore(BaseSessionStore):
         item = self._call("get_item", TableName=self._table, Key=key, ConsistentRead=True).get("Item")
         return StoredSnapshot(int(item["ver"]["N"]), item["d"]["S"]) if item else None
 
-    def _list(self, app_name: str, limit: int | None, after: tuple[int, str] | None) -> builtins.list[SessionListing]:
+    def _list(
+        self, app_name: str, limit: int | None, after: tuple[int, str] | None, status: str | None
+    ) -> builtins.list[SessionListing]:
         """The shards' entries merged newest first: Queries of the listing index only, no read of the table.
 
         Each entry is a session's touch, written with the commit that made it (in its transaction or its
@@ -743,9 +745,14 @@ class DynamoDBSessionStore(BaseSessionStore):
         committed positions, and while it lags a commit it still holds the session's previous touch: a
         listing shows every committed session, at its newest position once the index has caught up, and
         never twice (a session's first, newest, entry wins). A meta item written by release 0.1 is its own
-        entry (it carries ``lpk`` and the same attributes) until its next commit."""
+        entry (it carries ``lpk`` and the same attributes) until its next commit.
+
+        With ``status``, the same from the status index, whose partitions hold only that status's touches: the
+        shard streams read on (page after page) until the listing is full or they run out, so a page is never
+        short while more match. A release 0.1 meta item has no ``spk``: it joins on its next commit."""
         page = None if limit is None else limit + 2  # about one entry a session, and one more while the index lags
-        streams = [self._shard_stream(key, after, page) for key in listing_keys(app_name, self._listing_shards)]
+        keys = listing_keys(app_name, self._listing_shards)
+        streams = [self._shard_stream(key, after, page, status) for key in keys]
         listed: builtins.list[SessionListing] = []
         seen: set[str] = set()
         now_s = now_ms() // 1000
@@ -1211,6 +1218,7 @@ class DynamoDBSessionStore(BaseSessionStore):
         }
         if marker.status is not None:
             touch["status"] = {"S": marker.status}
+            touch["spk"] = {"S": f"{marker.status}#{touch['lpk']['S']}"}  # its entry in the status index
         if "forked_from" in origin:
             touch["forked_from"] = origin["forked_from"]
         if plan.expires is not None:
@@ -1331,17 +1339,18 @@ class DynamoDBSessionStore(BaseSessionStore):
     # -- listing ----------------------------------------------------------------------------
 
     def _shard_stream(
-        self, key: str, after: tuple[int, str] | None, limit: int | None
+        self, key: str, after: tuple[int, str] | None, limit: int | None, status: str | None = None
     ) -> Iterator[tuple[int, str, dict[str, Any]]]:
         """One shard's entries as ``(updated_at, session id, entry)``, newest first; ties on ``updated_at`` by id,
-        descending, like the merge."""
-        condition, values = "lpk = :k", {":k": {"S": key}}
+        descending, like the merge. With ``status``, the shard's partition of the status index."""
+        index, attribute = (LISTING_INDEX, "lpk") if status is None else (STATUS_INDEX, "spk")
+        condition, values = f"{attribute} = :k", {":k": {"S": key if status is None else f"{status}#{key}"}}
         if after is not None:
             condition += " AND lsk <= :u"
             values[":u"] = {"N": str(after[0])}
         pages = self._query_pages(
             TableName=self._table,
-            IndexName=LISTING_INDEX,
+            IndexName=index,
             KeyConditionExpression=condition,
             ExpressionAttributeValues=values,
             ScanIndexForward=False,

@@ -12,6 +12,10 @@ Key design (one table, string ``pk``/``sk``):
   Its entries are the sessions' *touch* items (``keys.touch_sk``), one per session once the index has
   caught up (a commit puts its touch and deletes the one it supersedes, atomically with the commit), and
   the index projects the row a listing shows: a listing is Queries of this index alone;
+* the status index (``STATUS_INDEX``) holds the same touches keyed by ``spk`` = ``{status}#{listing key}``
+  (sparse: only a touch with a status carries it) and sorted by ``lsk``, projecting the same row: a
+  ``list(status=)`` page is Queries of the status's shards alone, never a filter over other statuses'
+  entries. It costs each commit the same as the listing index: its touch put and the superseded one deleted;
 * the pending-marker index (``PENDING_INDEX``) is sparse: only a meta item with a live commit marker
   carries ``ppk``/``psk``, so the sweeper queries stale markers instead of scanning;
 * the running index (``RUNNING_INDEX``) is sparse too: only a meta item whose stored status is ``running``
@@ -31,7 +35,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["IDS_INDEX", "LISTING_INDEX", "PENDING_INDEX", "RUNNING_INDEX", "TABLE", "IndexShape", "TableShape"]
+__all__ = [
+    "IDS_INDEX",
+    "LISTING_INDEX",
+    "PENDING_INDEX",
+    "RUNNING_INDEX",
+    "STATUS_INDEX",
+    "TABLE",
+    "IndexShape",
+    "TableShape",
+]
 
 AttributeType = Literal["S", "N", "B"]
 
@@ -102,6 +115,7 @@ class TableShape:
 LISTING_INDEX = "listing"
 PENDING_INDEX = "pending"
 RUNNING_INDEX = "running"
+STATUS_INDEX = "status"
 IDS_INDEX = "ids"
 
 TABLE = TableShape(
@@ -112,6 +126,15 @@ TABLE = TableShape(
         IndexShape(
             LISTING_INDEX,
             ("lpk", "S"),
+            ("lsk", "N"),
+            "INCLUDE",
+            ("version", "status", "created_at", "forked_from", "mx", "expires_at"),
+        ),
+        # The listing by status (``list(status=)``): the same touches, partitioned by ``spk``
+        # (``{status}#{listing key}``) instead, projecting the same row. Only a touch with a status carries it.
+        IndexShape(
+            STATUS_INDEX,
+            ("spk", "S"),
             ("lsk", "N"),
             "INCLUDE",
             ("version", "status", "created_at", "forked_from", "mx", "expires_at"),
