@@ -77,7 +77,10 @@ class Api(Construct):
         auth_domain_prefix: str,
         cors_origins: Sequence[str] = (),
         throttling: Mapping[str, float] | None = None,
+        client_api_keys: bool = False,
     ) -> None:
+        """``client_api_keys``: the ``/clients`` methods require an API key (``x-api-key``), so each machine
+        client's usage plan (``infra.guardrails``) meters and throttles it; set when machine clients have keys."""
         super().__init__(scope, id)
         self.user_pool = cognito.UserPool(
             self,
@@ -169,6 +172,7 @@ class Api(Construct):
                 integrations[function],
                 request_validator=validator,
                 authorization_scopes=[scope_of(method, path)],
+                api_key_required=client_api_keys,  # a call without a usage plan's key is a 403, no function runs
             )
         self._cors(cors_origins, functions[PREFLIGHT_FUNCTION])
 

@@ -4,7 +4,8 @@
   caller together. API Gateway answers 429 past it, before any function runs.
 * ``machine_clients`` (none): ``name,name`` of machine clients, each given an API key and a usage plan of its
   own (``client_rate`` / ``client_burst``: 10/s, burst 20; ``client_quota``: requests per day, 0 none). A usage
-  plan meters requests that carry its key (``x-api-key``); the methods machine clients call require one.
+  plan meters requests that carry its key (``x-api-key``); with any set, the ``/clients`` methods (the machine
+  clients' routes, ``infra.api``) require a key, so no machine call goes unmetered.
 * ``reserved_park`` (5), ``reserved_resume`` (25), ``reserved_sweeper`` (1): concurrency reserved for the
   workflow's functions, so a flood of API calls cannot starve the functions that finish turns; ``run_cap``
   (25): the most ``run`` may use at once (a reserved concurrency is also a cap). 0 leaves one unset. Their sum

@@ -227,6 +227,7 @@ class DormantStack(Stack):
             auth_domain_prefix=str(context("auth_domain") or f"{self.stack_name.lower()}-{self.account}"),
             cors_origins=cors_origins,
             throttling=guardrails.stage_throttling(),
+            client_api_keys=bool(guardrails.machine_clients),
         )
         stage = api.rest_api.deployment_stage
         MachineClientPlans(self, "MachineClients", guardrails=guardrails, stage=stage)

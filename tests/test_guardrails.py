@@ -188,3 +188,41 @@ def test_the_error_is_json_serializable() -> None:
     assert (
         json.dumps({"quota": error.quota, "retry_after": error.retry_after}) == '{"quota": "5/60", "retry_after": 12}'
     )
+
+
+def _methods(synth: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """(HTTP method, resource path) -> the method's properties, from the template."""
+
+    def path_of(resource_id: Any) -> str:
+        if "Fn::GetAtt" in resource_id:
+            return ""  # the API's root
+        props = synth.resources[resource_id["Ref"]]["Properties"]
+        return path_of(props["ParentId"]) + "/" + props["PathPart"]
+
+    return {
+        (m["Properties"]["HttpMethod"], path_of(m["Properties"]["ResourceId"])): m["Properties"]
+        for m in synth.of_type("AWS::ApiGateway::Method").values()
+    }
+
+
+def test_machine_clients_must_send_a_usage_plans_key(templates: tuple[Any, Any]) -> None:
+    """With machine clients, every ``/clients`` method requires an API key, so each machine's calls go through its
+    usage plan (metered, throttled); people's methods never do. Without them no key exists: none is required."""
+    from dormant.serving.routes import CLIENT_PREFIX, ROUTES
+
+    default, chosen = templates
+    for synth, machines_keyed in ((default, False), (chosen, True)):
+        methods = _methods(synth)
+        for method, path, _ in ROUTES:
+            twin = methods[(method, CLIENT_PREFIX + path)]
+            assert twin.get("ApiKeyRequired", False) is machines_keyed, (method, path)
+            assert twin["AuthorizationScopes"]  # the access token too
+            assert not methods[(method, path)].get("ApiKeyRequired", False), (method, path)
+    keyed = {key for key, props in _methods(chosen).items() if props.get("ApiKeyRequired")}
+    assert keyed == {(method, CLIENT_PREFIX + path) for method, path, _ in ROUTES}
+    # the plans that meter them are on the stage those methods are deployed to
+    _, stage = chosen.one("AWS::ApiGateway::Stage")
+    for plan in chosen.of_type("AWS::ApiGateway::UsagePlan").values():
+        (api_stage,) = plan["Properties"]["ApiStages"]
+        assert api_stage["Stage"] == {"Ref": chosen.one("AWS::ApiGateway::Stage")[0]}, api_stage
+        assert api_stage["ApiId"] == stage["Properties"]["RestApiId"]

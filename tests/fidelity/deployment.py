@@ -413,6 +413,17 @@ class Deployment:
         """Kill ``function``'s sandbox just before its next call needing ``action`` (e.g. states:StartExecution)."""
         self.lambdas.crash_before(function, action)
 
+    def fail_next(
+        self, function: str, operation: str, where: list[str], code: str, reasons: Sequence[str] = ()
+    ) -> None:
+        """AWS answers ``function``'s next ``operation`` call whose parameters hold each of ``where`` with error
+        ``code`` (a DynamoDB ``TransactionCanceledException`` with these cancellation ``reasons``): a throttle or a
+        refusal of one request, as the service returns it; nothing of the call is applied."""
+        answer: dict[str, Any] = {"__type": f"com.amazonaws.dynamodb.v20120810#{code}", "message": "harness fault"}
+        if reasons:
+            answer["CancellationReasons"] = [{"Code": reason} for reason in reasons]
+        self.lambdas.fail_next(function, operation, where, answer)
+
     def stop(self, execution: Execution) -> None:
         """``StopExecution``, as an operator would from the console (the execution ends ``ABORTED``)."""
         self.sfn.stop_execution(execution.arn, error="Operator", cause="stopped by hand")

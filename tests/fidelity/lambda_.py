@@ -131,6 +131,7 @@ class LambdaService:
             "role": function.role,
             "statements": function.statements,
             "crash_file": str(self.workdir / f"{function.name}.crash"),
+            "fault_file": str(self.workdir / f"{function.name}.fault"),
         }
         path = self.workdir / f"{function.name}.json"
         path.write_text(json.dumps(config))
@@ -260,6 +261,16 @@ class LambdaService:
     def crash_before(self, name: str, action: str) -> None:
         """The next call of ``action`` by ``name`` is not made: its sandbox is killed just before it."""
         (self.workdir / f"{name}.crash").write_text(action)
+
+    def fail_next(self, name: str, operation: str, where: list[str], answer: dict[str, Any]) -> None:
+        """The next ``operation`` call by ``name`` whose parameters (as JSON) hold each of ``where`` is answered
+        by the service with a 400 of ``answer`` (its error body) instead of reaching it."""
+        fault = {"operation": operation, "where": where, "answer": answer}
+        (self.workdir / f"{name}.fault").write_text(json.dumps(fault))
+
+    def fault_armed(self, name: str) -> bool:
+        """Whether a ``fail_next`` of ``name`` is still waiting for its call."""
+        return (self.workdir / f"{name}.fault").exists()
 
     def busy(self, name: str) -> int:
         with self._lock:

@@ -133,6 +133,43 @@ def _guard_botocore(config: dict[str, Any], iam: Any, send: Any) -> None:
                 return
             os.kill(os.getpid(), 9)
 
+    fault_file = config["fault_file"]
+
+    def fault_for(operation_name: str, api_params: dict[str, Any]) -> dict[str, Any] | None:
+        """The error AWS answers this call with, when the harness armed one for a call like it (once)."""
+        try:
+            with open(fault_file, encoding="utf-8") as f:
+                fault = json.load(f)
+        except (OSError, ValueError):
+            return None
+        text = json.dumps(api_params, sort_keys=True, default=str)
+        if fault["operation"] != operation_name or not all(part in text for part in fault["where"]):
+            return None
+        try:
+            os.rename(fault_file, f"{fault_file}.{os.getpid()}")  # one call claims it
+        except OSError:
+            return None
+        return fault["answer"]  # type: ignore[no-any-return]
+
+    def answered(self: Any, operation_name: str, api_params: dict[str, Any], answer: dict[str, Any]) -> Any:
+        """Make the call with every HTTP attempt answered 400 ``answer`` (the service's error body): botocore
+        parses it and retries it as it would the service's own."""
+        from botocore.awsrequest import AWSResponse
+
+        class Raw:
+            def stream(self, **_: Any) -> list[bytes]:
+                return [json.dumps(answer).encode()]
+
+        def refuse(request: Any, **_: Any) -> Any:
+            return AWSResponse(request.url, 400, {"x-amzn-requestid": "harness-fault"}, Raw())
+
+        event = f"before-send.{self.meta.service_model.endpoint_prefix}.{operation_name}"
+        self.meta.events.register_first(event, refuse, unique_id="harness-fault")
+        try:
+            return original(self, operation_name, api_params)
+        finally:
+            self.meta.events.unregister(event, unique_id="harness-fault")
+
     def checked(self: Any, operation_name: str, api_params: dict[str, Any]) -> Any:
         service = self.meta.service_model.endpoint_prefix
         for action, resource in iam.required(service, operation_name, api_params, token_owner=token_owner):
@@ -153,6 +190,9 @@ def _guard_botocore(config: dict[str, Any], iam: Any, send: Any) -> None:
                     f"because no identity-based policy allows the {action} action"
                 )
                 raise ClientError({"Error": {"Code": "AccessDeniedException", "Message": message}}, operation_name)
+        answer = fault_for(operation_name, api_params)
+        if answer is not None:
+            return answered(self, operation_name, api_params, answer)
         return original(self, operation_name, api_params)
 
     BaseClient._make_api_call = checked  # type: ignore[method-assign]
