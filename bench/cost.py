@@ -171,8 +171,9 @@ class _Context:
 
 def dynamodb_counts(endpoint: str) -> tuple[dict[str, dict[tuple[str, str, str], float]], dict[str, int]]:
     """Units of each arc (by function, table/index, read/write) and its model calls, in this process."""
-    from dormant.serving.api import Idempotency, api_handler
+    from dormant.serving.api import api_handler
     from dormant.serving.hooks import Hooks
+    from dormant.serving.idempotency import DynamoDBIdempotency
     from dormant.serving.workflow import StepFunctions, workflow_handler
     from dormant.stores.dynamodb import create_table
     from tests.servers.dynamodb import ACCESS_KEY, REGION, client
@@ -192,7 +193,7 @@ def dynamodb_counts(endpoint: str) -> tuple[dict[str, dict[tuple[str, str, str],
         }
     )
     try:
-        idempotency = Idempotency(table, client=client(endpoint))  # records in the table, as deployed
+        idempotency = DynamoDBIdempotency(table, client=client(endpoint))  # records in the table, as deployed
         api, context = api_handler(Hooks(), idempotency=idempotency), _Context()
         # park answers its token only when answers came first: not in this arc, so no Step Functions is called
         workflow = workflow_handler(step_functions=StepFunctions(client=object()))

@@ -52,6 +52,8 @@ def test_bench_cost_runs_on_the_quick_sizes_and_prints_its_table(dynamodb_endpoi
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
-    for heading in ("chat turn", "approval turn", "gbs:resume", "transitions", "index ids"):
+    # Index lines are not required: an ordinary commit is now one TransactWriteItems, for which DynamoDB Local
+    # reports no per-index units (the bill's index writes of transactions are an open gap, issue 25).
+    for heading in ("chat turn", "approval turn", "gbs:resume", "transitions", "dynamodb run      table"):
         assert heading in out, heading
     assert out.count("AWS total") == 2 and "per million turns" in out

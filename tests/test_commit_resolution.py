@@ -237,3 +237,24 @@ def test_many_concurrent_turns_all_land_exactly_once(tmp_path: Path) -> None:
     assert final.version == 21
     for w in range(4):
         assert [t for t in said if t.startswith(f"w{w}-")] == [f"w{w}-{n}" for n in range(5)]
+
+
+def test_a_merge_on_a_session_read_from_its_last_commits_snapshot(tmp_path: Path) -> None:
+    """A SQL store keeps a snapshot at every commit, so a loaded session holds no stored event: what it holds are
+    its writer's own new events. A racing writer's commit must then be merged, not taken for a deleted session
+    (the lazy ledger compared the store's next event with the first one held, which was never stored)."""
+    path = tmp_path / "race.db"
+    mine = adk(name="race", store=sqlite_store(path), adapters={"openai": MockAdapter()})
+    other = adk(name="race", store=sqlite_store(path), adapters={"openai": MockAdapter()})
+    mine.sessions.create("s-1")
+    for text in ("one", "two"):
+        other.sessions.write("s-1", lambda s, text=text: s.input.message(text))
+
+    def change(session: Any) -> None:
+        other.sessions.write("s-1", lambda s: s.input.message("theirs"))  # lands while this write is in hand
+        session.input.message("mine")
+
+    result = mine.sessions.write("s-1", change, on_conflict="merge")
+    assert result.status == "merged", result
+    texts = [e.text for e in mine.sessions.require("s-1").events if isinstance(e, UserEvent)]
+    assert texts == ["one", "two", "theirs", "mine"]

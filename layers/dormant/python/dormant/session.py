@@ -313,8 +313,11 @@ class Session:
             raise SessionNotFound(self.id)
         missing = self._base - start
         fetched = loaded.events[:missing]
+        # The stored ledger must go on with the first event held, when that one is stored: held events past
+        # the last commit (a writer's own, not yet committed) are not in the store, whatever landed since.
+        held_stored = bool(self._events) and self._base < self._committed
         joins = len(fetched) == missing and (
-            not self._events or len(loaded.events) <= missing or loaded.events[missing].id == self._events[0].id
+            not held_stored or len(loaded.events) <= missing or loaded.events[missing].id == self._events[0].id
         )
         if not joins or loaded.session.created_at != self.created_at:
             raise SessionNotFound(self.id)  # deleted (and perhaps made again): the earlier ledger is gone

@@ -29,6 +29,8 @@ import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+from ...errors import StoreError
+
 __all__ = [
     "CHUNK_BYTES",
     "META_SK",
@@ -171,7 +173,7 @@ def _value_bytes(value: Mapping[str, Any]) -> int:
         return 3 + sum(len(k.encode()) + _value_bytes(v) + 1 for k, v in data.items())
     if kind == "L":
         return 3 + sum(_value_bytes(v) + 1 for v in data)
-    raise ValueError(f"unknown DynamoDB type {kind!r}")
+    raise StoreError(f"an attribute of unknown DynamoDB type {kind!r}: not a value this store writes")
 
 
 def item_bytes(item: Mapping[str, Mapping[str, Any]]) -> int:
