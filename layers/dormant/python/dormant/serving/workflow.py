@@ -328,8 +328,9 @@ def in_process_hooks(served: Served) -> Hooks:
             )
         except ClaimLost:  # another request resumed it first
             return {}
+        claimed = {"status": claim.session.status, "version": claim.version}  # read before the thread moves it on
         _Thread(lambda: run_to_end(app, claim, served.agent))
-        return {"status": claim.session.status, "version": claim.version}
+        return claimed
 
     return Hooks(run=run, on_answers=on_answers)
 
