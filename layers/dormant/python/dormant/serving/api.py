@@ -46,7 +46,6 @@ import json
 import os
 import re
 import time
-import typing
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -56,7 +55,7 @@ from aws_lambda_powertools import Logger
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, CORSConfig, Response, content_types
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from .. import metrics
 from ..app import App
@@ -78,10 +77,21 @@ from ..errors import (
 from ..events import Event, InvocationEndEvent, InvocationStartEvent, SessionForkedEvent, ToolInputEvent, parse_event
 from ..ids import check_event_id, new_id
 from ..people import Caller, may_answer, parse_groups
-from ..projection import Projection, SessionStatus
+from ..projection import Projection
 from ..session import Session
 from ..state.values import check_storable
 from ..stores.base import ScopedStateChange, SessionListing
+from .bodies import (
+    MAX_LIST_LIMIT,
+    MAX_WAIT_SECONDS,
+    STATUSES,
+    CommitBody,
+    CreateBody,
+    EraseBody,
+    ForkBody,
+    RunBody,
+    ToolsBody,
+)
 from .hooks import Hooks, Started
 from .quota import TurnQuota, quota_from_env
 from .routes import CLIENT_PREFIX, ROUTES, SCOPES, scope_of
@@ -109,10 +119,6 @@ __all__ = [
 
 _ATTEMPTS = 5
 
-MAX_LIST_LIMIT = 1000
-"""The most sessions one ``GET /sessions`` page holds (a larger ``limit`` is a 400, not a table read)."""
-STATUSES: tuple[str, ...] = typing.get_args(SessionStatus)
-"""What ``GET /sessions?status=`` may ask for."""
 MAX_BODY_BYTES = 256 * 1024
 """Larger bodies are refused with 413 before they are parsed (an event must fit a DynamoDB item)."""
 
@@ -155,56 +161,6 @@ def idempotency_from_env() -> Idempotency | None:
     from .idempotency import DynamoDBIdempotency  # Powertools' idempotency: loaded by the first request, not the import
 
     return DynamoDBIdempotency(table)
-
-
-class _Body(BaseModel):
-    # Built on first use: each function's cold start builds only the bodies of the routes it serves.
-    model_config = ConfigDict(extra="forbid", defer_build=True)
-
-
-class CreateBody(_Body):
-    session_id: str | None = None
-    scopes: dict[str, str] | None = None
-
-
-class RunBody(_Body):
-    agent: str | None = None
-    message: str | None = None
-    state: dict[str, Any] | None = None
-    takeover: bool = Field(default=False, strict=True)
-    """Run a session left ``running`` by a process that died (``advance(takeover=True)``)."""
-
-
-class Answer(_Body):
-    call_id: str
-    input: Any = None
-
-
-class ToolsBody(_Body):
-    answers: list[Answer] = Field(min_length=1)
-
-
-class ScopedChange(_Body):
-    scope: str
-    scope_id: str
-    key: str
-    value: Any = None
-
-
-class EraseBody(_Body):
-    scope: str
-    scope_id: str
-
-
-class ForkBody(_Body):
-    at: int = Field(ge=0, strict=True)  # JSON true is not event 1
-    reason: str = Field(default="forked in the inspector", min_length=1)
-
-
-class CommitBody(_Body):
-    expected_version: int = Field(ge=0, strict=True)  # JSON true or "1" is no version
-    events: list[dict[str, Any]]
-    scoped_changes: list[ScopedChange] | None = None
 
 
 def session_view(app: App, session: Session, caller: Caller | None = None) -> dict[str, Any]:
@@ -267,10 +223,6 @@ def _yielded(app: App, session: Session, caller: Caller | None = None) -> list[d
 def _may_answer(session: Session, rules: Sequence[str], invocation_id: str | None, caller: Caller) -> bool:
     node = session.projection.invocations.get(invocation_id or "")
     return may_answer(rules, caller.principal, caller.groups, node.principal if node is not None else None)
-
-
-MAX_WAIT_SECONDS = 25
-"""The longest a request holds (``GET /sessions/{id}/events?wait=``, ``Prefer: wait=``): under API Gateway's 29 s."""
 
 
 def check_wait(value: str | None, field: str) -> int:

@@ -25,7 +25,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict
 
 from ..ids import ID_PATTERN, MAX_ID_LENGTH
-from .api import (
+from .bodies import (
     MAX_LIST_LIMIT,
     MAX_WAIT_SECONDS,
     STATUSES,
