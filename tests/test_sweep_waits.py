@@ -219,3 +219,28 @@ def test_a_retried_run_frees_the_session_of_its_dead_runners_commit(
     texts = [getattr(e, "text", None) for e in view.sessions.require("held").events]
     assert "lost" not in texts and "after the repair" in texts
     fidelity.app.close()
+
+
+def test_the_answers_reply_says_the_turn_runs_even_when_it_ended_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dormant serve`` resumes an answered session in a thread; the reply is read from the claim, before that
+    thread starts: a turn that ends before the reply is built must still reply ``running`` (so ``Prefer: wait``
+    waits on it), not the ended turn's status with a 202."""
+    from dormant.serving import workflow
+
+    class Finished(workflow._Thread):
+        def __init__(self, work: Any) -> None:
+            super().__init__(work)
+            self._thread.join()  # the turn ends before on_answers returns: the race, every time
+
+    monkeypatch.setattr(workflow, "_Thread", Finished)
+    fidelity = _fidelity()(store_from_url(f"sqlite:///{tmp_path / 'reply.db'}"))
+    served = Served(fidelity.app, {fidelity.agent.name: fidelity.agent})
+    view = served.for_tenant("local")
+    _yielded(view, fidelity.agent, "s")
+    _answer(view, "s")
+    reply = workflow.in_process_hooks(served).on_answers("local", view, view.sessions.require("s"))  # type: ignore[misc]
+    assert reply["status"] == "running", reply
+    assert view.sessions.require("s").status == "completed"  # it did end first
+    fidelity.app.close()
