@@ -450,13 +450,11 @@ def build_resolver(
         # caller may answer; the cursor goes on after the last session looked at.
         rows = sessions.list(limit=limit, cursor=cursor, status=status)
         cursor = rows[-1].cursor if len(rows) == limit else None
-        calls: dict[str, list[dict[str, Any]]] = {}
-        if awaiting is not None:  # only the sessions with a call this caller may answer
-            calls = {row.id: found for row in rows if (found := mine(row))}
-            rows = [s for s in rows if s.id in calls]
-        if awaiting is not None:  # with the calls this caller may answer
-            return {"sessions": [{**s._asdict(), "calls": calls[s.id]} for s in rows], "cursor": cursor}
-        return {"sessions": [s._asdict() for s in rows], "cursor": cursor}
+        if awaiting is None:
+            return {"sessions": [s._asdict() for s in rows], "cursor": cursor}
+        # only the sessions with a call this caller may answer, with those calls
+        calls = {row.id: found for row in rows if (found := mine(row))}
+        return {"sessions": [{**s._asdict(), "calls": calls[s.id]} for s in rows if s.id in calls], "cursor": cursor}
 
     @route("GET", "/sessions/<session_id>")
     def show(session_id: str) -> dict[str, Any]:
