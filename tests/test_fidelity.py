@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -594,6 +595,25 @@ def test_list_sessions(deployment: Any) -> None:
     # a route the template does not have is API Gateway's answer, not a function's (in the API's error shape)
     refused = (403, {"error": "MISSING_AUTHENTICATION_TOKEN", "message": "Missing Authentication Token"})
     assert d.api("GET", "/nowhere")[::2] == refused
+
+
+@pytest.mark.backend("dynamodb")
+def test_an_id_a_client_escapes_in_the_path_is_the_same_session(deployment: Any) -> None:
+    """API Gateway's REST API passes ``path`` as the client escaped it (only ``pathParameters`` are decoded) and
+    the handlers route on the path: an id holding ``:@+=``, escaped as a browser escapes a path segment, reaches
+    the same session through every function that takes an id in its path."""
+    d, sid = deployment, fresh("visit:a@b+c=d")
+    create(d, sid)
+    escaped = quote(sid, safe="")
+    assert escaped != sid
+    assert show(d, escaped)["id"] == sid  # sessions
+    status, _, ran = d.api("POST", f"/sessions/{escaped}/runs", {"message": "signoffs=0"})  # run
+    assert status in (200, 202), (status, ran, evidence(d))
+    d.settle()
+    body = {"expected_version": show(d, sid)["version"], "events": [{"type": "user", "text": "escaped"}]}
+    status, _, committed = d.api("POST", f"/sessions/{escaped}/commit", body)  # commit
+    assert status == 200, (status, committed, evidence(d))
+    assert "escaped" in [e.get("text") for e in ledger(d, escaped)]
 
 
 def _as(d: Any, token: Any, method: str, path: str, body: Any = None, **options: Any) -> tuple[int, Any]:

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from .lambda_ import Call, LambdaService, scratch
 from .stepfunctions import Execution, StepFunctions
@@ -313,7 +314,7 @@ class Deployment:
             for want, got in zip(template, segments, strict=True):
                 match = re.fullmatch(r"\{(\w+)\}", want)
                 if match:
-                    parameters[match.group(1)] = got
+                    parameters[match.group(1)] = unquote(got)  # API Gateway decodes pathParameters, not path
                 elif want != got:
                     break
             else:
