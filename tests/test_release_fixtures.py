@@ -11,7 +11,6 @@ import base64
 import json
 import shutil
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,22 +99,6 @@ def test_a_sqlite_file_made_before_the_running_index_gets_it_whole(release: str,
         assert "idx_sessions_waiting" in str(plan)  # made on open too: the sweeper's waits read no other row
     finally:
         store.close()
-
-
-@pytest.fixture
-def postgres_schema(postgres_url: str) -> Iterator[str]:
-    """A URL on a new, empty schema, dropped afterwards."""
-    psycopg = pytest.importorskip("psycopg")
-    from psycopg.conninfo import make_conninfo
-
-    schema = f"fixture_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield make_conninfo(postgres_url, options=f"-c search_path={schema}")
-    finally:
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 @pytest.mark.backend("postgres")

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,22 +34,6 @@ def test_a_sqlite_file_of_release_0_1_gets_the_status_index_and_lists_from_it(tm
         assert "idx_sessions_status" in plan, plan
     finally:
         store.close()
-
-
-@pytest.fixture
-def postgres_schema(postgres_url: str) -> Iterator[str]:
-    """A URL on a new, empty schema, dropped afterwards."""
-    psycopg = pytest.importorskip("psycopg")
-    from psycopg.conninfo import make_conninfo
-
-    schema = f"status_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield make_conninfo(postgres_url, options=f"-c search_path={schema}")
-    finally:
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 @pytest.mark.backend("postgres")
