@@ -44,7 +44,7 @@ from ..errors import ClaimLost, ConfigurationError, DormantError, InputError, Tu
 from ..events import InvocationEndEvent
 from ..models.base import calls_end_by
 from ..session import Session
-from ..stores.base import BaseSessionStore, RunningSession, ScopedStateChange
+from ..stores.base import BaseSessionStore, RepairableStore, RunningSession, ScopedStateChange
 from .hooks import Hooks, Started
 from .runtime import Served, purge_tenants, served_from_env, view_of
 from .turns import RUNNER_TURN_MS, AdvanceOutcome, Claim, claim_turn, resume_turn, run_to_end
@@ -143,13 +143,13 @@ def repair_after_lost_runner(app: App, session_id: str, invocation_id: str) -> b
     retry must not wait on a dead writer's marker until it turns stale (``StoreBusy`` again and again, each
     costing a retry). Only for a claimed turn still running: a retry of ``TurnNotClaimed`` may meet the API's
     claim in flight, which is no dead writer's."""
-    repair: Callable[[str, str], Any] | None = getattr(app.store, "repair_session", None)
-    if repair is None:
+    store = app.store
+    if not isinstance(store, RepairableStore):
         return False
     session = app.sessions.get(session_id)
     if session is None or session.status != "running" or session.projection.open_invocation != invocation_id:
         return False
-    return repair(app.name, session_id) is not None
+    return store.repair_session(app.name, session_id) is not None
 
 
 def _ended_before(session: Session, invocation_id: str) -> bool:
@@ -589,8 +589,7 @@ def sweeper_handler(
     def _sweep(event: dict[str, Any]) -> dict[str, Any]:
         chosen = served or served_from_env()
         app = chosen.app
-        repair: Callable[[], list[Any]] | None = getattr(app.store, "repair_pending", None)
-        reports = repair() if repair is not None else []
+        reports = app.store.repair_pending() if isinstance(app.store, RepairableStore) else []
         metrics.count("repairs", len(reports))  # 0 too: "repairs > 0 for 3 sweeps" needs every sweep's count
         graces: dict[str, int] = {}
         given = event.get("grace_seconds") if isinstance(event, dict) else None

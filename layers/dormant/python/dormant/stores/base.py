@@ -121,6 +121,7 @@ __all__ = [
     "LoadedSession",
     "PreparedCommit",
     "Refused",
+    "RepairableStore",
     "RunningSession",
     "ScopedStateChange",
     "ScopedWrite",
@@ -298,6 +299,16 @@ class StoredSnapshot:
 
     version: int
     data: str
+
+
+@runtime_checkable
+class RepairableStore(Protocol):
+    """A store whose commits a writer that died can leave pending (DynamoDB's gated commits): the sweeper finishes
+    or undoes the stale ones, and a retried run the one its dead runner left."""
+
+    def repair_pending(self, older_than_s: float = 60.0) -> list[Any]: ...
+
+    def repair_session(self, app_name: str, session_id: str) -> Any | None: ...
 
 
 @runtime_checkable
