@@ -370,13 +370,12 @@ class Sessions:
         so with one the whole ledger is read on every load.
         """
         app = self._app
-        now = now_ms()
-        return load_session(
-            app,
-            check_id(session_id),
-            history=app.history_turns,
-            snapshots=app.snapshot_every is not None,
-            alive=lambda row: not self._expired(row.updated_at, now),
+        alive = None
+        if app.retention_ms is not None:
+            now = now_ms()
+            alive = lambda row: not self._expired(row.updated_at, now)  # noqa: E731
+        return load_session(  # it checks the id
+            app, session_id, history=app.history_turns, snapshots=app.snapshot_every is not None, alive=alive
         )
 
     def require(self, session_id: str) -> Session:

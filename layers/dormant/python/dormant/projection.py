@@ -10,6 +10,7 @@ session grows.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias, TypeVar
@@ -39,6 +40,7 @@ RECENT_TURNS = 50
 the tail of a long session; a wider window reads the whole ledger."""
 
 _E = TypeVar("_E", ToolCallEvent, ToolInputEvent)
+_log = logging.getLogger("dormant.snapshots")
 _ENDED = frozenset({"completed", "error", "max_steps"})
 
 SessionStatus: TypeAlias = Literal[
@@ -103,6 +105,7 @@ class Projection:
     """Derived session state: scoped values, status, pending tool calls, the invocation tree."""
 
     __slots__ = (
+        "_deferred",
         "answered",
         "count",
         "current_agent_name",
@@ -123,6 +126,9 @@ class Projection:
     def __init__(self, upcast: Callable[[StateChangeEvent], StateChangeEvent] | None = None) -> None:
         # State written under an older scope model is folded in the current shape (``Schema.upcast``).
         self.upcast = upcast
+        self._deferred: tuple[dict[str, Any], Callable[[], Projection]] | None = None
+        """A projection resumed from a snapshot: the export whose other fields are read on first use, and what
+        rebuilds them from the ledger when they do not parse (``resume``)."""
         self.count = 0
         self.session_state: dict[str, Any] = {}
         self.scoped_states: dict[str, dict[str, Any]] = {}
@@ -144,6 +150,8 @@ class Projection:
         """Ledger positions of the last ``RECENT_TURNS`` user messages (where ``history(turns=N)`` starts)."""
 
     def apply(self, event: Event) -> None:
+        if self._deferred is not None:
+            self._fill()
         index = self.count
         self.count += 1
         if isinstance(event, StateChangeEvent):
@@ -270,29 +278,130 @@ class Projection:
         to replay the ledger instead. The state must be in the shape ``upcast`` folds to: a snapshot
         records the scope versions it was folded under, and one of other versions is not restored."""
         projection = cls(upcast)
-        projection.count = _count(data["count"])
-        projection.session_state = dict(data["session_state"])
-        projection.scoped_states = {str(k): dict(v) for k, v in data["scoped_states"].items()}
-        projection.status = data["status"]
-        projection.current_agent_name = data["current_agent_name"]
-        text, value = data["output"]
-        projection.output = Output(text, value)
-        projection.invocations = {
-            row[0]: InvocationNode(row[0], row[1], row[2], _count(row[3]), row[4], _count(row[5]), _principal(row[6:]))
-            for row in data["invocations"]
-        }
-        projection.open_invocation = data["open_invocation"]
-        deadline = data.get("deadline")  # absent from snapshots written before deadlines
-        projection.deadline = None if deadline is None else _count(deadline)
-        projection.open_calls = {e.call_id: e for e in _events(data["open_calls"], ToolCallEvent)}
-        projection.pending = {row[0]: YieldedTool(row[0], row[1], dict(row[2]), row[3]) for row in data["pending"]}
-        projection.answered = {e.call_id: e for e in _events(data["answered"], ToolInputEvent)}
-        projection.user_turns = _count(data["user_turns"])
-        recent = data["recent_turns"]
-        if not all(type(i) is int and i >= 0 for i in recent):  # bools and negatives: _count says which
-            recent = [_count(i) for i in recent]
-        projection.recent_turns = list(recent)
+        _restore_state(projection, data)
+        for name, value in _restore_rest(data).items():
+            setattr(projection, name, value)
         return projection
+
+    @classmethod
+    def resume(
+        cls,
+        data: dict[str, Any],
+        upcast: Callable[[StateChangeEvent], StateChangeEvent] | None,
+        rebuild: Callable[[], Projection],
+    ) -> Projection:
+        """As ``restore``, reading now only what a state read needs (the count, the scopes' values, the status;
+        checked as ``restore`` checks them) and the rest of ``data`` on first use: a fresh load that reads one
+        value builds no invocation, call or turn list. Should the rest not parse then, ``rebuild()`` (the
+        ledger's first ``count`` events replayed) stands in for it: a snapshot is never trusted over the ledger.
+        ``data`` must not change meanwhile (a fresh parse of the stored text)."""
+        projection = cls.__new__(cls)
+        projection.upcast = upcast
+        # _restore_state, inlined: this runs on every load from a snapshot
+        count, scoped, status = data["count"], data.get("scoped_states", UNSET_SCOPES), data["status"]
+        projection.count = count if type(count) is int and count >= 0 else _count(count)
+        projection.session_state = dict(data["session_state"])
+        empty = type(scoped) is dict and not scoped
+        projection.scoped_states = {} if empty else {str(k): dict(v) for k, v in scoped.items()}
+        if type(status) is not str:
+            raise InputError(f"a snapshot's status is a string, not {status!r}", field="snapshot")
+        projection.status = status  # type: ignore[assignment]
+        projection._deferred = (data, rebuild)
+        return projection
+
+    def __getattr__(self, name: str) -> Any:
+        """A field a resumed projection has not read yet (``resume``): the rest is read now, once."""
+        if name in _DEFERRED and self._deferred is not None:
+            self._fill()
+            return getattr(self, name)
+        raise AttributeError(name)
+
+    def _fill(self) -> None:
+        deferred, self._deferred = self._deferred, None
+        if deferred is None:
+            return
+        data, rebuild = deferred
+        try:
+            rest = _restore_rest(data)
+        except (InputError, ValueError, TypeError, KeyError, AttributeError):
+            _log.warning("a snapshot's fold does not parse: replaying the ledger instead", exc_info=True)
+            rebuilt = rebuild()
+            rest = {name: getattr(rebuilt, name) for name in _DEFERRED}
+        for name, value in rest.items():
+            setattr(self, name, value)
+
+
+_DEFERRED = frozenset(
+    {
+        "answered",
+        "current_agent_name",
+        "deadline",
+        "invocations",
+        "open_calls",
+        "open_invocation",
+        "output",
+        "pending",
+        "recent_turns",
+        "user_turns",
+    }
+)
+"""What ``Projection.resume`` reads on first use: all but the count, the scopes' values and the status."""
+
+
+def _restore_state(projection: Projection, data: dict[str, Any]) -> None:
+    """The count, the scopes' values and the status from ``export()``'s output (what a state read needs)."""
+    count = data["count"]
+    projection.count = count if type(count) is int and count >= 0 else _count(count)
+    projection.session_state = dict(data["session_state"])
+    scoped = data.get("scoped_states", UNSET_SCOPES)
+    empty = type(scoped) is dict and not scoped
+    projection.scoped_states = {} if empty else {str(k): dict(v) for k, v in scoped.items()}
+    status = data["status"]
+    if type(status) is not str:
+        raise InputError(f"a snapshot's status is a string, not {status!r}", field="snapshot")
+    projection.status = status  # type: ignore[assignment]
+
+
+UNSET: dict[str, Any] = {
+    "scoped_states": {},
+    "current_agent_name": None,
+    "output": [None, None],
+    "invocations": [],
+    "open_invocation": None,
+    "deadline": None,
+    "open_calls": [],
+    "pending": [],
+    "answered": [],
+}
+"""``export()``'s fields at their values in a fresh projection: a snapshot (format 2) leaves them out, so a load
+parses and builds less; ``restore`` and ``resume`` read an absent one as this (never mutated: copied on use)."""
+UNSET_SCOPES: dict[str, Any] = {}
+
+
+def _restore_rest(data: dict[str, Any]) -> dict[str, Any]:
+    """The other fields of ``export()``'s output, checked: name -> value (one left out: ``UNSET``'s)."""
+    text, value = data.get("output", (None, None))
+    deadline = data.get("deadline")  # absent from snapshots written before deadlines
+    recent = data["recent_turns"]
+    if isinstance(recent, str):  # a snapshot's (format 2): one string of counts
+        recent = [int(i) for i in recent.split()]
+    if not all(type(i) is int and i >= 0 for i in recent):  # bools and negatives: _count says which
+        recent = [_count(i) for i in recent]
+    return {
+        "current_agent_name": data.get("current_agent_name"),
+        "output": Output(text, value),
+        "invocations": {
+            row[0]: InvocationNode(row[0], row[1], row[2], _count(row[3]), row[4], _count(row[5]), _principal(row[6:]))
+            for row in data.get("invocations", ())
+        },
+        "open_invocation": data.get("open_invocation"),
+        "deadline": None if deadline is None else _count(deadline),
+        "open_calls": {e.call_id: e for e in _events(data.get("open_calls", []), ToolCallEvent)},
+        "pending": {row[0]: YieldedTool(row[0], row[1], dict(row[2]), row[3]) for row in data.get("pending", ())},
+        "answered": {e.call_id: e for e in _events(data.get("answered", []), ToolInputEvent)},
+        "user_turns": _count(data["user_turns"]),
+        "recent_turns": list(recent),
+    }
 
 
 def _events(rows: list[Any], kind: type[_E]) -> list[_E]:

@@ -14,6 +14,7 @@ tools, runs, commits — works on the tail alone.
 from __future__ import annotations
 
 import bisect
+import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, overload
 
@@ -44,6 +45,10 @@ from .stores.base import ScopedStateChange, SessionStore, StoredSession
 from .transcript import rebuild_input
 
 __all__ = ["AnswerCheck", "EventLog", "Runtime", "Session", "SessionInput"]
+
+_log = logging.getLogger("dormant.session")
+_FIRST_ANCHORS = [(0, 0)]
+"""Every ledger's first anchor: version 0 holds no event."""
 
 
 class Runtime(Protocol):
@@ -151,6 +156,9 @@ class Session:
         """Event id -> ledger position, for the events held."""
         self._anchors: list[tuple[int, int]] = [(0, 0)]
         """Known (stored version, events stored up to it), ascending: ``load(after=version)`` starts there."""
+        self._unchecked: list[Any] = []
+        """Pairs noted since ``_anchors`` was last built (a snapshot's as stored, a string of them in its format 2:
+        ``"version,count version,count"``): checked and merged on first use."""
         self._projection = Projection(runtime.schema.upcaster)
         self._rules: LedgerRules | None = None
         """What may be appended next (``dormant.ledger``), built from the projection on the first append."""
@@ -163,11 +171,21 @@ class Session:
         """Events covered by the latest snapshot this session knows of (``dormant.snapshots`` keeps it)."""
         for event in self._events[self._committed :]:
             self._track_write(event)
-        self._host = _Host(self)
-        self.access = Access(self._host, None)
+        self._wire()
+
+    def _wire(self) -> None:
+        self._host = host = _Host(self)
+        self.access = access = Access(host, None)
         """The state rules for writes from outside an invocation (``state`` goes through it)."""
-        self.input = SessionInput(self)
-        self.state = StateView(self.access)
+        self.state = StateView.of(access)
+
+    @property
+    def input(self) -> SessionInput:
+        """Input from outside an invocation: answers to yielded calls, and user messages (built on first use)."""
+        made = self.__dict__.get("_input")
+        if made is None:
+            made = self.__dict__["_input"] = SessionInput(self)
+        return made
 
     @property
     def runtime(self) -> Runtime:
@@ -191,25 +209,48 @@ class Session:
         events: Sequence[Event],
         *,
         base: int,
-        anchors: Iterable[tuple[int, int]] = (),
+        anchors: Iterable[Any] = (),
     ) -> Session:
         """A stored session from a folded ``projection`` and the ledger from position ``base`` on.
 
         The first ``projection.count - base`` of ``events`` are already folded into ``projection``; the
-        rest are folded now. ``anchors`` are known (version, event count) pairs of the stored ledger.
-        Built by ``dormant.snapshots``; the events before ``base`` are fetched when first read.
+        rest are folded now. ``anchors`` are known (version, event count) pairs of the stored ledger, as a
+        snapshot stored them: checked when first needed (a pair that is not two counts is dropped, and the
+        earlier ledger is then read from an earlier anchor). Built by ``dormant.snapshots`` for every load
+        from a snapshot, so it sets the fields directly: the row is the store's, checked when written (its
+        scopes are checked again: the schema may have changed since); the events before ``base`` are
+        fetched when first read.
         """
         folded = projection.count - base
         if base < 0 or not 0 <= folded <= len(events):
             raise InputError("resume: the events must start at or before the projection's end", field="base")
-        session = cls.from_row(runtime, row)
+        schema = runtime.schema
+        session = cls.__new__(cls)
+        session._runtime = runtime
+        session.id = row.id
+        session.app_name = runtime.name
+        session.scopes = _check_scopes(row.scopes, schema) if row.scopes else {}
+        session.version = row.version
+        session.created_at = row.created_at
+        session.updated_at = row.updated_at
+        session.forked_from = row.forked_from
+        session.fork_reason = row.fork_reason
         session._base = base
         session._projection, session._rules = projection, None
-        session._events = list(events[:folded])
-        session._index = {event.id: base + n for n, event in enumerate(session._events)}
-        session._hold(events[folded:])  # stored: folded as they are, never refused (a load must load)
-        session.note_anchors(anchors)
-        session.mark_committed(row.version)
+        held = session._events = list(events[:folded]) if folded else []
+        session._index = {event.id: base + n for n, event in enumerate(held)} if held else {}
+        session._anchors = _FIRST_ANCHORS  # replaced, never changed in place (_known_anchors)
+        session._unchecked = anchors if type(anchors) is list else list(anchors)  # a load's own list: taken
+        session._writes = {}
+        session.snapshot_at = projection.count
+        session._host = host = _Host(session)  # _wire, inlined: one call fewer on every load
+        session.access = access = Access(host, None)
+        session.state = StateView.of(access)
+        if folded < len(events):
+            session._hold(events[folded:])  # stored: folded as they are, never refused (a load must load)
+        session.version = row.version  # all of it stored, at the row's version (mark_committed, inlined)
+        session._committed = committed = base + len(session._events)
+        session._unchecked.append((row.version, committed))
         return session
 
     @classmethod
@@ -288,20 +329,34 @@ class Session:
     # -- the stored ledger, fetched on demand -------------------------------------------------
 
     def note_anchors(self, anchors: Iterable[tuple[int, int]]) -> None:
-        """Add known (stored version, events stored up to it) pairs of this session's stored ledger."""
-        known = dict(self._anchors)
-        known.update(anchors)
-        self._anchors = sorted(known.items())
+        """Add known (stored version, events stored up to it) pairs of this session's stored ledger (merged
+        when next read: a later pair for a version wins)."""
+        self._unchecked.extend(anchors)
+
+    def _known_anchors(self) -> list[tuple[int, int]]:
+        """``_anchors`` with the pairs noted since merged in; a pair that is not two counts is dropped."""
+        if self._unchecked:
+            known = dict(self._anchors)
+            for pair in _pairs(self._unchecked):
+                version, count = pair if isinstance(pair, list | tuple) and len(pair) == 2 else (None, None)
+                if type(version) is int and type(count) is int and version >= 0 and count >= 0:
+                    known[version] = count
+                else:
+                    _log.warning("session %s: ignoring an anchor that is not two counts: %r", self.id, pair)
+            self._unchecked = []
+            self._anchors = sorted(known.items())
+        return self._anchors
 
     def anchor_for(self, position: int) -> tuple[int, int]:
         """The latest known (version, count) with count <= ``position``: ``load(after=version)`` reaches it."""
-        counts = [count for _, count in self._anchors]
-        return self._anchors[bisect.bisect_right(counts, position) - 1]
+        anchors = self._known_anchors()
+        counts = [count for _, count in anchors]
+        return anchors[bisect.bisect_right(counts, position) - 1]
 
     @property
     def anchors(self) -> list[tuple[int, int]]:
         """Known (stored version, events stored up to it) pairs, ascending."""
-        return list(self._anchors)
+        return list(self._known_anchors())
 
     def _fetch_from(self, position: int) -> None:
         """Make sure the events from ``position`` on are held, reading the missing ones from the store."""
@@ -556,7 +611,7 @@ class Session:
         self._rules = None
         self._base = merged._base
         self.updated_at = max(self.updated_at, merged.updated_at)
-        self.note_anchors(merged._anchors)
+        self.note_anchors(merged._known_anchors())
         self.mark_committed(merged.version)
 
     def __repr__(self) -> str:
@@ -575,10 +630,10 @@ class _Host:
         self.session = session
 
     def scope_schema(self, scope: str) -> ScopeSchema:
-        schema = self.session._runtime.schema
-        if scope not in schema:
-            raise UnknownScope(scope)
-        return schema[scope]
+        try:
+            return self.session._runtime.schema.scopes[scope]  # every state read asks: one lookup
+        except KeyError:
+            raise UnknownScope(scope) from None
 
     def scope_values(self, scope: str) -> Mapping[str, Any]:
         projection = self.session._projection
@@ -715,6 +770,17 @@ class SessionInput:
         event = UserEvent(text=text)
         self._session.append(event)
         return event
+
+
+def _pairs(noted: Iterable[Any]) -> Iterator[Any]:
+    """Noted anchors one by one, a snapshot's string of them (``"version,count ..."``) read into pairs."""
+    for item in noted:
+        if isinstance(item, str):
+            for text in item.split():
+                version, _, count = text.partition(",")
+                yield (int(version), int(count)) if version.isdigit() and count.isdigit() else text
+        else:
+            yield item
 
 
 def _check_scopes(scopes: Mapping[str, str] | None, schema: Schema) -> dict[str, str]:

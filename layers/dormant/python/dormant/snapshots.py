@@ -14,9 +14,12 @@ logged and the commit stands), kept only if no later one is; it is checked on lo
 the row's ``created_at``) and anything that does not fit is ignored — the session is then loaded whole
 and the next commit writes a fresh snapshot. It is never trusted over the ledger.
 
-Format 1, JSON: ``{"format": 1, "version", "count", "created_at", "schema": {scope: version},
-"projection": Projection.export(), "anchors": [[version, count], ...]}``. The state is folded in the
-shape of the scope versions in ``schema``; a snapshot taken before a migration was added is ignored.
+Format 2, JSON: ``{"format": 2, "version", "count", "created_at", "schema": {scope: version},
+"projection": Projection.export(), "anchors": "version,count version,count ..."}``, where the projection's
+``recent_turns`` too is one string of counts (``"1194 1195 ..."``): a fresh load parses two strings there,
+not up to 150 integers in up to 51 lists, which was two thirds of the parse (format 1, read too, held them
+as JSON arrays). The state is folded in the shape of the scope versions in ``schema``; a snapshot taken
+before a migration was added is ignored.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+from pydantic_core import from_json
 
 from . import metrics
-from .errors import InputError
-from .projection import Projection
+from .errors import InputError, SessionNotFound
+from .ids import check_id
+from .projection import UNSET, Projection
 from .session import Runtime, Session
 from .stores.base import BaseSessionStore, SnapshotStore, StoredSession, StoredSnapshot
 
@@ -43,7 +48,9 @@ __all__ = [
     "snapshot_of",
 ]
 
-FORMAT = 1
+FORMAT = 2
+_READABLE = (1, 2)
+"""Formats a load reads: 1 held the turn positions and the anchors as JSON arrays."""
 DEFAULT_EVERY = 100
 """Events between snapshots: a load then reads at most about this many events past the snapshot, plus
 what the agents' history windows need."""
@@ -51,13 +58,15 @@ what the agents' history windows need."""
 _log = logging.getLogger("dormant.snapshots")
 
 
-@dataclass(frozen=True)
-class _Snapshot:
+class _Snapshot(NamedTuple):
     version: int
-    count: int
+    events: int
+    """How many events the fold holds (the snapshot's ``count``)."""
     created_at: int
     projection: Projection
-    anchors: list[tuple[int, int]]
+    """Resumed: the rest of the fold is read on first use (``Projection.resume``)."""
+    anchors: list[Any] | str
+    """As stored (format 1: pairs; 2: one string of them): ``Session.resume`` checks them when first needed."""
 
 
 def snapshot_of(session: Session, *, pending: bool = False) -> StoredSnapshot:
@@ -75,10 +84,18 @@ def snapshot_of(session: Session, *, pending: bool = False) -> StoredSnapshot:
         "count": projection.count if pending else session.committed_count,
         "created_at": session.created_at,
         "schema": session.runtime.schema.versions,
-        "projection": projection.export(),
-        "anchors": [list(anchor) for anchor in anchors],
+        "projection": _compact(projection),
+        "anchors": " ".join(f"{version},{count}" for version, count in anchors),
     }
     return StoredSnapshot(version, json.dumps(data, separators=(",", ":"), allow_nan=False))
+
+
+def _compact(projection: Projection) -> dict[str, Any]:
+    """``projection.export()`` as format 2 stores it: the turn positions as one string, fields left at a fresh
+    projection's values (``UNSET``) left out."""
+    exported = projection.export()
+    exported["recent_turns"] = " ".join(map(str, exported["recent_turns"]))
+    return {key: value for key, value in exported.items() if key not in UNSET or value != UNSET[key]}
 
 
 def pending_snapshot(session: Session) -> StoredSnapshot | None:
@@ -91,27 +108,38 @@ def pending_snapshot(session: Session) -> StoredSnapshot | None:
         return None
 
 
-def _decode(stored: StoredSnapshot | None, runtime: Runtime) -> _Snapshot | None:
+def _replay_unavailable() -> Projection:
+    raise InputError("this snapshot's fold does not parse, and no ledger was given to replay", field="snapshot")
+
+
+def _decode(
+    stored: StoredSnapshot | None, runtime: Runtime, rebuild: Callable[[], Projection] = _replay_unavailable
+) -> _Snapshot | None:
     """The snapshot, or ``None`` for one of another format, of other scope versions (state folded before a
-    migration was added, say), or that does not parse: it is then rebuilt."""
+    migration was added, say), or that does not parse: it is then rebuilt.
+
+    Checked now: the format, the version, the scope versions, the counts, the scopes' values and the status
+    (what a state read shows). The rest of the fold is read when first used (``Projection.resume``), and
+    replayed from the ledger should it not parse; an anchor that is not two counts is dropped when first
+    needed. The text is parsed by pydantic-core's JSON parser, about three times ``json.loads``'s speed.
+    """
     if stored is None:
         return None
-    schema = runtime.schema
     try:
-        data: Any = json.loads(stored.data)
-        if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != stored.version:
+        data: Any = from_json(stored.data)
+        if not isinstance(data, dict) or data.get("format") not in _READABLE or data.get("version") != stored.version:
             return None
+        schema = runtime.schema
         if data.get("schema") != schema.versions:
             return None
-        projection = Projection.restore(data["projection"], schema.upcaster)
-        count, created_at = data["count"], data["created_at"]
-        if projection.count != count or not isinstance(created_at, int):
+        count, created_at, anchors = data["count"], data["created_at"], data["anchors"]
+        projection = Projection.resume(data["projection"], schema.upcaster, rebuild)  # checks what it reads now
+        if projection.count != count or not isinstance(created_at, int) or not isinstance(anchors, list | str):
             return None
-        anchors = [(int(version), int(at)) for version, at in data["anchors"]]
     except (InputError, ValueError, TypeError, KeyError, AttributeError):
         _log.warning("ignoring a snapshot that does not parse (version %s)", stored.version, exc_info=True)
         return None
-    return _Snapshot(stored.version, count, created_at, projection, anchors)
+    return tuple.__new__(_Snapshot, (stored.version, count, created_at, projection, anchors))  # no Python __new__
 
 
 def load_session(
@@ -129,25 +157,29 @@ def load_session(
     so the whole ledger is read). The tail after the snapshot is read first; when it holds fewer user
     turns than the window, the rest of the window is read from the snapshot's anchors.
     """
+    session_id = check_id(session_id)
     store = runtime.store
-    # The base class first: a runtime Protocol check inspects every member, on every read.
-    if history is None or not snapshots or not isinstance(store, (BaseSessionStore, SnapshotStore)):
+    kind = "base" if type(store) in _KINDS else _kind(store)
+    if history is None or not snapshots or kind is None:
         return _whole(runtime, session_id, covered=None, alive=alive)
-    if isinstance(store, BaseSessionStore):  # the snapshot, the row and the tail in one read
-        kept, loaded = store.load_with_snapshot(runtime.name, session_id)
+    rebuild = _Replay(runtime, session_id)
+    if kind == "base":  # the snapshot, the row and the tail in one read
+        assert isinstance(store, BaseSessionStore)
+        kept, loaded = store._load_with_snapshot(runtime.name, session_id)
         if loaded is None:
             return None
-        snapshot = _decode(kept, runtime)
         if kept is None:  # the read holds the whole ledger: fold it (the next commit keeps a snapshot)
             if alive is not None and not alive(loaded.session):
                 return None
             session = Session.from_row(runtime, loaded.session, loaded.events)
             session.snapshot_at = 0
             return session
+        snapshot = _decode(kept, runtime, rebuild)
         if snapshot is None:
             return _whole(runtime, session_id, covered=0, alive=alive)  # unreadable: the next commit writes one
     else:
-        snapshot = _decode(store.load_snapshot(runtime.name, session_id), runtime)
+        assert isinstance(store, SnapshotStore)
+        snapshot = _decode(store.load_snapshot(runtime.name, session_id), runtime, rebuild)
         if snapshot is None:
             return _whole(runtime, session_id, covered=0, alive=alive)  # none, or unreadable: rebuilt next commit
         loaded = store.load(runtime.name, session_id, after=snapshot.version)
@@ -158,18 +190,56 @@ def load_session(
         return None
     if row.created_at != snapshot.created_at or row.version < snapshot.version:
         return _whole(runtime, session_id, covered=0, alive=alive)  # the session was deleted and made again since
-    session = Session.resume(
-        runtime,
-        row,
-        snapshot.projection,
-        loaded.events,
-        base=snapshot.count,
-        anchors=[*snapshot.anchors, (snapshot.version, snapshot.count)],
+    anchors = [snapshot.anchors, (snapshot.version, snapshot.events)]
+    rebuild.snapshot = snapshot  # before the tail is folded: a fold reads the rest of the snapshot's first
+    session = rebuild.session = Session.resume(
+        runtime, row, snapshot.projection, loaded.events, base=snapshot.events, anchors=anchors
     )
-    session.snapshot_at = snapshot.count
     if history:
         session.turn_window(history)  # the window's turns the tail lacks, read now rather than mid-run
     return session
+
+
+class _Replay:
+    """What a snapshot's fold falls back on when its rest does not parse on first use (``Projection.resume``): the
+    ledger's first ``count`` events replayed; the session then keeps a fresh snapshot at its next commit. One
+    object, not a closure and its cells: it is made on every load."""
+
+    __slots__ = ("runtime", "session", "session_id", "snapshot")
+
+    def __init__(self, runtime: Runtime, session_id: str) -> None:
+        self.runtime, self.session_id = runtime, session_id
+        self.snapshot: _Snapshot | None = None
+        self.session: Session | None = None
+
+    def __call__(self) -> Projection:
+        runtime, snapshot = self.runtime, self.snapshot
+        assert snapshot is not None
+        loaded = runtime.store.load(runtime.name, self.session_id)
+        if loaded is None or loaded.session.created_at != snapshot.created_at or len(loaded.events) < snapshot.events:
+            raise SessionNotFound(self.session_id)  # deleted (and perhaps made again) since this load
+        replayed = Projection(runtime.schema.upcaster)
+        for event in loaded.events[: snapshot.events]:
+            replayed.apply(event)
+        if self.session is not None:
+            self.session.snapshot_at = 0  # the next commit keeps a fresh one
+        return replayed
+
+
+_KINDS: dict[type, str] = {}
+
+
+def _kind(store: object) -> str | None:
+    """``"base"`` for a ``BaseSessionStore``, ``"snapshots"`` for another ``SnapshotStore``, else ``None``: asked on
+    every load; the base class is remembered per class (an ABC's check is Python code). A runtime Protocol's
+    answer may differ between instances of a class (it inspects their members), so it is asked each time."""
+    cls = type(store)
+    if cls in _KINDS:
+        return "base"
+    if isinstance(store, BaseSessionStore):
+        _KINDS[cls] = "base"
+        return "base"
+    return "snapshots" if isinstance(store, SnapshotStore) else None
 
 
 def _whole(

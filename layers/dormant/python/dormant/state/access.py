@@ -116,7 +116,7 @@ class Access:
 
     def read(self, scope: str, key: str) -> Any:
         schema = self.host.scope_schema(scope)
-        if not schema.open and not schema.declares(key):
+        if not schema.open and key not in schema.fields:
             raise UnknownStateKey(scope, key, list(schema.model.model_fields) if schema.model else [])
         if scope == "temp":
             return schema.read(key, self._require_invocation().temp.get(key))

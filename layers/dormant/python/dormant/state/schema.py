@@ -216,12 +216,12 @@ class ScopeSchema:
         """The typed value of ``key`` from its stored JSON (a fresh object: mutating it changes nothing)."""
         if value is None:
             return self.default(key)
-        reader = self._reader(key)
-        copy = json_copy(value)
+        reader = self._readers[key] if key in self._readers else self._reader(key)
+        copy = json_copy(value) if isinstance(value, dict | list) else value
         if reader is None:
             return copy
         try:
-            return reader.validate_python(copy)
+            return reader.validator.validate_python(copy)  # the core validator: TypeAdapter's wrapper adds a call
         except ValidationError:
             return copy  # written under an older schema: hand back what is stored
 
@@ -284,16 +284,19 @@ class Schema:
         }
         if "session" not in self.scopes:
             self.scopes["session"] = ScopeSchema("session", None, steps.get("session", ()))
+        # Read on every load from a snapshot: worked out once (the scopes and their steps are fixed here).
+        self._versions = {name: scope.version for name, scope in self.scopes.items() if scope.version}
+        self._upcaster = self.upcast if self._versions else None
 
     @property
     def versions(self) -> dict[str, int]:
         """Scope -> schema version, for the scopes with migrations (what a derived snapshot must match)."""
-        return {name: scope.version for name, scope in self.scopes.items() if scope.version}
+        return dict(self._versions)
 
     @property
     def upcaster(self) -> Callable[[StateChangeEvent], StateChangeEvent] | None:
         """``upcast`` for a fold, or ``None`` when no scope has migrations: the fold then skips it per event."""
-        return self.upcast if self.versions else None
+        return self._upcaster
 
     def upcast(self, event: StateChangeEvent) -> StateChangeEvent:
         """``event`` as the current model reads it: itself when current, else a migrated copy to fold.

@@ -15,6 +15,9 @@ from .schema import SCOPES
 
 __all__ = ["ScopeView", "StateAccess", "StateView"]
 
+_NESTED = frozenset(SCOPES) - {"session"}
+"""The scopes a ``StateView`` shows as attributes."""
+
 
 class StateAccess(Protocol):
     """The reads and writes a view forwards (``dormant.state.access.Access`` implements them)."""
@@ -99,10 +102,20 @@ class StateView(ScopeView):
     def __init__(self, access: StateAccess) -> None:
         super().__init__(access, "session")
 
+    @classmethod
+    def of(cls, access: StateAccess) -> StateView:
+        """``StateView(access)`` in one call (a session loaded to read one value builds one)."""
+        view = object.__new__(cls)
+        object.__setattr__(view, "_access", access)
+        object.__setattr__(view, "_scope", "session")
+        return view
+
     def __getattr__(self, key: str) -> Any:
-        if key in SCOPES and key != "session":
+        if key in _NESTED:
             return self._access.scope_view(key)
-        return super().__getattr__(key)
+        if key.startswith("__"):
+            raise AttributeError(key)
+        return self._access.read("session", key)
 
     def __setattr__(self, key: str, value: Any) -> None:
         if key in SCOPES:

@@ -81,7 +81,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple, Protocol, cast, runtime_checkable
+from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar, cast, runtime_checkable
 
 from pydantic_core import PydanticSerializationError
 
@@ -136,6 +136,8 @@ __all__ = [
 ]
 
 
+_T = TypeVar("_T")
+
 MAX_SCOPED_KEY_BYTES = 4 * MAX_KEY_LENGTH
 """The most UTF-8 bytes a scoped key can take (``MAX_KEY_LENGTH`` characters of 4 bytes): within DynamoDB's
 1,024 for a sort key (the key is one there). The limit itself is in characters (``dormant.ids``)."""
@@ -169,6 +171,35 @@ class StoredSession:
     """How long the session is kept after its last commit (the app's ``retention``; ``None``: for ever).
     A store with its own expiry (DynamoDB's TTL attribute) writes it from this at each commit; the others
     leave expiry to the app, which hides and purges by it."""
+
+    @classmethod
+    def of_row(
+        cls,
+        id: str,
+        app_name: str,
+        version: int,
+        scopes: str,
+        created_at: int,
+        status: str | None,
+        updated_at: int,
+        forked_from: str | None,
+        fork_reason: str | None,
+    ) -> StoredSession:
+        """The row as a SQL store reads it (``scopes`` its JSON text), built without the frozen ``__init__``'s
+        ten ``object.__setattr__`` calls: a state read builds one and does little else."""
+        return built(
+            cls,
+            id=id,
+            app_name=app_name,
+            version=version,
+            scopes={} if scopes == "{}" else json.loads(scopes),
+            created_at=created_at,
+            status=status,
+            updated_at=updated_at,
+            forked_from=forked_from,
+            fork_reason=fork_reason,
+            retention_ms=None,
+        )
 
 
 @dataclass(frozen=True)
@@ -553,12 +584,17 @@ class BaseSessionStore(ABC):
         there is none), read together: in one transaction on a store that overrides ``_read_with_snapshot``."""
         check_app_key(app_name)
         check_id(session_id)
+        return self._load_with_snapshot(app_name, session_id)
+
+    def _load_with_snapshot(self, app_name: str, session_id: str) -> tuple[StoredSnapshot | None, LoadedSession | None]:
+        """``load_with_snapshot`` of keys the caller checked (``app.sessions.get``: a state read pays for one check)."""
         self._check_open()
         snapshot, found = self._read_with_snapshot(app_name, session_id)
         if found is None:
             return snapshot, None
         row, data = found
-        return snapshot, LoadedSession(row, [self.decode_event(item) for item in data])
+        events = [self.decode_event(item) for item in data] if data else []
+        return snapshot, built(LoadedSession, session=row, events=events)
 
     def _read_with_snapshot(
         self, app_name: str, session_id: str
@@ -774,6 +810,14 @@ class BaseSessionStore(ABC):
                 )
             writes.append(ScopedWrite(scope, scope_id, key, text))
         return tuple(writes)
+
+
+def built(cls: type[_T], **fields: Any) -> _T:
+    """An instance of the frozen dataclass ``cls`` holding ``fields`` (every one of them), without its ``__init__``'s
+    ``object.__setattr__`` per field: for what a store builds on every read from values it read itself."""
+    instance = object.__new__(cls)
+    instance.__dict__.update(fields)
+    return instance
 
 
 def _is_count(value: object) -> bool:

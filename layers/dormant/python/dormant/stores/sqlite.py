@@ -34,6 +34,7 @@ except ImportError:  # Windows: SQLite's own lock alone
     fcntl = None  # type: ignore[assignment]
 from .base import (
     BaseSessionStore,
+    LoadedSession,
     PreparedCommit,
     Refused,
     RunningSession,
@@ -48,6 +49,8 @@ __all__ = ["DDL", "SQLiteSessionStore", "sqlite_store"]
 
 DDL = ddl("TEXT")
 
+_new = object.__new__
+_setattr = object.__setattr__
 _BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 _SCRUB_WAIT = 2.0  # seconds a scrub waits for other connections to leave the write-ahead log
 # Kept only while the row is at the snapshot's version or later, and only over an older snapshot.
@@ -58,6 +61,12 @@ _SAVE_SNAPSHOT = (
     " WHERE excluded.version > snapshots.version"
 )
 _ROW = "SELECT version, scopes, created_at, status, updated_at, forked_from, fork_reason FROM sessions"
+_ROW_WITH_SNAPSHOT = (
+    "SELECT s.version, s.scopes, s.created_at, s.status, s.updated_at, s.forked_from, s.fork_reason,"
+    " n.version, n.data FROM sessions s LEFT JOIN snapshots n ON n.app_name = s.app_name AND n.session_id = s.id"
+    " WHERE s.app_name = ? AND s.id = ?"
+)
+_EVENTS_AFTER = "SELECT data FROM events WHERE app_name = ? AND session_id = ? AND version > ? ORDER BY version, seq"
 
 
 class SQLiteSessionStore(BaseSessionStore):
@@ -134,29 +143,53 @@ class SQLiteSessionStore(BaseSessionStore):
         )
         return meta, [d for (d,) in data]
 
-    def _read_with_snapshot(
-        self, app_name: str, session_id: str
-    ) -> tuple[StoredSnapshot | None, tuple[StoredSession, Sequence[str]] | None]:
-        with self._use(), self._transaction("BEGIN"):
-            found = self._conn.execute(
-                "SELECT s.version, s.scopes, s.created_at, s.status, s.updated_at, s.forked_from, s.fork_reason,"
-                " n.version, n.data FROM sessions s LEFT JOIN snapshots n"
-                " ON n.app_name = s.app_name AND n.session_id = s.id WHERE s.app_name = ? AND s.id = ?",
-                (app_name, session_id),
-            ).fetchone()
-            if found is None:
-                return None, None
-            *row, kept, text = found
-            snapshot = StoredSnapshot(kept, text) if kept is not None else None
-            data = self._conn.execute(
-                "SELECT data FROM events WHERE app_name = ? AND session_id = ? AND version > ? ORDER BY version, seq",
-                (app_name, session_id, kept or 0),
-            ).fetchall()
-        version, scopes, created_at, status, updated_at, forked_from, fork_reason = row
-        meta = StoredSession(
-            session_id, app_name, version, json.loads(scopes), created_at, status, updated_at, forked_from, fork_reason
+    def _load_with_snapshot(self, app_name: str, session_id: str) -> tuple[StoredSnapshot | None, LoadedSession | None]:
+        """The row with its snapshot in one statement (a statement reads one state of the file: no transaction);
+        the events after the snapshot, when the row is past it, in one transaction with the row read again.
+
+        What a state read runs, so the row, the snapshot and the loaded session are built here, each with one
+        dict and no frozen ``__init__`` (``object.__setattr__`` per field): it was a third of the read."""
+        key = (app_name, session_id)
+        with self._lock:
+            self._check_open()
+            try:
+                found = self._conn.execute(_ROW_WITH_SNAPSHOT, key).fetchone()
+                if found is not None and (found[7] is None or found[7] < found[0]):
+                    with self._transaction("BEGIN"):
+                        found = self._conn.execute(_ROW_WITH_SNAPSHOT, key).fetchone()
+                        tail = () if found is None else self._conn.execute(_EVENTS_AFTER, (*key, found[7] or 0))
+                        data = [d for (d,) in tail]
+                else:
+                    data = None
+            except sqlite3.Error as exc:
+                raise _translated(exc) from exc
+        if found is None:
+            return None, None
+        version, scopes, created_at, status, updated_at, forked_from, fork_reason, kept, text = found
+        row = _new(StoredSession)
+        _setattr(
+            row,
+            "__dict__",
+            {
+                "id": session_id,
+                "app_name": app_name,
+                "version": version,
+                "scopes": {} if scopes == "{}" else json.loads(scopes),
+                "created_at": created_at,
+                "status": status,
+                "updated_at": updated_at,
+                "forked_from": forked_from,
+                "fork_reason": fork_reason,
+                "retention_ms": None,
+            },
         )
-        return snapshot, (meta, [d for (d,) in data])
+        loaded = _new(LoadedSession)
+        _setattr(loaded, "__dict__", {"session": row, "events": [self.decode_event(d) for d in data] if data else []})
+        if kept is None:
+            return None, loaded
+        snapshot = _new(StoredSnapshot)
+        _setattr(snapshot, "__dict__", {"version": kept, "data": text})
+        return snapshot, loaded
 
     def _write(self, commit: PreparedCommit) -> int | Refused:
         new = commit.row
@@ -413,9 +446,13 @@ def _translate() -> Iterator[None]:
     try:
         yield
     except sqlite3.Error as exc:
-        if _is_busy(exc):
-            raise StoreBusy(f"the SQLite database stayed locked past the timeout: {exc}") from exc
-        raise StoreError(f"SQLite: {exc}") from exc
+        raise _translated(exc) from exc
+
+
+def _translated(exc: sqlite3.Error) -> StoreError:
+    if _is_busy(exc):
+        return StoreBusy(f"the SQLite database stayed locked past the timeout: {exc}")
+    return StoreError(f"SQLite: {exc}")
 
 
 @functools.cache
