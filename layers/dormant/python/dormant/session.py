@@ -171,21 +171,30 @@ class Session:
         """Events covered by the latest snapshot this session knows of (``dormant.snapshots`` keeps it)."""
         for event in self._events[self._committed :]:
             self._track_write(event)
-        self._wire()
 
-    def _wire(self) -> None:
-        self._host = host = _Host(self)
-        self.access = access = Access(host, None)
+    # The views below hold the session; the session holds none of them. Were they kept on it, each session would
+    # sit in a reference cycle that only the garbage collector frees: a process loading sessions to read a value
+    # would run a collection every few dozen loads. They hold nothing of their own, so a fresh one each time is
+    # the same one.
+
+    @property
+    def _host(self) -> _Host:
+        return _Host(self)
+
+    @property
+    def access(self) -> Access:
         """The state rules for writes from outside an invocation (``state`` goes through it)."""
-        self.state = StateView.of(access)
+        return Access(_Host(self), None)
+
+    @property
+    def state(self) -> StateView:
+        """The session's state: session keys as attributes, shared scopes and ``temp`` below (``state.user.name``)."""
+        return StateView.of(Access(_Host(self), None))
 
     @property
     def input(self) -> SessionInput:
-        """Input from outside an invocation: answers to yielded calls, and user messages (built on first use)."""
-        made = self.__dict__.get("_input")
-        if made is None:
-            made = self.__dict__["_input"] = SessionInput(self)
-        return made
+        """Input from outside an invocation: answers to yielded calls, and user messages."""
+        return SessionInput(self)
 
     @property
     def runtime(self) -> Runtime:
@@ -243,9 +252,6 @@ class Session:
         session._unchecked = anchors if type(anchors) is list else list(anchors)  # a load's own list: taken
         session._writes = {}
         session.snapshot_at = projection.count
-        session._host = host = _Host(session)  # _wire, inlined: one call fewer on every load
-        session.access = access = Access(host, None)
-        session.state = StateView.of(access)
         if folded < len(events):
             session._hold(events[folded:])  # stored: folded as they are, never refused (a load must load)
         session.version = row.version  # all of it stored, at the row's version (mark_committed, inlined)

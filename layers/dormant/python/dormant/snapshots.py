@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from functools import partial
+from typing import Any, NamedTuple, cast
 
 from pydantic_core import from_json
 
@@ -162,10 +164,10 @@ def load_session(
     kind = "base" if type(store) in _KINDS else _kind(store)
     if history is None or not snapshots or kind is None:
         return _whole(runtime, session_id, covered=None, alive=alive)
-    rebuild = _Replay(runtime, session_id)
+    found: list[Any] = []
+    rebuild = partial(_replay, runtime, session_id, found)
     if kind == "base":  # the snapshot, the row and the tail in one read
-        assert isinstance(store, BaseSessionStore)
-        kept, loaded = store._load_with_snapshot(runtime.name, session_id)
+        kept, loaded = cast(BaseSessionStore, store)._load_with_snapshot(runtime.name, session_id)
         if loaded is None:
             return None
         if kept is None:  # the read holds the whole ledger: fold it (the next commit keeps a snapshot)
@@ -191,39 +193,32 @@ def load_session(
     if row.created_at != snapshot.created_at or row.version < snapshot.version:
         return _whole(runtime, session_id, covered=0, alive=alive)  # the session was deleted and made again since
     anchors = [snapshot.anchors, (snapshot.version, snapshot.events)]
-    rebuild.snapshot = snapshot  # before the tail is folded: a fold reads the rest of the snapshot's first
-    session = rebuild.session = Session.resume(
-        runtime, row, snapshot.projection, loaded.events, base=snapshot.events, anchors=anchors
-    )
+    found += (snapshot.created_at, snapshot.events)  # before the tail is folded: it reads the fold's rest first
+    session = Session.resume(runtime, row, snapshot.projection, loaded.events, base=snapshot.events, anchors=anchors)
+    found.append(weakref.ref(session))
     if history:
         session.turn_window(history)  # the window's turns the tail lacks, read now rather than mid-run
     return session
 
 
-class _Replay:
+def _replay(runtime: Runtime, session_id: str, found: list[Any]) -> Projection:
     """What a snapshot's fold falls back on when its rest does not parse on first use (``Projection.resume``): the
-    ledger's first ``count`` events replayed; the session then keeps a fresh snapshot at its next commit. One
-    object, not a closure and its cells: it is made on every load."""
-
-    __slots__ = ("runtime", "session", "session_id", "snapshot")
-
-    def __init__(self, runtime: Runtime, session_id: str) -> None:
-        self.runtime, self.session_id = runtime, session_id
-        self.snapshot: _Snapshot | None = None
-        self.session: Session | None = None
-
-    def __call__(self) -> Projection:
-        runtime, snapshot = self.runtime, self.snapshot
-        assert snapshot is not None
-        loaded = runtime.store.load(runtime.name, self.session_id)
-        if loaded is None or loaded.session.created_at != snapshot.created_at or len(loaded.events) < snapshot.events:
-            raise SessionNotFound(self.session_id)  # deleted (and perhaps made again) since this load
-        replayed = Projection(runtime.schema.upcaster)
-        for event in loaded.events[: snapshot.events]:
-            replayed.apply(event)
-        if self.session is not None:
-            self.session.snapshot_at = 0  # the next commit keeps a fresh one
-        return replayed
+    ledger's first ``count`` events replayed; the session then keeps a fresh snapshot at its next commit. ``found``
+    holds the snapshot's ``created_at`` and ``count``, then a weak reference to the session, as the load gets them:
+    a strong one would put every loaded session in a reference cycle (session -> projection -> this -> session)
+    that only the garbage collector frees. A partial of this is made on every load: cheaper than a closure's cells
+    or an object's ``__init__``."""
+    created_at, count = found[0], found[1]
+    loaded = runtime.store.load(runtime.name, session_id)
+    if loaded is None or loaded.session.created_at != created_at or len(loaded.events) < count:
+        raise SessionNotFound(session_id)  # deleted (and perhaps made again) since this load
+    replayed = Projection(runtime.schema.upcaster)
+    for event in loaded.events[:count]:
+        replayed.apply(event)
+    session = found[2]() if len(found) > 2 else None
+    if session is not None:
+        session.snapshot_at = 0  # the next commit keeps a fresh one
+    return replayed
 
 
 _KINDS: dict[type, str] = {}
