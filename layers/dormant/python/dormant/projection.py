@@ -300,7 +300,8 @@ class Projection:
         # _restore_state, inlined: this runs on every load from a snapshot
         count, scoped, status = data["count"], data.get("scoped_states", UNSET_SCOPES), data["status"]
         projection.count = count if type(count) is int and count >= 0 else _count(count)
-        projection.session_state = dict(data["session_state"])
+        state = data["session_state"]
+        projection.session_state = state if type(state) is dict else dict(state)  # a fresh parse: its own dict
         empty = type(scoped) is dict and not scoped
         projection.scoped_states = {} if empty else {str(k): dict(v) for k, v in scoped.items()}
         if type(status) is not str:

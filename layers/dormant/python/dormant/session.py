@@ -47,6 +47,8 @@ from .transcript import rebuild_input
 __all__ = ["AnswerCheck", "EventLog", "Runtime", "Session", "SessionInput"]
 
 _log = logging.getLogger("dormant.session")
+_new = object.__new__
+_setattr = object.__setattr__
 _FIRST_ANCHORS = [(0, 0)]
 """Every ledger's first anchor: version 0 holds no event."""
 
@@ -189,7 +191,14 @@ class Session:
     @property
     def state(self) -> StateView:
         """The session's state: session keys as attributes, shared scopes and ``temp`` below (``state.user.name``)."""
-        return StateView.of(Access(_Host(self), None))
+        host = _new(_Host)  # _Host(self), Access(host, None) and StateView(access) with no Python call: a state
+        host.session = self  # read on a freshly loaded session costs little more than these
+        access = _new(Access)
+        access.host, access.invocation, access.call = host, None, None
+        view = _new(StateView)
+        _setattr(view, "_access", access)
+        _setattr(view, "_scope", "session")
+        return view
 
     @property
     def input(self) -> SessionInput:

@@ -14,7 +14,8 @@ logged and the commit stands), kept only if no later one is; it is checked on lo
 the row's ``created_at``) and anything that does not fit is ignored — the session is then loaded whole
 and the next commit writes a fresh snapshot. It is never trusted over the ledger.
 
-Format 2, JSON: ``{"format": 2, "version", "count", "created_at", "schema": {scope: version},
+Format 2, JSON: ``{"format": 2, "version", "count", "created_at", "schema": {scope: version} (left out when
+no scope has migrations),
 "projection": Projection.export(), "anchors": "version,count version,count ..."}``, where the projection's
 ``recent_turns`` too is one string of counts (``"1194 1195 ..."``): a fresh load parses two strings there,
 not up to 150 integers in up to 51 lists, which was two thirds of the parse (format 1, read too, held them
@@ -29,7 +30,7 @@ import logging
 import weakref
 from collections.abc import Callable
 from functools import partial
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 from pydantic_core import from_json
 
@@ -58,6 +59,10 @@ DEFAULT_EVERY = 100
 what the agents' history windows need."""
 
 _log = logging.getLogger("dormant.snapshots")
+_NO_MIGRATIONS: dict[str, int] = {}
+"""A format 2 snapshot of an app with no migrations leaves ``schema`` out (format 1 wrote ``{}``)."""
+_ANCHORS = (str, list)
+"""What a snapshot's anchors are stored as (format 2: one string; 1: a list of pairs)."""
 
 
 class _Snapshot(NamedTuple):
@@ -85,10 +90,11 @@ def snapshot_of(session: Session, *, pending: bool = False) -> StoredSnapshot:
         "version": version,
         "count": projection.count if pending else session.committed_count,
         "created_at": session.created_at,
-        "schema": session.runtime.schema.versions,
         "projection": _compact(projection),
         "anchors": " ".join(f"{version},{count}" for version, count in anchors),
     }
+    if session.runtime.schema.versions:  # left out when no scope has migrations: one dict fewer per load
+        data["schema"] = session.runtime.schema.versions
     return StoredSnapshot(version, json.dumps(data, separators=(",", ":"), allow_nan=False))
 
 
@@ -132,11 +138,11 @@ def _decode(
         if not isinstance(data, dict) or data.get("format") not in _READABLE or data.get("version") != stored.version:
             return None
         schema = runtime.schema
-        if data.get("schema") != schema.versions:
+        if data.get("schema", _NO_MIGRATIONS) != schema.versions:
             return None
         count, created_at, anchors = data["count"], data["created_at"], data["anchors"]
         projection = Projection.resume(data["projection"], schema.upcaster, rebuild)  # checks what it reads now
-        if projection.count != count or not isinstance(created_at, int) or not isinstance(anchors, list | str):
+        if projection.count != count or type(created_at) is not int or type(anchors) not in _ANCHORS:
             return None
     except (InputError, ValueError, TypeError, KeyError, AttributeError):
         _log.warning("ignoring a snapshot that does not parse (version %s)", stored.version, exc_info=True)
@@ -167,13 +173,14 @@ def load_session(
     found: list[Any] = []
     rebuild = partial(_replay, runtime, session_id, found)
     if kind == "base":  # the snapshot, the row and the tail in one read
-        kept, loaded = cast(BaseSessionStore, store)._load_with_snapshot(runtime.name, session_id)
-        if loaded is None:
+        base: BaseSessionStore = store  # type: ignore[assignment]  # (kind says so; cast() is a call)
+        kept, row, events = base._load_with_snapshot(runtime.name, session_id)
+        if row is None:
             return None
         if kept is None:  # the read holds the whole ledger: fold it (the next commit keeps a snapshot)
-            if alive is not None and not alive(loaded.session):
+            if alive is not None and not alive(row):
                 return None
-            session = Session.from_row(runtime, loaded.session, loaded.events)
+            session = Session.from_row(runtime, row, events)
             session.snapshot_at = 0
             return session
         snapshot = _decode(kept, runtime, rebuild)
@@ -187,14 +194,14 @@ def load_session(
         loaded = store.load(runtime.name, session_id, after=snapshot.version)
         if loaded is None:
             return None
-    row = loaded.session
+        row, events = loaded.session, loaded.events
     if alive is not None and not alive(row):
         return None
     if row.created_at != snapshot.created_at or row.version < snapshot.version:
         return _whole(runtime, session_id, covered=0, alive=alive)  # the session was deleted and made again since
     anchors = [snapshot.anchors, (snapshot.version, snapshot.events)]
     found += (snapshot.created_at, snapshot.events)  # before the tail is folded: it reads the fold's rest first
-    session = Session.resume(runtime, row, snapshot.projection, loaded.events, base=snapshot.events, anchors=anchors)
+    session = Session.resume(runtime, row, snapshot.projection, events, base=snapshot.events, anchors=anchors)
     found.append(weakref.ref(session))
     if history:
         session.turn_window(history)  # the window's turns the tail lacks, read now rather than mid-run

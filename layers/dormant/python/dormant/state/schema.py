@@ -33,6 +33,9 @@ APP_SCOPE_ID = "app"
 RESERVED_KEYS = frozenset({"update", "get", "keys", "to_dict"}) | frozenset(SCOPES)
 
 
+_CONTAINERS = (dict, list)
+"""What a JSON value read from the fold may hold inside (``isinstance(v, dict | list)`` builds a union per call)."""
+
 # A shared-scope value stored by a scope at schema version > 0 is wrapped so its version travels with it
 # (other sessions, and other releases, write the same keys): {VERSION: n, VALUE: value}.
 _STORED_VERSION = "__schema_version__"
@@ -217,7 +220,7 @@ class ScopeSchema:
         if value is None:
             return self.default(key)
         reader = self._readers[key] if key in self._readers else self._reader(key)
-        copy = json_copy(value) if isinstance(value, dict | list) else value
+        copy = json_copy(value) if type(value) in _CONTAINERS else value  # a scalar needs no copy
         if reader is None:
             return copy
         try:
@@ -285,18 +288,11 @@ class Schema:
         if "session" not in self.scopes:
             self.scopes["session"] = ScopeSchema("session", None, steps.get("session", ()))
         # Read on every load from a snapshot: worked out once (the scopes and their steps are fixed here).
-        self._versions = {name: scope.version for name, scope in self.scopes.items() if scope.version}
-        self._upcaster = self.upcast if self._versions else None
-
-    @property
-    def versions(self) -> dict[str, int]:
-        """Scope -> schema version, for the scopes with migrations (what a derived snapshot must match)."""
-        return dict(self._versions)
-
-    @property
-    def upcaster(self) -> Callable[[StateChangeEvent], StateChangeEvent] | None:
+        self.versions: dict[str, int] = {name: scope.version for name, scope in self.scopes.items() if scope.version}
+        """Scope -> schema version, for the scopes with migrations (what a derived snapshot must match; not to be
+        changed)."""
+        self.upcaster: Callable[[StateChangeEvent], StateChangeEvent] | None = self.upcast if self.versions else None
         """``upcast`` for a fold, or ``None`` when no scope has migrations: the fold then skips it per event."""
-        return self._upcaster
 
     def upcast(self, event: StateChangeEvent) -> StateChangeEvent:
         """``event`` as the current model reads it: itself when current, else a migrated copy to fold.

@@ -584,17 +584,20 @@ class BaseSessionStore(ABC):
         there is none), read together: in one transaction on a store that overrides ``_read_with_snapshot``."""
         check_app_key(app_name)
         check_id(session_id)
-        return self._load_with_snapshot(app_name, session_id)
+        snapshot, row, events = self._load_with_snapshot(app_name, session_id)
+        return snapshot, None if row is None else LoadedSession(row, events)
 
-    def _load_with_snapshot(self, app_name: str, session_id: str) -> tuple[StoredSnapshot | None, LoadedSession | None]:
-        """``load_with_snapshot`` of keys the caller checked (``app.sessions.get``: a state read pays for one check)."""
+    def _load_with_snapshot(
+        self, app_name: str, session_id: str
+    ) -> tuple[StoredSnapshot | None, StoredSession | None, builtins.list[Event]]:
+        """``load_with_snapshot`` of keys the caller checked (``app.sessions.get``: a state read pays for one check),
+        as (snapshot, row or ``None``, events after the snapshot): no ``LoadedSession`` to build and take apart."""
         self._check_open()
         snapshot, found = self._read_with_snapshot(app_name, session_id)
         if found is None:
-            return snapshot, None
+            return snapshot, None, []
         row, data = found
-        events = [self.decode_event(item) for item in data] if data else []
-        return snapshot, built(LoadedSession, session=row, events=events)
+        return snapshot, row, [self.decode_event(item) for item in data] if data else []
 
     def _read_with_snapshot(
         self, app_name: str, session_id: str

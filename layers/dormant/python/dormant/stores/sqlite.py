@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import ConfigurationError, StoreBusy, StoreError
+from ..events import Event
 
 try:
     import fcntl
@@ -34,7 +35,6 @@ except ImportError:  # Windows: SQLite's own lock alone
     fcntl = None  # type: ignore[assignment]
 from .base import (
     BaseSessionStore,
-    LoadedSession,
     PreparedCommit,
     Refused,
     RunningSession,
@@ -143,12 +143,14 @@ class SQLiteSessionStore(BaseSessionStore):
         )
         return meta, [d for (d,) in data]
 
-    def _load_with_snapshot(self, app_name: str, session_id: str) -> tuple[StoredSnapshot | None, LoadedSession | None]:
+    def _load_with_snapshot(
+        self, app_name: str, session_id: str
+    ) -> tuple[StoredSnapshot | None, StoredSession | None, builtins.list[Event]]:
         """The row with its snapshot in one statement (a statement reads one state of the file: no transaction);
         the events after the snapshot, when the row is past it, in one transaction with the row read again.
 
-        What a state read runs, so the row, the snapshot and the loaded session are built here, each with one
-        dict and no frozen ``__init__`` (``object.__setattr__`` per field): it was a third of the read."""
+        What a state read runs, so the row and the snapshot are built here, each with one dict and no frozen
+        ``__init__`` (``object.__setattr__`` per field): the read's Python was a third of its time."""
         key = (app_name, session_id)
         with self._lock:
             self._check_open()
@@ -164,7 +166,7 @@ class SQLiteSessionStore(BaseSessionStore):
             except sqlite3.Error as exc:
                 raise _translated(exc) from exc
         if found is None:
-            return None, None
+            return None, None, []
         version, scopes, created_at, status, updated_at, forked_from, fork_reason, kept, text = found
         row = _new(StoredSession)
         _setattr(
@@ -183,13 +185,12 @@ class SQLiteSessionStore(BaseSessionStore):
                 "retention_ms": None,
             },
         )
-        loaded = _new(LoadedSession)
-        _setattr(loaded, "__dict__", {"session": row, "events": [self.decode_event(d) for d in data] if data else []})
+        events = [self.decode_event(d) for d in data] if data else []
         if kept is None:
-            return None, loaded
+            return None, row, events
         snapshot = _new(StoredSnapshot)
         _setattr(snapshot, "__dict__", {"version": kept, "data": text})
-        return snapshot, loaded
+        return snapshot, row, events
 
     def _write(self, commit: PreparedCommit) -> int | Refused:
         new = commit.row
