@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .common import Figure
-from .workloads import store_workloads
+from .workloads import SQL_TARGETS, store_workloads
 
 
 class Floor:
@@ -129,7 +129,7 @@ def run() -> list[Figure]:
         with _server() as server, _schema(server) as url:
             store, floor = postgres_store(url), Floor(url)
             try:
-                return store_workloads("postgres", store, floor)
+                return store_workloads("postgres", store, floor, targets=SQL_TARGETS)
             finally:
                 store.close()
                 floor.conn.close()

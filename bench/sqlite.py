@@ -19,7 +19,7 @@ from dormant import adk
 from dormant.stores.sqlite import sqlite_store
 
 from .common import Figure, cpu_timed, micros, paired, per_second, scale, timed
-from .workloads import EVENTS_PER_TURN, REPEAT, TURNS, _meta, event, store_workloads, turns
+from .workloads import EVENTS_PER_TURN, REPEAT, SQL_TARGETS, TURNS, _meta, event, store_workloads, turns
 
 
 class Floor:
@@ -162,7 +162,8 @@ def w1_normal(path: Path) -> Figure:
     try:
 
         def ours(n: int) -> float:
-            return timed(lambda: [store.commit(_meta(f"n-ours-{n}", "w1", v), b, v) for v, b in enumerate(batches)])
+            metas = [_meta(f"n-ours-{n}", "w1", v) for v in range(len(batches))]  # the input, ready, as the floor's
+            return timed(lambda: [store.commit(metas[v], b, v) for v, b in enumerate(batches)])
 
         def raw(n: int) -> float:
             return timed(lambda: [floor.commit(f"n-floor-{n}", "w1", b, v) for v, b in enumerate(rows)])
@@ -189,7 +190,7 @@ def run() -> list[Figure]:
         floor = Floor(path)
         try:
             return [
-                *store_workloads("sqlite", store, floor),
+                *store_workloads("sqlite", store, floor, targets=SQL_TARGETS),
                 w1_normal(Path(tmp) / "normal.db"),
                 state_read(store, floor),
             ]

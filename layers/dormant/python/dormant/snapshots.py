@@ -25,6 +25,7 @@ before a migration was added is ignored.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import weakref
@@ -83,7 +84,9 @@ def snapshot_of(session: Session, *, pending: bool = False) -> StoredSnapshot:
     keeps it in that commit's transaction, only if the commit lands whole).
     """
     projection = session.projection
-    anchors = sorted({session.anchor_for(position) for position in projection.recent_turns})
+    known = session.anchors  # anchor_for per turn, with the counts listed once (not once per turn)
+    counts = [count for _, count in known]
+    anchors = sorted({known[bisect.bisect_right(counts, position) - 1] for position in projection.recent_turns})
     version = session.version + 1 if pending else session.version
     data = {
         "format": FORMAT,

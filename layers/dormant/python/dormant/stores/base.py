@@ -74,7 +74,6 @@ from __future__ import annotations
 
 import base64
 import builtins
-import dataclasses
 import itertools
 import json
 import re
@@ -98,6 +97,7 @@ from ..errors import (
 )
 from ..events import Event, EventBase, parse_event_json
 from ..ids import (
+    EVENT_ID_MATCH,
     MAX_CURSOR_LENGTH,
     MAX_KEY_LENGTH,
     TENANT_SEPARATOR,
@@ -453,22 +453,21 @@ class BaseSessionStore(ABC):
         snapshot: StoredSnapshot | None = None,
     ) -> CommitResult:
         """``snapshot``: see ``snapshots_in_commit`` (ignored by a store without it, or when too large)."""
-        prepared = self._prepare(session, new_events, expected_version, scoped_changes)
-        if (
-            snapshot is not None
-            and self.snapshots_in_commit
-            and snapshot.version == prepared.row.version
-            and len(prepared.events) == len(new_events)
+        if snapshot is not None and not (
+            self.snapshots_in_commit
+            and snapshot.version == expected_version + 1
             and _utf8_size(snapshot.data) <= self.limits.max_snapshot_bytes
         ):
-            prepared = dataclasses.replace(prepared, snapshot=snapshot)
+            snapshot = None
+        prepared = self._prepare(session, new_events, expected_version, scoped_changes, snapshot)
         self._check_open()
         outcome = self._write(prepared)
-        if isinstance(outcome, Refused):
-            if expected_version > 0 and outcome.version > 0 and outcome.scopes != prepared.row.scopes:
-                raise ScopeMismatch(session.id, stored=outcome.scopes or {}, given=prepared.row.scopes)
-            return CommitResult(ok=False, version=outcome.version, appended=0)
-        return CommitResult(ok=True, version=expected_version + 1, appended=outcome)
+        if type(outcome) is int:
+            return built(CommitResult, ok=True, version=expected_version + 1, appended=outcome)
+        assert isinstance(outcome, Refused)
+        if expected_version > 0 and outcome.version > 0 and outcome.scopes != prepared.row.scopes:
+            raise ScopeMismatch(session.id, stored=outcome.scopes or {}, given=prepared.row.scopes)
+        return CommitResult(ok=False, version=outcome.version, appended=0)
 
     def delete(self, app_name: str, session_id: str) -> None:
         check_app_key(app_name)
@@ -612,14 +611,7 @@ class BaseSessionStore(ABC):
 
         Override (with ``decode_event``) to compress, on top of this one; chunking goes here too.
         """
-        try:
-            data = event.model_dump_json()
-        except PydanticSerializationError as exc:  # a lone surrogate has no UTF-8 encoding
-            check_storable(event.model_dump(), "event")
-            raise ValueNotStorable(f"event {event.id} cannot be stored as JSON: {exc}", field="event") from exc
-        if "\\u0000" in data:  # a NUL (or text that spells its escape): look closer
-            check_storable(event.model_dump(), "event")
-        return data
+        return _encode(event)
 
     def decode_event(self, data: str | bytes) -> Event:
         return parse_event_json(data)
@@ -719,12 +711,17 @@ class BaseSessionStore(ABC):
         new_events: Sequence[Event],
         expected_version: int,
         scoped_changes: Sequence[ScopedStateChange] | None,
+        snapshot: StoredSnapshot | None = None,
     ) -> PreparedCommit:
+        """Check and encode a commit. Run once per commit with every event in it, so the per-event steps are
+        inlined: the id's key rule as one C-level match (``check_event_id`` only to word a refusal), the JSON
+        from the model's serializer (``encode_event``'s default, when a store keeps it), its size."""
         check_app_key(session.app_name)
         check_id(session.id)
-        if not isinstance(session.scopes, Mapping):
-            raise InputError(f"scopes is a dict of scope -> id, not {type(session.scopes).__name__}", field="scopes")
-        for scope, scope_id in session.scopes.items():  # keys too, on DynamoDB (the binding index)
+        scopes = session.scopes
+        if type(scopes) is not dict and not isinstance(scopes, Mapping):  # (an ABC's check is Python code)
+            raise InputError(f"scopes is a dict of scope -> id, not {type(scopes).__name__}", field="scopes")
+        for scope, scope_id in scopes.items():  # keys too, on DynamoDB (the binding index)
             check_name(scope, "scope", "scopes")
             check_id(scope_id, "scope id", f"scopes.{scope}")
         if not _is_count(expected_version):
@@ -732,22 +729,26 @@ class BaseSessionStore(ABC):
                 f"expected_version must be an int >= 0, not {expected_version!r}", field="expected_version"
             )
         limits = self.limits
+        max_event = limits.max_event_bytes
+        own_encoding = type(self).encode_event is BaseSessionStore.encode_event
         seen: set[str] = set()
         events: builtins.list[EncodedEvent] = []
         total = 0
         for n, event in enumerate(new_events):
             if not isinstance(event, EventBase):
                 raise InputError(f"commit takes events, not {type(event).__name__}", field="new_events")
-            check_event_id(event.id, f"new_events.{n}.id")
-            if event.id in seen:
+            event_id = event.id
+            if type(event_id) is not str or EVENT_ID_MATCH(event_id) is None:
+                check_event_id(event_id, f"new_events.{n}.id")
+            if event_id in seen:
                 continue
-            seen.add(event.id)
-            data = self.encode_event(event)
-            size = _utf8_size(data)
-            if size > limits.max_event_bytes:
-                raise EventTooLarge(event.id, size=size, limit=limits.max_event_bytes)
+            seen.add(event_id)
+            data = _encode(event) if own_encoding else self.encode_event(event)
+            size = len(data) if data.isascii() else _utf8_size(data)
+            if size > max_event:
+                raise EventTooLarge(event_id, size=size, limit=max_event)
             total += size
-            events.append(EncodedEvent(event.id, data))
+            events.append(tuple.__new__(EncodedEvent, (event_id, data)))  # (a named tuple's __new__ is Python)
         if len(events) > limits.max_events_per_commit:
             raise CommitTooLarge(
                 f"a commit carries at most {limits.max_events_per_commit:,} events, not {len(events):,}",
@@ -760,12 +761,15 @@ class BaseSessionStore(ABC):
                 size=total,
                 limit=limits.max_commit_bytes,
             )
+        if snapshot is not None and len(events) != len(new_events):
+            snapshot = None  # a batch that repeats an id is not the ledger the snapshot folded
         now = now_ms()
-        row = StoredSession(
+        row = built(
+            StoredSession,
             id=session.id,
             app_name=session.app_name,
             version=expected_version + 1,
-            scopes=dict(session.scopes),
+            scopes=dict(scopes),
             created_at=session.created_at or now,
             status=session.status,
             updated_at=now,
@@ -773,7 +777,15 @@ class BaseSessionStore(ABC):
             fork_reason=session.fork_reason,
             retention_ms=session.retention_ms,
         )
-        return PreparedCommit(row, expected_version, tuple(events), self._scoped_writes(scoped_changes or ()))
+        scoped = self._scoped_writes(scoped_changes) if scoped_changes else ()
+        return built(
+            PreparedCommit,
+            row=row,
+            expected_version=expected_version,
+            events=tuple(events),
+            scoped=scoped,
+            snapshot=snapshot,
+        )
 
     def _scoped_writes(
         self, changes: Sequence[ScopedStateChange], what: str = "scoped_changes"
@@ -821,6 +833,18 @@ def built(cls: type[_T], **fields: Any) -> _T:
     instance = object.__new__(cls)
     instance.__dict__.update(fields)
     return instance
+
+
+def _encode(event: Event) -> str:
+    """``encode_event``'s default: the model's JSON from its serializer (``model_dump_json`` without its wrapper)."""
+    try:
+        data: str = event.__pydantic_serializer__.to_json(event).decode()
+    except PydanticSerializationError as exc:  # a lone surrogate has no UTF-8 encoding
+        check_storable(event.model_dump(), "event")
+        raise ValueNotStorable(f"event {event.id} cannot be stored as JSON: {exc}", field="event") from exc
+    if "\\u0000" in data:  # a NUL (or text that spells its escape): look closer
+        check_storable(event.model_dump(), "event")
+    return data
 
 
 def _is_count(value: object) -> bool:

@@ -193,80 +193,103 @@ class SQLiteSessionStore(BaseSessionStore):
         return snapshot, row, events
 
     def _write(self, commit: PreparedCommit) -> int | Refused:
+        """``_gated`` in its own ``BEGIN IMMEDIATE`` transaction, under the store's lock and the writers' file lock:
+        ``_use`` and ``_transaction`` spelled out, as this runs once per commit (four generator-made context
+        managers were a tenth of a commit's Python)."""
+        conn = self._conn
+        with self._lock:
+            self._check_open()
+            try:
+                self._take_writers()
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        outcome = self._gated(commit)
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        if conn.in_transaction:
+                            conn.execute("ROLLBACK")
+                        raise
+                finally:
+                    self._leave_writers()
+            except sqlite3.Error as exc:
+                raise _translated(exc) from exc
+        return outcome
+
+    def _gated(self, commit: PreparedCommit) -> int | Refused:
         new = commit.row
         app, sid = new.app_name, new.id
-        with self._use(), self._transaction():
-            conn = self._conn
-            # The gate as one UPDATE, as the floor does it: the expected version and the scopes' stored text.
-            # When it matches no row (a conflict, a create, scopes spelled otherwise) the row is read and
-            # judged in Python below, which tells a refusal's version and scopes.
-            bumped = (
-                commit.expected_version > 0
-                and conn.execute(
-                    "UPDATE sessions SET version = ?, status = ?, updated_at = MAX(updated_at, ?)"
-                    " WHERE app_name = ? AND id = ? AND version = ? AND scopes = ?",
-                    (
-                        new.version,
-                        new.status,
-                        new.updated_at,
-                        app,
-                        sid,
-                        commit.expected_version,
-                        json.dumps(new.scopes),
-                    ),
-                ).rowcount
-                == 1
+        conn = self._conn
+        # The gate as one UPDATE, as the floor does it: the expected version and the scopes' stored text.
+        # When it matches no row (a conflict, a create, scopes spelled otherwise) the row is read and
+        # judged in Python below, which tells a refusal's version and scopes.
+        bumped = (
+            commit.expected_version > 0
+            and conn.execute(
+                "UPDATE sessions SET version = ?, status = ?, updated_at = MAX(updated_at, ?)"
+                " WHERE app_name = ? AND id = ? AND version = ? AND scopes = ?",
+                (
+                    new.version,
+                    new.status,
+                    new.updated_at,
+                    app,
+                    sid,
+                    commit.expected_version,
+                    json.dumps(new.scopes) if new.scopes else "{}",
+                ),
+            ).rowcount
+            == 1
+        )
+        create = False
+        if not bumped:
+            row = conn.execute(
+                "SELECT version, scopes, updated_at FROM sessions WHERE app_name = ? AND id = ?", (app, sid)
+            ).fetchone()
+            if row is not None and commit.replaces(row[2]):  # an expired session: its id starts afresh
+                self._remove(app, sid)
+                row = None
+            stored = (row[0], json.loads(row[1])) if row is not None else (0, None)
+            if not commit.admits(*stored):
+                return Refused(*stored)
+            create = row is None
+        # An id already stored (a retried commit) is skipped by the primary key, not looked up first: one
+        # statement less per commit. Its seq is left unused; loads order by (version, seq), gaps and all.
+        appended = (
+            conn.executemany(
+                "INSERT OR IGNORE INTO events (app_name, session_id, event_id, version, seq, data)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                [(app, sid, e.id, new.version, n, e.data) for n, e in enumerate(commit.events)],
+            ).rowcount
+            if commit.events
+            else 0
+        )
+        if create:
+            conn.execute(
+                "INSERT INTO sessions (app_name, id, version, scopes, status, created_at, updated_at, forked_from,"
+                " fork_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    app,
+                    sid,
+                    new.version,
+                    json.dumps(new.scopes),
+                    new.status,
+                    new.created_at,
+                    new.updated_at,
+                    new.forked_from,
+                    new.fork_reason,
+                ),
             )
-            create = False
-            if not bumped:
-                row = conn.execute(
-                    "SELECT version, scopes, updated_at FROM sessions WHERE app_name = ? AND id = ?", (app, sid)
-                ).fetchone()
-                if row is not None and commit.replaces(row[2]):  # an expired session: its id starts afresh
-                    self._remove(app, sid)
-                    row = None
-                stored = (row[0], json.loads(row[1])) if row is not None else (0, None)
-                if not commit.admits(*stored):
-                    return Refused(*stored)
-                create = row is None
-            # An id already stored (a retried commit) is skipped by the primary key, not looked up first: one
-            # statement less per commit. Its seq is left unused; loads order by (version, seq), gaps and all.
-            appended = (
-                conn.executemany(
-                    "INSERT OR IGNORE INTO events (app_name, session_id, event_id, version, seq, data)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    [(app, sid, e.id, new.version, n, e.data) for n, e in enumerate(commit.events)],
-                ).rowcount
-                if commit.events
-                else 0
+        elif not bumped:
+            conn.execute(
+                "UPDATE sessions SET version = ?, status = ?, updated_at = MAX(updated_at, ?)"
+                " WHERE app_name = ? AND id = ?",
+                (new.version, new.status, new.updated_at, app, sid),
             )
-            if create:
-                conn.execute(
-                    "INSERT INTO sessions (app_name, id, version, scopes, status, created_at, updated_at, forked_from,"
-                    " fork_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        app,
-                        sid,
-                        new.version,
-                        json.dumps(new.scopes),
-                        new.status,
-                        new.created_at,
-                        new.updated_at,
-                        new.forked_from,
-                        new.fork_reason,
-                    ),
-                )
-            elif not bumped:
-                conn.execute(
-                    "UPDATE sessions SET version = ?, status = ?, updated_at = MAX(updated_at, ?)"
-                    " WHERE app_name = ? AND id = ?",
-                    (new.version, new.status, new.updated_at, app, sid),
-                )
-            self._merge(app, commit.scoped)
-            if commit.snapshot is not None and appended == len(commit.events):
-                snap = commit.snapshot
-                conn.execute(_SAVE_SNAPSHOT, (snap.version, snap.data, app, sid, snap.version))
-            return appended
+        self._merge(app, commit.scoped)
+        if commit.snapshot is not None and appended == len(commit.events):
+            snap = commit.snapshot
+            conn.execute(_SAVE_SNAPSHOT, (snap.version, snap.data, app, sid, snap.version))
+        return appended
 
     def _save_snapshot(self, app_name: str, session_id: str, snapshot: StoredSnapshot) -> bool:
         with self._use(), self._transaction():
@@ -418,22 +441,34 @@ class SQLiteSessionStore(BaseSessionStore):
         """Queue for the write lock on ``<path>-lock`` (``flock``) before SQLite's own: processes writing one file
         (``dormant serve``'s workers) then take turns within a millisecond of each other, where SQLite's busy
         handler sleeps up to 100 ms between tries. Without ``fcntl`` (Windows) or a file, SQLite's lock alone."""
-        if self._writers is None:
+        self._take_writers()
+        try:
             yield
+        finally:
+            self._leave_writers()
+
+    def _take_writers(self) -> None:
+        writers = self._writers
+        if writers is None:
             return
+        try:
+            fcntl.flock(writers, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
         deadline, pause = time.monotonic() + self._timeout, 0.0002
         while True:
             try:
-                fcntl.flock(self._writers, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
+                fcntl.flock(writers, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     raise StoreBusy(f"another process held {self.path}'s write lock past {self._timeout} s") from None
                 time.sleep(pause)
                 pause = min(pause * 2, 0.002)
-        try:
-            yield
-        finally:
+
+    def _leave_writers(self) -> None:
+        if self._writers is not None:
             fcntl.flock(self._writers, fcntl.LOCK_UN)
 
 
