@@ -77,9 +77,9 @@ TENANT_SEPARATOR = "@"
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+=-]*")
 ID_PATTERN = f"^{_ID.pattern}$"
 """What ``check_id`` accepts, as a JSON-schema pattern (with ``MAX_ID_LENGTH``): the API document states it."""
-EVENT_ID_MATCH = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.:@+=-]{{0,{MAX_KEY_LENGTH - 1}}}").fullmatch
-"""``check_event_id``'s rule as one C-level call for a ``str`` (a match, or ``None``): what a commit runs per event,
-calling ``check_event_id`` only to word a refusal."""
+ID_MATCH = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.:@+=-]{{0,{MAX_KEY_LENGTH - 1}}}").fullmatch
+"""``check_id``'s and ``check_event_id``'s rule as one C-level call for a ``str`` (a match, or ``None``): what a
+commit runs per event and a load per session, calling the check only to word a refusal."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+=-]*")
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # NUL, and surrogates (in a str, always lone ones)
 

@@ -180,25 +180,45 @@ class Session:
     # the same one.
 
     @property
-    def _host(self) -> _Host:
-        return _Host(self)
-
-    @property
     def access(self) -> Access:
         """The state rules for writes from outside an invocation (``state`` goes through it)."""
-        return Access(_Host(self), None)
+        return Access(self, None)
 
     @property
     def state(self) -> StateView:
         """The session's state: session keys as attributes, shared scopes and ``temp`` below (``state.user.name``)."""
-        host = _new(_Host)  # _Host(self), Access(host, None) and StateView(access) with no Python call: a state
-        host.session = self  # read on a freshly loaded session costs little more than these
-        access = _new(Access)
-        access.host, access.invocation, access.call = host, None, None
+        access = _new(Access)  # Access(self, None) and StateView(access) with no Python call: a state read on a
+        access.host, access.invocation, access.call = self, None, None  # fresh load costs little more than these
         view = _new(StateView)
         _setattr(view, "_access", access)
         _setattr(view, "_scope", "session")
         return view
+
+    # -- the session as the state rules see it (``dormant.state.access.StateHost``) ----------------------------
+    # On the session itself, not on an object of its own: every state read asks these, and a read of a freshly
+    # loaded session is mostly what it builds and calls.
+
+    def scope_schema(self, scope: str) -> ScopeSchema:
+        """The app's schema of ``scope`` (``UnknownScope`` for one it does not declare)."""
+        try:
+            return self._runtime.schema.scopes[scope]
+        except KeyError:
+            raise UnknownScope(scope) from None
+
+    def scope_values(self, scope: str) -> Mapping[str, Any]:
+        """``scope``'s values as the ledger folds them (read them, never change them)."""
+        if scope == "session":
+            return self._projection.session_state
+        return self._projection.scoped_states.get(scope) or {}
+
+    def load_scope(self, scope: str, scope_id: str) -> dict[str, Any]:
+        """The shared scope as the store holds it, in the current model's shape."""
+        stored = self._runtime.store.load_scoped_state(self.app_name, scope, scope_id)
+        return self.scope_schema(scope).from_store(stored)
+
+    def uncommitted_writes(self, scope: str, scope_id: str) -> Mapping[str, Any]:
+        """This ledger's writes to a shared scope not committed yet, key -> value (``None``: deleted)."""
+        return self._writes.get((scope, scope_id)) or {}
 
     @property
     def input(self) -> SessionInput:
@@ -407,7 +427,7 @@ class Session:
 
         ``stored`` caches the shared scopes as stored (scope -> values) for the run.
         """
-        return Invocation(self._host, invocation_id, agent_name, stored)
+        return Invocation(self, invocation_id, agent_name, stored)
 
     # -- derived state ----------------------------------------------------------------------
 
@@ -634,45 +654,6 @@ class Session:
             f"<Session {self.id} app={self.app_name!r} version={self.version} "
             f"events={self._base + len(self._events)} status={self.status!r}>"
         )
-
-
-class _Host:
-    """The session as the state rules see it (``dormant.state.access.StateHost``)."""
-
-    __slots__ = ("session",)
-
-    def __init__(self, session: Session) -> None:
-        self.session = session
-
-    def scope_schema(self, scope: str) -> ScopeSchema:
-        try:
-            return self.session._runtime.schema.scopes[scope]  # every state read asks: one lookup
-        except KeyError:
-            raise UnknownScope(scope) from None
-
-    def scope_values(self, scope: str) -> Mapping[str, Any]:
-        projection = self.session._projection
-        if scope == "session":
-            return projection.session_state
-        return projection.scoped_states.get(scope) or {}
-
-    def scope_id(self, scope: str) -> str | None:
-        return self.session.scope_id(scope)
-
-    def append(self, event: Event) -> Event:
-        return self.session.append(event)
-
-    def load_scope(self, scope: str, scope_id: str) -> dict[str, Any]:
-        session = self.session
-        stored = session._runtime.store.load_scoped_state(session.app_name, scope, scope_id)
-        return self.scope_schema(scope).from_store(stored)
-
-    def uncommitted_writes(self, scope: str, scope_id: str) -> Mapping[str, Any]:
-        return self.session._writes.get((scope, scope_id)) or {}
-
-    @property
-    def version(self) -> int:
-        return self.session.version
 
 
 class SessionInput:

@@ -37,7 +37,7 @@ from pydantic_core import from_json
 
 from . import metrics
 from .errors import InputError, SessionNotFound
-from .ids import check_id
+from .ids import ID_MATCH, check_id
 from .projection import UNSET, Projection
 from .session import Runtime, Session
 from .stores.base import BaseSessionStore, SnapshotStore, StoredSession, StoredSnapshot
@@ -168,7 +168,8 @@ def load_session(
     so the whole ledger is read). The tail after the snapshot is read first; when it holds fewer user
     turns than the window, the rest of the window is read from the snapshot's anchors.
     """
-    session_id = check_id(session_id)
+    if type(session_id) is not str or ID_MATCH(session_id) is None:
+        check_id(session_id)  # words the refusal
     store = runtime.store
     kind = "base" if type(store) in _KINDS else _kind(store)
     if history is None or not snapshots or kind is None:
@@ -203,7 +204,8 @@ def load_session(
     if row.created_at != snapshot.created_at or row.version < snapshot.version:
         return _whole(runtime, session_id, covered=0, alive=alive)  # the session was deleted and made again since
     anchors = [snapshot.anchors, (snapshot.version, snapshot.events)]
-    found += (snapshot.created_at, snapshot.events)  # before the tail is folded: it reads the fold's rest first
+    found.append(snapshot.created_at)  # before the tail is folded: it reads the fold's rest first
+    found.append(snapshot.events)
     session = Session.resume(runtime, row, snapshot.projection, events, base=snapshot.events, anchors=anchors)
     found.append(weakref.ref(session))
     if history:

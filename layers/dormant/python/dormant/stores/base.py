@@ -97,7 +97,7 @@ from ..errors import (
 )
 from ..events import Event, EventBase, parse_event_json
 from ..ids import (
-    EVENT_ID_MATCH,
+    ID_MATCH,
     MAX_CURSOR_LENGTH,
     MAX_KEY_LENGTH,
     TENANT_SEPARATOR,
@@ -738,7 +738,7 @@ class BaseSessionStore(ABC):
             if not isinstance(event, EventBase):
                 raise InputError(f"commit takes events, not {type(event).__name__}", field="new_events")
             event_id = event.id
-            if type(event_id) is not str or EVENT_ID_MATCH(event_id) is None:
+            if type(event_id) is not str or ID_MATCH(event_id) is None:
                 check_event_id(event_id, f"new_events.{n}.id")
             if event_id in seen:
                 continue

@@ -153,7 +153,8 @@ class SQLiteSessionStore(BaseSessionStore):
         ``__init__`` (``object.__setattr__`` per field): the read's Python was a third of its time."""
         key = (app_name, session_id)
         with self._lock:
-            self._check_open()
+            if self._closed:
+                self._check_open()  # raises
             try:
                 found = self._conn.execute(_ROW_WITH_SNAPSHOT, key).fetchone()
                 if found is not None and (found[7] is None or found[7] < found[0]):
