@@ -217,3 +217,18 @@ def test_a_session_past_its_snapshot_reads_its_tail_in_one_transaction(tmp_path:
         store._conn.set_trace_callback(None)
         assert loaded.state.count == 2 and loaded.version == 3
         assert [s.split()[0] for s in statements] == ["SELECT", "BEGIN", "SELECT", "SELECT", "COMMIT"]
+
+
+def test_a_commit_whose_batch_repeats_an_id_keeps_no_snapshot(tmp_path: Path) -> None:
+    """The batch's second copy is skipped, so the ledger stored is not the one the snapshot folded."""
+    from dormant.events import UserEvent
+    from dormant.stores.base import StoredSession
+
+    with closing(sqlite_store(tmp_path / "s.db")) as store:
+        row = StoredSession(id="s", app_name="a", version=0, created_at=1)
+        first = UserEvent(id="e1", created_at=1, text="one")
+        result = store.commit(row, [first, first], 0, snapshot=StoredSnapshot(1, '{"at":1}'))
+        assert result.ok and result.appended == 1
+        assert store.load_snapshot("a", "s") is None
+        assert store.commit(row, [UserEvent(id="e2", created_at=1, text="two")], 1, snapshot=StoredSnapshot(2, "{}")).ok
+        assert store.load_snapshot("a", "s") == StoredSnapshot(2, "{}")
