@@ -21,6 +21,10 @@ no scope has migrations),
 not up to 150 integers in up to 51 lists, which was two thirds of the parse (format 1, read too, held them
 as JSON arrays). The state is folded in the shape of the scope versions in ``schema``; a snapshot taken
 before a migration was added is ignored.
+
+A load reads a snapshot in part (``Projection.resume``): the count, the scopes' values and the status at
+once, the rest of the fold and the anchors on first use, so a state read builds no invocation, call or turn
+list. A rest that does not parse then is replayed from the ledger; an anchor that does not is dropped.
 """
 
 from __future__ import annotations
