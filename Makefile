@@ -63,11 +63,11 @@ clean:
 invoke: setup
 	$(PY) functions/invoke.py $(if $(FUNCTION),$(FUNCTION) $(EVENT),--all)
 
-# The README's screenshots of the session inspector, taken by its browser test from a real page.
+# The screenshots of the session inspector (docs/inspector.md), taken by its browser test from a real page.
 screenshots: setup
 	DORMANT_SCREENSHOTS=docs/img $(PY) -m pytest tests/test_inspector.py -q -k booking_from_ask
 
-# The API's OpenAPI document, generated from its routes and bodies (README: "The API document"); a test fails when
+# The API's OpenAPI document, generated from its routes and bodies (docs/http-api.md: "The API document"); a test fails when
 # the committed docs/openapi.json is not what this writes.
 openapi: $(VENV)/.serve
 	$(PY) -m dormant.serving.openapi docs/openapi.json

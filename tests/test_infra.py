@@ -469,7 +469,7 @@ def test_the_stack_leaves_the_account_api_gateway_logging_role_alone(synth: Synt
         assert {"Service": "apigateway.amazonaws.com"} not in principals
         assert "AmazonAPIGatewayPushToCloudWatchLogs" not in json.dumps(role["Properties"].get("ManagedPolicyArns"))
     _, stage = synth.one("AWS::ApiGateway::Stage")
-    assert "DestinationArn" in stage["Properties"]["AccessLogSetting"]  # needs the account's role (README)
+    assert "DestinationArn" in stage["Properties"]["AccessLogSetting"]  # needs the account's role (docs/deploying.md)
 
 
 def _path_of(synth: Synth, resource_id: Any) -> str:

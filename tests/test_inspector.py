@@ -3,7 +3,7 @@ system's chromedriver (nothing is downloaded), against ``dormant serve``'s serve
 (its scripted model) on a SQLite file.
 
 The page is checked against the ledger the store holds, not against itself. ``DORMANT_SCREENSHOTS=DIR``
-(``make screenshots``) writes the README's screenshots there; otherwise they go to a temporary folder.
+(``make screenshots``) writes docs/inspector.md's screenshots there; otherwise they go to a temporary folder.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The library's boundaries: no module reaches into a Session's private attributes.
 
-(The import layers are checked by ``lint-imports`` in ``make lint``; see the README's development notes.)
+(The import layers are checked by ``lint-imports`` in ``make lint``; see docs/development.md.)
 """
 
 from __future__ import annotations

@@ -223,11 +223,11 @@ def test_a_rename_keeps_any_value_and_a_current_event_is_folded_as_written(text:
     assert schema.upcast(current) is current
 
 
-def test_the_readme_upgrading_example_runs() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "SplitKey(" in b)
+def test_the_upgrading_example_in_the_docs_runs() -> None:
+    page = (Path(__file__).parent.parent / "docs" / "upgrading.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", page, flags=re.S) if "SplitKey(" in b)
     namespace: dict[str, Any] = {}
-    exec(compile(block, "README.md (upgrading)", "exec", dont_inherit=True), namespace)
+    exec(compile(block, "docs/upgrading.md (upgrading)", "exec", dont_inherit=True), namespace)
     assert namespace["woken"].state.age == 36
 
 
