@@ -194,3 +194,72 @@ def test_an_error_survives_pickling_and_copying(error: errors.DormantError) -> N
     for again in (pickle.loads(pickle.dumps(error)), copy.deepcopy(error), copy.copy(error)):
         assert type(again) is type(error)
         assert (str(again), again.args, vars(again)) == (str(error), error.args, vars(error))
+
+
+# Each public error class's HTTP status, frozen before the statuses became inherited class attributes: moving
+# a class, or dropping a status a class restated, must leave every class answering what it did.
+FROZEN_STATUSES = {
+    "AgentMismatch": 409,
+    "AnswerRefused": 403,
+    "AwaitingInput": 409,
+    "BedrockMalformedResponse": 502,
+    "BedrockModelError": 502,
+    "BedrockModelUnavailable": 503,
+    "ClaimLost": 409,
+    "CommitIncomplete": 503,
+    "CommitTooLarge": 413,
+    "ConfigurationError": 500,
+    "DormantError": 500,
+    "EventIndexError": 404,
+    "EventOutOfOrder": 409,
+    "EventTooLarge": 413,
+    "EventValidationError": 400,
+    "InputError": 400,
+    "InvalidKey": 400,
+    "InvalidSessionId": 400,
+    "MalformedModelResponse": 502,
+    "ModelError": 502,
+    "ModelProviderError": 502,
+    "ModelUnavailable": 503,
+    "NotAuthenticated": 401,
+    "NotPermitted": 403,
+    "OpenAIMalformedResponse": 502,
+    "OpenAIModelError": 502,
+    "OpenAIModelUnavailable": 503,
+    "OpenAIRefusal": 502,
+    "RequestInProgress": 409,
+    "RequestTooLarge": 413,
+    "SchemaError": 500,
+    "ScopeMismatch": 409,
+    "ScopeNotAssignable": 400,
+    "ScopeNotBound": 400,
+    "ScriptExhausted": 500,
+    "SessionNotFound": 404,
+    "StateError": 400,
+    "StateMigrationError": 500,
+    "StateValidationError": 422,
+    "StoreBusy": 503,
+    "StoreClosed": 500,
+    "StoreError": 500,
+    "StoreUnavailable": 503,
+    "TempOutsideInvocation": 400,
+    "ToolArgumentsError": 502,
+    "ToolInputError": 422,
+    "TurnNotClaimed": 503,
+    "TurnQuotaExceeded": 429,
+    "UnknownCallId": 409,
+    "UnknownEventId": 404,
+    "UnknownScope": 400,
+    "UnknownStateKey": 400,
+    "ValueNotStorable": 422,
+    "VersionConflict": 409,
+}
+
+
+def test_every_public_error_answers_the_status_it_answered_before() -> None:
+    """The statuses are class attributes a subclass inherits: each name ``dormant.errors`` exports answers its
+    frozen status, through ``http_status`` and through the derived ``HTTP_STATUS`` table."""
+    classes = {name: getattr(errors, name) for name in errors.__all__ if isinstance(getattr(errors, name), type)}
+    assert {name: kind.http_status for name, kind in classes.items()} == FROZEN_STATUSES
+    assert {name: http_status(kind.__new__(kind)) for name, kind in classes.items()} == FROZEN_STATUSES
+    assert {kind.__name__: status for kind, status in HTTP_STATUS.items()} == FROZEN_STATUSES
