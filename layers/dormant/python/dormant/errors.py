@@ -1,6 +1,6 @@
 """Every error dormant raises, in one tree.
 
-Why one module of ~600 lines: the tree below is the map a caller (and an HTTP client) reads, and each class is
+Why one module of ~700 lines: the tree below is the map a caller (and an HTTP client) reads, and each class is
 a docstring and a constructor; split by floor, the statuses and the ``field`` conventions would be read in
 five places. The provider errors alone live apart, next to their adapters (``dormant.models.errors``), and are
 re-exported here by name when first asked for, so ``from dormant.errors import OpenAIModelError`` works.
