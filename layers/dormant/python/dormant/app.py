@@ -26,7 +26,7 @@ from .snapshots import DEFAULT_EVERY, load_session, pending_snapshot, save_after
 from .state.migrations import MigrationStep
 from .state.schema import BOUND_SCOPES, Schema
 from .state.values import check_storable
-from .stores.base import BaseSessionStore, CommitResult, ScopedStateChange, SessionListing, SessionStore
+from .stores.base import BaseSessionStore, CommitResult, ErasableStore, ScopedStateChange, SessionListing, SessionStore
 from .stores.memory import in_memory_store
 from .writes import OnConflict, WriteResult, write
 
@@ -293,8 +293,8 @@ class App:
             )
         scope_id = check_id(scope_id, "scope_id")
         store = self.store
-        if not isinstance(store, BaseSessionStore):
-            raise ConfigurationError(f"erase needs a store that indexes bindings (a BaseSessionStore), not {store!r}")
+        if not isinstance(store, ErasableStore):
+            raise ConfigurationError(f"erase needs a store that indexes bindings (an ErasableStore), not {store!r}")
         bound = store.bound_sessions(self.name, scope, scope_id)
         for session_id in bound:
             store.delete(self.name, session_id)
