@@ -20,11 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from dormant import App, ModelStartEvent, Session, adk, openai
+from dormant import App, Session, adk, openai
 from dormant.agents.agent import Agent
 from dormant.clock import frozen_clock
 from dormant.errors import ConfigurationError, InputError
-from dormant.events import Event, UserEvent
+from dormant.events import Event, ModelStartEvent, UserEvent
 from dormant.serving import commit as serving_commit
 from dormant.snapshots import FORMAT, load_session, snapshot_of
 from dormant.stores.base import (
