@@ -486,7 +486,7 @@ def run_on(app: Any, agent: Any, session: Any) -> Any:
     without its yield waits too: a message is refused for it (``AwaitingInput``, naming it), and a run without
     input records the yield first."""
     pending = session.projection.pending
-    run_input = {"tools": [{"call_id": c, "input": {"ok": True}} for c in pending]} if pending else "hello"
+    run_input = {"answers": [{"call_id": c, "input": {"ok": True}} for c in pending]} if pending else "hello"
     try:
         return app.run(agent, run_input, session=session)
     except AwaitingInput as waiting:

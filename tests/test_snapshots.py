@@ -150,7 +150,7 @@ def turn(app: App, agent: Agent, model: MockAdapter, session: Session, step: int
         session.state.count = step
         return
     if plan == "hold" and session.yielded_tools:
-        session.input.tools([{"call_id": y.call_id, "input": {"yes": True}} for y in session.yielded_tools])
+        session.input.answers([{"call_id": y.call_id, "input": {"yes": True}} for y in session.yielded_tools])
         return
     if session.status == "resumable":
         model.set_responses([{"text": f"resumed {step}"}])
@@ -159,7 +159,7 @@ def turn(app: App, agent: Agent, model: MockAdapter, session: Session, step: int
     if session.yielded_tools:
         answers = [{"call_id": y.call_id, "input": {"yes": step % 2 == 0}} for y in session.yielded_tools]
         model.set_responses([{"text": f"thanks {step}"}])
-        app.run(agent, {"tools": answers}, session=session)
+        app.run(agent, {"answers": answers}, session=session)
         return
     script: list[dict[str, Any]] = {
         "text": [{"text": f"reply {step}"}],

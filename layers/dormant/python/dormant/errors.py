@@ -332,11 +332,12 @@ class UnknownCallId(InputError):
 
     def __init__(self, call_id: str, waiting: list[str], position: int) -> None:
         hint = f"waiting: {', '.join(waiting)}" if waiting else "no call is waiting"
-        super().__init__(f"tool call {call_id!r} is not waiting for input ({hint})", field=f"tools.{position}.call_id")
+        message = f"tool call {call_id!r} is not waiting for input ({hint})"
+        super().__init__(message, field=f"answers.{position}.call_id")
         self.call_id = call_id
         self.waiting = waiting
         self.position = position
-        """The answer's place in the list given (over HTTP, ``answers.N.call_id``)."""
+        """The answer's place in the list given (``answers.N.call_id``)."""
 
 
 class AwaitingInput(InputError):
@@ -348,7 +349,7 @@ class AwaitingInput(InputError):
     def __init__(self, session_id: str, call_ids: list[str]) -> None:
         super().__init__(
             f"session {session_id!r} waits for answers to calls {', '.join(call_ids)}: answer them first "
-            "(input={'tools': [...]}, or POST /sessions/{id}/tools), then send the message",
+            "(input={'answers': [...]}, or POST /sessions/{id}/tools), then send the message",
             field="message",
         )
         self.session_id = session_id
@@ -372,14 +373,14 @@ class EventOutOfOrder(InputError):
 class ToolInputError(InputError):
     """An answer to a yielded call refused by the tool's ``yield_schema``.
 
-    ``field`` is the refused value's path, ``tools.{position}.input.{path}``: ``position`` is the
+    ``field`` is the refused value's path, ``answers.{position}.input.{path}``: ``position`` is the
     answer's place in its batch, ``path`` the place inside the answer (``""``: the answer as a whole).
     """
 
     http_status: ClassVar[int] = 422
 
     def __init__(self, message: str, *, call_id: str, tool: str, position: int = 0, path: str = "") -> None:
-        super().__init__(message, field=f"tools.{position}.input" + (f".{path}" if path else ""))
+        super().__init__(message, field=f"answers.{position}.input" + (f".{path}" if path else ""))
         self.call_id = call_id
         self.tool = tool
         self.position = position
