@@ -184,7 +184,7 @@ class Session:
         return EventLog(self)
 
     @classmethod
-    def resume(
+    def restore(
         cls,
         runtime: Runtime,
         row: StoredSession,
@@ -202,7 +202,7 @@ class Session:
         """
         folded = projection.count - base
         if base < 0 or not 0 <= folded <= len(events):
-            raise InputError("resume: the events must start at or before the projection's end", field="base")
+            raise InputError("restore: the events must start at or before the projection's end", field="base")
         session = cls.from_row(runtime, row)
         session._base = base
         session._projection, session._rules = projection, None
