@@ -13,7 +13,8 @@ import pytest
 import dormant
 import dormant.errors
 
-EVERYDAY = {"Agent", "ToolContext", "App", "adk", "Session", "RunResult", "SessionStore", "openai", "bedrock", "errors"}
+EVERYDAY = {"Agent", "ToolContext", "App", "adk", "Session", "RunResult", "SessionStore", "openai", "bedrock"}
+MODULES = {"errors", "events"}
 STORES = {"in_memory_store", "sqlite_store", "postgres_store", "dynamo_store", "store_from_url"}
 EVENT_NAMES = [
     "AssistantEvent",
@@ -38,11 +39,11 @@ EVENT_NAMES = [
 def test_all_is_exactly_the_public_names_and_each_resolves() -> None:
     assert [name for name in dir(dormant) if not name.startswith("_")] == sorted(dormant.__all__)
     assert len(dormant.__all__) == len(set(dormant.__all__)) <= 25  # small, no duplicates
-    assert set(dormant.__all__) == EVERYDAY | STORES  # the everyday names, and every store's constructor
+    assert set(dormant.__all__) == EVERYDAY | STORES | MODULES  # the everyday names, every store's constructor
     for name in dormant.__all__:
         value = getattr(dormant, name)
-        assert isinstance(value, types.ModuleType) == (name == "errors"), name
-        assert name in {"errors", "adk"} or value.__name__ == name
+        assert isinstance(value, types.ModuleType) == (name in MODULES), name
+        assert value.__name__ == (f"dormant.{name}" if name in MODULES else "App" if name == "adk" else name)
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         dormant.nothing
 

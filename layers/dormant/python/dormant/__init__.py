@@ -16,7 +16,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from . import errors
+    from . import errors, events
     from .agents.agent import Agent
     from .agents.loop import RunResult
     from .agents.tools import ToolContext
@@ -60,6 +60,7 @@ _HOMES = {
     "bedrock": ".models.base",
     "dynamo_store": ".stores.dynamodb",
     "errors": ".errors",
+    "events": ".events",
     "in_memory_store": ".stores.memory",
     "openai": ".models.base",
     "postgres_store": ".stores.postgres",
@@ -67,6 +68,8 @@ _HOMES = {
     "store_from_url": ".stores.url",
 }
 """Where each public name lives."""
+_MODULES = frozenset({"errors", "events"})
+"""The public names that are modules: ``dormant.errors`` and ``dormant.events`` work after ``import dormant``."""
 
 _MOVED_TO_EVENTS = frozenset(
     {
@@ -100,6 +103,7 @@ __all__ = [
     "bedrock",
     "dynamo_store",
     "errors",
+    "events",
     "in_memory_store",
     "openai",
     "postgres_store",
@@ -121,7 +125,7 @@ if not TYPE_CHECKING:  # a type checker sees the imports above: a misspelt name 
         if name not in _HOMES:
             raise AttributeError(f"module 'dormant' has no attribute {name!r}")
         module = importlib.import_module(_HOMES[name], __name__)
-        value = module if name == "errors" else getattr(module, name)
+        value = module if name in _MODULES else getattr(module, name)
         globals()[name] = value  # later lookups skip this function
         return value
 
