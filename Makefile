@@ -12,16 +12,18 @@ EXTRAS ?= dev,postgres,dynamodb,openai,bedrock,lambda,infra,adk
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.demo: pyproject.toml | $(PY)
-	$(PIP) -e .
+# Each installs the Bookings sample too (samples/pyproject.toml: the `bookings` command, `dormant serve`'s default
+# app), a distribution of its own so the library's wheel ships `dormant` alone.
+$(VENV)/.demo: pyproject.toml samples/pyproject.toml | $(PY)
+	$(PIP) -e . -e samples
 	touch $@
 
-$(VENV)/.serve: pyproject.toml | $(PY)
-	$(PIP) -e '.[lambda]'
+$(VENV)/.serve: pyproject.toml samples/pyproject.toml | $(PY)
+	$(PIP) -e '.[lambda]' -e samples
 	touch $@ $(VENV)/.demo
 
-$(VENV)/.installed: pyproject.toml | $(PY)
-	$(PIP) -e '.[$(EXTRAS)]'
+$(VENV)/.installed: pyproject.toml samples/pyproject.toml | $(PY)
+	$(PIP) -e '.[$(EXTRAS)]' -e samples
 	touch $@ $(VENV)/.demo $(VENV)/.serve
 
 setup: $(VENV)/.installed

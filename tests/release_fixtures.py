@@ -70,6 +70,6 @@ def write_sessions(store: Any) -> None:
             run.session.state.user.display_name = "Ada"
             app.sessions.commit(run.session)
         done = app.sessions.require(DONE)
-        done.input.tool("call-1", {"approved": True})
+        done.input.answer("call-1", {"approved": True})
         scripted.set_responses([{"text": "Booked."}])
         app.sessions.commit(app.run(agent, session=done).session)

@@ -360,7 +360,7 @@ def test_a_resumable_session_is_pending_and_resume_runs_it(db: Path) -> None:
     app = build(db).app
     session = app.sessions.get(sid)
     assert session is not None
-    session.input.tool(session.yielded_tools[0].call_id, {"approved": True})  # answered through the API, not run
+    session.input.answer(session.yielded_tools[0].call_id, {"approved": True})  # answered through the API, not run
     app.sessions.commit(session)
     app.close()
     pending = bookings(db, "pending").stdout
@@ -445,7 +445,7 @@ def test_a_run_whose_process_died_is_taken_over_only_when_asked(db: Path) -> Non
     sid = session_id(bookings(db, "ask", REQUEST).stdout)
     bookings_app = build(db)
     session = bookings_app.app.sessions.require(sid)
-    answer = {"tools": [{"call_id": session.yielded_tools[0].call_id, "input": {"approved": True}}]}
+    answer = {"answers": [{"call_id": session.yielded_tools[0].call_id, "input": {"approved": True}}]}
     stream = bookings_app.app.stream(bookings_app.agent, answer, session=session)
     for event in stream:  # the approval is claimed, then this "process" dies before any tool runs
         if event.type == "invocation_resume":

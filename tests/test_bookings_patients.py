@@ -58,7 +58,7 @@ def test_each_tenant_books_its_own_slots(tmp_path: Path) -> None:
                 app, bookings.agent, app.sessions.ephemeral(scopes={"user": patient_id("Alex Doe")}), REQUEST
             )
             answer = {"call_id": asked.yielded_tools[0].call_id, "input": {"approved": True}}
-            done = advance(app, bookings.agent, asked.session_id, {"tools": [answer]})
+            done = advance(app, bookings.agent, asked.session_id, {"answers": [answer]})
             assert done.session.state.confirmation is not None, tenant
         assert bookings.reservations.holder("physio-tue-1430") is None
         for tenant in ("clinic-a", "clinic-b"):

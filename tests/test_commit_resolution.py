@@ -177,8 +177,8 @@ def test_orphaned_when_two_writers_answer_the_same_yielded_call(two_writers: Any
     yes, no = app1.sessions.get("s-1"), app2.sessions.get("s-1")
     model1.set_responses([{"text": "approved"}])
     model2.set_responses([{"text": "denied"}])
-    app1.run(agent1, {"tools": [{"call_id": "ask", "input": {"approved": True}}]}, session=yes)
-    app2.run(agent2, {"tools": [{"call_id": "ask", "input": {"approved": False}}]}, session=no)
+    app1.run(agent1, {"answers": [{"call_id": "ask", "input": {"approved": True}}]}, session=yes)
+    app2.run(agent2, {"answers": [{"call_id": "ask", "input": {"approved": False}}]}, session=no)
     assert commit(app1, yes).status == "committed"
     outcome = commit(app2, no)
     assert outcome.status == "orphaned"

@@ -17,9 +17,10 @@ import pytest
 from pydantic import BaseModel
 
 from dormant import adk, in_memory_store
-from dormant.errors import InputError
-from dormant.stores.base import StoredSession
+from dormant.errors import ConfigurationError, InputError
+from dormant.stores.base import BaseSessionStore, ErasableStore, StoredSession
 from dormant.stores.sqlite import sqlite_store
+from tests.wrapped_stores import Erasable, SixMethods
 
 
 class Profile(BaseModel):
@@ -146,6 +147,36 @@ def test_erase_refuses_what_is_not_a_bound_scope() -> None:
         app.erase(scope="session", scope_id="x")
     with pytest.raises(InputError, match="shared scope"):
         app.erase(scope="app", scope_id="app")
+
+
+def test_erase_refuses_a_store_that_is_not_erasable_and_removes_nothing() -> None:
+    """A store of the user's own with the six methods alone has no binding index to find a person's sessions by:
+    ``erase`` refuses it with a ``ConfigurationError`` naming the protocol, before it deletes anything."""
+    store = SixMethods()
+    assert not isinstance(store, ErasableStore)
+    app = adk(name="erase-six", store=store, schema={"user": Profile})
+    session = app.sessions.create("s-1", scopes={"user": "u-1"})
+    session.state.user.secret = GONE
+    app.sessions.commit(session)
+    with pytest.raises(ConfigurationError, match="ErasableStore"):
+        app.erase(scope="user", scope_id="u-1")
+    assert app.sessions.get("s-1") is not None and store.load_scoped_state(app.name, "user", "u-1") == {"secret": GONE}
+
+
+def test_erase_runs_on_any_store_with_the_erasure_methods_not_only_the_built_in_ones() -> None:
+    """``erase`` asks the ``ErasableStore`` protocol, not for a ``BaseSessionStore``: a wrapper that forwards the
+    erasure methods is erased like the store it wraps."""
+    store = Erasable()
+    assert isinstance(store, ErasableStore) and not isinstance(store, BaseSessionStore)
+    app = adk(name="erase-wrapped", store=store, schema={"user": Profile})
+    for user in ("u-gone", "u-kept"):
+        session = app.sessions.create(f"s-{user}", scopes={"user": user})
+        session.state.user.secret = user
+        app.sessions.commit(session)
+    report = app.erase(scope="user", scope_id="u-gone")
+    assert (report.sessions, report.scoped_keys) == (["s-u-gone"], ["secret"])
+    assert app.sessions.get("s-u-gone") is None and app.sessions.get("s-u-kept") is not None
+    assert store.load_scoped_state(app.name, "user", "u-gone") == {}
 
 
 def test_erase_reads_the_persons_sessions_through_the_binding_index_not_the_apps(

@@ -1,5 +1,6 @@
-"""One error tree: every error dormant defines is in dormant.errors, every error it raises is a DormantError,
-and every class has the HTTP status a handler maps it to."""
+"""One error tree: every error dormant defines is in dormant.errors (the provider errors next to their adapters,
+in dormant.models.errors, re-exported from dormant.errors), every error it raises is a DormantError, and every
+class has the HTTP status a handler maps it to."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import inspect
 import pickle
 import pkgutil
 import re
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -53,22 +56,56 @@ def library_modules() -> list[ModuleType]:
     return [importlib.import_module(name) for name in sorted(names)]
 
 
+# Where the tree's classes are defined: dormant.errors, and the provider errors next to their adapters.
+TREE_MODULES = ("dormant.errors", "dormant.models.errors")
+
+
 def error_classes() -> dict[str, type[BaseException]]:
+    """Every error class ``dormant.errors`` exports (the provider errors it re-exports included)."""
     return {
         name: value
-        for name, value in vars(errors).items()
-        if isinstance(value, type) and issubclass(value, BaseException) and value.__module__ == errors.__name__
+        for name in errors.__all__
+        if isinstance(value := getattr(errors, name), type) and issubclass(value, BaseException)
     }
 
 
-def test_every_exception_class_in_the_package_is_defined_in_errors() -> None:
+def test_every_exception_class_in_the_package_is_defined_in_the_tree() -> None:
     strays = []
     for module in library_modules():
         for name, value in vars(module).items():
             defined_here = inspect.isclass(value) and value.__module__ == module.__name__
-            if defined_here and issubclass(value, BaseException) and module is not errors:
+            if defined_here and issubclass(value, BaseException) and module.__name__ not in TREE_MODULES:
                 strays.append(f"{module.__name__}.{name}")
     assert [stray for stray in strays if stray not in PRIVATE_CLASSES] == []
+
+
+def test_every_class_of_the_tree_is_exported_from_dormant_errors() -> None:
+    """The provider errors moved next to their adapters; ``from dormant.errors import X`` still finds each one."""
+    from dormant.models import errors as provider_errors
+
+    defined = {
+        name
+        for module in (errors, provider_errors)
+        for name, value in vars(module).items()
+        if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == module.__name__
+    }
+    assert defined == set(error_classes())
+    assert set(provider_errors.__all__) <= set(errors.__all__)
+    assert all(getattr(errors, name) is getattr(provider_errors, name) for name in provider_errors.__all__)
+    assert all(issubclass(getattr(errors, name), ModelProviderError) for name in provider_errors.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'OpenAIModelErr'"):
+        errors.OpenAIModelErr  # type: ignore[attr-defined]
+
+
+def test_the_provider_errors_load_with_their_module_only_when_asked_for() -> None:
+    """``import dormant.errors`` (every Lambda handler's first import) does not load the models package."""
+    code = (
+        "import sys, dormant.errors as e; before = 'dormant.models.errors' in sys.modules; "
+        "from dormant.errors import BedrockModelUnavailable as B; "
+        "print(before, B.__module__, B.http_status, 'dormant.models.errors' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["False", "dormant.models.errors", "503", "True"]
 
 
 def test_the_provider_errors_are_re_exported_where_callers_look_for_them() -> None:
@@ -134,8 +171,10 @@ def _raises_a_value_error() -> None:
 
 
 def test_every_error_class_has_an_http_status() -> None:
+    """``HTTP_STATUS`` is derived from the classes: one entry per exported class, its ``http_status``."""
     classes = error_classes()
     assert set(HTTP_STATUS) == set(classes.values())
+    assert all(status == kind.http_status for kind, status in HTTP_STATUS.items())
     assert all(400 <= status <= 599 for status in HTTP_STATUS.values())
 
 
@@ -194,3 +233,72 @@ def test_an_error_survives_pickling_and_copying(error: errors.DormantError) -> N
     for again in (pickle.loads(pickle.dumps(error)), copy.deepcopy(error), copy.copy(error)):
         assert type(again) is type(error)
         assert (str(again), again.args, vars(again)) == (str(error), error.args, vars(error))
+
+
+# Each public error class's HTTP status, frozen before the statuses became inherited class attributes: moving
+# a class, or dropping a status a class restated, must leave every class answering what it did.
+FROZEN_STATUSES = {
+    "AgentMismatch": 409,
+    "AnswerRefused": 403,
+    "AwaitingInput": 409,
+    "BedrockMalformedResponse": 502,
+    "BedrockModelError": 502,
+    "BedrockModelUnavailable": 503,
+    "ClaimLost": 409,
+    "CommitIncomplete": 503,
+    "CommitTooLarge": 413,
+    "ConfigurationError": 500,
+    "DormantError": 500,
+    "EventIndexError": 404,
+    "EventOutOfOrder": 409,
+    "EventTooLarge": 413,
+    "EventValidationError": 400,
+    "InputError": 400,
+    "InvalidKey": 400,
+    "InvalidSessionId": 400,
+    "MalformedModelResponse": 502,
+    "ModelError": 502,
+    "ModelProviderError": 502,
+    "ModelUnavailable": 503,
+    "NotAuthenticated": 401,
+    "NotPermitted": 403,
+    "OpenAIMalformedResponse": 502,
+    "OpenAIModelError": 502,
+    "OpenAIModelUnavailable": 503,
+    "OpenAIRefusal": 502,
+    "RequestInProgress": 409,
+    "RequestTooLarge": 413,
+    "SchemaError": 500,
+    "ScopeMismatch": 409,
+    "ScopeNotAssignable": 400,
+    "ScopeNotBound": 400,
+    "ScriptExhausted": 500,
+    "SessionNotFound": 404,
+    "StateError": 400,
+    "StateMigrationError": 500,
+    "StateValidationError": 422,
+    "StoreBusy": 503,
+    "StoreClosed": 500,
+    "StoreError": 500,
+    "StoreUnavailable": 503,
+    "TempOutsideInvocation": 400,
+    "ToolArgumentsError": 502,
+    "ToolInputError": 422,
+    "TurnNotClaimed": 503,
+    "TurnQuotaExceeded": 429,
+    "UnknownCallId": 409,
+    "UnknownEventId": 404,
+    "UnknownScope": 400,
+    "UnknownStateKey": 400,
+    "ValueNotStorable": 422,
+    "VersionConflict": 409,
+}
+
+
+def test_every_public_error_answers_the_status_it_answered_before() -> None:
+    """The statuses are class attributes a subclass inherits: each name ``dormant.errors`` exports answers its
+    frozen status, through ``http_status`` and through the derived ``HTTP_STATUS`` table."""
+    classes = {name: getattr(errors, name) for name in errors.__all__ if isinstance(getattr(errors, name), type)}
+    assert {name: kind.http_status for name, kind in classes.items()} == FROZEN_STATUSES
+    assert {name: http_status(kind.__new__(kind)) for name, kind in classes.items()} == FROZEN_STATUSES
+    assert {kind.__name__: status for kind, status in HTTP_STATUS.items()} == FROZEN_STATUSES

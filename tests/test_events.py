@@ -10,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-import dormant
 from dormant.errors import EventValidationError
 from dormant.events import (
     AdkEvent,
@@ -125,9 +124,14 @@ def test_bad_json_is_a_typed_error() -> None:
 
 
 def test_the_event_classes_and_parser_are_exported() -> None:
+    """From ``dormant.events``; ``dormant``'s 0.1 names for them are deprecated aliases for a release."""
+    import dormant.events
+
     for name in ("UserEvent", "AssistantEvent", "ToolCallEvent", "StateChangeEvent", "parse_event", "Event"):
-        assert hasattr(dormant, name)
-    assert dormant.UserEvent is UserEvent
+        assert name in dormant.events.__all__
+        with pytest.warns(DeprecationWarning, match="dormant.events"):
+            assert getattr(dormant, name) is getattr(dormant.events, name)
+    assert dormant.events.UserEvent is UserEvent
 
 
 json_values = st.recursive(

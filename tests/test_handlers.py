@@ -872,7 +872,7 @@ def test_expire_honours_answers_that_landed_as_the_wait_timed_out(client: Client
     view = served.for_tenant(TENANT_A)
     waiting = view.sessions.require("s-1")
     invocation = waiting.projection.open_invocation
-    waiting.input.tool(call["call_id"], {"approved": True})  # answered in the store, the wake-up not yet sent
+    waiting.input.answer(call["call_id"], {"approved": True})  # answered in the store, the wake-up not yet sent
     view.sessions.commit(waiting)
     event = {**load_event("workflow/expire.json"), "tenant": TENANT_A, "session_id": "s-1", "invocation_id": invocation}
     assert workflow_handler(served)(event, LambdaContext())["status"] == "resumable"

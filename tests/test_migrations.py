@@ -112,7 +112,7 @@ def test_an_old_session_loads_runs_and_commits_under_the_new_model(store: Any) -
     assert (session.state.first, session.state.last, session.state.age) == ("Ada", "Lovelace", 36)
     assert session.state.user.display == "Countess"
 
-    session.input.tool("c1", {"approved": True})
+    session.input.answer("c1", {"approved": True})
     scripted.set_responses([{"text": "done"}])
     done = app.run(agent, session=session)
     assert done.status == "completed"

@@ -54,7 +54,7 @@ def test_a_group_tool_takes_a_member_and_refuses_anyone_else_writing_nothing(peo
     before = len(session.events)
     for principal, groups in (("carol", ()), ("carol", ("staff",)), (None, ("approvers",))):
         with pytest.raises(AnswerRefused) as refused:
-            session.input.tool(call_id, YES, principal=principal, groups=groups)
+            session.input.answer(call_id, YES, principal=principal, groups=groups)
         assert refused.value.http_status == 403
         assert (refused.value.call_id, refused.value.tool, refused.value.rule) == (
             call_id,
@@ -62,47 +62,47 @@ def test_a_group_tool_takes_a_member_and_refuses_anyone_else_writing_nothing(peo
             "group:approvers",
         )
         assert call_id in str(refused.value) and "group:approvers" in str(refused.value)
-        assert refused.value.field == "tools.0.call_id"
+        assert refused.value.field == "answers.0.call_id"
         assert len(session.events) == before  # nothing written
-    answered = session.input.tool(call_id, YES, principal="bob", groups=["staff", "approvers"])
+    answered = session.input.answer(call_id, YES, principal="bob", groups=["staff", "approvers"])
     assert answered.principal == "bob" and session.status == "resumable"
 
 
 def test_four_eyes_refuses_the_starter_and_starter_takes_only_them(people: PeopleApp) -> None:
     session, call_id = asked(people, "review", principal="alice")
     with pytest.raises(AnswerRefused, match="not_starter"):
-        session.input.tool(call_id, YES, principal="alice")
-    assert session.input.tool(call_id, YES, principal="bob").principal == "bob"
+        session.input.answer(call_id, YES, principal="alice")
+    assert session.input.answer(call_id, YES, principal="bob").principal == "bob"
 
     session, call_id = asked(people, "confirm", principal="alice")
     with pytest.raises(AnswerRefused, match="starter"):
-        session.input.tool(call_id, YES, principal="bob")
-    assert session.input.tool(call_id, YES, principal="alice").principal == "alice"
+        session.input.answer(call_id, YES, principal="bob")
+    assert session.input.answer(call_id, YES, principal="alice").principal == "alice"
 
 
 def test_rules_together_must_all_hold(people: PeopleApp) -> None:
     session, call_id = asked(people, "check", principal="alice")
     with pytest.raises(AnswerRefused, match="not_starter"):  # an approver, but the requester
-        session.input.tool(call_id, YES, principal="alice", groups=["approvers"])
+        session.input.answer(call_id, YES, principal="alice", groups=["approvers"])
     with pytest.raises(AnswerRefused, match="group:approvers"):  # not the requester, but no approver
-        session.input.tool(call_id, YES, principal="bob")
-    session.input.tool(call_id, YES, principal="bob", groups=["approvers"])
+        session.input.answer(call_id, YES, principal="bob")
+    session.input.answer(call_id, YES, principal="bob", groups=["approvers"])
 
 
 def test_a_run_started_by_no_one_cannot_be_answered_by_a_starter_rule(people: PeopleApp) -> None:
     session, call_id = asked(people, "review", principal=None)
     with pytest.raises(AnswerRefused, match="not recorded"):
-        session.input.tool(call_id, YES, principal="bob")
+        session.input.answer(call_id, YES, principal="bob")
 
 
 def test_the_default_tenant_rule_takes_anyone_even_in_process(people: PeopleApp) -> None:
     session, call_id = asked(people, "note")
-    assert session.input.tool(call_id, YES).principal is None
+    assert session.input.answer(call_id, YES).principal is None
 
 
 def test_answers_in_a_runs_input_are_held_to_the_rules(people: PeopleApp) -> None:
     session, call_id = asked(people, "approve")
-    answer = {"tools": [{"call_id": call_id, "input": YES}]}
+    answer = {"answers": [{"call_id": call_id, "input": YES}]}
     with pytest.raises(AnswerRefused):
         people.app.run(people.agent, answer, session=session, principal="carol")
     result = people.app.run(people.agent, answer, session=session, principal="bob", groups=["approvers"])
@@ -119,7 +119,7 @@ def test_the_rules_survive_a_snapshot_and_a_reload(tmp_path: Path) -> None:
     assert loaded.snapshot_at is not None  # loaded from the snapshot, not replayed
     assert loaded.projection.invocations[loaded.projection.open_invocation or ""].principal == "alice"
     with pytest.raises(AnswerRefused):
-        loaded.input.tool(call_id, YES, principal="alice")
+        loaded.input.answer(call_id, YES, principal="alice")
     store.close()
 
 

@@ -486,7 +486,7 @@ def run_on(app: Any, agent: Any, session: Any) -> Any:
     without its yield waits too: a message is refused for it (``AwaitingInput``, naming it), and a run without
     input records the yield first."""
     pending = session.projection.pending
-    run_input = {"tools": [{"call_id": c, "input": {"ok": True}} for c in pending]} if pending else "hello"
+    run_input = {"answers": [{"call_id": c, "input": {"ok": True}} for c in pending]} if pending else "hello"
     try:
         return app.run(agent, run_input, session=session)
     except AwaitingInput as waiting:
@@ -576,12 +576,16 @@ def test_a_fork_cut_inside_a_turn_is_continued_over_http(client: Client) -> None
     assert got == 200 and went_on["status"] in ("yielded_tool", "completed"), went_on
 
 
-def test_each_error_declares_its_http_status_on_its_class() -> None:
-    """The status is the class's own (``http_status``), so a route serves what it raises, as raised."""
+def test_each_error_answers_the_http_status_of_its_class_inherited_unless_it_differs() -> None:
+    """The status is the class's ``http_status``, so a route serves what it raises, as raised: a class declares one
+    only where it answers differently from what it inherits (statuses written once; ``test_errors`` holds each
+    class to the status it answered before)."""
     from dormant import errors
 
     for kind, status in errors.HTTP_STATUS.items():
-        assert vars(kind).get("http_status") == status, kind
+        inherited = next((vars(base)["http_status"] for base in kind.__mro__[1:] if "http_status" in vars(base)), None)
+        assert vars(kind).get("http_status", inherited) == status, kind
+        assert "http_status" not in vars(kind) or status != inherited, f"{kind.__name__} restates {status}"
         assert errors.http_status(kind.__new__(kind)) == status
     assert errors.http_status(ValueError("not ours")) == 500
 

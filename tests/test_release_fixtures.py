@@ -45,7 +45,7 @@ def check_resumes(store: Any) -> None:
     assert waiting.state.reason == "check-up" and waiting.state.user.display_name == "Ada"
     assert store.load_scoped_state(APP, "user", USER)["visits"] == 1  # the completed session's booking
 
-    waiting.input.tool("call-1", {"approved": True})
+    waiting.input.answer("call-1", {"approved": True})
     scripted.set_responses([{"text": "Booked."}])
     run = app.run(agent, session=waiting)
     assert run.status == "completed"

@@ -18,6 +18,7 @@ from dormant import adk, in_memory_store
 from dormant.clock import frozen_clock
 from dormant.errors import ConfigurationError
 from dormant.stores.sqlite import sqlite_store
+from tests.wrapped_stores import Erasable, SixMethods
 
 DAY = timedelta(days=1)
 T0 = 1_767_225_600_000
@@ -85,6 +86,22 @@ def test_purge_reads_every_page(store: Any) -> None:
         purged = [] if _expires_itself(store) else [f"s-{n}" for n in range(5)]
         assert sorted(app.sessions.purge(page=2)) == purged
         assert store.list(app.name) == []
+
+
+def test_a_purge_across_tenants_asks_the_store_for_its_tenants_only_when_it_can_list_them() -> None:
+    """``purge_tenants`` (the sweeper's, ``dormant purge``'s) lists an app's tenants through
+    ``ErasableStore.app_names``: a store of the user's own with the six methods alone is not asked (nothing purged
+    across tenants, no ``AttributeError``); a wrapper with the method purges the app and each tenant."""
+    from dormant.serving.runtime import for_tenant, purge_tenants
+
+    for store, purged in ((SixMethods(), {}), (Erasable(), {"clinic": ["s-old"], "clinic@eu": ["s-old"]})):
+        app = adk(name="clinic", store=store, retention=DAY)
+        with frozen_clock(T0) as clock:
+            app.sessions.create("s-old")
+            for_tenant(app, "eu").sessions.create("s-old")
+            clock.advance(int(DAY.total_seconds() * 1000))
+            assert purge_tenants(app) == purged, type(store).__name__
+            assert app.sessions.purge() == ([] if purged else ["s-old"])  # the app's own purge needs no more
 
 
 def _expires_itself(store: Any) -> bool:

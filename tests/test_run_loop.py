@@ -442,8 +442,8 @@ def test_without_a_session_a_run_builds_an_ephemeral_one() -> None:
         ({"initial_state": {"session": "intake"}}, InputError, "initial_state.session"),
         ({"message": "a\x00b"}, ValueNotStorable, "message"),
         ({"initial_state": {"temp": {}}}, InputError, "initial_state.temp"),
-        ({"tools": [{"call_id": "nope", "input": {}}]}, UnknownCallId, "tools.0.call_id"),
-        ({"tools": "nope"}, InputError, "tools"),
+        ({"answers": [{"call_id": "nope", "input": {}}]}, UnknownCallId, "answers.0.call_id"),
+        ({"answers": "nope"}, InputError, "answers"),
     ],
 )
 def test_bad_run_input_raises_a_typed_error_naming_the_field_and_writes_nothing(
@@ -565,13 +565,13 @@ def test_a_yielding_tool_pauses_the_run_and_resumes_in_another_process() -> None
     session = app2.sessions.from_events(json.loads(wire), session_id=run.session.id)
     assert session.status == "awaiting_input" and [y.call_id for y in session.yielded_tools] == ["call-1"]
     with pytest.raises(ToolInputError) as caught:
-        session.input.tool("call-1", {"approved": "perhaps"})
-    assert caught.value.field == "tools.0.input.approved"
+        session.input.answer("call-1", {"approved": "perhaps"})
+    assert caught.value.field == "answers.0.input.approved"
     with pytest.raises(UnknownCallId):
-        session.input.tool("call-2", {"approved": True})
+        session.input.answer("call-2", {"approved": True})
     assert len(session.events) == len(run.session.events)  # the refused answers wrote nothing
 
-    session.input.tool("call-1", {"approved": True, "note": "ok by Dr. Ray"})
+    session.input.answer("call-1", {"approved": True, "note": "ok by Dr. Ray"})
     assert session.status == "resumable" and session.yielded_tools == []
     scripted2.set_responses([{"text": "Booked Tuesday 14:30."}])
     resumed = app2.run(agent2, session=session)
@@ -623,10 +623,10 @@ def test_a_yield_answer_is_validated_against_its_schema_as_strict_json(answer: A
     scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "x"}, "call_id": "c"}]}])
     session = app.run(agent, "Book x.").session
     before = list(session.events)
-    field = "tools.0.input" if where == "input" else f"tools.0.input.{where}"
+    field = "answers.0.input" if where == "input" else f"answers.0.input.{where}"
     for attempt in (
-        lambda: session.input.tool("c", answer),
-        lambda: app.run(agent, {"tools": [{"call_id": "c", "input": answer}]}, session=session),
+        lambda: session.input.answer("c", answer),
+        lambda: app.run(agent, {"answers": [{"call_id": "c", "input": answer}]}, session=session),
     ):
         with pytest.raises(ToolInputError) as caught:
             attempt()
@@ -669,13 +669,13 @@ def test_any_json_answer_is_recorded_exactly_when_it_is_an_approval_as_sent(answ
         and (answer.get("note") is None or isinstance(answer["note"], str))
     )
     if is_approval:
-        event = session.input.tool("c", answer)
+        event = session.input.answer("c", answer)
         assert event.input == {"approved": answer["approved"], "note": answer.get("note")}
         assert session.events[-1] is event
     else:
         with pytest.raises(ToolInputError) as caught:
-            session.input.tool("c", answer)
-        assert caught.value.field is not None and caught.value.field.startswith("tools.0.input")
+            session.input.answer("c", answer)
+        assert caught.value.field is not None and caught.value.field.startswith("answers.0.input")
         assert len(session.events) == len(wire) and session.status == "awaiting_input"
 
 
@@ -683,7 +683,7 @@ def test_a_yield_answer_is_recorded_in_its_schemas_json_form() -> None:
     app, scripted, agent, executed = approval_app()
     scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "x"}, "call_id": "c"}]}])
     session = app.run(agent, "Book x.").session
-    event = session.input.tool("c", Approval(approved=True))  # a model instance: validated as its JSON
+    event = session.input.answer("c", Approval(approved=True))  # a model instance: validated as its JSON
     assert event.input == {"approved": True, "note": None}
     scripted.set_responses([{"text": "done"}])
     app.run(agent, session=session)
@@ -697,8 +697,8 @@ def test_an_answer_with_a_key_besides_call_id_and_input_is_refused_and_writes_no
     session = app.run(agent, "Book x.").session
     before = len(session.events)
     with pytest.raises(InputError, match="not 'inptu'") as caught:
-        app.run(agent, {"tools": [{"call_id": "c", "inptu": {"approved": True}}]}, session=session)
-    assert caught.value.field == "tools.0.inptu" and len(session.events) == before and executed == []
+        app.run(agent, {"answers": [{"call_id": "c", "inptu": {"approved": True}}]}, session=session)
+    assert caught.value.field == "answers.0.inptu" and len(session.events) == before and executed == []
 
 
 def test_the_same_call_answered_twice_in_one_batch_says_so() -> None:
@@ -707,8 +707,36 @@ def test_the_same_call_answered_twice_in_one_batch_says_so() -> None:
     session = app.run(agent, "Book x.").session
     twice = [{"call_id": "c", "input": {"approved": True}}, {"call_id": "c", "input": {"approved": False}}]
     with pytest.raises(InputError, match="'c' is answered twice in this batch") as caught:
-        session.input.tools(twice)
-    assert caught.value.field == "tools.1" and session.yielded_tools[0].call_id == "c"
+        session.input.answers(twice)
+    assert caught.value.field == "answers.1" and session.yielded_tools[0].call_id == "c"
+
+
+def test_the_answers_0_1_names_still_answer_for_a_release_warning_and_naming_their_own_field() -> None:
+    """0.1 called the answers ``tools`` (``docs/concepts.md``): ``{"tools": [...]}``, ``session.input.tool`` and
+    ``session.input.tools`` still answer, each with a ``DeprecationWarning`` naming the new name, and their errors
+    name the field the caller sent (``tools.N``); ``answers`` and ``tools`` together are refused."""
+    app, scripted, agent, executed = approval_app()
+    calls = [{"name": "book", "args": {"slot": s}, "call_id": s} for s in ("a", "b", "c")]
+    scripted.set_responses([{"tool_calls": calls}, {"text": "done"}])
+    session = app.run(agent, "Book three.").session
+    renamed = "'tools' is deprecated: name the answers 'answers'"
+    with pytest.warns(DeprecationWarning, match=renamed), pytest.raises(UnknownCallId) as caught:
+        app.run(agent, {"tools": [{"call_id": "nope", "input": {}}]}, session=session)
+    assert caught.value.field == "tools.0.call_id"
+    with pytest.raises(InputError, match="under answers, not tools as well") as both:
+        app.run(agent, {"answers": [], "tools": []}, session=session)
+    assert both.value.field == "tools"
+    with pytest.warns(DeprecationWarning, match=r"session\.input\.tool is deprecated: use session\.input\.answer"):
+        session.input.tool("a", {"approved": True})
+    renamed = r"session\.input\.tools is deprecated: use session\.input\.answers"
+    with pytest.warns(DeprecationWarning, match=renamed), pytest.raises(ToolInputError) as refused:
+        session.input.tools([{"call_id": "b", "input": {"approved": "maybe"}}])
+    assert refused.value.field == "tools.0.input.approved"
+    with pytest.warns(DeprecationWarning, match="'tools' is deprecated"):
+        done = app.run(
+            agent, {"tools": [{"call_id": c, "input": {"approved": True}} for c in ("b", "c")]}, session=session
+        )
+    assert done.status == "completed" and [slot for slot, _ in executed] == ["a", "b", "c"]
 
 
 def test_two_pending_calls_answered_in_two_separate_resumes() -> None:
@@ -728,7 +756,7 @@ def test_two_pending_calls_answered_in_two_separate_resumes() -> None:
     assert [y.call_id for y in run.yielded_tools] == ["a", "b"]
 
     first = app.run(
-        agent, {"tools": [{"call_id": "b", "input": {"approved": False, "note": "clash"}}]}, session=session
+        agent, {"answers": [{"call_id": "b", "input": {"approved": False, "note": "clash"}}]}, session=session
     )
     assert first.status == "yielded_tool" and [y.call_id for y in first.yielded_tools] == ["a"]
     assert executed == [("Wed 16:00", Approval(approved=False, note="clash"))]
@@ -742,7 +770,7 @@ def test_two_pending_calls_answered_in_two_separate_resumes() -> None:
     assert session.state_at(-1).status == session.status == "awaiting_input"
 
     scripted.set_responses([{"text": "Booked Monday; Wednesday was declined."}])
-    second = app.run(agent, {"tools": [{"call_id": "a", "input": {"approved": True}}]}, session=session)
+    second = app.run(agent, {"answers": [{"call_id": "a", "input": {"approved": True}}]}, session=session)
     assert second.status == "completed" and second.output.text.startswith("Booked Monday")
     assert [r.call_id for r in results(session)] == ["b", "a"]
     assert session.state.booked == "Mon 09:00"
@@ -766,7 +794,7 @@ def test_a_message_while_every_call_still_waits_is_refused_and_writes_nothing() 
     again = app.run(agent, session=run.session)  # no input: nothing to do, nothing written
     assert again.status == "yielded_tool" and [y.call_id for y in again.yielded_tools] == ["c"]
     assert len(run.session.events) == before
-    done = app.run(agent, {"tools": [{"call_id": "c", "input": {"approved": True}}]}, session=run.session)
+    done = app.run(agent, {"answers": [{"call_id": "c", "input": {"approved": True}}]}, session=run.session)
     assert done.status == "completed"
     sent = scripted.requests[-1].messages
     assert [m.role for m in sent] == ["user", "assistant", "tool"]  # the call's result follows the call
@@ -778,7 +806,7 @@ def test_a_message_sent_with_the_answers_follows_the_results_of_the_calls_it_ans
     scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "x"}, "call_id": "c"}]}, {"text": "ok"}])
     run = app.run(agent, "Book x.")
     answer = [{"call_id": "c", "input": {"approved": True}}]
-    done = app.run(agent, {"tools": answer, "message": "and send me a reminder"}, session=run.session)
+    done = app.run(agent, {"answers": answer, "message": "and send me a reminder"}, session=run.session)
     assert done.status == "completed" and len(executed) == 1
     assert types(done.events)[:5] == ["tool_input", "invocation_resume", "state_change", "tool_result", "user"]
     sent = scripted.requests[-1].messages
@@ -794,7 +822,9 @@ def test_a_message_with_answers_that_leave_a_call_waiting_is_refused_and_writes_
     run = app.run(agent, "Book a and b.")
     before = len(run.session.events)
     with pytest.raises(AwaitingInput) as caught:
-        app.run(agent, {"tools": [{"call_id": "a", "input": {"approved": True}}], "message": "hi"}, session=run.session)
+        app.run(
+            agent, {"answers": [{"call_id": "a", "input": {"approved": True}}], "message": "hi"}, session=run.session
+        )
     assert caught.value.call_ids == ["b"] and executed == []
     assert len(run.session.events) == before
 
@@ -805,7 +835,7 @@ def test_a_yielding_tool_without_execute_returns_the_answer() -> None:
     ask = app.tool(name="ask_human", description="", execute=None, yield_schema=Approval)
     agent = app.agent(name="a", model=openai("m"), context=[app.context.history()], tools=[ask])
     run = app.run(agent, "go")
-    run.session.input.tool("q", {"approved": True})
+    run.session.input.answer("q", {"approved": True})
     done = app.run(agent, session=run.session)
     assert done.status == "completed" and results(done.session)[0].result == {"approved": True, "note": None}
 
@@ -825,7 +855,7 @@ def test_resuming_with_another_agent_is_refused() -> None:
     run = app.run(agent, "Book x.")
     other = app.agent(name="other", model=openai("m"), context=[])
     with pytest.raises(AgentMismatch):
-        app.run(other, {"tools": [{"call_id": "c", "input": {"approved": True}}]}, session=run.session)
+        app.run(other, {"answers": [{"call_id": "c", "input": {"approved": True}}]}, session=run.session)
     assert run.session.yielded_tools[0].call_id == "c"  # nothing was written
 
 
@@ -881,7 +911,7 @@ def test_answering_a_call_whose_tool_this_process_does_not_know_is_a_configurati
     stranger = adk(name="approvals")  # the same app name, without the tool
     session = stranger.sessions.from_events([e.model_dump(mode="json") for e in run.session.events])
     with pytest.raises(ConfigurationError, match="tool 'book' is not registered"):
-        session.input.tool("c", {"approved": True})
+        session.input.answer("c", {"approved": True})
     assert len(session.events) == len(run.session.events)
 
 
@@ -943,10 +973,10 @@ def test_max_steps_counts_model_calls_across_resumes() -> None:
     scripted.set_responses([ask])
     session = app.run(agent, "Book x.").session
     scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "y"}, "call_id": "c2"}]}])
-    resumed = app.run(agent, {"tools": [{"call_id": "c1", "input": {"approved": True}}]}, session=session)
+    resumed = app.run(agent, {"answers": [{"call_id": "c1", "input": {"approved": True}}]}, session=session)
     assert resumed.status == "yielded_tool"  # the second model call asked again
     scripted.set_responses([{"text": "never asked"}])
-    last = app.run(agent, {"tools": [{"call_id": "c2", "input": {"approved": True}}]}, session=session)
+    last = app.run(agent, {"answers": [{"call_id": "c2", "input": {"approved": True}}]}, session=session)
     assert last.status == "max_steps" and len(scripted.requests) == 2
     assert session.projection.invocations[last.invocation_id].model_calls == 2
 

@@ -51,7 +51,7 @@ class Process:
     def answers(self, session_id: str) -> dict[str, Any]:
         session = self.app.sessions.get(session_id)
         assert session is not None
-        return {"tools": [{"call_id": c.call_id, "input": {"approved": True}} for c in session.yielded_tools]}
+        return {"answers": [{"call_id": c.call_id, "input": {"approved": True}} for c in session.yielded_tools]}
 
 
 def waiting_session(proc: Process, calls: int = 1) -> str:
@@ -101,7 +101,7 @@ def test_a_stale_caller_loses_the_claim_and_runs_nothing(path: Path) -> None:
 
     loser.model.set_responses([{"text": "booked too"}])
     with pytest.raises(ClaimLost) as lost:
-        advance(loser.app, loser.agent, stale, {"tools": [{"call_id": "c0", "input": {"approved": False}}]})
+        advance(loser.app, loser.agent, stale, {"answers": [{"call_id": "c0", "input": {"approved": False}}]})
     assert isinstance(lost.value, VersionConflict) and http_status(lost.value) == 409
     assert (lost.value.expected_version, lost.value.actual_version) == (2, 5)
     assert loser.ran == [] and loser.model.requests == []
@@ -157,7 +157,7 @@ def test_input_that_opens_no_invocation_is_claimed_at_the_end(path: Path) -> Non
     first, second = Process(path), Process(path)
     sid = waiting_session(first, calls=2)
     first.model.set_responses([])
-    outcome = advance(first.app, first.agent, sid, {"tools": [{"call_id": "c0", "input": {"approved": True}}]})
+    outcome = advance(first.app, first.agent, sid, {"answers": [{"call_id": "c0", "input": {"approved": True}}]})
     assert (outcome.status, outcome.commit_status, outcome.version) == ("yielded_tool", "committed", 4)
     assert [t.call_id for t in outcome.yielded_tools] == ["c1"] and first.ran == ["c0"]
 
@@ -207,7 +207,7 @@ def test_bad_input_and_unknown_ids_write_nothing(path: Path) -> None:
         advance(proc.app, proc.agent, "s_missing", "hi")
     sid = waiting_session(proc)
     with pytest.raises(InputError):
-        advance(proc.app, proc.agent, sid, {"tools": [{"call_id": "c0", "input": {"approved": "maybe"}}]})
+        advance(proc.app, proc.agent, sid, {"answers": [{"call_id": "c0", "input": {"approved": "maybe"}}]})
     stored = proc.app.sessions.get(sid)
     assert stored is not None and stored.version == 2 and proc.ran == []
 

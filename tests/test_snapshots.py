@@ -20,11 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from dormant import App, ModelStartEvent, Session, adk, openai
+from dormant import App, Session, adk, openai
 from dormant.agents.agent import Agent
 from dormant.clock import frozen_clock
 from dormant.errors import ConfigurationError, InputError
-from dormant.events import Event, UserEvent
+from dormant.events import Event, ModelStartEvent, UserEvent
 from dormant.serving import commit as serving_commit
 from dormant.snapshots import FORMAT, load_session, snapshot_of
 from dormant.stores.base import (
@@ -150,7 +150,7 @@ def turn(app: App, agent: Agent, model: MockAdapter, session: Session, step: int
         session.state.count = step
         return
     if plan == "hold" and session.yielded_tools:
-        session.input.tools([{"call_id": y.call_id, "input": {"yes": True}} for y in session.yielded_tools])
+        session.input.answers([{"call_id": y.call_id, "input": {"yes": True}} for y in session.yielded_tools])
         return
     if session.status == "resumable":
         model.set_responses([{"text": f"resumed {step}"}])
@@ -159,7 +159,7 @@ def turn(app: App, agent: Agent, model: MockAdapter, session: Session, step: int
     if session.yielded_tools:
         answers = [{"call_id": y.call_id, "input": {"yes": step % 2 == 0}} for y in session.yielded_tools]
         model.set_responses([{"text": f"thanks {step}"}])
-        app.run(agent, {"tools": answers}, session=session)
+        app.run(agent, {"answers": answers}, session=session)
         return
     script: list[dict[str, Any]] = {
         "text": [{"text": f"reply {step}"}],

@@ -141,7 +141,7 @@ def test_text_no_store_can_keep_is_refused_at_input(store: Any, bad: str) -> Non
             lambda: app.run(agent, {"initial_state": {"user": {"note": bad}}}, session=session),
         ),
         ("state.org.", lambda: session.state.org.update({f"k{bad}": 1})),
-        ("tools.0.input", lambda: session.input.tool(waiting.call_id, {"ok": True, "why": bad})),
+        ("answers.0.input", lambda: session.input.answer(waiting.call_id, {"ok": True, "why": bad})),
     ]
     for field, attempt in cases:
         with pytest.raises(ValueNotStorable) as caught:

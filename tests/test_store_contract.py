@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from dormant import in_memory_store
-from dormant.stores.base import SessionStore
+from dormant.stores.base import ErasableStore, LimitedStore, SessionStore, SnapshotStore
 from dormant.stores.sqlite import sqlite_store
 from dormant.testing import StoreContract
+from tests.wrapped_stores import SixMethods
 
 
 class TestInMemoryStore(StoreContract):
@@ -27,6 +28,22 @@ class TestSQLiteFileStore(StoreContract):
 
     def make_peer(self, store: SessionStore) -> SessionStore:
         return sqlite_store(self.path)  # a second connection on the same file
+
+
+class TestAStoreOfTheUsersOwn(StoreContract):
+    """The suite on a store that offers the six methods alone: the limits it declares none of are the defaults
+    (``LimitedStore``), the binding tests are skipped by design (``ErasableStore``), everything else runs."""
+
+    def make_store(self) -> SessionStore:
+        store = SixMethods()
+        assert isinstance(store, SessionStore) and not isinstance(store, LimitedStore | ErasableStore)
+        return store
+
+
+def test_the_built_in_stores_offer_every_capability(tmp_path: Path) -> None:
+    for store in (in_memory_store(), sqlite_store(tmp_path / "caps.db")):
+        assert all(isinstance(store, kind) for kind in (SessionStore, LimitedStore, ErasableStore, SnapshotStore))
+        store.close()
 
 
 class TestSQLiteMemoryStore(StoreContract):

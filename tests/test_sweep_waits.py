@@ -50,7 +50,7 @@ def _yielded(view: Any, agent: Any, sid: str, signoffs: int = 1) -> Any:
 def _answer(view: Any, sid: str) -> None:
     """Store the answer and nothing else: the resume that should follow is lost."""
     (call,) = view.sessions.require(sid).yielded_tools
-    view.sessions.write(sid, lambda s: s.input.tools([{"call_id": call.call_id, "input": {"approved": True}}]))
+    view.sessions.write(sid, lambda s: s.input.answers([{"call_id": call.call_id, "input": {"approved": True}}]))
     assert view.sessions.require(sid).status == "resumable"
 
 

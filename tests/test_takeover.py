@@ -89,7 +89,7 @@ def test_a_takeover_without_a_message_records_the_yield_and_the_answer_runs_on()
     assert stored.status == "awaiting_input"
     with pytest.raises(AwaitingInput):  # as for any yielded call
         app.run(agent, "hello?", session=stored)
-    done = app.run(agent, {"tools": [{"call_id": "c-1", "input": {"ok": True}}]}, session=stored)
+    done = app.run(agent, {"answers": [{"call_id": "c-1", "input": {"ok": True}}]}, session=stored)
     app.sessions.commit(stored)
     assert done.status == "completed"
     ordered(app.sessions.require(sid).events)

@@ -334,7 +334,7 @@ def test_errors_from_the_change_propagate_and_nothing_is_written(world: World) -
 
     def answer(session: Session) -> None:
         session.input.message("before the answer")
-        session.input.tool("no-such-call", {"ok": True})  # nothing waits on it
+        session.input.answer("no-such-call", {"ok": True})  # nothing waits on it
 
     for mode in ("fail", "retry", "merge"):
         with pytest.raises(UnknownCallId):
@@ -410,9 +410,9 @@ def test_a_second_answer_to_one_call_is_refused_after_the_reload(world: World) -
         runs.append(session)
         if len(runs) == 1:
             theirs = other.sessions.require(sid)
-            theirs.input.tool("ask", {"approved": False})
+            theirs.input.answer("ask", {"approved": False})
             other.sessions.commit(theirs)
-        session.input.tool("ask", {"approved": True})
+        session.input.answer("ask", {"approved": True})
 
     with pytest.raises(UnknownCallId) as caught:
         mine.sessions.write(sid, answer, on_conflict="retry")
@@ -447,7 +447,7 @@ def test_park_stores_its_token_unless_answers_landed_first(world: World) -> None
         runs.append(session)
         if len(runs) == 1:  # the answer lands while the second wait parks
             theirs = other.sessions.require(sid)
-            theirs.input.tool("ask", {"approved": True})
+            theirs.input.answer("ask", {"approved": True})
             other.sessions.commit(theirs)
         return session.status
 
@@ -474,7 +474,7 @@ def test_ending_a_wait_is_refused_once_answers_landed(world: World) -> None:
         runs.append(session)
         if len(runs) == 1:
             theirs = other.sessions.require(sid)
-            theirs.input.tool("ask", {"approved": True})
+            theirs.input.answer("ask", {"approved": True})
             other.sessions.commit(theirs)
         session.append(InvocationEndEvent(invocation_id=invocation, status="error", error="timed out"))
 

@@ -158,7 +158,7 @@ def load_session(
         return None
     if row.created_at != snapshot.created_at or row.version < snapshot.version:
         return _whole(runtime, session_id, covered=0, alive=alive)  # the session was deleted and made again since
-    session = Session.resume(
+    session = Session.restore(
         runtime,
         row,
         snapshot.projection,

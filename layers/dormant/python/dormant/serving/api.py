@@ -591,7 +591,7 @@ def build_resolver(
         def store(session: Session) -> None:
             try:  # errors are served as raised (their class, their status), named in this body: answers.N
                 # the audit says who answered; the tool's answerable_by must admit them (403, nothing written)
-                session.input.tools(answers, principal=me.principal, groups=me.groups, field="answers")
+                session.input.answers(answers, principal=me.principal, groups=me.groups)
             except UnknownCallId as exc:
                 raise _unknown_call(session, exc) from None
 
