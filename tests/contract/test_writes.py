@@ -37,6 +37,7 @@ from dormant.session import Session
 from dormant.stores.base import ScopedStateChange
 from dormant.stores.sqlite import sqlite_store
 from dormant.testing import MockAdapter
+from tests.support.stores import store_maker
 
 
 class Notes(BaseModel):
@@ -68,20 +69,6 @@ class World:
         app = adk(name=self.name, schema={"session": Notes}, store=store, adapters={"openai": MockAdapter()}, **options)
         app.tool(name="approve", description="", execute=None, yield_schema=Approval)
         return app
-
-
-def store_maker(kind: str, request: pytest.FixtureRequest, directory: Path) -> Callable[[], Any]:
-    if kind == "memory":
-        shared = in_memory_store()  # one process's memory: every handle is the same store
-        return lambda: shared
-    if kind == "sqlite":
-        path = directory / "writes.db"
-        return lambda: sqlite_store(path)
-    from dormant.stores.dynamodb import dynamo_store
-    from tests.support.servers.dynamodb import client
-
-    table, endpoint = request.getfixturevalue("dynamodb_table"), request.getfixturevalue("dynamodb_endpoint")
-    return lambda: dynamo_store(table, client=client(endpoint))
 
 
 @pytest.fixture(params=["memory", "sqlite", pytest.param("dynamodb", marks=pytest.mark.backend("dynamodb"))])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,7 +17,7 @@ pytest.importorskip("cdk_nag", reason="the infra tests need cdk-nag (the infra e
 from dormant import metrics
 from dormant.stores.dynamodb import TABLE
 from infra.functions import HANDLERS
-from tests.support.cdk_template import Synth, function_of, synthesize
+from tests.support.cdk_template import Synth, alarms, function_of, synthesize, watched
 
 TOPIC = "arn:aws:sns:eu-west-1:123456789012:ops"
 
@@ -26,32 +25,6 @@ TOPIC = "arn:aws:sns:eu-west-1:123456789012:ops"
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
     return synthesize(tmp_path_factory.mktemp("cdk.out"), {"alarm_topic": TOPIC})
-
-
-def watched(alarm: dict[str, Any]) -> list[dict[str, Any]]:
-    """The metrics an alarm watches: ``{namespace, name, dimensions}`` (of a math expression, each it uses)."""
-    props = alarm["Properties"]
-    if "MetricName" in props:
-        stats = [{key: props[key] for key in ("Namespace", "MetricName", "Dimensions")}]
-    else:
-        stats = [m["MetricStat"]["Metric"] for m in props["Metrics"] if "MetricStat" in m]
-    return [
-        {
-            "namespace": s["Namespace"],
-            "name": s["MetricName"],
-            "dimensions": {d["Name"]: d["Value"] for d in s.get("Dimensions", [])},
-        }
-        for s in stats
-    ]
-
-
-def alarms(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """A template's alarms by their construct name (``.../Alarms/<name>/Resource``)."""
-    return {
-        r["Metadata"]["aws:cdk:path"].split("/")[-2]: r
-        for r in template["Resources"].values()
-        if r["Type"] == "AWS::CloudWatch::Alarm"
-    }
 
 
 def test_every_application_alarm_watches_a_metric_the_code_emits_as_it_emits_it(synth: Synth) -> None:

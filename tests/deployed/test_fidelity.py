@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from urllib.parse import quote
 import pytest
 
 from tests.support.fidelity import iam
+from tests.support.fidelity.calls import APP_PACKAGE, TENANT, answer, create, evidence, fresh, ledger, run, show
 from tests.support.fidelity.stepfunctions import ApiError, StatesError, StepFunctions, fill, intrinsic, path_set
 from tests.support.fidelity.template import Names, Template
 
@@ -461,8 +461,6 @@ def test_a_sandbox_enforces_the_role_timeouts_crashes_and_the_response_limit(san
 
 # -- the deployment --------------------------------------------------------------------------------------------
 
-TENANT = "tenant-a"
-APP_PACKAGE = "tests/support/fidelity/fidelity_app"
 BROWSER_APP = "https://app.example"
 """The one origin the deployment lets call it from a browser (``-c cors_origins=``)."""
 
@@ -485,50 +483,6 @@ def deployment(dynamodb_endpoint: str) -> Iterator[Any]:
         yield started
     finally:
         started.close()
-
-
-def fresh(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def evidence(d: Any) -> str:
-    """What went wrong inside the deployment: function errors and denied calls (the assertion message)."""
-    denied = sorted({(c.function, c.action, c.resource.rsplit(":", 1)[-1]) for c in d.denied()})
-    return f"function errors: {d.errors()[-6:]}; denied calls: {denied}"
-
-
-def create(d: Any, sid: str, scopes: dict[str, str] | None = None, tenant: str = TENANT) -> None:
-    status, _, body = d.api("POST", "/sessions", {"session_id": sid, "scopes": scopes or {}}, tenant=tenant)
-    assert status == 201, (status, body, evidence(d))
-
-
-def show(d: Any, sid: str, tenant: str = TENANT) -> dict[str, Any]:
-    status, _, body = d.api("GET", f"/sessions/{sid}", tenant=tenant)
-    assert status == 200, (status, body, evidence(d))
-    return body  # type: ignore[no-any-return]
-
-
-def ledger(d: Any, sid: str, tenant: str = TENANT) -> list[dict[str, Any]]:
-    status, _, body = d.api("GET", f"/sessions/{sid}/events", tenant=tenant, query={"limit": "1000"})
-    assert status == 200, (status, body, evidence(d))
-    return body["events"]  # type: ignore[no-any-return]
-
-
-def run(d: Any, sid: str, message: str, tenant: str = TENANT, settle: float = 180) -> dict[str, Any]:
-    """``POST /runs`` (200 today, 202 in the target contract), then the session once the workflow settled."""
-    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": message}, tenant=tenant)
-    assert status in (200, 202), (status, body, evidence(d))
-    d.settle(settle)
-    return show(d, sid, tenant)
-
-
-def answer(d: Any, sid: str, shown: dict[str, Any], tenant: str = TENANT) -> dict[str, Any]:
-    (call,) = shown["yielded_tools"]
-    body = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
-    status, _, answered = d.api("POST", f"/sessions/{sid}/tools", body, tenant=tenant)
-    assert status == 202, (status, answered, evidence(d))
-    d.settle()
-    return show(d, sid, tenant)
 
 
 def ended(d: Any, execution: Any, timeout: float = 120) -> Any:
@@ -1308,7 +1262,7 @@ def test_zz_every_metric_is_emitted_by_the_function_whose_path_should(deployment
     hold each metric under the namespace and dimensions the code defines, from a function that should emit it,
     never with an id as a dimension; and each alarm on an application metric watches one of those lines."""
     from dormant import metrics
-    from tests.deployed.test_alarms import alarms, watched
+    from tests.support.cdk_template import alarms, watched
 
     d = deployment
     seen: dict[str, set[tuple[tuple[str, str], ...]]] = {}

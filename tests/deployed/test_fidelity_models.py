@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from tests.deployed.test_fidelity import APP_PACKAGE, answer, create, evidence, fresh, ledger, run
 from tests.support.fake_model_server import FakeModelServer, Received, Reply
 from tests.support.fidelity import iam
+from tests.support.fidelity.calls import APP_PACKAGE, answer, create, evidence, fresh, ledger, run
 
 MODEL = "fidelity-gpt"
 RESUME_TIMEOUT = 30.0

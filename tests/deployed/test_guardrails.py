@@ -14,7 +14,7 @@ import pytest
 from dormant.clock import frozen_clock
 from dormant.errors import ConfigurationError, TurnQuotaExceeded, http_status
 from dormant.serving.quota import TurnQuota
-from tests.contract.test_writes import store_maker
+from tests.support.stores import store_maker
 
 # -- the quota, on each store ------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from dormant.cli import default_pages
 from dormant.serving.local import LocalAPI, LocalServer
 from dormant.serving.runtime import load_served
 from dormant.stores.sqlite import sqlite_store
-from tests.process.test_adk_dormant import seed
+from tests.support.adk_app import seed
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -56,9 +56,7 @@ def test_an_adk_session_shows_its_events_and_state_in_the_inspector(driver: Any,
     db = tmp_path / "adk.db"
     seed(db, tenant="local")
     store = sqlite_store(db)
-    api = LocalAPI(
-        load_served("tests.process.test_adk_dormant:INSPECTED", store), principal="local", pages=default_pages()
-    )
+    api = LocalAPI(load_served("tests.support.adk_app:INSPECTED", store), principal="local", pages=default_pages())
     server = LocalServer(api, "127.0.0.1", 0, log_requests=False)
     try:
         with server.running():

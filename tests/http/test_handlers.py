@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,31 +33,9 @@ from dormant.serving.workflow import (
 from dormant.session import Session
 from dormant.stores.sqlite import SQLiteSessionStore, sqlite_store
 from dormant.stores.url import store_from_url
-from tests.support.lambda_events import EVENTS, TENANT_A, TENANT_B, Client, LambdaContext, load_event
+from tests.support.lambda_events import EVENTS, TENANT_A, TENANT_B, Client, LambdaContext, create, load_event
 
 REQUEST = "I need physio on Tuesday afternoon, for Alex Doe"
-
-
-@pytest.fixture(params=["sqlite", pytest.param("dynamodb", marks=pytest.mark.backend("dynamodb"))])
-def served(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
-    """The Bookings app on a SQLite file, and on a fresh table in DynamoDB Local (named by a store URL)."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'dormant.db'}"
-    else:
-        from tests.support.servers.dynamodb import ACCESS_KEY, REGION
-
-        endpoint = request.getfixturevalue("dynamodb_endpoint")
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
-        url = f"dynamodb://handlers-{uuid.uuid4().hex[:12]}?endpoint={endpoint}&region={REGION}"
-    store = store_from_url(url)
-    yield load_served("bookings:build", store)
-    store.close()
-
-
-@pytest.fixture
-def client(served: Served) -> Client:
-    return Client(api_handler(in_process_hooks(served), served))
 
 
 def wait_for(client: Client, session_id: str, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
@@ -69,14 +47,6 @@ def wait_for(client: Client, session_id: str, done: Callable[[dict[str, Any]], b
             return shown
         assert time.monotonic() < deadline, shown
         time.sleep(0.02)
-
-
-def create(client: Client, session_id: str = "s-1", tenant: str = TENANT_A) -> dict[str, Any]:
-    status, body = client.call(
-        "create_session", tenant=tenant, body={"session_id": session_id, "scopes": {"user": "alex-doe"}}
-    )
-    assert status == 201, body
-    return body  # type: ignore[no-any-return]
 
 
 # -- every event parses and reaches its route ------------------------------------------------------
@@ -128,7 +98,7 @@ def test_create_show_list_page_delete(client: Client) -> None:
 
 
 def test_a_page_of_the_ledger_near_its_head_reads_only_the_tail_from_the_store(tmp_path: Path) -> None:
-    from tests.contract.test_snapshots import CountingWithSnapshots, build
+    from tests.support.snapshots_app import CountingWithSnapshots, build
 
     store = CountingWithSnapshots(sqlite_store(tmp_path / "pages.db"))
     app, agent, _ = build(store)  # its agent shows the last 2 turns: a load reads a snapshot and the tail

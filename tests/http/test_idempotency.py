@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("aws_lambda_powertools", reason="dormant serve needs the lambda extra")
 
-from tests.http.test_serve import REQUEST, TIMEOUT, call, eventually
+from tests.support.serve_calls import REQUEST, TIMEOUT, call, eventually
 from tests.support.servers.serve import ServeProcess, dormant_serve
 
 STORES = [

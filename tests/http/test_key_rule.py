@@ -15,8 +15,7 @@ from dormant.errors import InvalidKey
 from dormant.ids import MAX_KEY_LENGTH, split_app_name, tenant_app_name
 from dormant.serving.runtime import Served, for_tenant, purge_tenants, view_of
 from dormant.stores.base import BaseSessionStore
-from tests.http.test_handlers import client, create, served  # noqa: F401  (fixtures)
-from tests.support.lambda_events import TENANT_A, Client
+from tests.support.lambda_events import TENANT_A, Client, create
 
 
 class Person(BaseModel):
@@ -37,8 +36,8 @@ def nothing_stored(app: Served) -> None:
     "tenant", [*DEFECTS.values(), "eu@x", "@eu", "eu@"], ids=[*DEFECTS, "at", "at-first", "at-last"]
 )
 def test_a_tenant_outside_the_rule_is_a_400_naming_tenant_and_writes_nothing(
-    client: Client,  # noqa: F811
-    served: Served,  # noqa: F811
+    client: Client,
+    served: Served,
     tenant: str,
 ) -> None:
     """A tenant holding ``@`` would name another tenant's keys (``eu@x`` of ``bookings`` is ``bookings@eu@x``):
@@ -51,8 +50,8 @@ def test_a_tenant_outside_the_rule_is_a_400_naming_tenant_and_writes_nothing(
 
 @pytest.mark.parametrize("defect", sorted(DEFECTS))
 def test_a_session_or_scope_id_outside_the_rule_is_a_400_naming_it(
-    client: Client,  # noqa: F811
-    served: Served,  # noqa: F811
+    client: Client,
+    served: Served,
     defect: str,
 ) -> None:
     bad = DEFECTS[defect]
@@ -70,7 +69,7 @@ def test_a_session_or_scope_id_outside_the_rule_is_a_400_naming_it(
 
 @pytest.mark.parametrize("cursor", ["\x00", "\ud800", "A" * 300, "e30", "garbage!"])
 def test_a_cursor_outside_the_rule_is_a_400_naming_cursor(
-    client: Client,  # noqa: F811
+    client: Client,
     cursor: str,
 ) -> None:
     create(client, "s-1")
@@ -79,8 +78,8 @@ def test_a_cursor_outside_the_rule_is_a_400_naming_cursor(
 
 
 def test_tenants_of_two_apps_and_an_app_named_like_a_tenant(
-    client: Client,  # noqa: F811
-    served: Served,  # noqa: F811
+    client: Client,
+    served: Served,
 ) -> None:
     """The issue's collision, tried as a new user would: an app ``bookings@tenant-a`` next to tenant
     ``tenant-a`` of ``bookings``. The app cannot be made, so the tenant's sessions are its own."""
@@ -125,8 +124,8 @@ def test_the_tenant_separator_round_trips_and_has_one_reading() -> None:
 
 @pytest.mark.parametrize("defect", [*sorted(DEFECTS), "empty"])
 def test_an_event_id_outside_the_rule_is_a_400_and_writes_nothing(
-    client: Client,  # noqa: F811
-    served: Served,  # noqa: F811
+    client: Client,
+    served: Served,
     defect: str,
 ) -> None:
     """An event id is a key on every store (DynamoDB's id index): an empty one was a 503 after the gate there."""

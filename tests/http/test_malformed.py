@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("aws_lambda_powertools", reason="dormant serve needs the lambda extra")
 
 from dormant.serving.api import MAX_BODY_BYTES
-from tests.http.test_serve import REQUEST, TIMEOUT
+from tests.support.serve_calls import REQUEST, TIMEOUT
 from tests.support.servers.serve import ServeProcess, dormant_serve
 
 OWNER, STRANGER = "clinic", "intruder"

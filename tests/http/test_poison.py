@@ -4,7 +4,7 @@ Shared state is checked against its scope's schema before anything is written (a
 every other session of the user loading and running); the ledger rules (``dormant.ledger``) refuse events a
 run could not have put where they stand (a result forged before its answer, a message while a call waits);
 the same mistake gets the same class, status and field name on ``POST /tools`` and ``POST /commit``. On
-SQLite and DynamoDB Local, through the Lambda handler in-process (``tests.http.test_handlers``' fixtures).
+SQLite and DynamoDB Local, through the Lambda handler in-process (the fixtures of ``tests/http/conftest.py``).
 """
 
 from __future__ import annotations
@@ -41,8 +41,7 @@ from dormant.serving.api import api_handler
 from dormant.serving.runtime import Served
 from dormant.serving.workflow import in_process_hooks
 from dormant.stores.memory import in_memory_store
-from tests.http.test_handlers import client, create, served  # noqa: F401  (fixtures)
-from tests.support.lambda_events import TENANT_A, Client
+from tests.support.lambda_events import TENANT_A, Client, create
 
 USER = "alex-doe"
 
@@ -82,8 +81,8 @@ POISON = [
 
 @pytest.mark.parametrize(("body", "status", "error", "field"), POISON)
 def test_shared_state_cannot_be_poisoned_by_a_remote_commit(
-    client: Client,  # noqa: F811
-    served: Served,  # noqa: F811
+    client: Client,
+    served: Served,
     body: dict[str, Any],
     status: int,
     error: str,
@@ -108,8 +107,8 @@ def test_shared_state_cannot_be_poisoned_by_a_remote_commit(
 
 
 def test_the_poison_of_the_issue_in_one_commit_is_refused_and_a_valid_write_still_lands(
-    client: Client,  # noqa: F811
-    served: Served,  # noqa: F811
+    client: Client,
+    served: Served,
 ) -> None:
     create(client, "s-1")
     create(client, "s-2")
@@ -134,7 +133,7 @@ def test_the_poison_of_the_issue_in_one_commit_is_refused_and_a_valid_write_stil
 # -- the ledger rules, over HTTP ---------------------------------------------------------------------
 
 
-def waiting_session(client: Client) -> tuple[dict[str, Any], int, str]:  # noqa: F811
+def waiting_session(client: Client) -> tuple[dict[str, Any], int, str]:
     """A session paused on its approval call: (the call, the version, the invocation id)."""
     create(client, "s-1")
     got, ran = client.call("run", session_id="s-1", headers={"Prefer": "wait=25"})
@@ -145,7 +144,7 @@ def waiting_session(client: Client) -> tuple[dict[str, Any], int, str]:  # noqa:
 
 
 def test_a_result_forged_before_the_answer_is_refused_and_the_real_tool_runs_on_the_real_answer(
-    client: Client,  # noqa: F811
+    client: Client,
 ) -> None:
     """The issue's finding: a ``tool_result`` for a yielded call before any answer became the call's only result."""
     call, version, invocation = waiting_session(client)
@@ -170,7 +169,7 @@ def test_a_result_forged_before_the_answer_is_refused_and_the_real_tool_runs_on_
 
 
 def test_a_remote_message_while_a_call_waits_is_refused_as_post_runs_refuses_it(
-    client: Client,  # noqa: F811
+    client: Client,
 ) -> None:
     _, version, _ = waiting_session(client)
     message = {"type": "user", "text": "never mind"}
@@ -183,7 +182,7 @@ def test_a_remote_message_while_a_call_waits_is_refused_as_post_runs_refuses_it(
 
 @pytest.mark.parametrize("route", ["tools", "commit"])
 def test_answering_a_call_never_made_is_the_same_answer_on_both_routes(
-    client: Client,  # noqa: F811
+    client: Client,
     route: str,
 ) -> None:
     _, version, _ = waiting_session(client)
@@ -207,7 +206,7 @@ def test_answering_a_call_never_made_is_the_same_answer_on_both_routes(
     ],
 )
 def test_tools_errors_are_served_as_declared_and_name_answers(
-    client: Client,  # noqa: F811
+    client: Client,
     answers: list[dict[str, Any]],
     status: int,
     error: str,
@@ -327,7 +326,7 @@ def test_a_ledger_a_run_writes_passes_the_rules_and_from_events_refuses_a_forged
     assert refused.value.field == "events.1.changes.0.new_value"
 
 
-def test_an_answer_or_a_yield_under_another_tools_name_is_refused(client: Client) -> None:  # noqa: F811
+def test_an_answer_or_a_yield_under_another_tools_name_is_refused(client: Client) -> None:
     """An answer is judged by its call's tool, not by the name it carries (``x`` would have skipped the
     check); a yield waits only for calls of a tool that yields (else nothing could ever answer it)."""
     call, version, invocation = waiting_session(client)
@@ -564,7 +563,7 @@ def test_a_fork_cut_inside_a_running_invocation_is_resumable_and_a_run_continues
     assert [e.text for e in fork.events if e.type == "user"] == ["hi", "go on"]
 
 
-def test_a_fork_cut_inside_a_turn_is_continued_over_http(client: Client) -> None:  # noqa: F811
+def test_a_fork_cut_inside_a_turn_is_continued_over_http(client: Client) -> None:
     create(client, "s-1")
     got, ran = client.call("run", session_id="s-1", headers={"Prefer": "wait=25"})
     assert got == 200 and ran["status"] == "yielded_tool", ran

@@ -15,12 +15,11 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -41,46 +40,11 @@ from dormant.serving.workflow import in_process_hooks
 from dormant.stores.url import store_from_url
 from dormant.testing import MockAdapter
 from tests.support.lambda_events import EVENTS, LambdaContext
+from tests.support.serve_calls import REQUEST, TIMEOUT, call, eventually
 from tests.support.servers.serve import ServeProcess, command, dormant_serve
 
-REQUEST = "I need physio on Tuesday afternoon, for Alex Doe"
-TIMEOUT = 60
 OVERLAP_WAIT = 3
 PAGE_FAILED = "the page failed; the server's log says why"
-
-
-def call(
-    url: str,
-    method: str = "GET",
-    body: Any = None,
-    *,
-    raw: bytes | None = None,
-    principal: str | None = None,
-    extra: dict[str, str] | None = None,
-) -> tuple[int, Any]:
-    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json", **(extra or {})}
-    if method == "POST" and url.endswith("/runs") and "Prefer" not in headers:
-        headers["Prefer"] = "wait=25"  # these tests read the turn's result; a turn runs after a 202 otherwise
-    headers = {name: value for name, value in headers.items() if value}
-    if principal is not None:
-        headers["X-Dormant-Principal"] = principal
-    request = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
-            status, text = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        status, text = exc.code, exc.read()
-    return status, json.loads(text) if text else None
-
-
-def eventually(check: Callable[[], Any], timeout: float = 30) -> Any:
-    """``check()``'s first truthy value, asked again every 20 ms for up to ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        assert time.monotonic() < deadline, "gave up waiting"
-        time.sleep(0.02)
-    return value
 
 
 @pytest.fixture(params=["sqlite", pytest.param("dynamodb", marks=pytest.mark.backend("dynamodb"))])

@@ -17,29 +17,13 @@ pytest.importorskip("google.adk", reason="the ADK bridge needs google-adk (pip i
 pytestmark = pytest.mark.backend("adk")
 
 from google.adk.errors import StaleSessionError  # noqa: E402
-from google.adk.events.event import Event  # noqa: E402
-from google.adk.events.event_actions import EventActions  # noqa: E402
-from google.genai import types  # noqa: E402
 
-from dormant.bridges.adk import DormantSessionService, inspected, session_key  # noqa: E402
+from dormant.bridges.adk import DormantSessionService, session_key  # noqa: E402
 from dormant.cli import main  # noqa: E402
 from dormant.serving.local import LocalAPI  # noqa: E402
 from dormant.serving.runtime import load_served  # noqa: E402
 from dormant.stores.sqlite import sqlite_store  # noqa: E402
-
-APP = "helpdesk"
-INSPECTED = inspected(APP)
-"""What ``DORMANT_APP`` names to serve the ADK app's sessions (``tests.process.test_adk_dormant:INSPECTED``)."""
-
-
-def said(text: str, author: str = "user", **state: Any) -> Event:
-    return Event(
-        invocation_id="inv",
-        author=author,
-        content=types.Content(role="user" if author == "user" else "model", parts=[types.Part(text=text)]),
-        actions=EventActions(state_delta=state),
-    )
-
+from tests.support.adk_app import APP, said, seed  # noqa: E402
 
 # -- two processes, one session -----------------------------------------------------------------------
 
@@ -118,22 +102,6 @@ def test_two_processes_append_to_one_session_one_wins_the_other_is_stale_and_not
 # -- erase ----------------------------------------------------------------------------------------------
 
 
-def seed(db: Path, tenant: str | None = None) -> None:
-    async def go() -> None:
-        store = sqlite_store(db)
-        try:
-            service = DormantSessionService(store, tenant=tenant)
-            for user, sid in (("ada", "s1"), ("ada", "s2"), ("bob", "s1")):
-                session = await service.create_session(
-                    app_name=APP, user_id=user, session_id=sid, state={"user:name": user.title(), "app:motd": "hi"}
-                )
-                await service.append_event(session, said(f"{user} says hello", **{"user:seen": 1, "topic": sid}))
-        finally:
-            store.close()
-
-    asyncio.run(go())
-
-
 def test_dormant_erase_removes_an_adk_users_sessions_and_user_state(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -144,7 +112,7 @@ def test_dormant_erase_removes_an_adk_users_sessions_and_user_state(
         [
             "erase",
             "--app",
-            "tests.process.test_adk_dormant:INSPECTED",
+            "tests.support.adk_app:INSPECTED",
             "--store",
             store_url,
             "--scope",
@@ -187,7 +155,7 @@ def test_the_inspector_api_shows_an_adk_session_like_any_other(tmp_path: Path) -
     seed(db, tenant="local")
     store = sqlite_store(db)
     try:
-        api = LocalAPI(load_served("tests.process.test_adk_dormant:INSPECTED", store), principal="local")
+        api = LocalAPI(load_served("tests.support.adk_app:INSPECTED", store), principal="local")
 
         def get(path: str) -> Any:
             reply = api.handle("GET", path, [], b"", "127.0.0.1")

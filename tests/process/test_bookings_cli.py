@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,26 +13,7 @@ import pytest
 from bookings import Confirmation, build, patient_id
 from dormant.events import StateChangeEvent, ToolCallEvent, ToolInputEvent
 from dormant.stores.sqlite import sqlite_store
-
-REQUEST = "I need physio on Tuesday afternoon, for Alex Doe"
-
-
-def bookings(db: Path | str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("BOOKINGS_")} | (env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "bookings", "--db", str(db), *args],
-        capture_output=True,
-        text=True,
-        env=environment,
-        check=False,
-        timeout=60,
-    )
-
-
-def session_id(output: str) -> str:
-    found = re.search(r"session: (\S+)", output)
-    assert found, output
-    return found.group(1)
+from tests.support.bookings_cli import REQUEST, bookings, session_id
 
 
 @pytest.fixture

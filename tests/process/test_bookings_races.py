@@ -23,7 +23,7 @@ import pytest
 from bookings import build, patient_id
 from dormant.events import ToolInputEvent, ToolResultEvent
 from dormant.serving import advance
-from tests.process.test_bookings_cli import REQUEST
+from tests.support.bookings_cli import REQUEST
 
 pytestmark = pytest.mark.slow
 

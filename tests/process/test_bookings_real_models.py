@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.process.test_bookings_cli import REQUEST, bookings, session_id
+from tests.support.bookings_cli import REQUEST, bookings, session_id
 from tests.support.fake_model_server import FakeModelServer, Reply, running
 
 pytest.importorskip("openai")

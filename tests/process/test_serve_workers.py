@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.http.test_serve import REQUEST, TIMEOUT, call
+from tests.support.serve_calls import REQUEST, TIMEOUT, call
 from tests.support.servers.serve import command, dormant_serve, serving_process
 
 pytest.importorskip("aws_lambda_powertools", reason="dormant serve needs the lambda extra")

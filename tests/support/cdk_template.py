@@ -86,3 +86,29 @@ def definition_of(synth: Synth, substitutions: dict[str, Any] | None = None) -> 
         inside_a_string = len(re.findall(r'(?<!\\)"', text)) % 2 == 1
         text += str(value) if inside_a_string else json.dumps(value)
     return json.loads(text)  # type: ignore[no-any-return]
+
+
+def watched(alarm: dict[str, Any]) -> list[dict[str, Any]]:
+    """The metrics an alarm watches: ``{namespace, name, dimensions}`` (of a math expression, each it uses)."""
+    props = alarm["Properties"]
+    if "MetricName" in props:
+        stats = [{key: props[key] for key in ("Namespace", "MetricName", "Dimensions")}]
+    else:
+        stats = [m["MetricStat"]["Metric"] for m in props["Metrics"] if "MetricStat" in m]
+    return [
+        {
+            "namespace": s["Namespace"],
+            "name": s["MetricName"],
+            "dimensions": {d["Name"]: d["Value"] for d in s.get("Dimensions", [])},
+        }
+        for s in stats
+    ]
+
+
+def alarms(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A template's alarms by their construct name (``.../Alarms/<name>/Resource``)."""
+    return {
+        r["Metadata"]["aws:cdk:path"].split("/")[-2]: r
+        for r in template["Resources"].values()
+        if r["Type"] == "AWS::CloudWatch::Alarm"
+    }

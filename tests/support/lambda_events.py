@@ -68,3 +68,11 @@ class Client:
         response = self.handler(event, LambdaContext())
         text = response.get("body") or ""
         return response["statusCode"], json.loads(text) if text else None
+
+
+def create(client: Client, session_id: str = "s-1", tenant: str = TENANT_A) -> dict[str, Any]:
+    status, body = client.call(
+        "create_session", tenant=tenant, body={"session_id": session_id, "scopes": {"user": "alex-doe"}}
+    )
+    assert status == 201, body
+    return body  # type: ignore[no-any-return]

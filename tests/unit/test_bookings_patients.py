@@ -13,7 +13,7 @@ from bookings import build, patient_id
 from dormant.ids import check_id
 from dormant.serving import advance
 from dormant.serving.runtime import for_tenant
-from tests.process.test_bookings_cli import REQUEST
+from tests.support.bookings_cli import REQUEST
 
 names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=300).filter(lambda s: s.strip())
 

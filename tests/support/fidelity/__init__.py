@@ -8,6 +8,7 @@
 * ``stepfunctions``: an ASL interpreter served over HTTP, which the functions reach with their own botocore.
 * ``deployment``: API Gateway's routing and limits, and the ``Deployment`` the tests drive.
 
+* ``calls``: what the tests do through a deployment's API (create, run, answer, the ledger).
 * ``secret_store``: moto's Secrets Manager and SSM Parameter Store served over HTTP.
 
 Stand-ins for AWS endpoints: ``AWS_ENDPOINT_URL_DYNAMODB`` (DynamoDB Local) and ``AWS_ENDPOINT_URL_SFN``
