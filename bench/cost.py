@@ -176,7 +176,7 @@ def dynamodb_counts(endpoint: str) -> tuple[dict[str, dict[tuple[str, str, str],
     from dormant.serving.idempotency import DynamoDBIdempotency
     from dormant.serving.workflow import StepFunctions, workflow_handler
     from dormant.stores.dynamodb import create_table
-    from tests.servers.dynamodb import ACCESS_KEY, REGION, client
+    from tests.support.servers.dynamodb import ACCESS_KEY, REGION, client
 
     table = f"dormant-cost-{uuid.uuid4().hex[:8]}"
     setup = client(endpoint)
@@ -257,7 +257,7 @@ def _model_calls(api: Any, sid: str, context: Any) -> int:
 
 def harness_counts(endpoint: str) -> dict[str, dict[str, float]]:
     """Per arc, from the fidelity harness: ``gbs:<function>``, ``api_requests``, ``transitions``, ``log_bytes``."""
-    from tests.fidelity.deployment import Deployment
+    from tests.support.fidelity.deployment import Deployment
 
     deployment = Deployment.start(dynamodb_endpoint=endpoint)
     try:
@@ -362,7 +362,7 @@ def report(
 
 def run() -> list[Figure]:
     try:
-        from tests.servers.dynamodb import LocalUnavailable
+        from tests.support.servers.dynamodb import LocalUnavailable
     except ImportError as exc:
         print(f"  skipped: needs boto3 and the test servers: {exc}")
         return []
