@@ -8,7 +8,6 @@ table on DynamoDB, expiring through its TTL; in the ``idempotency`` table of a S
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -48,9 +47,8 @@ def once(request: Request, tenant_app: App, session_id: str, work: Callable[[], 
     key = event.headers.get("Idempotency-Key") or event.headers.get("idempotency-key")
     if key and idempotency is not None:
         route = f"{event.http_method} {event.path}"
-        payload = json.dumps(json.loads(event.body), sort_keys=True) if event.body else ""  # parsed already
         partition = records(tenant_app, session_id)
-        result = idempotency.once(partition, key, route, work, request.context, payload)
+        result = idempotency.once(partition, key, route, work, request.context, request.payload())
     else:
         result = work()
     response = json_response(result["status"], result["body"])

@@ -52,6 +52,9 @@ class Api:
     tenant_claim: str
 
 
+_UNREAD: Any = object()
+
+
 class Request:
     """The request being answered, read through its route's ``Api``."""
 
@@ -59,6 +62,7 @@ class Request:
         self.api = api
         self.event = event
         self.context = context
+        self._data: Any = _UNREAD
 
     def claims(self) -> dict[str, Any]:
         context = self.event.request_context
@@ -96,17 +100,29 @@ class Request:
             self.permit(scope_of(event.http_method, resource))
         return self.api.served.for_tenant(self.tenant())
 
+    def data(self) -> Any:
+        """The body's JSON (``{}`` for none), parsed once per request: the route's model and the idempotency
+        record's payload both read this."""
+        if self._data is _UNREAD:
+            raw = self.event.body or ""
+            size = len(raw.encode() if isinstance(raw, str) else raw)
+            if size > MAX_BODY_BYTES:
+                raise RequestTooLarge(size, MAX_BODY_BYTES)
+            try:
+                self._data = json.loads(raw) if raw else {}
+            except ValueError as exc:
+                raise InputError(f"the body is not JSON: {exc}", field="body") from None
+            except RecursionError:  # a small body can nest deeper than the parser goes: bad input, not a 500
+                raise InputError("the body nests too deeply to be read", field="body") from None
+        return self._data
+
+    def payload(self) -> str:
+        """The body as an idempotency record compares it: its JSON with sorted keys (``""`` for none)."""
+        return json.dumps(self.data(), sort_keys=True) if self.event.body else ""
+
     def body(self, model: type[Any]) -> Any:
-        raw = self.event.body or ""
-        size = len(raw.encode() if isinstance(raw, str) else raw)
-        if size > MAX_BODY_BYTES:
-            raise RequestTooLarge(size, MAX_BODY_BYTES)
-        try:
-            data = json.loads(raw) if raw else {}
-        except ValueError as exc:
-            raise InputError(f"the body is not JSON: {exc}", field="body") from None
-        except RecursionError:  # a small body can nest deeper than the parser goes: bad input, not a 500
-            raise InputError("the body nests too deeply to be read", field="body") from None
+        """The body as ``model``; an ``InputError`` naming the first field it refuses."""
+        data = self.data()
         try:
             return model.model_validate(data)
         except ValidationError as exc:
