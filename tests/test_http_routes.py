@@ -85,5 +85,5 @@ def test_the_routes_of_every_function_are_those_of_serving_routes(tmp_path: Path
     for function in api.FUNCTIONS:
         routes = api._routes(function, Api(served, in_process_hooks(served), api.Logger(), None, None, "t"))
         assert isinstance(routes, Routes)
-        built[function] = routes.served
+        built[function] = routes.paths
     assert built == {f: {(m, p) for m, p, g in ROUTES if g == f} for f in api.FUNCTIONS}

@@ -134,7 +134,7 @@ def build_resolver(
         routes = _routes(name, api)
         if routes is not None:
             resolver.include_router(routes.router)
-            built |= routes.served
+            built |= routes.paths
     if built != wanted:  # serving.routes is what API Gateway sends each function: the modules must agree
         raise ConfigurationError(f"the routes of {function or 'the API'} are {sorted(built)}, not {sorted(wanted)}")
     answer_errors(resolver, logger)

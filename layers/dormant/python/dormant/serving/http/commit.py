@@ -25,9 +25,9 @@ __all__ = ["routes"]
 
 
 def routes(api: Api) -> Routes:
-    served = Routes(api)
-    served.add("POST", "/sessions/<session_id>/commit", remote_commit)
-    return served
+    mine = Routes(api)
+    mine.add("POST", "/sessions/<session_id>/commit", remote_commit)
+    return mine
 
 
 def remote_commit(request: Request, session_id: str) -> Response[Any]:

@@ -174,12 +174,12 @@ def check_wait(value: str | None, field: str) -> int:
 
 class Routes:
     """A Powertools ``Router`` of one function's routes, each view called with the ``Request`` and the path's
-    values; ``served`` lists them as ``serving.routes`` writes them (``(method, path)``)."""
+    values; ``paths`` lists them as ``serving.routes`` writes them (``(method, path)``)."""
 
     def __init__(self, api: Api) -> None:
         self.api = api
         self.router = APIGatewayRouter()  # type: ignore[no-untyped-call]
-        self.served: set[tuple[str, str]] = set()
+        self.paths: set[tuple[str, str]] = set()
 
     def add(self, method: str, path: str, view: Callable[..., Any]) -> None:
         router, api = self.router, self.api
@@ -193,7 +193,7 @@ class Routes:
             return view(request, **{name: unquote(value) for name, value in keys.items()})
 
         router.route(path, method)(decoded)
-        self.served.add((method, re.sub(r"<\w+>", "{id}", path)))
+        self.paths.add((method, re.sub(r"<\w+>", "{id}", path)))
 
 
 def log_keys(event: dict[str, Any]) -> dict[str, str | None]:

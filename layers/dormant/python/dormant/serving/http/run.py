@@ -28,9 +28,9 @@ __all__ = ["routes"]
 
 
 def routes(api: Api) -> Routes:
-    served = Routes(api)
-    served.add("POST", "/sessions/<session_id>/runs", run)
-    return served
+    mine = Routes(api)
+    mine.add("POST", "/sessions/<session_id>/runs", run)
+    return mine
 
 
 def run(request: Request, session_id: str) -> Response[Any]:

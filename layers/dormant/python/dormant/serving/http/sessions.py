@@ -27,18 +27,18 @@ __all__ = ["routes"]
 
 
 def routes(api: Api) -> Routes:
-    served = Routes(api)
-    served.add("POST", "/sessions", create)
-    served.add("GET", "/sessions", listing)
-    served.add("GET", "/sessions/<session_id>", show)
-    served.add("DELETE", "/sessions/<session_id>", delete)
-    served.add("GET", "/sessions/<session_id>/events", ledger)
-    served.add("GET", "/sessions/<session_id>/state", state)
-    served.add("GET", "/sessions/<session_id>/audit", audit)
-    served.add("POST", "/sessions/<session_id>/forks", fork)
-    served.add("POST", "/erasures", erase)
-    served.add("GET", "/openapi.json", openapi)
-    return served
+    mine = Routes(api)
+    mine.add("POST", "/sessions", create)
+    mine.add("GET", "/sessions", listing)
+    mine.add("GET", "/sessions/<session_id>", show)
+    mine.add("DELETE", "/sessions/<session_id>", delete)
+    mine.add("GET", "/sessions/<session_id>/events", ledger)
+    mine.add("GET", "/sessions/<session_id>/state", state)
+    mine.add("GET", "/sessions/<session_id>/audit", audit)
+    mine.add("POST", "/sessions/<session_id>/forks", fork)
+    mine.add("POST", "/erasures", erase)
+    mine.add("GET", "/openapi.json", openapi)
+    return mine
 
 
 def create(request: Request) -> Response[Any]:

@@ -26,9 +26,9 @@ _ATTEMPTS = 5
 
 
 def routes(api: Api) -> Routes:
-    served = Routes(api)
-    served.add("POST", "/sessions/<session_id>/tools", answer)
-    return served
+    mine = Routes(api)
+    mine.add("POST", "/sessions/<session_id>/tools", answer)
+    return mine
 
 
 def answer(request: Request, session_id: str) -> Response[Any]:
