@@ -30,7 +30,8 @@ def main(config_path: str, fd: int) -> None:
     for directory in config["site_packages"]:
         site.addsitedir(directory)  # after the layers, as the runtime's boto3 is
     sys.path.insert(0, config["harness_dir"])
-    import iam  # the harness's own module, from its directory (not a package import)
+    import capture  # the harness's own modules, from its directory (not package imports)
+    import iam
 
     sys.path.remove(config["harness_dir"])
     out = os.fdopen(fd, "w", buffering=1, encoding="utf-8")
@@ -39,7 +40,7 @@ def main(config_path: str, fd: int) -> None:
         out.write(json.dumps(message, default=str) + "\n")
         out.flush()
 
-    _guard_botocore(config, iam, send)
+    _guard_botocore(config, iam, capture, send)
     os.chdir(config["code_dir"])
     module_name, _, attr = config["handler"].rpartition(".")
     handler: Any = None
@@ -100,8 +101,9 @@ class _Context:
         return max(0, int((self._deadline - time.time()) * 1000))
 
 
-def _guard_botocore(config: dict[str, Any], iam: Any, send: Any) -> None:
-    """Authorize every botocore API call against the function's statements, as AWS would."""
+def _guard_botocore(config: dict[str, Any], iam: Any, capture: Any, send: Any) -> None:
+    """Authorize every botocore API call against the function's statements, as AWS would; while the harness
+    captures (its capture file exists), record what each DynamoDB call touched (``capture.py``)."""
     import base64
 
     from botocore.client import BaseClient
@@ -193,6 +195,13 @@ def _guard_botocore(config: dict[str, Any], iam: Any, send: Any) -> None:
         answer = fault_for(operation_name, api_params)
         if answer is not None:
             return answered(self, operation_name, api_params, answer)
+        if service == "dynamodb" and os.path.exists(config["capture_file"]):
+            return capture.observe(
+                lambda op, params: original(self, op, params),
+                operation_name,
+                api_params,
+                lambda record: send({"kind": "dynamodb", **record}),
+            )
         return original(self, operation_name, api_params)
 
     BaseClient._make_api_call = checked  # type: ignore[method-assign]
