@@ -134,9 +134,12 @@ def test_each_index_costs_what_its_entries_change() -> None:
 
 
 def test_reads_bill_whole_items_and_a_query_rounds_its_sum() -> None:
-    three_kb = [_item(i, 3000) for i in range(2)]
-    query = {"operation": "Query", "params": {"TableName": T}, "items": three_kb, "error": None}
-    assert call_units(query, {T: SHAPE}) == {(T, "read"): 1.0}  # 6 KB: 2 blocks of 4 KB, eventually consistent
+    items = [_item(i, 1000) for i in range(3)]
+    query = {"operation": "Query", "params": {"TableName": T}, "items": items, "error": None}
+    assert call_units(query, {T: SHAPE}) == {(T, "read"): 0.5}  # 3 KB in all: 1 block of 4 KB, eventually consistent
+    items = [_item(i, 3000) for i in range(2)]
+    query = {"operation": "Query", "params": {"TableName": T}, "items": items, "error": None}
+    assert call_units(query, {T: SHAPE}) == {(T, "read"): 1.0}  # 6 KB: 2 blocks
     on_index = {**query, "params": {"TableName": T, "IndexName": LISTING_INDEX, "ConsistentRead": False}}
     assert call_units(on_index, {T: SHAPE}) == {(f"{T}/{LISTING_INDEX}", "read"): 1.0}
     get = {"operation": "GetItem", "params": {"TableName": T, "ConsistentRead": True}, "items": [None], "error": None}
