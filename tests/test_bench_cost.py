@@ -303,3 +303,6 @@ def test_bench_cost_runs_on_the_quick_sizes_and_prints_its_table(dynamodb_endpoi
         for index in (LISTING_INDEX, STATUS_INDEX):
             assert units[("resume", f"index {index}", "write")] > 0, index
         assert re.search(r"state machine: [1-9]\d* state transitions", arc)
+    # a W1 commit on each path: one call, its index entries written once each
+    one_call = re.search(r"one call\s+1 calls: table (\d+), .*index listing (\d+)", approval)
+    assert one_call and int(one_call[1]) > 0 and int(one_call[2]) >= 1, approval[-600:]
