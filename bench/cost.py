@@ -24,6 +24,7 @@ counted). The model's own cost is set beside it at the price ``prices.MODEL`` st
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -36,6 +37,7 @@ __all__ = ["bill", "item_size", "report", "run", "transaction_units", "value_siz
 
 CHAT = "hello"
 BOOKING = "I need physio on Tuesday afternoon, for Alex Doe"
+ARCS = ("chat", "approval")
 NOT_THE_TURNS = {"sessions"}
 """Functions whose calls in an arc are the test's own (the session's create, the reads of the outcome)."""
 
@@ -51,22 +53,49 @@ def harness_counts(endpoint: str) -> dict[str, Arc]:
     try:
         described = deployment.ddb().describe_table(TableName=deployment.table_name)["Table"]
         tables = {deployment.table_name: Table.described(described)}
-        arcs: dict[str, Arc] = {arc: {"table": deployment.table_name} for arc in ("chat", "approval")}
+        arcs: dict[str, Arc] = {arc: {"table": deployment.table_name} for arc in (*ARCS, "sweep")}
         for round_ in ("warm", "measured", "captured"):
-            for arc in ("chat", "approval"):
+            for arc in (*ARCS, "sweep"):
                 deployment.lambdas.capture(round_ == "captured")
                 start = len(deployment.lambdas.dynamodb)
-                measured, tenant, sid = _harness_arc(deployment, arc)
+                if arc == "sweep":
+                    measured, tenant, sid = _sweep(deployment), "", ""
+                else:
+                    measured, tenant, sid = _harness_arc(deployment, arc)
                 deployment.lambdas.capture(False)
                 if round_ == "measured":
                     arcs[arc]["harness"] = measured
                 if round_ == "captured":
                     records = deployment.lambdas.dynamodb[start:]
                     arcs[arc]["units"] = _units(records, tables)
-                    arcs[arc]["model_calls"] = _model_calls(deployment, tenant, sid)
+                    arcs[arc]["model_calls"] = _model_calls(deployment, tenant, sid) if sid else 0
+        arcs["sweep"]["every_minutes"] = _sweep_minutes(deployment)
         return arcs
     finally:
         deployment.close()
+
+
+def _sweep(d: Any) -> dict[str, float]:
+    """One scheduled sweep (the schedule's event), over the sessions the arcs left: GB-seconds and log bytes."""
+    invocations, logs = len(d.lambdas.invocations), len(d.log("sweeper").encode())
+    d.sweep(grace_seconds=None)
+    counted: dict[str, float] = defaultdict(float)
+    for invocation in d.lambdas.invocations[invocations:]:
+        billed = math.ceil(invocation.seconds * 1000) / 1000
+        counted[f"gbs:{invocation.function}"] += billed * d.functions[invocation.function].memory / 1024
+        counted[f"invocations:{invocation.function}"] += 1
+        counted["lambda_requests"] += 1
+    counted["logs:sweeper"] = counted["log_bytes"] = len(d.log("sweeper").encode()) - logs
+    return dict(counted)
+
+
+def _sweep_minutes(d: Any) -> int:
+    """The sweeper's schedule, from the template's rule (``rate(N minutes)``)."""
+    for rule in d.template.of_type("AWS::Events::Rule").values():
+        match = re.fullmatch(r"rate\((\d+) minutes?\)", str(rule["Properties"].get("ScheduleExpression", "")))
+        if match:
+            return int(match[1])
+    raise ValueError("no rate(N minutes) schedule in the template")
 
 
 def _units(records: list[dict[str, Any]], tables: dict[str, Table]) -> dict[tuple[str, str, str], float]:
@@ -220,7 +249,7 @@ def report(arcs: dict[str, Arc]) -> list[str]:
         f"{MODEL['input_tokens_per_call']} in + {MODEL['output_tokens_per_call']} out tokens per call",
         "  DynamoDB units as AWS bills them, from the items each call wrote and read (bench/units.py)",
     ]
-    for name in ("chat", "approval"):
+    for name in ARCS:
         arc = _arc(arcs[name])
         units, harness = arc["units"], arc["harness"]
         what = "one chat turn" if name == "chat" else "an approval turn: run, park, answer, resume"
@@ -257,6 +286,31 @@ def report(arcs: dict[str, Arc]) -> list[str]:
         lines.append(
             f"    {'AWS total':<22} ${aws * 1e6:>10,.2f} per million turns (model: ${costs['model'] * 1e6:,.2f})"
         )
+    if "sweep" in arcs:
+        lines += _sweep_lines(_arc(arcs["sweep"]))
+    return lines
+
+
+def _sweep_lines(arc: Arc) -> list[str]:
+    """The sweeper's bill: per sweep, and per month at the template's schedule (not per turn)."""
+    every = arc.get("every_minutes", 5)
+    month = 30 * 24 * 60 // every
+    units, harness = arc["units"], arc["harness"]
+    read = sum(v for (_, _, k), v in units.items() if k == "read")
+    write = sum(v for (_, _, k), v in units.items() if k == "write")
+    costs = bill(units, harness, 0)
+    usd = sum(v for k, v in costs.items() if k != "model")
+    lines = [
+        f"  sweeper (one scheduled sweep, over the arcs' sessions; not per turn: rate({every} minutes), "
+        f"{month:,} sweeps a month):",
+        f"    sweeper {harness.get('gbs:sweeper', 0):.4f} GB-s, {harness.get('log_bytes', 0):.0f} log bytes, "
+        f"DynamoDB {read:.1f} read and {write:.1f} write units",
+    ]
+    for (function, place, kind), value in sorted(units.items()):
+        index = place.partition("/")[2]
+        shown = f"index {index}" if index else "table"
+        lines.append(f"    dynamodb {function:<8} {shown:<24} {kind:<5} {value:8.1f} units")
+    lines.append(f"    {'AWS total':<22} ${usd * month:>10,.2f} a month (${usd * 1e6:,.2f} per million sweeps)")
     return lines
 
 

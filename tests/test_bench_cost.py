@@ -290,7 +290,8 @@ def test_bench_cost_runs_on_the_quick_sizes_and_prints_its_table(dynamodb_endpoi
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     chat, approval = out.split("approval turn (")
-    assert "chat turn (" in chat and out.count("AWS total") == 2 and "per million turns" in out
+    approval, sweep = approval.split("  sweeper (")
+    assert "chat turn (" in chat and out.count("per million turns (model:") == 2 and "AWS total" in sweep
     for arc, functions in ((chat, {"run", "resume"}), (approval, {"run", "resume", "park", "tools"})):
         units = {(f, place, kind): float(v) for f, place, kind, v in LINE.findall(arc)}
         # booked under the function that made the calls as deployed: the turn's commits are resume's
@@ -303,6 +304,11 @@ def test_bench_cost_runs_on_the_quick_sizes_and_prints_its_table(dynamodb_endpoi
         for index in (LISTING_INDEX, STATUS_INDEX):
             assert units[("resume", f"index {index}", "write")] > 0, index
         assert re.search(r"state machine: [1-9]\d* state transitions", arc)
+    # the sweeper, per sweep and per month at the template's schedule: its queries of the sparse indexes
+    swept = {(f, place, kind): float(v) for f, place, kind, v in LINE.findall(sweep)}
+    assert {f for f, _, _ in swept} == {"sweeper"} and re.search(r"sweeper 0\.\d*[1-9]\d* GB-s", sweep), sweep
+    assert any(place.startswith("index ") and kind == "read" and v > 0 for (_, place, kind), v in swept.items())
+    assert re.search(r"rate\(\d+ minutes\), [\d,]+ sweeps a month", sweep) and "a month" in sweep
     # a W1 commit on each path: one call, its index entries written once each
-    one_call = re.search(r"one call\s+1 calls: table (\d+), .*index listing (\d+)", approval)
-    assert one_call and int(one_call[1]) > 0 and int(one_call[2]) >= 1, approval[-600:]
+    one_call = re.search(r"one call\s+1 calls: table (\d+), .*index listing (\d+)", sweep)
+    assert one_call and int(one_call[1]) > 0 and int(one_call[2]) >= 1, sweep[-600:]
