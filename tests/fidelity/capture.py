@@ -11,7 +11,9 @@ call it records the operation, its parameters, the error code if it failed, and 
   (``items``), re-read without the call's projection or filter, because AWS bills the whole item (or the
   whole index entry) it evaluated, not the attributes returned.
 
-Values go out JSON-able: binary values as ``{"$b64": ...}``. The extra reads are made only while capturing,
+The images are exact when no other writer changes the item between the reads around the call (the arcs
+``bench cost`` runs write a session from one function at a time). Values go out JSON-able: binary values as
+``{"$b64": ...}``. The extra reads are made only while capturing,
 so they never reach a measured duration (``bench cost`` times a round without capture).
 """
 
