@@ -30,8 +30,7 @@ def main(config_path: str, fd: int) -> None:
     for directory in config["site_packages"]:
         site.addsitedir(directory)  # after the layers, as the runtime's boto3 is
     sys.path.insert(0, config["harness_dir"])
-    import capture  # the harness's own modules, from its directory (not package imports)
-    import iam
+    import iam  # the harness's own module, from its directory (not a package import)
 
     sys.path.remove(config["harness_dir"])
     out = os.fdopen(fd, "w", buffering=1, encoding="utf-8")
@@ -40,7 +39,7 @@ def main(config_path: str, fd: int) -> None:
         out.write(json.dumps(message, default=str) + "\n")
         out.flush()
 
-    _guard_botocore(config, iam, capture, send)
+    _guard_botocore(config, iam, send)
     os.chdir(config["code_dir"])
     module_name, _, attr = config["handler"].rpartition(".")
     handler: Any = None
@@ -101,7 +100,21 @@ class _Context:
         return max(0, int((self._deadline - time.time()) * 1000))
 
 
-def _guard_botocore(config: dict[str, Any], iam: Any, capture: Any, send: Any) -> None:
+def _capture(config: dict[str, Any]) -> Any:
+    """The harness's ``capture`` module, loaded on first use (never on a sandbox's cold start)."""
+    if "_harness_capture" not in sys.modules:  # a name no function's own module takes
+        import importlib.util
+
+        path = os.path.join(config["harness_dir"], "capture.py")
+        spec = importlib.util.spec_from_file_location("_harness_capture", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["_harness_capture"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["_harness_capture"]
+
+
+def _guard_botocore(config: dict[str, Any], iam: Any, send: Any) -> None:
     """Authorize every botocore API call against the function's statements, as AWS would; while the harness
     captures (its capture file exists), record what each DynamoDB call touched (``capture.py``)."""
     import base64
@@ -196,7 +209,7 @@ def _guard_botocore(config: dict[str, Any], iam: Any, capture: Any, send: Any) -
         if answer is not None:
             return answered(self, operation_name, api_params, answer)
         if service == "dynamodb" and os.path.exists(config["capture_file"]):
-            return capture.observe(
+            return _capture(config).observe(
                 lambda op, params: original(self, op, params),
                 operation_name,
                 api_params,
