@@ -1,5 +1,8 @@
 """What a turn costs on AWS: the Bookings arc (one chat turn; an approval turn of run, park, answer and resume).
 
+Beside it, a remote runner's turn committed through ``POST /commit`` (the ``commit`` function) and one
+scheduled sweep (the ``sweeper``, billed per month at the template's schedule, not per turn).
+
 One run in the deployment-fidelity harness counts it (the synthesized stack's functions, each in its own
 sandbox process with its template's environment and IAM; the state machine's own ASL; the table made from
 the template in DynamoDB Local), and ``bench/prices.py`` (one table, its date and region) prices it:
@@ -37,7 +40,12 @@ __all__ = ["bill", "item_size", "report", "run", "transaction_units", "value_siz
 
 CHAT = "hello"
 BOOKING = "I need physio on Tuesday afternoon, for Alex Doe"
-ARCS = ("chat", "approval")
+ARCS = ("chat", "approval", "commit")
+WHAT = {
+    "chat": "one chat turn",
+    "approval": "an approval turn: run, park, answer, resume",
+    "commit": "a remote runner's turn committed: POST /commit of 2 events; its compute and model are its own",
+}
 NOT_THE_TURNS = {"sessions"}
 """Functions whose calls in an arc are the test's own (the session's create, the reads of the outcome)."""
 
@@ -131,7 +139,11 @@ def _harness_arc(d: Any, arc: str) -> tuple[dict[str, float], str, str]:
 
     sid = f"cost-{uuid.uuid4().hex[:10]}"
     d.api("POST", "/sessions", {"session_id": sid, "scopes": {}}, tenant=tenant)  # not the turn's
-    api("POST", f"/sessions/{sid}/runs", {"message": CHAT if arc == "chat" else BOOKING})
+    if arc == "commit":  # the runner's own compute and model are not on this bill
+        events = [{"type": "user", "text": BOOKING}, {"type": "user", "text": CHAT}]
+        api("POST", f"/sessions/{sid}/commit", {"expected_version": 1, "events": events})
+    else:
+        api("POST", f"/sessions/{sid}/runs", {"message": CHAT if arc == "chat" else BOOKING})
     d.settle(60)
     if arc == "approval":
         _, _, shown = d.api("GET", f"/sessions/{sid}", tenant=tenant)
@@ -139,7 +151,7 @@ def _harness_arc(d: Any, arc: str) -> tuple[dict[str, float], str, str]:
         api("POST", f"/sessions/{sid}/tools", {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]})
         d.settle(60)
     _, _, shown = d.api("GET", f"/sessions/{sid}", tenant=tenant)
-    assert shown["status"] == "completed", shown
+    assert shown["status"] == "completed" or (arc == "commit" and shown["version"] == 2), shown
     memory = {name: f.memory for name, f in d.functions.items()}
     for invocation in d.lambdas.invocations[invocations:]:
         if invocation.function in NOT_THE_TURNS:
@@ -252,8 +264,7 @@ def report(arcs: dict[str, Arc]) -> list[str]:
     for name in ARCS:
         arc = _arc(arcs[name])
         units, harness = arc["units"], arc["harness"]
-        what = "one chat turn" if name == "chat" else "an approval turn: run, park, answer, resume"
-        lines.append(f"  {name} turn ({what}; {arc['model_calls']} model calls):")
+        lines.append(f"  {name} turn ({WHAT[name]}; {arc['model_calls']} model calls):")
         functions = sorted({k.split(":", 1)[1] for k in harness if k.startswith("gbs:")} | {f for f, _, _ in units})
         lines.append(
             f"    {'function':<9} {'invocations':>11} {'GB-s':>8} {'API requests':>12} {'log bytes':>9}"

@@ -290,9 +290,11 @@ def test_bench_cost_runs_on_the_quick_sizes_and_prints_its_table(dynamodb_endpoi
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     chat, approval = out.split("approval turn (")
-    approval, sweep = approval.split("  sweeper (")
-    assert "chat turn (" in chat and out.count("per million turns (model:") == 2 and "AWS total" in sweep
-    for arc, functions in ((chat, {"run", "resume"}), (approval, {"run", "resume", "park", "tools"})):
+    approval, commit = approval.split("  commit turn (")
+    commit, sweep = commit.split("  sweeper (")
+    assert "chat turn (" in chat and out.count("per million turns (model:") == 3 and "AWS total" in sweep
+    arcs = ((chat, {"run", "resume"}), (approval, {"run", "resume", "park", "tools"}), (commit, {"commit"}))
+    for arc, functions in arcs:
         units = {(f, place, kind): float(v) for f, place, kind, v in LINE.findall(arc)}
         # booked under the function that made the calls as deployed: the turn's commits are resume's
         assert {f for f, _, _ in units} == functions, units
@@ -302,8 +304,11 @@ def test_bench_cost_runs_on_the_quick_sizes_and_prints_its_table(dynamodb_endpoi
             assert row and int(row[1]) >= 1 and float(row[2]) > 0, (function, "GB-seconds")
         # every commit puts the session's touch in the listing and status indexes
         for index in (LISTING_INDEX, STATUS_INDEX):
-            assert units[("resume", f"index {index}", "write")] > 0, index
-        assert re.search(r"state machine: [1-9]\d* state transitions", arc)
+            committer = "commit" if arc is commit else "resume"
+            assert units[(committer, f"index {index}", "write")] > 0, index
+        # the turns Step Functions runs enter its states; a remote runner's commit starts no execution
+        transitions = r"state machine: 0 " if arc is commit else r"state machine: [1-9]\d* state transitions"
+        assert re.search(transitions, arc)
     # the sweeper, per sweep and per month at the template's schedule: its queries of the sparse indexes
     swept = {(f, place, kind): float(v) for f, place, kind, v in LINE.findall(sweep)}
     assert {f for f, _, _ in swept} == {"sweeper"} and re.search(r"sweeper 0\.\d*[1-9]\d* GB-s", sweep), sweep
