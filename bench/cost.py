@@ -9,7 +9,7 @@ the template in DynamoDB Local), and ``bench/prices.py`` (one table, its date an
 
 * each arc runs three times: to warm the functions; measured (Lambda GB-seconds per function: each
   invocation's time, billed by the millisecond, x the function's memory from the template; API requests;
-  state transitions, the states each execution entered; the bytes the functions logged, EMF lines
+  state transitions, the states each execution entered and its tasks' retries; the bytes the functions logged, EMF lines
   included); and captured (every DynamoDB call each function made, with the items it touched:
   ``tests/fidelity/capture.py``). The capture's own reads never reach a measured duration;
 * DynamoDB units are computed from the captured items as AWS bills them (``bench/units.py``), per function
@@ -81,6 +81,13 @@ def harness_counts(endpoint: str) -> dict[str, Arc]:
         return arcs
     finally:
         deployment.close()
+
+
+def _transitions(execution: Any) -> int:
+    """State transitions Step Functions bills an execution: each state entered, and each retry of a task."""
+    kinds = [event["type"] for event in execution.history]
+    retries = kinds.count("TaskScheduled") - kinds.count("TaskStateEntered")
+    return len(execution.states) + max(0, retries)
 
 
 def _sweep(d: Any) -> dict[str, float]:
@@ -163,7 +170,7 @@ def _harness_arc(d: Any, arc: str) -> tuple[dict[str, float], str, str]:
             counted[f"failed:{invocation.function}"] += 1
         counted["lambda_requests"] += 1
     counted["api_requests"] = requests
-    counted["transitions"] = sum(len(e.states) for e in d.executions() if e.arn not in executions)
+    counted["transitions"] = sum(_transitions(e) for e in d.executions() if e.arn not in executions)
     for name in d.functions:
         logged = len(d.log(name).encode()) - logs[name]
         if logged and name not in NOT_THE_TURNS:
