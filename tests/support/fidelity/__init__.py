@@ -5,6 +5,7 @@
   function's policy statements.
 * ``lambda_``: one worker process per function (a warm sandbox) with exactly its template environment.
 * ``worker``: the bootstrap that runs inside such a process (the IAM check wraps botocore there).
+* ``capture``: while turned on (``LambdaService.capture``), what each DynamoDB call touched, for ``bench cost``.
 * ``stepfunctions``: an ASL interpreter served over HTTP, which the functions reach with their own botocore.
 * ``deployment``: API Gateway's routing and limits, and the ``Deployment`` the tests drive.
 

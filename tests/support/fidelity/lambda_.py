@@ -77,6 +77,8 @@ class LambdaService:
         self.endpoints = endpoints
         self.workdir = workdir
         self.calls: list[Call] = []
+        self.dynamodb: list[dict[str, Any]] = []
+        """While capturing (``capture``): each DynamoDB call's record (``capture.py``), with its ``function``."""
         self.invocations: list[Invocation] = []
         self.cold_starts: dict[str, int] = {}
         """Function -> how many sandboxes were started for it (each a cold start: its init ran once)."""
@@ -132,6 +134,7 @@ class LambdaService:
             "statements": function.statements,
             "crash_file": str(self.workdir / f"{function.name}.crash"),
             "fault_file": str(self.workdir / f"{function.name}.fault"),
+            "capture_file": str(self.workdir / "capture"),
         }
         path = self.workdir / f"{function.name}.json"
         path.write_text(json.dumps(config))
@@ -167,6 +170,9 @@ class LambdaService:
                         self.calls.append(
                             Call(name, message["operation"], message["action"], message["resource"], message["allowed"])
                         )
+                elif message["kind"] == "dynamodb":
+                    with self._lock:
+                        self.dynamodb.append({**message, "function": name})
                 else:
                     sandbox.messages.put(message)
         sandbox.messages.put(None)  # the process is gone
@@ -271,6 +277,15 @@ class LambdaService:
     def fault_armed(self, name: str) -> bool:
         """Whether a ``fail_next`` of ``name`` is still waiting for its call."""
         return (self.workdir / f"{name}.fault").exists()
+
+    def capture(self, on: bool) -> None:
+        """Record what every function's DynamoDB calls touch (``self.dynamodb``), from now until turned off. The
+        records cost the functions extra reads: time nothing while capturing."""
+        path = self.workdir / "capture"
+        if on:
+            path.touch()
+        else:
+            path.unlink(missing_ok=True)
 
     def busy(self, name: str) -> int:
         with self._lock:

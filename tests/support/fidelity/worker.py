@@ -100,8 +100,23 @@ class _Context:
         return max(0, int((self._deadline - time.time()) * 1000))
 
 
+def _capture(config: dict[str, Any]) -> Any:
+    """The harness's ``capture`` module, loaded on first use (never on a sandbox's cold start)."""
+    if "_harness_capture" not in sys.modules:  # a name no function's own module takes
+        import importlib.util
+
+        path = os.path.join(config["harness_dir"], "capture.py")
+        spec = importlib.util.spec_from_file_location("_harness_capture", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["_harness_capture"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["_harness_capture"]
+
+
 def _guard_botocore(config: dict[str, Any], iam: Any, send: Any) -> None:
-    """Authorize every botocore API call against the function's statements, as AWS would."""
+    """Authorize every botocore API call against the function's statements, as AWS would; while the harness
+    captures (its capture file exists), record what each DynamoDB call touched (``capture.py``)."""
     import base64
 
     from botocore.client import BaseClient
@@ -193,6 +208,13 @@ def _guard_botocore(config: dict[str, Any], iam: Any, send: Any) -> None:
         answer = fault_for(operation_name, api_params)
         if answer is not None:
             return answered(self, operation_name, api_params, answer)
+        if service == "dynamodb" and os.path.exists(config["capture_file"]):
+            return _capture(config).observe(
+                lambda op, params: original(self, op, params),
+                operation_name,
+                api_params,
+                lambda record: send({"kind": "dynamodb", **record}),
+            )
         return original(self, operation_name, api_params)
 
     BaseClient._make_api_call = checked  # type: ignore[method-assign]
