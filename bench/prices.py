@@ -6,6 +6,8 @@ Change a figure here and every printed cost follows. Sources: the AWS pricing pa
 
 from __future__ import annotations
 
+from typing import Any
+
 REGION = "us-east-1"
 DATE = "2026-12-01"
 PRICES = {
@@ -18,7 +20,7 @@ PRICES = {
     "log_gb": 0.50,  # CloudWatch Logs ingestion (standard class), per GB
 }
 """USD per unit."""
-MODEL = {
+MODEL: dict[str, Any] = {
     "name": "a mid-size hosted model",
     "input_per_million": 3.00,  # USD per million input tokens
     "output_per_million": 15.00,  # USD per million output tokens

@@ -10,7 +10,7 @@ the same work directly (``sessions.require`` + ``session_view``; ``serving.advan
 event, the Powertools resolver or the workers. The bare round trip (a fixed reply) is printed beside.
 Both servers run at once and are measured in turns, ``ROUNDS`` times each, so a machine whose load
 drifts weighs on both alike. Target: each percentile at most 2x the floor's.
-Slow runs: ``GET`` p99 (8 clients, an idle session of ``tests.serve_app``) while ``SLOW_RUNS`` runs each
+Slow runs: ``GET`` p99 (8 clients, an idle session of ``tests.support.serve_app``) while ``SLOW_RUNS`` runs each
 wait ``SLOW_SECONDS`` in their tool, as on a slow model, against the same server's ``GET`` p99 with none in
 flight (measured in turns): what one request at a time would make a second or more. Target 2x.
 """
@@ -149,7 +149,7 @@ def run() -> list[Figure]:
     except ImportError:
         print("  skipped: dormant serve needs the lambda extra (pip install 'dormant[lambda]')")
         return []
-    from tests.servers.serve import dormant_serve, serving_process
+    from tests.support.servers.serve import dormant_serve, serving_process
 
     ours: dict[str, list[float]] = {}
     floor: dict[str, list[float]] = {}
@@ -189,13 +189,13 @@ def run() -> list[Figure]:
 
 def slow_runs() -> Figure:
     """``GET`` p99 while slow runs hold workers, against ``GET`` p99 with none in flight, on one server."""
-    from tests.servers.serve import dormant_serve
+    from tests.support.servers.serve import dormant_serve
 
     root = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory(prefix="bench-slow-") as scratch:
         env = {"PYTHONPATH": str(root), "HOLD_DIR": scratch, "HOLD_SECONDS": str(SLOW_SECONDS)}
         store = f"sqlite:///{Path(scratch) / 'slow.db'}"
-        args = ("--store", store, "--app", "tests.serve_app:build", "--quiet")
+        args = ("--store", store, "--app", "tests.support.serve_app:build", "--quiet")
         with dormant_serve(*args, env=env, cwd=scratch, timeout=120) as server:
             setup = Client(server.url)
             for n in range(CLIENTS):

@@ -3,8 +3,8 @@
 ``-c alarm_topic=arn:aws:sns:...`` names the topic (one the operator already owns and subscribes to); without
 it the alarms exist and show in the console, with no action. The application's own alarms watch the metrics
 ``dormant.metrics`` publishes, under exactly the namespace, name and dimensions the code emits
-(``metrics.METRICS``, ``metrics.dimensions``); a test holds the template to them. README, "Operating", says what
-each alarm means and what to do.
+(``metrics.METRICS``, ``metrics.dimensions``); a test holds the template to them. docs/operating.md, "Alarms", says
+what each alarm means and what to do.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class Alarms(Construct):
             evaluation_periods=periods,
             datapoints_to_alarm=periods,
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
-            alarm_description=f"dormant: {what} (README, Operating: {name})",
+            alarm_description=f"dormant: {what} (docs/operating.md, Alarms: {name})",
         )
         if self.topic is not None:
             alarm.add_alarm_action(actions.SnsAction(self.topic))

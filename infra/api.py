@@ -99,7 +99,7 @@ class Api(Construct):
             mfa_second_factor=cognito.MfaSecondFactor(otp=True, sms=False),
             account_recovery=cognito.AccountRecovery.EMAIL_ONLY,
             removal_policy=RemovalPolicy.RETAIN,
-            # The tenant a person belongs to: set by an administrator (README, Deploy), read by the handlers.
+            # The tenant a person belongs to: set by an administrator (docs/deploying.md), read by the handlers.
             custom_attributes={"tenant": cognito.StringAttribute(min_len=1, max_len=128, mutable=True)},
         )
         # People: SRP sign-in for an ID token; no OAuth flows (no implicit grant, no placeholder callback URL).
@@ -152,7 +152,7 @@ class Api(Construct):
             ),
             # The account's API Gateway logging role (AWS::ApiGateway::Account) is one per account and region: a
             # stack that created it would break every other API's logging when deleted or replaced. It is set
-            # once per account (README, Deploy); the stage's access and execution logs need it.
+            # once per account (docs/deploying.md); the stage's access and execution logs need it.
             cloud_watch_role=False,
             default_method_options=apigw.MethodOptions(
                 authorizer=authorizer, authorization_type=apigw.AuthorizationType.COGNITO

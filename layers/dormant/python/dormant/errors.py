@@ -1,7 +1,13 @@
-"""Every error dormant raises, in one place.
+"""Every error dormant raises, in one tree.
 
-The tree, with the HTTP status a handler answers each class with (the class's ``http_status``; routes raise
-the declared class rather than re-wrap it, and ``http_status(exc)`` reads it)::
+Why one module of ~700 lines: the tree below is the map a caller (and an HTTP client) reads, and each class is
+a docstring and a constructor; split by floor, the statuses and the ``field`` conventions would be read in
+five places. The provider errors alone live apart, next to their adapters (``dormant.models.errors``), and are
+re-exported here by name when first asked for, so ``from dormant.errors import OpenAIModelError`` works.
+
+The tree, with the HTTP status a handler answers each class with. The status is the class attribute
+``http_status``, declared only where a class answers differently from its base and inherited otherwise
+(routes raise the declared class rather than re-wrap it, and ``http_status(exc)`` reads it)::
 
     DormantError                                  500
     ├── ConfigurationError                        500  dormant was set up wrongly (adk(), stores, agents, tools)
@@ -39,7 +45,7 @@ the declared class rather than re-wrap it, and ``http_status(exc)`` reads it)::
     │   ├── ModelProviderError                    502  the provider's API failed (``status_code``, ``code``)
     │   │   ├── ModelUnavailable                  503  throttled, timed out, down or unreachable: retry later
     │   │   ├── MalformedModelResponse            502  it answered with something that is not a model response
-    │   │   ├── OpenAIModelError                  502
+    │   │   ├── OpenAIModelError                  502  (these seven: dormant.models.errors)
     │   │   │   ├── OpenAIModelUnavailable        503  (also a ModelUnavailable)
     │   │   │   ├── OpenAIMalformedResponse       502  (also a MalformedModelResponse)
     │   │   │   └── OpenAIRefusal                 502  the model refused the structured output asked for
@@ -66,7 +72,22 @@ Errors a caller must act on carry the facts as attributes, not only in the messa
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:  # re-exported lazily (``__getattr__`` below): the provider errors import this module
+    from .models.errors import (
+        BedrockMalformedResponse,
+        BedrockModelError,
+        BedrockModelUnavailable,
+        OpenAIMalformedResponse,
+        OpenAIModelError,
+        OpenAIModelUnavailable,
+        OpenAIRefusal,
+    )
+
+    HTTP_STATUS: dict[type[DormantError], int]
+    """The HTTP status each public error class answers with: derived from the classes (``http_status``), kept
+    for callers that want the whole table (the tree above draws it)."""
 
 __all__ = [
     "HTTP_STATUS",
@@ -151,13 +172,9 @@ def _rebuilt(cls: type[DormantError], args: tuple[Any, ...], state: dict[str, An
 class ConfigurationError(DormantError):
     """dormant was set up wrongly: fix the code that builds the app, agent, tool or store."""
 
-    http_status: ClassVar[int] = 500
-
 
 class SchemaError(ConfigurationError):
     """The schema given to ``adk()`` is not a mapping of known scope names to pydantic model classes."""
-
-    http_status: ClassVar[int] = 500
 
     def __init__(self, message: str, *, scope: str | None = None) -> None:
         super().__init__(message)
@@ -170,8 +187,6 @@ class StateMigrationError(ConfigurationError):
     Raised when the session (or shared scope) is loaded, before anything runs: add or fix a migration.
     ``version`` is the schema version the value was written under, ``current`` the app's.
     """
-
-    http_status: ClassVar[int] = 500
 
     def __init__(self, scope: str, key: str, version: int, current: int, reason: str) -> None:
         super().__init__(
@@ -200,13 +215,9 @@ class InvalidKey(InputError):
     """A key outside the one key rule (``dormant.ids``): an app name, tenant, scope, scoped key or listing cursor
     that is empty, too long, or holds a character the rule refuses. ``field`` names it; nothing was written."""
 
-    http_status: ClassVar[int] = 400
-
 
 class InvalidSessionId(InvalidKey):
     """A session id (or scope id) that is empty, too long, or has characters outside the allowed set."""
-
-    http_status: ClassVar[int] = 400
 
 
 class ValueNotStorable(InputError):
@@ -221,8 +232,6 @@ class ValueNotStorable(InputError):
 
 class StateError(InputError):
     """A state read or write that cannot be done."""
-
-    http_status: ClassVar[int] = 400
 
 
 class StateValidationError(StateError):
@@ -239,8 +248,6 @@ class StateValidationError(StateError):
 class UnknownStateKey(StateError, AttributeError):
     """A read of a key the scope's model does not declare (a typo, usually)."""
 
-    http_status: ClassVar[int] = 400
-
     def __init__(self, scope: str, key: str, declared: list[str]) -> None:
         super().__init__(
             f"{scope} state has no key {key!r} (declared: {', '.join(declared) or 'none'})",
@@ -253,8 +260,6 @@ class UnknownStateKey(StateError, AttributeError):
 class UnknownScope(StateError):
     """A scope the app's schema does not declare."""
 
-    http_status: ClassVar[int] = 400
-
     def __init__(self, scope: str, field: str | None = None) -> None:
         super().__init__(f"scope {scope!r} is not declared in the app's schema", field=field or f"state.{scope}")
         self.scope = scope
@@ -263,8 +268,6 @@ class UnknownScope(StateError):
 class ScopeNotBound(StateError):
     """A shared scope written while the session carries no id for it, or under an id it is not bound to
     (``scope_id``): a session writes only the shared state it is bound to."""
-
-    http_status: ClassVar[int] = 400
 
     def __init__(self, scope: str, *, scope_id: str | None = None, field: str | None = None) -> None:
         if scope_id is None:
@@ -282,8 +285,6 @@ class ScopeNotBound(StateError):
 class ScopeNotAssignable(StateError, AttributeError):
     """A scope assigned as a whole (``state.user = ...``): write its keys instead."""
 
-    http_status: ClassVar[int] = 400
-
     def __init__(self, scope: str) -> None:
         super().__init__(f"{scope!r} is a scope: write its keys (state.{scope}.<key> = ...)", field=f"state.{scope}")
         self.scope = scope
@@ -292,16 +293,12 @@ class ScopeNotAssignable(StateError, AttributeError):
 class TempOutsideInvocation(StateError):
     """``temp`` holds scratch values for one invocation; it does not exist outside one."""
 
-    http_status: ClassVar[int] = 400
-
     def __init__(self) -> None:
         super().__init__("the temp scope exists only inside an invocation", field="state.temp")
 
 
 class EventValidationError(InputError):
     """A dict (or JSON) that does not parse as a dormant event."""
-
-    http_status: ClassVar[int] = 400
 
 
 class EventIndexError(InputError, IndexError):
@@ -335,11 +332,12 @@ class UnknownCallId(InputError):
 
     def __init__(self, call_id: str, waiting: list[str], position: int) -> None:
         hint = f"waiting: {', '.join(waiting)}" if waiting else "no call is waiting"
-        super().__init__(f"tool call {call_id!r} is not waiting for input ({hint})", field=f"tools.{position}.call_id")
+        message = f"tool call {call_id!r} is not waiting for input ({hint})"
+        super().__init__(message, field=f"answers.{position}.call_id")
         self.call_id = call_id
         self.waiting = waiting
         self.position = position
-        """The answer's place in the list given (over HTTP, ``answers.N.call_id``)."""
+        """The answer's place in the list given (``answers.N.call_id``)."""
 
 
 class AwaitingInput(InputError):
@@ -351,7 +349,7 @@ class AwaitingInput(InputError):
     def __init__(self, session_id: str, call_ids: list[str]) -> None:
         super().__init__(
             f"session {session_id!r} waits for answers to calls {', '.join(call_ids)}: answer them first "
-            "(input={'tools': [...]}, or POST /sessions/{id}/tools), then send the message",
+            "(input={'answers': [...]}, or POST /sessions/{id}/tools), then send the message",
             field="message",
         )
         self.session_id = session_id
@@ -375,14 +373,14 @@ class EventOutOfOrder(InputError):
 class ToolInputError(InputError):
     """An answer to a yielded call refused by the tool's ``yield_schema``.
 
-    ``field`` is the refused value's path, ``tools.{position}.input.{path}``: ``position`` is the
+    ``field`` is the refused value's path, ``answers.{position}.input.{path}``: ``position`` is the
     answer's place in its batch, ``path`` the place inside the answer (``""``: the answer as a whole).
     """
 
     http_status: ClassVar[int] = 422
 
     def __init__(self, message: str, *, call_id: str, tool: str, position: int = 0, path: str = "") -> None:
-        super().__init__(message, field=f"tools.{position}.input" + (f".{path}" if path else ""))
+        super().__init__(message, field=f"answers.{position}.input" + (f".{path}" if path else ""))
         self.call_id = call_id
         self.tool = tool
         self.position = position
@@ -498,8 +496,6 @@ class NotPermitted(InputError):
 class AnswerRefused(NotPermitted):
     """An answer by a caller the tool's ``answerable_by`` refuses (``call_id``, ``tool``, ``rule``)."""
 
-    http_status: ClassVar[int] = 403
-
     def __init__(self, call_id: str, tool: str, rule: str, why: str, *, field: str | None = None) -> None:
         super().__init__(f"call {call_id!r} of {tool!r} is answerable by {rule}: {why}", rule=rule, field=field)
         self.call_id = call_id
@@ -518,8 +514,6 @@ class ModelProviderError(ModelError):
     ``status_code`` is the HTTP status (if the server answered), ``code`` the provider's error code.
     A transient failure (a later run may succeed) is a ``ModelUnavailable``; ``retryable`` says so.
     """
-
-    http_status: ClassVar[int] = 502
 
     def __init__(
         self,
@@ -548,58 +542,9 @@ class ModelUnavailable(ModelProviderError):
 class MalformedModelResponse(ModelProviderError):
     """The provider answered, but not with a model response (no choices, no output message...)."""
 
-    http_status: ClassVar[int] = 502
-
-
-class OpenAIModelError(ModelProviderError):
-    """The Chat Completions call failed (after the SDK's retries, when the failure was retryable)."""
-
-    http_status: ClassVar[int] = 502
-
-
-class OpenAIModelUnavailable(OpenAIModelError, ModelUnavailable):
-    """Chat Completions answered 408, 409, 429 or 5xx, timed out, or could not be reached."""
-
-    http_status: ClassVar[int] = 503
-
-
-class OpenAIMalformedResponse(OpenAIModelError, MalformedModelResponse):
-    """The server answered 2xx with something that is not a chat completion (no choices, no message...)."""
-
-    http_status: ClassVar[int] = 502
-
-
-class OpenAIRefusal(OpenAIModelError):
-    """The model refused to answer in the structured output asked for."""
-
-    http_status: ClassVar[int] = 502
-
-
-class BedrockModelError(ModelProviderError):
-    """The Converse call failed (after botocore's retries, when the failure was retryable).
-
-    ``code`` is the AWS error code (``ThrottlingException``, ``ValidationException``...).
-    """
-
-    http_status: ClassVar[int] = 502
-
-
-class BedrockModelUnavailable(BedrockModelError, ModelUnavailable):
-    """Converse throttled, timed out, was unavailable or could not be reached."""
-
-    http_status: ClassVar[int] = 503
-
-
-class BedrockMalformedResponse(BedrockModelError, MalformedModelResponse):
-    """Converse answered with something that has no output message."""
-
-    http_status: ClassVar[int] = 502
-
 
 class ToolArgumentsError(ModelError):
     """Arguments from the model that the tool's schema refuses (shown to the model, not raised to callers)."""
-
-    http_status: ClassVar[int] = 502
 
 
 class ScriptExhausted(ModelError):
@@ -610,8 +555,6 @@ class ScriptExhausted(ModelError):
 
 class StoreError(DormantError):
     """The store could not do what was asked."""
-
-    http_status: ClassVar[int] = 500
 
 
 class VersionConflict(StoreError):
@@ -637,8 +580,6 @@ class ClaimLost(VersionConflict):
     Raised before any tool ran and with nothing written, so the caller may reload and decide again.
     ``reason`` says what happened; an HTTP handler answers 409 Conflict.
     """
-
-    http_status: ClassVar[int] = 409
 
     def __init__(self, session_id: str, *, expected_version: int, actual_version: int, reason: str) -> None:
         StoreError.__init__(self, f"session {session_id!r}: {reason}; nothing was run")
@@ -698,8 +639,6 @@ class CommitIncomplete(StoreError):
 class StoreClosed(StoreError):
     """The store was used after ``close()``."""
 
-    http_status: ClassVar[int] = 500
-
 
 class TurnNotClaimed(DormantError):
     """A workflow was started for an invocation that is not on the ledger (yet): its claim has not landed.
@@ -710,13 +649,6 @@ class TurnNotClaimed(DormantError):
 
     http_status: ClassVar[int] = 503
 
-
-HTTP_STATUS: dict[type[DormantError], int] = {
-    kind: kind.http_status
-    for kind in (globals().get(name) for name in __all__)
-    if isinstance(kind, type) and issubclass(kind, DormantError)
-}
-"""The HTTP status a handler answers with for each error class (its ``http_status``; the tree above shows them)."""
 
 RETRYABLE: tuple[type[DormantError], ...] = (ModelUnavailable, StoreBusy, StoreUnavailable, CommitIncomplete)
 """Transient failures: the same call may succeed later."""
@@ -730,4 +662,39 @@ def http_status(exc: BaseException) -> int:
 
 def retryable_error_names() -> list[str]:
     """The names of the retryable classes and their subclasses (for a Step Functions ``ErrorEquals``)."""
-    return sorted(kind.__name__ for kind in HTTP_STATUS if issubclass(kind, RETRYABLE))
+    return sorted(kind.__name__ for kind in _status_table() if issubclass(kind, RETRYABLE))
+
+
+_PROVIDER_ERRORS = frozenset(
+    {
+        "BedrockMalformedResponse",
+        "BedrockModelError",
+        "BedrockModelUnavailable",
+        "OpenAIMalformedResponse",
+        "OpenAIModelError",
+        "OpenAIModelUnavailable",
+        "OpenAIRefusal",
+    }
+)
+"""The names defined in ``dormant.models.errors`` that this module re-exports."""
+_TABLES = frozenset({"HTTP_STATUS", "RETRYABLE", "http_status", "retryable_error_names"})
+
+
+def _status_table() -> dict[type[DormantError], int]:
+    """Each public error class and the status it answers with, derived from the classes (``http_status``)."""
+    kinds = (globals()[name] if name in globals() else __getattr__(name) for name in __all__ if name not in _TABLES)
+    return {kind: kind.http_status for kind in kinds if isinstance(kind, type) and issubclass(kind, DormantError)}
+
+
+def __getattr__(name: str) -> Any:
+    """The provider errors (``dormant.models.errors``), and ``HTTP_STATUS``, loaded when first asked for."""
+    if name in _PROVIDER_ERRORS:
+        from .models import errors as provider
+
+        value: Any = getattr(provider, name)
+    elif name == "HTTP_STATUS":
+        value = _status_table()
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip this function
+    return value

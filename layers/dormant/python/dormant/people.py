@@ -8,7 +8,7 @@ A yielding tool names who may answer its calls (``app.tool(..., yield_schema=App
 * ``"not_starter"``: anyone but that principal (four eyes).
 
 A tuple of rules asks for all of them: ``("group:approvers", "not_starter")`` is an approver who is not the
-requester. The rules are checked wherever an answer comes in: ``session.input.tool(..., principal=,
+requester. The rules are checked wherever an answer comes in: ``session.input.answer(..., principal=,
 groups=)`` (and so ``POST /tools``), a remote runner's commit (``LedgerRules`` with a ``Caller``), and the
 inspector's form (it asks the API). A refused answer is ``AnswerRefused`` (403), naming the call and the
 rule, and nothing is written. Only ``"tenant"`` admits an answer with no principal (an in-process answer

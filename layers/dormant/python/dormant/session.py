@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, overload
 
@@ -239,7 +240,7 @@ class Session:
         return EventLog(self)
 
     @classmethod
-    def resume(
+    def restore(
         cls,
         runtime: Runtime,
         row: StoredSession,
@@ -261,7 +262,7 @@ class Session:
         """
         folded = projection.count - base
         if base < 0 or not 0 <= folded <= len(events):
-            raise InputError("resume: the events must start at or before the projection's end", field="base")
+            raise InputError("restore: the events must start at or before the projection's end", field="base")
         schema = runtime.schema
         session = cls.__new__(cls)
         session._runtime = runtime
@@ -662,12 +663,39 @@ class SessionInput:
     def __init__(self, session: Session) -> None:
         self._session = session
 
-    def tool(
+    def answer(
         self, call_id: str, input: Any, *, principal: str | None = None, groups: Iterable[str] = ()
     ) -> ToolInputEvent:
         """Answer a yielded call; the answer is validated against the tool's ``yield_schema`` first, and the
         answerer (``principal``, a member of ``groups``) against its ``answerable_by`` (``AnswerRefused``)."""
-        return self.tools([{"call_id": call_id, "input": input}], principal=principal, groups=groups)[0]
+        return self.answers([{"call_id": call_id, "input": input}], principal=principal, groups=groups)[0]
+
+    def answers(
+        self,
+        answers: Sequence[Mapping[str, Any]],
+        *,
+        principal: str | None = None,
+        groups: Iterable[str] = (),
+        field: str = "answers",
+    ) -> list[ToolInputEvent]:
+        """Answer several yielded calls at once: all are checked before any is recorded.
+
+        ``principal``: who answers, as authenticated by the caller of this (recorded on each answer), a member
+        of ``groups``: each answer's tool's ``answerable_by`` must admit them (``AnswerRefused``, 403).
+        ``field``: what errors call the answers (``answers.N...``, as in ``app.run``'s input and the API's body).
+        """
+        events = self.prepare(answers, principal=principal, groups=groups, field=field)
+        for event in events:
+            self._session.append(event)
+        return events
+
+    def tool(
+        self, call_id: str, input: Any, *, principal: str | None = None, groups: Iterable[str] = ()
+    ) -> ToolInputEvent:
+        """Deprecated in 0.2 (``docs/concepts.md``): ``answer``. Its errors still name ``tools.N...``."""
+        _renamed("session.input.tool", "session.input.answer")
+        answers = [{"call_id": call_id, "input": input}]
+        return self.answers(answers, principal=principal, groups=groups, field="tools")[0]
 
     def tools(
         self,
@@ -677,16 +705,9 @@ class SessionInput:
         groups: Iterable[str] = (),
         field: str = "tools",
     ) -> list[ToolInputEvent]:
-        """Answer several yielded calls at once: all are checked before any is recorded.
-
-        ``principal``: who answers, as authenticated by the caller of this (recorded on each answer), a member
-        of ``groups``: each answer's tool's ``answerable_by`` must admit them (``AnswerRefused``, 403).
-        ``field``: what errors call the answers (``tools.N...`` as in ``app.run``'s input; the API's ``answers``).
-        """
-        events = self.prepare(answers, principal=principal, groups=groups, field=field)
-        for event in events:
-            self._session.append(event)
-        return events
+        """Deprecated in 0.2 (``docs/concepts.md``): ``answers``. Its errors still name ``tools.N...``."""
+        _renamed("session.input.tools", "session.input.answers")
+        return self.answers(answers, principal=principal, groups=groups, field=field)
 
     def prepare(
         self,
@@ -694,7 +715,7 @@ class SessionInput:
         *,
         principal: str | None = None,
         groups: Iterable[str] = (),
-        field: str = "tools",
+        field: str = "answers",
     ) -> list[ToolInputEvent]:
         """Check answers and build their events without recording them (errors name ``{field}.N...``)."""
         session = self._session
@@ -797,3 +818,8 @@ def _check_scopes(scopes: Mapping[str, str] | None, schema: Schema) -> dict[str,
             exc.field = f"scopes.{scope}"
             raise
     return bound
+
+
+def _renamed(old: str, new: str) -> None:
+    """Warn a caller of a name 0.2 renamed (``docs/concepts.md``: one name per concept); 0.3 drops it."""
+    warnings.warn(f"{old} is deprecated: use {new} (docs/concepts.md)", DeprecationWarning, stacklevel=3)

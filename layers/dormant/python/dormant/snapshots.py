@@ -78,7 +78,7 @@ class _Snapshot(NamedTuple):
     projection: Projection
     """Resumed: the rest of the fold is read on first use (``Projection.resume``)."""
     anchors: list[Any] | str
-    """As stored (format 1: pairs; 2: one string of them): ``Session.resume`` checks them when first needed."""
+    """As stored (format 1: pairs; 2: one string of them): ``Session.restore`` checks them when first needed."""
 
 
 def snapshot_of(session: Session, *, pending: bool = False) -> StoredSnapshot:
@@ -210,7 +210,7 @@ def load_session(
     anchors = [snapshot.anchors, (snapshot.version, snapshot.events)]
     found.append(snapshot.created_at)  # before the tail is folded: it reads the fold's rest first
     found.append(snapshot.events)
-    session = Session.resume(runtime, row, snapshot.projection, events, base=snapshot.events, anchors=anchors)
+    session = Session.restore(runtime, row, snapshot.projection, events, base=snapshot.events, anchors=anchors)
     found.append(weakref.ref(session))
     if history:
         session.turn_window(history)  # the window's turns the tail lacks, read now rather than mid-run

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
@@ -66,9 +67,11 @@ class RunInput:
     """``app.run``'s input: a user message, answers to yielded calls, state to set, scopes to seed."""
 
     message: str | None = None
-    tools: list[Mapping[str, Any]] = field(default_factory=list)
+    answers: list[Mapping[str, Any]] = field(default_factory=list)
     state: Mapping[str, Any] | None = None
     initial_state: Mapping[str, Any] | None = None
+    named: str = "answers"
+    """The key the answers came under, which errors name (``tools``: 0.1's name, deprecated)."""
 
     @classmethod
     def parse(cls, value: Any) -> RunInput:
@@ -78,10 +81,18 @@ class RunInput:
             value = {"message": value}
         if not isinstance(value, Mapping):
             raise InputError(f"run input is a message string or a dict, not {type(value).__name__}", field="input")
-        unknown = sorted(set(value) - {"message", "tools", "state", "initial_state"})
+        unknown = sorted(set(value) - {"message", "answers", "tools", "state", "initial_state"})
         if unknown:
             raise InputError(
-                f"unknown run input {unknown[0]!r} (expected message, tools, state, initial_state)", field=unknown[0]
+                f"unknown run input {unknown[0]!r} (expected message, answers, state, initial_state)", field=unknown[0]
+            )
+        if "tools" in value:  # 0.1's name for the answers: errors name the key the caller sent
+            if "answers" in value:
+                raise InputError("run input holds answers once: under answers, not tools as well", field="tools")
+            warnings.warn(
+                "app.run's input key 'tools' is deprecated: name the answers 'answers' (docs/concepts.md)",
+                DeprecationWarning,
+                stacklevel=3,
             )
         message = value.get("message")
         if message is not None and not isinstance(message, str):
@@ -90,10 +101,11 @@ class RunInput:
         for key in ("state", "initial_state"):
             if value.get(key) is not None and not isinstance(value[key], Mapping):
                 raise InputError(f"{key} must be a dict", field=key)
-        tools = value.get("tools") or []
-        if isinstance(tools, str | bytes) or not isinstance(tools, list | tuple):
-            raise InputError("tools is a list of {'call_id': ..., 'input': ...}", field="tools")
-        return cls(message, list(tools), value.get("state"), value.get("initial_state"))
+        key = "tools" if "tools" in value else "answers"
+        answers = value.get(key) or []
+        if isinstance(answers, str | bytes) or not isinstance(answers, list | tuple):
+            raise InputError(f"{key} is a list of {{'call_id': ..., 'input': ...}}", field=key)
+        return cls(message, list(answers), value.get("state"), value.get("initial_state"), key)
 
 
 @dataclass
@@ -177,7 +189,7 @@ def start_run(
     if run_input.state:
         base = {**session.projection.session_state, **seeds.get("session", {})}
         state = session.access.check("session", run_input.state, base=base)
-    answers = session.input.prepare(run_input.tools, principal=principal, groups=groups)
+    answers = session.input.prepare(run_input.answers, principal=principal, groups=groups, field=run_input.named)
     projection = session.projection
     if run_input.message is not None:
         # A call left waiting would get its result after the message, a transcript no provider accepts:

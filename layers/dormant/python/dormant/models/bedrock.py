@@ -44,16 +44,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import (
-    BedrockMalformedResponse,
-    BedrockModelError,
-    BedrockModelUnavailable,
     ConfigurationError,
     ModelError,
 )
 from ..events import Usage
 from .base import MIN_ATTEMPT_SECONDS, Message, ModelRequest, ModelResponse, ToolCall, time_left
+from .errors import BedrockMalformedResponse, BedrockModelError, BedrockModelUnavailable
 
-# The errors are defined in dormant.errors (one tree) and re-exported here, where callers look for them.
+# The errors are defined next door (dormant.models.errors, one tree) and re-exported here, where callers look.
 __all__ = ["BedrockAdapter", "BedrockMalformedResponse", "BedrockModelError", "BedrockModelUnavailable"]
 
 _CLIENT_OPTIONS = frozenset(

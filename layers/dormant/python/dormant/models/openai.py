@@ -42,18 +42,15 @@ from typing import TYPE_CHECKING, Any
 from ..errors import (
     ConfigurationError,
     ModelError,
-    OpenAIMalformedResponse,
-    OpenAIModelError,
-    OpenAIModelUnavailable,
-    OpenAIRefusal,
 )
 from ..events import Usage
 from .base import MIN_ATTEMPT_SECONDS, Message, ModelRequest, ModelResponse, ToolCall, time_left
+from .errors import OpenAIMalformedResponse, OpenAIModelError, OpenAIModelUnavailable, OpenAIRefusal
 
 if TYPE_CHECKING:
     import openai as openai_sdk
 
-# The errors are defined in dormant.errors (one tree) and re-exported here, where callers look for them.
+# The errors are defined next door (dormant.models.errors, one tree) and re-exported here, where callers look.
 __all__ = ["OpenAIAdapter", "OpenAIMalformedResponse", "OpenAIModelError", "OpenAIModelUnavailable", "OpenAIRefusal"]
 
 # Options that configure the SDK client, not the request body.

@@ -1,6 +1,6 @@
 """What the HTTP API's requests may hold: the pydantic bodies of its routes and the limits of its query values.
 
-Apart from the routes (``serving.api``) so that what describes the API (``serving.openapi``) reads them without
+Apart from the routes (``serving.http``) so that what describes the API (``serving.openapi``) reads them without
 importing the handlers, and the handlers import the document only when it is asked for.
 """
 

@@ -6,7 +6,7 @@ the first still runs is ``RequestInProgress`` (409). The rules are Powertools' o
 only where the records live differs, so a retry behaves on the embedded default as it does deployed:
 
 * DynamoDB: Powertools' ``DynamoDBPersistenceLayer``, in the session table under the partition
-  ``I#{app}@{tenant}#{session}``, expiring through the table's TTL.
+  ``I#{app}@{tenant}#{session}`` (``stores.dynamodb.keys.idempotency_pk``), expiring through the table's TTL.
 * SQLite and Postgres: ``SQLPersistenceLayer``, a custom persistence layer over the ``idempotency`` table
   the store makes with its schema (``stores.sql_schema``), in the same database; an expired record is
   taken over by the next request with its key, as on DynamoDB.
@@ -122,25 +122,27 @@ class DynamoDBIdempotency(Idempotency):
         from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 
         from ..stores.dynamodb import TABLE
+        from ..stores.dynamodb.keys import idempotency_pk
 
         return DynamoDBPersistenceLayer(
             table_name=self.table_name,
             key_attr=TABLE.partition_key[0],
             sort_key_attr=TABLE.sort_key[0],
-            static_pk_value=f"I#{partition}",
+            static_pk_value=idempotency_pk(partition),
             expiry_attr=TABLE.ttl_attribute,
             boto3_client=self._boto(),
         )
 
     def forget(self, partition: str) -> None:
         from ..stores.dynamodb import TABLE
+        from ..stores.dynamodb.keys import idempotency_pk
 
         client = self._boto()
         query: dict[str, Any] = {
             "TableName": self.table_name,
             "KeyConditionExpression": "#pk = :pk",
             "ExpressionAttributeNames": {"#pk": TABLE.partition_key[0], "#sk": TABLE.sort_key[0]},
-            "ExpressionAttributeValues": {":pk": {"S": f"I#{partition}"}},
+            "ExpressionAttributeValues": {":pk": {"S": idempotency_pk(partition)}},
             "ProjectionExpression": "#pk, #sk",
             "ConsistentRead": True,
         }

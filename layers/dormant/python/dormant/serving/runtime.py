@@ -28,7 +28,7 @@ from ..app import App, Sessions
 from ..errors import ConfigurationError, InputError
 from ..ids import TENANT_SEPARATOR, split_app_name, tenant_app_name
 from ..models.base import ModelSpec
-from ..stores.base import BaseSessionStore, SessionStore
+from ..stores.base import ErasableStore, SessionStore
 from ..stores.url import store_from_url
 
 __all__ = [
@@ -91,7 +91,7 @@ def tenant_views(app: App) -> list[App] | None:
     """``app`` and each tenant's view of it; ``None`` on a store that cannot list its app names without a
     scan (``app_names`` is ``None``: DynamoDB)."""
     store = app.store
-    names = store.app_names(f"{app.name}{TENANT_SEPARATOR}") if isinstance(store, BaseSessionStore) else None
+    names = store.app_names(f"{app.name}{TENANT_SEPARATOR}") if isinstance(store, ErasableStore) else None
     if names is None:
         return None
     return [app, *(view for name in names if (view := view_of(app, name)) is not None and view is not app)]

@@ -1,5 +1,7 @@
 """Turns run and sleeping sessions woken by Step Functions (on AWS) or by threads of this process (locally).
 
+Over 400 lines: the state machine's actions, its client and the sweeper share the wait's record (not split yet).
+
 The state machine (``infra/workflow.py``) calls ``workflow_handler`` with ``{action, tenant, session_id,
 invocation_id}``; each action works on that one invocation, never on "whatever is open":
 

@@ -118,6 +118,8 @@ __all__ = [
     "BaseSessionStore",
     "CommitResult",
     "EncodedEvent",
+    "ErasableStore",
+    "LimitedStore",
     "LoadedSession",
     "PreparedCommit",
     "Refused",
@@ -340,6 +342,33 @@ class RepairableStore(Protocol):
     def repair_pending(self, older_than_s: float = 60.0) -> list[Any]: ...
 
     def repair_session(self, app_name: str, session_id: str) -> Any | None: ...
+
+
+@runtime_checkable
+class ErasableStore(Protocol):
+    """A store an erasure (``app.erase``) and a purge across tenants (``purge_tenants``) can run on: beyond the six
+    methods, an index of the sessions bound to a shared-scope id, forgetting it, merging shared-scope keys, a scrub
+    of what deletes leave, and the app names of an app's tenants. Every built-in store is one (``BaseSessionStore``);
+    ``app.erase`` refuses any other store with a ``ConfigurationError``, and a purge then covers the app alone."""
+
+    def bound_sessions(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]: ...
+
+    def forget_bound(self, app_name: str, scope: str, scope_id: str) -> None: ...
+
+    def save_scoped_state(self, app_name: str, scope: str, scope_id: str, state: Mapping[str, Any]) -> None: ...
+
+    def scrub(self) -> str | None: ...
+
+    def app_names(self, prefix: str) -> builtins.list[str] | None: ...
+
+
+@runtime_checkable
+class LimitedStore(Protocol):
+    """A store that declares how much one commit may carry (``limits``; every built-in store). The compliance suite
+    holds a store that declares none to the defaults, ``StoreLimits()``."""
+
+    @property
+    def limits(self) -> StoreLimits: ...
 
 
 @runtime_checkable

@@ -20,6 +20,8 @@ A session partition ``S#{app}#{session_id}`` holds:
 
 Outside it, ``B#{app}#{scope}#{scope_id}`` lists the sessions bound to one person (``sk`` = session id):
 written with the gate that creates the session (one transaction), deleted with it, read by an erasure.
+``I#{app}#{session_id}`` holds the session's ``Idempotency-Key`` records (Powertools' own items; ``sk`` = the
+hashed key), expiring through the table's TTL and deleted with the session.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ __all__ = [
     "chunks",
     "event_prefix",
     "event_sk",
+    "idempotency_pk",
     "item_bytes",
     "listing_key",
     "listing_keys",
@@ -73,6 +76,11 @@ def split_session_pk(pk: str) -> tuple[str, str]:
     """``(app_name, session_id)`` back from a session partition key (ids never hold ``#``)."""
     _, app_name, session_id = pk.split("#", 2)
     return app_name, session_id
+
+
+def idempotency_pk(partition: str) -> str:
+    """The partition of the ``Idempotency-Key`` records of ``partition`` (``serving.http.idempotency.records``)."""
+    return f"I#{partition}"
 
 
 def scoped_pk(app_name: str, scope: str, scope_id: str) -> str:

@@ -1,0 +1,226 @@
+"""DynamoDB capacity units as AWS bills them, computed from the items each call touched.
+
+DynamoDB Local's ``ConsumedCapacity`` is not the bill: it reports 2 write units for a transaction of 1, 5 or
+20 one-KB puts, and no index units for a transaction at all. So ``bench cost`` bills each call from its
+record (``tests/fidelity/capture.py``: the call, and the items before and after it or the items it read,
+whole) by AWS's on-demand rules:
+
+* item size: attribute names' UTF-8 bytes plus each value's size (``value_size``; a number's as Local counts
+  it, which the guide gives approximately: ``number_size``);
+* ``PutItem``/``UpdateItem``: 1 write unit per KB (rounded up, at least 1) of the larger of the item before and
+  after; ``DeleteItem``: of the item deleted; ``BatchWriteItem``: each item so; a write refused by its
+  condition: of the item as it stands;
+* ``TransactWriteItems``: 2 write units per KB of each item written; a ``ConditionCheck`` 2 read units per
+  4 KB of the item checked; a cancelled transaction each of its items at the same rate, on the item as it
+  stood;
+* ``GetItem``/``BatchGetItem``: per item, 0.5 read unit per 4 KB eventually consistent, 1 strongly, and a
+  missing item the minimum; ``TransactGetItems`` 2 per 4 KB; ``Query``/``Scan``: the items evaluated,
+  whole, summed and then rounded up to 4 KB (at least one block). Projection does not lower a read's units;
+* each secondary index (its key attributes and projection read from ``DescribeTable``, never written here):
+  an item write adds an entry when the item after has the index's keys (1 write unit per KB of the entry:
+  the table's key, the index's key and the projected attributes), removes one when only the item before had
+  them, moves one (a delete and a put) when the index key changed, and rewrites one when a projected
+  attribute changed; otherwise the index costs nothing. Index writes are standard writes, also in a
+  transaction (the index is updated after the transaction, not in it). A query of an index bills the index.
+
+Approximations: a ``BatchWriteItem``'s unprocessed items are billed as written; the storage overhead (100
+bytes an item) is not a throughput figure and is left out.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+Units = dict[tuple[str, str], float]
+"""(place: a table name or ``table/index``, ``read`` or ``write``) -> capacity units."""
+
+
+def value_size(value: dict[str, Any]) -> int:
+    """A DynamoDB attribute value's billed size in bytes (the developer guide's item size rules)."""
+    ((kind, inner),) = value.items()
+    if kind == "S":
+        return len(str(inner).encode())
+    if kind == "N":
+        return number_size(str(inner))
+    if kind == "B":
+        return _binary_length(inner)
+    if kind in ("BOOL", "NULL"):
+        return 1
+    if kind in ("SS", "NS", "BS"):
+        return sum(value_size({kind[0]: member}) for member in inner)
+    if kind == "L":
+        return 3 + sum(1 + value_size(member) for member in inner)
+    if kind == "M":
+        return 3 + sum(len(k.encode()) + 1 + value_size(v) for k, v in inner.items())
+    raise ValueError(f"unknown attribute type {kind!r}")
+
+
+def number_size(text: str) -> int:
+    """A number's size: its significant digits in pairs aligned on the decimal point (base 100, leading and
+    trailing zero pairs trimmed), plus 1 byte, plus 1 for a negative number; zero is 1 byte. The guide says
+    "approximately 1 byte per two significant digits, plus 1"; this is how DynamoDB Local counts, to the byte
+    (``tests/test_bench_cost.py`` holds it at the 1 KB boundary)."""
+    number = Decimal(text)
+    if number == 0:
+        return 1
+    sign, digits, exponent = number.as_tuple()
+    assert isinstance(exponent, int)
+    shown = "".join(map(str, digits)).rstrip("0")
+    exponent += len(digits) - len(shown)
+    highest, lowest = exponent + len(shown) - 1, exponent
+    return (highest // 2 - lowest // 2 + 1) + 1 + sign
+
+
+def _binary_length(inner: Any) -> int:
+    if isinstance(inner, dict):  # a captured record's binary value
+        return len(base64.b64decode(inner["$b64"]))
+    return len(inner)
+
+
+def item_size(item: dict[str, Any] | None) -> int:
+    """An item's billed size: each attribute's name (UTF-8 bytes) plus its value's size; 0 for no item."""
+    return sum(len(name.encode()) + value_size(value) for name, value in (item or {}).items())
+
+
+def write_units(size: int) -> int:
+    """Write units of one standard write of an item of ``size`` bytes: 1 per KB, rounded up, at least 1."""
+    return max(1, math.ceil(size / 1024))
+
+
+def transaction_units(size: int) -> int:
+    """Write units AWS bills for one item of a ``TransactWriteItems``: 2 per KB (rounded up), at least 2."""
+    return 2 * write_units(size)
+
+
+def read_units(size: int, mode: str) -> float:
+    """Read units of ``size`` bytes read at once: per 4 KB (rounded up, at least one block), 0.5 ``eventual``,
+    1 ``strong``, 2 ``transactional``."""
+    return {"eventual": 0.5, "strong": 1.0, "transactional": 2.0}[mode] * max(1, math.ceil(size / 4096))
+
+
+@dataclass(frozen=True)
+class Index:
+    name: str
+    keys: tuple[str, ...]
+    projection: str
+    attributes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table's key and secondary indexes, as ``DescribeTable`` gives them."""
+
+    name: str
+    keys: tuple[str, ...]
+    indexes: tuple[Index, ...]
+
+    @classmethod
+    def described(cls, description: dict[str, Any]) -> Table:
+        """From a ``DescribeTable`` answer's ``Table`` (or a ``CreateTable`` request)."""
+        indexes = []
+        for field in ("GlobalSecondaryIndexes", "LocalSecondaryIndexes"):
+            for index in description.get(field) or []:
+                projection = index["Projection"]
+                indexes.append(
+                    Index(
+                        index["IndexName"],
+                        tuple(k["AttributeName"] for k in index["KeySchema"]),
+                        projection["ProjectionType"],
+                        tuple(projection.get("NonKeyAttributes") or ()),
+                    )
+                )
+        keys = tuple(k["AttributeName"] for k in description["KeySchema"])
+        return cls(description["TableName"], keys, tuple(indexes))
+
+    def index(self, name: str) -> Index:
+        return next(index for index in self.indexes if index.name == name)
+
+    def entry(self, index: Index, item: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The item's entry in ``index`` (the table's key, the index's key, the projected attributes), or None when
+        the item lacks one of the index's key attributes (a sparse index holds no entry for it)."""
+        if item is None or any(key not in item for key in index.keys):
+            return None
+        if index.projection == "ALL":
+            return dict(item)
+        kept = {*self.keys, *index.keys, *(index.attributes if index.projection == "INCLUDE" else ())}
+        return {name: value for name, value in item.items() if name in kept}
+
+
+def index_write_units(table: Table, index: Index, before: dict[str, Any] | None, after: dict[str, Any] | None) -> int:
+    """Write units ``index`` costs for an item going from ``before`` to ``after`` (either None: absent)."""
+    old, new = table.entry(index, before), table.entry(index, after)
+    if old is None and new is None:
+        return 0
+    if old is None or new is None:
+        return write_units(item_size(old if new is None else new))
+    if any(old[key] != new[key] for key in index.keys):
+        return write_units(item_size(old)) + write_units(item_size(new))  # moved: a delete and a put
+    if old == new:
+        return 0
+    return write_units(max(item_size(old), item_size(new)))
+
+
+def call_units(record: dict[str, Any], tables: dict[str, Table]) -> Units:
+    """The units one captured call (``capture.py``'s record) is billed, by place and kind."""
+    units: Units = defaultdict(float)
+    operation, params, failed = record["operation"], record["params"], record.get("error") is not None
+
+    def write(table_name: str, before: Any, after: Any, factor: int) -> None:
+        table = tables[table_name]
+        if failed:
+            after = before
+        units[(table_name, "write")] += factor * write_units(max(item_size(before), item_size(after)))
+        for index in table.indexes:
+            cost = index_write_units(table, index, before, after)
+            if cost:
+                units[(f"{table_name}/{index.name}", "write")] += cost
+
+    if operation in ("PutItem", "UpdateItem", "DeleteItem"):
+        ((before, after),) = record["images"]
+        write(params["TableName"], before, after, 1)
+    elif operation == "BatchWriteItem":
+        names = [t for t, requests in params["RequestItems"].items() for _ in requests]
+        for name, (before, after) in zip(names, record["images"], strict=True):
+            write(name, before, after, 1)
+    elif operation == "TransactWriteItems":
+        for entry, (before, after) in zip(params["TransactItems"], record["images"], strict=True):
+            ((action, body),) = entry.items()
+            if action == "ConditionCheck":
+                units[(body["TableName"], "read")] += read_units(item_size(before), "transactional")
+            else:
+                write(body["TableName"], before, after, 2)
+    elif operation in ("GetItem", "TransactGetItems"):
+        mode = "transactional" if operation == "TransactGetItems" else _mode(params)
+        names = (
+            [params["TableName"]]
+            if operation == "GetItem"
+            else [e["Get"]["TableName"] for e in params["TransactItems"]]
+        )
+        for name, item in zip(names, record["items"], strict=True):
+            units[(name, "read")] += read_units(item_size(item), mode)
+    elif operation == "BatchGetItem":
+        for name, item in zip(record["tables"], record["items"], strict=True):
+            units[(name, "read")] += read_units(item_size(item), _mode(params["RequestItems"][name]))
+    elif operation in ("Query", "Scan"):
+        place = params["TableName"] + (f"/{params['IndexName']}" if "IndexName" in params else "")
+        units[(place, "read")] += read_units(sum(item_size(i) for i in record["items"]), _mode(params))
+    return dict(units)
+
+
+def _mode(params: dict[str, Any]) -> str:
+    return "strong" if params.get("ConsistentRead") else "eventual"
+
+
+def total(records: Iterable[dict[str, Any]], tables: dict[str, Table]) -> Units:
+    """The units of many calls, summed by place and kind."""
+    summed: Units = defaultdict(float)
+    for record in records:
+        for place, value in call_units(record, tables).items():
+            summed[place] += value
+    return dict(summed)

@@ -1,0 +1,93 @@
+"""The route of the ``run`` function: ``POST /sessions/{id}/runs`` claims the turn and answers 202.
+
+``Location``: the session; ``after``: the index of the turn's first event. The turn runs outside the request
+(``Hooks``: on AWS a Step Functions execution, started before the claim; under ``dormant serve`` a thread),
+committing each step, so ``GET /sessions/{id}`` shows it ``running`` and ``GET /sessions/{id}/events?after=``
+its steps. ``Prefer: wait=N`` (N <= 25) answers 200 with the finished turn when it ends in time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.event_handler import Response
+
+from ... import metrics
+from ...clock import now_ms
+from ...errors import ClaimLost
+from ...ids import new_id
+from ...session import Session
+from ..bodies import RunBody
+from ..turns import CLAIM_GRACE_MS, AdvanceOutcome, claim_turn, run_to_end
+from .idempotency import once
+from .request import Api, Request, Routes
+from .views import finished
+from .waits import await_turn
+
+__all__ = ["routes"]
+
+
+def routes(api: Api) -> Routes:
+    mine = Routes(api)
+    mine.add("POST", "/sessions/<session_id>/runs", run)
+    return mine
+
+
+def run(request: Request, session_id: str) -> Response[Any]:
+    body = request.body(RunBody)
+    wait = request.prefer_wait()
+    tenant_app = request.app()
+    api = request.api
+    hooks, quota, served = api.hooks, api.quota, api.served
+    agent = served.agent(body.agent)
+    run_input = {k: v for k, v in (("message", body.message), ("state", body.state)) if v is not None}
+    me = request.caller()
+
+    def work() -> dict[str, Any]:
+        session = tenant_app.sessions.require(session_id)
+        invocation_id = session.projection.open_invocation or new_id("inv_")
+        api.logger.append_keys(invocation_id=invocation_id)
+        # No execution for a claim that must fail, nor for input that opens no invocation (state set while
+        # calls wait: the execution parked on them goes on waiting).
+        starts = hooks.before_claim is not None and session.status != "awaiting_input"
+        if starts and session.status == "running" and not body.takeover:
+            raise _held(session)
+        if quota is not None:  # before anything is started or claimed: past it, a 429 and nothing run
+            quota.take(tenant_app.store, served.app.name, request.tenant())
+        if starts and hooks.before_claim is not None:
+            hooks.before_claim(request.tenant(), session_id, invocation_id, session.version)
+        claim = claim_turn(
+            tenant_app,
+            agent,
+            session,
+            run_input or None,
+            takeover=body.takeover,
+            invocation_id=invocation_id,
+            deadline=now_ms() + CLAIM_GRACE_MS,
+            principal=me.principal,  # who started it: the ledger says so, and the starter rules read it
+            groups=me.groups,
+        )
+        metrics.count("turns", agent=agent.name)
+        if claim.invocation_id is None or (hooks.run is None and hooks.before_claim is None):
+            outcome: AdvanceOutcome | None = run_to_end(tenant_app, claim, served.agent)  # this request runs it
+        else:
+            started = hooks.run(request.tenant(), tenant_app, claim) if hooks.run is not None else None
+            outcome = await_turn(tenant_app, session_id, claim.version, started, wait)
+        if outcome is not None:
+            return {"status": 200, "body": finished(tenant_app, outcome, me)}
+        return {
+            "status": 202,
+            "body": {"status": "running", "session_id": session_id, "version": claim.version, "after": claim.after},
+            "headers": {"Location": f"/sessions/{session_id}"},
+        }
+
+    return once(request, tenant_app, session_id, work)
+
+
+def _held(session: Session) -> ClaimLost:
+    return ClaimLost(
+        session.id,
+        expected_version=session.version,
+        actual_version=session.version,
+        reason="an invocation is running on it (or its process died: resume it with takeover)",
+    )

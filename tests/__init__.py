@@ -1,0 +1,1 @@
+"""The test suite, in tiers by what a test runs (tests/README.md); shared helpers in ``tests.support``."""

@@ -1,0 +1,876 @@
+"""The DynamoDB store on a real DynamoDB Local: the compliance suite, plus what only this store has."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("boto3")
+
+from dormant.clock import frozen_clock
+from dormant.errors import ConfigurationError, EventTooLarge, InputError, StoreClosed, StoreError, StoreUnavailable
+from dormant.events import UserEvent
+from dormant.ids import new_id
+from dormant.stores.base import ScopedStateChange, SessionStore, StoredSession
+from dormant.stores.dynamodb import TABLE, DynamoDBSessionStore, create_table, dynamo_store
+from dormant.stores.dynamodb.keys import CHUNK_BYTES, IdFilter, session_pk
+from dormant.stores.dynamodb.store import _touch_in_finish
+from dormant.testing import StoreContract
+from tests.support.dynamodb_faults import Died, Faults
+from tests.support.servers.dynamodb import client as local_client
+
+pytestmark = pytest.mark.backend("dynamodb")
+
+
+class TestDynamoDBStore(StoreContract):
+    @pytest.fixture(autouse=True)
+    def _table(self, dynamodb_endpoint: str, dynamodb_table: str) -> Iterator[None]:
+        self.endpoint, self.table = dynamodb_endpoint, dynamodb_table
+        self.clients: list[Any] = []
+        yield
+        for c in self.clients:
+            c.close()
+
+    def make_store(self) -> SessionStore:
+        c = local_client(self.endpoint)
+        self.clients.append(c)
+        return dynamo_store(self.table, client=c)
+
+    def make_peer(self, store: SessionStore) -> SessionStore:
+        return self.make_store()
+
+
+class TestDynamoDBStoreGated(TestDynamoDBStore):
+    """The suite again with every commit on the gated protocol (gate, batches, finish), as a commit too large
+    for one ``TransactWriteItems`` is written."""
+
+    def make_store(self) -> SessionStore:
+        c = local_client(self.endpoint)
+        self.clients.append(c)
+        return dynamo_store(self.table, client=c, single_call_items=0)
+
+
+class TestDynamoDBStoreOneShard(TestDynamoDBStore):
+    """The suite again with the listing unsharded: ``{app}`` as the listing key (a table of its own: shard
+    counts are fixed per table)."""
+
+    @pytest.fixture(autouse=True)
+    def _table(self, dynamodb_endpoint: str, layout_table: Callable[[int], str]) -> Iterator[None]:
+        self.endpoint, self.table = dynamodb_endpoint, layout_table(1)
+        self.clients: list[Any] = []
+        yield
+        for c in self.clients:
+            c.close()
+
+    def make_store(self) -> SessionStore:
+        c = local_client(self.endpoint)
+        self.clients.append(c)
+        return dynamo_store(self.table, client=c, listing_shards=1)
+
+
+# -- what only the DynamoDB store has ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def layout_table(dynamodb_endpoint: str) -> Iterator[Callable[..., str]]:
+    """A table for each listing (and pending) shard count a test opens stores with, made on first use: the
+    table records the counts of its first store and refuses others."""
+    made: dict[tuple[int, int], str] = {}
+    c = local_client(dynamodb_endpoint)
+
+    def table(listing: int, pending: int = 8) -> str:
+        if (listing, pending) not in made:
+            made[listing, pending] = f"dormant-layout-{uuid.uuid4().hex[:8]}"
+            create_table(made[listing, pending], client=c)
+        return made[listing, pending]
+
+    yield table
+    c.close()
+
+
+@pytest.fixture
+def app() -> str:
+    return f"app-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def store(ddb: Any, dynamodb_table: str) -> DynamoDBSessionStore:
+    """A store on the gated protocol (gate, batches, finish): most tests here are about it."""
+    return _warm(dynamo_store(dynamodb_table, client=ddb, single_call_items=0))
+
+
+def _warm(store: DynamoDBSessionStore) -> DynamoDBSessionStore:
+    """The store after its first call, which reads the table's shard counts (one GetItem): what the tests
+    count is the calls after it."""
+    store.load("warm-up", "nothing")
+    return store
+
+
+def _meta(app: str, sid: str = "s-1", **extra: Any) -> StoredSession:
+    return StoredSession(id=sid, app_name=app, created_at=1, **extra)
+
+
+def _event(n: int | str, text: str = "x") -> UserEvent:
+    return UserEvent(id=f"evt-{n}", created_at=1, text=text)
+
+
+def _raw_items(ddb: Any, table: str, pk: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {
+        "TableName": table,
+        "KeyConditionExpression": "pk = :pk",
+        "ExpressionAttributeValues": {":pk": {"S": pk}},
+        "ConsistentRead": True,
+    }
+    while True:
+        page = ddb.query(**kwargs)
+        items += page["Items"]
+        if "LastEvaluatedKey" not in page:
+            return items
+        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+def test_a_commit_is_a_gate_its_batches_and_a_finish(store: DynamoDBSessionStore, ddb: Any, app: str) -> None:
+    faults = Faults(ddb)
+    meta = _meta(app, scopes={"user": "u-1"})
+    assert store.commit(meta, [_event(n) for n in range(5)], 0).ok
+    # a create of a bound session puts its binding entry (what an erasure reads) in the gate's transaction
+    # and the finish is a transaction of the meta update, the touch and the delete of the superseded touch
+    assert dict(faults.calls) == {"TransactWriteItems": 2, "BatchWriteItem": 1}
+    faults.calls.clear()
+    assert store.commit(meta, [_event(n) for n in range(5, 65)], 1).ok  # 60 events: 3 batches
+    assert dict(faults.calls) == {"UpdateItem": 1, "BatchWriteItem": 3, "TransactWriteItems": 1}
+    faults.calls.clear()
+    changes = [ScopedStateChange("user", "u-1", "k", 1)]
+    assert store.commit(meta, [_event(99)], 2, changes).ok
+    assert dict(faults.calls) == {"UpdateItem": 1, "BatchWriteItem": 1, "TransactWriteItems": 1}
+
+
+def test_a_conflict_is_one_call_and_says_the_actual_version(store: DynamoDBSessionStore, ddb: Any, app: str) -> None:
+    store.commit(_meta(app), [_event(1)], 0)
+    store.commit(_meta(app), [_event(2)], 1)
+    faults = Faults(ddb)
+    result = store.commit(_meta(app), [_event(3)], 1)
+    assert (result.ok, result.version) == (False, 2)
+    assert dict(faults.calls) == {"UpdateItem": 1}  # ReturnValuesOnConditionCheckFailure: no second read
+
+
+def test_a_resent_id_is_looked_up_alone_not_in_the_history(store: DynamoDBSessionStore, ddb: Any, app: str) -> None:
+    store.commit(_meta(app), [_event(n) for n in range(200)], 0)
+    faults = Faults(ddb)
+    result = store.commit(_meta(app), [_event(7), _event(200), _event(150), _event(201)], 1)
+    assert (result.ok, result.appended) == (True, 2)
+    queries = [params for op, params in faults.params if op == "Query"]
+    assert len(queries) == 2 and all(q["IndexName"] == "ids" for q in queries)  # one per re-sent id
+    assert {q["ExpressionAttributeValues"][":eid"]["S"] for q in queries} == {"evt-7", "evt-150"}
+    loaded = store.load(app, "s-1")
+    assert loaded is not None and [e.id for e in loaded.events][-3:] == ["evt-199", "evt-200", "evt-201"]
+    # The marker was recounted for the items really written: a repair would judge the commit by them.
+    assert faults.calls["UpdateItem"] == 2  # the gate and the recount (the finish is a transaction)
+
+
+def test_new_ids_cost_no_lookup(store: DynamoDBSessionStore, ddb: Any, app: str) -> None:
+    store.commit(_meta(app), [_event(n) for n in range(500)], 0)
+    faults = Faults(ddb)
+    for version in range(1, 21):
+        store.commit(_meta(app), [_event(f"new-{version}-{k}") for k in range(5)], version)
+    # 100 new ids against 500 stored: the filter may flag one by chance (about 1 in 10,000 each).
+    assert faults.calls["Query"] <= 1
+
+
+def test_ids_minted_after_the_stored_ones_cost_no_lookup_however_full_the_filter(
+    store: DynamoDBSessionStore, ddb: Any, app: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(IdFilter, "BITS", 64)  # saturated after a few dozen ids, as 16,384 bits are by ~10,000
+    store.commit(_meta(app), [], 0)  # created empty, as sessions.create() does
+    stored = [UserEvent(id=new_id(), created_at=1, text="x") for _ in range(100)]
+    store.commit(_meta(app), stored, 1)
+    bits_alone = IdFilter(IdFilter(None).add(e.id for e in stored).dump(), None)
+    assert all(bits_alone.may_hold(new_id()) for _ in range(20))  # the bits flag every id now
+    faults = Faults(ddb)
+    for version in range(2, 12):
+        result = store.commit(_meta(app), [UserEvent(id=new_id(), created_at=1, text="y") for _ in range(5)], version)
+        assert (result.ok, result.appended) == (True, 5)
+    assert faults.calls["Query"] == 0  # above the greatest stored id: new without asking the filter
+    resent = store.commit(_meta(app), [stored[40], UserEvent(id=new_id(), created_at=1, text="z")], 12)
+    assert (resent.ok, resent.appended) == (True, 1)  # the re-sent id is still found (looked up) and skipped
+    assert faults.calls["Query"] == 1
+
+
+def test_the_id_filter_answers_alone_for_a_meta_item_without_the_greatest_id() -> None:
+    stored = [new_id() for _ in range(20_000)]
+    later = [new_id() for _ in range(100)]
+    ids = IdFilter(None).add(stored)
+    assert ids.greatest == max(stored) and not any(ids.may_hold(i) for i in later)
+    assert all(ids.may_hold(i) for i in stored[::97])
+    legacy = IdFilter(ids.dump(), None)  # written before the greatest id was kept: the bits decide
+    assert sum(legacy.may_hold(i) for i in later) > 90 and all(legacy.may_hold(i) for i in stored[::97])
+
+
+def test_loading_the_tail_reads_only_the_tail(store: DynamoDBSessionStore, ddb: Any, app: str) -> None:
+    for version in range(3):
+        store.commit(_meta(app), [_event(f"{version}-{n}") for n in range(30)], version)
+    faults = Faults(ddb)
+    tail = store.load(app, "s-1", after=2)
+    assert tail is not None and tail.session.version == 3
+    assert [e.id for e in tail.events] == [f"evt-2-{n}" for n in range(30)]
+    assert dict(faults.calls) == {"GetItem": 1, "Query": 1}
+    ((_, query),) = [(op, p) for op, p in faults.params if op == "Query"]
+    assert "BETWEEN" in query["KeyConditionExpression"]  # a key range, not the partition
+    current = store.load(app, "s-1", after=3)
+    assert current is not None and current.events == []
+
+
+def test_an_event_too_large_for_one_item_is_chunked_and_reassembled(
+    store: DynamoDBSessionStore, ddb: Any, dynamodb_table: str, app: str
+) -> None:
+    big = UserEvent(id="big", created_at=1, text="naïve ☃ " * 90_000)  # about 990 KB of JSON
+    events = [_event(1), big, _event(2)]
+    assert store.commit(_meta(app), events, 0).ok
+    items = _raw_items(ddb, dynamodb_table, session_pk(app, "s-1"))
+    assert len(items) == 1 + 1 + 3 + 1 + 1  # meta, evt-1, big in 3 chunks, evt-2, the commit's touch
+    assert all(len(i.get("d", {}).get("B", b"")) <= CHUNK_BYTES for i in items)
+    loaded = store.load(app, "s-1")
+    assert loaded is not None and loaded.events == events
+
+
+def test_an_event_over_the_hard_limit_is_refused_before_the_gate(
+    store: DynamoDBSessionStore, ddb: Any, app: str
+) -> None:
+    store.commit(_meta(app), [_event(1)], 0)
+    limit = store.limits.max_event_bytes
+    huge = UserEvent(id="huge", created_at=1, text="x" * limit)
+    faults = Faults(ddb)
+    with pytest.raises(EventTooLarge) as info:
+        store.commit(_meta(app), [_event(2), huge], 1)
+    assert (info.value.event_id, info.value.field, info.value.limit) == ("huge", "new_events", limit)
+    assert "huge" in str(info.value) and info.value.size > limit
+    assert not faults.calls  # nothing was sent
+    loaded = store.load(app, "s-1")
+    assert loaded is not None and loaded.session.version == 1 and [e.id for e in loaded.events] == ["evt-1"]
+
+
+def test_a_session_of_several_megabytes_loads_whole_a_page_per_megabyte(
+    store: DynamoDBSessionStore, ddb: Any, app: str
+) -> None:
+    text = "y" * 100_000
+    version = 0
+    for batch in range(3):
+        events = [_event(f"{batch}-{n:02d}", text) for n in range(20)]
+        version = store.commit(_meta(app), events, version).version
+    faults = Faults(ddb)
+    loaded = store.load(app, "s-1")
+    assert loaded is not None and len(loaded.events) == 60
+    assert [e.id for e in loaded.events] == [f"evt-{b}-{n:02d}" for b in range(3) for n in range(20)]
+    assert 6 <= faults.calls["Query"] <= 8  # about 6 MB: one page per MB, no more
+
+
+def test_too_many_scoped_keys_are_refused_before_anything_is_written(
+    store: DynamoDBSessionStore, ddb: Any, app: str
+) -> None:
+    changes = [ScopedStateChange("user", "u-1", f"k{n}", n) for n in range(98)]
+    faults = Faults(ddb)
+    with pytest.raises(InputError) as info:
+        store.commit(_meta(app, scopes={"user": "u-1"}), [_event(1)], 0, changes)
+    assert info.value.field == "scoped_changes"
+    assert not faults.calls
+    assert store.load(app, "s-1") is None
+
+
+def test_the_most_scoped_keys_fit_one_finish_with_the_touches(store: DynamoDBSessionStore, app: str) -> None:
+    """97 keys, the meta update, the touch and the marking of the superseded touch: 100 items, the most one
+    transaction holds."""
+    meta = _meta(app, scopes={"user": "u-1"})
+    with frozen_clock(1_800_000_000_000) as clock:
+        for version in range(2):
+            assert store.commit(meta, [_event(version)], version).ok
+            clock.advance(1000)
+        changes = [ScopedStateChange("user", "u-1", f"k{n:02d}", n) for n in range(97)]
+        assert store.commit(meta, [], 2, changes).ok
+    assert store.load_scoped_state(app, "user", "u-1") == {f"k{n:02d}": n for n in range(97)}
+    assert [(s.version, s.updated_at) for s in store.list(app)] == [(3, 1_800_000_002_000)]
+
+
+def test_a_session_bound_to_too_many_scopes_is_refused_before_anything_is_written(
+    store: DynamoDBSessionStore, ddb: Any, app: str
+) -> None:
+    faults = Faults(ddb)
+    with pytest.raises(InputError) as info:
+        store.commit(_meta(app, scopes={f"s{n}": "x" for n in range(100)}), [], 0)
+    assert info.value.field == "scopes"
+    assert not faults.calls
+    assert store.load(app, "s-1") is None
+
+
+def test_listing_is_sharded_by_session_and_merged(ddb: Any, dynamodb_table: str, app: str) -> None:
+    store = dynamo_store(dynamodb_table, client=ddb, listing_shards=4)
+    for n in range(12):
+        store.commit(_meta(app, f"s{n:02d}"), [], 0)
+    shards: dict[str, int] = {}
+    for n in range(12):
+        (touch,) = [i for i in _raw_items(ddb, dynamodb_table, session_pk(app, f"s{n:02d}")) if "lpk" in i]
+        shards[touch["lpk"]["S"]] = shards.get(touch["lpk"]["S"], 0) + 1
+    assert set(shards) <= {f"{app}#{k}" for k in range(4)} and len(shards) > 1
+    listed = store.list(app)
+    assert len(listed) == 12
+    assert [(s.updated_at, s.id) for s in listed] == sorted(((s.updated_at, s.id) for s in listed), reverse=True)
+    faults = Faults(ddb)
+    page = store.list(app, limit=5)
+    assert [s.id for s in page] == [s.id for s in listed[:5]]
+    assert faults.calls["Query"] == 4  # one page from each shard
+    assert "BatchGetItem" not in faults.calls  # the index projects the rows: Queries only
+    rest = store.list(app, cursor=page[-1].cursor)
+    assert [s.id for s in page + rest] == [s.id for s in listed]
+    # Another shard count would list nothing of these: the table refuses a store opened with one.
+    with pytest.raises(ConfigurationError, match=r"listing_shards=4 .*listing_shards=1"):
+        dynamo_store(dynamodb_table, client=ddb, listing_shards=1).list(app)
+
+
+def test_listing_ties_on_updated_at_page_by_id(ddb: Any, layout_table: Callable[..., str], app: str) -> None:
+    store = dynamo_store(layout_table(3), client=ddb, listing_shards=3)
+    with frozen_clock(1_800_000_000_000):
+        for n in range(9):
+            store.commit(_meta(app, f"s{n}"), [], 0)
+    pages: list[str] = []
+    cursor = None
+    while page := store.list(app, limit=2, cursor=cursor):
+        pages += [s.id for s in page]
+        cursor = page[-1].cursor
+    assert pages == [f"s{n}" for n in reversed(range(9))]
+
+
+def test_a_delete_racing_a_commit_never_shows_the_old_incarnation(
+    store: DynamoDBSessionStore, ddb: Any, dynamodb_table: str, app: str
+) -> None:
+    store.commit(_meta(app), [_event(1)], 0)
+    arrived, resume = threading.Event(), threading.Event()
+    slow_client = local_client(ddb.meta.endpoint_url)
+    try:
+        faults = Faults(slow_client)
+        faults.pause("BatchWriteItem", 1, arrived, resume)
+        faults.die("TransactWriteItems", 1)  # it dies at its finish: its items stay behind
+        slow = dynamo_store(dynamodb_table, client=slow_client)
+        died: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                slow.commit(_meta(app), [_event("old-2")], 1)
+            except Died as exc:
+                died.append(exc)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        assert arrived.wait(timeout=30)
+        store.delete(app, "s-1")
+        assert store.commit(_meta(app), [_event(9)], 0).ok  # a new session under the same id
+        resume.set()
+        writer.join(timeout=30)
+        assert not writer.is_alive() and died
+    finally:
+        slow_client.close()
+    assert store.commit(_meta(app), [_event(10)], 1).ok  # version 2, like the straggler's items
+    loaded = store.load(app, "s-1")
+    assert loaded is not None and [e.id for e in loaded.events] == ["evt-9", "evt-10"]
+    raw = _raw_items(ddb, dynamodb_table, session_pk(app, "s-1"))
+    assert any(i.get("eid", {}).get("S") == "evt-old-2" for i in raw)  # there, and not shown
+
+
+# -- construction, imports, the table --------------------------------------------------------------------
+
+
+def test_import_dormant_loads_no_aws_sdk() -> None:
+    code = (
+        "import sys, dormant, dormant.stores.dynamodb, dormant.stores.dynamodb.table;"
+        "assert not {'boto3', 'botocore'} & set(sys.modules), sorted(m for m in sys.modules if 'boto' in m)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_dynamo_store_builds_its_client_lazily_and_closes_only_its_own(dynamodb_table: str, ddb: Any) -> None:
+    built = dynamo_store(dynamodb_table, endpoint_url="http://127.0.0.1:1", region="eu-west-2")
+    assert built._client.meta.region_name == "eu-west-2"
+    assert built._client.meta.config.retries["mode"] == "standard"
+    built.close()
+    with pytest.raises(StoreClosed):
+        built.load("app", "s")
+    given = dynamo_store(dynamodb_table, client=ddb)
+    given.close()
+    assert ddb.list_tables()["TableNames"]  # still usable
+    with pytest.raises(ConfigurationError, match="not both"):
+        dynamo_store(dynamodb_table, client=ddb, region="eu-west-2")
+    with pytest.raises(ConfigurationError, match="at least 3"):
+        dynamo_store("ab", client=ddb)
+    with pytest.raises(ConfigurationError, match="listing_shards"):
+        dynamo_store(dynamodb_table, client=ddb, listing_shards=0)
+
+
+def test_an_unreachable_endpoint_is_store_unavailable(dynamodb_table: str) -> None:
+    store = dynamo_store(
+        dynamodb_table, client=local_client("http://127.0.0.1:1", retries={"max_attempts": 1}, connect_timeout=1)
+    )
+    with pytest.raises(StoreUnavailable, match="DynamoDB get_item failed"):  # its first call: the shard counts
+        store.load("app", "s")
+
+
+def test_a_missing_table_says_how_to_make_one(ddb: Any) -> None:
+    with pytest.raises(StoreError, match="create_table"):
+        dynamo_store("no-such-table", client=ddb).load("app", "s")
+
+
+def test_create_table_builds_the_shape_once(ddb: Any) -> None:
+    name = f"dormant-shape-{uuid.uuid4().hex[:8]}"
+    assert create_table(name, client=ddb) is True
+    assert create_table(name, client=ddb) is False
+    described = ddb.describe_table(TableName=name)["Table"]
+    request = TABLE.create_table_request(name)
+    assert {i["IndexName"] for i in described["GlobalSecondaryIndexes"]} == {"listing", "pending", "running", "status"}
+    assert [i["IndexName"] for i in described["LocalSecondaryIndexes"]] == ["ids"]
+    assert described["KeySchema"] == request["KeySchema"]
+    ttl = ddb.describe_time_to_live(TableName=name)["TimeToLiveDescription"]
+    assert ttl["AttributeName"] == "expires_at"
+    ddb.delete_table(TableName=name)
+
+
+# -- the listing index: one touch per commit -----------------------------------------------------------
+
+
+class _Units:
+    """Write units by index, read from ``ReturnConsumedCapacity=INDEXES`` (added to every write by a hook)."""
+
+    def __init__(self, client: Any) -> None:
+        self.by_index: dict[str, float] = {}
+        client.meta.events.register("before-parameter-build.dynamodb", self._ask)
+        client.meta.events.register("after-call.dynamodb", self._read)
+
+    def _ask(self, params: dict[str, Any], model: Any, **_: Any) -> None:
+        if model.name in {"UpdateItem", "PutItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"}:
+            params["ReturnConsumedCapacity"] = "INDEXES"
+
+    def _read(self, parsed: dict[str, Any], **_: Any) -> None:
+        consumed = parsed.get("ConsumedCapacity") or []
+        for entry in consumed if isinstance(consumed, list) else [consumed]:
+            for name, used in (entry.get("GlobalSecondaryIndexes") or {}).items():
+                self.by_index[name] = self.by_index.get(name, 0.0) + used["CapacityUnits"]
+
+    def take(self, index: str) -> float:
+        return self.by_index.pop(index, 0.0)
+
+
+def _touches(ddb: Any, table: str, app: str, sid: str) -> list[dict[str, Any]]:
+    return [i for i in _raw_items(ddb, table, session_pk(app, sid)) if i["sk"]["S"].startswith("T#")]
+
+
+@pytest.mark.parametrize("single_call_items", [0, 100], ids=["gated", "one-call"])
+def test_a_commit_puts_its_touch_and_deletes_the_one_it_superseded(
+    ddb: Any, dynamodb_table: str, app: str, single_call_items: int
+) -> None:
+    """Two listing-index writes a commit (the new entry and the superseded one's delete, in the commit's
+    transaction), and one touch per session, carrying the row a listing shows."""
+    store = _warm(dynamo_store(dynamodb_table, client=ddb, single_call_items=single_call_items))
+    units = _Units(ddb)
+    with frozen_clock(1_800_000_000_000) as clock:
+        for version in range(8):
+            assert store.commit(_meta(app, status=f"turn-{version}"), [_event(version)], version).ok
+            # DynamoDB Local reports 2 for the transaction's index writes whatever it holds (AWS bills the put and
+            # the delete, twice each): what is checked here is that one touch is left, the superseded one gone.
+            assert units.take("listing") == 2, version
+            (touch,) = _touches(ddb, dynamodb_table, app, "s-1")
+            assert (touch["version"]["N"], touch["status"]["S"]) == (str(version + 1), f"turn-{version}")
+            clock.advance(1000)
+        (listed,) = store.list(app)
+        assert (listed.version, listed.status, listed.updated_at) == (8, "turn-7", int(touch["lsk"]["N"]))
+
+
+def test_a_listing_shows_only_committed_rows_whatever_touches_are_left(
+    ddb: Any, layout_table: Callable[..., str], app: str
+) -> None:
+    dynamodb_table = layout_table(2)
+    store = dynamo_store(dynamodb_table, client=ddb, listing_shards=2)
+    with frozen_clock(1_800_000_000_000) as clock:
+        for n in range(5):
+            for version in range(3):
+                assert store.commit(_meta(app, f"s{n}"), [_event(f"{n}-{version}")], version).ok
+                clock.advance(10)
+        # A commit in flight: its events are written, its finish (which carries its touch) is not.
+        dying = local_client(ddb.meta.endpoint_url)
+        faults = Faults(dying)
+        faults.die("TransactWriteItems", nth=1)
+        clock.advance(10)
+        with pytest.raises(Died):
+            dynamo_store(dynamodb_table, client=dying, listing_shards=2).commit(
+                _meta(app, "s0", status="late"), [_event("late")], 3
+            )
+        dying.close()
+        assert len(_touches(ddb, dynamodb_table, app, "s0")) == 1  # the committed one: the dying one wrote none
+        listed = store.list(app)
+        assert [s.id for s in listed] == ["s4", "s3", "s2", "s1", "s0"]  # once each, s0 at its committed place
+        assert [(s.version, s.status) for s in listed][-1] == (3, None)
+        pages, cursor = [], None
+        while page := store.list(app, limit=2, cursor=cursor):
+            pages += [s.id for s in page]
+            cursor = page[-1].cursor
+        assert pages == ["s4", "s3", "s2", "s1", "s0"]
+
+        # Repair finds an event item missing (deleted here), so it rolls the commit back: its touch goes too.
+        late_id = {"S": "evt-late"}
+        (event_item,) = [i for i in _raw_items(ddb, dynamodb_table, session_pk(app, "s0")) if i.get("eid") == late_id]
+        ddb.delete_item(TableName=dynamodb_table, Key={"pk": event_item["pk"], "sk": event_item["sk"]})
+        (report,) = dynamo_store(dynamodb_table, client=ddb, listing_shards=2).repair_pending(older_than_s=0)
+        assert report.action == "rolled_back"
+        assert len(_touches(ddb, dynamodb_table, app, "s0")) == 1
+        assert [s.id for s in store.list(app)] == ["s4", "s3", "s2", "s1", "s0"]
+        clock.advance(10)
+        assert store.commit(_meta(app, "s0"), [_event("again")], 3).ok
+        assert [s.id for s in store.list(app)] == ["s0", "s4", "s3", "s2", "s1"]
+        store.delete(app, "s1")
+        assert [s.id for s in store.list(app)] == ["s0", "s4", "s3", "s2"]
+
+
+def test_a_rolled_back_commit_in_the_same_millisecond_keeps_the_live_touch(
+    ddb: Any, dynamodb_table: str, app: str
+) -> None:
+    store = dynamo_store(dynamodb_table, client=ddb)
+    with frozen_clock(1_800_000_000_000):  # every commit at the same updated_at: one touch key for all
+        assert store.commit(_meta(app), [_event(1)], 0).ok
+        dying = local_client(ddb.meta.endpoint_url)
+        Faults(dying).die("TransactWriteItems", nth=1)  # the finish
+        with pytest.raises(Died):
+            dynamo_store(dynamodb_table, client=dying).commit(_meta(app), [_event(2), _event(3)], 1)
+        dying.close()
+        items = _raw_items(ddb, dynamodb_table, session_pk(app, "s-1"))
+        (event_item,) = [i for i in items if i.get("eid") == {"S": "evt-3"}]
+        ddb.delete_item(TableName=dynamodb_table, Key={"pk": event_item["pk"], "sk": event_item["sk"]})
+        (report,) = store.repair_pending(older_than_s=0)
+        assert report.action == "rolled_back"
+        assert len(_touches(ddb, dynamodb_table, app, "s-1")) == 1
+        assert [(s.id, s.version) for s in store.list(app)] == [("s-1", 1)]
+
+
+def test_repair_rolls_back_a_commit_with_no_events_that_never_finished(ddb: Any, dynamodb_table: str, app: str) -> None:
+    """A commit with no events writes nothing between its gate and its finish (which carries its touch):
+    nothing shows its writer got past the gate, so it is undone."""
+    store = dynamo_store(dynamodb_table, client=ddb)
+    with frozen_clock(1_800_000_000_000) as clock:
+        assert store.commit(_meta(app), [_event(1)], 0).ok
+        clock.advance(1000)
+        dying = local_client(ddb.meta.endpoint_url)
+        Faults(dying).die("TransactWriteItems", nth=1)  # the finish, carrying the touch
+        with pytest.raises(Died):
+            dynamo_store(dynamodb_table, client=dying).commit(_meta(app, status="done"), [], 1)
+        dying.close()
+        (report,) = store.repair_pending(older_than_s=0)
+        assert (report.action, report.items_found, report.items_expected) == ("rolled_back", 0, 0)
+        assert [(s.id, s.version, s.status) for s in store.list(app)] == [("s-1", 1, None)]
+        assert len(_touches(ddb, dynamodb_table, app, "s-1")) == 1
+
+
+def _strip_touch_flag(ddb: Any, table: str, app: str, sid: str) -> None:
+    """Make the session's pending marker one written before touches could ride in the finish."""
+    ddb.update_item(
+        TableName=table,
+        Key={"pk": {"S": session_pk(app, sid)}, "sk": {"S": "#M"}},
+        UpdateExpression="REMOVE pending.f",
+        ConditionExpression="attribute_exists(pending.f)",
+    )
+
+
+def test_an_old_marker_still_needs_its_touch_to_roll_forward(ddb: Any, dynamodb_table: str, app: str) -> None:
+    """A marker without the flag was written by a writer that put its touch last in its batches: all of its
+    event items without the touch means that writer died before its last batch completed. Rolled back."""
+    store = dynamo_store(dynamodb_table, client=ddb)
+    with frozen_clock(1_800_000_000_000) as clock:
+        assert store.commit(_meta(app), [_event(1)], 0).ok
+        clock.advance(1000)
+        dying = local_client(ddb.meta.endpoint_url)
+        Faults(dying).die("TransactWriteItems", nth=1)  # 24 events fill the batch: the touch rides in the finish
+        with pytest.raises(Died):
+            dynamo_store(dynamodb_table, client=dying).commit(_meta(app), [_event(n) for n in range(2, 26)], 1)
+        dying.close()
+        _strip_touch_flag(ddb, dynamodb_table, app, "s-1")
+        (report,) = store.repair_pending(older_than_s=0)
+        assert (report.action, report.items_found, report.items_expected) == ("rolled_back", 24, 24)
+        assert [(s.id, s.version) for s in store.list(app)] == [("s-1", 1)]
+
+
+# -- the running index: what the sweeper reads, written only on a change of status into or out of running --
+
+
+def _running_entry(ddb: Any, table: str, app: str, sid: str) -> str | None:
+    key = {"pk": {"S": session_pk(app, sid)}, "sk": {"S": "#M"}}
+    item = ddb.get_item(TableName=table, Key=key, ConsistentRead=True)
+    return item.get("Item", {}).get("rpk", {}).get("S")
+
+
+@pytest.mark.parametrize("single_call_items", [0, 100], ids=["gated", "one-call"])
+def test_the_running_index_is_written_only_when_a_session_goes_into_or_out_of_running(
+    ddb: Any, dynamodb_table: str, app: str, single_call_items: int
+) -> None:
+    """A session's running entry is put by the commit that makes it ``running`` and deleted by the one that
+    ends that: the commits in between (a new ``updated_at``, new events) write no index entry. And no call
+    is added: a 5-event commit stays one transaction, or a gate, one batch and a finish."""
+    store = _warm(dynamo_store(dynamodb_table, client=ddb, single_call_items=single_call_items))
+    gated = {"UpdateItem": 1, "BatchWriteItem": 1, "TransactWriteItems": 1}  # the finish carries the touches
+    calls = {"TransactWriteItems": 1} if single_call_items else gated
+    units, faults = _Units(ddb), Faults(ddb)
+    statuses = ["idle", "running", "running", "running", "completed", "completed", "running"]
+    expected_units = [0, 1, 0, 0, 1, 0, 1]
+    with frozen_clock(1_800_000_000_000) as clock:
+        for version, (status, cost) in enumerate(zip(statuses, expected_units, strict=True)):
+            faults.calls.clear()
+            assert store.commit(_meta(app, status=status), [_event(f"{version}-{n}") for n in range(5)], version).ok
+            assert units.take("running") == cost * 2, (version, status)  # in a transaction: billed twice
+            assert dict(faults.calls) == calls
+            clock.advance(1000)
+    assert _running_entry(ddb, dynamodb_table, app, "s-1") is not None
+    assert [(r.session_id, r.updated_at) for r in store.running_sessions() if r.app_name == app] == [
+        ("s-1", 1_800_000_006_000)
+    ]
+
+
+def test_a_repair_carries_the_running_entry_with_the_status(ddb: Any, dynamodb_table: str, app: str) -> None:
+    """A writer that died after its events: rolled forward, the running status lands with its entry; one that
+    died before them: rolled back, the status (and the entry) stay as they were."""
+    store = dynamo_store(dynamodb_table, client=ddb)
+    with frozen_clock(1_800_000_000_000) as clock:
+        assert store.commit(_meta(app, "s-fwd", status="idle"), [_event(1)], 0).ok
+        assert store.commit(_meta(app, "s-back", status="running"), [_event(1)], 0).ok
+        clock.advance(1000)
+        dying = local_client(ddb.meta.endpoint_url)
+        Faults(dying).die("TransactWriteItems", nth=1)  # the finish, after the events
+        with pytest.raises(Died):
+            dynamo_store(dynamodb_table, client=dying).commit(_meta(app, "s-fwd", status="running"), [_event(2)], 1)
+        Faults(dying).die("BatchWriteItem", nth=1)  # the events: nothing of the commit but its gate
+        with pytest.raises(Died):
+            dynamo_store(dynamodb_table, client=dying).commit(_meta(app, "s-back", status="completed"), [_event(2)], 1)
+        dying.close()
+        assert _running_entry(ddb, dynamodb_table, app, "s-fwd") is None
+        assert [r.session_id for r in store.running_sessions() if r.app_name == app] == ["s-back"]
+        reports = {r.session_id: r.action for r in store.repair_pending(older_than_s=0) if r.app_name == app}
+        assert reports == {"s-fwd": "rolled_forward", "s-back": "rolled_back"}
+        assert [r.session_id for r in store.running_sessions() if r.app_name == app] == ["s-back", "s-fwd"]
+        assert _running_entry(ddb, dynamodb_table, app, "s-fwd") is not None
+
+
+def test_running_sessions_skip_an_expired_session_and_an_entry_the_index_still_holds(
+    ddb: Any, dynamodb_table: str, app: str
+) -> None:
+    """The index still holds an expired session's entry until AWS's TTL deletes its meta item, and on AWS it
+    lags the table (an entry outlives the commit that ended the run for a moment): neither is listed, as the
+    meta item decides."""
+    store = dynamo_store(dynamodb_table, client=ddb)
+    hour = 3_600_000
+    assert store.commit(_meta(app, "s-ended", status="completed"), [_event(1)], 0).ok
+    ddb.update_item(  # what a lagging index shows: the entry of the session's running days
+        TableName=dynamodb_table,
+        Key={"pk": {"S": session_pk(app, "s-ended")}, "sk": {"S": "#M"}},
+        UpdateExpression="SET rpk = :r",
+        ExpressionAttributeValues={":r": {"S": "R#0"}},
+    )
+    with frozen_clock(1_800_000_000_000) as clock:
+        assert store.commit(_meta(app, "s-old", status="running", retention_ms=hour), [_event(1)], 0).ok
+        assert store.commit(_meta(app, "s-live", status="running"), [_event(1)], 0).ok
+        running = [r.session_id for r in store.running_sessions() if r.app_name == app]
+        assert running == ["s-live", "s-old"]  # the same updated_at: by id
+        clock.advance(hour + 1000)
+        assert [r.session_id for r in store.running_sessions() if r.app_name == app] == ["s-live"]
+
+
+# -- calls per commit: 2 + ceil(events / 25), whatever the count -------------------------------------
+
+
+def test_the_touch_rides_in_the_finish_exactly_when_the_batches_have_no_room_for_it() -> None:
+    """Every item count a commit can have (chunks included): after the events, the touch and the marking
+    (a create has no marking) would add a batch exactly when the finish carries them instead."""
+    for create, touches in ((True, 1), (False, 2)):
+        for items in range(30_001):
+            spills = -(-(items + touches) // 25) > -(-items // 25)
+            assert _touch_in_finish(items, create) == spills, (items, create)
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 23, 24, 25, 26, 49, 50])
+def test_every_commit_takes_at_most_two_calls_plus_one_per_25_events(
+    ddb: Any, dynamodb_table: str, app: str, count: int
+) -> None:
+    store = dynamo_store(dynamodb_table, client=ddb)
+    faults = Faults(ddb)
+    bound = 2 + -(-count // 25)
+    serial = iter(range(100_000))
+
+    def commit(meta: StoredSession, version: int, changes: list[ScopedStateChange] | None = None) -> None:
+        events = [_event(f"{next(serial):05d}") for _ in range(count)]
+        faults.calls.clear()
+        result = store.commit(meta, events, version, changes)
+        calls = sum(faults.calls.values())
+        assert (result.ok, result.version, result.appended) == (True, version + 1, count)
+        assert calls <= bound, f"{meta.id} at version {version}: {calls} calls ({dict(faults.calls)}), bound {bound}"
+
+    with frozen_clock(1_800_000_000_000) as clock:
+        plain, bound_to = _meta(app, "plain"), _meta(app, "bound", scopes={"user": "u-1", "org": "o-1"})
+        commit(plain, 0)  # a create
+        commit(bound_to, 0)  # a create of a session bound to shared scopes (its binding entries)
+        for version in (1, 2, 3):  # each commit also deletes the touch it superseded
+            clock.advance(1000)
+            commit(bound_to, version)
+        clock.advance(1000)
+        commit(bound_to, 4, [ScopedStateChange("user", "u-1", "seen", count), ScopedStateChange("org", "o-1", "k", 1)])
+        clock.advance(1000)
+        commit(plain, 1, [ScopedStateChange("user", "u-2", "k", count)])
+
+    # Whole, listed once each at its last commit, bound as it was created, the scoped changes landed.
+    listed = {s.id: (s.version, s.updated_at) for s in store.list(app)}
+    assert listed == {"bound": (5, 1_800_000_004_000), "plain": (2, 1_800_000_005_000)}
+    loaded = store.load(app, "bound")
+    assert loaded is not None and len(loaded.events) == 5 * count
+    assert [e.id for e in loaded.events] == sorted(e.id for e in loaded.events)
+    assert store.bound_sessions(app, "user", "u-1") == ["bound"]
+    assert store.load_scoped_state(app, "user", "u-1") == {"seen": count}
+    assert store.load_scoped_state(app, "user", "u-2") == {"k": count}
+    (live,) = _touches(ddb, dynamodb_table, app, "bound")  # each commit deleted the touch it superseded
+    assert int(live["lsk"]["N"]) == 1_800_000_004_000
+
+
+# -- shard counts: fixed when the table is first used ---------------------------------------------------
+
+
+def test_the_table_records_its_shard_counts_and_refuses_a_store_with_others(ddb: Any, app: str) -> None:
+    name = f"dormant-layout-{uuid.uuid4().hex[:8]}"
+    create_table(name, client=ddb)
+    try:
+        first = dynamo_store(name, client=ddb, listing_shards=2, pending_shards=3)
+        assert first.commit(_meta(app), [_event(1)], 0).ok
+        layout = ddb.get_item(TableName=name, Key={"pk": {"S": "#layout"}, "sk": {"S": "#layout"}})["Item"]
+        assert (layout["listing_shards"]["N"], layout["pending_shards"]["N"]) == ("2", "3")
+        for listing, pending in ((2, 8), (4, 3)):
+            other = dynamo_store(name, client=ddb, listing_shards=listing, pending_shards=pending)
+            faults = Faults(ddb)
+            with pytest.raises(ConfigurationError) as info:
+                other.commit(_meta(app, "s-2"), [_event(2)], 0)
+            message = str(info.value)
+            assert "listing_shards=2 and pending_shards=3" in message  # the table's
+            assert f"listing_shards={listing} and pending_shards={pending}" in message  # the store's
+            assert dict(faults.calls) == {"GetItem": 1}  # refused before anything was written
+            with pytest.raises(ConfigurationError):  # every call, not only the first
+                other.list(app)
+        assert [s.id for s in first.list(app)] == ["s-1"]
+        same = dynamo_store(name, client=ddb, listing_shards=2, pending_shards=3)
+        assert [s.id for s in same.list(app)] == ["s-1"]
+    finally:
+        ddb.delete_table(TableName=name)
+
+
+# -- listings while the index lags ------------------------------------------------------------------------
+
+
+class _Answered:
+    status_code = 200
+    headers: dict[str, str] = {}  # noqa: RUF012
+
+
+class _StaleIndex:
+    """A botocore hook on a client that makes the listing index lag: each listing ``Query`` is answered with what
+    the index returned to the same query the time before (run then on a clean client), as a global index that
+    has not caught up with the commits since would answer."""
+
+    def __init__(self, client: Any, clean: Any) -> None:
+        self.clean = clean
+        self.previous: dict[str, dict[str, Any]] = {}
+        self.lagged = 0
+        self._local = threading.local()
+        client.meta.events.register("before-parameter-build.dynamodb.Query", self._params)
+        client.meta.events.register("before-call.dynamodb.Query", self._answer)
+
+    def _params(self, params: dict[str, Any], **_: Any) -> None:
+        self._local.params = dict(params) if params.get("IndexName") == "listing" else None
+
+    def _answer(self, **_: Any) -> Any:
+        params = getattr(self._local, "params", None)
+        if params is None:
+            return None
+        key = json.dumps(params, sort_keys=True, default=str)
+        now = self.clean.query(**params)
+        answer = self.previous.get(key, now)
+        self.lagged += answer is not now
+        self.previous[key] = now
+        return _Answered(), answer
+
+
+@pytest.mark.parametrize("single_call_items", [0, 100], ids=["gated", "one-call"])
+def test_a_listing_never_omits_a_committed_session_while_the_index_lags(
+    ddb: Any, dynamodb_endpoint: str, dynamodb_table: str, app: str, single_call_items: int
+) -> None:
+    """Commits and listings interleaved, the index one listing behind: every session committed before the index's
+    view is listed, once, at a version no older than the one it had then (the index still holds its previous
+    touch until it catches up: never nothing)."""
+    writer = dynamo_store(dynamodb_table, client=ddb, single_call_items=single_call_items)
+    lister_client, clean = local_client(dynamodb_endpoint), local_client(dynamodb_endpoint)
+    stale = _StaleIndex(lister_client, clean)
+    lister = dynamo_store(dynamodb_table, client=lister_client)
+    committed: dict[str, int] = {}
+    in_view: dict[str, int] = {}  # what was committed when the index took the view it answers with now
+    try:
+        with frozen_clock(1_800_000_000_000) as clock:
+            for round_ in range(6):
+                for n in range(round_ + 1):  # every session so far takes a commit, and one more is created
+                    sid = f"s{n}"
+                    version = committed.get(sid, 0)
+                    clock.advance(7)
+                    meta = _meta(app, sid, status=f"r{round_}")
+                    assert writer.commit(meta, [_event(f"{sid}-{version}")], version).ok
+                    committed[sid] = version + 1
+                    listed = lister.list(app)
+                    ids = [s.id for s in listed]
+                    assert len(ids) == len(set(ids)), ids  # never twice
+                    versions = {s.id: s.version for s in listed}
+                    missing = {sid: v for sid, v in in_view.items() if versions.get(sid, 0) < v}
+                    assert not missing, (round_, n, missing, versions)
+                    in_view = dict(committed)
+        assert stale.lagged > 10  # the hook did make the index lag
+        caught_up = dynamo_store(dynamodb_table, client=clean)  # the index as it is now: every newest version
+        assert {s.id: s.version for s in caught_up.list(app)} == committed
+    finally:
+        lister_client.close()
+        clean.close()
+
+
+# -- sessions at scale: 50,000 events, 100 MB ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_session_of_50000_events_commits_loads_and_takes_one_call_turns(
+    ddb: Any, dynamodb_table: str, app: str
+) -> None:
+    """Five commits of 10,000 events (the gated protocol: 400 batches each), then an ordinary turn, one call."""
+    store = _warm(dynamo_store(dynamodb_table, client=ddb))
+    ids = [new_id() for _ in range(50_000)]  # in the order they are made, as dormant mints them
+    for version in range(5):
+        events = [UserEvent(id=i, created_at=1, text="x") for i in ids[version * 10_000 : (version + 1) * 10_000]]
+        assert store.commit(_meta(app, "long"), events, version).ok
+    loaded = store.load(app, "long")
+    assert loaded is not None and len(loaded.events) == 50_000 and loaded.session.version == 5
+    faults = Faults(ddb)
+    assert store.commit(_meta(app, "long"), [UserEvent(id=new_id(), created_at=1, text="turn")], 5).ok
+    assert dict(faults.calls) == {"TransactWriteItems": 1}
+    resent = store.commit(_meta(app, "long"), [UserEvent(id=ids[12_345], created_at=1, text="again")], 6)
+    assert (resent.ok, resent.appended) == (True, 0)  # a re-sent id, found among 50,000
+    assert [(s.id, s.version) for s in store.list(app)] == [("long", 7)]
+
+
+@pytest.mark.slow
+def test_a_session_of_100_mb_commits_and_loads(ddb: Any, dynamodb_table: str, app: str) -> None:
+    """100 events of 1 MB (3 items each) in four commits of 25 MB, then a one-call turn on top."""
+    store = _warm(dynamo_store(dynamodb_table, client=ddb))
+    text = "y" * 1_000_000
+    for version in range(4):
+        events = [UserEvent(id=f"b{version * 25 + n:04d}", created_at=1, text=text) for n in range(25)]
+        assert store.commit(_meta(app, "big"), events, version).ok
+    assert store.commit(_meta(app, "big"), [UserEvent(id=new_id(), created_at=1, text="small")], 4).ok
+    loaded = store.load(app, "big")
+    assert loaded is not None and len(loaded.events) == 101
+    assert sum(len(e.text) for e in loaded.events if isinstance(e, UserEvent)) >= 100_000_000

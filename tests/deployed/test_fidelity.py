@@ -1,0 +1,1329 @@
+"""Deployment fidelity: the synthesized stack run as AWS runs it; the only test allowed to say "works on AWS".
+
+The harness (``tests/support/fidelity``) runs each function in its own process with exactly its template
+environment and its role enforced on every AWS call, routes requests as the template's API methods do,
+and drives the template's own ASL. The scenarios below talk to it only as a client (or AWS) would, and
+are written against the target contract (``POST /runs`` may answer 202: they wait for the workflow to
+settle and read the session). The first tests check the harness's own pieces.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from tests.support.fidelity import iam
+from tests.support.fidelity.calls import APP_PACKAGE, TENANT, answer, create, evidence, fresh, ledger, run, show
+from tests.support.fidelity.stepfunctions import ApiError, StatesError, StepFunctions, fill, intrinsic, path_set
+from tests.support.fidelity.template import Names, Template
+
+TABLE_ARN = "arn:aws:dynamodb:eu-west-1:123456789012:table/T"
+MACHINE_ARN = "arn:aws:states:eu-west-1:123456789012:stateMachine:M"
+
+# -- IAM evaluation -----------------------------------------------------------------------------------------------
+
+
+def _allow(actions: list[str], resources: list[str]) -> dict[str, Any]:
+    return {"Effect": "Allow", "Action": actions, "Resource": resources}
+
+
+def test_iam_allows_only_what_a_statement_names() -> None:
+    statements = [_allow(["dynamodb:GetItem", "dynamodb:Query"], [TABLE_ARN, f"{TABLE_ARN}/index/*"])]
+    assert iam.allowed(statements, "dynamodb:GetItem", TABLE_ARN)
+    assert iam.allowed(statements, "DynamoDB:getitem", TABLE_ARN)  # actions are case-insensitive
+    assert iam.allowed(statements, "dynamodb:Query", f"{TABLE_ARN}/index/listing")
+    assert not iam.allowed(statements, "dynamodb:PutItem", TABLE_ARN)
+    assert not iam.allowed(statements, "dynamodb:GetItem", TABLE_ARN + "2")  # no prefix match without a wildcard
+    assert not iam.allowed(statements, "dynamodb:GetItem", TABLE_ARN.replace("/T", "/t"))  # resources are exact
+
+
+def test_iam_wildcards_not_action_and_an_explicit_deny() -> None:
+    assert iam.allowed([_allow(["dynamodb:*"], ["*"])], "dynamodb:BatchGetItem", TABLE_ARN)
+    assert iam.allowed([_allow(["dynamodb:Get?tem"], ["arn:aws:dynamodb:*:*:table/T"])], "dynamodb:GetItem", TABLE_ARN)
+    not_action = [{"Effect": "Allow", "NotAction": ["dynamodb:DeleteItem"], "Resource": "*"}]
+    assert iam.allowed(not_action, "dynamodb:PutItem", TABLE_ARN)
+    assert not iam.allowed(not_action, "dynamodb:DeleteItem", TABLE_ARN)
+    deny = [_allow(["dynamodb:*"], ["*"]), {"Effect": "Deny", "Action": "dynamodb:PutItem", "Resource": TABLE_ARN}]
+    assert not iam.allowed(deny, "dynamodb:PutItem", TABLE_ARN)
+    assert iam.allowed(deny, "dynamodb:UpdateItem", TABLE_ARN)
+    assert not iam.allowed([], "dynamodb:GetItem", TABLE_ARN)  # nothing said is a deny
+
+
+def test_a_transaction_is_authorized_per_item() -> None:
+    request = {
+        "TransactItems": [
+            {"ConditionCheck": {"TableName": "T", "Key": {}, "ConditionExpression": "x"}},
+            {"Put": {"TableName": "T", "Item": {}}},
+            {"Update": {"TableName": "U", "Key": {}}},
+            {"Delete": {"TableName": "T", "Key": {}}},
+        ]
+    }
+    needed = iam.required("dynamodb", "TransactWriteItems", request)
+    assert needed == [
+        ("dynamodb:ConditionCheckItem", TABLE_ARN),
+        ("dynamodb:PutItem", TABLE_ARN),
+        ("dynamodb:UpdateItem", TABLE_ARN[:-1] + "U"),
+        ("dynamodb:DeleteItem", TABLE_ARN),
+    ]
+    # a policy without ConditionCheckItem (main's) refuses the snapshot transaction
+    writes = [_allow(["dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"], ["*"])]
+    assert not all(iam.allowed(writes, a, r) for a, r in needed)
+    gets = iam.required("dynamodb", "TransactGetItems", {"TransactItems": [{"Get": {"TableName": "T", "Key": {}}}]})
+    assert gets == [("dynamodb:GetItem", TABLE_ARN)]
+
+
+def test_batches_indexes_and_step_functions_resources() -> None:
+    batch = {"RequestItems": {"T": {"Keys": []}, "U": {"Keys": []}}}
+    assert [a for a, _ in iam.required("dynamodb", "BatchGetItem", batch)] == ["dynamodb:BatchGetItem"] * 2
+    query = iam.required("dynamodb", "Query", {"TableName": "T", "IndexName": "listing"})
+    assert query == [("dynamodb:Query", f"{TABLE_ARN}/index/listing")]
+    assert iam.required("dynamodb", "Query", {"TableName": "T"}) == [("dynamodb:Query", TABLE_ARN)]
+    execution = "arn:aws:states:eu-west-1:123456789012:execution:M:e1"
+    assert iam.required("states", "DescribeExecution", {"executionArn": execution}) == [
+        ("states:DescribeExecution", execution)
+    ]
+    assert iam.required("states", "StartExecution", {"stateMachineArn": MACHINE_ARN}) == [
+        ("states:StartExecution", MACHINE_ARN)
+    ]
+    owned = iam.required("states", "SendTaskSuccess", {"taskToken": "t"}, token_owner=lambda token: MACHINE_ARN)
+    assert owned == [("states:SendTaskSuccess", MACHINE_ARN)]
+    grants = iam.grants([_allow(["dynamodb:GetItem", "logs:PutLogEvents"], [TABLE_ARN])])
+    assert grants == {("dynamodb:GetItem", TABLE_ARN)}
+    assert iam.grant_used(("dynamodb:Query", f"{TABLE_ARN}/index/*"), [("dynamodb:Query", f"{TABLE_ARN}/index/x")])
+    assert not iam.grant_used(("dynamodb:Query", f"{TABLE_ARN}/index/*"), [("dynamodb:Query", TABLE_ARN)])
+
+
+# -- reference resolution ----------------------------------------------------------------------------------------
+
+_TEMPLATE = {
+    "Parameters": {"Shards": {"Type": "Number", "Default": 1}, "Wait": {"Type": "Number", "Default": 60}},
+    "Resources": {
+        "Table": {"Type": "AWS::DynamoDB::Table", "Properties": {}},
+        "Machine": {"Type": "AWS::StepFunctions::StateMachine", "Properties": {"StateMachineName": "Dormant-resume"}},
+        "Fn": {"Type": "AWS::Lambda::Function", "Properties": {}},
+        "Logs": {"Type": "AWS::Logs::LogGroup", "Properties": {}},
+    },
+}
+
+
+def test_references_resolve_to_one_consistent_set_of_names() -> None:
+    template = Template(_TEMPLATE, Names(table_name="tbl", parameters={"Wait": 3}))
+    store = {"Fn::Join": ["", ["dynamodb://", {"Ref": "Table"}, "?shards=", {"Ref": "Shards"}]]}
+    assert template.resolve(store) == "dynamodb://tbl?shards=1"
+    assert template.resolve({"Fn::GetAtt": ["Table", "Arn"]}) == "arn:aws:dynamodb:eu-west-1:123456789012:table/tbl"
+    assert template.resolve({"Ref": "Machine"}) == "arn:aws:states:eu-west-1:123456789012:stateMachine:Dormant-resume"
+    assert template.resolve({"Ref": "Wait"}) == 3  # a given value wins over the default
+    sub = {"Fn::Sub": ["${AWS::Partition}:${Fn.Arn}:${X}:${!Literal}", {"X": {"Ref": "AWS::Region"}}]}
+    assert template.resolve(sub) == "aws:arn:aws:lambda:eu-west-1:123456789012:function:Dormant-Fn:eu-west-1:${Literal}"
+    assert template.resolve({"Fn::GetAtt": "Logs.Arn"}).startswith("arn:aws:logs:eu-west-1:123456789012:log-group:")
+    assert template.resolve({"Fn::Select": [1, {"Fn::Split": [",", "a,b"]}]}) == "b"
+
+
+# -- the ASL interpreter -----------------------------------------------------------------------------------------
+
+
+class _Functions:
+    """Scripted Lambda results by function name: a list of (ok, value) answered in order."""
+
+    def __init__(self, script: dict[str, list[tuple[bool, Any]]]) -> None:
+        self.script = script
+        self.seen: list[tuple[str, Any]] = []
+
+    def __call__(self, function: str, payload: Any) -> tuple[bool, Any]:
+        self.seen.append((function, payload))
+        return self.script[function].pop(0)
+
+
+def until(condition: Any, what: str, timeout: float = 120, evidence: Any = None) -> Any:
+    """Poll ``condition`` until it returns something true (which is returned); fail naming ``what`` (and what
+    ``evidence()`` says then) after ``timeout`` s. A generous bound: the tests wait on what they need, not on a
+    fixed time, which a loaded machine overruns."""
+    deadline = time.monotonic() + timeout
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s; {evidence() if evidence else ''}"
+        time.sleep(0.05)
+    return found
+
+
+def _run(definition: dict[str, Any], functions: _Functions, data: Any, **options: Any) -> Any:
+    sfn = StepFunctions(functions, **{"time_scale": 0.001, **options})
+    sfn.create_state_machine(MACHINE_ARN, definition)
+    arn = sfn.start_execution(MACHINE_ARN, "e1", json.dumps(data))["executionArn"]
+    until(lambda: sfn.executions[arn].status != "RUNNING", "the execution ended")
+    return sfn.executions[arn]
+
+
+def _task(function: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "Type": "Task",
+        "Resource": "arn:aws:states:::lambda:invoke",
+        "Parameters": {"FunctionName": function, "Payload.$": "$"},
+        **extra,
+    }
+
+
+def test_asl_retry_catch_choice_and_result_paths() -> None:
+    definition = {
+        "StartAt": "Work",
+        "States": {
+            "Work": _task(
+                "work",
+                ResultSelector={"status.$": "$.Payload.status"},
+                ResultPath="$.worked",
+                Retry=[{"ErrorEquals": ["Busy"], "MaxAttempts": 2, "IntervalSeconds": 1, "BackoffRate": 2}],
+                Catch=[{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "Failed"}],
+                Next="Branch",
+            ),
+            "Branch": {
+                "Type": "Choice",
+                "Choices": [
+                    {
+                        "And": [
+                            {"Variable": "$.worked.status", "StringEquals": "again"},
+                            {"Variable": "$.n", "NumericLessThan": 3},
+                        ],
+                        "Next": "Count",
+                    },
+                    {"Not": {"Variable": "$.worked", "IsPresent": False}, "Next": "Done"},
+                ],
+            },
+            "Count": {
+                "Type": "Pass",
+                "Parameters": {"n.$": "States.MathAdd($.n, 1)"},
+                "ResultPath": "$.counted",
+                "Next": "Done",
+            },
+            "Failed": {"Type": "Fail", "Error": "Recorded"},
+            "Done": {"Type": "Succeed"},
+        },
+    }
+    busy = (False, {"errorType": "Busy", "errorMessage": "try later"})
+    functions = _Functions({"work": [busy, busy, (True, {"status": "again"})]})
+    ended = _run(definition, functions, {"n": 1})
+    assert ended.status == "SUCCEEDED", ended.cause
+    assert len(functions.seen) == 3  # two retries of the retryable error
+    assert json.loads(ended.output or "") == {"n": 1, "worked": {"status": "again"}, "counted": {"n": 2}}
+    assert ended.states == ["Work", "Branch", "Count", "Done"]
+
+    # past MaxAttempts the Catch takes it, with the error at its ResultPath
+    functions = _Functions({"work": [busy, busy, busy]})
+    ended = _run(definition, functions, {"n": 1})
+    assert ended.status == "FAILED" and ended.error == "Recorded" and ended.states == ["Work", "Failed"]
+    # a non-retryable error is not retried
+    functions = _Functions({"work": [(False, {"errorType": "KeyError", "errorMessage": "x"})]})
+    assert _run(definition, functions, {"n": 1}).states == ["Work", "Failed"] and len(functions.seen) == 1
+
+
+def test_asl_result_path_null_keeps_the_input_and_a_missing_choice_fails() -> None:
+    definition = {
+        "StartAt": "Note",
+        "States": {
+            "Note": _task("note", ResultPath=None, Next="Branch"),
+            "Branch": {"Type": "Choice", "Choices": [{"Variable": "$.a", "BooleanEquals": True, "Next": "Done"}]},
+            "Done": {"Type": "Succeed"},
+        },
+    }
+    ended = _run(definition, _Functions({"note": [(True, {"ignored": 1})]}), {"a": True})
+    assert ended.status == "SUCCEEDED" and json.loads(ended.output or "") == {"a": True}
+    ended = _run(definition, _Functions({"note": [(True, {})]}), {"a": False})
+    assert ended.status == "FAILED" and ended.error == "States.NoChoiceMatched"
+
+
+def test_asl_paths_and_intrinsics() -> None:
+    data, context = {"a": {"b": [1, 2]}, "s": "x"}, {"Execution": {"Name": "e"}}
+    assert fill({"v.$": "$.a.b[1]", "n.$": "$$.Execution.Name", "k": {"x.$": "$.s"}}, data, context) == {
+        "v": 2,
+        "n": "e",
+        "k": {"x": "x"},
+    }
+    assert intrinsic("States.Format('{}-{}', $.s, $.a.b[0])", data, context) == "x-1"
+    assert intrinsic("States.ArrayLength($.a.b)", data, context) == 2
+    assert intrinsic("States.StringToJson(States.JsonToString($.a))", data, context) == {"b": [1, 2]}
+    assert path_set({"a": 1}, "$.r.s", 2) == {"a": 1, "r": {"s": 2}}
+    with pytest.raises(StatesError):
+        fill({"v.$": "$.missing"}, data, context)
+
+
+def test_a_task_token_wait_answers_times_out_and_refuses_spent_tokens() -> None:
+    definition = {
+        "StartAt": "Wait",
+        "States": {
+            "Wait": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::lambda:invoke.waitForTaskToken",
+                "Parameters": {"FunctionName": "park", "Payload": {"token.$": "$$.Task.Token"}},
+                "TimeoutSeconds": 1,
+                "ResultPath": "$.answer",
+                "Catch": [{"ErrorEquals": ["States.Timeout"], "ResultPath": "$.error", "Next": "Expired"}],
+                "End": True,
+            },
+            "Expired": {"Type": "Succeed"},
+        },
+    }
+    functions = _Functions({"park": [(True, {}), (True, {})]})
+    sfn = StepFunctions(functions)
+    sfn.create_state_machine(MACHINE_ARN, definition)
+    arn = sfn.start_execution(MACHINE_ARN, "e1", "{}")["executionArn"]
+    # the same name and input while it runs: the same execution; other input: refused
+    assert sfn.start_execution(MACHINE_ARN, "e1", "{}")["executionArn"] == arn
+    with pytest.raises(ApiError, match="Already"):
+        sfn.start_execution(MACHINE_ARN, "e1", '{"x": 1}')
+    until(lambda: functions.seen, "park called with its token")
+    token = functions.seen[0][1]["token"]
+    assert (
+        iam.required("states", "SendTaskSuccess", {"taskToken": token}, token_owner=sfn.token_owner)[0][1]
+        == MACHINE_ARN
+    )
+    sfn.send_task(token, ("success", '{"answered": true}'))
+    until(lambda: sfn.executions[arn].status != "RUNNING", "the answered execution ended")
+    assert json.loads(sfn.executions[arn].output or "") == {"answer": {"answered": True}}
+    assert sfn.executions[arn].states == ["Wait"]
+    with pytest.raises(ApiError, match="Timed Out"):
+        sfn.send_task(token, ("success", "{}"))  # spent
+    with pytest.raises(ApiError, match="Invalid"):
+        sfn.send_task("not-a-token", ("success", "{}"))
+    unknown = base64.urlsafe_b64encode(json.dumps({"m": MACHINE_ARN, "t": "x"}).encode()).decode()
+    with pytest.raises(ApiError, match="Does Not Exist"):
+        sfn.send_task(unknown, ("success", "{}"))
+    # unanswered: the wait times out into the Catch
+    arn = sfn.start_execution(MACHINE_ARN, "e2", "{}")["executionArn"]
+    until(lambda: sfn.executions[arn].status != "RUNNING", "the unanswered execution ended")
+    assert sfn.executions[arn].states == ["Wait", "Expired"]
+    assert json.loads(sfn.executions[arn].output or "")["error"]["Error"] == "States.Timeout"
+
+
+def test_the_api_speaks_to_botocore_with_aws_errors() -> None:
+    import botocore.session
+
+    sfn = StepFunctions(_Functions({"park": [(True, {})]}))
+    definition = {"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}
+    sfn.create_state_machine(MACHINE_ARN, definition)
+    try:
+        client = botocore.session.get_session().create_client(
+            "stepfunctions",
+            endpoint_url=sfn.serve(),
+            region_name="eu-west-1",
+            aws_access_key_id="x",
+            aws_secret_access_key="x",
+        )
+        started = client.start_execution(stateMachineArn=MACHINE_ARN, name="n1", input='{"a": 1}')
+        assert started["executionArn"].endswith(":execution:M:n1")
+        with pytest.raises(client.exceptions.ExecutionAlreadyExists):
+            client.start_execution(stateMachineArn=MACHINE_ARN, name="n1", input='{"a": 2}')
+        with pytest.raises(client.exceptions.InvalidToken):
+            client.send_task_success(taskToken="nonsense", output="{}")
+        described = client.describe_execution(executionArn=started["executionArn"])
+        assert described["name"] == "n1" and described["status"] in ("RUNNING", "SUCCEEDED")
+        listed = client.list_executions(stateMachineArn=MACHINE_ARN)["executions"]
+        assert [e["name"] for e in listed] == ["n1"]
+    finally:
+        sfn.close()
+
+
+def test_an_execution_fails_past_the_history_limit() -> None:
+    definition = {
+        "StartAt": "Loop",
+        "States": {
+            "Loop": {"Type": "Pass", "Next": "Again"},
+            "Again": {"Type": "Choice", "Choices": [{"Variable": "$", "IsPresent": True, "Next": "Loop"}]},
+        },
+    }
+    ended = _run(definition, _Functions({}), {})
+    assert ended.status == "FAILED" and "25,000" in (ended.cause or "")
+    assert len(ended.history) == 25_002  # the event past the cap, then ExecutionFailed
+
+
+def test_an_execution_ends_at_its_time_limit() -> None:
+    definition = {
+        "StartAt": "W",
+        "States": {"W": {"Type": "Wait", "Seconds": 100, "Next": "D"}, "D": {"Type": "Succeed"}},
+    }
+    ended = _run(definition, _Functions({}), {}, max_execution_seconds=0.2, time_scale=1.0)
+    assert ended.status == "TIMED_OUT"
+
+
+# -- the Lambda sandboxes ---------------------------------------------------------------------------------------
+
+_HANDLER = """
+import json, os, sys, time
+
+def handler(event, context):
+    kind = event["kind"]
+    if kind == "env":
+        return {"env": dict(os.environ), "path": sys.path, "remaining": context.get_remaining_time_in_millis()}
+    if kind == "sleep":
+        time.sleep(event["seconds"])
+        return {"slept": True}
+    if kind == "big":
+        return "x" * (6 * 1024 * 1024 + 1)
+    if kind == "raise":
+        raise LookupError("no such thing")
+    if kind == "aws":
+        import botocore.session
+        client = botocore.session.get_session().create_client("dynamodb")
+        try:
+            client.get_item(TableName=event["table"], Key={"pk": {"S": "x"}})
+        except client.exceptions.ClientError as exc:
+            return {"error": exc.response["Error"]["Code"], "message": exc.response["Error"]["Message"]}
+        return {"error": None}
+"""
+
+
+@pytest.fixture
+def sandboxes(tmp_path: Path) -> Iterator[Any]:
+    from tests.support.fidelity.lambda_ import LambdaService
+    from tests.support.fidelity.template import Function
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "app.py").write_text(_HANDLER)
+    layer = tmp_path / "layer"
+    layer.mkdir()
+    function = Function(
+        name="probe",
+        logical_id="Probe",
+        function_name="Dormant-Probe",
+        arn="arn:aws:lambda:eu-west-1:123456789012:function:Dormant-Probe",
+        handler="app.handler",
+        timeout=2,
+        memory=256,
+        environment={"ONLY_THIS": "1"},
+        code_dir=code,
+        layers=["Layer"],
+        role="ProbeRole",
+        statements=[_allow(["dynamodb:GetItem"], ["arn:aws:dynamodb:eu-west-1:123456789012:table/allowed"])],
+    )
+    # an endpoint nothing listens on: an allowed call fails to connect, a denied one never leaves
+    service = LambdaService(
+        {"probe": function}, {"Layer": layer}, {"AWS_ENDPOINT_URL_DYNAMODB": "http://127.0.0.1:9"}, tmp_path
+    )
+    try:
+        yield service
+    finally:
+        service.close()
+
+
+def test_a_sandbox_sees_only_its_environment_and_lambdas_path(sandboxes: Any, tmp_path: Path) -> None:
+    seen = sandboxes.invoke("probe", {"kind": "env"})
+    assert seen.ok, seen.error()
+    env = seen.payload["env"]
+    assert env["ONLY_THIS"] == "1" and env["AWS_LAMBDA_FUNCTION_NAME"] == "Dormant-Probe" and env["TZ"] == ":UTC"
+    assert "PYTHONPATH" not in env and "HOME" not in env and "PYTEST_CURRENT_TEST" not in env
+    assert seen.payload["path"][:2] == [str(tmp_path / "code"), str(tmp_path / "layer")]
+    assert 0 < seen.payload["remaining"] <= 2000
+
+
+def test_a_sandbox_can_be_killed_just_before_a_call(sandboxes: Any) -> None:
+    sandboxes.crash_before("probe", "dynamodb:GetItem")
+    died = sandboxes.invoke("probe", {"kind": "aws", "table": "allowed"})
+    assert (died.ok, died.error_type) == (False, "Runtime.ExitError")
+    assert sandboxes.calls == []  # killed before the call was made (or checked)
+    again = sandboxes.invoke("probe", {"kind": "aws", "table": "other"})
+    assert again.ok and again.payload["error"] == "AccessDeniedException"  # once only, in a fresh sandbox
+
+
+def test_a_sandbox_enforces_the_role_timeouts_crashes_and_the_response_limit(sandboxes: Any) -> None:
+    denied = sandboxes.invoke("probe", {"kind": "aws", "table": "other"})
+    assert denied.ok and denied.payload["error"] == "AccessDeniedException", denied.payload
+    assert "dynamodb:GetItem" in denied.payload["message"]
+    allowed = sandboxes.invoke("probe", {"kind": "aws", "table": "allowed"})
+    assert allowed.error_type == "EndpointConnectionError"  # allowed: it went to the (absent) endpoint
+    assert [(c.action, c.allowed) for c in sandboxes.calls] == [("dynamodb:GetItem", False), ("dynamodb:GetItem", True)]
+
+    raised = sandboxes.invoke("probe", {"kind": "raise"})
+    assert (raised.ok, raised.error_type) == (False, "LookupError")
+    too_big = sandboxes.invoke("probe", {"kind": "big"})
+    assert (too_big.ok, too_big.error_type) == (False, "Function.ResponseSizeTooLarge")
+    timed_out = sandboxes.invoke("probe", {"kind": "sleep", "seconds": 5})
+    assert (timed_out.ok, timed_out.error_type) == (False, "Sandbox.Timedout")
+    assert sandboxes.invoke("probe", {"kind": "sleep", "seconds": 0}).ok  # a fresh sandbox after the timeout
+
+    import threading
+
+    killed: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: killed.append(sandboxes.invoke("probe", {"kind": "sleep", "seconds": 1.5}))
+    )
+    worker.start()
+    # killed as soon as it is busy (in its init or its handler: either way the process dies mid-invocation)
+    until(lambda: sandboxes.busy("probe"), "the invocation under way")
+    assert sandboxes.kill("probe") == 1
+    worker.join()
+    assert (killed[0].ok, killed[0].error_type) == (False, "Runtime.ExitError")
+
+
+# -- the deployment --------------------------------------------------------------------------------------------
+
+BROWSER_APP = "https://app.example"
+"""The one origin the deployment lets call it from a browser (``-c cors_origins=``)."""
+
+
+@pytest.fixture(scope="module")
+def deployment(dynamodb_endpoint: str) -> Iterator[Any]:
+    """The stack with the fidelity app, started once for the module (synthesis takes a while)."""
+    pytest.importorskip("aws_cdk", reason="the harness synthesizes the CDK app (the infra extra)")
+    pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambda extra")
+    from tests.support.fidelity.deployment import Deployment
+
+    started = Deployment.start(
+        dynamodb_endpoint=dynamodb_endpoint,
+        app="fidelity_app:build",
+        app_packages=[APP_PACKAGE],
+        time_scale=0.01,
+        context={"cors_origins": BROWSER_APP},
+    )
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+def ended(d: Any, execution: Any, timeout: float = 120) -> Any:
+    deadline = time.monotonic() + timeout
+    while execution.status == "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return execution
+
+
+def steps_committed(d: Any, sid: str) -> int:
+    """How many tool steps of session ``sid`` are committed (on the ledger)."""
+    return sum(1 for e in ledger(d, sid) if e["type"] == "tool_result")
+
+
+def chain(d: Any, sid: str) -> list[Any]:
+    """The session's executions, oldest first: each wait ends its execution and the turn goes on in the next."""
+    return sorted(d.executions_of(TENANT, sid), key=lambda e: e.started)
+
+
+def parked(d: Any, sid: str) -> Any:
+    """The session's one live execution, asleep in ``Park``."""
+    live = [e for e in d.executions_of(TENANT, sid) if e.status == "RUNNING"]
+    executions = [(e.name[:8], e.status, e.states, e.error) for e in d.executions_of(TENANT, sid)]
+    assert len(live) == 1, f"{len(live)} live executions for {sid} (all: {executions}); {evidence(d)}"
+    assert live[0].states[-1] == "Park", (live[0].states, evidence(d))
+    return live[0]
+
+
+@pytest.mark.backend("dynamodb")
+def test_create_run_park_answer_resume_complete(deployment: Any) -> None:
+    d, sid = deployment, fresh("park")
+    create(d, sid)
+    shown = run(d, sid, "signoffs=1")
+    assert shown["status"] == "awaiting_input", (shown["status"], evidence(d))
+    execution = parked(d, sid)
+    assert execution.states[0] == "Run"  # the turn ran in the workflow, not in the API's request
+    done = answer(d, sid, shown)
+    assert done["status"] == "completed", (done["status"], evidence(d))
+    assert ended(d, execution).status == "SUCCEEDED", (execution.states, execution.error, execution.cause)
+    # the wait ended its execution; the rest of the turn ran in the next one, which ended Done
+    first, then = chain(d, sid)
+    assert first is execution and execution.states[-1] == "Continued"
+    assert then.name == f"{execution.name}-1" and ended(d, then).status == "SUCCEEDED" and then.states[-1] == "Done"
+
+
+@pytest.mark.backend("dynamodb")
+def test_list_sessions(deployment: Any) -> None:
+    d, tenant = deployment, fresh("tenant")
+    ids = sorted(fresh("list") for _ in range(2))
+    for sid in ids:
+        create(d, sid, tenant=tenant)
+    status, _, body = d.api("GET", "/sessions", tenant=tenant)
+    assert status == 200, (status, body, evidence(d))
+    assert sorted(s["id"] for s in body["sessions"]) == ids
+    # ?status= reads the store's status listing (on DynamoDB its own index, granted by its own ARN)
+    for wanted, expected in (("idle", ids), ("running", [])):
+        status, _, body = d.api("GET", "/sessions", tenant=tenant, query={"status": wanted, "limit": "1"})
+        assert status == 200 and len(body["sessions"]) == min(1, len(expected)), (status, body, evidence(d))
+        listed = [s["id"] for s in body["sessions"]]
+        if body["cursor"] is not None:  # the cursor goes on within the status
+            query = {"status": wanted, "cursor": body["cursor"]}
+            listed += [s["id"] for s in d.api("GET", "/sessions", tenant=tenant, query=query)[2]["sessions"]]
+        assert sorted(listed) == expected and {s["status"] for s in body["sessions"]} <= {wanted}, (wanted, body)
+    # a route the template does not have is API Gateway's answer, not a function's (in the API's error shape)
+    refused = (403, {"error": "MISSING_AUTHENTICATION_TOKEN", "message": "Missing Authentication Token"})
+    assert d.api("GET", "/nowhere")[::2] == refused
+
+
+@pytest.mark.backend("dynamodb")
+def test_an_id_a_client_escapes_in_the_path_is_the_same_session(deployment: Any) -> None:
+    """API Gateway's REST API passes ``path`` as the client escaped it (only ``pathParameters`` are decoded) and
+    the handlers route on the path: an id holding ``:@+=``, escaped as a browser escapes a path segment, reaches
+    the same session through every function that takes an id in its path."""
+    d, sid = deployment, fresh("visit:a@b+c=d")
+    create(d, sid)
+    escaped = quote(sid, safe="")
+    assert escaped != sid
+    assert show(d, escaped)["id"] == sid  # sessions
+    status, _, ran = d.api("POST", f"/sessions/{escaped}/runs", {"message": "signoffs=0"})  # run
+    assert status in (200, 202), (status, ran, evidence(d))
+    d.settle()
+    body = {"expected_version": show(d, sid)["version"], "events": [{"type": "user", "text": "escaped"}]}
+    status, _, committed = d.api("POST", f"/sessions/{escaped}/commit", body)  # commit
+    assert status == 200, (status, committed, evidence(d))
+    assert "escaped" in [e.get("text") for e in ledger(d, escaped)]
+
+
+def _as(d: Any, token: Any, method: str, path: str, body: Any = None, **options: Any) -> tuple[int, Any]:
+    status, _, answered = d.api(method, path, body, token=token, **options)
+    return status, answered
+
+
+@pytest.mark.backend("dynamodb")
+def test_people_of_a_tenant_approve_by_group_four_eyes_and_machine_scopes(deployment: Any) -> None:
+    """Issue 22's done-when, on the stack: tenant T's requester A, approver B, outsider C; D of tenant U; a
+    machine client that may only run."""
+    from tests.support.fidelity.deployment import Token
+
+    d, tenant, other = deployment, fresh("clinic"), fresh("lab")
+    a, b, c = (Token.person(fresh(who), tenant) for who in ("alice", "bob", "carol"))
+    b = Token.person(b.sub, tenant, groups=["approvers", "staff"])
+    dave = Token.person(fresh("dave"), other, groups=["approvers"])
+    sid = fresh("booking")
+    assert _as(d, a, "POST", "/sessions", {"session_id": sid})[0] == 201
+    status, started = _as(d, a, "POST", f"/sessions/{sid}/runs", {"message": "tool=approve"})
+    assert status in (200, 202), (status, started, evidence(d))
+    d.settle()
+    status, shown = _as(d, b, "GET", f"/sessions/{sid}")  # B, of the same tenant, sees A's session
+    assert status == 200 and shown["status"] == "awaiting_input", (status, shown, evidence(d))
+    (call,) = shown["yielded_tools"]
+    assert call["name"] == "approve" and call["answerable_by"] == ["group:approvers"] and call["answerable"]
+
+    # who may answer: B sees it in ?awaiting=me; A and C (outside the group) do not
+    status, mine = _as(d, b, "GET", "/sessions", query={"awaiting": "me"})
+    assert status == 200 and [(s["id"], [x["call_id"] for x in s["calls"]]) for s in mine["sessions"]] == [
+        (sid, [call["call_id"]])
+    ], mine
+    for outsider in (a, c):
+        assert _as(d, outsider, "GET", "/sessions", query={"awaiting": "me"}) == (200, {"sessions": [], "cursor": None})
+    approval = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
+    status, refused = _as(d, c, "POST", f"/sessions/{sid}/tools", approval)
+    assert status == 403 and refused["error"] == "AnswerRefused", refused
+    assert call["call_id"] in refused["message"] and "group:approvers" in refused["message"]
+    assert _as(d, dave, "POST", f"/sessions/{sid}/tools", approval)[0] == 404  # another tenant: no such session
+    status, events = _as(d, a, "GET", f"/sessions/{sid}/events", query={"limit": "1000"})
+    assert status == 200 and not [e for e in events["events"] if e["type"] == "tool_input"]  # nothing written
+    status, _ = _as(d, b, "POST", f"/sessions/{sid}/tools", approval)
+    assert status == 202, evidence(d)
+    d.settle()
+    status, events = _as(d, a, "GET", f"/sessions/{sid}/events", query={"limit": "1000"})
+    (answered,) = [e for e in events["events"] if e["type"] == "tool_input"]
+    assert answered["principal"] == b.sub  # recorded as B (C's refusal wrote nothing: one answer)
+    assert [e["principal"] for e in events["events"] if e["type"] == "invocation_start"] == [a.sub]  # A started it
+    assert _as(d, a, "GET", f"/sessions/{sid}")[1]["status"] == "completed", evidence(d)
+
+    # four eyes: A may not answer the review A's own run asked for; C may
+    second = fresh("review")
+    assert _as(d, a, "POST", "/sessions", {"session_id": second})[0] == 201
+    assert _as(d, a, "POST", f"/sessions/{second}/runs", {"message": "tool=review"})[0] in (200, 202)
+    d.settle()
+    (review,) = _as(d, a, "GET", f"/sessions/{second}")[1]["yielded_tools"]
+    own = {"answers": [{"call_id": review["call_id"], "input": {"approved": True}}]}
+    status, refused = _as(d, a, "POST", f"/sessions/{second}/tools", own)
+    assert status == 403 and "not_starter" in refused["message"], refused
+    assert _as(d, c, "POST", f"/sessions/{second}/tools", own)[0] == 202, evidence(d)
+
+    # a machine client with dormant/runs.write only: it runs, under /clients; it cannot answer, nor read
+    robot = Token.machine(fresh("client"), ["dormant/runs.write"])
+    job = fresh("job")
+    assert _as(d, robot, "POST", "/clients/sessions", {"session_id": job})[0] == 201
+    status, ran = _as(d, robot, "POST", f"/clients/sessions/{job}/runs", {"message": "signoffs=1"})
+    assert status in (200, 202), (ran, evidence(d))
+    d.settle()
+    machine_call = {"answers": [{"call_id": "any", "input": {"approved": True}}]}
+    invoked = len(d.lambdas.invocations)
+    assert _as(d, robot, "POST", f"/clients/sessions/{job}/tools", machine_call)[0] == 401  # no answers.write
+    assert _as(d, robot, "GET", f"/clients/sessions/{job}")[0] == 401  # no sessions.read
+    assert _as(d, robot, "POST", f"/sessions/{job}/runs", {"message": "x"})[0] == 401  # people's method: ID only
+    assert _as(d, a, "GET", f"/clients/sessions/{sid}")[0] == 401  # the machines' method: access tokens only
+    assert len(d.lambdas.invocations) == invoked  # the authorizer refused them all: no function ran
+    reader = Token.machine(robot.sub, ["dormant/sessions.read"])
+    status, job_shown = _as(d, reader, "GET", f"/clients/sessions/{job}")
+    assert status == 200 and job_shown["status"] == "awaiting_input", (job_shown, evidence(d))
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_second_yield_parks_again_in_a_fresh_execution(deployment: Any) -> None:
+    d, sid = deployment, fresh("twice")
+    create(d, sid)
+    first = run(d, sid, "signoffs=2")
+    assert first["status"] == "awaiting_input", (first["status"], evidence(d))
+    execution = parked(d, sid)
+    second = answer(d, sid, first)
+    assert second["status"] == "awaiting_input" and second["yielded_tools"][0]["args"] == {"step": 2}, evidence(d)
+    again = parked(d, sid)
+    assert again is not execution and again.name == f"{execution.name}-1"  # continued as new
+    assert answer(d, sid, second)["status"] == "completed", evidence(d)
+    executions = chain(d, sid)
+    assert [ended(d, e).status for e in executions] == ["SUCCEEDED"] * 3
+    # one wait per execution: its history stays short whatever the number of yields (the cap is 25,000)
+    longest = max(len(e.history) for e in executions)
+    print(f"history events per execution: {[len(e.history) for e in executions]}")
+    assert longest <= 40, longest
+
+
+@pytest.mark.backend("dynamodb")
+def test_an_unanswered_wait_expires(deployment: Any) -> None:
+    d, sid = deployment, fresh("expire")
+    default = d.template.parameter("WaitTimeoutSeconds")
+    d.update({"WaitTimeoutSeconds": 3})
+    try:
+        create(d, sid)
+        status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=1"})
+        assert status in (200, 202), (status, body, evidence(d))
+        # That it waited shows in the execution's history and the ledger, read once it is over: a look at the
+        # session while it waits would race the 3 s wait on a slow machine.
+        (execution,) = until(
+            lambda: [e for e in d.executions_of(TENANT, sid) if e.status != "RUNNING"], "the wait's execution ended"
+        )
+        d.settle()
+    finally:
+        d.update({"WaitTimeoutSeconds": default})
+    assert execution.status == "SUCCEEDED" and execution.states[-6:] == [
+        "Run",
+        "After the run",
+        "Park",
+        "Expire",
+        "Answered as it expired?",
+        "Expired",
+    ], (execution.states, evidence(d))
+    events = ledger(d, sid)
+    assert events[-2]["type"] == "invocation_yield", [e["type"] for e in events]  # it waited on the sign-off
+    end = events[-1]
+    assert end["type"] == "invocation_end" and end["error_type"] == "SessionExpired", end
+    assert show(d, sid)["status"] == "error"
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_model_failure_after_resume_is_recorded(deployment: Any) -> None:
+    d, sid = deployment, fresh("fail")
+    create(d, sid)
+    shown = run(d, sid, "signoffs=1 fail=model")
+    assert shown["status"] == "awaiting_input", (shown["status"], evidence(d))
+    execution = parked(d, sid)
+    failed = answer(d, sid, shown)
+    assert failed["status"] == "error", (failed["status"], evidence(d))
+    end = ledger(d, sid)[-1]
+    assert end["type"] == "invocation_end" and "crashed" in (end.get("error") or ""), end
+    assert ended(d, execution).status != "RUNNING"
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_runner_killed_half_way_is_ended_with_its_committed_steps_kept(deployment: Any) -> None:
+    import threading
+
+    d, sid = deployment, fresh("killed")
+    create(d, sid)
+    answers: list[Any] = []
+    request = threading.Thread(
+        target=lambda: answers.append(d.api("POST", f"/sessions/{sid}/runs", {"message": "steps=4 sleep=1 signoffs=0"}))
+    )
+    request.start()
+    # the turn runs in the workflow (target) or in the request (today): kill whichever runs it, mid-turn, once
+    # it has committed a step (not after a fixed time: a slow cold start would make that a kill before any step)
+    until(lambda: steps_committed(d, sid) >= 1, "a first step committed", evidence=lambda: evidence(d))
+    assert d.kill("resume") + d.kill("run") >= 1, "no runner was running the turn"
+    request.join(30)
+    d.settle()
+    if show(d, sid)["status"] == "running":
+        event = json.loads((Path(__file__).resolve().parents[2] / "events/schedule/sweeper.json").read_text())
+        ok, result = d.invoke("sweeper", event)
+        assert ok, (result, evidence(d))
+        d.settle()
+    shown = show(d, sid)
+    assert shown["status"] != "running", f"still running after the runner died and a sweep ({answers}); {evidence(d)}"
+    steps = [e for e in ledger(d, sid) if e["type"] == "tool_result"]
+    assert steps, "the steps completed before the kill were not kept"
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_run_that_dies_before_starting_its_execution_claims_nothing(deployment: Any) -> None:
+    """The execution is started before the claim: a run function that dies first leaves the session as it was
+    (no claim, so nothing waits for a runner that never comes), and the caller's retry goes through."""
+    d, sid = deployment, fresh("nostart")
+    create(d, sid)
+    d.crash_before("run", "states:StartExecution")
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=1"})
+    assert status == 502, (status, body)
+    d.settle()
+    assert not d.executions_of(TENANT, sid), "the run started an execution although it died before the call"
+    shown = show(d, sid)
+    assert (shown["status"], shown["version"]) == ("idle", 1), (shown, evidence(d))
+    assert run(d, sid, "signoffs=1")["status"] == "awaiting_input", evidence(d)
+    parked(d, sid)
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_retried_run_task_completes_the_session(deployment: Any) -> None:
+    """Step Functions retries ``Run`` after its first attempt died having committed steps: the retry takes the
+    invocation over and completes the turn (today's main ended the execution Succeeded, the session running)."""
+    import threading
+
+    d, sid = deployment, fresh("retried")
+    create(d, sid)
+    request = threading.Thread(
+        target=lambda: d.api("POST", f"/sessions/{sid}/runs", {"message": "steps=3 sleep=1 signoffs=0"})
+    )
+    request.start()
+    # killed once it has committed a step (not after a fixed time, which a slow cold start eats)
+    until(lambda: steps_committed(d, sid) >= 1, "a first step committed", evidence=lambda: evidence(d))
+    assert d.kill("resume") == 1, "no runner was running the turn"
+    request.join(30)
+    d.settle()
+    shown = show(d, sid)
+    assert shown["status"] == "completed", (shown["status"], evidence(d))
+    (execution,) = chain(d, sid)
+    assert execution.states.count("Run") >= 1 and execution.states[-1] == "Done", execution.states
+    resumes = [e for e in ledger(d, sid) if e["type"] == "invocation_resume"]
+    assert resumes and all(e["deadline"] for e in resumes), resumes  # each runner recorded its deadline
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_runner_killed_mid_commit_does_not_hold_up_its_retry(deployment: Any) -> None:
+    """The runner dies between a commit's gate and its events, leaving the commit's marker on the session: the
+    retried ``Run`` (whose predecessor is gone for sure) finishes or undoes that commit at once and completes the
+    turn, instead of waiting on a dead writer's marker (``StoreBusy``, again and again) until it turns stale."""
+    import threading
+
+    d, sid = deployment, fresh("midcommit")
+    create(d, sid)
+    request = threading.Thread(
+        target=lambda: d.api("POST", f"/sessions/{sid}/runs", {"message": "steps=3 sleep=1 signoffs=0 keys=120"})
+    )  # 120 state keys a step: each step's commit is too large for one transaction, so it is gated
+    request.start()
+    until(lambda: steps_committed(d, sid) >= 1, "a first step committed", evidence=lambda: evidence(d))
+    d.crash_before("resume", "dynamodb:BatchWriteItem")  # the next commit's events: after its gate
+    request.join(30)
+    d.settle()
+    assert not (d.workdir / "resume.crash").exists(), "the runner was not killed mid-commit"
+    shown = show(d, sid)
+    assert shown["status"] == "completed", (shown["status"], evidence(d))
+    held = [e for e in d.errors("resume") if e[1] == "StoreBusy" and sid in e[2]]
+    assert not held, f"the retry waited on the dead runner's commit: {held}"
+    assert steps_committed(d, sid) == 3, ledger(d, sid)  # each step once: none lost, none run twice
+
+
+@pytest.mark.backend("dynamodb")
+def test_erasure(deployment: Any) -> None:
+    d, sid, person = deployment, fresh("erase"), fresh("person")
+    create(d, sid, scopes={"user": person})
+    status, _, body = d.api("POST", "/erasures", {"scope": "user", "scope_id": person})
+    assert status in (200, 202), (status, body, evidence(d))
+    status, _, body = d.api("GET", f"/sessions/{sid}")
+    assert status == 404, (status, body)
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_commit_from_a_remote_runner(deployment: Any) -> None:
+    d, sid = deployment, fresh("remote")
+    create(d, sid)
+    body = {"expected_version": 1, "events": [{"type": "user", "text": "from a remote runner"}]}
+    status, _, committed = d.api("POST", f"/sessions/{sid}/commit", body)
+    assert status in (200, 201), (status, committed, evidence(d))
+    assert [e["text"] for e in ledger(d, sid) if e["type"] == "user"] == ["from a remote runner"]
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_browser_of_the_allowed_origin_and_no_other(deployment: Any) -> None:
+    """CORS as deployed with ``-c cors_origins=``: a preflight passes without a token on every path and is answered
+    for the allowed origin only; the handlers' answers (errors too) and API Gateway's own refusals carry
+    ``Access-Control-Allow-Origin`` for it, in the error shape."""
+    d, sid = deployment, fresh("cors")
+    asked = {"Origin": BROWSER_APP, "Access-Control-Request-Method": "POST"}
+    for path in ("/sessions", f"/sessions/{sid}/runs", "/openapi.json"):
+        status, headers, _ = d.api("OPTIONS", path, headers=asked, tenant=None)  # a preflight carries no token
+        assert status == 204, (path, status, headers, evidence(d))
+        assert headers["Access-Control-Allow-Origin"] == BROWSER_APP, (path, headers)
+        assert (
+            "POST" in headers["Access-Control-Allow-Methods"]
+            and "Idempotency-Key" in headers["Access-Control-Allow-Headers"]
+        ), headers
+    status, headers, _ = d.api("OPTIONS", "/sessions", headers={**asked, "Origin": "https://evil.example"}, tenant=None)
+    assert status == 204 and "Access-Control-Allow-Origin" not in headers, headers  # the browser refuses the call
+
+    create(d, sid)
+    status, headers, body = d.api("GET", f"/sessions/{sid}", headers={"Origin": BROWSER_APP})
+    assert status == 200 and headers["Access-Control-Allow-Origin"] == BROWSER_APP, (status, headers)
+    assert "Origin" in headers["Vary"], headers
+    status, headers, body = d.api("GET", "/sessions/nope", headers={"Origin": BROWSER_APP})
+    assert status == 404 and headers["Access-Control-Allow-Origin"] == BROWSER_APP, (status, headers, body)
+    status, headers, _ = d.api("GET", f"/sessions/{sid}", headers={"Origin": "https://evil.example"})
+    assert status == 200 and "Access-Control-Allow-Origin" not in headers, headers
+
+    # API Gateway's own answers: no token, an unknown path; in the handlers' error shape, readable by the page
+    status, headers, body = d.api("GET", "/sessions", headers={"Origin": BROWSER_APP}, tenant=None)
+    assert status == 401 and headers["Access-Control-Allow-Origin"] == BROWSER_APP, (status, headers)
+    assert body == {"error": "UNAUTHORIZED", "message": "Unauthorized"}, body
+    status, headers, body = d.api("GET", "/nowhere", headers={"Origin": BROWSER_APP})
+    assert status == 403 and headers["Access-Control-Allow-Origin"] == BROWSER_APP, (status, headers)
+    assert body["error"] == "MISSING_AUTHENTICATION_TOKEN", body
+
+
+@pytest.mark.backend("dynamodb")
+def test_the_openapi_document_is_served_behind_the_authorizer(deployment: Any) -> None:
+    from dormant.serving.openapi import document
+
+    d = deployment
+    status, _, body = d.api("GET", "/openapi.json", tenant=None)
+    assert status == 401, (status, body)
+    status, _, body = d.api("GET", "/openapi.json")
+    assert status == 200, (status, body, evidence(d))
+    assert body == document()  # what `make openapi` writes, from the function's own layer
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_snapshot_is_written_after_enough_events(deployment: Any) -> None:
+    d, sid = deployment, fresh("snap")
+    create(d, sid)
+    shown = run(d, sid, "steps=8 signoffs=0")
+    assert shown["status"] == "completed", (shown["status"], evidence(d))
+    item = d.item({"pk": {"S": f"S#fidelity@{TENANT}#{sid}"}, "sk": {"S": "#S"}})
+    assert item is not None, f"no snapshot item after {len(ledger(d, sid))} events; {evidence(d)}"
+
+
+@pytest.mark.slow
+@pytest.mark.backend("dynamodb")
+def test_a_sixty_second_turn_completes(deployment: Any) -> None:
+    d, sid = deployment, fresh("slow")
+    create(d, sid)
+    status, headers, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "sleep=60 signoffs=0"})
+    assert status == 202 and body["status"] == "running", (status, body, evidence(d))  # at once, not at 29 s
+    assert headers.get("Location") == f"/sessions/{sid}", headers
+    assert show(d, sid)["status"] == "running"
+    d.settle(150)
+    assert show(d, sid)["status"] == "completed", evidence(d)
+
+
+@pytest.mark.backend("dynamodb")
+def test_the_sweeper_repairs_a_commit_a_dead_writer_left_pending(
+    deployment: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer dies after its gate (the events half written), ten minutes ago: the scheduled sweeper, with
+    only its own environment and permissions, rolls the commit back and the session takes commits again."""
+    from dormant.clock import now_ms, use_clock
+    from dormant.events import UserEvent
+    from dormant.stores.base import StoredSession
+    from dormant.stores.url import store_from_url
+    from tests.support.dynamodb_faults import Died, Faults
+    from tests.support.servers.dynamodb import ACCESS_KEY, REGION
+
+    d, sid = deployment, fresh("pending")
+    create(d, sid)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
+    store = store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}&{_SHARDS}")
+    app_name = f"fidelity@{TENANT}"
+    loaded = store.load(app_name, sid)
+    assert loaded is not None
+    row: StoredSession = loaded.session
+    Faults(store._client).die("BatchWriteItem", nth=1)  # type: ignore[attr-defined]
+    ten_minutes_ago = now_ms() - 600_000
+    with use_clock(lambda: ten_minutes_ago), pytest.raises(Died):
+        # 120 events: more than one TransactWriteItems holds, so the gated protocol (gate, batches, finish)
+        store.commit(row, [UserEvent(text=f"lost {n}") for n in range(120)], row.version)
+    store.close()
+    event = json.loads((Path(__file__).resolve().parents[2] / "events/schedule/sweeper.json").read_text())
+    ok, result = d.invoke("sweeper", event)
+    assert ok, (result, evidence(d))
+    assert result["repaired"] == 1 and result["turns"] == [], result  # DynamoDB: turns are the workflow's
+    assert [e for e in ledger(d, sid) if e["type"] == "user"] == []  # rolled back: nothing of it shows
+    body = {"expected_version": show(d, sid)["version"], "events": [{"type": "user", "text": "after the repair"}]}
+    assert d.api("POST", f"/sessions/{sid}/commit", body)[0] == 200, evidence(d)
+    assert {"dynamodb:Query", "dynamodb:UpdateItem"} <= {c.action for c in d.calls("sweeper")}
+
+
+@pytest.mark.backend("dynamodb")
+def test_the_sweeper_hands_a_turn_whose_runner_died_to_a_fresh_execution(
+    deployment: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn claimed ten minutes ago whose runner and execution are both gone (an operator stopped it, say):
+    the sweeper finds it through the table's running-sessions index and starts an execution, whose Run takes
+    the invocation over and completes it."""
+    from dormant.clock import now_ms, use_clock
+    from dormant.serving.runtime import for_tenant
+    from dormant.serving.turns import claim_turn
+    from dormant.stores.url import store_from_url
+    from tests.support.fidelity.fidelity_app import build
+    from tests.support.servers.dynamodb import ACCESS_KEY, REGION
+
+    d, sid = deployment, fresh("orphan")
+    create(d, sid)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
+    store = store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}&{_SHARDS}")
+    fidelity = build(store)
+    view = for_tenant(fidelity.app, TENANT)
+    ten_minutes_ago = now_ms() - 600_000
+    with use_clock(lambda: ten_minutes_ago):
+        claim_turn(view, fidelity.agent, sid, "steps=2 signoffs=0", deadline=ten_minutes_ago + 60_000)
+    store.close()
+    assert show(d, sid)["status"] == "running" and not d.executions_of(TENANT, sid)
+    event = json.loads((Path(__file__).resolve().parents[2] / "events/schedule/sweeper.json").read_text())
+    ok, result = d.invoke("sweeper", event)
+    assert ok, (result, evidence(d))
+    assert [line for line in result["turns"] if sid in line and "handed on (execution" in line], result
+    d.settle()
+    assert show(d, sid)["status"] == "completed", evidence(d)
+    (execution,) = chain(d, sid)
+    assert execution.states[0] == "Run" and execution.states[-1] == "Done", execution.states
+
+
+_SHARDS = "shards=1&pending_shards=8"
+"""The deployment's shard counts (``infra.stack.SHARD_DEFAULTS``): the table refuses a store opened with others."""
+
+
+def swept(result: dict[str, Any], sid: str) -> list[str]:
+    """The sweeper's lines about session ``sid``."""
+    return [line for line in result["turns"] if line.startswith(f"{sid}@") or line.startswith(f"{sid}:")]
+
+
+@pytest.mark.backend("dynamodb")
+def test_the_sweeper_gives_a_wait_whose_execution_is_gone_a_fresh_one(deployment: Any) -> None:
+    """A session waits on answers, and its execution is stopped by hand: the sweeper (DescribeExecution on the
+    execution the wait's record names) starts a fresh one, which parks again with a new task token; a later
+    answer wakes it and the session completes. A sweep while that execution lives leaves it alone."""
+    d, sid = deployment, fresh("stopped")
+    create(d, sid)
+    shown = run(d, sid, "signoffs=1")
+    assert shown["status"] == "awaiting_input", (shown["status"], evidence(d))
+    first = parked(d, sid)
+    assert not swept(d.sweep(grace_seconds=None), sid)  # the default grace: a wait just parked is not looked at
+    assert not swept(d.sweep(), sid)  # looked at: its execution lives, so nothing is done
+    d.stop(first)
+    assert ended(d, first).status == "ABORTED"
+    lines = swept(d.sweep(), sid)
+    assert len(lines) == 1 and "restarted (execution" in lines[0], (lines, evidence(d))
+    d.settle()
+    again = parked(d, sid)
+    assert again is not first and again.states[0] == "Run", again.states
+    assert not swept(d.sweep(), sid) and parked(d, sid) is again  # alive: no second execution, no second run
+    assert show(d, sid)["status"] == "awaiting_input"
+    done = answer(d, sid, shown)
+    assert done["status"] == "completed", (done["status"], evidence(d))
+    assert [e["type"] for e in ledger(d, sid)].count("tool_result") == 1
+
+
+@pytest.mark.backend("dynamodb")
+def test_the_sweeper_starts_an_execution_for_a_wait_that_never_had_one(
+    deployment: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session that yielded with no execution ever started for it (run outside the workflow: what a lost
+    start leaves): the sweeper starts one, it parks, and the answer completes the session."""
+    from dormant.serving.runtime import for_tenant
+    from dormant.serving.turns import claim_turn, run_to_end
+    from dormant.stores.url import store_from_url
+    from tests.support.fidelity.fidelity_app import build
+    from tests.support.servers.dynamodb import ACCESS_KEY, REGION
+
+    d, sid = deployment, fresh("never")
+    create(d, sid)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
+    store = store_from_url(f"dynamodb://{d.table_name}?{_SHARDS}&endpoint={d.dynamodb_endpoint}&region={REGION}")
+    fidelity = build(store)
+    view = for_tenant(fidelity.app, TENANT)
+    run_to_end(view, claim_turn(view, fidelity.agent, sid, "signoffs=1"), lambda _: fidelity.agent)
+    store.close()
+    shown = show(d, sid)
+    assert shown["status"] == "awaiting_input" and not d.executions_of(TENANT, sid), shown
+    lines = swept(d.sweep(), sid)
+    assert len(lines) == 1 and "restarted (execution" in lines[0], (lines, evidence(d))
+    d.settle()
+    parked(d, sid)
+    assert answer(d, sid, shown)["status"] == "completed", evidence(d)
+
+
+@pytest.mark.backend("dynamodb")
+def test_the_sweeper_wakes_an_answered_wait_whose_wake_up_was_lost(deployment: Any) -> None:
+    """``tools`` dies after storing the answers and before ``SendTaskSuccess``: the session is ``resumable``
+    and its execution sleeps on. The sweeper sends the stored token (the wake-up that was lost) and the turn
+    completes, the answered tool's result recorded once. Answered while its execution is gone too: a fresh
+    execution runs it."""
+    d, sid, other = deployment, fresh("lost"), fresh("lostgone")
+    for session in (sid, other):
+        create(d, session)
+    shown = run(d, sid, "signoffs=1")
+    shown_other = run(d, other, "signoffs=1")
+    assert (shown["status"], shown_other["status"]) == ("awaiting_input", "awaiting_input"), evidence(d)
+    execution, gone = parked(d, sid), parked(d, other)
+    for session, seen in ((sid, shown), (other, shown_other)):
+        d.crash_before("tools", "states:SendTaskSuccess")
+        (call,) = seen["yielded_tools"]
+        body = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
+        status, _, answered = d.api("POST", f"/sessions/{session}/tools", body)
+        assert status == 502, (status, answered)
+    d.settle()
+    assert show(d, sid)["status"] == "resumable" and execution.status == "RUNNING", evidence(d)
+    d.stop(gone)
+    result = d.sweep()
+    assert swept(result, sid) == [f"{sid}: woken (execution {execution.name})"], (result, evidence(d))
+    (line,) = swept(result, other)
+    assert "restarted (execution" in line, (result, evidence(d))
+    d.settle()
+    for session in (sid, other):
+        final = show(d, session)
+        assert final["status"] == "completed", (session, final["status"], evidence(d))
+        kinds = [e["type"] for e in ledger(d, session)]
+        assert kinds.count("tool_input") == 1 and kinds.count("tool_result") == 1, kinds
+    assert ended(d, execution).status == "SUCCEEDED" and execution.states[-1] == "Continued", execution.states
+
+
+@pytest.mark.backend("dynamodb")
+def test_the_sweeper_expires_a_wait_past_its_timeout_whose_execution_is_gone(deployment: Any) -> None:
+    """The wait's execution was stopped by hand and its wait timed out since: the sweeper ends the invocation
+    as ``Expire`` would (``SessionExpired``), rather than give it a new wait or leave it waiting on no one."""
+    d, sid, warm = deployment, fresh("lapsed"), fresh("warm")
+    create(d, warm)  # functions warm first: a cold start must not eat the short wait below
+    assert run(d, warm, "signoffs=1")["status"] == "awaiting_input", evidence(d)
+    default = d.template.parameter("WaitTimeoutSeconds")
+    wait = 20
+    d.update({"WaitTimeoutSeconds": wait})
+    try:
+        create(d, sid)
+        status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=1"})
+        assert status in (200, 202), (status, body, evidence(d))
+        # stopped as soon as it sleeps in Park (its wait's record stored), well before its own Expire
+        deadline = time.monotonic() + wait - 2
+        while not [e for e in d.executions_of(TENANT, sid) if e.states[-1:] == ["Park"] and d.sfn._asleep(e)]:
+            assert time.monotonic() < deadline, ([e.states for e in d.executions_of(TENANT, sid)], evidence(d))
+            time.sleep(0.02)
+        execution = parked(d, sid)
+        d.stop(execution)
+        parked_at = time.monotonic()
+        assert show(d, sid)["status"] == "awaiting_input", evidence(d)
+        time.sleep(max(0.0, parked_at + wait + 0.5 - time.monotonic()))
+    finally:
+        d.update({"WaitTimeoutSeconds": default})
+    lines = swept(d.sweep(), sid)
+    assert len(lines) == 1 and lines[0].endswith(": expired"), (lines, evidence(d))
+    end = ledger(d, sid)[-1]
+    assert end["type"] == "invocation_end" and end["error_type"] == "SessionExpired", end
+    assert show(d, sid)["status"] == "error"
+    assert len(d.executions_of(TENANT, sid)) == 1  # no new execution for a wait that is over
+
+
+def in_model_call(d: Any, sid: str, timeout: float = 30) -> dict[str, Any]:
+    """The session once its runner took the turn on (its resume is stored) and is in its model call, which a
+    ``sleep=S`` order holds for S seconds: nothing of the call is stored until it answers."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(e["type"] == "invocation_resume" for e in ledger(d, sid)):
+            return show(d, sid)
+        time.sleep(0.05)
+    raise AssertionError(f"no runner took {sid} on; {evidence(d)}")
+
+
+def emitted(d: Any, function: str, metric: str) -> float:
+    """The sum of ``metric`` in the EMF lines ``function`` printed so far."""
+    total = 0.0
+    for line in d.log(function).splitlines():
+        if line.startswith("{") and '"_aws"' in line:
+            record = json.loads(line)
+            if any(m["Name"] == metric for m in record["_aws"]["CloudWatchMetrics"][0]["Metrics"]):
+                value = record[metric]  # a list when one invocation counted it more than once
+                total += sum(value) if isinstance(value, list) else float(value)
+    return total
+
+
+def noted(person: str, text: str, invocation_id: str | None = None) -> dict[str, Any]:
+    """A remote writer's state change of the person's note (``invocation_id``: as a step of that invocation)."""
+    change = {"key": "note", "old_value": None, "new_value": text}
+    event = {"type": "state_change", "scope": "user", "scope_id": person, "source": "direct", "changes": [change]}
+    return {**event, **({"invocation_id": invocation_id} if invocation_id else {})}
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_write_that_lands_during_a_model_call_is_merged_with_the_turn(deployment: Any) -> None:
+    """Two writers on one session: a remote commit lands while the workflow's runner waits on its model; the
+    runner's end loses the race (a conflict) and is rebased after it (a merge), both counted by ``resume``."""
+    d, sid, person = deployment, fresh("merge"), fresh("person")
+    create(d, sid, scopes={"user": person})
+    conflicts, merges = emitted(d, "resume", "conflicts"), emitted(d, "resume", "merges")
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "sleep=3 signoffs=0"})
+    assert status in (200, 202), (status, body, evidence(d))
+    during = in_model_call(d, sid)
+    commit = {"expected_version": during["version"], "events": [noted(person, "landed mid-call")]}
+    status, _, body = d.api("POST", f"/sessions/{sid}/commit", commit)
+    assert status == 200, (status, body, evidence(d))
+    d.settle()
+    assert show(d, sid)["status"] == "completed", evidence(d)
+    types = [e["type"] for e in ledger(d, sid)]
+    assert types.index("state_change") < types.index("model_end") < types.index("invocation_end"), types
+    assert emitted(d, "resume", "conflicts") == conflicts + 1, evidence(d)
+    assert emitted(d, "resume", "merges") == merges + 1, evidence(d)
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_turn_that_cannot_join_what_landed_is_forked(deployment: Any) -> None:
+    """A second writer continues the same invocation while the runner waits on its model (two runners on one
+    turn): the runner's end cannot be rebased after it, so its ledger is stored as a fork, counted by ``resume``."""
+    d, sid, person = deployment, fresh("fork"), fresh("person")
+    create(d, sid, scopes={"user": person})
+    forks = emitted(d, "resume", "forks")
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "sleep=3 signoffs=0"})
+    assert status in (200, 202), (status, body, evidence(d))
+    during = in_model_call(d, sid)
+    (start,) = [e for e in ledger(d, sid) if e["type"] == "invocation_start"]
+    commit = {"expected_version": during["version"], "events": [noted(person, "a step", start["invocation_id"])]}
+    status, _, body = d.api("POST", f"/sessions/{sid}/commit", commit)
+    assert status == 200, (status, body, evidence(d))
+    d.settle()
+    assert emitted(d, "resume", "forks") == forks + 1, evidence(d)
+    assert "model_end" not in [e["type"] for e in ledger(d, sid)]  # the runner's call went to the fork
+    status, _, listed = d.api("GET", "/sessions", query={"limit": "5"})  # the fork is among the newest
+    assert status == 200, (status, listed)
+    forks_of = [
+        events
+        for events in (ledger(d, s["id"]) for s in listed["sessions"] if s["id"] != sid)
+        if events and events[-1]["type"] == "session_forked" and events[-1]["from_session_id"] == sid
+    ]
+    assert len(forks_of) == 1 and "model_end" in [e["type"] for e in forks_of[0]], (listed, evidence(d))
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_snapshot_the_table_throttles_is_counted_and_the_turn_stands(deployment: Any) -> None:
+    """The snapshot write of a long turn is answered as a throttled DynamoDB transaction is (cancelled, reason
+    ``ThrottlingError``): the runner counts a snapshot write failure and the turn completes, its commits kept (a
+    snapshot is a cache: the next boundary's write stores one)."""
+    d, sid = deployment, fresh("snapfail")
+    pk = f"S#fidelity@{TENANT}#{sid}"
+    create(d, sid)
+    failures = emitted(d, "resume", "snapshot_write_failures")
+    where = [pk, '"sk": {"S": "#S"}']  # the transaction that puts the session's snapshot item, and no commit
+    d.fail_next("resume", "TransactWriteItems", where, "TransactionCanceledException", ["None", "ThrottlingError"])
+    shown = run(d, sid, "steps=8 signoffs=0")
+    assert not d.lambdas.fault_armed("resume"), f"no snapshot write met the fault; {evidence(d)}"
+    assert shown["status"] == "completed", (shown["status"], evidence(d))
+    assert [e["type"] for e in ledger(d, sid)].count("tool_result") == 8
+    assert emitted(d, "resume", "snapshot_write_failures") == failures + 1, evidence(d)
+
+
+REACHED_RARELY = {
+    # A commit that meets a stale marker repairs it (rolls back: DeleteItem, BatchWriteItem; reads the meta and
+    # the touch: GetItem; writes bindings and touches in a finish transaction: PutItem), and a commit that
+    # crosses a snapshot boundary writes one (ConditionCheckItem + PutItem): every function that commits
+    # may, the scenarios need not. infra/wiring.py's SESSION_ACTIONS says so, action by action.
+    "dynamodb:GetItem",
+    "dynamodb:PutItem",
+    "dynamodb:DeleteItem",
+    "dynamodb:BatchWriteItem",
+    "dynamodb:ConditionCheckItem",
+}
+"""Granted actions the scenarios may leave unexercised: the commit path's rare branches. Nothing else."""
+RARE_BY_FUNCTION = {"park": {"states:SendTaskSuccess"}}  # answers that landed before park stored its token
+
+
+@pytest.mark.backend("dynamodb")
+def test_zz_the_policies_grant_what_the_code_calls(deployment: Any) -> None:
+    """Runs last: every recorded call was allowed, and every granted action was used by some scenario, or is
+    one of the commit path's rare branches (``REACHED_RARELY``): a grant nothing can call fails it."""
+    d = deployment
+    denied = sorted({(c.function, c.action, c.resource) for c in d.denied()})
+    unused, idle = [], []
+    for name, function in d.functions.items():
+        calls = [(c.action, c.resource) for c in d.calls(name)]
+        if not calls:
+            idle.append(name)
+            continue
+        granted: dict[str, list[str]] = {}
+        for action, resource in iam.grants(function.statements):
+            granted.setdefault(action, []).append(resource)
+        rare = REACHED_RARELY | RARE_BY_FUNCTION.get(name, set())
+        # an action counts as used when some call needed it on one of the resources it is granted on
+        unused += [
+            (name, action)
+            for action, resources in sorted(granted.items())
+            if action not in rare and not any(iam.grant_used((action, resource), calls) for resource in resources)
+        ]
+    machine_denied = [c for c in d.sfn.role_calls if not c[2]]
+    # idle: functions whose grants no scenario exercised (or the test ran alone: it reads the others' calls)
+    assert not (denied or machine_denied or unused or idle), (
+        f"denied: {denied} {machine_denied}; granted but never used (function, action): {unused}; "
+        f"functions that made no AWS call in any scenario: {idle}"
+    )
+
+
+UNIT_TESTED_METRICS = {"snapshot_write_failures"}
+"""Metrics whose every emitting function the scenarios do not reach: a snapshot write failure comes out of
+``resume`` here (a throttled snapshot transaction), but its alarm watches all seven committers, and the other six
+are held by tests/unit/test_metrics.py. Every other metric must come out of the functions' logs, from each function
+an alarm watches it on."""
+
+
+@pytest.mark.backend("dynamodb")
+def test_zz_every_metric_is_emitted_by_the_function_whose_path_should(deployment: Any) -> None:
+    """Runs after the scenarios: the EMF lines the functions printed (their stdout, as CloudWatch Logs gets it)
+    hold each metric under the namespace and dimensions the code defines, from a function that should emit it,
+    never with an id as a dimension; and each alarm on an application metric watches one of those lines."""
+    from dormant import metrics
+    from tests.support.cdk_template import alarms, watched
+
+    d = deployment
+    seen: dict[str, set[tuple[tuple[str, str], ...]]] = {}
+    for name in d.functions:
+        for line in d.log(name).splitlines():
+            if not (line.startswith("{") and '"_aws"' in line):
+                continue
+            record = json.loads(line)
+            (directive,) = record["_aws"]["CloudWatchMetrics"]
+            (dims,) = directive["Dimensions"]
+            assert directive["Namespace"] == metrics.NAMESPACE
+            assert record["function"] == name, (name, record)  # published by the function that counted it
+            for metric in directive["Metrics"]:
+                definition = metrics.METRICS[metric["Name"]]
+                assert name in definition.emitted_by, (name, metric)
+                assert metric["Unit"] == definition.unit
+                want = metrics.dimensions(name, record.get("agent") if definition.by_agent else None)
+                assert {k: record[k] for k in dims} == want, (metric, dims)  # nothing else: no session or tenant id
+                seen.setdefault(metric["Name"], set()).add(tuple(sorted(want.items())))
+    for name in ("sessions", "run", "tools", "commit", "park", "resume"):  # the functions with a Powertools logger
+        for line in d.log(name).splitlines():
+            if line.startswith("{") and '"level"' in line:
+                logged = json.loads(line)
+                assert logged.get("tenant") and logged.get("principal"), (name, line[:300])
+    missing = set(metrics.METRICS) - UNIT_TESTED_METRICS - set(seen)
+    assert not missing, f"never emitted in the scenarios: {sorted(missing)}; emitted: {sorted(seen)}"
+    for alarm_name, alarm in alarms(d.template.raw).items():
+        for metric in watched(alarm):
+            if metric["namespace"] == metrics.NAMESPACE and metric["name"] not in UNIT_TESTED_METRICS:
+                assert tuple(sorted(metric["dimensions"].items())) in seen.get(metric["name"], set()), alarm_name
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_caller_past_its_turn_quota_gets_429_and_runs_nothing(dynamodb_endpoint: str) -> None:
+    """A deployment of its own, with ``-c turn_quota=2/3600``: the third POST /runs of a tenant in the hour is a
+    429 naming the quota; no execution starts and the session's ledger is untouched. Another tenant runs."""
+    from tests.support.fidelity.deployment import Deployment
+
+    d = Deployment.start(
+        dynamodb_endpoint=dynamodb_endpoint,
+        app="fidelity_app:build",
+        app_packages=[APP_PACKAGE],
+        context={"turn_quota": "2/3600"},
+    )
+    try:
+        tenant = fresh("quota")
+        for sid in ("q-1", "q-2", "q-3"):
+            create(d, sid, tenant=tenant)
+        for sid in ("q-1", "q-2"):
+            assert run(d, sid, "signoffs=0", tenant=tenant, settle=30)["status"] == "completed", evidence(d)
+        before = ledger(d, "q-3", tenant)
+        executions = len(d.executions())
+        status, _, body = d.api("POST", "/sessions/q-3/runs", {"message": "signoffs=0"}, tenant=tenant)
+        assert status == 429, (status, body, evidence(d))
+        assert (body["error"], body["field"]) == ("TurnQuotaExceeded", "quota")
+        assert "2 turns per 3600 s" in body["message"]
+        d.settle(10)
+        assert len(d.executions()) == executions  # no execution started for it
+        assert ledger(d, "q-3", tenant) == before and show(d, "q-3", tenant)["status"] != "running"
+        other = fresh("quota")
+        create(d, "q-3", tenant=other)
+        assert run(d, "q-3", "signoffs=0", tenant=other, settle=30)["status"] == "completed", evidence(d)
+    finally:
+        d.close()

@@ -1,0 +1,319 @@
+"""``python -m bench cost``: DynamoDB units as AWS bills them (item sizes, transactions at 2x, each secondary
+index), checked against DynamoDB Local where Local reports them; and the bench on the quick sizes (CI), per
+function as deployed, per table and per index."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.cost import bill
+from bench.units import (
+    Table,
+    call_units,
+    index_write_units,
+    item_size,
+    read_units,
+    transaction_units,
+    value_size,
+    write_units,
+)
+from dormant.stores.dynamodb.table import LISTING_INDEX, STATUS_INDEX, TABLE
+
+ROOT = Path(__file__).resolve().parents[2]
+T = "t"
+SHAPE = Table.described(TABLE.create_table_request(T))
+"""dormant's table as DescribeTable would describe it: the bill reads the indexes from it, never a list of its own."""
+
+
+def test_item_sizes_follow_the_developer_guides_rules() -> None:
+    # strings: UTF-8 bytes; numbers: 1 byte per two significant digits (leading/trailing zeroes trimmed) + 1
+    assert value_size({"S": "héllo"}) == 6
+    assert value_size({"N": "12345"}) == 4
+    assert value_size({"N": "0012300"}) == value_size({"N": "123"}) == 3
+    # ...in pairs aligned on the decimal point (1.5 is 01.50: 2 pairs), a byte more when negative, zero 1 byte
+    assert [value_size({"N": n}) for n in ("1.5", "0.5", "-5", "-0.25", "1e5", "0")] == [3, 2, 3, 3, 2, 1]
+    # binary: raw bytes (as boto3 gives them, or as a captured record carries them)
+    assert value_size({"B": b"\x00" * 10}) == 10 == value_size({"B": {"$b64": "AAAAAAAAAAAAAA=="}})
+    # null and boolean: 1 byte; list and map: 3 bytes, plus 1 a member, plus the members (a map's keys too)
+    assert value_size({"BOOL": True}) == value_size({"NULL": True}) == 1
+    assert value_size({"L": []}) == value_size({"M": {}}) == 3
+    assert value_size({"L": [{"S": "ab"}, {"N": "7"}]}) == 3 + (1 + 2) + (1 + 2)
+    assert value_size({"M": {"a": {"S": "xy"}}}) == 3 + 1 + 1 + 2
+    assert value_size({"SS": ["ab", "c"]}) == 3
+    # an item: each attribute's name bytes plus its value: 141 bytes by these rules
+    slot = {
+        "itemType": {"S": "SLOT"},
+        "id": {"S": "abc1231"},
+        "hostName": {"S": "Harry Mason"},
+        "timeSlot": {"S": "February 23, 1999"},
+        "slotStatus": {"S": "OPEN"},
+        "createdAt": {"S": "February 1, 1999"},
+        "updatedAt": {"S": "February 1, 1999"},
+        "expiresAt": {"N": "2099"},
+    }
+    assert item_size(slot) == 141 and item_size(None) == 0
+
+
+def test_unit_rounding() -> None:
+    assert [write_units(s) for s in (0, 1, 1024, 1025, 3000)] == [1, 1, 1, 2, 3]
+    assert [transaction_units(s) for s in (1, 1024, 1536)] == [2, 2, 4]
+    assert read_units(4096, "eventual") == 0.5 and read_units(4097, "strong") == 2.0
+    assert read_units(0, "strong") == 1.0 and read_units(5000, "transactional") == 4.0
+
+
+def _item(n: int, size: int = 1000, **extra: str) -> dict[str, Any]:
+    base = {"pk": {"S": "S#a#1"}, "sk": {"S": f"E#{n:04d}"}, "d": {"S": "x" * size}}
+    return {**base, **{k: {"N" if k in ("lsk", "psk") else "S": v} for k, v in extra.items()}}
+
+
+def _write(operation: str, before: Any, after: Any, error: str | None = None) -> dict[str, Any]:
+    return {"operation": operation, "params": {"TableName": T}, "images": [[before, after]], "error": error}
+
+
+def test_a_transaction_bills_two_units_per_kb_of_each_item_and_a_condition_check_reads() -> None:
+    items = [_item(i, size) for i, size in enumerate((10, 1000, 1500, 5000, 2100))]
+    puts = [call_units(_write("PutItem", None, item), {T: SHAPE})[(T, "write")] for item in items]
+    assert puts == [1, 1, 2, 5, 3]
+    transaction = {
+        "operation": "TransactWriteItems",
+        "params": {"TransactItems": [{"Put": {"TableName": T, "Item": item}} for item in items]},
+        "images": [[None, item] for item in items],
+        "error": None,
+    }
+    assert call_units(transaction, {T: SHAPE}) == {(T, "write"): 2 * sum(puts)}
+    checked = {
+        "operation": "TransactWriteItems",
+        "params": {"TransactItems": [{"ConditionCheck": {"TableName": T, "Key": {}}}]},
+        "images": [[_item(0, 5000), _item(0, 5000)]],
+        "error": None,
+    }
+    assert call_units(checked, {T: SHAPE}) == {(T, "read"): 2 * 2}  # 2 per 4 KB of the item checked
+
+
+def test_writes_bill_the_larger_image_and_a_refused_write_the_stored_item() -> None:
+    small, large = _item(1, 100), _item(1, 3000)
+    assert call_units(_write("UpdateItem", large, small), {T: SHAPE}) == {(T, "write"): 3}
+    assert call_units(_write("DeleteItem", large, None), {T: SHAPE}) == {(T, "write"): 3}
+    assert call_units(_write("PutItem", small, large, "ConditionalCheckFailedException"), {T: SHAPE}) == {
+        (T, "write"): 1
+    }
+
+
+def test_each_index_costs_what_its_entries_change() -> None:
+    listing, status = SHAPE.index(LISTING_INDEX), SHAPE.index(STATUS_INDEX)
+    touch = _item(1, 50, lpk="a", lsk="10", spk="running#a", version="3")
+    assert index_write_units(SHAPE, listing, None, touch) == 1  # a new entry
+    assert index_write_units(SHAPE, listing, touch, None) == 1  # removed
+    moved = {**touch, "spk": {"S": "completed#a"}}
+    assert index_write_units(SHAPE, status, touch, moved) == 2  # a delete and a put
+    assert index_write_units(SHAPE, listing, touch, moved) == 0  # nothing it projects changed
+    assert index_write_units(SHAPE, listing, touch, {**touch, "version": {"S": "4"}}) == 1  # a projected attribute
+    assert index_write_units(SHAPE, listing, touch, {**touch, "d": {"S": "y" * 5000}}) == 0  # not projected
+    assert index_write_units(SHAPE, listing, None, _item(2)) == 0  # sparse: no key, no entry
+    # a transaction's index writes are standard writes: 1 per KB of the entry, not 2
+    transaction = {
+        "operation": "TransactWriteItems",
+        "params": {"TransactItems": [{"Put": {"TableName": T, "Item": touch}}]},
+        "images": [[None, touch]],
+        "error": None,
+    }
+    assert call_units(transaction, {T: SHAPE}) == {
+        (T, "write"): 2,
+        (f"{T}/{LISTING_INDEX}", "write"): 1,
+        (f"{T}/{STATUS_INDEX}", "write"): 1,
+    }
+
+
+def test_reads_bill_whole_items_and_a_query_rounds_its_sum() -> None:
+    items = [_item(i, 1000) for i in range(3)]
+    query = {"operation": "Query", "params": {"TableName": T}, "items": items, "error": None}
+    assert call_units(query, {T: SHAPE}) == {(T, "read"): 0.5}  # 3 KB in all: 1 block of 4 KB, eventually consistent
+    items = [_item(i, 3000) for i in range(2)]
+    query = {"operation": "Query", "params": {"TableName": T}, "items": items, "error": None}
+    assert call_units(query, {T: SHAPE}) == {(T, "read"): 1.0}  # 6 KB: 2 blocks
+    on_index = {**query, "params": {"TableName": T, "IndexName": LISTING_INDEX, "ConsistentRead": False}}
+    assert call_units(on_index, {T: SHAPE}) == {(f"{T}/{LISTING_INDEX}", "read"): 1.0}
+    get = {"operation": "GetItem", "params": {"TableName": T, "ConsistentRead": True}, "items": [None], "error": None}
+    assert call_units(get, {T: SHAPE}) == {(T, "read"): 1.0}  # a missing item: the minimum
+
+
+def test_the_bill_prices_each_line_from_the_one_table() -> None:
+    from bench.prices import PRICES
+
+    units = {("run", "t", "write"): 10.0, ("run", "t/listing", "write"): 3.0, ("run", "t", "read"): 4.0}
+    harness = {"gbs:run": 2.0, "lambda_requests": 1, "api_requests": 1, "transitions": 4, "log_bytes": 1e9}
+    costs = bill(units, harness, 0)
+    assert costs["dynamodb writes"] == pytest.approx(10 * PRICES["dynamodb_write_unit"])
+    assert costs["dynamodb index writes"] == pytest.approx(3 * PRICES["dynamodb_write_unit"])
+    assert costs["step functions"] == pytest.approx(4 * PRICES["state_transition"])
+    assert costs["logs"] == pytest.approx(PRICES["log_gb"]) and costs["model"] == 0
+
+
+# -- against DynamoDB Local, where it reports what AWS bills -----------------------------------------------
+
+
+@pytest.fixture
+def metered(ddb: Any) -> Iterator[tuple[str, Any]]:
+    """A fresh table of dormant's shape, and a ``do(operation, params)`` that makes the call through the
+    harness's capture and returns (the bill computed from the record, Local's ConsumedCapacity by place)."""
+    from dormant.stores.dynamodb import create_table
+    from tests.support.fidelity import capture
+
+    name = f"cost-{uuid.uuid4().hex[:8]}"
+    create_table(name, client=ddb)
+    tables = {name: Table.described(ddb.describe_table(TableName=name)["Table"])}
+    records: list[dict[str, Any]] = []
+
+    def do(operation: str, params: dict[str, Any]) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
+        kind = "read" if operation in ("GetItem", "Query") else "write"
+        answer = capture.observe(
+            ddb._make_api_call,
+            operation,
+            {
+                **({} if "TransactItems" in params else {"TableName": name}),
+                **params,
+                "ReturnConsumedCapacity": "INDEXES",
+            },
+            records.append,
+        )
+        consumed = answer["ConsumedCapacity"]
+        consumed = consumed[0] if isinstance(consumed, list) else consumed
+        local = {(name, kind): consumed["Table"]["CapacityUnits"]}
+        for field in ("GlobalSecondaryIndexes", "LocalSecondaryIndexes"):
+            for index, figure in (consumed.get(field) or {}).items():
+                local[(f"{name}/{index}", kind)] = figure["CapacityUnits"]
+        local = {k: v for k, v in local.items() if v}  # Local answers 0 for the table of an index query
+        return call_units(records[-1], tables), local
+
+    yield name, do
+    ddb.delete_table(TableName=name)
+
+
+@pytest.mark.backend("dynamodb")
+def test_single_item_calls_bill_what_dynamodb_local_reports(metered: tuple[str, Any]) -> None:
+    name, do = metered
+    touch = _item(1, 1500, lpk="a", lsk="10", spk="running#a", version="3")
+    key = {"pk": touch["pk"], "sk": touch["sk"]}
+    event = {**_item(2, 900), "eid": {"S": "e1"}, "inc": {"N": "1"}}  # the local ids index
+    calls = [
+        ("PutItem", {"Item": touch}),  # a new item: table, listing, status
+        ("PutItem", {"Item": {**touch, "d": {"S": "y"}}}),  # the larger image (before) bills; no index change
+        (
+            "UpdateItem",
+            {"Key": key, "UpdateExpression": "SET spk = :s", "ExpressionAttributeValues": {":s": {"S": "completed#a"}}},
+        ),
+        (
+            "UpdateItem",
+            {"Key": key, "UpdateExpression": "SET version = :v", "ExpressionAttributeValues": {":v": {"S": "4"}}},
+        ),
+        (
+            "UpdateItem",
+            {"Key": key, "UpdateExpression": "SET d = :d", "ExpressionAttributeValues": {":d": {"S": "z" * 6000}}},
+        ),
+        ("PutItem", {"Item": event}),
+        ("GetItem", {"Key": key}),
+        ("GetItem", {"Key": key, "ProjectionExpression": "pk", "ConsistentRead": True}),  # projection: whole item
+        ("GetItem", {"Key": {**key, "sk": {"S": "none"}}, "ConsistentRead": True}),
+        (
+            "Query",
+            {
+                "KeyConditionExpression": "pk = :p",
+                "ExpressionAttributeValues": {":p": touch["pk"]},
+                "ProjectionExpression": "sk",
+            },
+        ),
+        (
+            "Query",
+            {
+                "IndexName": LISTING_INDEX,
+                "KeyConditionExpression": "lpk = :a",
+                "ExpressionAttributeValues": {":a": {"S": "a"}},
+            },
+        ),
+        ("DeleteItem", {"Key": key}),
+    ]
+    for operation, params in calls:
+        ours, local = do(operation, params)
+        assert ours == local, (operation, params.get("UpdateExpression"), ours, local)
+    # item sizes to the byte: an item we size at 1,024 bytes is 1 unit to Local, at 1,025 bytes 2
+    for number in ("0", "7", "12", "1234", "12345", "1.5", "0.25", "-5", "-123.5", "1e5", "123456789012"):
+        for extra in (0, 1):
+            item = {"pk": {"S": "S#a#9"}, "sk": {"S": f"N#{number}"}, "n": {"N": number}, "d": {"S": ""}}
+            item["d"] = {"S": "x" * (1024 + extra - item_size(item))}
+            assert item_size(item) == 1024 + extra
+            assert do("PutItem", {"Item": item}) == ({(name, "write"): 1 + extra},) * 2, (number, extra)
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_transaction_bills_twice_each_items_putitem_units_where_local_undercounts(metered: tuple[str, Any]) -> None:
+    name, do = metered
+    items = [_item(i, 1000 + 700 * i, lpk="a", lsk=str(i)) for i in range(5)]
+    transaction, local_total = do(
+        "TransactWriteItems", {"TransactItems": [{"Put": {"TableName": name, "Item": item}} for item in items]}
+    )
+    singles = [do("PutItem", {"Item": {**item, "pk": {"S": "S#a#2"}}})[1] for item in items]
+    assert transaction[(name, "write")] == 2 * sum(local[(name, "write")] for local in singles)  # AWS: 2x each item
+    assert transaction[(name, "write")] > local_total[(name, "write")]  # what Local reports for it is less
+    # the index is written once per entry, as Local reports for the same items put one by one
+    index = f"{name}/{LISTING_INDEX}"
+    assert transaction[(index, "write")] == sum(local[(index, "write")] for local in singles) == 5
+
+
+# -- the bench, on the quick sizes ----------------------------------------------------------------------------
+
+LINE = re.compile(r"^\s+dynamodb (\w+)\s+(table|index \w+)\s+(read|write)\s+([\d.]+) units$", re.M)
+
+
+@pytest.mark.backend("dynamodb")
+def test_bench_cost_runs_on_the_quick_sizes_and_prints_its_table(dynamodb_endpoint: str) -> None:
+    pytest.importorskip("aws_cdk", reason="the harness synthesizes the CDK app (the infra extra)")
+    env = {**os.environ, "BENCH_QUICK": "1", "TEST_DYNAMODB_ENDPOINT": dynamodb_endpoint}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "layers/dormant/python"), str(ROOT / "samples"), str(ROOT)])
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "cost"],
+        check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    chat, approval = out.split("approval turn (")
+    approval, commit = approval.split("  commit turn (")
+    commit, sweep = commit.split("  sweeper (")
+    assert "chat turn (" in chat and out.count("per million turns (model:") == 3 and "AWS total" in sweep
+    arcs = ((chat, {"run", "resume"}), (approval, {"run", "resume", "park", "tools"}), (commit, {"commit"}))
+    for arc, functions in arcs:
+        units = {(f, place, kind): float(v) for f, place, kind, v in LINE.findall(arc)}
+        # booked under the function that made the calls as deployed: the turn's commits are resume's
+        assert {f for f, _, _ in units} == functions, units
+        for function in functions:
+            assert units[(function, "table", "write")] > 0, function
+            row = re.search(rf"^\s+{function}\s+(\d+)\s+([\d.]+)\s", arc, re.M)
+            assert row and int(row[1]) >= 1 and float(row[2]) > 0, (function, "GB-seconds")
+        # every commit puts the session's touch in the listing and status indexes
+        for index in (LISTING_INDEX, STATUS_INDEX):
+            committer = "commit" if arc is commit else "resume"
+            assert units[(committer, f"index {index}", "write")] > 0, index
+        # the turns Step Functions runs enter its states; a remote runner's commit starts no execution
+        transitions = r"state machine: 0 " if arc is commit else r"state machine: [1-9]\d* state transitions"
+        assert re.search(transitions, arc)
+    # the sweeper, per sweep and per month at the template's schedule: its queries of the sparse indexes
+    swept = {(f, place, kind): float(v) for f, place, kind, v in LINE.findall(sweep)}
+    assert {f for f, _, _ in swept} == {"sweeper"} and re.search(r"sweeper 0\.\d*[1-9]\d* GB-s", sweep), sweep
+    assert any(place.startswith("index ") and kind == "read" and v > 0 for (_, place, kind), v in swept.items())
+    assert re.search(r"rate\(\d+ minutes\), [\d,]+ sweeps a month", sweep) and "a month" in sweep
+    # a W1 commit on each path: one call, its index entries written once each
+    one_call = re.search(r"one call\s+1 calls: table (\d+), .*index listing (\d+)", sweep)
+    assert one_call and int(one_call[1]) > 0 and int(one_call[2]) >= 1, sweep[-600:]

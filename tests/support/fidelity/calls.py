@@ -1,0 +1,54 @@
+"""What the fidelity tests do through a ``Deployment``'s API, as a client would: create, run, answer, read
+the ledger; each failed step's message carries the deployment's evidence (function errors, denied calls)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+TENANT = "tenant-a"
+APP_PACKAGE = "tests/support/fidelity/fidelity_app"
+
+
+def fresh(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def evidence(d: Any) -> str:
+    """What went wrong inside the deployment: function errors and denied calls (the assertion message)."""
+    denied = sorted({(c.function, c.action, c.resource.rsplit(":", 1)[-1]) for c in d.denied()})
+    return f"function errors: {d.errors()[-6:]}; denied calls: {denied}"
+
+
+def create(d: Any, sid: str, scopes: dict[str, str] | None = None, tenant: str = TENANT) -> None:
+    status, _, body = d.api("POST", "/sessions", {"session_id": sid, "scopes": scopes or {}}, tenant=tenant)
+    assert status == 201, (status, body, evidence(d))
+
+
+def show(d: Any, sid: str, tenant: str = TENANT) -> dict[str, Any]:
+    status, _, body = d.api("GET", f"/sessions/{sid}", tenant=tenant)
+    assert status == 200, (status, body, evidence(d))
+    return body  # type: ignore[no-any-return]
+
+
+def ledger(d: Any, sid: str, tenant: str = TENANT) -> list[dict[str, Any]]:
+    status, _, body = d.api("GET", f"/sessions/{sid}/events", tenant=tenant, query={"limit": "1000"})
+    assert status == 200, (status, body, evidence(d))
+    return body["events"]  # type: ignore[no-any-return]
+
+
+def run(d: Any, sid: str, message: str, tenant: str = TENANT, settle: float = 180) -> dict[str, Any]:
+    """``POST /runs`` (200 today, 202 in the target contract), then the session once the workflow settled."""
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": message}, tenant=tenant)
+    assert status in (200, 202), (status, body, evidence(d))
+    d.settle(settle)
+    return show(d, sid, tenant)
+
+
+def answer(d: Any, sid: str, shown: dict[str, Any], tenant: str = TENANT) -> dict[str, Any]:
+    (call,) = shown["yielded_tools"]
+    body = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
+    status, _, answered = d.api("POST", f"/sessions/{sid}/tools", body, tenant=tenant)
+    assert status == 202, (status, answered, evidence(d))
+    d.settle()
+    return show(d, sid, tenant)

@@ -1,0 +1,311 @@
+"""Lambda, locally: each function in worker processes of its own (warm sandboxes), with exactly the
+environment its template gives it plus what Lambda sets, its timeout and its response limit enforced.
+
+A sandbox serves one invocation at a time; concurrent invocations of a function get more sandboxes, as
+Lambda scales out. A sandbox that times out or dies is discarded (the next invocation cold-starts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .template import REGION, Function
+
+HERE = Path(__file__).resolve().parent
+MAX_RESPONSE_BYTES = 6 * 1024 * 1024
+"""Lambda's limit on a synchronous invocation's response payload."""
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "dormantlocal", "AWS_SECRET_ACCESS_KEY": "dormantlocal", "AWS_SESSION_TOKEN": "x"}
+
+
+@dataclass
+class Invocation:
+    """One invocation's outcome, as Lambda reports it: a payload, or a function error."""
+
+    function: str
+    ok: bool
+    payload: Any = None
+    error_type: str | None = None
+    error_message: str = ""
+    seconds: float = 0.0
+
+    def error(self) -> dict[str, Any]:
+        return {"errorType": self.error_type, "errorMessage": self.error_message}
+
+
+@dataclass
+class Call:
+    """One IAM check of an AWS call a function made."""
+
+    function: str
+    operation: str
+    action: str
+    resource: str
+    allowed: bool
+
+
+@dataclass
+class _Sandbox:
+    process: subprocess.Popen[bytes]
+    messages: queue.Queue[dict[str, Any] | None] = field(default_factory=queue.Queue)
+    busy: bool = False
+
+
+class LambdaService:
+    """Invoke the template's functions by name or ARN, each in its own sandboxes."""
+
+    def __init__(
+        self,
+        functions: dict[str, Function],
+        layer_dirs: dict[str, Path],
+        endpoints: dict[str, str],
+        workdir: Path,
+    ) -> None:
+        self.functions = functions
+        self.layer_dirs = layer_dirs
+        self.endpoints = endpoints
+        self.workdir = workdir
+        self.calls: list[Call] = []
+        self.dynamodb: list[dict[str, Any]] = []
+        """While capturing (``capture``): each DynamoDB call's record (``capture.py``), with its ``function``."""
+        self.invocations: list[Invocation] = []
+        self.cold_starts: dict[str, int] = {}
+        """Function -> how many sandboxes were started for it (each a cold start: its init ran once)."""
+        self._idle: dict[str, list[_Sandbox]] = {name: [] for name in functions}
+        self._busy: dict[str, list[_Sandbox]] = {name: [] for name in functions}
+        self._lock = threading.Lock()
+        self._configs = {name: self._write_config(f) for name, f in functions.items()}
+
+    def name_of(self, name_or_arn: str) -> str:
+        for name, function in self.functions.items():
+            if name_or_arn in (name, function.function_name, function.arn) or name_or_arn.startswith(
+                function.arn + ":"
+            ):
+                return name
+        raise KeyError(f"no function {name_or_arn!r}")
+
+    def environment(self, function: Function) -> dict[str, str]:
+        """Exactly what the function sees: its template variables, Lambda's own, the endpoint stand-ins."""
+        env = {
+            "AWS_REGION": REGION,
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_LAMBDA_FUNCTION_NAME": function.function_name,
+            "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(function.memory),
+            "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
+            "AWS_LAMBDA_LOG_GROUP_NAME": f"/aws/lambda/{function.function_name}",
+            "AWS_LAMBDA_LOG_STREAM_NAME": "harness",
+            "AWS_LAMBDA_INITIALIZATION_TYPE": "on-demand",
+            "AWS_EXECUTION_ENV": "AWS_Lambda_python3.12",
+            "LAMBDA_TASK_ROOT": str(function.code_dir),
+            "LAMBDA_RUNTIME_DIR": str(Path(sys.executable).parent),
+            "TZ": ":UTC",
+            "LANG": "en_US.UTF-8",
+            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+            **CREDENTIALS,
+            **self.endpoints,
+        }
+        env.update(function.environment)  # Lambda refuses templates that set its reserved names; CDK would too
+        return env
+
+    def _write_config(self, function: Function) -> Path:
+        import site
+
+        config = {
+            "code_dir": str(function.code_dir),
+            "layer_dirs": [str(self.layer_dirs[layer]) for layer in function.layers],
+            "site_packages": site.getsitepackages(),
+            "harness_dir": str(HERE),
+            "handler": function.handler,
+            "function_name": function.function_name,
+            "function_arn": function.arn,
+            "memory": function.memory,
+            "role": function.role,
+            "statements": function.statements,
+            "crash_file": str(self.workdir / f"{function.name}.crash"),
+            "fault_file": str(self.workdir / f"{function.name}.fault"),
+            "capture_file": str(self.workdir / "capture"),
+        }
+        path = self.workdir / f"{function.name}.json"
+        path.write_text(json.dumps(config))
+        return path
+
+    def _start(self, name: str) -> _Sandbox:
+        function = self.functions[name]
+        with self._lock:
+            self.cold_starts[name] = self.cold_starts.get(name, 0) + 1
+        read, write = os.pipe()
+        log = (self.workdir / f"{name}.log").open("ab")
+        process = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(HERE / "worker.py"), str(self._configs[name]), str(write)],
+            env=self.environment(function),
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=log,
+            pass_fds=(write,),
+            cwd=str(function.code_dir),
+        )
+        os.close(write)
+        log.close()
+        sandbox = _Sandbox(process)
+        threading.Thread(target=self._read, args=(name, read, sandbox), daemon=True).start()
+        return sandbox
+
+    def _read(self, name: str, fd: int, sandbox: _Sandbox) -> None:
+        with os.fdopen(fd, encoding="utf-8") as lines:
+            for line in lines:
+                message = json.loads(line)
+                if message["kind"] == "call":
+                    with self._lock:
+                        self.calls.append(
+                            Call(name, message["operation"], message["action"], message["resource"], message["allowed"])
+                        )
+                elif message["kind"] == "dynamodb":
+                    with self._lock:
+                        self.dynamodb.append({**message, "function": name})
+                else:
+                    sandbox.messages.put(message)
+        sandbox.messages.put(None)  # the process is gone
+
+    def _take(self, name: str) -> _Sandbox:
+        with self._lock:
+            if self._idle[name]:
+                sandbox = self._idle[name].pop()
+                self._busy[name].append(sandbox)
+                return sandbox
+        sandbox = self._start(name)
+        with self._lock:
+            self._busy[name].append(sandbox)
+        return sandbox
+
+    def _discard(self, name: str, sandbox: _Sandbox) -> None:
+        _end(sandbox)
+        with self._lock, contextlib.suppress(ValueError):
+            self._busy[name].remove(sandbox)
+
+    def invoke(self, name_or_arn: str, event: Any) -> Invocation:
+        """A synchronous (RequestResponse) invocation."""
+        name = self.name_of(name_or_arn)
+        function = self.functions[name]
+        started = time.monotonic()
+        sandbox = self._take(name)
+        # Lambda's timeout covers the invocation, not the cold start's init (which has its own 10 s).
+        ready = self._next(sandbox, started + 60)
+        if ready is None or ready.get("kind") != "ready":
+            self._discard(name, sandbox)
+            return self._record(Invocation(name, False, error_type="Runtime.ExitError", error_message="init died"))
+        deadline = time.time() + function.timeout
+        request = {"event": event, "request_id": str(uuid.uuid4()), "deadline": deadline}
+        try:
+            assert sandbox.process.stdin is not None
+            sandbox.process.stdin.write((json.dumps(request) + "\n").encode())
+            sandbox.process.stdin.flush()
+        except OSError:
+            self._discard(name, sandbox)
+            return self._record(Invocation(name, False, error_type="Runtime.ExitError", error_message="died"))
+        until = time.monotonic() + function.timeout
+        message = self._next(sandbox, until)
+        seconds = time.monotonic() - started
+        if message is None:
+            # None before the deadline: the process closed its end (it died). Asking the process instead
+            # races with the kernel, which closes a killed process's files before it can be reaped.
+            timed_out = time.monotonic() >= until
+            self._discard(name, sandbox)
+            if timed_out:
+                text = f"Task timed out after {function.timeout:.2f} seconds"
+                return self._record(Invocation(name, False, error_type="Sandbox.Timedout", error_message=text))
+            text = f"RequestId: {request['request_id']} Error: Runtime exited with error: signal: killed"
+            return self._record(Invocation(name, False, error_type="Runtime.ExitError", error_message=text))
+        self._release(name, sandbox)
+        if not message["ok"]:
+            return self._record(
+                Invocation(name, False, error_type=message["errorType"], error_message=message["errorMessage"])
+            )
+        body = message["payload"]
+        if len(body.encode()) > MAX_RESPONSE_BYTES:
+            text = f"Response payload size ({len(body.encode())} bytes) exceeded maximum allowed payload size"
+            return self._record(Invocation(name, False, error_type="Function.ResponseSizeTooLarge", error_message=text))
+        return self._record(Invocation(name, True, payload=json.loads(body), seconds=seconds))
+
+    def _next(self, sandbox: _Sandbox, until: float) -> dict[str, Any] | None:
+        try:
+            return sandbox.messages.get(timeout=max(0.0, until - time.monotonic()))
+        except queue.Empty:
+            return None
+
+    def _release(self, name: str, sandbox: _Sandbox) -> None:
+        sandbox.messages.put({"kind": "ready"})  # warm: the next invocation skips init
+        with self._lock:
+            with contextlib.suppress(ValueError):
+                self._busy[name].remove(sandbox)
+            self._idle[name].append(sandbox)
+
+    def _record(self, invocation: Invocation) -> Invocation:
+        with self._lock:
+            self.invocations.append(invocation)
+        return invocation
+
+    def kill(self, name: str) -> int:
+        """``kill -9`` the function's busy sandboxes (mid-invocation); how many were killed."""
+        with self._lock:
+            busy = list(self._busy[name])
+        for sandbox in busy:
+            with contextlib.suppress(ProcessLookupError):
+                sandbox.process.kill()
+        return len(busy)
+
+    def crash_before(self, name: str, action: str) -> None:
+        """The next call of ``action`` by ``name`` is not made: its sandbox is killed just before it."""
+        (self.workdir / f"{name}.crash").write_text(action)
+
+    def fail_next(self, name: str, operation: str, where: list[str], answer: dict[str, Any]) -> None:
+        """The next ``operation`` call by ``name`` whose parameters (as JSON) hold each of ``where`` is answered
+        by the service with a 400 of ``answer`` (its error body) instead of reaching it."""
+        fault = {"operation": operation, "where": where, "answer": answer}
+        (self.workdir / f"{name}.fault").write_text(json.dumps(fault))
+
+    def fault_armed(self, name: str) -> bool:
+        """Whether a ``fail_next`` of ``name`` is still waiting for its call."""
+        return (self.workdir / f"{name}.fault").exists()
+
+    def capture(self, on: bool) -> None:
+        """Record what every function's DynamoDB calls touch (``self.dynamodb``), from now until turned off. The
+        records cost the functions extra reads: time nothing while capturing."""
+        path = self.workdir / "capture"
+        if on:
+            path.touch()
+        else:
+            path.unlink(missing_ok=True)
+
+    def busy(self, name: str) -> int:
+        with self._lock:
+            return len(self._busy[name])
+
+    def close(self) -> None:
+        with self._lock:
+            sandboxes = [s for group in (*self._idle.values(), *self._busy.values()) for s in group]
+        for sandbox in sandboxes:
+            _end(sandbox)
+
+
+def _end(sandbox: _Sandbox) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        sandbox.process.kill()
+    sandbox.process.wait()
+    if sandbox.process.stdin is not None:
+        with contextlib.suppress(OSError):
+            sandbox.process.stdin.close()
+
+
+def scratch() -> Path:
+    return Path(tempfile.mkdtemp(prefix="fidelity-"))

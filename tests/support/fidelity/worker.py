@@ -1,0 +1,224 @@
+"""The bootstrap of one function's sandbox (run as ``python -I -S worker.py CONFIG``; never imported by tests).
+
+What Lambda's Python runtime does, in order: build ``sys.path`` (the function's code, then each layer's
+``python`` directory, then the runtime's packages: here the venv's site-packages), import the handler
+module once (init), then serve invocations one at a time. Before the handler is imported, botocore's
+``BaseClient._make_api_call`` is wrapped so every AWS call the function makes (boto3 or botocore, its own
+or a library's) is authorized against the function's policy statements (``iam``), and recorded.
+
+Invocations arrive as JSON lines on stdin; results and call records go out as JSON lines on the descriptor
+named by the second argument (stdout and stderr are the function's log, as on Lambda).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+
+def main(config_path: str, fd: int) -> None:
+    with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+    runtime_paths = [p for p in sys.path if p]  # the standard library (-I -S: no site-packages, no cwd)
+    sys.path[:] = [config["code_dir"], *config["layer_dirs"], *runtime_paths]
+    import site
+
+    for directory in config["site_packages"]:
+        site.addsitedir(directory)  # after the layers, as the runtime's boto3 is
+    sys.path.insert(0, config["harness_dir"])
+    import iam  # the harness's own module, from its directory (not a package import)
+
+    sys.path.remove(config["harness_dir"])
+    out = os.fdopen(fd, "w", buffering=1, encoding="utf-8")
+
+    def send(message: dict[str, Any]) -> None:
+        out.write(json.dumps(message, default=str) + "\n")
+        out.flush()
+
+    _guard_botocore(config, iam, send)
+    os.chdir(config["code_dir"])
+    module_name, _, attr = config["handler"].rpartition(".")
+    handler: Any = None
+    init_error: dict[str, Any] | None = None
+    try:
+        import importlib
+
+        handler = getattr(importlib.import_module(module_name), attr)
+    except ImportError as exc:
+        init_error = _error(exc, "Runtime.ImportModuleError")
+    except Exception as exc:
+        init_error = _error(exc, type(exc).__name__)
+    send({"kind": "ready", "init_error": init_error})
+
+    for line in sys.stdin:
+        request = json.loads(line)
+        if init_error is not None:
+            send({"kind": "result", "ok": False, **init_error})
+            continue
+        context = _Context(config, request["request_id"], request["deadline"])
+        try:
+            payload = handler(request["event"], context)
+            body = json.dumps(payload)
+        except Exception as exc:
+            failed = _error(exc, type(exc).__name__)
+            _flush()
+            send({"kind": "result", "ok": False, **failed})
+            continue
+        _flush()  # an invocation's log lines reach CloudWatch Logs by the time it ends, as on Lambda
+        send({"kind": "result", "ok": True, "payload": body})
+
+
+def _flush() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def _error(exc: BaseException, error_type: str) -> dict[str, Any]:
+    trace = traceback.format_exception(exc)
+    sys.stderr.write("".join(trace))
+    return {"errorType": error_type, "errorMessage": str(exc), "stackTrace": trace}
+
+
+class _Context:
+    """The Lambda context object: what the Python runtime passes as the handler's second argument."""
+
+    def __init__(self, config: dict[str, Any], request_id: str, deadline: float) -> None:
+        self.function_name = config["function_name"]
+        self.function_version = "$LATEST"
+        self.memory_limit_in_mb = config["memory"]
+        self.invoked_function_arn = config["function_arn"]
+        self.aws_request_id = request_id
+        self.log_group_name = f"/aws/lambda/{config['function_name']}"
+        self.log_stream_name = "harness"
+        self._deadline = deadline
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self._deadline - time.time()) * 1000))
+
+
+def _capture(config: dict[str, Any]) -> Any:
+    """The harness's ``capture`` module, loaded on first use (never on a sandbox's cold start)."""
+    if "_harness_capture" not in sys.modules:  # a name no function's own module takes
+        import importlib.util
+
+        path = os.path.join(config["harness_dir"], "capture.py")
+        spec = importlib.util.spec_from_file_location("_harness_capture", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["_harness_capture"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["_harness_capture"]
+
+
+def _guard_botocore(config: dict[str, Any], iam: Any, send: Any) -> None:
+    """Authorize every botocore API call against the function's statements, as AWS would; while the harness
+    captures (its capture file exists), record what each DynamoDB call touched (``capture.py``)."""
+    import base64
+
+    from botocore.client import BaseClient
+    from botocore.exceptions import ClientError
+
+    original = BaseClient._make_api_call
+    statements = config["statements"]
+    principal = f"arn:aws:sts::{iam.ACCOUNT}:assumed-role/{config['role']}/{config['function_name']}"
+
+    def token_owner(token: str) -> str | None:
+        try:
+            return str(json.loads(base64.urlsafe_b64decode(token.encode()))["m"])
+        except Exception:
+            return None
+
+    crash_file = config["crash_file"]
+
+    def crash_before(action: str) -> None:
+        """Die (SIGKILL) before the call, when the harness asked for it: a writer killed between two calls."""
+        try:
+            with open(crash_file, encoding="utf-8") as f:
+                wanted = f.read().strip()
+        except OSError:
+            return
+        if wanted == action:
+            try:
+                os.rename(crash_file, f"{crash_file}.{os.getpid()}")  # one sandbox claims it
+            except OSError:
+                return
+            os.kill(os.getpid(), 9)
+
+    fault_file = config["fault_file"]
+
+    def fault_for(operation_name: str, api_params: dict[str, Any]) -> dict[str, Any] | None:
+        """The error AWS answers this call with, when the harness armed one for a call like it (once)."""
+        try:
+            with open(fault_file, encoding="utf-8") as f:
+                fault = json.load(f)
+        except (OSError, ValueError):
+            return None
+        text = json.dumps(api_params, sort_keys=True, default=str)
+        if fault["operation"] != operation_name or not all(part in text for part in fault["where"]):
+            return None
+        try:
+            os.rename(fault_file, f"{fault_file}.{os.getpid()}")  # one call claims it
+        except OSError:
+            return None
+        return fault["answer"]  # type: ignore[no-any-return]
+
+    def answered(self: Any, operation_name: str, api_params: dict[str, Any], answer: dict[str, Any]) -> Any:
+        """Make the call with every HTTP attempt answered 400 ``answer`` (the service's error body): botocore
+        parses it and retries it as it would the service's own."""
+        from botocore.awsrequest import AWSResponse
+
+        class Raw:
+            def stream(self, **_: Any) -> list[bytes]:
+                return [json.dumps(answer).encode()]
+
+        def refuse(request: Any, **_: Any) -> Any:
+            return AWSResponse(request.url, 400, {"x-amzn-requestid": "harness-fault"}, Raw())
+
+        event = f"before-send.{self.meta.service_model.endpoint_prefix}.{operation_name}"
+        self.meta.events.register_first(event, refuse, unique_id="harness-fault")
+        try:
+            return original(self, operation_name, api_params)
+        finally:
+            self.meta.events.unregister(event, unique_id="harness-fault")
+
+    def checked(self: Any, operation_name: str, api_params: dict[str, Any]) -> Any:
+        service = self.meta.service_model.endpoint_prefix
+        for action, resource in iam.required(service, operation_name, api_params, token_owner=token_owner):
+            crash_before(action)
+            granted = iam.allowed(statements, action, resource)
+            send(
+                {
+                    "kind": "call",
+                    "operation": operation_name,
+                    "action": action,
+                    "resource": resource,
+                    "allowed": granted,
+                }
+            )
+            if not granted:
+                message = (
+                    f"User: {principal} is not authorized to perform: {action} on resource: {resource} "
+                    f"because no identity-based policy allows the {action} action"
+                )
+                raise ClientError({"Error": {"Code": "AccessDeniedException", "Message": message}}, operation_name)
+        answer = fault_for(operation_name, api_params)
+        if answer is not None:
+            return answered(self, operation_name, api_params, answer)
+        if service == "dynamodb" and os.path.exists(config["capture_file"]):
+            return _capture(config).observe(
+                lambda op, params: original(self, op, params),
+                operation_name,
+                api_params,
+                lambda record: send({"kind": "dynamodb", **record}),
+            )
+        return original(self, operation_name, api_params)
+
+    BaseClient._make_api_call = checked  # type: ignore[method-assign]
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))

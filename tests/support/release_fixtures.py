@@ -1,0 +1,75 @@
+"""The app the stored-format fixtures (``tests/fixtures/release-*``) were written by, and how to write them.
+
+Every later release must load, resume and commit what an earlier one stored: the fixtures are files in
+each store's own format, written once by ``tests/fixtures/<release>/generate.py`` and never rewritten.
+The app below must keep accepting them; if its models change, it declares migrations.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from dormant import App, adk, openai
+from dormant.agents.agent import Agent
+from dormant.clock import frozen_clock
+from dormant.testing import MockAdapter
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+APP = "clinic-fixture"
+WAITING = "s-waiting"
+"""A session paused on a yielded tool call, its answer still to come."""
+DONE = "s-done"
+"""A completed session."""
+USER = "u-fixture"
+STARTED_AT = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+
+
+class Approval(BaseModel):
+    approved: bool
+
+
+class Visit(BaseModel):
+    reason: str = ""
+    approved: bool = False
+
+
+class Patient(BaseModel):
+    display_name: str = "friend"
+    visits: int = 0
+
+
+def fixture_app(store: Any) -> tuple[App, MockAdapter, Agent]:
+    scripted = MockAdapter()
+    app = adk(name=APP, schema={"session": Visit, "user": Patient}, store=store, adapters={"openai": scripted})
+
+    def book(ctx: Any) -> str:
+        ctx.state.approved = bool(ctx.input.approved)
+        ctx.state.user.visits = ctx.state.user.visits + 1
+        return "booked" if ctx.input.approved else "declined"
+
+    tool = app.tool(name="book", description="Book once a human approves.", execute=book, yield_schema=Approval)
+    agent = app.agent(name="booker", model=openai("m"), context=[app.context.history()], tools=[tool])
+    return app, scripted, agent
+
+
+def write_sessions(store: Any) -> None:
+    """Store the fixture sessions: one waiting for an answer, one completed, their user's shared state."""
+    app, scripted, agent = fixture_app(store)
+    with frozen_clock(STARTED_AT):
+        for session_id in (WAITING, DONE):
+            scripted.set_responses([{"tool_calls": [{"name": "book", "args": {}, "call_id": "call-1"}]}])
+            session = app.sessions.create(session_id, scopes={"user": USER})
+            run = app.run(
+                agent,
+                {"message": "Book me in, please.", "initial_state": {"session": {"reason": "check-up"}}},
+                session=session,
+            )
+            run.session.state.user.display_name = "Ada"
+            app.sessions.commit(run.session)
+        done = app.sessions.require(DONE)
+        done.input.answer("call-1", {"approved": True})
+        scripted.set_responses([{"text": "Booked."}])
+        app.sessions.commit(app.run(agent, session=done).session)
