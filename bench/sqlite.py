@@ -142,9 +142,10 @@ def state_read(store: Any, floor: Floor) -> Figure:
             worst = (mine / floor_time, mine, floor_time)
     assert worst is not None
     ratio, mine, floor_time = worst
+    tails = "/".join(str(len(session.events) % 100) for session in sessions)
     return Figure(
         "sqlite",
-        "W3 state read, fresh load, ledger tail 6/54/96 events (worst)",
+        f"W3 state read, fresh load, ledger tail {tails} events (worst)",
         micros(mine / W3_READS) + " CPU",
         micros(floor_time / W3_READS) + " CPU",
         ratio,
