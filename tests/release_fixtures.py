@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from dormant import App, adk, openai
 from dormant.agents.agent import Agent
 from dormant.clock import frozen_clock
+from dormant.stores.dynamodb.table import IndexShape, TableShape
 from dormant.testing import MockAdapter
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -25,6 +26,17 @@ DONE = "s-done"
 """A completed session."""
 USER = "u-fixture"
 STARTED_AT = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+
+DYNAMODB_TABLES = {
+    "release-0.1": TableShape(
+        indexes=(
+            IndexShape("listing", ("lpk", "S"), ("lsk", "N"), "INCLUDE", ("id", "created_at", "version", "status")),
+            IndexShape("pending", ("ppk", "S"), ("psk", "N"), "KEYS_ONLY"),
+            IndexShape("ids", ("pk", "S"), ("eid", "S"), "INCLUDE", ("inc",), local=True),
+        )
+    ),
+}
+"""The DynamoDB table each release made (its ``table.TABLE``): what its stored items sit in."""
 
 
 class Approval(BaseModel):
