@@ -880,3 +880,14 @@ def test_a_session_of_100_mb_commits_and_loads(ddb: Any, dynamodb_table: str, ap
     loaded = store.load(app, "big")
     assert loaded is not None and len(loaded.events) == 101
     assert sum(len(e.text) for e in loaded.events if isinstance(e, UserEvent)) >= 100_000_000
+
+
+def test_a_load_reads_the_meta_item_and_the_events_not_their_id_items(
+    store: DynamoDBSessionStore, ddb: Any, app: str
+) -> None:
+    assert store.commit(_meta(app), [_event(n) for n in range(5)], 0).ok
+    counts: list[int] = []
+    ddb.meta.events.register("after-call.dynamodb.Query", lambda parsed, **_: counts.append(parsed["Count"]))
+    loaded = store.load(app, "s-1")
+    assert loaded is not None and len(loaded.events) == 5
+    assert counts == [1 + 5]  # the meta item and 5 event items: the 5 id items and the touch sort after them
