@@ -85,6 +85,7 @@ from ...errors import (
     StoreError,
     StoreUnavailable,
 )
+from ...ids import MAX_KEY_LENGTH
 from ..base import (
     RUNNING_STATUS,
     WAITING_STATUSES,
@@ -525,9 +526,11 @@ class DynamoDBSessionStore(BaseSessionStore):
         others += [_transact_item(self._table, app_name, write) for write in commit.scoped]
         if 1 + len(items) + len(others) > self._single_call_items:
             return None
-        size = item_bytes(old) + 1024 + sum(map(item_bytes, items))
-        size += sum(item_bytes(w.get("Put", {}).get("Item", {})) + 1024 for w in others)
-        if size > MAX_TRANSACT_BYTES:
+        size = item_bytes(old) + 1024 + sum(item_bytes(w.get("Put", {}).get("Item", {})) + 1024 for w in others)
+        # Event, id and binding items: their payload plus keys and small attributes (ids are at most
+        # MAX_KEY_LENGTH characters) bound their size; counted exactly only when the bound is near the limit.
+        bound = sum(len(data[e.id]) for e in commit.events) + len(items) * (len(pk) + 3 * MAX_KEY_LENGTH + 128)
+        if size + bound > MAX_TRANSACT_BYTES and size + sum(map(item_bytes, items)) > MAX_TRANSACT_BYTES:
             return None
         ids.add(e.id for e in commit.events)
         update = self._commit_update(pk, marker, ids, plan)
@@ -558,6 +561,12 @@ class DynamoDBSessionStore(BaseSessionStore):
                 " AND (attribute_not_exists(#x) OR #x > :now)"
             )
             values[":e"] = {"N": str(expected)}
+        if expected:
+            # The condition rules out a marker (``pending``, ``ppk``, ``psk``), and a meta item of this layout has
+            # no listing entry of its own (``lpk``, ``plsk``) unless the one known has: none to remove. (A create
+            # may replace an expired incarnation, whatever it held: it removes everything.)
+            gone = {"pending", "ppk", "psk", *(name for name in ("lpk", "plsk") if name not in old)}
+            removes = ", ".join(name for name in removes.split(", ") if name not in gone)
         update["UpdateExpression"] = f"SET {sets} REMOVE {removes}"
         update["ConditionExpression"] = condition
         request = [{"Update": update}, *({"Put": {"TableName": self._table, "Item": i}} for i in items), *others]
