@@ -5,7 +5,8 @@ Pure data, no boto3: the CDK app imports it without the AWS SDK, and a test hold
 
 Key design (one table, string ``pk``/``sk``):
 
-* a session partition ``pk = "S#{app}#{session_id}"`` holds the meta item and the event items;
+* a session partition ``pk = "S#{app}#{session_id}"`` holds the meta item, the event items, one id item per
+  event and the session's touch (``keys``);
 * scoped state lives in ``pk = "X#{app}#{scope}#{scope_id}"``, one item per key;
 * the listing index (``LISTING_INDEX``) is keyed by ``lpk`` — the app name, write-sharded as
   ``{app}#{k}`` when a store lists over more than one shard — and sorted by ``lsk`` (``updated_at``).
