@@ -1,7 +1,8 @@
 """The DynamoDB store: one table, a gated commit of versioned event batches, sharded listing, repair.
 
 An ordinary commit is one ``TransactWriteItems`` (``_one_call``). One too large for a transaction is three
-steps, each safe to be interrupted after, in at most ``2 + ceil(events / 25)`` calls whatever the count:
+steps, each safe to be interrupted after, in at most ``2 + ceil(2 x events / 25)`` calls whatever the count
+(the batches carry each event's item, then its id item):
 
 1. **Gate**: a conditional ``UpdateItem`` of the meta item (``attribute_not_exists`` to create, else
    ``version = expected``, the same scopes, and no marker) that records a pending marker: the version it
