@@ -167,8 +167,8 @@ class Floor:
 
         kwargs: dict[str, Any] = {
             "TableName": self.table,
-            "KeyConditionExpression": "pk = :pk",
-            "ExpressionAttributeValues": {":pk": {"S": session_pk(app, sid)}},
+            "KeyConditionExpression": "pk = :pk AND sk < :i",  # the meta item and the events, not the id items
+            "ExpressionAttributeValues": {":pk": {"S": session_pk(app, sid)}, ":i": {"S": "I#"}},
             "ConsistentRead": True,
         }
         rows = []
