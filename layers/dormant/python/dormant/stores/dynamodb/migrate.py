@@ -214,16 +214,16 @@ class _Copier:
             meta["rpk"] = {"S": running_key(app_name, session_id, self.pending, waiting=status in _WAITING)}
         if "pending" in meta:
             meta["ppk"] = {"S": pending_key(app_name, session_id, self.pending)}
-        try:
-            _call(
-                self.client,
-                "put_item",
-                TableName=self.table,
-                Item=meta,
-                ConditionExpression="attribute_not_exists(pk) OR version <= :v",
-                ExpressionAttributeValues={":v": meta["version"]},
-            )
-        except _Refused:
+        put = _call(
+            self.client,
+            "put_item",
+            refusable=True,
+            TableName=self.table,
+            Item=meta,
+            ConditionExpression="attribute_not_exists(pk) OR version <= :v",
+            ExpressionAttributeValues={":v": meta["version"]},
+        )
+        if put is None:  # the new table holds the session at a later version
             self.report.kept_newer += 1
             return
         self.report.sessions += 1
@@ -299,11 +299,18 @@ def _record_layout(client: Any, table: str, listing: int, pending: int) -> None:
         "pending_shards": {"N": str(pending)},
         "format": {"N": str(LAYOUT_FORMAT)},
     }
-    try:
-        _call(client, "put_item", TableName=table, Item=item, ConditionExpression="attribute_not_exists(pk)")
+    if (
+        _call(
+            client,
+            "put_item",
+            refusable=True,
+            TableName=table,
+            Item=item,
+            ConditionExpression="attribute_not_exists(pk)",
+        )
+        is not None
+    ):
         return
-    except _Refused:
-        pass
     found = _call(client, "get_item", TableName=table, Key=LAYOUT_KEY, ConsistentRead=True).get("Item") or {}
     if {name: found.get(name) for name in item} != item:
         theirs = {name: found.get(name, {}).get("N") for name in ("listing_shards", "pending_shards", "format")}
@@ -313,18 +320,14 @@ def _record_layout(client: Any, table: str, listing: int, pending: int) -> None:
         )
 
 
-class _Refused(Exception):
-    """A conditional write's condition failed."""
-
-
-def _call(client: Any, operation: str, **kwargs: Any) -> dict[str, Any]:
+def _call(client: Any, operation: str, *, refusable: bool = False, **kwargs: Any) -> Any:
+    """One DynamoDB call, its errors as dormant's; with ``refusable``, ``None`` when its condition failed."""
     try:
-        answer: dict[str, Any] = getattr(client, operation)(**kwargs)
-        return answer
+        return getattr(client, operation)(**kwargs)
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
-        if code == "ConditionalCheckFailedException":
-            raise _Refused() from None
+        if refusable and code == "ConditionalCheckFailedException":
+            return None
         if code == "ResourceNotFoundException":
             raise ConfigurationError(f"DynamoDB table {kwargs.get('TableName')!r} does not exist") from None
         raise StoreError(f"DynamoDB {operation} failed: {exc}") from exc
