@@ -2,8 +2,9 @@
 
 The endpoint is ``TEST_DYNAMODB_ENDPOINT`` when set, else a DynamoDB Local started for the run
 (``tests/support/servers/dynamodb.py``). The floor is the least a store on this table must do, in raw boto3:
-a commit of under 100 items is one ``TransactWriteItems`` of the conditional meta update (version check,
-new version and ``updated_at``) and the event items; a load is the session partition's ``Query`` pages
+a commit of under 100 items is one ``TransactWriteItems`` of the same items the store writes (the
+conditional meta update with the id filter, the event items, their id items, the touch and the delete of
+the superseded one); a load is the session partition's ``Query`` pages
 with ``json.loads`` of each event; a listing queries the same listing shards and merges their entries,
 with the rows the index projects (Queries only, as the store). The floor has no crash safety. The timed
 workloads (W1, W2 with ``sessions.get`` beside ``store.load``, W4) are every store's
@@ -21,6 +22,7 @@ import contextlib
 import json
 import math
 import os
+import secrets
 import statistics
 import time
 import uuid
@@ -73,50 +75,87 @@ class Meter:
 
 
 class Floor:
-    """Raw boto3 on the store's table: a commit of under 100 items is one ``TransactWriteItems`` of the
-    conditional meta update and the event puts; a larger one the update, then ``BatchWriteItem``."""
+    """Raw boto3 on the store's table, writing the items the store writes: a commit of up to 100 items is one
+    ``TransactWriteItems`` of the conditional meta update (version and incarnation checked; the new version,
+    ``updated_at``, id filter and greatest id), the event items, one id item per event, the touch and the delete
+    of the touch it supersedes. A larger one is the update, then ``BatchWriteItem``."""
 
     def __init__(self, client: Any, table: str, shards: int) -> None:
         self.client, self.table, self.shards = client, table, shards
+        self.sessions: dict[str, tuple[Any, int]] = {}  # pk -> (its id filter, its touch's updated_at)
 
     def commit(self, app: str, sid: str, rows: list[dict[str, Any]], version: int) -> None:
-        from dormant.stores.dynamodb.keys import listing_key, session_pk
+        from dormant.stores.dynamodb.keys import IdFilter, id_sk, listing_key, session_pk, touch_sk
 
-        pk, now = session_pk(app, sid), str(time.time_ns() // 1_000_000)
-        values = {":v": {"N": str(version + 1)}, ":u": {"N": now}}
+        pk, now, grant, inc = session_pk(app, sid), time.time_ns() // 1_000_000, secrets.token_hex(4), "0f1e2d3c"
+        ids, previous = self.sessions.get(pk, (IdFilter(None), None)) if version else (IdFilter(None), None)
+        ids.add(row["id"] for row in rows)
+        self.sessions[pk] = (ids, now)
+        values = {
+            ":v": {"N": str(version + 1)},
+            ":u": {"N": str(now)},
+            ":bf": {"B": ids.dump()},
+            ":hi": {"S": ids.greatest or ""},
+            ":inc": {"S": inc},
+        }
         if version == 0:
-            update = "SET version = :v, lsk = :u, lpk = :lpk, #id = :id, created_at = :u"
+            update = "SET version = :v, lsk = :u, bf = :bf, hi = :hi, #id = :id, created_at = :u, inc = :inc"
             condition = "attribute_not_exists(pk)"
-            values |= {":lpk": {"S": listing_key(app, sid, self.shards)}, ":id": {"S": sid}}
+            values[":id"] = {"S": sid}
         else:
-            update, condition = "SET version = :v, lsk = :u", "version = :e"
+            update, condition = "SET version = :v, lsk = :u, bf = :bf, hi = :hi", "version = :e AND inc = :inc"
             values[":e"] = {"N": str(version)}
+        version_value, grant_value, inc_value, key = {"N": str(version + 1)}, {"S": grant}, {"S": inc}, {"S": pk}
         items = [
-            {"pk": {"S": pk}, "sk": {"S": f"E#{version + 1:012d}#{n:05d}"}, "d": {"B": data}}
-            for n, data in enumerate(json.dumps(row, separators=(",", ":")).encode() for row in rows)
+            {
+                "pk": key,
+                "sk": {"S": f"E#{version + 1:012d}#{grant}#{n:05d}"},
+                "inc": inc_value,
+                "d": {"B": json.dumps(row, separators=(",", ":")).encode()},
+                "eid": {"S": row["id"]},
+            }
+            for n, row in enumerate(rows)
         ]
-        if len(items) < 100:  # the same items in one TransactWriteItems: the meta update and the puts
+        items += [
+            {"pk": key, "sk": {"S": id_sk(row["id"])}, "inc": inc_value, "v": version_value, "t": grant_value}
+            for row in rows
+        ]
+        touch = {
+            "pk": key,
+            "sk": {"S": touch_sk(now)},
+            "lpk": {"S": listing_key(app, sid, self.shards)},
+            "lsk": {"N": str(now)},
+            "t": grant_value,
+            "version": version_value,
+            "created_at": {"N": "1"},
+        }
+        if len(items) < 98:  # the same items in one TransactWriteItems
             change: dict[str, Any] = {
                 "TableName": self.table,
-                "Key": {"pk": {"S": pk}, "sk": {"S": "#M"}},
+                "Key": {"pk": key, "sk": {"S": "#M"}},
                 "UpdateExpression": update,
                 "ConditionExpression": condition,
                 "ExpressionAttributeValues": values,
             }
             if version == 0:
                 change["ExpressionAttributeNames"] = {"#id": "id"}
-            puts = [{"Put": {"TableName": self.table, "Item": item}} for item in items]
-            self.client.transact_write_items(TransactItems=[{"Update": change}, *puts])
+            writes = [{"Update": change}, *({"Put": {"TableName": self.table, "Item": item}} for item in items)]
+            writes.append({"Put": {"TableName": self.table, "Item": touch}})
+            if previous is not None and previous != now:
+                writes.append(
+                    {"Delete": {"TableName": self.table, "Key": {"pk": key, "sk": {"S": touch_sk(previous)}}}}
+                )
+            self.client.transact_write_items(TransactItems=writes)
             return
         self.client.update_item(
             TableName=self.table,
-            Key={"pk": {"S": pk}, "sk": {"S": "#M"}},
+            Key={"pk": key, "sk": {"S": "#M"}},
             UpdateExpression=update,
             ConditionExpression=condition,
             ExpressionAttributeValues=values,
             **({"ExpressionAttributeNames": {"#id": "id"}} if version == 0 else {}),
         )
-        requests = [{"PutRequest": {"Item": item}} for item in items]
+        requests = [{"PutRequest": {"Item": item}} for item in [*items, touch]]
         for start in range(0, len(requests), 25):
             batch = requests[start : start + 25]
             while batch:
@@ -128,8 +167,8 @@ class Floor:
 
         kwargs: dict[str, Any] = {
             "TableName": self.table,
-            "KeyConditionExpression": "pk = :pk",
-            "ExpressionAttributeValues": {":pk": {"S": session_pk(app, sid)}},
+            "KeyConditionExpression": "pk = :pk AND sk < :i",  # the meta item and the events, not the id items
+            "ExpressionAttributeValues": {":pk": {"S": session_pk(app, sid)}, ":i": {"S": "I#"}},
             "ConsistentRead": True,
         }
         rows = []
@@ -318,8 +357,8 @@ def _measure(store: Any, floor: Floor, ours_meter: Meter, floor_meter: Meter, ou
 def _billed(store: Any, client: Any, app: str, sid: str) -> None:
     """Write units of the session's last 5-event commit as AWS bills them, from its items' sizes: 1 unit per KB
     per item written, 2 in a transaction (DynamoDB Local under-reports transactions). Index entries count one
-    unit each (keys, and for ``ids`` the incarnation: well under 1 KB), two in a transaction."""
-    from dormant.stores.dynamodb.keys import event_prefix, item_bytes, session_pk, touch_sk
+    unit each (a touch is ~150 bytes), two in a transaction."""
+    from dormant.stores.dynamodb.keys import event_prefix, id_sk, item_bytes, session_pk, touch_sk
 
     pk = session_pk(app, sid)
     meta = client.get_item(TableName=store.table_name, Key={"pk": {"S": pk}, "sk": {"S": "#M"}}, ConsistentRead=True)
@@ -331,6 +370,10 @@ def _billed(store: Any, client: Any, app: str, sid: str) -> None:
         ExpressionAttributeValues={":pk": {"S": pk}, ":e": {"S": event_prefix(version)}},
         ConsistentRead=True,
     )["Items"]
+    ids = [
+        client.get_item(TableName=store.table_name, Key={"pk": {"S": pk}, "sk": {"S": id_sk(e["eid"]["S"])}})["Item"]
+        for e in events
+    ]
     touch = client.get_item(
         TableName=store.table_name, Key={"pk": {"S": pk}, "sk": {"S": touch_sk(int(meta["lsk"]["N"]))}}
     )["Item"]
@@ -339,15 +382,17 @@ def _billed(store: Any, client: Any, app: str, sid: str) -> None:
         return math.ceil(item_bytes(item) / 1024)
 
     marker = 200  # what the gate adds to the meta item (the marker and its index keys), in bytes
-    items = [kb(meta), *map(kb, events), kb(touch), kb(touch)]  # the touch, and the superseded one marked
-    one_call = {"table": 2 * sum(items), "listing": 2, "ids": 2 * len(events)}
-    gated_table = math.ceil((item_bytes(meta) + marker) / 1024) + sum(items[1:]) + kb(meta)
-    gated = {"table": gated_table, "listing": 1, "pending": 2, "ids": len(events)}
-    print(f"  write units per {len(events)}-event commit as AWS bills them (item sizes; meta {item_bytes(meta)} B):")
+    # the finish's (or the one call's) items: the meta update, the touch and the delete of the superseded one
+    finish = [kb(meta), kb(touch), kb(touch)]
+    one_call = {"table": 2 * (sum(finish) + sum(map(kb, events)) + sum(map(kb, ids))), "listing": 2 * 2}
+    gate = math.ceil((item_bytes(meta) + marker) / 1024)
+    gated = {"table": gate + sum(map(kb, events)) + sum(map(kb, ids)) + 2 * sum(finish), "listing": 2 * 2, "pending": 2}
+    sizes = f"meta {item_bytes(meta)} B, an event {item_bytes(events[0])} B, an id item {item_bytes(ids[0])} B"
+    print(f"  write units per {len(events)}-event commit as AWS bills them ({sizes}):")
     for name, units in (("one call", one_call), ("gated", gated)):
         total = sum(units.values())
         detail = ", ".join(f"{k} {v}" for k, v in units.items())
-        print(f"    {name:<9} {total} WCU ({detail}): ${total * 0.625 / 1e6 * 1e6:.2f} per million commits")
+        print(f"    {name:<9} {total} WCU ({detail}): ${total * 0.625:.2f} per million commits")
 
 
 def _edge_commits(store: Any, meter: Meter) -> Figure:
@@ -383,7 +428,7 @@ def _edge_commits(store: Any, meter: Meter) -> Figure:
             assert store.commit(meta, batch, version).ok
             calls.append(sum(meter.calls.values()) - before)
         seconds = (time.perf_counter() - started) / repeat
-        bound = 2 + math.ceil(count / 25)
+        bound = 2 + math.ceil(2 * count / 25)  # the gated protocol's batches: event items, then their id items
         worst = max(worst, max(calls) / bound)
         units = ", ".join(f"{k} {v / repeat:.2f}" for k, v in sorted(meter.units.items()))
         ops = ", ".join(f"{k} {v / repeat:g}" for k, v in sorted(meter.calls.items()))
@@ -392,7 +437,7 @@ def _edge_commits(store: Any, meter: Meter) -> Figure:
         "dynamodb",
         "calls per commit at the edges (0-50 events, creates), worst",
         f"{worst:.2f}x the bound",
-        "2 + ceil(events/25)",
+        "2 + ceil(2 x events/25)",
         worst,
         1,
         "lower",

@@ -14,7 +14,7 @@ from types import MappingProxyType
 
 from dormant.serving.deployed import MODEL, OPENAI_BASE_URL, OPENAI_SECRET
 from dormant.serving.routes import ROUTES
-from dormant.stores.dynamodb import IDS_INDEX, LISTING_INDEX, PENDING_INDEX, RUNNING_INDEX, STATUS_INDEX
+from dormant.stores.dynamodb import LISTING_INDEX, PENDING_INDEX, RUNNING_INDEX, STATUS_INDEX
 
 # -- environment ----------------------------------------------------------------------------------
 
@@ -85,6 +85,8 @@ MODEL_ACTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
 
 SESSION_ACTIONS = (
     "dynamodb:GetItem",  # the meta item, a snapshot, the touch a repair checks; idempotency records
+    "dynamodb:BatchGetItem",  # the id items of re-sent event ids (one call for a turn's)
+    "dynamodb:DescribeTable",  # the table's shape, checked once by the first store on a new table
     "dynamodb:Query",  # a session's items; a scoped partition; an index (below)
     "dynamodb:PutItem",  # Put items of a TransactWriteItems (bindings, scoped keys, touches, snapshot); idempotency
     "dynamodb:UpdateItem",  # the gate, the recount, the finish, a rollback; idempotency
@@ -109,21 +111,20 @@ TABLE_ACCESS: Mapping[str, TableAccess] = MappingProxyType(
     {
         # the listing: a Query per shard of the listing index (of the status index, with ?status=), which
         # projects the rows (no BatchGetItem)
-        "sessions": TableAccess(SESSION_ACTIONS, (IDS_INDEX, LISTING_INDEX, STATUS_INDEX)),
-        "run": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
-        "tools": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
-        "commit": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
-        "park": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
-        "resume": TableAccess(SESSION_ACTIONS, (IDS_INDEX,)),
+        "sessions": TableAccess(SESSION_ACTIONS, (LISTING_INDEX, STATUS_INDEX)),
+        "run": TableAccess(SESSION_ACTIONS, ()),
+        "tools": TableAccess(SESSION_ACTIONS, ()),
+        "commit": TableAccess(SESSION_ACTIONS, ()),
+        "park": TableAccess(SESSION_ACTIONS, ()),
+        "resume": TableAccess(SESSION_ACTIONS, ()),
         # repair_pending finds stale markers through the pending-marker index; running_sessions finds the turns
         # whose runner may have died through the running index
         # and the running-sessions index, whose meta items it reads back by BatchGetItem
-        "sweeper": TableAccess((*SESSION_ACTIONS, "dynamodb:BatchGetItem"), (IDS_INDEX, PENDING_INDEX, RUNNING_INDEX)),
+        "sweeper": TableAccess(SESSION_ACTIONS, (PENDING_INDEX, RUNNING_INDEX)),
     }
 )
-"""Function -> its table access. ``IDS_INDEX`` (the event-id index) is read by every commit that may re-send an
-event; only the session listing reads ``LISTING_INDEX`` and ``STATUS_INDEX``, and only the sweeper ``PENDING_INDEX`` and
-``RUNNING_INDEX``."""
+"""Function -> its table access. Re-sent event ids are read by key (their id items: no index); only the session
+listing reads ``LISTING_INDEX`` and ``STATUS_INDEX``, and only the sweeper ``PENDING_INDEX`` and ``RUNNING_INDEX``."""
 
 # -- Step Functions -------------------------------------------------------------------------------
 

@@ -903,3 +903,74 @@ def test_a_one_call_commit_on_a_re_created_session_lands_in_the_new_incarnation(
     result = stale.commit(world.meta(), _events("x", 2), 1)
     assert (result.ok, result.version, result.appended) == (True, 2, 2)
     assert world.ids() == ["new-000", "new-001", "x-000", "x-001"]
+
+
+# -- re-sent ids without a local index: the id items ------------------------------------------------------
+
+
+def _id_items(world: World) -> dict[str, dict[str, Any]]:
+    answer = world.writer_client.query(
+        TableName=world.table,
+        KeyConditionExpression="pk = :pk AND begins_with(sk, :i)",
+        ExpressionAttributeValues={":pk": {"S": session_pk(world.app, world.sid)}, ":i": {"S": "I#"}},
+        ConsistentRead=True,
+    )
+    return {item["sk"]["S"][2:]: item for item in answer["Items"]}
+
+
+@pytest.mark.parametrize("first", ["one-call", "gated"])
+def test_an_id_stored_by_either_path_is_found_when_re_sent_on_the_other(world: World, first: str) -> None:
+    paths = {"one-call": world.store(single_call_items=100), "gated": world.store(single_call_items=0)}
+    storing, resending = paths[first], paths["gated" if first == "one-call" else "one-call"]
+    assert storing.commit(world.meta(), _events("a", 5), 0).ok
+    assert storing.commit(world.meta(), _events("b", 5), 1).ok
+    assert set(_id_items(world)) == set(_events_ids("a", 5) + _events_ids("b", 5))  # one id item per event
+    resending.load(world.app, world.sid)  # the one-call store knows the session: only its filter sends it gated
+    again = resending.commit(world.meta(), [*_events("a", 5)[1:3], *_events("b", 5)[4:], *_events("c", 2)], 2)
+    assert (again.ok, again.appended) == (True, 2)
+    assert world.ids() == _events_ids("a", 5) + _events_ids("b", 5) + _events_ids("c", 2)
+    _takes_the_next_commit(world, 3, world.ids())
+
+
+def test_a_repair_rolling_forward_puts_the_id_items_the_writer_never_wrote(world: World) -> None:
+    _seeded(world)
+    # 30 events: their 30 items, then their 30 id items, in batches of 25: the third batch holds the last 10 id items
+    world.faults.die("BatchWriteItem", nth=3)
+    with pytest.raises(Died):
+        world.writer.commit(world.meta(), _events("w", 30), 1)
+    assert world.raw_event_items() == 40
+    assert len([i for i in _id_items(world) if i.startswith("w-")]) == 20  # ten id items missing
+    world.clock.advance(1)
+    (report,) = world.store().repair_pending(older_than_s=0)
+    assert report.action == "rolled_forward"
+    assert len([i for i in _id_items(world) if i.startswith("w-")]) == 30
+    again = world.store().commit(world.meta(), _events("w", 30), 2)  # the writer's retry: every id is known
+    assert (again.ok, again.appended) == (True, 0)
+    assert world.ids() == _events_ids("base", 10) + _events_ids("w", 30)
+
+
+def test_a_rolled_back_writer_putting_its_id_items_late_does_not_hide_the_live_ones(world: World) -> None:
+    """A writer rolled back while paused, whose retry (the same events) lands first: when it wakes, it puts its
+    id items (a batch: no condition) over the live commit's. A re-send must still find every id."""
+    _seeded(world)
+    arrived, resume = threading.Event(), threading.Event()
+    world.faults.pause("BatchWriteItem", 2, arrived, resume)  # after 25 of its 30 event items
+    results: dict[str, Any] = {}
+    slow = threading.Thread(target=lambda: results.update(r=world.writer.commit(world.meta(), _events("t", 30), 1)))
+    slow.start()
+    assert arrived.wait(timeout=30)
+    world.clock.advance(1)
+    assert [r.action for r in world.store().repair_pending(older_than_s=0)] == ["rolled_back"]
+    retry = world.store().commit(world.meta(), _events("t", 30), 1)  # the turn again, as a retried run sends it
+    assert (retry.ok, retry.version, retry.appended) == (True, 2, 30)
+    live = _id_items(world)
+    resume.set()
+    slow.join(timeout=30)
+    assert not slow.is_alive() and (results["r"].ok, results["r"].version) == (False, 2)
+    late = _id_items(world)
+    assert any(late[i]["t"] != live[i]["t"] for i in late if i.startswith("t-"))  # the dead grant's, over the live
+    for version, store in enumerate((world.store(single_call_items=0), world.store(single_call_items=100)), start=2):
+        store.load(world.app, world.sid)
+        again = store.commit(world.meta(), _events("t", 30), version)
+        assert (again.ok, again.appended) == (True, 0)  # found by reading the events from the dead grant's version
+    assert world.ids() == _events_ids("base", 10) + _events_ids("t", 30)

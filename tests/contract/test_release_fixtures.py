@@ -7,7 +7,6 @@ DynamoDB items. Each is loaded into a real store of its kind, untouched, and mus
 
 from __future__ import annotations
 
-import base64
 import json
 import shutil
 import uuid
@@ -20,7 +19,7 @@ from dormant.audit import key_history
 from dormant.events import StateChangeEvent, ToolResultEvent
 from dormant.stores.sql_schema import RUNNING_QUERY, WAITING_QUERY
 from dormant.stores.sqlite import sqlite_store
-from tests.support.release_fixtures import APP, DONE, FIXTURES, USER, WAITING, fixture_app
+from tests.support.release_fixtures import APP, DONE, FIXTURES, USER, WAITING, fixture_app, old_dynamodb_table
 
 RELEASES = sorted(path.name for path in FIXTURES.iterdir() if (path / "generate.py").exists())
 
@@ -151,43 +150,40 @@ def test_a_postgres_schema_made_before_the_running_index_gets_it_whole(postgres_
         store.close()
 
 
-def _binary(value: Any) -> Any:
-    """DynamoDB JSON as the AWS CLI prints it (base64 binaries) back to what boto3 sends."""
-    if isinstance(value, dict):
-        return {
-            k: base64.b64decode(v) if k == "B" else [base64.b64decode(b) for b in v] if k == "BS" else _binary(v)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [_binary(v) for v in value]
-    return value
-
-
 @pytest.mark.backend("dynamodb")
 @pytest.mark.parametrize("release", RELEASES)
-def test_dynamodb_items_restore_resume_and_commit(release: str, dynamodb_endpoint: str) -> None:
-    from dormant.stores.dynamodb import create_table, dynamo_store
+def test_dynamodb_items_migrate_then_resume_and_commit(
+    release: str, dynamodb_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The table the release made cannot be served in place (its local index can never be dropped): the store
+    refuses it, naming the command; ``dormant migrate-table`` copies it, and the sessions load, list, resume and
+    commit in the new table."""
+    from dormant.cli import main
+    from dormant.errors import ConfigurationError
+    from dormant.stores.dynamodb import dynamo_store
     from tests.support.servers.dynamodb import client
 
-    items = [_binary(item) for item in json.loads((FIXTURES / release / "dynamodb.json").read_text())]
-    assert items
-    table = f"fixture-{uuid.uuid4().hex[:8]}"
     ddb = client(dynamodb_endpoint)
+    old = old_dynamodb_table(ddb, release)
+    new = f"migrated-{uuid.uuid4().hex[:8]}"
     try:
-        create_table(table, client=ddb)
-        for start in range(0, len(items), 25):
-            batch = [{"PutRequest": {"Item": item}} for item in items[start : start + 25]]
-            left = ddb.batch_write_item(RequestItems={table: batch}).get("UnprocessedItems")
-            assert not left
-        store = dynamo_store(table, client=ddb)
+        with pytest.raises(ConfigurationError, match=f"dormant migrate-table --from {old}"):
+            dynamo_store(old, client=ddb).load(APP, DONE)
+        assert main(["migrate-table", "--from", old, "--to", new, "--endpoint", dynamodb_endpoint]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert (report["sessions"], report["touches"], report["scoped"]) == (2, 2, 2)
+        assert report["events"] == report["id_items"] > 0
+        store = dynamo_store(new, client=ddb)
+        assert [s.id for s in store.list(APP, status="awaiting_input")] == [WAITING]  # the status index too
+        assert [s.id for s in store.list(APP, status="completed")] == [DONE]
         check_resumes(store)
-        # Release 0.1 kept each session's listing entry on its meta item; the commit moved WAITING's to a
-        # touch item. Each session is listed once, the committed one first.
+        # Release 0.1 kept each session's listing entry on its meta item; the new table has touches only.
         assert [listing.id for listing in store.list(APP)][:2] == [WAITING, DONE]
         assert len(store.list(APP)) == len({listing.id for listing in store.list(APP)})
-        meta = ddb.get_item(TableName=table, Key={"pk": {"S": f"S#{APP}#{WAITING}"}, "sk": {"S": "#M"}})["Item"]
+        meta = ddb.get_item(TableName=new, Key={"pk": {"S": f"S#{APP}#{WAITING}"}, "sk": {"S": "#M"}})["Item"]
         assert "lpk" not in meta
         store.close()
     finally:
-        ddb.delete_table(TableName=table)
+        for table in (old, new):
+            ddb.delete_table(TableName=table)
         ddb.close()

@@ -145,8 +145,9 @@ def test_a_commit_is_a_gate_its_batches_and_a_finish(store: DynamoDBSessionStore
     # and the finish is a transaction of the meta update, the touch and the delete of the superseded touch
     assert dict(faults.calls) == {"TransactWriteItems": 2, "BatchWriteItem": 1}
     faults.calls.clear()
-    assert store.commit(meta, [_event(n) for n in range(5, 65)], 1).ok  # 60 events: 3 batches
-    assert dict(faults.calls) == {"UpdateItem": 1, "BatchWriteItem": 3, "TransactWriteItems": 1}
+    # 60 events: 60 event items, then their 60 id items, in 5 batches of 25
+    assert store.commit(meta, [_event(n) for n in range(5, 65)], 1).ok
+    assert dict(faults.calls) == {"UpdateItem": 1, "BatchWriteItem": 5, "TransactWriteItems": 1}
     faults.calls.clear()
     changes = [ScopedStateChange("user", "u-1", "k", 1)]
     assert store.commit(meta, [_event(99)], 2, changes).ok
@@ -167,9 +168,12 @@ def test_a_resent_id_is_looked_up_alone_not_in_the_history(store: DynamoDBSessio
     faults = Faults(ddb)
     result = store.commit(_meta(app), [_event(7), _event(200), _event(150), _event(201)], 1)
     assert (result.ok, result.appended) == (True, 2)
-    queries = [params for op, params in faults.params if op == "Query"]
-    assert len(queries) == 2 and all(q["IndexName"] == "ids" for q in queries)  # one per re-sent id
-    assert {q["ExpressionAttributeValues"][":eid"]["S"] for q in queries} == {"evt-7", "evt-150"}
+    # the re-sent ids' id items, by key, in one consistent BatchGetItem: no Query, no index
+    (read,) = [params for op, params in faults.params if op == "BatchGetItem"]
+    ((_table, request),) = read["RequestItems"].items()
+    assert request["ConsistentRead"] is True
+    assert {key["sk"]["S"] for key in request["Keys"]} == {"I#evt-7", "I#evt-150"}
+    assert faults.calls["Query"] == 0
     loaded = store.load(app, "s-1")
     assert loaded is not None and [e.id for e in loaded.events][-3:] == ["evt-199", "evt-200", "evt-201"]
     # The marker was recounted for the items really written: a repair would judge the commit by them.
@@ -182,7 +186,7 @@ def test_new_ids_cost_no_lookup(store: DynamoDBSessionStore, ddb: Any, app: str)
     for version in range(1, 21):
         store.commit(_meta(app), [_event(f"new-{version}-{k}") for k in range(5)], version)
     # 100 new ids against 500 stored: the filter may flag one by chance (about 1 in 10,000 each).
-    assert faults.calls["Query"] <= 1
+    assert faults.calls["BatchGetItem"] <= 1 and faults.calls["Query"] == 0
 
 
 def test_ids_minted_after_the_stored_ones_cost_no_lookup_however_full_the_filter(
@@ -198,10 +202,10 @@ def test_ids_minted_after_the_stored_ones_cost_no_lookup_however_full_the_filter
     for version in range(2, 12):
         result = store.commit(_meta(app), [UserEvent(id=new_id(), created_at=1, text="y") for _ in range(5)], version)
         assert (result.ok, result.appended) == (True, 5)
-    assert faults.calls["Query"] == 0  # above the greatest stored id: new without asking the filter
+    assert faults.calls["BatchGetItem"] == 0  # above the greatest stored id: new without asking the filter
     resent = store.commit(_meta(app), [stored[40], UserEvent(id=new_id(), created_at=1, text="z")], 12)
     assert (resent.ok, resent.appended) == (True, 1)  # the re-sent id is still found (looked up) and skipped
-    assert faults.calls["Query"] == 1
+    assert faults.calls["BatchGetItem"] == 1
 
 
 def test_the_id_filter_answers_alone_for_a_meta_item_without_the_greatest_id() -> None:
@@ -235,7 +239,8 @@ def test_an_event_too_large_for_one_item_is_chunked_and_reassembled(
     events = [_event(1), big, _event(2)]
     assert store.commit(_meta(app), events, 0).ok
     items = _raw_items(ddb, dynamodb_table, session_pk(app, "s-1"))
-    assert len(items) == 1 + 1 + 3 + 1 + 1  # meta, evt-1, big in 3 chunks, evt-2, the commit's touch
+    assert len(items) == 1 + 1 + 3 + 1 + 3 + 1  # meta, evt-1, big in 3 chunks, evt-2, their 3 id items, the touch
+    assert sorted(i["sk"]["S"] for i in items if i["sk"]["S"].startswith("I#")) == ["I#big", "I#evt-1", "I#evt-2"]
     assert all(len(i.get("d", {}).get("B", b"")) <= CHUNK_BYTES for i in items)
     loaded = store.load(app, "s-1")
     assert loaded is not None and loaded.events == events
@@ -431,7 +436,7 @@ def test_create_table_builds_the_shape_once(ddb: Any) -> None:
     described = ddb.describe_table(TableName=name)["Table"]
     request = TABLE.create_table_request(name)
     assert {i["IndexName"] for i in described["GlobalSecondaryIndexes"]} == {"listing", "pending", "running", "status"}
-    assert [i["IndexName"] for i in described["LocalSecondaryIndexes"]] == ["ids"]
+    assert "LocalSecondaryIndexes" not in described  # no item collection capped at 10 GB
     assert described["KeySchema"] == request["KeySchema"]
     ttl = ddb.describe_time_to_live(TableName=name)["TimeToLiveDescription"]
     assert ttl["AttributeName"] == "expires_at"
@@ -682,7 +687,7 @@ def test_running_sessions_skip_an_expired_session_and_an_entry_the_index_still_h
         assert [r.session_id for r in store.running_sessions() if r.app_name == app] == ["s-live"]
 
 
-# -- calls per commit: 2 + ceil(events / 25), whatever the count -------------------------------------
+# -- calls per commit: 2 + ceil(2 x events / 25), whatever the count ------------------------------
 
 
 def test_the_touch_rides_in_the_finish_exactly_when_the_batches_have_no_room_for_it() -> None:
@@ -695,12 +700,12 @@ def test_the_touch_rides_in_the_finish_exactly_when_the_batches_have_no_room_for
 
 
 @pytest.mark.parametrize("count", [0, 1, 5, 23, 24, 25, 26, 49, 50])
-def test_every_commit_takes_at_most_two_calls_plus_one_per_25_events(
+def test_every_commit_takes_at_most_two_calls_plus_one_per_25_items(
     ddb: Any, dynamodb_table: str, app: str, count: int
 ) -> None:
-    store = dynamo_store(dynamodb_table, client=ddb)
+    store = _warm(dynamo_store(dynamodb_table, client=ddb))
     faults = Faults(ddb)
-    bound = 2 + -(-count // 25)
+    bound = 2 + -(-2 * count // 25)  # the gated protocol's batches: each event's item and its id item
     serial = iter(range(100_000))
 
     def commit(meta: StoredSession, version: int, changes: list[ScopedStateChange] | None = None) -> None:
@@ -874,3 +879,14 @@ def test_a_session_of_100_mb_commits_and_loads(ddb: Any, dynamodb_table: str, ap
     loaded = store.load(app, "big")
     assert loaded is not None and len(loaded.events) == 101
     assert sum(len(e.text) for e in loaded.events if isinstance(e, UserEvent)) >= 100_000_000
+
+
+def test_a_load_reads_the_meta_item_and_the_events_not_their_id_items(
+    store: DynamoDBSessionStore, ddb: Any, app: str
+) -> None:
+    assert store.commit(_meta(app), [_event(n) for n in range(5)], 0).ok
+    counts: list[int] = []
+    ddb.meta.events.register("after-call.dynamodb.Query", lambda parsed, **_: counts.append(parsed["Count"]))
+    loaded = store.load(app, "s-1")
+    assert loaded is not None and len(loaded.events) == 5
+    assert counts == [1 + 5]  # the meta item and 5 event items: the 5 id items and the touch sort after them

@@ -7,6 +7,9 @@ The app below must keep accepting them; if its models change, it declares migrat
 
 from __future__ import annotations
 
+import base64
+import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ from pydantic import BaseModel
 from dormant import App, adk, openai
 from dormant.agents.agent import Agent
 from dormant.clock import frozen_clock
+from dormant.stores.dynamodb.table import IndexShape, TableShape
 from dormant.testing import MockAdapter
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -25,6 +29,17 @@ DONE = "s-done"
 """A completed session."""
 USER = "u-fixture"
 STARTED_AT = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+
+DYNAMODB_TABLES = {
+    "release-0.1": TableShape(
+        indexes=(
+            IndexShape("listing", ("lpk", "S"), ("lsk", "N"), "INCLUDE", ("id", "created_at", "version", "status")),
+            IndexShape("pending", ("ppk", "S"), ("psk", "N"), "KEYS_ONLY"),
+            IndexShape("ids", ("pk", "S"), ("eid", "S"), "INCLUDE", ("inc",), local=True),
+        )
+    ),
+}
+"""The DynamoDB table each release made (its ``table.TABLE``): what its stored items sit in."""
 
 
 class Approval(BaseModel):
@@ -73,3 +88,28 @@ def write_sessions(store: Any) -> None:
         done.input.answer("call-1", {"approved": True})
         scripted.set_responses([{"text": "Booked."}])
         app.sessions.commit(app.run(agent, session=done).session)
+
+
+def _binary(value: Any) -> Any:
+    """DynamoDB JSON as the AWS CLI prints it (base64 binaries) back to what boto3 sends."""
+    if isinstance(value, dict):
+        return {
+            k: base64.b64decode(v) if k == "B" else [base64.b64decode(b) for b in v] if k == "BS" else _binary(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_binary(v) for v in value]
+    return value
+
+
+def old_dynamodb_table(ddb: Any, release: str) -> str:
+    """A table of the shape ``release`` made, holding the items it stored (raw, as the fixture has them)."""
+    items = [_binary(item) for item in json.loads((FIXTURES / release / "dynamodb.json").read_text())]
+    assert items
+    table = f"fixture-{uuid.uuid4().hex[:8]}"
+    ddb.create_table(**DYNAMODB_TABLES[release].create_table_request(table))
+    ddb.get_waiter("table_exists").wait(TableName=table, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
+    for start in range(0, len(items), 25):
+        batch = [{"PutRequest": {"Item": item}} for item in items[start : start + 25]]
+        assert not ddb.batch_write_item(RequestItems={table: batch}).get("UnprocessedItems")
+    return table

@@ -4,6 +4,9 @@
 * ``dormant erase --scope user --id ID [--tenant T]`` runs ``app.erase`` and prints its report (JSON).
 * ``dormant purge [--tenant T]`` deletes the sessions past the app's ``retention``, in the app and every
   tenant of it (as the scheduled sweeper does), or in one tenant, and prints their ids (JSON).
+* ``dormant migrate-table --from OLD --to NEW [--endpoint URL] [--region R]`` copies a DynamoDB table of an
+  earlier layout (release 0.1's) into a new table of this release's, and prints the counts (JSON)
+  (``stores.dynamodb.migrate``; docs/dynamodb.md, Migration). Run it again to resume or to catch up.
 
 Every command names the app as the handlers do: ``--app module:attr`` (default ``DORMANT_APP``, else
 the Bookings sample) on ``--store URL`` (default ``DORMANT_STORE``, else ``sqlite:///data/dormant.db``).
@@ -137,6 +140,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "erase":
             sub.add_argument("--scope", required=True, help="user, patient, practice, org or team")
             sub.add_argument("--id", required=True, help="the id the scope is bound to")
+    migrate = commands.add_parser(
+        "migrate-table",
+        help="copy a DynamoDB table of an earlier layout into a new table of this release's",
+        description="Copy a DynamoDB table made by an earlier release (its local index and listing entries cannot "
+        "change in place) into a new table of this release's layout, converting what changed. Resumable: run it "
+        "again after a stop, or to copy what changed since (nothing is written twice).",
+    )
+    migrate.add_argument("--from", dest="source", required=True, metavar="TABLE", help="the table to copy")
+    migrate.add_argument("--to", dest="target", required=True, metavar="TABLE", help="the new table (made if missing)")
+    migrate.add_argument("--endpoint", help="a DynamoDB endpoint URL (DynamoDB Local); default AWS's")
+    migrate.add_argument("--region", help="the AWS region (default: the environment's)")
+    migrate.add_argument("--listing-shards", type=int, help="the new table's listing shards (default: the old one's)")
+    migrate.add_argument("--pending-shards", type=int, help="the new table's pending shards (default: the old one's)")
+    migrate.add_argument("--no-create", action="store_true", help="require the new table to exist")
+    migrate.set_defaults(run=_migrate_table)
     args = parser.parse_args(argv)
     code: int = args.run(args)
     return code
@@ -168,6 +186,40 @@ def _operate(args: argparse.Namespace) -> int:
     if residue is not None:  # done in the database, not gone from the disk: a script must not read it as 0
         print(f"dormant {args.command}: erased, but not gone from the store's files: {residue}", file=sys.stderr)
         return 3
+    return 0
+
+
+def _migrate_table(args: argparse.Namespace) -> int:
+    """``dormant migrate-table``: the copy, its counts as JSON; exit 2 on configuration, 1 when DynamoDB failed."""
+    from .errors import ConfigurationError, DormantError
+
+    try:
+        from .stores.dynamodb.migrate import migrate_table
+        from .stores.dynamodb.store import _client
+        from .stores.url import _local_client, is_loopback_endpoint
+
+        if args.endpoint and is_loopback_endpoint(args.endpoint):
+            client = _local_client(args.endpoint, args.region)
+        else:
+            client = _client(args.endpoint, args.region)
+        try:
+            report = migrate_table(
+                client,
+                args.source,
+                args.target,
+                listing_shards=args.listing_shards,
+                pending_shards=args.pending_shards,
+                create=not args.no_create,
+            )
+        finally:
+            client.close()
+    except ConfigurationError as exc:
+        print(f"dormant migrate-table: {exc}", file=sys.stderr)
+        return 2
+    except DormantError as exc:
+        print(f"dormant migrate-table: DynamoDB failed: {exc} (run it again: it resumes)", file=sys.stderr)
+        return 1
+    print(json.dumps(report.as_dict(), indent=2))
     return 0
 
 

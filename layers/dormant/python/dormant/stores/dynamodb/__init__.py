@@ -8,13 +8,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .table import IDS_INDEX, LISTING_INDEX, PENDING_INDEX, RUNNING_INDEX, STATUS_INDEX, TABLE, IndexShape, TableShape
+from .table import (
+    LAYOUT_FORMAT,
+    LISTING_INDEX,
+    PENDING_INDEX,
+    RUNNING_INDEX,
+    STATUS_INDEX,
+    TABLE,
+    IndexShape,
+    TableShape,
+)
 
 if TYPE_CHECKING:
     from .store import DynamoDBSessionStore, RepairReport, create_table, dynamo_store
 
 __all__ = [
-    "IDS_INDEX",
+    "LAYOUT_FORMAT",
     "LISTING_INDEX",
     "PENDING_INDEX",
     "RUNNING_INDEX",

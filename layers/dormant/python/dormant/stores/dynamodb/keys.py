@@ -1,9 +1,9 @@
 """How the DynamoDB store lays sessions out in its one table: keys, shards, chunks and the id filter.
 
 Pure functions over plain values (no boto3), so they are tested on their own and shared by the commit,
-the loader and the repair code.
+the loader, the repair code and ``migrate``.
 
-A session partition ``S#{app}#{session_id}`` holds:
+A session partition ``S#{app}#{session_id}`` holds, in sort-key order:
 
 * the meta item, ``sk = "#M"`` (sorts before every event item, so a load's first page starts with it);
 * the session's snapshot, ``sk = "#S"`` (after the meta item, before the events; one item, overwritten);
@@ -14,12 +14,19 @@ A session partition ``S#{app}#{session_id}`` holds:
   version next: the meta item lists rolled-back grants in ``dead`` and readers skip their items.
 * the chunks of an event larger than one item, ``sk = "{event sk}#{chunk:03d}"`` (chunk 0 is the event
   item itself, which carries the id and the chunk count);
-* one small *touch* item per commit, ``sk = "T#{updated_at:013d}"``: the only items the listing index
-  holds. A commit adds its touch (one index write) instead of moving an index entry (a delete and a
-  put); the touch it superseded is marked expired by the commit after it, and AWS's TTL removes it.
+* one small *id* item per event, ``sk = "I#{event id}"`` (``id_sk``), written with the event (in the same
+  transaction, or the same batches before the finish): its incarnation, version and grant, so a re-sent
+  id the meta item's filter flags is found with one consistent ``GetItem``/``BatchGetItem`` of these keys,
+  without a local index (which would cap the partition at 10 GB and keep it from splitting). It sorts
+  after the events, so a load (``sk < "I#"``) never reads it;
+* one small *touch* item per session, ``sk = "T#{updated_at:013d}"``: the only items the listing and
+  status indexes hold. A commit puts its touch and deletes the one it superseded, in its own transaction.
 
 Outside it, ``B#{app}#{scope}#{scope_id}`` lists the sessions bound to one person (``sk`` = session id):
 written with the gate that creates the session (one transaction), deleted with it, read by an erasure.
+``X#{app}#{scope}#{scope_id}`` holds that scope id's shared state, one item per key. Both are one
+partition per scope id (a person, an organisation), never one per app: with no local index on the table,
+an item collection has no size cap and DynamoDB splits a partition by sort key when it grows.
 ``I#{app}#{session_id}`` holds the session's ``Idempotency-Key`` records (Powertools' own items; ``sk`` = the
 hashed key), expiring through the table's TTL and deleted with the session.
 """
@@ -35,6 +42,7 @@ from ...errors import StoreError
 
 __all__ = [
     "CHUNK_BYTES",
+    "ID_PREFIX",
     "META_SK",
     "SNAPSHOT_SK",
     "EventKey",
@@ -43,6 +51,7 @@ __all__ = [
     "chunks",
     "event_prefix",
     "event_sk",
+    "id_sk",
     "idempotency_pk",
     "item_bytes",
     "listing_key",
@@ -61,6 +70,8 @@ __all__ = [
 META_SK = "#M"
 SNAPSHOT_SK = "#S"
 EVENT_PREFIX = "E#"
+ID_PREFIX = "I#"
+"""The id items' prefix: after ``E#`` (a load reads ``sk < ID_PREFIX``), before ``T#``."""
 TOUCH_PREFIX = "T#"
 CHUNK_BYTES = 350_000
 """Bytes of event JSON per item: DynamoDB's item limit is 400 KB, keys and attribute names included.
@@ -143,6 +154,11 @@ def event_sk(version: int, grant: str, seq: int, chunk: int = 0) -> str:
     return base if chunk == 0 else f"{base}#{chunk:03d}"
 
 
+def id_sk(event_id: str) -> str:
+    """The sort key of the item recording which commit stored ``event_id`` (ids never hold ``#``)."""
+    return f"{ID_PREFIX}{event_id}"
+
+
 def touch_sk(updated_at: int) -> str:
     """The sort key of the touch a commit at ``updated_at`` (epoch ms) leaves in the listing index."""
     return f"{TOUCH_PREFIX}{updated_at:013d}"
@@ -197,8 +213,9 @@ class IdFilter:
     events of a turn pass on that comparison alone, however long the session. Other ids (re-sent ones,
     ids from a process whose clock is behind, ids a caller chose) ask the filter, which answers
     "certainly not stored" for nearly every new one; only ids it flags (re-sent ones, and false
-    positives) cost a read of the id index. 16,384 bits and 7 hashes: a new id is flagged about 1 time in
-    1,600 at 1,000 stored events, 1 in 50 at 2,000, 1 in 10 at 3,000, 2 in 5 at 5,000 (docs/dynamodb.md).
+    positives) cost a consistent read of their id items (``id_sk``). 16,384 bits and 7 hashes: a new id
+    is flagged about 1 time in 1,600 at 1,000 stored events, 1 in 50 at 2,000, 1 in 10 at 3,000, 2 in 5
+    at 5,000 (docs/dynamodb.md).
     Stored zlib-compressed, so the filter of a short session costs a few hundred bytes of the meta item
     and at most 2 KB.
     """

@@ -1,7 +1,8 @@
 """The DynamoDB store: one table, a gated commit of versioned event batches, sharded listing, repair.
 
 An ordinary commit is one ``TransactWriteItems`` (``_one_call``). One too large for a transaction is three
-steps, each safe to be interrupted after, in at most ``2 + ceil(events / 25)`` calls whatever the count:
+steps, each safe to be interrupted after, in at most ``2 + ceil(2 x events / 25)`` calls whatever the count
+(the batches carry each event's item, then its id item):
 
 1. **Gate**: a conditional ``UpdateItem`` of the meta item (``attribute_not_exists`` to create, else
    ``version = expected``, the same scopes, and no marker) that records a pending marker: the version it
@@ -38,8 +39,10 @@ The checks, encoding, limits and the ``CommitResult``/``ScopeMismatch`` bookkeep
 **Idempotency by event id** without reading history: the meta item carries the greatest stored id and
 a Bloom filter of the stored ids (``keys.IdFilter``), which the gate returns (``ReturnValues=ALL_OLD``)
 at no extra call. An id above the greatest (``new_id`` mints them in order), or one the filter rules
-out, is new. An id it flags is looked up in the ``ids`` local secondary index — one strongly
-consistent ``Query`` for that id alone. Only re-sent ids and rare false positives pay that read.
+out, is new. The ids it flags are looked up by key: every event is written with an id item
+(``keys.id_sk``: its incarnation, version and grant), read with one strongly consistent ``BatchGetItem``
+(``_stored_ids``). Only re-sent ids and rare false positives pay that read. The table has no local index,
+so no item collection is capped at 10 GB.
 
 **Repair** (``repair_pending``; and a writer that meets a stale marker runs the same code first): a
 marker's version is rolled forward when all of its event items are present — with its touch, written
@@ -83,6 +86,7 @@ from ...errors import (
     StoreError,
     StoreUnavailable,
 )
+from ...ids import MAX_KEY_LENGTH
 from ..base import (
     RUNNING_STATUS,
     WAITING_STATUSES,
@@ -97,6 +101,7 @@ from ..base import (
 )
 from .keys import (
     GRANT_LENGTH,
+    ID_PREFIX,
     META_SK,
     SNAPSHOT_SK,
     IdFilter,
@@ -104,6 +109,7 @@ from .keys import (
     chunks,
     event_prefix,
     event_sk,
+    id_sk,
     item_bytes,
     listing_key,
     listing_keys,
@@ -116,7 +122,7 @@ from .keys import (
     split_session_pk,
     touch_sk,
 )
-from .table import IDS_INDEX, LISTING_INDEX, PENDING_INDEX, RUNNING_INDEX, STATUS_INDEX, TABLE
+from .table import LAYOUT_FORMAT, LISTING_INDEX, PENDING_INDEX, RUNNING_INDEX, STATUS_INDEX, TABLE
 
 __all__ = [
     "DEFAULT_LISTING_SHARDS",
@@ -383,8 +389,8 @@ class DynamoDBSessionStore(BaseSessionStore):
             return _stored(meta, pk), _visible_events(meta, items)
         everything = self._query(
             TableName=self._table,
-            KeyConditionExpression="pk = :pk AND sk < :touches",  # the meta item, snapshot and events
-            ExpressionAttributeValues={":pk": {"S": pk}, ":touches": {"S": touch_sk(0)[:2]}},
+            KeyConditionExpression="pk = :pk AND sk < :ids",  # the meta item, snapshot and events: no id items
+            ExpressionAttributeValues={":pk": {"S": pk}, ":ids": {"S": ID_PREFIX}},
             ConsistentRead=True,
         )
         if not everything or everything[0]["sk"]["S"] != META_SK:
@@ -444,7 +450,7 @@ class DynamoDBSessionStore(BaseSessionStore):
         origin = old if "created_at" in old else _origin(row)
         ids = IdFilter.of(old)
         flagged = [e.id for e in commit.events if ids.may_hold(e.id)]
-        stored = {i for i in flagged if self._id_stored(pk, i, inc, commit.expected_version, _dead(old))}
+        stored = self._stored_ids(pk, flagged, inc, commit.expected_version, _dead(old)) if flagged else set()
         fresh = commit.fresh(stored)
         items = _event_items(pk, marker, inc, [(e.id, data[e.id]) for e in fresh], plan.horizon)
         if len(items) != marker.items:  # re-sent ids were skipped: the marker must count what is written
@@ -454,9 +460,9 @@ class DynamoDBSessionStore(BaseSessionStore):
             except _MarkerGone as gone:
                 return self._after_lost_marker(pk, marker, inc, gone.item, len(fresh), items, plan)
             marker = recounted
-        # A touch written here goes last: a repair that finds it knows every earlier write of the commit was
-        # made (any expiry refresh included). One riding in the finish is written with it, atomically.
-        writes = items
+        # The id items follow the event items: a repair rolling the commit forward (every event item there)
+        # puts them again, so a crash among them leaves no stored event without its id item.
+        writes = items + _id_items(pk, marker, inc, [e.id for e in fresh], plan.horizon)
         try:
             if plan.refresh:
                 self._refresh(pk, plan.horizon, row.scopes)
@@ -512,6 +518,7 @@ class DynamoDBSessionStore(BaseSessionStore):
         if plan.refresh or any(ids.may_hold(e.id) for e in commit.events):
             return None
         items = _event_items(pk, marker, inc, [(e.id, data[e.id]) for e in commit.events], plan.horizon)
+        items += _id_items(pk, marker, inc, [e.id for e in commit.events], plan.horizon)
         app_name, session_id = row.app_name, row.id
         if expected == 0:
             items += [_expiring(key, plan.horizon) for key in _binding_keys(app_name, session_id, row.scopes)]
@@ -520,9 +527,11 @@ class DynamoDBSessionStore(BaseSessionStore):
         others += [_transact_item(self._table, app_name, write) for write in commit.scoped]
         if 1 + len(items) + len(others) > self._single_call_items:
             return None
-        size = item_bytes(old) + 1024 + sum(map(item_bytes, items))
-        size += sum(item_bytes(w.get("Put", {}).get("Item", {})) + 1024 for w in others)
-        if size > MAX_TRANSACT_BYTES:
+        size = item_bytes(old) + 1024 + sum(item_bytes(w.get("Put", {}).get("Item", {})) + 1024 for w in others)
+        # Event, id and binding items: their payload plus keys and small attributes (ids are at most
+        # MAX_KEY_LENGTH characters) bound their size; counted exactly only when the bound is near the limit.
+        bound = sum(len(data[e.id]) for e in commit.events) + len(items) * (len(pk) + 3 * MAX_KEY_LENGTH + 128)
+        if size + bound > MAX_TRANSACT_BYTES and size + sum(map(item_bytes, items)) > MAX_TRANSACT_BYTES:
             return None
         ids.add(e.id for e in commit.events)
         update = self._commit_update(pk, marker, ids, plan)
@@ -553,6 +562,12 @@ class DynamoDBSessionStore(BaseSessionStore):
                 " AND (attribute_not_exists(#x) OR #x > :now)"
             )
             values[":e"] = {"N": str(expected)}
+        if expected:
+            # The condition rules out a marker (``pending``, ``ppk``, ``psk``), and a meta item of this layout has
+            # no listing entry of its own (``lpk``, ``plsk``) unless the one known has: none to remove. (A create
+            # may replace an expired incarnation, whatever it held: it removes everything.)
+            gone = {"pending", "ppk", "psk", *(name for name in ("lpk", "plsk") if name not in old)}
+            removes = ", ".join(name for name in removes.split(", ") if name not in gone)
         update["UpdateExpression"] = f"SET {sets} REMOVE {removes}"
         update["ConditionExpression"] = condition
         request = [{"Update": update}, *({"Put": {"TableName": self._table, "Item": i}} for i in items), *others]
@@ -905,8 +920,14 @@ class DynamoDBSessionStore(BaseSessionStore):
         app_name, session_id = split_session_pk(pk)
         try:
             if complete:
-                ids = IdFilter.of(meta)
-                ids.add(i["eid"]["S"] for i in items if "eid" in i)
+                event_ids = [i["eid"]["S"] for i in items if "eid" in i]
+                # The writer put its id items after its event items: put them again, as some may be missing.
+                try:
+                    ids_of = _id_items(pk, marker, meta["inc"]["S"], event_ids, plan.horizon)
+                    self._write_batches([{"PutRequest": {"Item": item}} for item in ids_of])
+                except _Exhausted as exc:
+                    raise StoreBusy(f"repair of session {split_session_pk(pk)[1]!r}: {exc}; try again") from None
+                ids = IdFilter.of(meta).add(event_ids)
                 self._finish(pk, marker, ids, plan, meta)
             else:
                 self._roll_back(pk, marker, create=int(meta["version"]["N"]) == 0)
@@ -1088,26 +1109,68 @@ class DynamoDBSessionStore(BaseSessionStore):
             _backoff(polls, base=0.005, cap=0.2)
             polls += 1
 
-    def _id_stored(self, pk: str, event_id: str, inc: str, version: int, dead: frozenset[str]) -> bool:
-        """Whether a committed event of this session has this id (one consistent read of the id index)."""
-        found = self._query(
-            TableName=self._table,
-            IndexName=IDS_INDEX,
-            KeyConditionExpression="pk = :pk AND eid = :eid",
-            ExpressionAttributeValues={":pk": {"S": pk}, ":eid": {"S": event_id}},
-            ProjectionExpression="sk, inc",
-            ConsistentRead=True,
-        )
-        for item in found:
-            key = parse_event_sk(item["sk"]["S"])
-            if (
-                key is not None
-                and item["inc"]["S"] == inc
-                and key.version <= version
-                and f"{key.version}#{key.grant}" not in dead
+    def _stored_ids(self, pk: str, event_ids: Sequence[str], inc: str, version: int, dead: frozenset[str]) -> set[str]:
+        """Which of these ids a committed event of this session holds: their id items (``keys.id_sk``), read by
+        key in consistent ``BatchGetItem`` calls of 100 — one call for a whole re-sent turn.
+
+        An id item counts when its incarnation is the session's, its version committed and its grant not
+        rolled back. No item: the id was never stored (every event is written with its id item, and a repair
+        rolling a commit forward puts them again). An item that does not count is not the last word: a
+        rolled-back writer waking late may have put it over the live one (a batch cannot be conditional), so
+        the events from its version on (from the first, for another incarnation's) are read for the id."""
+        stored: set[str] = set()
+        unsure: builtins.list[tuple[str, int]] = []
+        for found in self._get_items([_key(pk, id_sk(event_id)) for event_id in event_ids], "sk, inc, v, t"):
+            event_id = found["sk"]["S"][len(ID_PREFIX) :]
+            written_at = int(found["v"]["N"])
+            if found["inc"]["S"] != inc:
+                unsure.append((event_id, 1))
+            elif written_at <= version and f"{written_at}#{found['t']['S']}" not in dead:
+                stored.add(event_id)
+            else:
+                unsure.append((event_id, written_at))
+        for event_id, since in unsure:
+            if since > version:
+                continue  # nothing committed from there on
+            for item in self._query(
+                TableName=self._table,
+                KeyConditionExpression="pk = :pk AND sk BETWEEN :from AND :to",
+                FilterExpression="eid = :eid",
+                ExpressionAttributeValues={
+                    ":pk": {"S": pk},
+                    ":from": {"S": event_prefix(since)},
+                    ":to": {"S": event_prefix(version) + "~"},
+                    ":eid": {"S": event_id},
+                },
+                ProjectionExpression="sk, inc",
+                ConsistentRead=True,
             ):
-                return True
-        return False
+                key = parse_event_sk(item["sk"]["S"])
+                if key is not None and item["inc"]["S"] == inc and f"{key.version}#{key.grant}" not in dead:
+                    stored.add(event_id)
+        return stored
+
+    def _get_items(self, keys: Sequence[Mapping[str, Any]], projection: str) -> builtins.list[dict[str, Any]]:
+        """The items of these keys that exist, read strongly consistent by ``BatchGetItem`` (100 keys a call)."""
+        found: builtins.list[dict[str, Any]] = []
+        for start in range(0, len(keys), 100):
+            request: dict[str, Any] = {
+                self._table: {
+                    "Keys": builtins.list(keys[start : start + 100]),
+                    "ProjectionExpression": projection,
+                    "ConsistentRead": True,
+                }
+            }
+            for attempt in range(self._unprocessed_retries + 1):
+                answer = self._call("batch_get_item", RequestItems=request)
+                found += answer.get("Responses", {}).get(self._table, [])
+                request = answer.get("UnprocessedKeys") or {}
+                if not request:
+                    break
+                if attempt == self._unprocessed_retries:
+                    raise StoreBusy(f"DynamoDB left items unread after {attempt + 1} BatchGetItem calls")
+                _backoff(attempt)
+        return found
 
     def _recount(self, pk: str, marker: _Marker, recounted: _Marker) -> None:
         """Record the marker's corrected item count (and where its touch goes, which depends on it)."""
@@ -1431,15 +1494,23 @@ class DynamoDBSessionStore(BaseSessionStore):
             raise StoreError(f"DynamoDB {operation} failed: {exc}") from exc
 
     def _check_layout(self) -> None:
-        """Hold this store's shard counts against the ones the table records (``LAYOUT_KEY``), once per store.
+        """Hold this store's layout and shard counts against the ones the table records (``LAYOUT_KEY``), once
+        per store: one ``GetItem`` (a Lambda cold start), none per call after it.
 
-        The first store on a table records its counts (a conditional put); a store opened with other counts
-        is refused before it reads or writes anything: listing over another count would hide every session
-        whose entry is in a shard it does not query, and a sweeper over fewer pending shards would never see
-        some markers. One ``GetItem`` per store (a Lambda cold start), none per call after it."""
+        The first store on a table checks its shape (``DescribeTable``: no local index, the global indexes of
+        ``table.TABLE``) and records ``format`` = ``LAYOUT_FORMAT`` with its counts (a conditional put, so two
+        first stores agree). A table of an earlier layout (no ``format``: the ``ids`` local index, listing
+        entries without the row) is refused, naming ``dormant migrate-table``: it cannot be served in place (a
+        table's local indexes can never be dropped, nor a global index's projection changed). A store opened
+        with other counts is refused before it reads or writes anything: listing over another count would hide
+        every session whose entry is in a shard it does not query, and a sweeper over fewer pending shards would
+        never see some markers."""
         mine = {"listing_shards": self._listing_shards, "pending_shards": self._pending_shards}
         item = {**LAYOUT_KEY, **{name: {"N": str(value)} for name, value in mine.items()}}
+        item["format"] = {"N": str(LAYOUT_FORMAT)}
         recorded = self._call("get_item", TableName=self._table, Key=LAYOUT_KEY, ConsistentRead=True).get("Item")
+        if recorded is None or recorded.get("format", {}).get("N") != str(LAYOUT_FORMAT):
+            self._check_shape(recorded)
         if recorded is None:
             try:
                 self._call(
@@ -1463,7 +1534,25 @@ class DynamoDBSessionStore(BaseSessionStore):
                 f"pending_shards={theirs['pending_shards']}; this store was opened with "
                 f"listing_shards={mine['listing_shards']} and pending_shards={mine['pending_shards']}. "
                 "Shard counts are fixed when the table is first used: open the store with the table's counts "
-                "(a new table takes new ones)"
+                "(a new table takes new ones: dormant migrate-table copies a table into one)"
+            )
+
+    def _check_shape(self, recorded: Mapping[str, Any] | None) -> None:
+        """Refuse a table this release cannot serve: made by an earlier layout (its layout item has no
+        ``format``), or shaped otherwise than ``table.TABLE`` (``DescribeTable``, once per table: the first
+        store records the format). ``ConfigurationError`` naming ``dormant migrate-table``."""
+        problems = []
+        if recorded is not None:
+            problems = [f"its layout item records format {recorded.get('format', {}).get('N', 1)}"]
+        if not problems:
+            described = self._call("describe_table", TableName=self._table)["Table"]
+            problems = TABLE.differences(described)
+        if problems:
+            raise ConfigurationError(
+                f"DynamoDB table {self._table!r} has a layout this release does not serve (it serves format "
+                f"{LAYOUT_FORMAT}): {'; '.join(problems)}. A table's local indexes cannot be dropped nor an index's "
+                f"projection changed, so copy it into a new table: `dormant migrate-table --from {self._table} "
+                "--to NEW_TABLE` (docs/dynamodb.md, Migration), then open the store on the new table"
             )
 
     def _query(self, **kwargs: Any) -> builtins.list[dict[str, Any]]:
@@ -1608,6 +1697,28 @@ def _event_items(
             if expires is not None:
                 item[TTL] = {"N": str(expires)}
             items.append(item)
+    return items
+
+
+def _id_items(
+    pk: str, marker: _Marker, inc: str, event_ids: Sequence[str], expires: int | None
+) -> list[dict[str, Any]]:
+    """One item per event id (``keys.id_sk``): which incarnation, version and grant stored it — what a lookup
+    of a re-sent id needs to tell a live event from a rolled-back or deleted one. About 100 bytes: 1 write unit."""
+    version = {"N": str(marker.version)}
+    grant, incarnation = {"S": marker.grant}, {"S": inc}
+    items: list[dict[str, Any]] = []
+    for event_id in event_ids:
+        item: dict[str, Any] = {
+            "pk": {"S": pk},
+            "sk": {"S": id_sk(event_id)},
+            "inc": incarnation,
+            "v": version,
+            "t": grant,
+        }
+        if expires is not None:
+            item[TTL] = {"N": str(expires)}
+        items.append(item)
     return items
 
 

@@ -5,7 +5,8 @@ Pure data, no boto3: the CDK app imports it without the AWS SDK, and a test hold
 
 Key design (one table, string ``pk``/``sk``):
 
-* a session partition ``pk = "S#{app}#{session_id}"`` holds the meta item and the event items;
+* a session partition ``pk = "S#{app}#{session_id}"`` holds the meta item, the event items, one id item per
+  event and the session's touch (``keys``);
 * scoped state lives in ``pk = "X#{app}#{scope}#{scope_id}"``, one item per key;
 * the listing index (``LISTING_INDEX``) is keyed by ``lpk`` — the app name, write-sharded as
   ``{app}#{k}`` when a store lists over more than one shard — and sorted by ``lsk`` (``updated_at``).
@@ -24,9 +25,9 @@ Key design (one table, string ``pk``/``sk``):
   session that waits (``awaiting_input``, ``resumable``) carries ``W#{shard}`` there instead: the sweeper's
   waits whose wake-up may be lost. The finish that stores the status sets or removes ``rpk``: an index
   write only when a session goes into or out of ``running`` or of waiting, none for the commits in between;
-* the event-id index (``IDS_INDEX``) is a *local* secondary index on ``eid``, which only event items
-  carry: a commit looks up a re-sent event id there (a strongly consistent read, one item) instead of
-  reading the session's history;
+* no local secondary index: a re-sent event id is found through the session's id items
+  (``keys.id_sk``), read by key. A local index would cap every partition key's item collection (a
+  session, a scope id's shared state, its binding entries) at 10 GB and keep its partition from splitting;
 * ``TTL_ATTRIBUTE`` holds an epoch-seconds expiry for retention.
 """
 
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = [
-    "IDS_INDEX",
+    "LAYOUT_FORMAT",
     "LISTING_INDEX",
     "PENDING_INDEX",
     "RUNNING_INDEX",
@@ -94,6 +95,31 @@ class TableShape:
         unique = dict(keys)
         return [{"AttributeName": name, "AttributeType": kind} for name, kind in unique.items()]
 
+    def differences(self, described: dict[str, Any]) -> list[str]:
+        """What keeps a table (``DescribeTable``'s ``Table``) from serving this shape: a local index (it caps
+        item collections at 10 GB and can never be dropped), a missing global index, or one keyed or projected
+        otherwise (a projection cannot change in place). Extra global indexes are the owner's business."""
+        found: list[str] = []
+        wanted_keys = [
+            {"AttributeName": self.partition_key[0], "KeyType": "HASH"},
+            {"AttributeName": self.sort_key[0], "KeyType": "RANGE"},
+        ]
+        if described.get("KeySchema") != wanted_keys:
+            found.append(f"key schema {described.get('KeySchema')} (wanted {wanted_keys})")
+        for index in described.get("LocalSecondaryIndexes") or []:
+            found.append(f"local index {index['IndexName']!r}")
+        present = {index["IndexName"]: index for index in described.get("GlobalSecondaryIndexes") or []}
+        for index in self.indexes:
+            if index.local:
+                continue
+            wanted = index.definition()
+            have = present.get(index.name)
+            if have is None:
+                found.append(f"no global index {index.name!r}")
+            elif have.get("KeySchema") != wanted["KeySchema"] or _projection(have) != _projection(wanted):
+                found.append(f"global index {index.name!r} keyed or projected otherwise")
+        return found
+
     def create_table_request(self, table_name: str) -> dict[str, Any]:
         """The ``CreateTable`` arguments for this shape (on-demand billing)."""
         request: dict[str, Any] = {
@@ -112,11 +138,19 @@ class TableShape:
         return request
 
 
+def _projection(index: dict[str, Any]) -> tuple[str, frozenset[str]]:
+    projection = index.get("Projection") or {}
+    return projection.get("ProjectionType", ""), frozenset(projection.get("NonKeyAttributes") or ())
+
+
 LISTING_INDEX = "listing"
 PENDING_INDEX = "pending"
 RUNNING_INDEX = "running"
 STATUS_INDEX = "status"
-IDS_INDEX = "ids"
+LAYOUT_FORMAT = 2
+"""The layout this release writes and reads, recorded on the table's layout item (``format``). Format 1 (every
+table made before it: release 0.1 and its successors until the id items) has the ``ids`` local index, which a
+table can never drop, and listing entries without the row: ``dormant migrate-table`` copies it into a new table."""
 
 TABLE = TableShape(
     indexes=(
@@ -143,8 +177,5 @@ TABLE = TableShape(
         # Sorted by the table's own key, which never changes: a running session's later commits (a new
         # ``updated_at``, expiry, filter) rewrite nothing of its entry. ``running_sessions`` reads the rows.
         IndexShape(RUNNING_INDEX, ("rpk", "S"), ("pk", "S"), "KEYS_ONLY"),
-        # Local: its partition key is the table's. Projects the incarnation, so an id written by a deleted
-        # session's straggler is told apart from one of the live session.
-        IndexShape(IDS_INDEX, ("pk", "S"), ("eid", "S"), "INCLUDE", ("inc",), local=True),
     ),
 )

@@ -1,0 +1,335 @@
+"""``dormant migrate-table --from OLD --to NEW``: copy a table of an earlier layout into one of this release's.
+
+A table made by release 0.1 (and by this code until the id items) cannot be served in place: its ``ids``
+local index can never be dropped (and caps every item collection at 10 GB), and its listing index projects
+another row (a global index's projection cannot change in place). So it is copied, item by item, into a
+table of ``table.TABLE``'s shape, converting what changed:
+
+* every event item is copied as it is, with its **id item** (``keys.id_sk``: incarnation, version and grant,
+  from its key): what a re-sent id is looked up by now;
+* every meta item is copied without the listing entry a release 0.1 meta item carried itself (``lpk``) and
+  without an earlier layout's superseded touch (``plsk``), with the running index's key (``rpk``) and a
+  pending marker's key (``ppk``) for the new table's shard counts; and the session gets **one touch**, built
+  from the meta item (its listing and status index entry, with the row a listing shows). The old table's
+  touches are not copied: a session has exactly one entry in the new table, keyed for its shard counts;
+* snapshots, shared-scope values (``X#``), binding entries (``B#``) and any other item (the API's
+  idempotency records) are copied as they are; the old layout item is replaced by the new table's.
+
+**Resumable, idempotent.** The copy is one ``Scan`` of the old table (strongly consistent pages); after each
+page is written, the position is kept on a progress item in the new table (``#migration``, the old table's
+name), so a run that stopped resumes from the last page written. Every write is a put of a key the old item
+determines, so re-doing a page, or running again after it finished (a second full pass, for what changed
+meanwhile), writes no item twice; a meta item is put only if the new table does not hold the session at a
+later version (a session committed in the new table is never moved back). Stop the writers first: commits
+to the old table after its page was copied are not in the new one until a pass copies them again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from ...errors import ConfigurationError, StoreError
+from .keys import (
+    ID_PREFIX,
+    META_SK,
+    SNAPSHOT_SK,
+    id_sk,
+    listing_key,
+    parse_event_sk,
+    pending_key,
+    running_key,
+    split_session_pk,
+    touch_sk,
+)
+from .store import DEFAULT_LISTING_SHARDS, DEFAULT_PENDING_SHARDS, LAYOUT_KEY, create_table
+from .table import LAYOUT_FORMAT, TABLE
+
+__all__ = ["MIGRATED_GRANT", "MigrationReport", "migrate_table"]
+
+MIGRATED_GRANT = "00000000"
+"""The grant a touch made by the migration carries (a grant is 8 hex digits; no commit draws this one)."""
+PROGRESS_PK = "#migration"
+_BATCH = 25
+_RUNNING = "running"
+_WAITING = ("awaiting_input", "resumable")
+
+
+@dataclass
+class MigrationReport:
+    """What a run copied, by kind of item (counts of this run: a resumed run counts from where it resumed)."""
+
+    source: str
+    target: str
+    created: bool = False
+    """The new table was made by this run."""
+    resumed: bool = False
+    """This run went on from the position an earlier, unfinished run left."""
+    listing_shards: int = DEFAULT_LISTING_SHARDS
+    pending_shards: int = DEFAULT_PENDING_SHARDS
+    pages: int = 0
+    items_read: int = 0
+    sessions: int = 0
+    """Meta items written (each with its touch, once it has a committed version)."""
+    events: int = 0
+    """Event items copied (chunks included)."""
+    id_items: int = 0
+    touches: int = 0
+    snapshots: int = 0
+    scoped: int = 0
+    bindings: int = 0
+    other: int = 0
+    not_copied: int = 0
+    """The old table's touches (rebuilt from the meta items), its layout and progress items."""
+    kept_newer: int = 0
+    """Sessions the new table already held at a later version (left as they were, with their events copied)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def migrate_table(
+    client: Any,
+    source: str,
+    target: str,
+    *,
+    listing_shards: int | None = None,
+    pending_shards: int | None = None,
+    create: bool = True,
+    page_size: int | None = None,
+    on_page: Callable[[MigrationReport], None] | None = None,
+) -> MigrationReport:
+    """Copy ``source`` into ``target`` (made with ``create_table`` when missing and ``create``), converting
+    what the layout changed; return the counts. The shard counts default to the ones ``source`` records
+    (else the store's defaults); the new table records them (a migration is how they change)."""
+    if source == target:
+        raise ConfigurationError("migrate-table copies into another table: --from and --to name the same one")
+    recorded = _call(client, "get_item", TableName=source, Key=LAYOUT_KEY, ConsistentRead=True).get("Item") or {}
+    listing = listing_shards or int(recorded.get("listing_shards", {}).get("N", DEFAULT_LISTING_SHARDS))
+    pending = pending_shards or int(recorded.get("pending_shards", {}).get("N", DEFAULT_PENDING_SHARDS))
+    for name, value in (("listing_shards", listing), ("pending_shards", pending)):
+        if not 1 <= value <= 1000:
+            raise ConfigurationError(f"{name} is a whole number from 1 to 1000, not {value!r}")
+    report = MigrationReport(source, target, listing_shards=listing, pending_shards=pending)
+    report.created = _ready(client, target, create)
+    _record_layout(client, target, listing, pending)
+
+    progress_key = {"pk": {"S": PROGRESS_PK}, "sk": {"S": source}}
+    progress = _call(client, "get_item", TableName=target, Key=progress_key, ConsistentRead=True).get("Item")
+    scan: dict[str, Any] = {"TableName": source, "ConsistentRead": True}
+    if page_size:
+        scan["Limit"] = page_size
+    if progress is not None and not progress.get("done", {}).get("BOOL", False) and "last" in progress:
+        scan["ExclusiveStartKey"] = json.loads(progress["last"]["S"])
+        report.resumed = True
+    copier = _Copier(client, target, listing, pending, report)
+    while True:
+        page = _call(client, "scan", **scan)
+        for item in page.get("Items", []):
+            copier.add(item)
+        copier.flush()
+        report.pages += 1
+        last = page.get("LastEvaluatedKey")
+        state: dict[str, Any] = {**progress_key, "done": {"BOOL": last is None}}
+        if last is not None:
+            state["last"] = {"S": json.dumps(last, sort_keys=True)}
+        _call(client, "put_item", TableName=target, Item=state)
+        if on_page is not None:
+            on_page(report)
+        if last is None:
+            return report
+        scan["ExclusiveStartKey"] = last
+
+
+class _Copier:
+    """Converts the old table's items and writes them in batches of 25 (meta items one at a time, conditional)."""
+
+    def __init__(self, client: Any, table: str, listing: int, pending: int, report: MigrationReport) -> None:
+        self.client, self.table, self.listing, self.pending, self.report = client, table, listing, pending, report
+        self.puts: list[dict[str, Any]] = []
+
+    def add(self, item: dict[str, Any]) -> None:
+        report = self.report
+        report.items_read += 1
+        pk, sk = item["pk"]["S"], item["sk"]["S"]
+        if pk in (LAYOUT_KEY["pk"]["S"], PROGRESS_PK):
+            report.not_copied += 1
+        elif pk.startswith("S#"):
+            self._session_item(pk, sk, item)
+        elif pk.startswith("X#"):
+            report.scoped += 1
+            self.puts.append(item)
+        elif pk.startswith("B#"):
+            report.bindings += 1
+            self.puts.append(item)
+        else:
+            report.other += 1
+            self.puts.append(item)
+        if len(self.puts) >= _BATCH:
+            self.flush()
+
+    def _session_item(self, pk: str, sk: str, item: dict[str, Any]) -> None:
+        report = self.report
+        if sk == META_SK:
+            self._meta(pk, item)
+        elif sk.startswith("T#"):
+            report.not_copied += 1  # rebuilt from the meta item
+        elif sk == SNAPSHOT_SK:
+            report.snapshots += 1
+            self.puts.append(item)
+        elif sk.startswith(ID_PREFIX):
+            report.id_items += 1  # a table of this layout, copied again (new shard counts)
+            self.puts.append(item)
+        else:
+            key = parse_event_sk(sk)
+            if key is None:
+                report.other += 1
+                self.puts.append(item)
+                return
+            report.events += 1
+            self.puts.append(item)
+            if "eid" in item:
+                id_item: dict[str, Any] = {
+                    "pk": item["pk"],
+                    "sk": {"S": id_sk(item["eid"]["S"])},
+                    "inc": item["inc"],
+                    "v": {"N": str(key.version)},
+                    "t": {"S": key.grant},
+                }
+                if "expires_at" in item:
+                    id_item["expires_at"] = item["expires_at"]
+                report.id_items += 1
+                self.puts.append(id_item)
+
+    def _meta(self, pk: str, item: dict[str, Any]) -> None:
+        app_name, session_id = split_session_pk(pk)
+        meta = {name: value for name, value in item.items() if name not in ("lpk", "plsk", "rpk", "ppk")}
+        status = meta.get("status", {}).get("S")
+        if status == _RUNNING or status in _WAITING:
+            meta["rpk"] = {"S": running_key(app_name, session_id, self.pending, waiting=status in _WAITING)}
+        if "pending" in meta:
+            meta["ppk"] = {"S": pending_key(app_name, session_id, self.pending)}
+        put = _call(
+            self.client,
+            "put_item",
+            refusable=True,
+            TableName=self.table,
+            Item=meta,
+            ConditionExpression="attribute_not_exists(pk) OR version <= :v",
+            ExpressionAttributeValues={":v": meta["version"]},
+        )
+        if put is None:  # the new table holds the session at a later version
+            self.report.kept_newer += 1
+            return
+        self.report.sessions += 1
+        if int(meta["version"]["N"]) > 0 and "lsk" in meta:
+            self.report.touches += 1
+            self.puts.append(touch_of(meta, pk, self.listing))
+
+    def flush(self) -> None:
+        while self.puts:
+            batch, self.puts = self.puts[:_BATCH], self.puts[_BATCH:]
+            requests = [{"PutRequest": {"Item": item}} for item in batch]
+            for attempt in range(12):
+                answer = _call(self.client, "batch_write_item", RequestItems={self.table: requests})
+                requests = answer.get("UnprocessedItems", {}).get(self.table, [])
+                if not requests:
+                    break
+                time.sleep(min(1.0, 0.05 * 2**attempt))
+            else:
+                raise StoreError(f"DynamoDB left {len(requests)} items unwritten in {self.table!r}: run again")
+
+
+def touch_of(meta: Mapping[str, Any], pk: str, listing_shards: int) -> dict[str, Any]:
+    """The touch a session's meta item stands for: the entry the listing and status indexes hold, with the row a
+    listing shows, as a commit writes it (``DynamoDBSessionStore._touches``)."""
+    app_name, session_id = split_session_pk(pk)
+    updated_at = int(meta["lsk"]["N"])
+    touch: dict[str, Any] = {
+        "pk": {"S": pk},
+        "sk": {"S": touch_sk(updated_at)},
+        "lpk": {"S": listing_key(app_name, session_id, listing_shards)},
+        "lsk": {"N": str(updated_at)},
+        "t": {"S": MIGRATED_GRANT},
+        "version": meta["version"],
+        "created_at": meta.get("created_at", {"N": "0"}),
+    }
+    if "status" in meta:
+        touch["status"] = meta["status"]
+        touch["spk"] = {"S": f"{meta['status']['S']}#{touch['lpk']['S']}"}
+    if "forked_from" in meta:
+        touch["forked_from"] = meta["forked_from"]
+    if "expires_at" in meta:
+        touch["mx"] = meta["expires_at"]
+    horizon = meta.get("xh", meta.get("expires_at"))
+    if horizon is not None:
+        touch["expires_at"] = horizon
+    return touch
+
+
+def _ready(client: Any, table: str, create: bool) -> bool:
+    """Make the new table, or check one that exists has this release's shape; whether it was made here."""
+    try:
+        described = client.describe_table(TableName=table)["Table"]
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") != "ResourceNotFoundException":
+            raise StoreError(f"DynamoDB describe_table failed: {exc}") from exc
+        if not create:
+            raise ConfigurationError(f"DynamoDB table {table!r} does not exist (let migrate-table create it)") from None
+        return create_table(table, client=client)
+    problems = TABLE.differences(described)
+    if problems:
+        raise ConfigurationError(
+            f"DynamoDB table {table!r} is not of this release's layout ({'; '.join(problems)}): "
+            "migrate into a new table"
+        )
+    return False
+
+
+def _record_layout(client: Any, table: str, listing: int, pending: int) -> None:
+    """The new table's layout item, as its first store would record it; refuse a table that records other counts."""
+    item = {
+        **LAYOUT_KEY,
+        "listing_shards": {"N": str(listing)},
+        "pending_shards": {"N": str(pending)},
+        "format": {"N": str(LAYOUT_FORMAT)},
+    }
+    if (
+        _call(
+            client,
+            "put_item",
+            refusable=True,
+            TableName=table,
+            Item=item,
+            ConditionExpression="attribute_not_exists(pk)",
+        )
+        is not None
+    ):
+        return
+    found = _call(client, "get_item", TableName=table, Key=LAYOUT_KEY, ConsistentRead=True).get("Item") or {}
+    if {name: found.get(name) for name in item} != item:
+        theirs = {name: found.get(name, {}).get("N") for name in ("listing_shards", "pending_shards", "format")}
+        raise ConfigurationError(
+            f"DynamoDB table {table!r} already records {theirs}, not listing_shards={listing}, "
+            f"pending_shards={pending}, format={LAYOUT_FORMAT}: migrate into a new table, or pass its counts"
+        )
+
+
+def _call(client: Any, operation: str, *, refusable: bool = False, **kwargs: Any) -> Any:
+    """One DynamoDB call, its errors as dormant's; with ``refusable``, ``None`` when its condition failed."""
+    try:
+        return getattr(client, operation)(**kwargs)
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if refusable and code == "ConditionalCheckFailedException":
+            return None
+        if code == "ResourceNotFoundException":
+            raise ConfigurationError(f"DynamoDB table {kwargs.get('TableName')!r} does not exist") from None
+        raise StoreError(f"DynamoDB {operation} failed: {exc}") from exc
+    except BotoCoreError as exc:
+        raise StoreError(f"DynamoDB {operation} failed: {exc}") from exc
