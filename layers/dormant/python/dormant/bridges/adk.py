@@ -65,7 +65,7 @@ from ..events import AdkEvent, Event, StateChange, StateChangeEvent, StateSource
 from ..ids import check_id
 from ..models.base import ModelRequest, ModelResponse
 from ..state.schema import APP_SCOPE_ID
-from ..stores.base import BaseSessionStore, LoadedSession, ScopedStateChange, SessionStore, StoredSession
+from ..stores.base import BindingIndexStore, LoadedSession, ScopedStateChange, SessionStore, StoredSession
 
 __all__ = ["NONE", "DormantSessionService", "Inspected", "dormant_app", "inspected", "session_key", "user_key"]
 
@@ -379,7 +379,7 @@ class DormantSessionService(BaseSessionService):
 
     def _bound(self, app_name: str, user: str) -> list[str]:
         """The dormant ids of a user's sessions: from the store's binding index where it keeps one."""
-        if isinstance(self.store, BaseSessionStore):
+        if isinstance(self.store, BindingIndexStore):
             return self.store.bound_sessions(self.dormant_name(app_name), "user", user)
         return [k for k in self._all(app_name) if k.startswith(user + ".")]
 

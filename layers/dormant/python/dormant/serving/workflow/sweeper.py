@@ -12,7 +12,7 @@ from ... import metrics
 from ...app import App
 from ...clock import now_ms
 from ...errors import ClaimLost, DormantError, InputError
-from ...stores.base import BaseSessionStore, RepairableStore, RunningSession
+from ...stores.base import RepairableStore, RunningSession, SweepableStore
 from ..runtime import Served, purge_tenants, served_from_env, view_of
 from ..turns import RUNNER_TURN_MS, resume_turn
 from .stepfunctions import TOKEN_SCOPE, StepFunctions
@@ -29,9 +29,9 @@ def running_turns(app: App) -> Iterator[tuple[App, str]]:
     """``(view, session id)`` for each session of ``app`` and of its tenants whose stored status is ``running``.
 
     From the store's cross-app list of running sessions (``running_sessions``: an index on DynamoDB, a query on
-    the SQL stores, oldest first); a store of the user's own that is no ``BaseSessionStore`` offers none."""
+    the SQL stores, oldest first); a store of the user's own that is no ``SweepableStore`` offers none."""
     store = app.store
-    if not isinstance(store, BaseSessionStore):
+    if not isinstance(store, SweepableStore):
         return
     views: dict[str, App | None] = {}
     for row in store.running_sessions():
@@ -97,7 +97,7 @@ def waiting_turns(app: App) -> Iterator[tuple[App, RunningSession]]:
     """``(view, row)`` for each session of ``app`` and of its tenants whose stored status is ``awaiting_input``
     or ``resumable``, from the store's cross-app index of them (``waiting_sessions``), oldest first."""
     store = app.store
-    if not isinstance(store, BaseSessionStore):
+    if not isinstance(store, SweepableStore):
         return
     views: dict[str, App | None] = {}
     for row in store.waiting_sessions():
