@@ -15,7 +15,6 @@ from collections.abc import Callable, Generator, Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
-from pydantic_core import to_jsonable_python
 
 from .. import metrics
 from ..errors import AgentMismatch, AwaitingInput, ConfigurationError, InputError, ModelError
@@ -31,7 +30,6 @@ from ..events import (
     PendingCall,
     ToolCallEvent,
     ToolInputEvent,
-    ToolResultEvent,
     Usage,
     UserEvent,
 )
@@ -40,13 +38,14 @@ from ..models.base import Message, ModelAdapter, ModelRequest, ModelResponse, Mo
 from ..projection import Output
 from ..session import Runtime, Session
 from ..state.access import Invocation
-from ..state.values import json_values, repaired, unstorable
+from ..state.values import repaired, unstorable
 from ..transcript import digest
 from .agent import Agent
 from .calls import callable_with, describe, json_args, ms_since, storable_response, unyielded
 from .context import RenderContext
+from .execute import execute
 from .run import Checkpoint, RunInput, RunResult, RunStatus, RunStream
-from .tools import Tool, ToolArgumentsError, ToolContext, json_schema
+from .tools import json_schema
 
 if TYPE_CHECKING:
     pass
@@ -218,7 +217,8 @@ class _Run:
                     continue
                 if not self._go_on():
                     return "handed_on"
-                self.session.append(self._execute(invocation, tool, call, projection.answered.get(call.call_id)))
+                answer = projection.answered.get(call.call_id)
+                self.session.append(execute(self.agent, self.session, invocation, tool, call, answer))
                 yield from self._new()
             if self.message is not None:  # after the results of the calls it follows, before the model's turn
                 self._hear(invocation)
@@ -362,54 +362,6 @@ class _Run:
         self.session.append(
             AssistantEvent(text=text, value=value, invocation_id=invocation.id, agent_name=invocation.agent_name)
         )
-
-    def _execute(
-        self, invocation: Invocation, tool: Tool | None, call: ToolCallEvent, answer: ToolInputEvent | None
-    ) -> ToolResultEvent:
-        def result(value: Any = None, error: str | None = None) -> ToolResultEvent:
-            return ToolResultEvent(
-                call_id=call.call_id,
-                name=call.name,
-                result=value,
-                error=error,
-                invocation_id=invocation.id,
-                agent_name=invocation.agent_name,
-            )
-
-        if tool is None:
-            names = ", ".join(t.name for t in self.agent.tools) or "none"
-            return result(error=f"unknown tool {call.name!r} (available: {names})")
-        if call.error is not None:
-            return result(error=f"could not decode the arguments for {call.name}: {call.error}")
-        try:
-            args = tool.check_args(call.args)
-        except ToolArgumentsError as exc:
-            return result(error=str(exc))
-        if tool.execute is None:  # a yielding tool without execute returns its answer
-            return result(answer.input if answer else None)
-        context = ToolContext(
-            args=args,
-            state=invocation.tool_state(call.call_id, tool.name),
-            session=self.session,
-            call_id=call.call_id,
-            invocation_id=invocation.id,
-            agent_name=invocation.agent_name,
-            tool_name=tool.name,
-            input=tool.typed_input(answer.input) if answer is not None else None,
-        )
-        try:
-            value = tool.execute(context)
-        except Exception as exc:
-            return result(error=f"{tool.name} failed: {describe(exc)}")
-        try:
-            returned = repaired(json_values().validate_python(to_jsonable_python(value)))
-        except Exception as exc:
-            return result(error=f"{tool.name} returned a value that is not JSON: {describe(exc)}")
-        problem = unstorable(returned)
-        if problem is not None:
-            path, what = problem
-            return result(error=f"{tool.name} returned a value that cannot be stored: {what} at result{path}")
-        return result(returned)
 
     def _end(
         self,
