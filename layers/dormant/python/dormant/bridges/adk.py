@@ -1,5 +1,8 @@
 """Google ADK sessions on any dormant store: ``DormantSessionService(store)`` (the ``dormant[adk]`` extra).
 
+Why one module: it is one mapping (ADK sessions onto a dormant store), read top to bottom; the service and the
+encoding helpers it shares change together, and it is imported alone, only with the ``adk`` extra.
+
 A ``google.adk.sessions.BaseSessionService`` that behaves as ADK's own services do (in memory and
 ``DatabaseSessionService``), with dormant's ledger, optimistic concurrency and stores underneath.
 

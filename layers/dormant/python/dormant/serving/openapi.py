@@ -1,4 +1,7 @@
 """The HTTP API as an OpenAPI 3.1 document, generated from the routes (``serving.routes``) and the pydantic
+
+Why one module: it is one table (``OPERATIONS``, most of its lines, one entry per route) and the stand-in views
+that turn it into the document; nothing on the serving path imports it.
 bodies the handlers read (``serving.api``), by Powertools' event handler.
 
 ``OPERATIONS`` says, per route, what the handler takes beyond its body (query parameters, headers) and what
