@@ -3,7 +3,7 @@ Functions access. The stack builds every function from these tables, and the tes
 
 A function sees only the variables its template gives it, and every AWS call it makes is authorized against
 its own role, so each entry says what that function's code reaches (``serving/routes.py`` maps the API's
-routes to functions; the workflow's functions are in ``serving/workflow.py``), and nothing more.
+routes to functions; the workflow's functions are in ``serving/workflow/``), and nothing more.
 """
 
 from __future__ import annotations

@@ -227,7 +227,7 @@ def test_the_answers_reply_says_the_turn_runs_even_when_it_ended_first(
     """``dormant serve`` resumes an answered session in a thread; the reply is read from the claim, before that
     thread starts: a turn that ends before the reply is built must still reply ``running`` (so ``Prefer: wait``
     waits on it), not the ended turn's status with a 202."""
-    from dormant.serving import workflow
+    from dormant.serving.workflow import threads as workflow  # the local waker's module, where _Thread is looked up
 
     class Finished(workflow._Thread):
         def __init__(self, work: Any) -> None:

@@ -8,7 +8,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dormant.events import Event
-from dormant.stores.base import CommitResult, LoadedSession, ScopedStateChange, SessionListing, StoredSession
+from dormant.stores.base import (
+    CommitResult,
+    LoadedSession,
+    RunningSession,
+    ScopedStateChange,
+    SessionListing,
+    StoredSession,
+)
 from dormant.stores.memory import MemorySessionStore
 
 
@@ -63,3 +70,23 @@ class Erasable(SixMethods):
 
     def app_names(self, prefix: str) -> builtins.list[str] | None:
         return self.inner.app_names(prefix)
+
+
+class Sweepable(SixMethods):
+    """The six methods and ``SweepableStore``'s: the sweeper finds its running and waiting sessions."""
+
+    def running_sessions(self, limit: int = 1000) -> builtins.list[RunningSession]:
+        return self.inner.running_sessions(limit)
+
+    def waiting_sessions(self, limit: int = 1000) -> builtins.list[RunningSession]:
+        return self.inner.waiting_sessions(limit)
+
+
+class BindingIndex(SixMethods):
+    """The six methods and ``BindingIndexStore``'s, counting the index's reads."""
+
+    bound_reads = 0
+
+    def bound_sessions(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
+        self.bound_reads += 1
+        return self.inner.bound_sessions(app_name, scope, scope_id)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from . import errors, events
     from .agents.agent import Agent
-    from .agents.loop import RunResult
+    from .agents.run import RunResult
     from .agents.tools import ToolContext
     from .app import App, adk
 
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 _HOMES = {
     "Agent": ".agents.agent",
     "App": ".app",
-    "RunResult": ".agents.loop",
+    "RunResult": ".agents.run",
     "Session": ".session",
     "SessionStore": ".stores.base",
     "ToolContext": ".agents.tools",

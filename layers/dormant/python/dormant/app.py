@@ -1,4 +1,8 @@
-"""``adk(...)`` (the ``App`` class): the app — schema, tools, agents, model adapters, the store, and its sessions."""
+"""``adk(...)`` (the ``App`` class): the app — schema, tools, agents, model adapters, the store, and its sessions.
+
+Why one module: it is the ``App`` class and the sessions handle it gives out, whose methods share the app's
+configuration; the loop, snapshots and stores it wires together live in their own modules.
+"""
 
 from __future__ import annotations
 

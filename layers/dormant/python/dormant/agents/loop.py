@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-import warnings
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from collections.abc import Callable, Generator, Iterable
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
-from pydantic_core import to_jsonable_python
 
 from .. import metrics
 from ..errors import AgentMismatch, AwaitingInput, ConfigurationError, InputError, ModelError
@@ -33,122 +30,27 @@ from ..events import (
     PendingCall,
     ToolCallEvent,
     ToolInputEvent,
-    ToolResultEvent,
     Usage,
     UserEvent,
 )
 from ..ids import new_id
 from ..models.base import Message, ModelAdapter, ModelRequest, ModelResponse, ModelSpec
-from ..projection import Output, Projection, YieldedTool
+from ..projection import Output
 from ..session import Runtime, Session
 from ..state.access import Invocation
-from ..state.values import check_storable, json_values, repaired, storable_text, unstorable
+from ..state.values import repaired, unstorable
 from ..transcript import digest
 from .agent import Agent
+from .calls import callable_with, describe, json_args, ms_since, storable_response, unyielded
 from .context import RenderContext
-from .tools import Tool, ToolArgumentsError, ToolContext, json_schema
+from .execute import execute
+from .run import Checkpoint, RunInput, RunResult, RunStatus, RunStream
+from .tools import json_schema
 
 if TYPE_CHECKING:
-    from ..state.view import StateView
+    pass
 
 __all__ = ["Checkpoint", "RunInput", "RunResult", "RunStatus", "RunStream", "start_run"]
-
-RunStatus: TypeAlias = Literal["completed", "yielded_tool", "error", "max_steps", "handed_on"]
-"""How a run stopped. ``handed_on`` only comes from a run given a ``checkpoint`` that said stop: the invocation
-stays open, everything it did is committed, and the next runner resumes it from there."""
-
-Checkpoint: TypeAlias = Callable[[], bool]
-"""Called before each model call and each tool execution: commit what the run holds; ``False`` stops the run
-there (``handed_on``). A runner that commits as it goes loses at most the step in flight."""
-
-
-@dataclass(frozen=True)
-class RunInput:
-    """``app.run``'s input: a user message, answers to yielded calls, state to set, scopes to seed."""
-
-    message: str | None = None
-    answers: list[Mapping[str, Any]] = field(default_factory=list)
-    state: Mapping[str, Any] | None = None
-    initial_state: Mapping[str, Any] | None = None
-    named: str = "answers"
-    """The key the answers came under, which errors name (``tools``: 0.1's name, deprecated)."""
-
-    @classmethod
-    def parse(cls, value: Any) -> RunInput:
-        if value is None:
-            return cls()
-        if isinstance(value, str):
-            value = {"message": value}
-        if not isinstance(value, Mapping):
-            raise InputError(f"run input is a message string or a dict, not {type(value).__name__}", field="input")
-        unknown = sorted(set(value) - {"message", "answers", "tools", "state", "initial_state"})
-        if unknown:
-            raise InputError(
-                f"unknown run input {unknown[0]!r} (expected message, answers, state, initial_state)", field=unknown[0]
-            )
-        if "tools" in value:  # 0.1's name for the answers: errors name the key the caller sent
-            if "answers" in value:
-                raise InputError("run input holds answers once: under answers, not tools as well", field="tools")
-            warnings.warn(
-                "app.run's input key 'tools' is deprecated: name the answers 'answers' (docs/concepts.md)",
-                DeprecationWarning,
-                stacklevel=3,
-            )
-        message = value.get("message")
-        if message is not None and not isinstance(message, str):
-            raise InputError("message must be a string", field="message")
-        check_storable(message, "message")
-        for key in ("state", "initial_state"):
-            if value.get(key) is not None and not isinstance(value[key], Mapping):
-                raise InputError(f"{key} must be a dict", field=key)
-        key = "tools" if "tools" in value else "answers"
-        answers = value.get(key) or []
-        if isinstance(answers, str | bytes) or not isinstance(answers, list | tuple):
-            raise InputError(f"{key} is a list of {{'call_id': ..., 'input': ...}}", field=key)
-        return cls(message, list(answers), value.get("state"), value.get("initial_state"), key)
-
-
-@dataclass
-class RunResult:
-    status: RunStatus
-    session: Session
-    output: Output
-    yielded_tools: list[YieldedTool]
-    usage: Usage
-    error: str | None = None
-    error_type: str | None = None
-    invocation_id: str | None = None
-    events: list[Event] = field(default_factory=list)
-    """The events this run appended."""
-
-    @property
-    def state(self) -> StateView:
-        return self.session.state
-
-
-class RunStream(Iterator[Event]):
-    """The events of a run as they happen; ``result`` is set once the stream is exhausted."""
-
-    def __init__(self, steps: Generator[Event, None, RunResult]) -> None:
-        self._steps = steps
-        self.result: RunResult | None = None
-
-    def __iter__(self) -> RunStream:
-        return self
-
-    def __next__(self) -> Event:
-        try:
-            return next(self._steps)
-        except StopIteration as stop:
-            if self.result is None:  # an exhausted stream keeps the result it ended with
-                self.result = stop.value
-            raise
-
-    def finish(self) -> RunResult:
-        for _ in self:
-            pass
-        assert self.result is not None
-        return self.result
 
 
 def start_run(
@@ -198,7 +100,7 @@ def start_run(
         # message before writing the yield. A takeover without a message records it.
         answering = {answer.call_id for answer in answers}
         unanswered = [call_id for call_id in projection.pending if call_id not in answering]
-        unanswered += [call.call_id for call in _unyielded(agent, projection) if call.call_id not in answering]
+        unanswered += [call.call_id for call in unyielded(agent, projection) if call.call_id not in answering]
         if unanswered:
             raise AwaitingInput(session.id, unanswered)
     if projection.open_invocation is not None:
@@ -309,13 +211,14 @@ class _Run:
                     tool is not None
                     and tool.yields
                     and call.call_id not in projection.answered
-                    and _callable_with(tool, call)  # bad arguments fail now, not after a human answered
+                    and callable_with(tool, call)  # bad arguments fail now, not after a human answered
                 ):
                     waiting = True
                     continue
                 if not self._go_on():
                     return "handed_on"
-                self.session.append(self._execute(invocation, tool, call, projection.answered.get(call.call_id)))
+                answer = projection.answered.get(call.call_id)
+                self.session.append(execute(self.agent, self.session, invocation, tool, call, answer))
                 yield from self._new()
             if self.message is not None:  # after the results of the calls it follows, before the model's turn
                 self._hear(invocation)
@@ -349,7 +252,7 @@ class _Run:
             for requested in response.tool_calls:
                 call_id = requested.call_id if requested.call_id and requested.call_id not in taken else new_id("call_")
                 taken.add(call_id)
-                args, error = _json_args(requested.args)
+                args, error = json_args(requested.args)
                 self.session.append(
                     ToolCallEvent(
                         call_id=call_id,
@@ -399,16 +302,16 @@ class _Run:
             response = adapter.complete(request)
             if not isinstance(response, ModelResponse):
                 response = ModelResponse.model_validate(response)
-            response = _storable_response(response)
+            response = storable_response(response)
         except Exception as exc:
             session.append(
                 ModelEndEvent(
                     invocation_id=invocation.id,
                     agent_name=agent.name,
                     model=spec.ref,
-                    error=_describe(exc),
+                    error=describe(exc),
                     error_type=type(exc).__name__,
-                    latency_ms=_ms_since(started),
+                    latency_ms=ms_since(started),
                 )
             )
             self._end(invocation, "error", error=exc)
@@ -422,7 +325,7 @@ class _Run:
                 model=spec.ref,
                 usage=response.usage,
                 finish_reason=response.finish_reason,
-                latency_ms=_ms_since(started),
+                latency_ms=ms_since(started),
             )
         )
         usage = response.usage
@@ -460,54 +363,6 @@ class _Run:
             AssistantEvent(text=text, value=value, invocation_id=invocation.id, agent_name=invocation.agent_name)
         )
 
-    def _execute(
-        self, invocation: Invocation, tool: Tool | None, call: ToolCallEvent, answer: ToolInputEvent | None
-    ) -> ToolResultEvent:
-        def result(value: Any = None, error: str | None = None) -> ToolResultEvent:
-            return ToolResultEvent(
-                call_id=call.call_id,
-                name=call.name,
-                result=value,
-                error=error,
-                invocation_id=invocation.id,
-                agent_name=invocation.agent_name,
-            )
-
-        if tool is None:
-            names = ", ".join(t.name for t in self.agent.tools) or "none"
-            return result(error=f"unknown tool {call.name!r} (available: {names})")
-        if call.error is not None:
-            return result(error=f"could not decode the arguments for {call.name}: {call.error}")
-        try:
-            args = tool.check_args(call.args)
-        except ToolArgumentsError as exc:
-            return result(error=str(exc))
-        if tool.execute is None:  # a yielding tool without execute returns its answer
-            return result(answer.input if answer else None)
-        context = ToolContext(
-            args=args,
-            state=invocation.tool_state(call.call_id, tool.name),
-            session=self.session,
-            call_id=call.call_id,
-            invocation_id=invocation.id,
-            agent_name=invocation.agent_name,
-            tool_name=tool.name,
-            input=tool.typed_input(answer.input) if answer is not None else None,
-        )
-        try:
-            value = tool.execute(context)
-        except Exception as exc:
-            return result(error=f"{tool.name} failed: {_describe(exc)}")
-        try:
-            returned = repaired(json_values().validate_python(to_jsonable_python(value)))
-        except Exception as exc:
-            return result(error=f"{tool.name} returned a value that is not JSON: {_describe(exc)}")
-        problem = unstorable(returned)
-        if problem is not None:
-            path, what = problem
-            return result(error=f"{tool.name} returned a value that cannot be stored: {what} at result{path}")
-        return result(returned)
-
     def _end(
         self,
         invocation: Invocation,
@@ -524,7 +379,7 @@ class _Run:
                 status=status,
                 output_text=text,
                 output_value=value,
-                error=_describe(error) if error is not None else None,
+                error=describe(error) if error is not None else None,
                 error_type=type(error).__name__ if error is not None else None,
             )
         )
@@ -548,77 +403,3 @@ class _Run:
             invocation_id=invocation_id,
             events=events,
         )
-
-
-def _unyielded(agent: Agent, projection: Projection) -> list[ToolCallEvent]:
-    """The calls of yielding tools that wait for an answer but were never yielded (the loop yields them next)."""
-    waiting = []
-    for call in projection.unexecuted_calls():
-        tool = agent.tool(call.name)
-        if (
-            tool is not None
-            and tool.yields
-            and call.call_id not in projection.answered
-            and call.call_id not in projection.pending
-            and _callable_with(tool, call)
-        ):
-            waiting.append(call)
-    return waiting
-
-
-def _callable_with(tool: Tool, call: ToolCallEvent) -> bool:
-    if call.error is not None:
-        return False
-    try:
-        tool.check_args(call.args)
-    except ToolArgumentsError:
-        return False
-    return True
-
-
-def _json_args(args: Any) -> tuple[dict[str, Any], str | None]:
-    """The arguments as storable JSON, or ``{}`` and why they cannot be (the model sees that error)."""
-    try:
-        value = repaired(json_values().validate_python(to_jsonable_python(args)))
-    except Exception:
-        return {}, None
-    if not isinstance(value, dict):
-        return {}, None
-    problem = unstorable(value)
-    if problem is not None:
-        path, what = problem
-        return {}, f"the arguments hold {what} at args{path}, which cannot be stored"
-    return value, None
-
-
-def _storable_response(response: ModelResponse) -> ModelResponse:
-    """The model's text and tool names with NUL and lone surrogates replaced (U+FFFD): kept, not refused."""
-    texts = [(c.name, c.call_id, c.error) for c in response.tool_calls]
-    if unstorable([response.text, response.finish_reason, texts]):
-        calls = [
-            call.model_copy(
-                update={
-                    "name": storable_text(call.name),
-                    "call_id": repaired(call.call_id),
-                    "error": repaired(call.error),
-                }
-            )
-            for call in response.tool_calls
-        ]
-        return response.model_copy(
-            update={
-                "text": repaired(response.text),
-                "finish_reason": repaired(response.finish_reason),
-                "tool_calls": calls,
-            }
-        )
-    return response
-
-
-def _describe(exc: BaseException) -> str:
-    text = storable_text(str(exc))
-    return text if text else type(exc).__name__
-
-
-def _ms_since(started: float) -> int:
-    return int((time.perf_counter() - started) * 1000)

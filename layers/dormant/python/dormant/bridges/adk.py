@@ -1,5 +1,8 @@
 """Google ADK sessions on any dormant store: ``DormantSessionService(store)`` (the ``dormant[adk]`` extra).
 
+Why one module: it is one mapping (ADK sessions onto a dormant store), read top to bottom; the service and the
+encoding helpers it shares change together, and it is imported alone, only with the ``adk`` extra.
+
 A ``google.adk.sessions.BaseSessionService`` that behaves as ADK's own services do (in memory and
 ``DatabaseSessionService``), with dormant's ledger, optimistic concurrency and stores underneath.
 
@@ -65,7 +68,7 @@ from ..events import AdkEvent, Event, StateChange, StateChangeEvent, StateSource
 from ..ids import check_id
 from ..models.base import ModelRequest, ModelResponse
 from ..state.schema import APP_SCOPE_ID
-from ..stores.base import BaseSessionStore, LoadedSession, ScopedStateChange, SessionStore, StoredSession
+from ..stores.base import BindingIndexStore, LoadedSession, ScopedStateChange, SessionStore, StoredSession
 
 __all__ = ["NONE", "DormantSessionService", "Inspected", "dormant_app", "inspected", "session_key", "user_key"]
 
@@ -379,7 +382,7 @@ class DormantSessionService(BaseSessionService):
 
     def _bound(self, app_name: str, user: str) -> list[str]:
         """The dormant ids of a user's sessions: from the store's binding index where it keeps one."""
-        if isinstance(self.store, BaseSessionStore):
+        if isinstance(self.store, BindingIndexStore):
             return self.store.bound_sessions(self.dormant_name(app_name), "user", user)
         return [k for k in self._all(app_name) if k.startswith(user + ".")]
 

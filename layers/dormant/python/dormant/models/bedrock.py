@@ -1,5 +1,8 @@
 """Amazon Bedrock through the Converse API (``bedrock-runtime``), for any model Converse serves.
 
+Why one module: it is one adapter for one provider API (its options, the request and response mapping, its
+errors and deadline); what adapters share is in ``models.base`` and ``models.errors``.
+
 Options (``bedrock(model_id, **options)`` or ``BedrockAdapter(**options)``):
 
 - client options: ``client=`` a ready ``bedrock-runtime`` client (tests, custom sessions), else one is

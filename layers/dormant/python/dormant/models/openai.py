@@ -1,5 +1,8 @@
 """OpenAI Chat Completions, for OpenAI and any OpenAI-compatible server (``base_url=``).
 
+Why one module: it is one adapter for one provider API (its options, the request and response mapping, its
+errors and deadline); what adapters share is in ``models.base`` and ``models.errors``.
+
 Options (``openai(name, **options)`` or ``OpenAIAdapter(**options)``) are of two kinds:
 
 - client options configure the SDK client once: ``api_key`` (else ``OPENAI_API_KEY``; or a

@@ -1,7 +1,8 @@
 """The HTTP API as an OpenAPI 3.1 document, generated from the routes (``serving.routes``) and the pydantic
 bodies the handlers read (``serving.bodies``), by Powertools' event handler.
 
-Over 400 lines: most of it is ``OPERATIONS``, one table of what each route answers, read top to bottom.
+Why one module: it is one table (``OPERATIONS``, most of its lines, one entry per route) and the stand-in views
+that turn it into the document; nothing on the serving path imports it.
 
 ``OPERATIONS`` says, per route, what the handler takes beyond its body (query parameters, headers) and what
 it answers: its success statuses with their shapes, and every error status, each with the one error shape

@@ -35,7 +35,7 @@ from .commit import CommitStatus, commit
 
 if TYPE_CHECKING:
     from ..agents.agent import Agent
-    from ..agents.loop import RunStatus, RunStream
+    from ..agents.run import RunStatus, RunStream
     from ..app import App
 
 __all__ = [

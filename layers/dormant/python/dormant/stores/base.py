@@ -372,6 +372,26 @@ class LimitedStore(Protocol):
 
 
 @runtime_checkable
+class SweepableStore(Protocol):
+    """A store that lists, across its apps, the sessions whose turn runs and those that wait (every built-in store):
+    where the sweeper finds turns whose runner died and waits whose wake-up was lost. In any other store the
+    sweeper hands on no turn and wakes no wait (it still repairs and purges what the store lets it)."""
+
+    def running_sessions(self, limit: int = 1000) -> builtins.list[RunningSession]: ...
+
+    def waiting_sessions(self, limit: int = 1000) -> builtins.list[RunningSession]: ...
+
+
+@runtime_checkable
+class BindingIndexStore(Protocol):
+    """A store that keeps an index of the sessions bound to a shared-scope id (every built-in store): the ADK
+    bridge lists one user's sessions from it. On any other store it lists all the app's sessions and keeps the
+    user's."""
+
+    def bound_sessions(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]: ...
+
+
+@runtime_checkable
 class SnapshotStore(Protocol):
     """The optional part of the contract: one snapshot per session, for loading the tail of a long ledger."""
 

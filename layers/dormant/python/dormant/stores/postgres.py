@@ -1,5 +1,8 @@
 """The Postgres store: several web nodes and workers sharing one session table, OCC as the referee.
 
+Why one module: it is one store class with its pool, its SQL and its two-round-trip commit, which change
+together; what it shares with SQLite (the tables, the commit plan) is in ``sql_schema`` and ``stores.base``.
+
 Give it a connection string and it builds (and on ``close()`` closes) a ``psycopg_pool.ConnectionPool``;
 give it a pool you manage and it uses that pool as it is — never closing or re-configuring it, and
 reading rows as tuples whatever ``row_factory`` the pool's connections carry.

@@ -1,5 +1,8 @@
 """The SQLite store: a durable file, the embedded default for local work, a CLI, or one machine.
 
+Why one module: it is one store class with its SQL and its connection handling, which change together; what it
+shares with Postgres (the tables, the commit plan) is in ``sql_schema`` and ``stores.base``.
+
 One connection per store object, shared by its threads under a lock (so ``":memory:"`` is one database
 for every user of the store, not one per connection). WAL mode; each commit is one ``BEGIN IMMEDIATE``
 transaction — version check, event appends, scoped upserts — so a rejected commit writes nothing.

@@ -1,0 +1,153 @@
+"""Step Functions, seen from the library: the executions it starts (one name per claim) and the task tokens it
+answers. The AWS SDK is imported on first use only."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any
+
+from ...clock import now_ms
+from ...errors import ConfigurationError
+from ...session import Session
+from ...stores.base import ScopedStateChange
+from ..hooks import Hooks
+
+if TYPE_CHECKING:
+    from ...app import App
+
+TOKEN_SCOPE = "workflow"
+_ATTEMPTS = 5
+_GONE = {"InvalidToken", "TaskDoesNotExist", "TaskTimedOut"}
+_RESTARTS = 5
+"""Names the sweeper tries for one wait's fresh execution (``-r1``...): a name whose execution ended is not reused."""
+
+
+def execution_name(tenant: str, session_id: str, invocation_id: str, version: int) -> str:
+    """One name per claim (tenant, session, invocation, the version claimed from): a retried request cannot
+    start a second execution for the same claim, and a later claim of the same invocation gets its own."""
+    return hashlib.sha256(f"{tenant}\n{session_id}\n{invocation_id}\n{version}".encode()).hexdigest()[:64]
+
+
+class StepFunctions:
+    """Start executions and answer task tokens (the AWS SDK is imported on first use only).
+
+    Answering a token needs no state machine ARN: ``park`` and ``tools`` are built without one. Starting an
+    execution (``run``, the sweeper) needs it."""
+
+    def __init__(self, state_machine_arn: str | None = None, client: Any = None) -> None:
+        self.state_machine_arn = state_machine_arn
+        self._client = client
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import botocore.session
+
+            self._client = botocore.session.get_session().create_client("stepfunctions")
+        return self._client
+
+    def start(self, tenant: str, session_id: str, invocation_id: str, version: int) -> str:
+        """Start the execution that will run this claim (the same claim's retry finds it started)."""
+        name = execution_name(tenant, session_id, invocation_id, version)
+        with contextlib.suppress(self.client.exceptions.ExecutionAlreadyExists):
+            self._start(tenant, session_id, invocation_id, name)
+        return name
+
+    def restart(self, tenant: str, session_id: str, invocation_id: str, version: int) -> str:
+        """Start a fresh execution for a wait whose own is gone (the sweeper). Named after the session's version
+        (``<claim's name>-r0``: a claim's own execution is never taken for it), so two sweeps of the same wait
+        start one execution; a name whose execution already ended (a restart that died before it parked) is not
+        reused: the next (``-r1``, ``-r2``...) is tried."""
+        base = execution_name(tenant, session_id, invocation_id, version)
+        for attempt in range(_RESTARTS):
+            name = f"{base}-r{attempt}"
+            try:
+                self._start(tenant, session_id, invocation_id, name)
+            except self.client.exceptions.ExecutionAlreadyExists:
+                if self.status(name) == "RUNNING":
+                    return name  # another sweep started it: it is the wait's execution
+                continue
+            return name
+        raise ConfigurationError(f"{_RESTARTS} executions for session {session_id!r} at version {version} ended")
+
+    def _start(self, tenant: str, session_id: str, invocation_id: str, name: str) -> None:
+        if self.state_machine_arn is None:
+            # a wiring mistake (a 500 naming it), not the caller's: no request can mend it
+            raise ConfigurationError("StepFunctions was built without the state machine's ARN: it cannot start one")
+        payload = {"tenant": tenant, "session_id": session_id, "invocation_id": invocation_id, "name": name, "loop": 0}
+        self.client.start_execution(stateMachineArn=self.state_machine_arn, name=name, input=json.dumps(payload))
+
+    def status(self, execution: str) -> str | None:
+        """An execution's status (``RUNNING``, ``SUCCEEDED``, ``ABORTED``...) by ARN or by name (this machine's);
+        ``None`` when there is no such execution."""
+        arn = execution
+        if not arn.startswith("arn:"):
+            if self.state_machine_arn is None:
+                raise ConfigurationError("StepFunctions was built without the state machine's ARN")
+            arn = f"{self.state_machine_arn.replace(':stateMachine:', ':execution:', 1)}:{execution}"
+        try:
+            described = self.client.describe_execution(executionArn=arn)
+        except self.client.exceptions.ExecutionDoesNotExist:
+            return None
+        return str(described["status"])
+
+    def on_answers(self, tenant: str, app: App, session: Session) -> dict[str, Any]:
+        token = app.store.load_scoped_state(app.name, TOKEN_SCOPE, session.id).get("task_token")
+        if not token:
+            return {"woke": False}  # park has not stored its token yet: it will find the answers itself
+        # A token left by an earlier wait is refused by Step Functions (ignored); that wait's successor
+        # parks after these answers landed and wakes itself.
+        return {"woke": self.wake(token)}
+
+    def wake(self, token: str) -> bool:
+        """Send the answers' arrival to the waiting task; ``False`` when it was woken already or ended."""
+        try:
+            self.client.send_task_success(taskToken=token, output=json.dumps({"answered": True}))
+        except self.client.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in _GONE:
+                return False
+            raise
+        return True
+
+    def park(
+        self,
+        app: App,
+        session_id: str,
+        invocation_id: str,
+        token: str,
+        *,
+        execution: str | None = None,
+        wait_seconds: float | None = None,
+    ) -> dict[str, Any]:
+        """Store ``token`` with the session while it waits on ``invocation_id``; if answers arrived first (or
+        the wait is over), send the token back at once, so the execution goes on. With it goes the wait's
+        record: the parked ``execution`` (its ARN), the version this commit stores and when the wait times out."""
+
+        def waiting(session: Session) -> bool:
+            return session.status == "awaiting_input" and session.projection.open_invocation == invocation_id
+
+        def token_while_waiting(session: Session) -> list[ScopedStateChange]:
+            if not waiting(session):
+                return []
+            until = None if wait_seconds is None else now_ms() + int(float(wait_seconds) * 1000)
+            record = {"task_token": token, "execution": execution, "wait_version": session.version + 1}
+            record["wait_until"] = until
+            return [ScopedStateChange(TOKEN_SCOPE, session_id, key, value) for key, value in record.items()]
+
+        written = app.sessions.write(
+            session_id, waiting, on_conflict="retry", scoped_changes=token_while_waiting, attempts=_ATTEMPTS
+        )
+        if written.value:
+            return {"woke": False, "status": written.session.status}
+        return {"woke": self.wake(token), "status": written.session.status}
+
+
+def step_functions_hooks(machine: StepFunctions) -> Hooks:
+    """On AWS: the execution that runs a turn is started before the turn is claimed; answers wake it."""
+
+    def before_claim(tenant: str, session_id: str, invocation_id: str, version: int) -> None:
+        machine.start(tenant, session_id, invocation_id, version)
+
+    return Hooks(before_claim=before_claim, on_answers=machine.on_answers)

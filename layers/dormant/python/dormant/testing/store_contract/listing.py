@@ -1,0 +1,288 @@
+"""Listing: the binding index an erasure reads, the per-app listing by status, and the running and waiting
+sessions the sweeper reads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from ...clock import frozen_clock
+from ...errors import (
+    InputError,
+)
+from ...events import (
+    Event,
+    InvocationEndEvent,
+    InvocationStartEvent,
+)
+from ...stores.base import (
+    ErasableStore,
+    RunningSession,
+    SessionStore,
+    SweepableStore,
+)
+from .base import ContractBase, _event
+
+
+class ListingContract(ContractBase):
+    # -- bindings (what an erasure reads) -----------------------------------------------------
+
+    def test_bound_sessions_names_the_sessions_bound_to_one_id(self, store: SessionStore, app: str) -> None:
+        if not isinstance(store, ErasableStore):
+            pytest.skip("bound_sessions is part of ErasableStore, which this store is not")
+        store.commit(self.meta(app, "s-b", scopes={"user": "u-1", "org": "o-1"}), [_event(1)], 0)
+        store.commit(self.meta(app, "s-a", scopes={"user": "u-1"}), [], 0)
+        store.commit(self.meta(app, "s-c", scopes={"user": "u-2", "org": "o-1"}), [], 0)
+        store.commit(self.meta(f"{app}-other", "s-d", scopes={"user": "u-1"}), [], 0)
+        assert store.bound_sessions(app, "user", "u-1") == ["s-a", "s-b"]
+        assert store.bound_sessions(app, "org", "o-1") == ["s-b", "s-c"]
+        assert store.bound_sessions(app, "patient", "u-1") == []
+        store.delete(app, "s-b")
+        assert store.bound_sessions(app, "user", "u-1") == ["s-a"]
+        assert store.bound_sessions(app, "org", "o-1") == ["s-c"]
+        with pytest.raises(InputError) as refused:
+            store.bound_sessions(app, "app", "app")
+        assert refused.value.field == "scope"
+
+    # -- listing ----------------------------------------------------------------------------
+
+    def test_list_is_per_app_with_updated_at(self, store: SessionStore, app: str) -> None:
+        other_app = f"{app}-other"
+        mine = [self.meta(app) for _ in range(3)]
+        for meta in mine:
+            store.commit(meta, [_event(1)], 0)
+        store.commit(self.meta(other_app), [_event(1)], 0)
+        listed = store.list(app)
+        assert sorted(s.id for s in listed) == sorted(m.id for m in mine)
+        assert all(s.updated_at > 0 for s in listed)
+        assert [s.id for s in store.list(other_app)] != [] and not {s.id for s in store.list(other_app)} & {
+            m.id for m in mine
+        }
+        assert store.list(f"{app}-empty") == []
+
+    def test_list_puts_the_most_recently_updated_first_and_pages(self, store: SessionStore, app: str) -> None:
+        metas = [self.meta(app, f"s{n}") for n in range(5)]
+        with frozen_clock(1_800_000_000_000) as clock:
+            for meta in metas:
+                clock.advance(1)
+                store.commit(meta, [], 0)
+            clock.advance(1)
+            store.commit(metas[0], [_event(1)], 1)  # touched last: listed first
+        listed = store.list(app)
+        assert [s.id for s in listed] == ["s0", "s4", "s3", "s2", "s1"]
+        assert [s.updated_at for s in listed] == sorted((s.updated_at for s in listed), reverse=True)
+        assert listed[0].version == 2
+        for size in (1, 2):
+            pages: list[str] = []
+            cursor = None
+            for _ in range(len(listed) + 1):  # bounded: a cursor that lists its own session again never ends
+                page = store.list(app, limit=size, cursor=cursor)
+                assert len(page) <= size
+                if not page:
+                    break
+                assert cursor is None or cursor not in {s.cursor for s in page}, "a page repeats the cursor's session"
+                pages += [s.id for s in page]
+                cursor = page[-1].cursor
+            assert pages == [s.id for s in listed]
+
+    def test_list_carries_the_status_saved_with_the_commit(self, store: SessionStore, app: str) -> None:
+        meta = self.meta(app, status="running")
+        store.commit(meta, [_event(1)], 0)
+        store.commit(self.meta(app, meta.id, status="awaiting_input"), [_event(2)], 1)
+        (listing,) = store.list(app)
+        assert listing.status == "awaiting_input"
+
+    def test_list_by_status_pages_through_that_status_alone(self, store: SessionStore, app: str) -> None:
+        """``list(status=)`` among interleaved sessions of other statuses (two per millisecond, so cursors break
+        ties on the id): every page full until the last, no omission, no duplicate, a cursor that goes on
+        within the status, and a status nothing has lists nothing."""
+        statuses = ("running", "idle", "awaiting_input")
+        made: list[tuple[int, str, str]] = []
+        with frozen_clock(1_800_000_000_000) as clock:
+            for n in range(15):
+                if n % 2 == 0:
+                    clock.advance(1)
+                sid, status = f"s{n:02d}", statuses[n % 3]
+                store.commit(self.meta(app, sid, status=status), [_event(n)], 0)
+                made.append((clock.ms, sid, status))
+        for status in statuses:
+            expected = [sid for _, sid, s in sorted(made, reverse=True) if s == status]
+            listed = store.list(app, status=status)
+            assert [s.id for s in listed] == expected
+            assert {s.status for s in listed} == {status}
+            for size in (1, 2, 4):
+                pages: list[list[str]] = []
+                cursor = None
+                for _ in range(len(expected) + 2):  # bounded: a cursor that lists its own session again never ends
+                    page = store.list(app, limit=size, cursor=cursor, status=status)
+                    pages.append([s.id for s in page])
+                    if len(page) < size:
+                        break
+                    cursor = page[-1].cursor
+                    rest = listed[sum(map(len, pages)) :]
+                    assert store.list(app, cursor=cursor, status=status) == rest, "a cursor round trip lists the rest"
+                flat = [sid for page in pages for sid in page]
+                assert flat == expected, f"paging by {size}: omitted or repeated sessions"
+                assert all(len(page) == size for page in pages[:-1]), "a page came back short while more matched"
+        assert store.list(app, status="error") == []
+
+    def test_a_status_change_moves_the_session_between_status_listings(self, store: SessionStore, app: str) -> None:
+        with frozen_clock(1_800_000_000_000) as clock:
+            store.commit(self.meta(app, "other", status="running"), [_event(0)], 0)
+            clock.advance(1)
+            store.commit(self.meta(app, "moving", status="running"), [_event(1)], 0)
+            assert [s.id for s in store.list(app, status="running")] == ["moving", "other"]
+            assert store.list(app, status="awaiting_input") == []
+            clock.advance(1)
+            store.commit(self.meta(app, "moving", status="awaiting_input"), [_event(2)], 1)
+        assert [s.id for s in store.list(app, status="running")] == ["other"]
+        ((sid, version, status),) = [(s.id, s.version, s.status) for s in store.list(app, status="awaiting_input")]
+        assert (sid, version, status) == ("moving", 2, "awaiting_input")
+        assert sorted(s.id for s in store.list(app)) == ["moving", "other"]
+
+    @pytest.mark.parametrize("status", ["", "Running", "running#0", "x" * 33, 7])
+    def test_a_status_outside_the_rule_is_an_input_error_naming_status(
+        self, store: SessionStore, app: str, status: Any
+    ) -> None:
+        with pytest.raises(InputError) as caught:
+            store.list(app, status=status)
+        assert caught.value.field == "status"
+
+    # -- running sessions (what the sweeper reads) -------------------------------------------
+
+    def test_running_sessions_are_the_running_ones_of_every_app(self, store: SessionStore, app: str) -> None:
+        """The sessions whose stored status is ``running``, across apps, oldest first: one that ends its
+        invocation, is paused, or is deleted leaves; one that starts later joins; a refused commit changes
+        nothing; a running session's later commits move its ``updated_at``."""
+        if not isinstance(store, SweepableStore):
+            pytest.skip("running_sessions is part of SweepableStore, which this store is not")
+        other = f"{app}-other"
+        made: list[tuple[str, str]] = []
+
+        def commit(owner: str, sid: str, status: str, events: Sequence[Event], expected: int) -> bool:
+            made.append((owner, sid))
+            return store.commit(self.meta(owner, sid, status=status), events, expected).ok
+
+        def start(n: int) -> InvocationStartEvent:
+            return InvocationStartEvent(id=f"start-{n}", invocation_id=f"inv-{n}", agent_name="agent", deadline=1)
+
+        def end(n: int) -> InvocationEndEvent:
+            return InvocationEndEvent(id=f"end-{n}", invocation_id=f"inv-{n}", status="completed")
+
+        def running(limit: int = 100_000) -> list[tuple[str, str, int]]:
+            # Other tests' sessions share a Postgres schema or a DynamoDB table: keep this test's apps.
+            return [
+                (r.app_name, r.session_id, r.updated_at)
+                for r in store.running_sessions(limit)
+                if r.app_name in (app, other)
+            ]
+
+        t = 1_000_000_000  # early: older than any session stored at the real time, so first in line
+        try:
+            with frozen_clock(t) as clock:
+                for owner, sid, status, events in (
+                    (app, "s-run", "running", [start(1)]),  # t+1
+                    (app, "s-idle", "idle", [_event(1)]),  # t+2
+                    (other, "s-later", "idle", [_event(1)]),  # t+3, running from t+4
+                    (other, "s-ends", "running", [start(1)]),  # t+5
+                    (app, "s-deleted", "running", [start(1)]),  # t+6
+                    (other, "s-refused", "running", [start(1)]),  # t+7
+                    (app, "s-paused", "running", [start(1)]),  # t+8
+                ):
+                    clock.advance(1)
+                    assert commit(owner, sid, status, events, 0)
+                    if sid == "s-later":
+                        clock.advance(1)
+                        assert commit(other, sid, "running", [start(2)], 1)
+                assert running() == [
+                    (app, "s-run", t + 1),
+                    (other, "s-later", t + 4),
+                    (other, "s-ends", t + 5),
+                    (app, "s-deleted", t + 6),
+                    (other, "s-refused", t + 7),
+                    (app, "s-paused", t + 8),
+                ]
+                assert running(limit=2) == [(app, "s-run", t + 1), (other, "s-later", t + 4)]
+                clock.advance(1)
+                assert commit(other, "s-ends", "completed", [end(1)], 1)  # t+9
+                assert not commit(other, "s-refused", "completed", [end(1)], 5)  # a conflict: nothing changes
+                assert commit(app, "s-paused", "awaiting_input", [_event(2)], 1)
+                store.delete(app, "s-deleted")
+                clock.advance(1)
+                assert commit(app, "s-run", "running", [_event(2)], 1)  # t+10: still running, updated
+                assert running() == [(other, "s-later", t + 4), (other, "s-refused", t + 7), (app, "s-run", t + 10)]
+                loaded = store.load(app, "s-run")
+                assert loaded is not None and loaded.session.updated_at == t + 10
+                assert running(limit=1) == [(other, "s-later", t + 4)]
+                with pytest.raises(InputError) as refused:
+                    store.running_sessions(0)
+                assert refused.value.field == "limit"
+        finally:
+            for owner, sid in set(made):
+                store.delete(owner, sid)
+        assert running() == []
+
+    def test_waiting_sessions_are_the_waiting_ones_of_every_app(self, store: SessionStore, app: str) -> None:
+        """The sessions whose stored status is ``awaiting_input`` or ``resumable``, across apps, oldest first,
+        with that status: one answered (awaiting -> resumable) stays, one that runs, ends or is deleted leaves,
+        a refused commit changes nothing; ``running_sessions`` lists none of them."""
+        if not isinstance(store, SweepableStore):
+            pytest.skip("waiting_sessions is part of SweepableStore, which this store is not")
+        other = f"{app}-other"
+        made: list[tuple[str, str]] = []
+
+        def commit(owner: str, sid: str, status: str, n: int, expected: int) -> bool:
+            made.append((owner, sid))
+            return store.commit(self.meta(owner, sid, status=status), [_event(n)], expected).ok
+
+        def listed(rows: Sequence[RunningSession]) -> list[tuple[str, str, int, str]]:
+            return [(r.app_name, r.session_id, r.updated_at, r.status) for r in rows if r.app_name in (app, other)]
+
+        def waiting(limit: int = 100_000) -> list[tuple[str, str, int, str]]:
+            return listed(store.waiting_sessions(limit))
+
+        t = 1_000_000_000
+        try:
+            with frozen_clock(t) as clock:
+                for owner, sid, status in (
+                    (app, "s-asks", "awaiting_input"),  # t+1
+                    (other, "s-answered", "resumable"),  # t+2
+                    (app, "s-runs", "running"),  # t+3
+                    (other, "s-idle", "idle"),  # t+4
+                    (app, "s-resumed", "awaiting_input"),  # t+5
+                    (other, "s-refused", "awaiting_input"),  # t+6
+                    (app, "s-deleted", "awaiting_input"),  # t+7
+                ):
+                    clock.advance(1)
+                    assert commit(owner, sid, status, 1, 0)
+                assert waiting() == [
+                    (app, "s-asks", t + 1, "awaiting_input"),
+                    (other, "s-answered", t + 2, "resumable"),
+                    (app, "s-resumed", t + 5, "awaiting_input"),
+                    (other, "s-refused", t + 6, "awaiting_input"),
+                    (app, "s-deleted", t + 7, "awaiting_input"),
+                ]
+                assert waiting(limit=2) == waiting()[:2]
+                assert [r[1] for r in listed(store.running_sessions())] == ["s-runs"]
+                clock.advance(1)  # t+8
+                assert commit(app, "s-asks", "resumable", 2, 1)  # answered: still waits (for its runner)
+                assert commit(app, "s-resumed", "running", 2, 1)  # resumed: running, not waiting
+                assert commit(other, "s-answered", "completed", 2, 1)  # ended
+                assert commit(app, "s-runs", "awaiting_input", 2, 1)  # yielded: waits now
+                assert not commit(other, "s-refused", "completed", 2, 5)  # a conflict: nothing changes
+                store.delete(app, "s-deleted")
+                assert waiting() == [
+                    (other, "s-refused", t + 6, "awaiting_input"),
+                    (app, "s-asks", t + 8, "resumable"),
+                    (app, "s-runs", t + 8, "awaiting_input"),
+                ]
+                assert [r[1] for r in listed(store.running_sessions())] == ["s-resumed"]
+                with pytest.raises(InputError) as refused:
+                    store.waiting_sessions(0)
+                assert refused.value.field == "limit"
+        finally:
+            for owner, sid in set(made):
+                store.delete(owner, sid)
+        assert waiting() == []
