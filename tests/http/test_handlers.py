@@ -28,6 +28,7 @@ from dormant.serving.workflow import (
     in_process_hooks,
     step_functions_hooks,
     sweeper_handler,
+    tasks,
     workflow_handler,
 )
 from dormant.session import Session
@@ -754,12 +755,39 @@ def test_a_retried_run_task_takes_its_invocation_over_and_a_finished_one_ends(aw
     assert client.call("get_session", session_id="s-1")[1]["version"] == version
 
 
-def test_a_run_task_for_a_claim_not_landed_yet_is_retryable(aws: Any) -> None:
+def test_a_run_task_for_a_claim_not_landed_yet_is_retryable(aws: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     client, _, workflow = aws
     create(client)
+    slept: list[float] = []
+    monkeypatch.setattr(tasks.time, "sleep", slept.append)
     ghost = {"input": json.dumps({"tenant": TENANT_A, "session_id": "s-1", "invocation_id": "inv_never"})}
     with pytest.raises(TurnNotClaimed):
         act(workflow, "run", ghost)
+    assert slept == list(tasks.CLAIM_GRACE_S)  # it read again through the grace, then gave the retry back
+
+
+def test_a_run_task_waits_out_a_claim_landing_just_after_its_execution_started(
+    aws: Any, served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API starts the execution just before it commits the claim: a run that reads first finds no invocation.
+    It reads again within the grace instead of failing (a state transition, an invocation and a back-off)."""
+    client, fake, workflow = aws
+    create(client)
+    client.call("run", session_id="s-1", headers={"Prefer": ""})
+    (started,) = fake.started
+    real = tasks.resume_turn
+    reads: list[str] = []
+
+    def before_the_claim(app: Any, agent: Any, session_id: str, invocation_id: str, **kw: Any) -> Any:
+        reads.append(invocation_id)
+        if len(reads) == 1:  # the first read sees the session as it stood before the claim landed
+            return app.sessions.ephemeral(session_id)
+        return real(app, agent, session_id, invocation_id, **kw)
+
+    monkeypatch.setattr(tasks, "resume_turn", before_the_claim)
+    monkeypatch.setattr(tasks.time, "sleep", lambda _: None)
+    assert act(workflow, "run", started)["status"] == "yielded_tool"
+    assert len(reads) == 2
 
 
 def test_park_then_answers_wakes_the_execution_once(aws: Any) -> None:

@@ -8,8 +8,9 @@ invocation_id}``; each action works on that one invocation, never on "whatever i
   invocation of the function, anything else ends the execution. A retried ``run`` (its first attempt timed
   out or died after committing) finds the invocation still open and takes it over from its last committed
   step; one that finds it waiting for answers parks again. An invocation not on the ledger yet (the
-  execution starts just before the API commits the claim) is ``TurnNotClaimed``, which the state machine
-  retries for a while and then drops: a claim that never landed has nothing to run. Its model calls must
+  execution starts just before the API commits the claim) is read again through ``CLAIM_GRACE_S`` (under a
+  second), then is ``TurnNotClaimed``, which the state machine retries for a while and then drops: a claim
+  that never landed has nothing to run. Its model calls must
   return ``MODEL_END_RESERVE_MS`` before the function's own deadline (``models.base.calls_end_by``): a slow
   provider ends the step with a typed error on the ledger, not a killed function.
 * ``park`` (a ``.waitForTaskToken`` task) stores the task token with the session, gated on the version at

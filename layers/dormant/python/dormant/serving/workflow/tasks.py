@@ -23,6 +23,11 @@ from .stepfunctions import _ATTEMPTS, TOKEN_SCOPE, StepFunctions
 MODEL_END_RESERVE_MS = 10_000
 """What a run keeps of its function's time after a model call gave up: to record the error and commit."""
 
+CLAIM_GRACE_S = (0.05, 0.1, 0.2, 0.4)
+"""Pauses before a ``run`` reads the session again for a claim not on the ledger yet (the API starts the
+execution just before it commits the claim): a few reads within a second cost less than the state machine's
+retry of ``TurnNotClaimed`` (a state transition, an invocation and its back-off)."""
+
 
 def end_invocation(
     app: App,
@@ -65,19 +70,22 @@ def run_action(
     (Step Functions' retry of ``Run``) first frees the session of a commit its dead predecessor left pending."""
     if retried:
         repair_after_lost_runner(app, session_id, invocation_id)
-    try:
-        outcome = resume_turn(app, served.agent, session_id, invocation_id, deadline=deadline)
-    except ClaimLost:  # another runner holds the turn: that runner's execution carries it on
-        return {"status": "superseded"}
-    if isinstance(outcome, AdvanceOutcome):
-        return {"status": outcome.status, "version": outcome.version}
-    session = outcome
-    if session.projection.open_invocation == invocation_id:  # waiting on answers: park (again)
-        return {"status": "yielded_tool", "version": session.version}
-    node = session.projection.invocations.get(invocation_id)
-    if node is None and not _ended_before(session, invocation_id):
-        raise TurnNotClaimed(f"invocation {invocation_id!r} of session {session_id!r} is not on the ledger yet")
-    return {"status": node.status if node is not None else "ended", "version": session.version}
+    for pause in (*CLAIM_GRACE_S, None):
+        try:
+            outcome = resume_turn(app, served.agent, session_id, invocation_id, deadline=deadline)
+        except ClaimLost:  # another runner holds the turn: that runner's execution carries it on
+            return {"status": "superseded"}
+        if isinstance(outcome, AdvanceOutcome):
+            return {"status": outcome.status, "version": outcome.version}
+        session = outcome
+        if session.projection.open_invocation == invocation_id:  # waiting on answers: park (again)
+            return {"status": "yielded_tool", "version": session.version}
+        node = session.projection.invocations.get(invocation_id)
+        if node is not None or _ended_before(session, invocation_id):
+            return {"status": node.status if node is not None else "ended", "version": session.version}
+        if pause is not None:  # the claim may be landing right now: read again before costing a retry
+            time.sleep(pause)
+    raise TurnNotClaimed(f"invocation {invocation_id!r} of session {session_id!r} is not on the ledger yet")
 
 
 def repair_after_lost_runner(app: App, session_id: str, invocation_id: str) -> bool:
