@@ -8,6 +8,7 @@ the resources of the template they name. The fidelity harness checks the publish
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,22 @@ def test_the_dashboard_shows_what_operating_needs(synth: Synth) -> None:
             assert f"SEARCH('{dims} MetricName=\"{name}\"', '{statistic}', 300)" in expressions, (name, statistic)
     for name in ("conflicts", "repairs", "Throttles", "ConcurrentExecutions", "ReadThrottleEvents"):
         assert name in named, (name, named)
+
+
+def test_the_readme_says_what_every_alarm_means_and_what_to_do(synth: Synth) -> None:
+    """The README's Operating table names each alarm the stack makes (``<function>``/``<name>`` stand for every
+    function and index), with what it means and what to do: an alarm added without a line there is red."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    operating = readme[readme.index("\n## Operating\n") :]
+    rows = [line for line in operating.splitlines() if line.startswith("| `")]
+    patterns = []
+    for row in rows:
+        alarm, means, todo = (cell.strip() for cell in row.strip("|").split("|")[:3])
+        assert means and todo, row
+        for name in alarm.replace("`", "").split(","):
+            escaped = re.escape(name.strip())
+            patterns.append(
+                re.compile(escaped.replace(re.escape("<function>"), r"[a-z]+").replace(re.escape("<name>"), r"[a-z]+"))
+            )
+    unexplained = [name for name in alarms(synth.template) if not any(p.fullmatch(name) for p in patterns)]
+    assert not unexplained
