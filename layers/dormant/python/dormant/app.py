@@ -30,7 +30,14 @@ from .snapshots import DEFAULT_EVERY, load_session, pending_snapshot, save_after
 from .state.migrations import MigrationStep
 from .state.schema import BOUND_SCOPES, Schema
 from .state.values import check_storable
-from .stores.base import BaseSessionStore, CommitResult, ErasableStore, ScopedStateChange, SessionListing, SessionStore
+from .stores.base import (
+    CommitResult,
+    ErasableStore,
+    ScopedStateChange,
+    SessionListing,
+    SessionStore,
+    SnapshotInCommitStore,
+)
 from .stores.memory import in_memory_store
 from .writes import OnConflict, WriteResult, write
 
@@ -448,7 +455,11 @@ class Sessions:
         expected, before = session.version, session.committed_count
         store = self._app.store
         snapshot = None
-        if isinstance(store, BaseSessionStore) and store.snapshots_in_commit and self._app.snapshot_every is not None:
+        if (
+            self._app.snapshot_every is not None
+            and isinstance(store, SnapshotInCommitStore)
+            and store.snapshots_in_commit
+        ):
             snapshot = pending_snapshot(session)  # kept in the commit's transaction: a read then folds nothing
             result = store.commit(session.stored(), new_events, expected, scoped, snapshot=snapshot)
         else:

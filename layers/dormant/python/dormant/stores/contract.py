@@ -77,8 +77,10 @@ __all__ = [
     "BindingIndexStore",
     "ErasableStore",
     "LimitedStore",
+    "OneReadSnapshotStore",
     "RepairableStore",
     "SessionStore",
+    "SnapshotInCommitStore",
     "SnapshotStore",
     "SweepableStore",
 ]
@@ -194,4 +196,37 @@ class SnapshotStore(Protocol):
 
     def load_snapshot(self, app_name: str, session_id: str) -> StoredSnapshot | None:
         """The snapshot kept for the session, or ``None``."""
+        ...
+
+
+@runtime_checkable
+class SnapshotInCommitStore(Protocol):
+    """A store that can keep a session's snapshot in the commit's own transaction (``commit(snapshot=)``), when its
+    ``snapshots_in_commit`` says so (the SQL stores): a state read then reads the snapshot at the last commit and
+    folds nothing. An app with snapshots hands such a store one with every commit; any other store is handed none."""
+
+    @property
+    def snapshots_in_commit(self) -> bool: ...
+
+    def commit(
+        self,
+        session: StoredSession,
+        new_events: Sequence[Event],
+        expected_version: int,
+        scoped_changes: Sequence[ScopedStateChange] | None = None,
+        *,
+        snapshot: StoredSnapshot | None = None,
+    ) -> CommitResult:
+        """``SessionStore.commit``, keeping ``snapshot`` (the session's as of the version granted) with it."""
+        ...
+
+
+@runtime_checkable
+class OneReadSnapshotStore(Protocol):
+    """A store that reads a session's kept snapshot and the events after it together (every built-in store): a load
+    takes one read where a ``SnapshotStore`` alone takes two (the snapshot, then the tail after its version)."""
+
+    def load_with_snapshot(self, app_name: str, session_id: str) -> tuple[StoredSnapshot | None, LoadedSession | None]:
+        """The kept snapshot (or ``None``) and the session with the events after its version (all of them when
+        there is none; ``None`` when there is no session)."""
         ...
