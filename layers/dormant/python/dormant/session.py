@@ -15,29 +15,26 @@ from __future__ import annotations
 
 import bisect
 import logging
-import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, overload
 
 from .clock import now_ms
 from .errors import (
-    ConfigurationError,
     EventIndexError,
     EventValidationError,
     InputError,
     ScopeNotBound,
     SessionNotFound,
-    ToolInputError,
-    UnknownCallId,
     UnknownEventId,
     UnknownScope,
 )
-from .events import Event, InvocationYieldEvent, SessionForkedEvent, StateChangeEvent, ToolInputEvent, UserEvent
+from .events import Event, InvocationYieldEvent, SessionForkedEvent, StateChangeEvent
 from .ids import check_id, new_id
 from .ledger import AnswerCheck, LedgerRules
 from .models.base import Message
-from .people import Caller, check_answer
+from .people import Caller
 from .projection import Output, Projection, SessionStatus, StateSnapshot, YieldedTool
+from .session_input import SessionInput
 from .state.access import Access, Invocation
 from .state.schema import APP_SCOPE_ID, SHARED_SCOPES, Schema, ScopeSchema
 from .state.values import check_storable
@@ -657,138 +654,6 @@ class Session:
         )
 
 
-class SessionInput:
-    """Input from outside an invocation: answers to yielded tool calls, and user messages."""
-
-    def __init__(self, session: Session) -> None:
-        self._session = session
-
-    def answer(
-        self, call_id: str, input: Any, *, principal: str | None = None, groups: Iterable[str] = ()
-    ) -> ToolInputEvent:
-        """Answer a yielded call; the answer is validated against the tool's ``yield_schema`` first, and the
-        answerer (``principal``, a member of ``groups``) against its ``answerable_by`` (``AnswerRefused``)."""
-        return self.answers([{"call_id": call_id, "input": input}], principal=principal, groups=groups)[0]
-
-    def answers(
-        self,
-        answers: Sequence[Mapping[str, Any]],
-        *,
-        principal: str | None = None,
-        groups: Iterable[str] = (),
-        field: str = "answers",
-    ) -> list[ToolInputEvent]:
-        """Answer several yielded calls at once: all are checked before any is recorded.
-
-        ``principal``: who answers, as authenticated by the caller of this (recorded on each answer), a member
-        of ``groups``: each answer's tool's ``answerable_by`` must admit them (``AnswerRefused``, 403).
-        ``field``: what errors call the answers (``answers.N...``, as in ``app.run``'s input and the API's body).
-        """
-        events = self.prepare(answers, principal=principal, groups=groups, field=field)
-        for event in events:
-            self._session.append(event)
-        return events
-
-    def tool(
-        self, call_id: str, input: Any, *, principal: str | None = None, groups: Iterable[str] = ()
-    ) -> ToolInputEvent:
-        """Deprecated in 0.2 (``docs/concepts.md``): ``answer``. Its errors still name ``tools.N...``."""
-        _renamed("session.input.tool", "session.input.answer")
-        answers = [{"call_id": call_id, "input": input}]
-        return self.answers(answers, principal=principal, groups=groups, field="tools")[0]
-
-    def tools(
-        self,
-        answers: Sequence[Mapping[str, Any]],
-        *,
-        principal: str | None = None,
-        groups: Iterable[str] = (),
-        field: str = "tools",
-    ) -> list[ToolInputEvent]:
-        """Deprecated in 0.2 (``docs/concepts.md``): ``answers``. Its errors still name ``tools.N...``."""
-        _renamed("session.input.tools", "session.input.answers")
-        return self.answers(answers, principal=principal, groups=groups, field=field)
-
-    def prepare(
-        self,
-        answers: Sequence[Mapping[str, Any]],
-        *,
-        principal: str | None = None,
-        groups: Iterable[str] = (),
-        field: str = "answers",
-    ) -> list[ToolInputEvent]:
-        """Check answers and build their events without recording them (errors name ``{field}.N...``)."""
-        session = self._session
-        member_of = frozenset(groups)
-        if isinstance(answers, str | bytes) or not isinstance(answers, Sequence):
-            raise InputError(f"{field} is a list of {{'call_id': ..., 'input': ...}}", field=field)
-        pending = session.projection.pending
-        events: list[ToolInputEvent] = []
-        seen: set[str] = set()
-        for position, answer in enumerate(answers):
-            if not isinstance(answer, Mapping) or "call_id" not in answer:
-                raise InputError("each tool answer is {'call_id': ..., 'input': ...}", field=f"{field}.{position}")
-            unknown = sorted(str(key) for key in answer if key not in ("call_id", "input"))
-            if unknown:  # a misspelt "input" would otherwise answer None, as HTTP refuses it too
-                raise InputError(
-                    f"a tool answer holds call_id and input, not {unknown[0]!r}",
-                    field=f"{field}.{position}.{unknown[0]}",
-                )
-            call_id = answer["call_id"]
-            if isinstance(call_id, str) and call_id in seen:
-                raise InputError(f"tool call {call_id!r} is answered twice in this batch", field=f"{field}.{position}")
-            call = pending.get(call_id) if isinstance(call_id, str) else None
-            if call is None:
-                refused = UnknownCallId(str(call_id), [c for c in pending if c not in seen], position)
-                refused.field = f"{field}.{position}.call_id"
-                raise refused
-            seen.add(call_id)
-            tool = session.runtime.tool_named(call.name)
-            if tool is None:
-                raise ConfigurationError(
-                    f"tool {call.name!r} is not registered with app {session.app_name!r}: "
-                    "define it (app.tool) in this process before answering its calls"
-                )
-            node = session.projection.invocations.get(call.invocation_id or "")
-            check_answer(
-                tool.rules,
-                call_id=call_id,
-                tool=call.name,
-                principal=principal,
-                groups=member_of,
-                starter=node.principal if node is not None else None,
-                field=f"{field}.{position}.call_id",
-            )
-            given = answer.get("input")
-            check_storable(given, f"{field}.{position}.input")  # named as unstorable, not as "not JSON"
-            try:
-                value = tool.check_input(call_id, given, position)
-            except ToolInputError as exc:
-                exc.field = f"{field}.{position}.input" + (f".{exc.path}" if exc.path else "")
-                raise
-            check_storable(value, f"{field}.{position}.input")
-            events.append(
-                ToolInputEvent(
-                    call_id=call_id,
-                    name=call.name,
-                    input=value,
-                    invocation_id=call.invocation_id,
-                    agent_name=session.current_agent_name,
-                    principal=principal,
-                )
-            )
-        return events
-
-    def message(self, text: str) -> UserEvent:
-        """Append a user message; the next run sees it."""
-        if not isinstance(text, str):
-            raise InputError(f"a message is a string, not {type(text).__name__}", field="message")
-        check_storable(text, "message")
-        event = UserEvent(text=text)
-        self._session.append(event)
-        return event
-
-
 def _pairs(noted: Iterable[Any]) -> Iterator[Any]:
     """Noted anchors one by one, a snapshot's string of them (``"version,count ..."``) read into pairs."""
     for item in noted:
@@ -818,8 +683,3 @@ def _check_scopes(scopes: Mapping[str, str] | None, schema: Schema) -> dict[str,
             exc.field = f"scopes.{scope}"
             raise
     return bound
-
-
-def _renamed(old: str, new: str) -> None:
-    """Warn a caller of a name 0.2 renamed (``docs/concepts.md``: one name per concept); 0.3 drops it."""
-    warnings.warn(f"{old} is deprecated: use {new} (docs/concepts.md)", DeprecationWarning, stacklevel=3)
