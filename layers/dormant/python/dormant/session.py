@@ -8,15 +8,14 @@ A session loaded from a snapshot (``dormant.snapshots``) holds only the tail of 
 projection comes from the snapshot, and the events before the tail are fetched from the store the
 first time something reads them (``events`` iterated or indexed there, ``state_at``, ``fork_at``,
 ``model_input``, ``event_index_of`` of an older id). Everything a turn needs — state, status, yielded
-tools, runs, commits — works on the tail alone.
+tools, runs, commits — works on the tail alone. That loading is ``dormant.lazy_ledger`` (``LazyLedger``, which
+``Session`` is, and ``EventLog``); input from outside a run is ``dormant.session_input``.
 """
 
 from __future__ import annotations
 
-import bisect
-import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Protocol, overload
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 from .clock import now_ms
 from .errors import (
@@ -24,12 +23,12 @@ from .errors import (
     EventValidationError,
     InputError,
     ScopeNotBound,
-    SessionNotFound,
     UnknownEventId,
     UnknownScope,
 )
 from .events import Event, InvocationYieldEvent, SessionForkedEvent, StateChangeEvent
 from .ids import check_id, new_id
+from .lazy_ledger import _FIRST_ANCHORS, EventLog, LazyLedger
 from .ledger import AnswerCheck, LedgerRules
 from .models.base import Message
 from .people import Caller
@@ -44,11 +43,8 @@ from .transcript import rebuild_input
 
 __all__ = ["AnswerCheck", "EventLog", "Runtime", "Session", "SessionInput"]
 
-_log = logging.getLogger("dormant.session")
 _new = object.__new__
 _setattr = object.__setattr__
-_FIRST_ANCHORS = [(0, 0)]
-"""Every ledger's first anchor: version 0 holds no event."""
 
 
 class Runtime(Protocol):
@@ -62,68 +58,15 @@ class Runtime(Protocol):
     def tool_named(self, name: str) -> AnswerCheck | None: ...
 
 
-class EventLog(Sequence[Event]):
-    """A read-only view of the ledger (append through the session, never here).
-
-    On a session loaded from a snapshot, ``len`` and reads within the loaded tail (``[-1]``,
-    ``[i:]`` from a recent position) cost nothing more; iterating, or reading before the tail, fetches
-    the earlier ledger from the store first (once).
-    """
-
-    __slots__ = ("_session",)
-
-    def __init__(self, session: Session) -> None:
-        self._session = session
-
-    @overload
-    def __getitem__(self, index: int) -> Event: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[Event]: ...
-    def __getitem__(self, index: int | slice) -> Event | list[Event]:
-        session = self._session
-        if isinstance(index, slice):
-            start, stop, step = index.indices(len(self))
-            if step != 1:
-                session._fetch_from(0)
-                return session._events[index]
-            if start < stop:
-                session._fetch_from(start)
-            base = session._base
-            return session._events[max(start - base, 0) : max(stop - base, 0)]
-        length = len(self)
-        position = index + length if index < 0 else index
-        if not 0 <= position < length:
-            raise EventIndexError(index, length)
-        session._fetch_from(position)
-        return session._events[position - session._base]
-
-    def __len__(self) -> int:
-        return self._session._base + len(self._session._events)
-
-    def __iter__(self) -> Iterator[Event]:
-        self._session._fetch_from(0)
-        return iter(self._session._events)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, EventLog):
-            return list(self) == list(other)
-        if isinstance(other, list | tuple):
-            return list(self) == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"<{len(self)} events>"
-
-
-class Session:
+class Session(LazyLedger):
     """A conversation's ledger with its derived state. Build one with ``app.sessions``.
 
     The ledger API (``append``, ``projection``, ``mark_committed``, ``replace_ledger``) is what the run
     loop and the commit paths build on; an application reads ``state``, ``events`` and ``status``,
     writes through ``state`` and ``input``, and leaves appending to ``app.run``.
     """
+
+    _runtime: Runtime
 
     def __init__(
         self,
@@ -358,60 +301,6 @@ class Session:
         if turns is None or projection.user_turns <= turns or turns > len(projection.recent_turns):
             return self.events[:]
         return self.events[projection.recent_turns[-turns] :]
-
-    # -- the stored ledger, fetched on demand -------------------------------------------------
-
-    def note_anchors(self, anchors: Iterable[tuple[int, int]]) -> None:
-        """Add known (stored version, events stored up to it) pairs of this session's stored ledger (merged
-        when next read: a later pair for a version wins)."""
-        self._unchecked.extend(anchors)
-
-    def _known_anchors(self) -> list[tuple[int, int]]:
-        """``_anchors`` with the pairs noted since merged in; a pair that is not two counts is dropped."""
-        if self._unchecked:
-            known = dict(self._anchors)
-            for pair in _pairs(self._unchecked):
-                version, count = pair if isinstance(pair, list | tuple) and len(pair) == 2 else (None, None)
-                if type(version) is int and type(count) is int and version >= 0 and count >= 0:
-                    known[version] = count
-                else:
-                    _log.warning("session %s: ignoring an anchor that is not two counts: %r", self.id, pair)
-            self._unchecked = []
-            self._anchors = sorted(known.items())
-        return self._anchors
-
-    def anchor_for(self, position: int) -> tuple[int, int]:
-        """The latest known (version, count) with count <= ``position``: ``load(after=version)`` reaches it."""
-        anchors = self._known_anchors()
-        counts = [count for _, count in anchors]
-        return anchors[bisect.bisect_right(counts, position) - 1]
-
-    @property
-    def anchors(self) -> list[tuple[int, int]]:
-        """Known (stored version, events stored up to it) pairs, ascending."""
-        return list(self._known_anchors())
-
-    def _fetch_from(self, position: int) -> None:
-        """Make sure the events from ``position`` on are held, reading the missing ones from the store."""
-        if position >= self._base:
-            return
-        version, start = self.anchor_for(position)
-        loaded = self._runtime.store.load(self.app_name, self.id, after=version)
-        if loaded is None:
-            raise SessionNotFound(self.id)
-        missing = self._base - start
-        fetched = loaded.events[:missing]
-        # The stored ledger must go on with the first event held, when that one is stored: held events past
-        # the last commit (a writer's own, not yet committed) are not in the store, whatever landed since.
-        held_stored = bool(self._events) and self._base < self._committed
-        joins = len(fetched) == missing and (
-            not held_stored or len(loaded.events) <= missing or loaded.events[missing].id == self._events[0].id
-        )
-        if not joins or loaded.session.created_at != self.created_at:
-            raise SessionNotFound(self.id)  # deleted (and perhaps made again): the earlier ledger is gone
-        self._events[0:0] = fetched
-        self._index.update((event.id, start + n) for n, event in enumerate(fetched))
-        self._base = start
 
     @property
     def projection(self) -> Projection:
@@ -652,17 +541,6 @@ class Session:
             f"<Session {self.id} app={self.app_name!r} version={self.version} "
             f"events={self._base + len(self._events)} status={self.status!r}>"
         )
-
-
-def _pairs(noted: Iterable[Any]) -> Iterator[Any]:
-    """Noted anchors one by one, a snapshot's string of them (``"version,count ..."``) read into pairs."""
-    for item in noted:
-        if isinstance(item, str):
-            for text in item.split():
-                version, _, count = text.partition(",")
-                yield (int(version), int(count)) if version.isdigit() and count.isdigit() else text
-        else:
-            yield item
 
 
 def _check_scopes(scopes: Mapping[str, str] | None, schema: Schema) -> dict[str, str]:
