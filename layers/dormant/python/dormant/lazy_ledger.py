@@ -19,14 +19,14 @@ from .errors import EventIndexError, SessionNotFound
 from .events import Event
 from .stores.base import SessionStore
 
-__all__ = ["EventLog", "LazyLedger"]
+__all__ = ["EventLog", "HasStore", "LazyLedger"]
 
 _log = logging.getLogger("dormant.session")
 _FIRST_ANCHORS = [(0, 0)]
 """Every ledger's first anchor: version 0 holds no event."""
 
 
-class _Stored(Protocol):
+class HasStore(Protocol):
     """What the ledger's loading needs of the app: its store."""
 
     @property
@@ -44,7 +44,7 @@ class LazyLedger:
     id: str
     app_name: str
     created_at: int
-    _runtime: _Stored
+    _runtime: HasStore
     _events: list[Event]
     """The ledger from position ``_base`` on (the whole of it unless loaded from a snapshot)."""
     _base: int
@@ -57,6 +57,12 @@ class LazyLedger:
     _unchecked: list[Any]
     """Pairs noted since ``_anchors`` was last built (a snapshot's as stored, a string of them in its format 2:
     ``"version,count version,count"``): checked and merged on first use."""
+
+    @property
+    def events(self) -> EventLog:
+        """The ledger. On a session loaded from a snapshot, reading before the tail fetches the rest (see
+        ``EventLog``)."""
+        return EventLog(self)
 
     @property
     def ledger_length(self) -> int:

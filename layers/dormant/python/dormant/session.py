@@ -1,5 +1,8 @@
 """A session: an append-only ledger of events, and the state derived from it.
 
+Why one module: ``Session`` is the one object a run, a commit and a state read share; what is left here is its
+ledger (append, fold, fork, time travel) and the state host, which read the same fields on every call.
+
 Appending an event folds it into the session's ``Projection`` once, so reading state never replays the
 ledger; ``state_at`` replays a prefix into a fresh projection. State writes are validated by the
 app's schema and become ``state_change`` events; nothing else changes state.
@@ -9,7 +12,8 @@ projection comes from the snapshot, and the events before the tail are fetched f
 first time something reads them (``events`` iterated or indexed there, ``state_at``, ``fork_at``,
 ``model_input``, ``event_index_of`` of an older id). Everything a turn needs — state, status, yielded
 tools, runs, commits — works on the tail alone. That loading is ``dormant.lazy_ledger`` (``LazyLedger``, which
-``Session`` is, and ``EventLog``); input from outside a run is ``dormant.session_input``.
+``Session`` is, and ``EventLog``); the commit bookkeeping is ``dormant.committed`` (``CommittedLedger``); input
+from outside a run is ``dormant.session_input``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from .clock import now_ms
+from .committed import CommittedLedger
 from .errors import (
     EventIndexError,
     EventValidationError,
@@ -28,7 +33,7 @@ from .errors import (
 )
 from .events import Event, InvocationYieldEvent, SessionForkedEvent, StateChangeEvent
 from .ids import check_id, new_id
-from .lazy_ledger import _FIRST_ANCHORS, EventLog, LazyLedger
+from .lazy_ledger import _FIRST_ANCHORS, EventLog
 from .ledger import AnswerCheck, LedgerRules
 from .models.base import Message
 from .people import Caller
@@ -58,7 +63,7 @@ class Runtime(Protocol):
     def tool_named(self, name: str) -> AnswerCheck | None: ...
 
 
-class Session(LazyLedger):
+class Session(CommittedLedger):
     """A conversation's ledger with its derived state. Build one with ``app.sessions``.
 
     The ledger API (``append``, ``projection``, ``mark_committed``, ``replace_ledger``) is what the run
@@ -172,12 +177,6 @@ class Session(LazyLedger):
         return self._runtime
 
     # -- the ledger -------------------------------------------------------------------------
-
-    @property
-    def events(self) -> EventLog:
-        """The ledger. On a session loaded from a snapshot, reading before the tail fetches the rest (see
-        ``EventLog``)."""
-        return EventLog(self)
 
     @classmethod
     def restore(
@@ -476,51 +475,7 @@ class Session(LazyLedger):
         self._fetch_from(0)
         return rebuild_input(self._events, position, self.event_index_of)
 
-    # -- persistence bookkeeping ------------------------------------------------------------
-
-    @property
-    def uncommitted_events(self) -> list[Event]:
-        return self._events[self._committed - self._base :]
-
-    @property
-    def committed_count(self) -> int:
-        """How many events (from the start of the ledger) this session knows to be stored."""
-        return self._committed
-
-    @property
-    def committed_events(self) -> list[Event]:
-        """The events this session knows to be stored (fetched first on a session loaded from a snapshot)."""
-        return self.events[: self._committed]
-
-    def scoped_changes(self) -> list[ScopedStateChange]:
-        """The shared-scope writes of the uncommitted events, one per key (the last write wins)."""
-        schema = self._runtime.schema
-        return [
-            ScopedStateChange(scope, scope_id, key, schema[scope].stored_form(value) if scope in schema else value)
-            for (scope, scope_id), writes in self._writes.items()
-            for key, value in writes.items()
-        ]
-
-    def stored(self) -> StoredSession:
-        """This session's metadata row."""
-        return StoredSession(
-            id=self.id,
-            app_name=self.app_name,
-            version=self.version,
-            scopes=dict(self.scopes),
-            created_at=self.created_at,
-            status=self.status,
-            forked_from=self.forked_from,
-            fork_reason=self.fork_reason,
-            retention_ms=self._runtime.retention_ms,
-        )
-
-    def mark_committed(self, version: int) -> None:
-        """Every event is now stored, at ``version`` (a commit path calls this once the store said yes)."""
-        self.version = version
-        self._committed = self._base + len(self._events)
-        self._writes = {}
-        self.note_anchors([(version, self._committed)])
+    # -- persistence bookkeeping (the rest is ``CommittedLedger``) -----------------------------
 
     def replace_ledger(self, merged: Session) -> None:
         """Take over ``merged``'s ledger, all of it stored: this session's run rebased onto what landed.
