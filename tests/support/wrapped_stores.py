@@ -9,12 +9,14 @@ from typing import Any
 
 from dormant.events import Event
 from dormant.stores.base import (
+    BaseSessionStore,
     CommitResult,
     LoadedSession,
     RunningSession,
     ScopedStateChange,
     SessionListing,
     StoredSession,
+    StoredSnapshot,
 )
 from dormant.stores.memory import MemorySessionStore
 
@@ -23,7 +25,7 @@ class SixMethods:
     """The ``SessionStore`` protocol's six methods and nothing more: no erasure, no purge across tenants, no
     declared ``limits`` (the memory store under it keeps the default ones)."""
 
-    def __init__(self, inner: MemorySessionStore | None = None) -> None:
+    def __init__(self, inner: BaseSessionStore | None = None) -> None:
         self.inner = inner if inner is not None else MemorySessionStore()
 
     def load(self, app_name: str, session_id: str, *, after: int | None = None) -> LoadedSession | None:
@@ -90,3 +92,45 @@ class BindingIndex(SixMethods):
     def bound_sessions(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
         self.bound_reads += 1
         return self.inner.bound_sessions(app_name, scope, scope_id)
+
+
+class Snapshots(SixMethods):
+    """The six methods and ``SnapshotStore``'s, counting the snapshot reads (the inner store's snapshots)."""
+
+    snapshot_reads = 0
+
+    def save_snapshot(self, app_name: str, session_id: str, snapshot: StoredSnapshot) -> bool:
+        return self.inner.save_snapshot(app_name, session_id, snapshot)
+
+    def load_snapshot(self, app_name: str, session_id: str) -> StoredSnapshot | None:
+        self.snapshot_reads += 1
+        return self.inner.load_snapshot(app_name, session_id)
+
+
+class SnapshotInCommit(Snapshots):
+    """``Snapshots`` and ``SnapshotInCommitStore``'s: a commit keeps the snapshot it is handed (give it a SQL store)."""
+
+    @property
+    def snapshots_in_commit(self) -> bool:
+        return self.inner.snapshots_in_commit
+
+    def commit(
+        self,
+        session: StoredSession,
+        new_events: Sequence[Event],
+        expected_version: int,
+        scoped_changes: Sequence[ScopedStateChange] | None = None,
+        *,
+        snapshot: StoredSnapshot | None = None,
+    ) -> CommitResult:
+        return self.inner.commit(session, new_events, expected_version, scoped_changes, snapshot=snapshot)
+
+
+class OneReadSnapshots(Snapshots):
+    """``Snapshots`` and ``OneReadSnapshotStore``'s, counting the one-read loads."""
+
+    one_reads = 0
+
+    def load_with_snapshot(self, app_name: str, session_id: str) -> tuple[StoredSnapshot | None, LoadedSession | None]:
+        self.one_reads += 1
+        return self.inner.load_with_snapshot(app_name, session_id)

@@ -26,11 +26,24 @@ from .ids import check_id, check_name
 from .ledger import LedgerRules
 from .models.base import ModelAdapter, ModelSpec, default_adapter
 from .session import Session
-from .snapshots import DEFAULT_EVERY, load_session, pending_snapshot, save_after_commit, save_snapshot
+from .snapshots import (
+    DEFAULT_EVERY,
+    keeps_snapshot_in_commit,
+    load_session,
+    pending_snapshot,
+    save_after_commit,
+    save_snapshot,
+)
 from .state.migrations import MigrationStep
 from .state.schema import BOUND_SCOPES, Schema
 from .state.values import check_storable
-from .stores.base import BaseSessionStore, CommitResult, ErasableStore, ScopedStateChange, SessionListing, SessionStore
+from .stores.base import (
+    CommitResult,
+    ErasableStore,
+    ScopedStateChange,
+    SessionListing,
+    SessionStore,
+)
 from .stores.memory import in_memory_store
 from .writes import OnConflict, WriteResult, write
 
@@ -448,7 +461,7 @@ class Sessions:
         expected, before = session.version, session.committed_count
         store = self._app.store
         snapshot = None
-        if isinstance(store, BaseSessionStore) and store.snapshots_in_commit and self._app.snapshot_every is not None:
+        if self._app.snapshot_every is not None and keeps_snapshot_in_commit(store):
             snapshot = pending_snapshot(session)  # kept in the commit's transaction: a read then folds nothing
             result = store.commit(session.stored(), new_events, expected, scoped, snapshot=snapshot)
         else:

@@ -1,5 +1,8 @@
 """A session: an append-only ledger of events, and the state derived from it.
 
+Why one module: ``Session`` is the one object a run, a commit and a state read share; what is left here is its
+ledger (append, fold, fork, time travel) and the state host, which read the same fields on every call.
+
 Appending an event folds it into the session's ``Projection`` once, so reading state never replays the
 ledger; ``state_at`` replays a prefix into a fresh projection. State writes are validated by the
 app's schema and become ``state_change`` events; nothing else changes state.
@@ -8,36 +11,34 @@ A session loaded from a snapshot (``dormant.snapshots``) holds only the tail of 
 projection comes from the snapshot, and the events before the tail are fetched from the store the
 first time something reads them (``events`` iterated or indexed there, ``state_at``, ``fork_at``,
 ``model_input``, ``event_index_of`` of an older id). Everything a turn needs — state, status, yielded
-tools, runs, commits — works on the tail alone.
+tools, runs, commits — works on the tail alone. That loading is ``dormant.lazy_ledger`` (``LazyLedger``, which
+``Session`` is, and ``EventLog``); the commit bookkeeping is ``dormant.committed`` (``CommittedLedger``); input
+from outside a run is ``dormant.session_input``.
 """
 
 from __future__ import annotations
 
-import bisect
-import logging
-import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Protocol, overload
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 from .clock import now_ms
+from .committed import CommittedLedger
 from .errors import (
-    ConfigurationError,
     EventIndexError,
     EventValidationError,
     InputError,
     ScopeNotBound,
-    SessionNotFound,
-    ToolInputError,
-    UnknownCallId,
     UnknownEventId,
     UnknownScope,
 )
-from .events import Event, InvocationYieldEvent, SessionForkedEvent, StateChangeEvent, ToolInputEvent, UserEvent
+from .events import Event, InvocationYieldEvent, SessionForkedEvent, StateChangeEvent
 from .ids import check_id, new_id
+from .lazy_ledger import _FIRST_ANCHORS, EventLog
 from .ledger import AnswerCheck, LedgerRules
 from .models.base import Message
-from .people import Caller, check_answer
+from .people import Caller
 from .projection import Output, Projection, SessionStatus, StateSnapshot, YieldedTool
+from .session_input import SessionInput
 from .state.access import Access, Invocation
 from .state.schema import APP_SCOPE_ID, SHARED_SCOPES, Schema, ScopeSchema
 from .state.values import check_storable
@@ -47,11 +48,8 @@ from .transcript import rebuild_input
 
 __all__ = ["AnswerCheck", "EventLog", "Runtime", "Session", "SessionInput"]
 
-_log = logging.getLogger("dormant.session")
 _new = object.__new__
 _setattr = object.__setattr__
-_FIRST_ANCHORS = [(0, 0)]
-"""Every ledger's first anchor: version 0 holds no event."""
 
 
 class Runtime(Protocol):
@@ -65,68 +63,15 @@ class Runtime(Protocol):
     def tool_named(self, name: str) -> AnswerCheck | None: ...
 
 
-class EventLog(Sequence[Event]):
-    """A read-only view of the ledger (append through the session, never here).
-
-    On a session loaded from a snapshot, ``len`` and reads within the loaded tail (``[-1]``,
-    ``[i:]`` from a recent position) cost nothing more; iterating, or reading before the tail, fetches
-    the earlier ledger from the store first (once).
-    """
-
-    __slots__ = ("_session",)
-
-    def __init__(self, session: Session) -> None:
-        self._session = session
-
-    @overload
-    def __getitem__(self, index: int) -> Event: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[Event]: ...
-    def __getitem__(self, index: int | slice) -> Event | list[Event]:
-        session = self._session
-        if isinstance(index, slice):
-            start, stop, step = index.indices(len(self))
-            if step != 1:
-                session._fetch_from(0)
-                return session._events[index]
-            if start < stop:
-                session._fetch_from(start)
-            base = session._base
-            return session._events[max(start - base, 0) : max(stop - base, 0)]
-        length = len(self)
-        position = index + length if index < 0 else index
-        if not 0 <= position < length:
-            raise EventIndexError(index, length)
-        session._fetch_from(position)
-        return session._events[position - session._base]
-
-    def __len__(self) -> int:
-        return self._session._base + len(self._session._events)
-
-    def __iter__(self) -> Iterator[Event]:
-        self._session._fetch_from(0)
-        return iter(self._session._events)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, EventLog):
-            return list(self) == list(other)
-        if isinstance(other, list | tuple):
-            return list(self) == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"<{len(self)} events>"
-
-
-class Session:
+class Session(CommittedLedger):
     """A conversation's ledger with its derived state. Build one with ``app.sessions``.
 
     The ledger API (``append``, ``projection``, ``mark_committed``, ``replace_ledger``) is what the run
     loop and the commit paths build on; an application reads ``state``, ``events`` and ``status``,
     writes through ``state`` and ``input``, and leaves appending to ``app.run``.
     """
+
+    _runtime: Runtime
 
     def __init__(
         self,
@@ -232,12 +177,6 @@ class Session:
         return self._runtime
 
     # -- the ledger -------------------------------------------------------------------------
-
-    @property
-    def events(self) -> EventLog:
-        """The ledger. On a session loaded from a snapshot, reading before the tail fetches the rest (see
-        ``EventLog``)."""
-        return EventLog(self)
 
     @classmethod
     def restore(
@@ -361,60 +300,6 @@ class Session:
         if turns is None or projection.user_turns <= turns or turns > len(projection.recent_turns):
             return self.events[:]
         return self.events[projection.recent_turns[-turns] :]
-
-    # -- the stored ledger, fetched on demand -------------------------------------------------
-
-    def note_anchors(self, anchors: Iterable[tuple[int, int]]) -> None:
-        """Add known (stored version, events stored up to it) pairs of this session's stored ledger (merged
-        when next read: a later pair for a version wins)."""
-        self._unchecked.extend(anchors)
-
-    def _known_anchors(self) -> list[tuple[int, int]]:
-        """``_anchors`` with the pairs noted since merged in; a pair that is not two counts is dropped."""
-        if self._unchecked:
-            known = dict(self._anchors)
-            for pair in _pairs(self._unchecked):
-                version, count = pair if isinstance(pair, list | tuple) and len(pair) == 2 else (None, None)
-                if type(version) is int and type(count) is int and version >= 0 and count >= 0:
-                    known[version] = count
-                else:
-                    _log.warning("session %s: ignoring an anchor that is not two counts: %r", self.id, pair)
-            self._unchecked = []
-            self._anchors = sorted(known.items())
-        return self._anchors
-
-    def anchor_for(self, position: int) -> tuple[int, int]:
-        """The latest known (version, count) with count <= ``position``: ``load(after=version)`` reaches it."""
-        anchors = self._known_anchors()
-        counts = [count for _, count in anchors]
-        return anchors[bisect.bisect_right(counts, position) - 1]
-
-    @property
-    def anchors(self) -> list[tuple[int, int]]:
-        """Known (stored version, events stored up to it) pairs, ascending."""
-        return list(self._known_anchors())
-
-    def _fetch_from(self, position: int) -> None:
-        """Make sure the events from ``position`` on are held, reading the missing ones from the store."""
-        if position >= self._base:
-            return
-        version, start = self.anchor_for(position)
-        loaded = self._runtime.store.load(self.app_name, self.id, after=version)
-        if loaded is None:
-            raise SessionNotFound(self.id)
-        missing = self._base - start
-        fetched = loaded.events[:missing]
-        # The stored ledger must go on with the first event held, when that one is stored: held events past
-        # the last commit (a writer's own, not yet committed) are not in the store, whatever landed since.
-        held_stored = bool(self._events) and self._base < self._committed
-        joins = len(fetched) == missing and (
-            not held_stored or len(loaded.events) <= missing or loaded.events[missing].id == self._events[0].id
-        )
-        if not joins or loaded.session.created_at != self.created_at:
-            raise SessionNotFound(self.id)  # deleted (and perhaps made again): the earlier ledger is gone
-        self._events[0:0] = fetched
-        self._index.update((event.id, start + n) for n, event in enumerate(fetched))
-        self._base = start
 
     @property
     def projection(self) -> Projection:
@@ -590,51 +475,7 @@ class Session:
         self._fetch_from(0)
         return rebuild_input(self._events, position, self.event_index_of)
 
-    # -- persistence bookkeeping ------------------------------------------------------------
-
-    @property
-    def uncommitted_events(self) -> list[Event]:
-        return self._events[self._committed - self._base :]
-
-    @property
-    def committed_count(self) -> int:
-        """How many events (from the start of the ledger) this session knows to be stored."""
-        return self._committed
-
-    @property
-    def committed_events(self) -> list[Event]:
-        """The events this session knows to be stored (fetched first on a session loaded from a snapshot)."""
-        return self.events[: self._committed]
-
-    def scoped_changes(self) -> list[ScopedStateChange]:
-        """The shared-scope writes of the uncommitted events, one per key (the last write wins)."""
-        schema = self._runtime.schema
-        return [
-            ScopedStateChange(scope, scope_id, key, schema[scope].stored_form(value) if scope in schema else value)
-            for (scope, scope_id), writes in self._writes.items()
-            for key, value in writes.items()
-        ]
-
-    def stored(self) -> StoredSession:
-        """This session's metadata row."""
-        return StoredSession(
-            id=self.id,
-            app_name=self.app_name,
-            version=self.version,
-            scopes=dict(self.scopes),
-            created_at=self.created_at,
-            status=self.status,
-            forked_from=self.forked_from,
-            fork_reason=self.fork_reason,
-            retention_ms=self._runtime.retention_ms,
-        )
-
-    def mark_committed(self, version: int) -> None:
-        """Every event is now stored, at ``version`` (a commit path calls this once the store said yes)."""
-        self.version = version
-        self._committed = self._base + len(self._events)
-        self._writes = {}
-        self.note_anchors([(version, self._committed)])
+    # -- persistence bookkeeping (the rest is ``CommittedLedger``) -----------------------------
 
     def replace_ledger(self, merged: Session) -> None:
         """Take over ``merged``'s ledger, all of it stored: this session's run rebased onto what landed.
@@ -657,149 +498,6 @@ class Session:
         )
 
 
-class SessionInput:
-    """Input from outside an invocation: answers to yielded tool calls, and user messages."""
-
-    def __init__(self, session: Session) -> None:
-        self._session = session
-
-    def answer(
-        self, call_id: str, input: Any, *, principal: str | None = None, groups: Iterable[str] = ()
-    ) -> ToolInputEvent:
-        """Answer a yielded call; the answer is validated against the tool's ``yield_schema`` first, and the
-        answerer (``principal``, a member of ``groups``) against its ``answerable_by`` (``AnswerRefused``)."""
-        return self.answers([{"call_id": call_id, "input": input}], principal=principal, groups=groups)[0]
-
-    def answers(
-        self,
-        answers: Sequence[Mapping[str, Any]],
-        *,
-        principal: str | None = None,
-        groups: Iterable[str] = (),
-        field: str = "answers",
-    ) -> list[ToolInputEvent]:
-        """Answer several yielded calls at once: all are checked before any is recorded.
-
-        ``principal``: who answers, as authenticated by the caller of this (recorded on each answer), a member
-        of ``groups``: each answer's tool's ``answerable_by`` must admit them (``AnswerRefused``, 403).
-        ``field``: what errors call the answers (``answers.N...``, as in ``app.run``'s input and the API's body).
-        """
-        events = self.prepare(answers, principal=principal, groups=groups, field=field)
-        for event in events:
-            self._session.append(event)
-        return events
-
-    def tool(
-        self, call_id: str, input: Any, *, principal: str | None = None, groups: Iterable[str] = ()
-    ) -> ToolInputEvent:
-        """Deprecated in 0.2 (``docs/concepts.md``): ``answer``. Its errors still name ``tools.N...``."""
-        _renamed("session.input.tool", "session.input.answer")
-        answers = [{"call_id": call_id, "input": input}]
-        return self.answers(answers, principal=principal, groups=groups, field="tools")[0]
-
-    def tools(
-        self,
-        answers: Sequence[Mapping[str, Any]],
-        *,
-        principal: str | None = None,
-        groups: Iterable[str] = (),
-        field: str = "tools",
-    ) -> list[ToolInputEvent]:
-        """Deprecated in 0.2 (``docs/concepts.md``): ``answers``. Its errors still name ``tools.N...``."""
-        _renamed("session.input.tools", "session.input.answers")
-        return self.answers(answers, principal=principal, groups=groups, field=field)
-
-    def prepare(
-        self,
-        answers: Sequence[Mapping[str, Any]],
-        *,
-        principal: str | None = None,
-        groups: Iterable[str] = (),
-        field: str = "answers",
-    ) -> list[ToolInputEvent]:
-        """Check answers and build their events without recording them (errors name ``{field}.N...``)."""
-        session = self._session
-        member_of = frozenset(groups)
-        if isinstance(answers, str | bytes) or not isinstance(answers, Sequence):
-            raise InputError(f"{field} is a list of {{'call_id': ..., 'input': ...}}", field=field)
-        pending = session.projection.pending
-        events: list[ToolInputEvent] = []
-        seen: set[str] = set()
-        for position, answer in enumerate(answers):
-            if not isinstance(answer, Mapping) or "call_id" not in answer:
-                raise InputError("each tool answer is {'call_id': ..., 'input': ...}", field=f"{field}.{position}")
-            unknown = sorted(str(key) for key in answer if key not in ("call_id", "input"))
-            if unknown:  # a misspelt "input" would otherwise answer None, as HTTP refuses it too
-                raise InputError(
-                    f"a tool answer holds call_id and input, not {unknown[0]!r}",
-                    field=f"{field}.{position}.{unknown[0]}",
-                )
-            call_id = answer["call_id"]
-            if isinstance(call_id, str) and call_id in seen:
-                raise InputError(f"tool call {call_id!r} is answered twice in this batch", field=f"{field}.{position}")
-            call = pending.get(call_id) if isinstance(call_id, str) else None
-            if call is None:
-                refused = UnknownCallId(str(call_id), [c for c in pending if c not in seen], position)
-                refused.field = f"{field}.{position}.call_id"
-                raise refused
-            seen.add(call_id)
-            tool = session.runtime.tool_named(call.name)
-            if tool is None:
-                raise ConfigurationError(
-                    f"tool {call.name!r} is not registered with app {session.app_name!r}: "
-                    "define it (app.tool) in this process before answering its calls"
-                )
-            node = session.projection.invocations.get(call.invocation_id or "")
-            check_answer(
-                tool.rules,
-                call_id=call_id,
-                tool=call.name,
-                principal=principal,
-                groups=member_of,
-                starter=node.principal if node is not None else None,
-                field=f"{field}.{position}.call_id",
-            )
-            given = answer.get("input")
-            check_storable(given, f"{field}.{position}.input")  # named as unstorable, not as "not JSON"
-            try:
-                value = tool.check_input(call_id, given, position)
-            except ToolInputError as exc:
-                exc.field = f"{field}.{position}.input" + (f".{exc.path}" if exc.path else "")
-                raise
-            check_storable(value, f"{field}.{position}.input")
-            events.append(
-                ToolInputEvent(
-                    call_id=call_id,
-                    name=call.name,
-                    input=value,
-                    invocation_id=call.invocation_id,
-                    agent_name=session.current_agent_name,
-                    principal=principal,
-                )
-            )
-        return events
-
-    def message(self, text: str) -> UserEvent:
-        """Append a user message; the next run sees it."""
-        if not isinstance(text, str):
-            raise InputError(f"a message is a string, not {type(text).__name__}", field="message")
-        check_storable(text, "message")
-        event = UserEvent(text=text)
-        self._session.append(event)
-        return event
-
-
-def _pairs(noted: Iterable[Any]) -> Iterator[Any]:
-    """Noted anchors one by one, a snapshot's string of them (``"version,count ..."``) read into pairs."""
-    for item in noted:
-        if isinstance(item, str):
-            for text in item.split():
-                version, _, count = text.partition(",")
-                yield (int(version), int(count)) if version.isdigit() and count.isdigit() else text
-        else:
-            yield item
-
-
 def _check_scopes(scopes: Mapping[str, str] | None, schema: Schema) -> dict[str, str]:
     if scopes is not None and not isinstance(scopes, Mapping):
         raise InputError(f"scopes is a dict of scope -> id (e.g. {{'user': 'u-1'}}), not {scopes!r}", field="scopes")
@@ -818,8 +516,3 @@ def _check_scopes(scopes: Mapping[str, str] | None, schema: Schema) -> dict[str,
             exc.field = f"scopes.{scope}"
             raise
     return bound
-
-
-def _renamed(old: str, new: str) -> None:
-    """Warn a caller of a name 0.2 renamed (``docs/concepts.md``: one name per concept); 0.3 drops it."""
-    warnings.warn(f"{old} is deprecated: use {new} (docs/concepts.md)", DeprecationWarning, stacklevel=3)

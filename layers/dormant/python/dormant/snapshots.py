@@ -35,7 +35,7 @@ import logging
 import weakref
 from collections.abc import Callable
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from pydantic_core import from_json
 
@@ -44,11 +44,20 @@ from .errors import InputError, SessionNotFound
 from .ids import ID_MATCH, check_id
 from .projection import UNSET, Projection
 from .session import Runtime, Session
-from .stores.base import BaseSessionStore, SnapshotStore, StoredSession, StoredSnapshot
+from .stores.base import (
+    BaseSessionStore,
+    OneReadSnapshotStore,
+    SessionStore,
+    SnapshotInCommitStore,
+    SnapshotStore,
+    StoredSession,
+    StoredSnapshot,
+)
 
 __all__ = [
     "DEFAULT_EVERY",
     "FORMAT",
+    "keeps_snapshot_in_commit",
     "load_session",
     "pending_snapshot",
     "save_after_commit",
@@ -111,6 +120,22 @@ def _compact(projection: Projection) -> dict[str, Any]:
     exported = projection.export()
     exported["recent_turns"] = " ".join(map(str, exported["recent_turns"]))
     return {key: value for key, value in exported.items() if key not in UNSET or value != UNSET[key]}
+
+
+_IN_COMMIT: set[type] = set()
+
+
+def keeps_snapshot_in_commit(store: SessionStore) -> TypeGuard[SnapshotInCommitStore]:
+    """Whether ``store`` keeps a snapshot handed to its commit (a ``SnapshotInCommitStore`` whose
+    ``snapshots_in_commit`` is true). Asked on every commit: a runtime Protocol's check is some 20 µs of Python, so
+    a class that holds both members itself (not only its instances) is remembered."""
+    cls = type(store)
+    if cls not in _IN_COMMIT:
+        if not isinstance(store, SnapshotInCommitStore):
+            return False
+        if hasattr(cls, "snapshots_in_commit") and hasattr(cls, "commit"):
+            _IN_COMMIT.add(cls)
+    return bool(store.snapshots_in_commit)  # type: ignore[attr-defined]  # (the protocol's, checked above)
 
 
 def pending_snapshot(session: Session) -> StoredSnapshot | None:
@@ -180,9 +205,14 @@ def load_session(
         return _whole(runtime, session_id, covered=None, alive=alive)
     found: list[Any] = []
     rebuild = partial(_replay, runtime, session_id, found)
-    if kind == "base":  # the snapshot, the row and the tail in one read
-        base: BaseSessionStore = store  # type: ignore[assignment]  # (kind says so; cast() is a call)
-        kept, row, events = base._load_with_snapshot(runtime.name, session_id)
+    if kind != "snapshots":  # the snapshot, the row and the tail in one read
+        if kind == "base":  # a built-in store: its private read, with no LoadedSession to build and take apart
+            base: BaseSessionStore = store  # type: ignore[assignment]  # (kind says so; cast() is a call)
+            kept, row, events = base._load_with_snapshot(runtime.name, session_id)
+        else:
+            one_read: OneReadSnapshotStore = store  # type: ignore[assignment]  # (kind says so)
+            kept, loaded = one_read.load_with_snapshot(runtime.name, session_id)
+            row, events = (None, []) if loaded is None else (loaded.session, loaded.events)
         if row is None:
             return None
         if kept is None:  # the read holds the whole ledger: fold it (the next commit keeps a snapshot)
@@ -241,15 +271,19 @@ _KINDS: dict[type, str] = {}
 
 
 def _kind(store: object) -> str | None:
-    """``"base"`` for a ``BaseSessionStore``, ``"snapshots"`` for another ``SnapshotStore``, else ``None``: asked on
-    every load; the base class is remembered per class (an ABC's check is Python code). A runtime Protocol's
-    answer may differ between instances of a class (it inspects their members), so it is asked each time."""
+    """How a load reads a snapshot: ``"one_read"`` for a store that reads it with the tail (``OneReadSnapshotStore``),
+    ``"snapshots"`` for another ``SnapshotStore``, else ``None``. A built-in store (``BaseSessionStore``) is
+    ``"base"``, the one-read load by its private method, and remembered per class (an ABC's check is Python code); a
+    runtime Protocol's answer may differ between instances of a class (it inspects their members), so it is asked
+    each time."""
     cls = type(store)
     if cls in _KINDS:
         return "base"
     if isinstance(store, BaseSessionStore):
         _KINDS[cls] = "base"
         return "base"
+    if isinstance(store, OneReadSnapshotStore):
+        return "one_read"
     return "snapshots" if isinstance(store, SnapshotStore) else None
 
 

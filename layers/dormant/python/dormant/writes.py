@@ -17,18 +17,9 @@ and there are no shared-scope writes: no store call) or ``forked``. ``preconditi
 raise typed errors; they propagate unchanged and nothing is written. An unknown or expired session is
 ``SessionNotFound`` (404 over HTTP).
 
-When a rebase is safe. The new events (R) go after the events that landed since the base (L),
-unchanged, only when all of these hold:
-
-1. no state key is written by both (same scope, same scope id, same key; ``observation``s are reads);
-2. no tool call is answered or executed by both (same ``call_id`` in a ``tool_input`` or ``tool_result``);
-3. no invocation is continued by both (an ``invocation_id`` present in both R and L);
-4. R does not start an invocation while L leaves one open (two open invocations cannot interleave);
-5. R's events may follow L's by the ledger rules (``dormant.ledger``: no message while a call waits...).
-
-Then the merged ledger folds to L's state plus R's writes, and every ``old_value`` R recorded is still
-the value it replaced. Reads are not tracked: this is snapshot isolation, not serializability — a run
-that decided from a key only it read, which another writer then changed, still merges.
+When a rebase is safe is in ``dormant.merge`` (the rules, on events alone); the fifth is the ledger's own:
+R's events must follow L's by ``dormant.ledger`` (no message while a call waits...), checked as they are
+appended.
 
 Shared-scope writes a caller names (``scoped_changes=``) are not part of the rules: they are written
 as given, the last writer's value winning. A forked run's shared-scope writes are not applied (its fork
@@ -39,7 +30,7 @@ it is, on its row (``forked_from``, ``fork_reason``: the conflicts) and in its l
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Literal, Protocol, TypeAlias, TypeVar
 
@@ -53,7 +44,8 @@ from .errors import (
     UnknownCallId,
     VersionConflict,
 )
-from .events import Event, InvocationStartEvent, StateChangeEvent, ToolInputEvent, ToolResultEvent
+from .events import Event
+from .merge import conflicts
 from .session import Session
 from .stores.base import CommitResult, ScopedStateChange
 
@@ -236,36 +228,8 @@ def _merge(
 
 def merge_conflicts(session: Session, stored: Session, landed: list[Event], mine: list[Event]) -> list[str]:
     """Why ``mine`` (new events of ``session``) cannot go after ``landed`` (what landed on ``stored`` since
-    ``session``'s base): one reason per conflict, none when the rebase is safe (the module docstring's rules)."""
-    reasons: list[str] = []
-    common_keys = _written(session, landed) & _written(session, mine)
-    for scope, scope_id, key in sorted(common_keys):
-        reasons.append(f"both wrote {scope}{'/' + scope_id if scope_id else ''}.{key}")
-    common_calls = _calls(landed) & _calls(mine)
-    reasons += [f"both answered or ran tool call {call_id}" for call_id in sorted(common_calls)]
-    common_invocations = _invocations(landed) & _invocations(mine)
-    reasons += [f"both continued invocation {inv}" for inv in sorted(common_invocations)]
-    open_invocation = stored.projection.open_invocation
-    if open_invocation is not None and any(isinstance(e, InvocationStartEvent) for e in mine):
-        reasons.append(f"invocation {open_invocation} is still open in the stored ledger")
-    return reasons
-
-
-def _written(session: Session, events: Iterable[Event]) -> set[tuple[str, str, str]]:
-    keys: set[tuple[str, str, str]] = set()
-    for event in events:
-        if isinstance(event, StateChangeEvent) and event.source != "observation":
-            scope_id = event.scope_id or (session.scope_id(event.scope) if event.scope != "session" else "") or ""
-            keys.update((event.scope, scope_id, change.key) for change in event.changes)
-    return keys
-
-
-def _calls(events: Iterable[Event]) -> set[str]:
-    return {e.call_id for e in events if isinstance(e, ToolInputEvent | ToolResultEvent)}
-
-
-def _invocations(events: Iterable[Event]) -> set[str]:
-    return {e.invocation_id for e in events if e.invocation_id is not None}
+    ``session``'s base): one reason per conflict, none when the rebase is safe (``dormant.merge``'s rules)."""
+    return conflicts(landed, mine, scope_id=session.scope_id, open_invocation=stored.projection.open_invocation)
 
 
 def _fork(session: Session, conflicts: list[str], value: T, tried: int) -> WriteResult[T]:

@@ -11,8 +11,8 @@ more to change, reported the way it was before that existed, in ``status``:
   whose id is returned. Nothing is lost. (The write's ``forked``: the run is orphaned from its session,
   the fork is what was stored.)
 
-When a rebase is safe (``dormant.writes``, which holds the rules). The run's new events (R) go after the
-events that landed since the run's base (L), unchanged, only when all of these hold:
+When a rebase is safe (``dormant.merge``, which holds the rules; ``dormant.writes`` applies them). The run's
+new events (R) go after the events that landed since the run's base (L), unchanged, only when all of these hold:
 
 1. no state key is written by both (same scope, same scope id, same key; ``observation``s are reads);
 2. no tool call is answered or executed by both (same ``call_id`` in a ``tool_input`` or ``tool_result``);
