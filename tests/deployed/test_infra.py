@@ -281,6 +281,12 @@ class _Code:
                 continue
             todo.append((module, None))
             klass, _, method = name.partition(".")
+            bound, defs = names(module)
+            if klass not in defs and klass in bound:  # a name the module re-exports (a package's __init__)
+                target, attr = bound[klass]
+                todo.append(
+                    (target, method or None) if attr is None else (target, f"{attr}.{method}" if method else attr)
+                )
             for node in tree.body:
                 if isinstance(node, ast.FunctionDef) and node.name == name:
                     scan(module, [node])
@@ -324,6 +330,10 @@ def test_the_code_reading_sees_a_variable_read_behind_helpers_and_not_one_in_unr
     assert code.reads(entry) == set()
     entry.write_text("from pkg.serving import env\nhandler = env.table()\n")
     assert code.reads(entry) == {"DORMANT_IDEMPOTENCY_TABLE"}
+    # a package's __init__ that re-exports a handler: the reading follows the name to the module defining it
+    (package / "serving" / "__init__.py").write_text("from .machine import run_handler\n")
+    entry.write_text("from pkg.serving import run_handler\nhandler = run_handler()\n")
+    assert _Code(package, "pkg").reads(entry) == {"DORMANT_STATE_MACHINE"}
 
 
 # Today's serving code reads the state machine's ARN in these functions too (tools through workflow_hooks;
