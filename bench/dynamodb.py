@@ -258,7 +258,9 @@ def _measure(store: Any, floor: Floor, ours_meter: Meter, floor_meter: Meter, ou
     # The timed workloads are every store's (bench/workloads.py), paired with the floor; fewer runs, as
     # DynamoDB Local is slow. What follows them is this store's own: calls, pages and capacity units.
     # W1's floor is one raw TransactWriteItems of the same items: the one-call commit must be close to it.
-    figures = store_workloads("dynamodb", store, floor, repeat=REPEAT, create_repeat=1, w1_target=0.9)
+    figures = store_workloads(
+        "dynamodb", store, floor, repeat=REPEAT, create_repeat=1, w1_target=0.9, w1_interleaved=True
+    )
     batches = turns()
 
     # Calls and capacity of one W1 run, metered (the timed runs are not).
