@@ -39,7 +39,7 @@ PRIVATE_CLASSES = {
     # over: raised by one step of a commit or repair and caught by the step that called it.
     "dormant.stores.dynamodb.calls._ConditionFailed",
     "dormant.stores.dynamodb.calls._Cancelled",
-    "dormant.stores.dynamodb.store._MarkerGone",
+    "dormant.stores.dynamodb.plan._MarkerGone",
     "dormant.stores.dynamodb.calls._Conflict",  # a request another transaction held: re-sent by _call
     "dormant.stores.dynamodb.calls._Exhausted",
     # Powertools' persistence-layer protocol: raised by dormant's layers to Powertools, which catches them.
