@@ -62,41 +62,21 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
-import heapq
 import itertools
 import json
 import logging
 import secrets
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from botocore.exceptions import ClientError
-
 from ...clock import now_ms
-from ...errors import (
-    CommitIncomplete,
-    CommitTooLarge,
-    ConfigurationError,
-    DormantError,
-    StoreBusy,
-    StoreError,
-    StoreUnavailable,
-)
+from ...errors import CommitIncomplete, CommitTooLarge, ConfigurationError, StoreBusy, StoreError, StoreUnavailable
 from ...ids import MAX_KEY_LENGTH
-from ..base import (
-    RUNNING_STATUS,
-    WAITING_STATUSES,
-    PreparedCommit,
-    Refused,
-    RunningSession,
-    ScopedWrite,
-    SessionListing,
-    StoredSession,
-    StoredSnapshot,
-)
-from .calls import _backoff, _Calls, _Cancelled, _ConditionFailed, _Exhausted
+from ..base import RUNNING_STATUS, WAITING_STATUSES, PreparedCommit, Refused, ScopedWrite, StoredSession, StoredSnapshot
+from .admin import LAYOUT_KEY, _Admin, _client, create_table
+from .calls import _backoff, _Cancelled, _ConditionFailed, _Exhausted
 from .items import (
     MAX_TRANSACT_BYTES,
     MAX_TRANSACT_ITEMS,
@@ -123,16 +103,15 @@ from .keys import (
     id_sk,
     item_bytes,
     listing_key,
-    listing_keys,
     parse_event_sk,
     pending_key,
     running_key,
-    running_keys,
     scoped_pk,
     session_pk,
     split_session_pk,
     touch_sk,
 )
+from .listing import _Listing
 from .plan import (
     _KNOWN_SESSIONS,
     _SET_MARKER,
@@ -148,10 +127,11 @@ from .plan import (
     _plan,
     _touch_in_finish,  # noqa: F401 (a test reads it here)
 )
-from .table import LAYOUT_FORMAT, LISTING_INDEX, PENDING_INDEX, RUNNING_INDEX, STATUS_INDEX, TABLE
+from .table import PENDING_INDEX
 
 __all__ = [
     "DEFAULT_LISTING_SHARDS",
+    "LAYOUT_KEY",
     "DEFAULT_PENDING_SHARDS",
     "DynamoDBSessionStore",
     "RepairReport",
@@ -168,8 +148,6 @@ four Queries per listing page (docs/dynamodb.md)."""
 DEFAULT_PENDING_SHARDS = 8
 """Pending-marker index shards for the whole table (a marker is put and deleted by every commit: about
 500 commits/s a shard). Every store and the sweeper on one table must use the same number."""
-LAYOUT_KEY = {"pk": {"S": "#layout"}, "sk": {"S": "#layout"}}
-"""The item recording the table's shard counts (outside every app's keys: ``S#``, ``X#``, ``B#``, ``I#``)."""
 
 
 @dataclass(frozen=True)
@@ -185,7 +163,7 @@ class RepairReport:
     marker_age_s: float
 
 
-class DynamoDBSessionStore(_Calls):
+class DynamoDBSessionStore(_Listing, _Admin):
     """Sessions in one DynamoDB table (see the module docstring). Build it with ``dynamo_store()``."""
 
     def __init__(
@@ -624,107 +602,6 @@ class DynamoDBSessionStore(_Calls):
         key = _key(session_pk(app_name, session_id), SNAPSHOT_SK)
         item = self._call("get_item", TableName=self._table, Key=key, ConsistentRead=True).get("Item")
         return StoredSnapshot(int(item["ver"]["N"]), item["d"]["S"]) if item else None
-
-    def _list(
-        self, app_name: str, limit: int | None, after: tuple[int, str] | None, status: str | None
-    ) -> builtins.list[SessionListing]:
-        """The shards' entries merged newest first: Queries of the listing index only, no read of the table.
-
-        Each entry is a session's touch, written with the commit that made it (in its transaction or its
-        finish), carrying the row a listing shows (``version``, ``status``, ``created_at``, the expiry ``mx``),
-        which the index projects; the commit deletes the touch it superseded. So the index holds only
-        committed positions, and while it lags a commit it still holds the session's previous touch: a
-        listing shows every committed session, at its newest position once the index has caught up, and
-        never twice (a session's first, newest, entry wins). A meta item written by release 0.1 is its own
-        entry (it carries ``lpk`` and the same attributes) until its next commit.
-
-        With ``status``, the same from the status index, whose partitions hold only that status's touches: the
-        shard streams read on (page after page) until the listing is full or they run out, so a page is never
-        short while more match. A release 0.1 meta item has no ``spk``: it joins on its next commit."""
-        page = None if limit is None else limit + 2  # about one entry a session, and one more while the index lags
-        keys = listing_keys(app_name, self._listing_shards)
-        streams = [self._shard_stream(key, after, page, status) for key in keys]
-        listed: builtins.list[SessionListing] = []
-        seen: set[str] = set()
-        now_s = now_ms() // 1000
-        for updated_at, session_id, entry in heapq.merge(*streams, key=lambda e: e[:2], reverse=True):
-            if session_id in seen:
-                continue
-            seen.add(session_id)
-            expiry = entry.get("mx", entry.get(TTL) if entry["sk"]["S"] == META_SK else None)
-            if int(entry.get("version", {"N": "0"})["N"]) == 0 or (expiry is not None and int(expiry["N"]) <= now_s):
-                continue  # a create still pending (release 0.1's meta entry), or an expired session
-            listed.append(
-                SessionListing(
-                    session_id,
-                    updated_at,
-                    int(entry["created_at"]["N"]) if "created_at" in entry else 0,
-                    int(entry["version"]["N"]),
-                    entry["status"]["S"] if "status" in entry else None,
-                )
-            )
-            if limit is not None and len(listed) == limit:
-                break
-        return listed
-
-    def _running(self, limit: int) -> builtins.list[RunningSession]:
-        """Every ``R#`` shard of the running index (keys only), then the meta items it names, read strongly
-        consistent in batches: the index lags the table, so only a session whose meta item says ``running``
-        now (live, created, not expired) is kept, its ``updated_at`` from the item. Reads every running
-        session's meta item to order them oldest first; ``limit`` caps the answer, not the reads."""
-        return self._indexed(running_keys(self._pending_shards), (RUNNING_STATUS,), limit)
-
-    def _waiting(self, limit: int) -> builtins.list[RunningSession]:
-        """As ``_running``, from the index's ``W#`` shards: the sessions that wait (``WAITING_STATUSES``)."""
-        return self._indexed(running_keys(self._pending_shards, waiting=True), WAITING_STATUSES, limit)
-
-    def _indexed(self, keys: Sequence[str], statuses: Sequence[str], limit: int) -> builtins.list[RunningSession]:
-        pks = [
-            item["pk"]["S"]
-            for key in keys
-            for item in self._query_pages(
-                TableName=self._table,
-                IndexName=RUNNING_INDEX,
-                KeyConditionExpression="rpk = :r",
-                ExpressionAttributeValues={":r": {"S": key}},
-            )
-        ]
-        now = now_ms()
-        found = []
-        for pk, meta in self._metas(pks, consistent=True).items():
-            status = None if meta is None else meta.get("status", {}).get("S")
-            if meta is None or int(meta["version"]["N"]) == 0 or status not in statuses or _expired(meta, now):
-                continue
-            app_name, session_id = split_session_pk(pk)
-            updated_at = int(meta["lsk"]["N"]) if "lsk" in meta else 0
-            found.append(RunningSession(app_name, session_id, updated_at, str(status)))
-        found.sort(key=lambda r: (r.updated_at, r.app_name, r.session_id))
-        return found[:limit]
-
-    def _metas(self, pks: Sequence[str], *, consistent: bool = False) -> dict[str, dict[str, Any] | None]:
-        """The listed attributes of these sessions' meta items (``None``: no item), by ``BatchGetItem``."""
-        found: dict[str, dict[str, Any] | None] = dict.fromkeys(pks)
-        unique = builtins.list(found)
-        for start in range(0, len(unique), 100):
-            request: dict[str, Any] = {
-                self._table: {
-                    "Keys": [_key(pk, META_SK) for pk in unique[start : start + 100]],
-                    "ProjectionExpression": "pk, version, created_at, lsk, #st, #x",
-                    "ExpressionAttributeNames": {"#st": "status", "#x": TTL},
-                    "ConsistentRead": consistent,
-                }
-            }
-            for attempt in range(self._unprocessed_retries + 1):
-                answer = self._call("batch_get_item", RequestItems=request)
-                for item in answer.get("Responses", {}).get(self._table, []):
-                    found[item["pk"]["S"]] = item
-                request = answer.get("UnprocessedKeys") or {}
-                if not request:
-                    break
-                if attempt == self._unprocessed_retries:
-                    raise StoreBusy(f"DynamoDB left meta items unread after {attempt + 1} BatchGetItem calls")
-                _backoff(attempt)
-        return found
 
     def _close(self) -> None:
         """Close the client the store built; a client given to the store is left open, for its owner."""
@@ -1235,122 +1112,10 @@ class DynamoDBSessionStore(_Calls):
 
     # -- listing ----------------------------------------------------------------------------
 
-    def _shard_stream(
-        self, key: str, after: tuple[int, str] | None, limit: int | None, status: str | None = None
-    ) -> Iterator[tuple[int, str, dict[str, Any]]]:
-        """One shard's entries as ``(updated_at, session id, entry)``, newest first; ties on ``updated_at`` by id,
-        descending, like the merge. With ``status``, the shard's partition of the status index."""
-        index, attribute = (LISTING_INDEX, "lpk") if status is None else (STATUS_INDEX, "spk")
-        condition, values = f"{attribute} = :k", {":k": {"S": key if status is None else f"{status}#{key}"}}
-        if after is not None:
-            condition += " AND lsk <= :u"
-            values[":u"] = {"N": str(after[0])}
-        pages = self._query_pages(
-            TableName=self._table,
-            IndexName=index,
-            KeyConditionExpression=condition,
-            ExpressionAttributeValues=values,
-            ScanIndexForward=False,
-            **({"Limit": limit + 1} if limit is not None else {}),
-        )
-        group: builtins.list[tuple[int, str, dict[str, Any]]] = []
-        for item in pages:
-            entry = (int(item["lsk"]["N"]), split_session_pk(item["pk"]["S"])[1], item)
-            if after is not None and entry[:2] >= after:
-                continue
-            if group and group[0][0] != entry[0]:
-                yield from sorted(group, key=lambda e: e[:2], reverse=True)
-                group = []
-            group.append(entry)
-        yield from sorted(group, key=lambda e: e[:2], reverse=True)
-
     # -- calls ------------------------------------------------------------------------------
-
-    def _check_layout(self) -> None:
-        """Hold this store's layout and shard counts against the ones the table records (``LAYOUT_KEY``), once
-        per store: one ``GetItem`` (a Lambda cold start), none per call after it.
-
-        The first store on a table checks its shape (``DescribeTable``: no local index, the global indexes of
-        ``table.TABLE``) and records ``format`` = ``LAYOUT_FORMAT`` with its counts (a conditional put, so two
-        first stores agree). A table of an earlier layout (no ``format``: the ``ids`` local index, listing
-        entries without the row) is refused, naming ``dormant migrate-table``: it cannot be served in place (a
-        table's local indexes can never be dropped, nor a global index's projection changed). A store opened
-        with other counts is refused before it reads or writes anything: listing over another count would hide
-        every session whose entry is in a shard it does not query, and a sweeper over fewer pending shards would
-        never see some markers."""
-        mine = {"listing_shards": self._listing_shards, "pending_shards": self._pending_shards}
-        item = {**LAYOUT_KEY, **{name: {"N": str(value)} for name, value in mine.items()}}
-        item["format"] = {"N": str(LAYOUT_FORMAT)}
-        recorded = self._call("get_item", TableName=self._table, Key=LAYOUT_KEY, ConsistentRead=True).get("Item")
-        if recorded is None or recorded.get("format", {}).get("N") != str(LAYOUT_FORMAT):
-            self._check_shape(recorded)
-        if recorded is None:
-            try:
-                self._call(
-                    "put_item",
-                    TableName=self._table,
-                    Item=item,
-                    ConditionExpression="attribute_not_exists(pk)",
-                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                )
-                return
-            except _ConditionFailed as failed:  # another store recorded them first
-                recorded = failed.item
-                if recorded is None:
-                    recorded = self._call("get_item", TableName=self._table, Key=LAYOUT_KEY, ConsistentRead=True).get(
-                        "Item"
-                    )
-        theirs = {name: int(recorded[name]["N"]) for name in mine} if recorded else mine
-        if theirs != mine:
-            raise ConfigurationError(
-                f"DynamoDB table {self._table!r} was made with listing_shards={theirs['listing_shards']} and "
-                f"pending_shards={theirs['pending_shards']}; this store was opened with "
-                f"listing_shards={mine['listing_shards']} and pending_shards={mine['pending_shards']}. "
-                "Shard counts are fixed when the table is first used: open the store with the table's counts "
-                "(a new table takes new ones: dormant migrate-table copies a table into one)"
-            )
-
-    def _check_shape(self, recorded: Mapping[str, Any] | None) -> None:
-        """Refuse a table this release cannot serve: made by an earlier layout (its layout item has no
-        ``format``), or shaped otherwise than ``table.TABLE`` (``DescribeTable``, once per table: the first
-        store records the format). ``ConfigurationError`` naming ``dormant migrate-table``."""
-        problems = []
-        if recorded is not None:
-            problems = [f"its layout item records format {recorded.get('format', {}).get('N', 1)}"]
-        if not problems:
-            described = self._call("describe_table", TableName=self._table)["Table"]
-            problems = TABLE.differences(described)
-        if problems:
-            raise ConfigurationError(
-                f"DynamoDB table {self._table!r} has a layout this release does not serve (it serves format "
-                f"{LAYOUT_FORMAT}): {'; '.join(problems)}. A table's local indexes cannot be dropped nor an index's "
-                f"projection changed, so copy it into a new table: `dormant migrate-table --from {self._table} "
-                "--to NEW_TABLE` (docs/dynamodb.md, Migration), then open the store on the new table"
-            )
 
 
 # -- construction -----------------------------------------------------------------------------------
-
-
-def _client(endpoint_url: str | None, region: str | None) -> Any:
-    # botocore's own session, not boto3's: the same client without importing boto3 (and s3transfer),
-    # which a Lambda cold start would otherwise pay for nothing.
-    try:
-        import botocore.session
-        from botocore.config import Config
-    except ImportError as exc:
-        raise ConfigurationError("the DynamoDB store needs boto3: pip install 'dormant[dynamodb]'") from exc
-    config = Config(
-        retries={"mode": "standard", "max_attempts": 8},
-        connect_timeout=5,
-        read_timeout=20,
-        tcp_keepalive=True,
-    )
-    try:
-        session = botocore.session.get_session()
-        return session.create_client("dynamodb", endpoint_url=endpoint_url, region_name=region, config=config)
-    except Exception as exc:  # botocore says what is missing (a region, usually)
-        raise ConfigurationError(f"cannot build a DynamoDB client: {exc}") from exc
 
 
 def dynamo_store(
@@ -1388,39 +1153,3 @@ def dynamo_store(
         stale_after_s=stale_after_s,
         single_call_items=single_call_items,
     )
-
-
-def create_table(
-    table_name: str,
-    *,
-    client: Any = None,
-    endpoint_url: str | None = None,
-    region: str | None = None,
-    wait: bool = True,
-) -> bool:
-    """Create the table from ``table.TABLE`` (on-demand, TTL on); ``False`` if it already exists.
-
-    For local use and tests; deployments get the same table from the CDK stack.
-    """
-    own = client is None
-    ddb = _client(endpoint_url, region) if own else client
-    try:
-        try:
-            ddb.create_table(**TABLE.create_table_request(table_name))
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "ResourceInUseException":
-                return False
-            raise
-        if wait:
-            ddb.get_waiter("table_exists").wait(TableName=table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
-        ddb.update_time_to_live(
-            TableName=table_name, TimeToLiveSpecification={"Enabled": True, "AttributeName": TABLE.ttl_attribute}
-        )
-        return True
-    except DormantError:
-        raise
-    except Exception as exc:
-        raise StoreError(f"could not create DynamoDB table {table_name!r}: {exc}") from exc
-    finally:
-        if own:
-            ddb.close()
