@@ -74,15 +74,25 @@ class _Calls(BaseSessionStore):
 
         def _check_layout(self) -> None: ...
 
-    def _get_items(self, keys: Sequence[Mapping[str, Any]], projection: str) -> builtins.list[dict[str, Any]]:
-        """The items of these keys that exist, read strongly consistent by ``BatchGetItem`` (100 keys a call)."""
+    def _get_items(
+        self,
+        keys: Sequence[Mapping[str, Any]],
+        projection: str,
+        *,
+        names: Mapping[str, str] | None = None,
+        consistent: bool = True,
+        what: str = "items",
+    ) -> builtins.list[dict[str, Any]]:
+        """The items of these keys that exist, read by ``BatchGetItem`` (100 keys a call), re-sending
+        ``UnprocessedKeys`` with bounded backoff; past it ``StoreBusy`` (``what`` names them in its message)."""
         found: builtins.list[dict[str, Any]] = []
         for start in range(0, len(keys), 100):
             request: dict[str, Any] = {
                 self._table: {
                     "Keys": builtins.list(keys[start : start + 100]),
                     "ProjectionExpression": projection,
-                    "ConsistentRead": True,
+                    **({"ExpressionAttributeNames": dict(names)} if names else {}),
+                    "ConsistentRead": consistent,
                 }
             }
             for attempt in range(self._unprocessed_retries + 1):
@@ -92,7 +102,7 @@ class _Calls(BaseSessionStore):
                 if not request:
                     break
                 if attempt == self._unprocessed_retries:
-                    raise StoreBusy(f"DynamoDB left items unread after {attempt + 1} BatchGetItem calls")
+                    raise StoreBusy(f"DynamoDB left {what} unread after {attempt + 1} BatchGetItem calls")
                 _backoff(attempt)
         return found
 

@@ -8,9 +8,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...clock import now_ms
-from ...errors import StoreBusy
 from ..base import RUNNING_STATUS, WAITING_STATUSES, RunningSession, SessionListing
-from .calls import _backoff, _Calls
+from .calls import _Calls
 from .items import TTL, _expired, _key
 from .keys import META_SK, listing_keys, running_keys, split_session_pk
 from .table import LISTING_INDEX, RUNNING_INDEX, STATUS_INDEX
@@ -98,26 +97,10 @@ class _Listing(_Calls):
     def _metas(self, pks: Sequence[str], *, consistent: bool = False) -> dict[str, dict[str, Any] | None]:
         """The listed attributes of these sessions' meta items (``None``: no item), by ``BatchGetItem``."""
         found: dict[str, dict[str, Any] | None] = dict.fromkeys(pks)
-        unique = builtins.list(found)
-        for start in range(0, len(unique), 100):
-            request: dict[str, Any] = {
-                self._table: {
-                    "Keys": [_key(pk, META_SK) for pk in unique[start : start + 100]],
-                    "ProjectionExpression": "pk, version, created_at, lsk, #st, #x",
-                    "ExpressionAttributeNames": {"#st": "status", "#x": TTL},
-                    "ConsistentRead": consistent,
-                }
-            }
-            for attempt in range(self._unprocessed_retries + 1):
-                answer = self._call("batch_get_item", RequestItems=request)
-                for item in answer.get("Responses", {}).get(self._table, []):
-                    found[item["pk"]["S"]] = item
-                request = answer.get("UnprocessedKeys") or {}
-                if not request:
-                    break
-                if attempt == self._unprocessed_retries:
-                    raise StoreBusy(f"DynamoDB left meta items unread after {attempt + 1} BatchGetItem calls")
-                _backoff(attempt)
+        keys = [_key(pk, META_SK) for pk in found]
+        projection, names = "pk, version, created_at, lsk, #st, #x", {"#st": "status", "#x": TTL}
+        for item in self._get_items(keys, projection, names=names, consistent=consistent, what="meta items"):
+            found[item["pk"]["S"]] = item
         return found
 
     def _shard_stream(
