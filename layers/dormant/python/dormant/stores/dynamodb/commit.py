@@ -21,7 +21,19 @@ from ...errors import CommitIncomplete, CommitTooLarge, StoreBusy, StoreError, S
 from ...ids import MAX_KEY_LENGTH
 from ..base import RUNNING_STATUS, WAITING_STATUSES, PreparedCommit, Refused, ScopedWrite
 from .calls import _backoff, _Calls, _Cancelled, _ConditionFailed, _Exhausted
-from .items import MAX_TRANSACT_BYTES, TTL, _binding_keys, _dead, _expired, _expiring, _key, _origin, _transact_item
+from .items import (
+    MAX_TRANSACT_BYTES,
+    TTL,
+    MetaItem,
+    _binding_keys,
+    _dead,
+    _expired,
+    _expiring,
+    _key,
+    _origin,
+    _refused,
+    _transact_item,
+)
 from .keys import (
     GRANT_LENGTH,
     ID_PREFIX,
@@ -174,7 +186,7 @@ class _Commit(_Calls):
             inc = secrets.token_hex(4)
         else:
             known = self._known.get(pk)
-            if known is None or int(known["version"]["N"]) != expected or "inc" not in known:
+            if known is None or MetaItem.from_item(known).version != expected or "inc" not in known:
                 return None
             old, inc = known, known["inc"]["S"]
         plan = _plan(marker, old)
@@ -258,7 +270,7 @@ class _Commit(_Calls):
         if "pending" in item:
             return None
         self._remember(pk, item)
-        refused = Refused(int(item["version"]["N"]), json.loads(item["scopes"]["S"]))
+        refused = _refused(item)
         if commit.expected_version == 0:
             return refused if refused.version else None
         if refused.version != commit.expected_version or refused.scopes != commit.row.scopes:
@@ -381,7 +393,7 @@ class _Commit(_Calls):
                 return {name: value for name, value in item.items() if name not in ("pending", "ppk", "psk")}
             if item is None or _expired(item, now):
                 return Refused(0)
-            refused = Refused(int(item["version"]["N"]), json.loads(item["scopes"]["S"]))
+            refused = _refused(item)
             if f"{marker.version}#{marker.grant}" in _dead(item):
                 raise StoreBusy(
                     f"session {session_id!r}: this commit's gate went unanswered until a repair undid it; "
@@ -574,7 +586,7 @@ class _Commit(_Calls):
     def _drop_touch(self, pk: str, plan: _Plan, grant: str, meta: Mapping[str, Any] | None) -> None:
         """Delete the touch of a commit that did not land, unless a later commit (or the meta item's own
         ``updated_at``) has made that key the session's live entry."""
-        if meta is not None and "lsk" in meta and int(meta["lsk"]["N"]) == plan.updated_at:
+        if meta is not None and MetaItem.from_item(meta).updated_at == plan.updated_at:
             return  # the same key as the live touch (a commit in the same millisecond): it stays
         with contextlib.suppress(_ConditionFailed):
             self._call(
@@ -640,7 +652,7 @@ class _Commit(_Calls):
         if (
             item is not None
             and item.get("inc", {}).get("S") == inc
-            and int(item["version"]["N"]) >= marker.version
+            and MetaItem.from_item(item).version >= marker.version
             and f"{marker.version}#{marker.grant}" not in _dead(item)
         ):
             return appended  # a repair rolled it forward: the commit landed
@@ -649,4 +661,4 @@ class _Commit(_Calls):
             self._drop_touch(pk, plan, marker.grant, item)
         if item is None:
             return Refused(0)
-        return Refused(int(item["version"]["N"]), json.loads(item["scopes"]["S"]))
+        return _refused(item)

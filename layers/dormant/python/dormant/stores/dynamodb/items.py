@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from ..base import ScopedWrite, StoredSession
+from ..base import Refused, ScopedWrite, StoredSession
 from .keys import binding_pk, parse_event_sk, scoped_pk, split_session_pk
 from .table import TABLE
 
@@ -16,6 +16,45 @@ MAX_TRANSACT_ITEMS = 100
 MAX_TRANSACT_BYTES = 4_000_000
 """What the items of one ``TransactWriteItems`` may total (AWS: 4 MB), less room for the request's expressions."""
 TTL = TABLE.ttl_attribute
+
+
+def _number(item: Mapping[str, Any], name: str) -> int | None:
+    return int(item[name]["N"]) if name in item else None
+
+
+class MetaItem(NamedTuple):
+    """The numbers and the incarnation of a session's meta item (``sk = #M``), read once, by name: the
+    attribute names (``lsk``, ``plsk``, ``xh``) are the table's, these are what they mean."""
+
+    version: int
+    """The last landed version (0: a session deleted, or none); a pending version is on the marker."""
+    inc: str | None
+    """The session's incarnation: items of an earlier one (a deleted session's) are not its own."""
+    updated_at: int | None
+    """``lsk``: the ``updated_at`` of its last commit, which its touch (listing entry) is keyed by."""
+    previous: int | None
+    """``plsk``: the superseded touch the next commit marks expired."""
+    horizon: int | None
+    """``xh``: every other item of the session expires no earlier (with retention)."""
+    expires: int | None
+    """``expires_at`` (epoch seconds), with retention."""
+
+    @classmethod
+    def from_item(cls, item: Mapping[str, Any]) -> MetaItem:
+        """``item`` may be ``{}`` (no meta item yet: version 0)."""
+        return cls(
+            _number(item, "version") or 0,
+            item["inc"]["S"] if "inc" in item else None,
+            _number(item, "lsk"),
+            _number(item, "plsk"),
+            _number(item, "xh"),
+            _number(item, TTL),
+        )
+
+
+def _refused(meta: Mapping[str, Any]) -> Refused:
+    """A commit refused by this meta item: its version and scopes."""
+    return Refused(MetaItem.from_item(meta).version, json.loads(meta["scopes"]["S"]))
 
 
 def _origin(row: StoredSession) -> dict[str, Any]:
@@ -32,7 +71,8 @@ def _key(pk: str, sk: str) -> dict[str, Any]:
 
 def _expired(meta: Mapping[str, Any], now: int) -> bool:
     """Past its expiry (``now`` in ms): gone for readers and writers, whenever AWS's TTL gets to deleting it."""
-    return TTL in meta and int(meta[TTL]["N"]) * 1000 <= now
+    expires = MetaItem.from_item(meta).expires
+    return expires is not None and expires * 1000 <= now
 
 
 def _expiring(item: Mapping[str, Any], expires: int | None) -> dict[str, Any]:
@@ -53,14 +93,15 @@ def _dead(meta: Mapping[str, Any]) -> frozenset[str]:
 
 def _stored(meta: Mapping[str, Any], pk: str) -> StoredSession:
     app_name, session_id = split_session_pk(pk)
+    view = MetaItem.from_item(meta)
     return StoredSession(
         id=session_id,
         app_name=app_name,
-        version=int(meta["version"]["N"]),
+        version=view.version,
         scopes=json.loads(meta["scopes"]["S"]),
         created_at=int(meta["created_at"]["N"]),
         status=meta["status"]["S"] if "status" in meta else None,
-        updated_at=int(meta["lsk"]["N"]) if "lsk" in meta else 0,
+        updated_at=view.updated_at or 0,
         forked_from=meta["forked_from"]["S"] if "forked_from" in meta else None,
         fork_reason=meta["fork_reason"]["S"] if "fork_reason" in meta else None,
     )
@@ -71,7 +112,8 @@ def _visible_events(meta: Mapping[str, Any], items: Sequence[Mapping[str, Any]])
 
     Up to its version, of its incarnation, and not of a rolled-back grant.
     """
-    version, inc, dead = int(meta["version"]["N"]), meta["inc"]["S"], _dead(meta)
+    view = MetaItem.from_item(meta)
+    version, inc, dead = view.version, meta["inc"]["S"], _dead(meta)
     events: list[str] = []
     parts: list[bytes] = []
     expected = 0

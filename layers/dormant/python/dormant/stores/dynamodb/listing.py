@@ -10,7 +10,7 @@ from typing import Any
 from ...clock import now_ms
 from ..base import RUNNING_STATUS, WAITING_STATUSES, RunningSession, SessionListing
 from .calls import _Calls
-from .items import TTL, _expired, _key
+from .items import TTL, MetaItem, _expired, _key
 from .keys import META_SK, listing_keys, running_keys, split_session_pk
 from .table import LISTING_INDEX, RUNNING_INDEX, STATUS_INDEX
 
@@ -86,10 +86,10 @@ class _Listing(_Calls):
         found = []
         for pk, meta in self._metas(pks, consistent=True).items():
             status = None if meta is None else meta.get("status", {}).get("S")
-            if meta is None or int(meta["version"]["N"]) == 0 or status not in statuses or _expired(meta, now):
+            if meta is None or MetaItem.from_item(meta).version == 0 or status not in statuses or _expired(meta, now):
                 continue
             app_name, session_id = split_session_pk(pk)
-            updated_at = int(meta["lsk"]["N"]) if "lsk" in meta else 0
+            updated_at = MetaItem.from_item(meta).updated_at or 0
             found.append(RunningSession(app_name, session_id, updated_at, str(status)))
         found.sort(key=lambda r: (r.updated_at, r.app_name, r.session_id))
         return found[:limit]

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .items import _BATCH, TTL
+from .items import _BATCH, TTL, MetaItem
 from .keys import IdFilter, chunks, event_sk, id_sk, touch_sk
 
 MAX_SCOPED_KEYS = 97
@@ -108,13 +108,13 @@ class _Plan:
 
 def _plan(marker: _Marker, old: Mapping[str, Any]) -> _Plan:
     """``old`` is the meta item before the gate (``{}`` for a create)."""
-    old_lsk = int(old["lsk"]["N"]) if "lsk" in old else None
-    old_previous = int(old["plsk"]["N"]) if "plsk" in old else None
+    was = MetaItem.from_item(old)
+    old_lsk, old_previous = was.updated_at, was.previous
     updated_at = max(marker.at, old_lsk or 0)
     # A meta item written before touches carries its own listing entry ("lpk"): no touch to supersede.
     superseded = old_lsk is not None and old_lsk != updated_at and "lpk" not in old
     stale = old_previous if old_previous is not None and old_previous not in (old_lsk, updated_at) else None
-    old_horizon = int(old["xh"]["N"]) if "xh" in old else None
+    old_horizon = was.horizon
     retention = marker.retention
     if retention is None:
         expires = horizon = None

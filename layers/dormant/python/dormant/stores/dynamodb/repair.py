@@ -13,7 +13,7 @@ from ...clock import now_ms
 from ...errors import StoreBusy, StoreError
 from .calls import _ConditionFailed, _Exhausted
 from .commit import _Commit
-from .items import _key
+from .items import MetaItem, _key
 from .keys import META_SK, IdFilter, event_prefix, session_pk, split_session_pk
 from .plan import (
     _id_items,
@@ -115,7 +115,7 @@ class _Repair(_Commit):
                 ids = IdFilter.of(meta).add(event_ids)
                 self._finish(pk, marker, ids, plan, meta)
             else:
-                self._roll_back(pk, marker, create=int(meta["version"]["N"]) == 0)
+                self._roll_back(pk, marker, create=MetaItem.from_item(meta).version == 0)
         except _MarkerGone:
             return None  # another sweeper, or the writer itself, got there first
         if not complete:

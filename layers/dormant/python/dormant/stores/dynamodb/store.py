@@ -70,7 +70,17 @@ from ...errors import ConfigurationError, StoreBusy
 from ..base import ScopedWrite, StoredSession, StoredSnapshot
 from .admin import LAYOUT_KEY, _Admin, _client, create_table
 from .calls import _Cancelled
-from .items import MAX_TRANSACT_ITEMS, TTL, _binding_keys, _expired, _key, _stored, _transact_item, _visible_events
+from .items import (
+    MAX_TRANSACT_ITEMS,
+    TTL,
+    MetaItem,
+    _binding_keys,
+    _expired,
+    _key,
+    _stored,
+    _transact_item,
+    _visible_events,
+)
 from .keys import (
     ID_PREFIX,
     META_SK,
@@ -171,8 +181,9 @@ class DynamoDBSessionStore(_Repair, _Listing, _Admin):
                 return None
             if meta is not None:
                 self._remember(pk, meta)
-            if meta is None or int(meta["version"]["N"]) <= after:
-                return None if meta is None or int(meta["version"]["N"]) == 0 else (_stored(meta, pk), [])
+            version = 0 if meta is None else MetaItem.from_item(meta).version
+            if meta is None or version <= after:
+                return None if meta is None or version == 0 else (_stored(meta, pk), [])
             # Committed versions are immutable: events read after the meta item are the ones it vouches for.
             items = self._query(
                 TableName=self._table,
@@ -180,7 +191,7 @@ class DynamoDBSessionStore(_Repair, _Listing, _Admin):
                 ExpressionAttributeValues={
                     ":pk": {"S": pk},
                     ":from": {"S": event_prefix(after + 1)},
-                    ":to": {"S": event_prefix(int(meta["version"]["N"])) + "~"},
+                    ":to": {"S": event_prefix(version) + "~"},
                 },
                 ConsistentRead=True,
             )
@@ -194,7 +205,7 @@ class DynamoDBSessionStore(_Repair, _Listing, _Admin):
         if not everything or everything[0]["sk"]["S"] != META_SK:
             return None  # no session (or a deleted one's stragglers)
         meta = everything[0]
-        if int(meta["version"]["N"]) == 0 or _expired(meta, now):
+        if MetaItem.from_item(meta).version == 0 or _expired(meta, now):
             return None  # its creating commit is still pending, or it expired
         self._remember(pk, meta)
         return _stored(meta, pk), _visible_events(meta, everything[1:])
