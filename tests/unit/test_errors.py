@@ -37,11 +37,11 @@ PRIVATE_CLASSES = {
     "dormant.stores.postgres._Refuse",  # rolls one transaction back; caught right there
     # DynamoDB: a failed condition, a cancelled transaction, a vanished marker, unprocessed items left
     # over: raised by one step of a commit or repair and caught by the step that called it.
-    "dormant.stores.dynamodb.store._ConditionFailed",
-    "dormant.stores.dynamodb.store._Cancelled",
-    "dormant.stores.dynamodb.store._MarkerGone",
-    "dormant.stores.dynamodb.store._Conflict",  # a request another transaction held: re-sent by _call
-    "dormant.stores.dynamodb.store._Exhausted",
+    "dormant.stores.dynamodb.calls._ConditionFailed",
+    "dormant.stores.dynamodb.calls._Cancelled",
+    "dormant.stores.dynamodb.plan._MarkerGone",
+    "dormant.stores.dynamodb.calls._Conflict",  # a request another transaction held: re-sent by _call
+    "dormant.stores.dynamodb.calls._Exhausted",
     # Powertools' persistence-layer protocol: raised by dormant's layers to Powertools, which catches them.
     "aws_lambda_powertools.utilities.idempotency.exceptions.IdempotencyItemAlreadyExistsError",
     "aws_lambda_powertools.utilities.idempotency.exceptions.IdempotencyItemNotFoundError",

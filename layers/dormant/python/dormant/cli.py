@@ -194,8 +194,8 @@ def _migrate_table(args: argparse.Namespace) -> int:
     from .errors import ConfigurationError, DormantError
 
     try:
+        from .stores.dynamodb.admin import _client
         from .stores.dynamodb.migrate import migrate_table
-        from .stores.dynamodb.store import _client
         from .stores.url import _local_client, is_loopback_endpoint
 
         if args.endpoint and is_loopback_endpoint(args.endpoint):

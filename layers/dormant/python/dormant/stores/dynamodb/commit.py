@@ -1,0 +1,664 @@
+"""The commit protocol: the one-call transaction, and the gated path (gate, event batches, finish) with its
+idempotency by event id.
+
+Why one module: the gate, the batches and the finish are one protocol whose steps each assume what the step
+before it wrote (the marker, the grant, the plan); read apart, the order that makes each safe to interrupt is lost.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import dataclasses
+import json
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ...clock import now_ms
+from ...errors import CommitIncomplete, CommitTooLarge, StoreBusy, StoreError, StoreUnavailable
+from ...ids import MAX_KEY_LENGTH
+from ..base import RUNNING_STATUS, WAITING_STATUSES, PreparedCommit, Refused, ScopedWrite
+from .calls import _backoff, _Calls, _Cancelled, _ConditionFailed, _Exhausted
+from .items import (
+    MAX_TRANSACT_BYTES,
+    TTL,
+    MetaItem,
+    _binding_keys,
+    _dead,
+    _expired,
+    _expiring,
+    _key,
+    _origin,
+    _refused,
+    _transact_item,
+)
+from .keys import (
+    GRANT_LENGTH,
+    ID_PREFIX,
+    META_SK,
+    SNAPSHOT_SK,
+    IdFilter,
+    chunks,
+    event_prefix,
+    id_sk,
+    item_bytes,
+    listing_key,
+    parse_event_sk,
+    pending_key,
+    running_key,
+    session_pk,
+    split_session_pk,
+    touch_sk,
+)
+from .plan import (
+    _KNOWN_SESSIONS,
+    _SET_MARKER,
+    MAX_BOUND_SCOPES,
+    MAX_MARKER_BYTES,
+    MAX_SCOPED_KEYS,
+    _event_items,
+    _id_items,
+    _known_after,
+    _Marker,
+    _MarkerGone,
+    _Plan,
+    _plan,
+)
+
+
+class _Commit(_Calls):
+    """The commit protocol: one TransactWriteItems when the commit fits, else gate, event batches and finish."""
+
+    if TYPE_CHECKING:  # a writer meeting a stale marker repairs it first (repair)
+
+        def _repair(self, pk: str, cutoff: int) -> object: ...
+
+        def _roll_back(self, pk: str, marker: _Marker, *, create: bool) -> None: ...
+
+    def _write(self, commit: PreparedCommit) -> int | Refused:
+        row = commit.row
+        scoped = [list(write) for write in commit.scoped]
+        if len(scoped) > MAX_SCOPED_KEYS:
+            raise CommitTooLarge(
+                f"a commit changes at most {MAX_SCOPED_KEYS} scoped keys on DynamoDB, not {len(scoped)}",
+                size=len(scoped),
+                limit=MAX_SCOPED_KEYS,
+                field="scoped_changes",
+            )
+        if commit.expected_version == 0 and len(row.scopes) > MAX_BOUND_SCOPES:
+            raise CommitTooLarge(
+                f"a session binds at most {MAX_BOUND_SCOPES} scopes on DynamoDB, not {len(row.scopes)}",
+                size=len(row.scopes),
+                limit=MAX_BOUND_SCOPES,
+                field="scopes",
+            )
+        data = {event.id: event.data.encode() for event in commit.events}
+        count = sum(len(chunks(data[e.id])) for e in commit.events)
+        marker = _Marker(
+            version=row.version,
+            grant=secrets.token_hex(GRANT_LENGTH // 2),
+            items=count,
+            at=row.updated_at,
+            status=row.status,
+            scoped=json.dumps(scoped, separators=(",", ":")),
+            retention=row.retention_ms,
+            touch_in_finish=True,
+        )
+        if len(marker.scoped) > MAX_MARKER_BYTES:
+            raise CommitTooLarge(
+                f"a commit's scoped changes hold at most {MAX_MARKER_BYTES:,} bytes of JSON on DynamoDB, "
+                f"not {len(marker.scoped):,}",
+                size=len(marker.scoped),
+                limit=MAX_MARKER_BYTES,
+                field="scoped_changes",
+            )
+        pk = session_pk(row.app_name, row.id)
+        done = self._one_call(pk, commit, marker, data)
+        if done is not None:
+            return done
+        old = self._pass_gate(pk, commit, marker)
+        if isinstance(old, Refused):
+            return old
+        inc = old["inc"]["S"]
+        plan = _plan(marker, old)
+        origin = old if "created_at" in old else _origin(row)
+        ids = IdFilter.of(old)
+        flagged = [e.id for e in commit.events if ids.may_hold(e.id)]
+        stored = self._stored_ids(pk, flagged, inc, commit.expected_version, _dead(old)) if flagged else set()
+        fresh = commit.fresh(stored)
+        items = _event_items(pk, marker, inc, [(e.id, data[e.id]) for e in fresh], plan.horizon)
+        if len(items) != marker.items:  # re-sent ids were skipped: the marker must count what is written
+            recounted = dataclasses.replace(marker, items=len(items))
+            try:
+                self._recount(pk, marker, recounted)
+            except _MarkerGone as gone:
+                return self._after_lost_marker(pk, marker, inc, gone.item, len(fresh), items, plan)
+            marker = recounted
+        # The id items follow the event items: a repair rolling the commit forward (every event item there)
+        # puts them again, so a crash among them leaves no stored event without its id item.
+        writes = items + _id_items(pk, marker, inc, [e.id for e in fresh], plan.horizon)
+        try:
+            if plan.refresh:
+                self._refresh(pk, plan.horizon, row.scopes)
+            self._write_batches([{"PutRequest": {"Item": item}} for item in writes])
+        except (_Exhausted, StoreError) as exc:
+            raise CommitIncomplete(
+                f"commit of version {marker.version} to session {row.id!r} did not write all its events "
+                f"({exc}); nothing of it is visible, and repair_pending() will roll it back",
+                session_id=row.id,
+                version=marker.version,
+            ) from exc
+        ids.add(e.id for e in fresh)
+        try:
+            finish = self._finish(pk, marker, ids, plan, origin)
+        except _MarkerGone as gone:
+            return self._after_lost_marker(pk, marker, inc, gone.item, len(fresh), items, plan)
+        except StoreError as exc:
+            raise CommitIncomplete(
+                f"commit of version {marker.version} to session {row.id!r} wrote its events but not its "
+                f"finish ({exc}); repair_pending() will roll it forward",
+                session_id=row.id,
+                version=marker.version,
+            ) from exc
+        self._remember(pk, _known_after(inc, marker.version, ids, plan, finish, origin))
+        self._drop_stale_touch(pk, plan)
+        return len(fresh)
+
+    def _one_call(
+        self, pk: str, commit: PreparedCommit, marker: _Marker, data: Mapping[str, bytes]
+    ) -> int | Refused | None:
+        """The commit in one ``TransactWriteItems``, when it fits: the meta item's update (conditional on the
+        expected version and incarnation, no marker, the same scopes, not expired), the event items, the
+        touches, the scoped writes and, for a create, the binding entries. Atomic: no marker, nothing to
+        repair. ``None`` when it cannot be one call (too large, the meta item not known, an id the filter
+        flags, an expiry refresh due, a marker in the way): the gated protocol takes it from there.
+
+        A create needs nothing stored; a later commit builds on the meta item this store last read or wrote
+        (``_known``), which the transaction's condition checks: the version and incarnation pin every
+        attribute the commit builds on (only a commit changes them)."""
+        row, expected = commit.row, commit.expected_version
+        if self._single_call_items == 0:
+            return None
+        if expected == 0:
+            old: Mapping[str, Any] = {}
+            inc = secrets.token_hex(4)
+        else:
+            known = self._known.get(pk)
+            if known is None or MetaItem.from_item(known).version != expected or "inc" not in known:
+                return None
+            old, inc = known, known["inc"]["S"]
+        plan = _plan(marker, old)
+        ids = IdFilter.of(old)
+        if plan.refresh or any(ids.may_hold(e.id) for e in commit.events):
+            return None
+        items = _event_items(pk, marker, inc, [(e.id, data[e.id]) for e in commit.events], plan.horizon)
+        items += _id_items(pk, marker, inc, [e.id for e in commit.events], plan.horizon)
+        app_name, session_id = row.app_name, row.id
+        if expected == 0:
+            items += [_expiring(key, plan.horizon) for key in _binding_keys(app_name, session_id, row.scopes)]
+        origin = old if "created_at" in old else _origin(row)
+        others = [*self._touches(pk, plan, marker, origin)]
+        others += [_transact_item(self._table, app_name, write) for write in commit.scoped]
+        if 1 + len(items) + len(others) > self._single_call_items:
+            return None
+        size = item_bytes(old) + 1024 + sum(item_bytes(w.get("Put", {}).get("Item", {})) + 1024 for w in others)
+        # Event, id and binding items: their payload plus keys and small attributes (ids are at most
+        # MAX_KEY_LENGTH characters) bound their size; counted exactly only when the bound is near the limit.
+        bound = sum(len(data[e.id]) for e in commit.events) + len(items) * (len(pk) + 3 * MAX_KEY_LENGTH + 128)
+        if size + bound > MAX_TRANSACT_BYTES and size + sum(map(item_bytes, items)) > MAX_TRANSACT_BYTES:
+            return None
+        ids.add(e.id for e in commit.events)
+        update = self._commit_update(pk, marker, ids, plan)
+        names, values = update["ExpressionAttributeNames"], update["ExpressionAttributeValues"]
+        sets, removes = update["UpdateExpression"].removeprefix("SET ").split(" REMOVE ")
+        now = now_ms()
+        values |= {
+            ":so": {"S": json.dumps(row.scopes, separators=(",", ":"), sort_keys=True)},
+            ":inc": {"S": inc},
+            ":now": {"N": str(now // 1000)},
+        }
+        if expected == 0:
+            # What the gate and the finish of a create write together; an expired incarnation is replaced.
+            sets += ", #id = :id, created_at = :created, scopes = :so, inc = :inc"
+            names["#id"] = "id"
+            values |= {":id": {"S": session_id}, ":created": {"N": str(row.created_at)}}
+            removes += ", dead"
+            for name, value in (("forked_from", row.forked_from), ("fork_reason", row.fork_reason)):
+                if value is None:
+                    removes += f", {name}"
+                else:
+                    sets += f", {name} = :{name}"
+                    values[f":{name}"] = {"S": value}
+            condition = "attribute_not_exists(pk) OR #x <= :now"
+        else:
+            condition = (
+                "#v = :e AND inc = :inc AND attribute_not_exists(pending) AND scopes = :so"
+                " AND (attribute_not_exists(#x) OR #x > :now)"
+            )
+            values[":e"] = {"N": str(expected)}
+        if expected:
+            # The condition rules out a marker (``pending``, ``ppk``, ``psk``), and a meta item of this layout has
+            # no listing entry of its own (``lpk``, ``plsk``) unless the one known has: none to remove. (A create
+            # may replace an expired incarnation, whatever it held: it removes everything.)
+            gone = {"pending", "ppk", "psk", *(name for name in ("lpk", "plsk") if name not in old)}
+            removes = ", ".join(name for name in removes.split(", ") if name not in gone)
+        update["UpdateExpression"] = f"SET {sets} REMOVE {removes}"
+        update["ConditionExpression"] = condition
+        request = [{"Update": update}, *({"Put": {"TableName": self._table, "Item": i}} for i in items), *others]
+        try:
+            self._transact(request)
+        except _Cancelled as cancelled:
+            return self._one_call_refused(pk, commit, cancelled.items[0], now)
+        except StoreUnavailable:
+            # No answer: it applied or it did not, whole. Its touch (this grant's) says which.
+            if not self._landed(pk, plan, marker.grant):
+                raise
+        self._remember(pk, _known_after(inc, marker.version, ids, plan, update, origin))
+        self._drop_stale_touch(pk, plan)
+        return len(commit.events)
+
+    def _one_call_refused(
+        self, pk: str, commit: PreparedCommit, item: Mapping[str, Any] | None, now: int
+    ) -> Refused | None:
+        """What a one-call commit's failed condition means: a refusal, or ``None`` for the gated protocol to
+        sort out (a marker in the way: it waits or repairs; a meta item this store did not know)."""
+        self._known.pop(pk, None)
+        if item is None or _expired(item, now):
+            return Refused(0) if commit.expected_version else None
+        if "pending" in item:
+            return None
+        self._remember(pk, item)
+        refused = _refused(item)
+        if commit.expected_version == 0:
+            return refused if refused.version else None
+        if refused.version != commit.expected_version or refused.scopes != commit.row.scopes:
+            return refused
+        return None
+
+    def _landed(self, pk: str, plan: _Plan, grant: str) -> bool:
+        """Whether a one-call commit whose answer was lost applied: its touch is there, with its grant."""
+        touch = self._call(
+            "get_item", TableName=self._table, Key=_key(pk, plan.touch), ProjectionExpression="t", ConsistentRead=True
+        ).get("Item")
+        return touch is not None and touch.get("t", {}).get("S") == grant
+
+    def _remember(self, pk: str, meta: Mapping[str, Any]) -> None:
+        if "pending" in meta:
+            return
+        self._known.pop(pk, None)
+        if len(self._known) >= _KNOWN_SESSIONS:
+            self._known.pop(next(iter(self._known)))
+        self._known[pk] = dict(meta)
+
+    def _pass_gate(self, pk: str, commit: PreparedCommit, marker: _Marker) -> dict[str, Any] | Refused:
+        """Record the marker; return the meta item as it was before (``inc`` only, on create) or the refusal."""
+        row, expected = commit.row, commit.expected_version
+        app_name, session_id = row.app_name, row.id
+        scopes = json.dumps(row.scopes, separators=(",", ":"), sort_keys=True)
+        now = now_ms()
+        values: dict[str, Any] = {
+            ":p": marker.attribute(),
+            ":ppk": {"S": pending_key(app_name, session_id, self._pending_shards)},
+            ":psk": {"N": str(marker.at)},
+            ":now": {"N": str(now // 1000)},
+        }
+        names = {"#x": TTL}
+        if expected == 0:
+            inc = secrets.token_hex(4)  # this incarnation of the session id: a re-creation gets another
+            update = "SET #id = :id, created_at = :created, scopes = :so, inc = :inc, version = :zero"
+            # An expired session is gone: its id may be taken again, as after a delete (a new incarnation).
+            condition = "attribute_not_exists(pk) OR #x <= :now"
+            removes = ["bf", "hi", "dead", "lsk", "plsk", "xh", "#x", "#st", "lpk", "rpk"]
+            names["#st"] = "status"
+            values |= {
+                ":id": {"S": session_id},
+                ":created": {"N": str(row.created_at)},
+                ":so": {"S": scopes},
+                ":inc": {"S": inc},
+                ":zero": {"N": "0"},
+            }
+            for name, value in (("forked_from", row.forked_from), ("fork_reason", row.fork_reason)):
+                if value is not None:
+                    update += f", {name} = :{name}"
+                    values[f":{name}"] = {"S": value}
+                else:
+                    removes.append(name)
+            update += ", " + _SET_MARKER + " REMOVE " + ", ".join(removes)
+            names["#id"] = "id"
+        else:
+            update = "SET " + _SET_MARKER
+            # Scopes are fixed at creation: a commit naming others must not open the gate; nor may an expired
+            # session take commits (AWS may have deleted some of its items already).
+            # Nor may a grant a repair already rolled back open it again: a re-sent gate (its first answer lost
+            # for longer than a marker takes to go stale) would land events its ``dead`` entry hides.
+            condition = (
+                "version = :e AND attribute_not_exists(pending) AND scopes = :so"
+                " AND (attribute_not_exists(#x) OR #x > :now) AND NOT contains(dead, :vg)"
+            )
+            values |= {
+                ":e": {"N": str(expected)},
+                ":so": {"S": scopes},
+                ":vg": {"S": f"{marker.version}#{marker.grant}"},
+            }
+        gate = {
+            "TableName": self._table,
+            "Key": _key(pk, META_SK),
+            "UpdateExpression": update,
+            "ConditionExpression": condition,
+            "ExpressionAttributeValues": values,
+            "ExpressionAttributeNames": names,
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+        # A create of a bound session puts its binding entries (keys.binding_pk) in the gate's transaction:
+        # the meta item never exists without them, so an erasure never misses the session. They expire with
+        # the session's items (a create's horizon depends on nothing stored).
+        bindings = []
+        if expected == 0:
+            horizon = _plan(marker, {}).horizon
+            bindings = [
+                {"Put": {"TableName": self._table, "Item": _expiring(key, horizon)}}
+                for key in _binding_keys(app_name, session_id, row.scopes)
+            ]
+        deadline = time.monotonic() + self._live_wait_s
+        polls = 0
+        repaired = False
+        while True:
+            try:
+                if bindings:
+                    self._transact([{"Update": gate}, *bindings])
+                    granted: dict[str, Any] = {}
+                else:
+                    granted = self._call("update_item", **gate, ReturnValues="ALL_OLD")
+            except _ConditionFailed as failed:
+                item = failed.item
+            except _Cancelled as cancelled:
+                item = cancelled.items[0]
+            except StoreUnavailable:
+                # No answer: the gate may have applied. Take our marker back (conditional on its grant, so a
+                # foreign one is never touched) and the session is free for the caller's retry at once.
+                with contextlib.suppress(StoreError, _MarkerGone):
+                    self._roll_back(pk, marker, create=expected == 0)
+                raise
+            else:
+                # A create starts from nothing (what ALL_OLD holds then is an expired incarnation's).
+                return {"inc": {"S": inc}} if expected == 0 else dict(granted.get("Attributes") or {})
+            blocking = None if item is None else _Marker.of(item)
+            if item is not None and blocking == marker and (expected or item["inc"]["S"] == inc):
+                # Our own gate: it applied, its answer was lost and the gate was sent again (by botocore or
+                # by this loop). The item is as the gate left it: before it, it held all but the marker.
+                if expected == 0:
+                    return {"inc": {"S": inc}}
+                return {name: value for name, value in item.items() if name not in ("pending", "ppk", "psk")}
+            if item is None or _expired(item, now):
+                return Refused(0)
+            refused = _refused(item)
+            if f"{marker.version}#{marker.grant}" in _dead(item):
+                raise StoreBusy(
+                    f"session {session_id!r}: this commit's gate went unanswered until a repair undid it; "
+                    "nothing of it was written, try again"
+                )
+            if blocking is None or refused.version != expected or (expected and refused.scopes != row.scopes):
+                self._remember(pk, item)  # the stored item: the caller's next try can be one call
+                return refused
+            if now_ms() - blocking.at >= self._stale_after_ms and not repaired:
+                # A writer that died mid-commit: finish or undo its commit, then try the gate again.
+                self._repair(pk, blocking.at)
+                repaired = True
+                continue
+            if time.monotonic() >= deadline:
+                raise StoreBusy(
+                    f"session {session_id!r} has had a commit in flight for {self._live_wait_s:g} s; "
+                    "nothing was written, try again (a stuck commit is repaired once its marker is stale)"
+                )
+            _backoff(polls, base=0.005, cap=0.2)
+            polls += 1
+
+    def _stored_ids(self, pk: str, event_ids: Sequence[str], inc: str, version: int, dead: frozenset[str]) -> set[str]:
+        """Which of these ids a committed event of this session holds: their id items (``keys.id_sk``), read by
+        key in consistent ``BatchGetItem`` calls of 100 — one call for a whole re-sent turn.
+
+        An id item counts when its incarnation is the session's, its version committed and its grant not
+        rolled back. No item: the id was never stored (every event is written with its id item, and a repair
+        rolling a commit forward puts them again). An item that does not count is not the last word: a
+        rolled-back writer waking late may have put it over the live one (a batch cannot be conditional), so
+        the events from its version on (from the first, for another incarnation's) are read for the id."""
+        stored: set[str] = set()
+        unsure: builtins.list[tuple[str, int]] = []
+        for found in self._get_items([_key(pk, id_sk(event_id)) for event_id in event_ids], "sk, inc, v, t"):
+            event_id = found["sk"]["S"][len(ID_PREFIX) :]
+            written_at = int(found["v"]["N"])
+            if found["inc"]["S"] != inc:
+                unsure.append((event_id, 1))
+            elif written_at <= version and f"{written_at}#{found['t']['S']}" not in dead:
+                stored.add(event_id)
+            else:
+                unsure.append((event_id, written_at))
+        for event_id, since in unsure:
+            if since > version:
+                continue  # nothing committed from there on
+            for item in self._query(
+                TableName=self._table,
+                KeyConditionExpression="pk = :pk AND sk BETWEEN :from AND :to",
+                FilterExpression="eid = :eid",
+                ExpressionAttributeValues={
+                    ":pk": {"S": pk},
+                    ":from": {"S": event_prefix(since)},
+                    ":to": {"S": event_prefix(version) + "~"},
+                    ":eid": {"S": event_id},
+                },
+                ProjectionExpression="sk, inc",
+                ConsistentRead=True,
+            ):
+                key = parse_event_sk(item["sk"]["S"])
+                if key is not None and item["inc"]["S"] == inc and f"{key.version}#{key.grant}" not in dead:
+                    stored.add(event_id)
+        return stored
+
+    def _recount(self, pk: str, marker: _Marker, recounted: _Marker) -> None:
+        """Record the marker's corrected item count (and where its touch goes, which depends on it)."""
+        try:
+            self._call(
+                "update_item",
+                TableName=self._table,
+                Key=_key(pk, META_SK),
+                UpdateExpression="SET pending.n = :n, pending.f = :f",
+                ConditionExpression="pending.t = :t",
+                ExpressionAttributeValues={
+                    ":n": {"N": str(recounted.items)},
+                    ":f": {"BOOL": recounted.touch_in_finish},
+                    ":t": {"S": marker.grant},
+                },
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except _ConditionFailed as failed:
+            raise _MarkerGone(failed.item) from None
+
+    def _finish(
+        self, pk: str, marker: _Marker, ids: IdFilter, plan: _Plan, origin: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Make the marker's version the stored one and clear the marker; with its scoped writes and (when
+        they ride here, ``_Marker.touch_in_finish``) its touches, atomically.
+
+        It also drops a listing entry the meta item carried itself (``lpk``, written before touches):
+        from here the session's touches list it."""
+        app_name = split_session_pk(pk)[0]
+        update = self._commit_update(pk, marker, ids, plan)
+        update["ConditionExpression"] = "pending.t = :t"
+        update["ExpressionAttributeValues"][":t"] = {"S": marker.grant}
+        writes = [_transact_item(self._table, app_name, ScopedWrite(*write)) for write in json.loads(marker.scoped)]
+        if marker.touch_in_finish:
+            writes += self._touches(pk, plan, marker, origin)
+        if not writes:
+            try:
+                self._call("update_item", **update)
+            except _ConditionFailed as failed:
+                raise _MarkerGone(failed.item) from None
+            return update
+        try:
+            self._transact([{"Update": update}, *writes])
+        except _Cancelled as cancelled:
+            raise _MarkerGone(cancelled.items[0]) from None
+        return update
+
+    def _commit_update(self, pk: str, marker: _Marker, ids: IdFilter, plan: _Plan) -> dict[str, Any]:
+        """The meta item's update that lands a commit (no condition): what the finish and the one-call
+        transaction both write, so the two paths leave the same item."""
+        app_name, session_id = split_session_pk(pk)
+        values: dict[str, Any] = {
+            ":v": {"N": str(marker.version)},
+            ":u": {"N": str(plan.updated_at)},
+            ":bf": {"B": ids.dump()},
+        }
+        sets = "#v = :v, lsk = :u, bf = :bf"
+        if ids.greatest is not None:  # "" (no event yet) too: only a meta item without it is read as unknown
+            values[":hi"] = {"S": ids.greatest}
+            sets += ", hi = :hi"
+        removes = "pending, ppk, psk, lpk"
+        removes += ", plsk"  # an earlier layout's superseded touch: deleted by this commit now
+        for name, value in (("#x", plan.expires), ("xh", plan.horizon)):
+            if value is None:
+                removes += f", {name}"
+            else:
+                sets += f", {name} = :{name.lstrip('#')}"
+                values[f":{name.lstrip('#')}"] = {"N": str(value)}
+        if marker.status is None:
+            removes += ", #st"
+        else:
+            sets += ", #st = :st"
+            values[":st"] = {"S": marker.status}
+        # The running index's key goes with the status, in this same write: an index write only when the
+        # session goes into or out of ``running`` or of waiting (the value is the same on every commit in
+        # between, and for ``awaiting_input`` and ``resumable`` alike).
+        if marker.status == RUNNING_STATUS or marker.status in WAITING_STATUSES:
+            sets += ", rpk = :rpk"
+            waiting = marker.status in WAITING_STATUSES
+            values[":rpk"] = {"S": running_key(app_name, session_id, self._pending_shards, waiting=waiting)}
+        else:
+            removes += ", rpk"
+        return {
+            "TableName": self._table,
+            "Key": _key(pk, META_SK),
+            "UpdateExpression": f"SET {sets} REMOVE {removes}",
+            "ExpressionAttributeNames": {"#v": "version", "#st": "status", "#x": TTL},
+            "ExpressionAttributeValues": values,
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+
+    def _touches(
+        self, pk: str, plan: _Plan, marker: _Marker, origin: Mapping[str, Any]
+    ) -> builtins.list[dict[str, Any]]:
+        """The commit's touch (its listing entry, carrying the row a listing shows) and the delete of the touch
+        it supersedes, as ``TransactWriteItems`` entries: 2 listing-index writes, and the index never holds a
+        session's superseded entry once it has caught up. ``origin`` is the meta item (or the create's row)
+        the commit keeps ``created_at`` and ``forked_from`` from."""
+        app_name, session_id = split_session_pk(pk)
+        touch: dict[str, Any] = {
+            "pk": {"S": pk},
+            "sk": {"S": plan.touch},
+            "lpk": {"S": listing_key(app_name, session_id, self._listing_shards)},
+            "lsk": {"N": str(plan.updated_at)},
+            "t": {"S": marker.grant},
+            "version": {"N": str(marker.version)},
+            "created_at": origin.get("created_at", {"N": "0"}),
+        }
+        if marker.status is not None:
+            touch["status"] = {"S": marker.status}
+            touch["spk"] = {"S": f"{marker.status}#{touch['lpk']['S']}"}  # its entry in the status index
+        if "forked_from" in origin:
+            touch["forked_from"] = origin["forked_from"]
+        if plan.expires is not None:
+            touch["mx"] = {"N": str(plan.expires)}  # the session's expiry: a listing hides it from then on
+        if plan.horizon is not None:
+            touch[TTL] = {"N": str(plan.horizon)}
+        writes: builtins.list[dict[str, Any]] = [{"Put": {"TableName": self._table, "Item": touch}}]
+        if plan.previous is not None:
+            writes.append({"Delete": {"TableName": self._table, "Key": _key(pk, touch_sk(plan.previous))}})
+        return writes
+
+    def _drop_stale_touch(self, pk: str, plan: _Plan) -> None:
+        """Delete a touch an earlier layout left for the next commit to mark (``plsk``): once, best effort."""
+        if plan.stale is not None:
+            with contextlib.suppress(StoreError):
+                self._call("delete_item", TableName=self._table, Key=_key(pk, touch_sk(plan.stale)))
+
+    def _drop_touch(self, pk: str, plan: _Plan, grant: str, meta: Mapping[str, Any] | None) -> None:
+        """Delete the touch of a commit that did not land, unless a later commit (or the meta item's own
+        ``updated_at``) has made that key the session's live entry."""
+        if meta is not None and MetaItem.from_item(meta).updated_at == plan.updated_at:
+            return  # the same key as the live touch (a commit in the same millisecond): it stays
+        with contextlib.suppress(_ConditionFailed):
+            self._call(
+                "delete_item",
+                TableName=self._table,
+                Key=_key(pk, plan.touch),
+                ConditionExpression="t = :t",
+                ExpressionAttributeValues={":t": {"S": grant}},
+            )
+
+    def _refresh(self, pk: str, horizon: int | None, scopes: Mapping[str, str]) -> None:
+        """Rewrite every item of the session but the meta item — and its binding entries, outside its
+        partition — to expire at ``horizon`` (``None``: never).
+
+        Runs before the commit's own writes, while its marker holds the session; the meta item's new
+        expiry lands only with the finish, after this. Items are immutable, so each is put back whole
+        (BatchWriteItem), keys unchanged: no index write. The snapshot, which a concurrent save may
+        replace, is updated in place instead.
+        """
+        now = now_ms() // 1000
+        puts = []
+        for item in self._query(
+            TableName=self._table,
+            KeyConditionExpression="pk = :pk AND sk > :m",
+            ExpressionAttributeValues={":pk": {"S": pk}, ":m": {"S": META_SK}},
+            ConsistentRead=True,
+        ):
+            if TTL in item and int(item[TTL]["N"]) <= now:
+                continue  # a superseded touch on its way out
+            if item["sk"]["S"] == SNAPSHOT_SK:
+                expiry: dict[str, Any] = {"UpdateExpression": "REMOVE #x"}
+                if horizon is not None:
+                    values = {":h": {"N": str(horizon)}}
+                    expiry = {"UpdateExpression": "SET #x = :h", "ExpressionAttributeValues": values}
+                with contextlib.suppress(_ConditionFailed):
+                    self._call(
+                        "update_item",
+                        TableName=self._table,
+                        Key=_key(pk, SNAPSHOT_SK),
+                        ConditionExpression="attribute_exists(pk)",
+                        ExpressionAttributeNames={"#x": TTL},
+                        **expiry,
+                    )
+                continue
+            puts.append({"PutRequest": {"Item": _expiring(item, horizon)}})
+        app_name, session_id = split_session_pk(pk)
+        puts += [
+            {"PutRequest": {"Item": _expiring(key, horizon)}} for key in _binding_keys(app_name, session_id, scopes)
+        ]
+        self._write_batches(puts)
+
+    def _after_lost_marker(
+        self,
+        pk: str,
+        marker: _Marker,
+        inc: str,
+        item: Mapping[str, Any] | None,
+        appended: int,
+        items: Sequence[Mapping[str, Any]],
+        plan: _Plan,
+    ) -> int | Refused:
+        """Our marker vanished under us: a repair finished or undid the commit, or the session was deleted."""
+        if (
+            item is not None
+            and item.get("inc", {}).get("S") == inc
+            and MetaItem.from_item(item).version >= marker.version
+            and f"{marker.version}#{marker.grant}" not in _dead(item)
+        ):
+            return appended  # a repair rolled it forward: the commit landed
+        with contextlib.suppress(StoreError):  # invisible already; deleting them only saves space
+            self._write_batches([{"DeleteRequest": {"Key": {"pk": i["pk"], "sk": i["sk"]}}} for i in items])
+            self._drop_touch(pk, plan, marker.grant, item)
+        if item is None:
+            return Refused(0)
+        return _refused(item)

@@ -1,0 +1,133 @@
+"""Listing: Queries of the sharded listing and status indexes merged newest first, and the running index's sessions."""
+
+from __future__ import annotations
+
+import builtins
+import heapq
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ...clock import now_ms
+from ..base import RUNNING_STATUS, WAITING_STATUSES, RunningSession, SessionListing
+from .calls import _Calls
+from .items import TTL, MetaItem, _expired, _key
+from .keys import META_SK, listing_keys, running_keys, split_session_pk
+from .table import LISTING_INDEX, RUNNING_INDEX, STATUS_INDEX
+
+
+class _Listing(_Calls):
+    """Listing sessions: by app from the sharded listing index, the running and waiting ones from the running index."""
+
+    def _list(
+        self, app_name: str, limit: int | None, after: tuple[int, str] | None, status: str | None
+    ) -> builtins.list[SessionListing]:
+        """The shards' entries merged newest first: Queries of the listing index only, no read of the table.
+
+        Each entry is a session's touch, written with the commit that made it (in its transaction or its
+        finish), carrying the row a listing shows (``version``, ``status``, ``created_at``, the expiry ``mx``),
+        which the index projects; the commit deletes the touch it superseded. So the index holds only
+        committed positions, and while it lags a commit it still holds the session's previous touch: a
+        listing shows every committed session, at its newest position once the index has caught up, and
+        never twice (a session's first, newest, entry wins). A meta item written by release 0.1 is its own
+        entry (it carries ``lpk`` and the same attributes) until its next commit.
+
+        With ``status``, the same from the status index, whose partitions hold only that status's touches: the
+        shard streams read on (page after page) until the listing is full or they run out, so a page is never
+        short while more match. A release 0.1 meta item has no ``spk``: it joins on its next commit."""
+        page = None if limit is None else limit + 2  # about one entry a session, and one more while the index lags
+        keys = listing_keys(app_name, self._listing_shards)
+        streams = [self._shard_stream(key, after, page, status) for key in keys]
+        listed: builtins.list[SessionListing] = []
+        seen: set[str] = set()
+        now_s = now_ms() // 1000
+        for updated_at, session_id, entry in heapq.merge(*streams, key=lambda e: e[:2], reverse=True):
+            if session_id in seen:
+                continue
+            seen.add(session_id)
+            expiry = entry.get("mx", entry.get(TTL) if entry["sk"]["S"] == META_SK else None)
+            if int(entry.get("version", {"N": "0"})["N"]) == 0 or (expiry is not None and int(expiry["N"]) <= now_s):
+                continue  # a create still pending (release 0.1's meta entry), or an expired session
+            listed.append(
+                SessionListing(
+                    session_id,
+                    updated_at,
+                    int(entry["created_at"]["N"]) if "created_at" in entry else 0,
+                    int(entry["version"]["N"]),
+                    entry["status"]["S"] if "status" in entry else None,
+                )
+            )
+            if limit is not None and len(listed) == limit:
+                break
+        return listed
+
+    def _running(self, limit: int) -> builtins.list[RunningSession]:
+        """Every ``R#`` shard of the running index (keys only), then the meta items it names, read strongly
+        consistent in batches: the index lags the table, so only a session whose meta item says ``running``
+        now (live, created, not expired) is kept, its ``updated_at`` from the item. Reads every running
+        session's meta item to order them oldest first; ``limit`` caps the answer, not the reads."""
+        return self._indexed(running_keys(self._pending_shards), (RUNNING_STATUS,), limit)
+
+    def _waiting(self, limit: int) -> builtins.list[RunningSession]:
+        """As ``_running``, from the index's ``W#`` shards: the sessions that wait (``WAITING_STATUSES``)."""
+        return self._indexed(running_keys(self._pending_shards, waiting=True), WAITING_STATUSES, limit)
+
+    def _indexed(self, keys: Sequence[str], statuses: Sequence[str], limit: int) -> builtins.list[RunningSession]:
+        pks = [
+            item["pk"]["S"]
+            for key in keys
+            for item in self._query_pages(
+                TableName=self._table,
+                IndexName=RUNNING_INDEX,
+                KeyConditionExpression="rpk = :r",
+                ExpressionAttributeValues={":r": {"S": key}},
+            )
+        ]
+        now = now_ms()
+        found = []
+        for pk, meta in self._metas(pks, consistent=True).items():
+            status = None if meta is None else meta.get("status", {}).get("S")
+            if meta is None or MetaItem.from_item(meta).version == 0 or status not in statuses or _expired(meta, now):
+                continue
+            app_name, session_id = split_session_pk(pk)
+            updated_at = MetaItem.from_item(meta).updated_at or 0
+            found.append(RunningSession(app_name, session_id, updated_at, str(status)))
+        found.sort(key=lambda r: (r.updated_at, r.app_name, r.session_id))
+        return found[:limit]
+
+    def _metas(self, pks: Sequence[str], *, consistent: bool = False) -> dict[str, dict[str, Any] | None]:
+        """The listed attributes of these sessions' meta items (``None``: no item), by ``BatchGetItem``."""
+        found: dict[str, dict[str, Any] | None] = dict.fromkeys(pks)
+        keys = [_key(pk, META_SK) for pk in found]
+        projection, names = "pk, version, created_at, lsk, #st, #x", {"#st": "status", "#x": TTL}
+        for item in self._get_items(keys, projection, names=names, consistent=consistent, what="meta items"):
+            found[item["pk"]["S"]] = item
+        return found
+
+    def _shard_stream(
+        self, key: str, after: tuple[int, str] | None, limit: int | None, status: str | None = None
+    ) -> Iterator[tuple[int, str, dict[str, Any]]]:
+        """One shard's entries as ``(updated_at, session id, entry)``, newest first; ties on ``updated_at`` by id,
+        descending, like the merge. With ``status``, the shard's partition of the status index."""
+        index, attribute = (LISTING_INDEX, "lpk") if status is None else (STATUS_INDEX, "spk")
+        condition, values = f"{attribute} = :k", {":k": {"S": key if status is None else f"{status}#{key}"}}
+        if after is not None:
+            condition += " AND lsk <= :u"
+            values[":u"] = {"N": str(after[0])}
+        pages = self._query_pages(
+            TableName=self._table,
+            IndexName=index,
+            KeyConditionExpression=condition,
+            ExpressionAttributeValues=values,
+            ScanIndexForward=False,
+            **({"Limit": limit + 1} if limit is not None else {}),
+        )
+        group: builtins.list[tuple[int, str, dict[str, Any]]] = []
+        for item in pages:
+            entry = (int(item["lsk"]["N"]), split_session_pk(item["pk"]["S"])[1], item)
+            if after is not None and entry[:2] >= after:
+                continue
+            if group and group[0][0] != entry[0]:
+                yield from sorted(group, key=lambda e: e[:2], reverse=True)
+                group = []
+            group.append(entry)
+        yield from sorted(group, key=lambda e: e[:2], reverse=True)
