@@ -1,5 +1,8 @@
 """What a session's ledger adds up to, folded one event at a time.
 
+Why one module: the fold's ``apply``, its export and its restore must change together (a snapshot is the
+fold's state), and each reads the same few fields.
+
 ``Projection`` never looks at the event list: it is a pure fold (``apply`` one event, in order), so
 the same code keeps a live session current (one event per append), replays a prefix for time
 travel, and resumes from a snapshot: ``export()`` is the fold's state as JSON, ``Projection.restore``
