@@ -34,13 +34,16 @@ def paired(
     """Medians of timed runs of dormant and its floor, alternating, after ``warmup`` discarded runs of each.
 
     Each callable gets the run number (fresh ids for fresh data) and returns the seconds it measured.
-    Alternating puts both sides under the same machine load, which drifts on a shared machine. A full
-    garbage collection before each run keeps a collection of the benchmark's own heap (the workloads'
-    events, held for the whole section) from landing inside whichever side happens to trigger it.
+    Alternating puts both sides under the same machine load, which drifts on a shared machine; the side
+    going first alternates too, so neither always meets the state the other leaves (a server's dirty
+    buffers, a warm or cold CPU cache). A full garbage collection before each run keeps a collection of the
+    benchmark's own heap (the workloads' events, held for the whole section) from landing inside whichever
+    side happens to trigger it.
     """
     samples: dict[str, list[float]] = {"ours": [], "floor": []}
     for n in range(warmup + repeat):
-        for name, work in (("ours", ours), ("floor", floor)):
+        pair = (("ours", ours), ("floor", floor))
+        for name, work in pair if n % 2 == 0 else pair[::-1]:
             gc.collect()
             elapsed = work(n)
             if n >= warmup:

@@ -119,6 +119,24 @@ def test_an_injected_pool_is_used_as_is_and_never_closed(postgres_url: str, app:
             assert row == {"one": 1}  # its row factory untouched
 
 
+def test_reads_hand_a_pool_connection_back_idle(postgres_url: str, app: str, caplog: pytest.LogCaptureFixture) -> None:
+    # On connections not in autocommit a read opens a transaction: the store ends it, as pool.connection()
+    # would, so the pool never has to roll one back (psycopg_pool warns when it does).
+    with ConnectionPool(postgres_url, min_size=1, max_size=1, open=True) as pool:
+        store = postgres_store(pool=pool)
+        meta = _meta(app)
+        assert store.commit(meta, [_event(1)], 0).ok
+        with caplog.at_level("WARNING", logger="psycopg.pool"):
+            assert [s.id for s in store.list(app)] == [meta.id]
+            assert store.load_scoped_state(app, "user", "u-1") == {}
+        conn = pool.getconn()
+        try:
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        finally:
+            pool.putconn(conn)
+        assert not [r for r in caplog.records if "rolling back" in r.getMessage()], caplog.text
+
+
 def _connections_named(url: str, name: str) -> int:
     (row,) = _sql(url, "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,))
     return int(row[0])

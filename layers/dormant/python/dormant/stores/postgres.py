@@ -63,23 +63,22 @@ _DDL_LOCK = 0x646F726D616E74  # "dormant": the advisory lock every store takes a
 _SCHEMA_PRESENT = sql.SQL("SELECT current_user, current_schema(), {}").format(
     sql.SQL(" AND ").join(sql.SQL("to_regclass({}) IS NOT NULL").format(sql.Literal(r)) for r in _RELATIONS)
 )
+# The commit's statements take positional parameters: psycopg maps named ones to positions again on every call.
 _CREATE = (
     "INSERT INTO sessions (app_name, id, version, scopes, status, created_at, updated_at, forked_from, fork_reason)"
-    " VALUES (%(app)s, %(sid)s, 1, %(scopes)s::jsonb, %(status)s, %(created)s, %(now)s, %(forked_from)s,"
-    " %(fork_reason)s) ON CONFLICT (app_name, id) DO NOTHING RETURNING version"
+    " VALUES (%s, %s, 1, %s::jsonb, %s, %s, %s, %s, %s) ON CONFLICT (app_name, id) DO NOTHING RETURNING version"
 )
 # Scopes are part of the gate (JSONB equality ignores key order): a refusal reads them back to say which.
 _BUMP = (
-    "UPDATE sessions SET version = version + 1, status = %(status)s, updated_at = GREATEST(updated_at, %(now)s)"
-    " WHERE app_name = %(app)s AND id = %(sid)s AND version = %(expected)s AND scopes = %(scopes)s::jsonb"
-    " RETURNING version"
+    "UPDATE sessions SET version = version + 1, status = %s, updated_at = GREATEST(updated_at, %s)"
+    " WHERE app_name = %s AND id = %s AND version = %s AND scopes = %s::jsonb RETURNING version"
 )
 _REFUSED = "SELECT version, scopes::text FROM sessions WHERE app_name = %s AND id = %s"
 # A create with a retention first removes a session of that id past it (PreparedCommit.replaces): its
 # events and snapshot with it, in the create's transaction, so the INSERT then takes the id afresh. Two
 # such creates racing: the second's DELETE waits for the first's lock, then finds the new row live.
 _REPLACE_EXPIRED = (
-    "WITH gone AS (DELETE FROM sessions WHERE app_name = %(app)s AND id = %(sid)s AND updated_at <= %(cutoff)s"
+    "WITH gone AS (DELETE FROM sessions WHERE app_name = %s AND id = %s AND updated_at <= %s"
     " RETURNING app_name, id),"
     " events_gone AS (DELETE FROM events e USING gone WHERE e.app_name = gone.app_name AND e.session_id = gone.id),"
     " snapshot_gone AS (DELETE FROM snapshots s USING gone WHERE s.app_name = gone.app_name"
@@ -97,18 +96,19 @@ _REPLACE_EXPIRED = (
 # conflict check is the primary key's own lookup, whatever the session's length.
 _APPEND = (
     "INSERT INTO events (app_name, session_id, event_id, version, seq, data)"
-    " SELECT %(app)s, %(sid)s, batch.event_id, %(version)s, batch.n - 1, batch.data::jsonb"
-    " FROM unnest(%(ids)b::text[], %(data)b::text[]) WITH ORDINALITY AS batch (event_id, data, n)"
+    " SELECT %s, %s, batch.event_id, %s, batch.n - 1, batch.data::jsonb"
+    " FROM unnest(%b::text[], %b::text[]) WITH ORDINALITY AS batch (event_id, data, n)"
     " ON CONFLICT (app_name, session_id, event_id) DO NOTHING"
 )
 # The append and the commit's snapshot in one statement: the snapshot is kept only when every event was
 # fresh (a retried commit leaves the ledger other than the fold the snapshot holds), and only over an
-# older one; the statement returns how many events it appended.
+# older one; the statement returns how many events it appended. Its parameters: the append's, then the
+# snapshot's data and the number of events.
 _APPEND_WITH_SNAPSHOT = (
     "WITH appended AS (" + _APPEND + " RETURNING 1),"
     " counted AS (SELECT count(*) AS n FROM appended),"
     " kept AS (INSERT INTO snapshots (app_name, session_id, version, data)"
-    " SELECT %(app)s, %(sid)s, %(version)s, %(snapshot)s FROM counted WHERE counted.n = %(count)s"
+    " SELECT %s, %s, %s, %s FROM counted WHERE counted.n = %s"
     " ON CONFLICT (app_name, session_id) DO UPDATE SET version = excluded.version, data = excluded.data"
     " WHERE excluded.version > snapshots.version)"
     " SELECT n FROM counted"
@@ -176,44 +176,31 @@ class PostgresSessionStore(BaseSessionStore):
         return stored, [text for (text,) in rows]
 
     def _write(self, commit: PreparedCommit) -> int | Refused:
-        new = commit.row
-        gate = {
-            "app": new.app_name,
-            "sid": new.id,
-            "scopes": json.dumps(new.scopes),
-            "status": new.status,
-            "created": new.created_at,
-            "now": new.updated_at,
-            "expected": commit.expected_version,
-            "forked_from": new.forked_from,
-            "fork_reason": new.fork_reason,
-        }
-        append = {
-            "app": new.app_name,
-            "sid": new.id,
-            "version": new.version,
-            "ids": [event.id for event in commit.events],
-            "data": [event.data for event in commit.events],
-        }
+        new, expected = commit.row, commit.expected_version
+        app, sid, scopes = new.app_name, new.id, json.dumps(new.scopes)
+        if expected == 0:
+            gate: tuple[Any, ...] = (app, sid, scopes, new.status, new.created_at, new.updated_at)
+            gate += (new.forked_from, new.fork_reason)
+        else:
+            gate = (new.status, new.updated_at, app, sid, expected, scopes)
+        append = (app, sid, new.version, [event.id for event in commit.events], [event.data for event in commit.events])
         with self._connection() as conn:
             appended = counted = None
             with _atomic(conn):
-                if commit.expected_version == 0 and new.retention_ms is not None:
-                    conn.execute(_REPLACE_EXPIRED, {**gate, "cutoff": new.updated_at - new.retention_ms})
-                granted = conn.cursor(row_factory=tuple_row).execute(
-                    _CREATE if commit.expected_version == 0 else _BUMP, gate
-                )
+                if expected == 0 and new.retention_ms is not None:
+                    conn.execute(_REPLACE_EXPIRED, (app, sid, new.updated_at - new.retention_ms))
+                granted = conn.cursor(row_factory=tuple_row).execute(_CREATE if expected == 0 else _BUMP, gate)
                 if granted.fetchone() is None:  # in a pipeline, this fetch is the first round trip's end
                     raise _Refuse
                 if commit.events and commit.snapshot is not None:
-                    snapshot = {"snapshot": commit.snapshot.data, "count": len(commit.events)}
-                    counted = conn.cursor(row_factory=tuple_row).execute(_APPEND_WITH_SNAPSHOT, {**append, **snapshot})
+                    snapshot = (app, sid, new.version, commit.snapshot.data, len(commit.events))
+                    counted = conn.cursor(row_factory=tuple_row).execute(_APPEND_WITH_SNAPSHOT, append + snapshot)
                 elif commit.events:
                     appended = conn.cursor().execute(_APPEND, append)
-                for statement, params in _scoped_statements(new.app_name, commit.scoped):
+                for statement, params in _scoped_statements(app, commit.scoped):
                     conn.execute(statement, params)
             if granted.rowcount != 1:
-                row = conn.cursor(row_factory=tuple_row).execute(_REFUSED, (new.app_name, new.id)).fetchone()
+                row = conn.cursor(row_factory=tuple_row).execute(_REFUSED, (app, sid)).fetchone()
                 return Refused(row[0], json.loads(row[1])) if row else Refused(0)
             if counted is not None:
                 (count,) = counted.fetchone() or (0,)
@@ -318,16 +305,15 @@ class PostgresSessionStore(BaseSessionStore):
 
     # -- internals --------------------------------------------------------------------------
 
-    @contextmanager
-    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+    def _connection(self) -> _Lease:
         """A pooled connection, with dormant's tables in place, and psycopg's errors as dormant's."""
-        with _translate(), self._pool.connection() as conn:
+        return _Lease(self)
+
+    def _ensure_tables(self, conn: psycopg.Connection[Any]) -> None:
+        with self._schema_lock:  # the first caller makes the tables; the others wait for it
             if not self._schema_ready:
-                with self._schema_lock:  # the first caller makes the tables; the others wait for it
-                    if not self._schema_ready:
-                        self._create_tables(conn)
-                        self._schema_ready = True
-            yield conn
+                self._create_tables(conn)
+                self._schema_ready = True
 
     def _create_tables(self, conn: psycopg.Connection[Any]) -> None:
         """Create the tables unless they are all there (then a role without CREATE rights is fine)."""
@@ -368,6 +354,50 @@ def _scoped_statements(app_name: str, writes: Sequence[ScopedWrite]) -> builtins
         if deletes:
             statements.append((_DELETE_SCOPED, {**target, "keys": deletes}))
     return statements
+
+
+class _Lease:
+    """One call's connection from the store's pool: what ``pool.connection()`` does, psycopg's errors as
+    dormant's, and the tables made on first use.
+
+    A class rather than three generator context managers: every store call takes one, and on a commit of a
+    few hundred microseconds their frames showed. A connection of a pool given to the store that is not in
+    autocommit ends its transaction here as ``pool.connection()`` would: committed, or rolled back on an error.
+    """
+
+    __slots__ = ("_conn", "_store")
+
+    def __init__(self, store: PostgresSessionStore) -> None:
+        self._store = store
+
+    def __enter__(self) -> psycopg.Connection[Any]:
+        store = self._store
+        with _translate():
+            conn: psycopg.Connection[Any] = store._pool.getconn()
+            if not store._schema_ready:
+                try:
+                    store._ensure_tables(conn)
+                except BaseException:
+                    store._pool.putconn(conn)
+                    raise
+        self._conn = conn
+        return conn
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, _: Any) -> None:
+        conn = self._conn
+        try:
+            if not conn.autocommit and not conn.closed:
+                if error is None:
+                    conn.commit()
+                else:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.rollback()
+        except psycopg.Error as exc:
+            raise _translated(exc) from exc
+        finally:
+            self._store._pool.putconn(conn)
+        if isinstance(error, psycopg.Error):
+            raise _translated(error) from error
 
 
 class _Refuse(Exception):
@@ -424,11 +454,15 @@ def _translate() -> Iterator[None]:
     try:
         yield
     except psycopg.Error as exc:
-        for kind in type(exc).__mro__:
-            if kind in _TRANSLATION:
-                error, meaning = _TRANSLATION[kind]
-                raise error(f"Postgres store: {meaning}: {exc}") from exc
-        raise  # unreachable: psycopg.Error is in the table
+        raise _translated(exc) from exc
+
+
+def _translated(exc: psycopg.Error) -> DormantError:
+    for kind in type(exc).__mro__:
+        if kind in _TRANSLATION:
+            error, meaning = _TRANSLATION[kind]
+            return error(f"Postgres store: {meaning}: {exc}")
+    raise AssertionError("unreachable: psycopg.Error is in the table") from exc
 
 
 def postgres_store(
