@@ -155,6 +155,21 @@ def test_a_store_built_from_a_connection_string_closes_its_connections(postgres_
     assert _connections_named(postgres_url, name) == 0
 
 
+def test_one_thread_holds_one_connection(postgres_url: str, app: str) -> None:
+    # A single-threaded process (a Lambda function) needs one connection: a pool that grows a second one on
+    # its first call (still opening the first) then takes them in turn, doubling the server's connections.
+    name = f"dormant-test-{uuid.uuid4().hex[:8]}"
+    store = postgres_store(make_conninfo(postgres_url, application_name=name))
+    meta = _meta(app)
+    try:
+        for version in range(20):
+            assert store.commit(meta, [_event(version)], version).ok
+            assert store.load(app, meta.id) is not None
+        assert _connections_named(postgres_url, name) == 1
+    finally:
+        store.close()
+
+
 def test_an_unreachable_server_is_a_store_error_not_a_psycopg_one() -> None:
     # Port 1 on localhost refuses connections; the pool gives up after its timeout.
     with ConnectionPool("postgresql://postgres@127.0.0.1:1/postgres", min_size=1, timeout=1.0, open=True) as pool:

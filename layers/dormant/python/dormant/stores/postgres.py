@@ -486,9 +486,12 @@ def postgres_store(
         raise ConfigurationError(f"not a PostgreSQL connection string: {exc}") from exc
     if max_size is not None and max_size < 1:
         raise ConfigurationError(f"max_size must be at least 1, not {max_size}")
+    # min_size=0: connections open on demand. With 1, the first call finds the pool still opening its
+    # connection and psycopg_pool grows a second one for it; a single-threaded process (a Lambda function)
+    # then held two connections and took them in turn, each statement meeting a colder server process.
     owned: ConnectionPool[Any] = ConnectionPool(
         connection_string,
-        min_size=1,
+        min_size=0,
         max_size=max_size or 10,
         kwargs={"autocommit": True},
         name="dormant",
