@@ -10,6 +10,7 @@ settle and read the session). The first tests check the harness's own pieces.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -141,14 +142,14 @@ class _Functions:
         return self.script[function].pop(0)
 
 
-def until(condition: Any, what: str, timeout: float = 120, evidence: Any = None) -> Any:
-    """Poll ``condition`` until it returns something true (which is returned); fail naming ``what`` (and what
-    ``evidence()`` says then) after ``timeout`` s. A generous bound: the tests wait on what they need, not on a
-    fixed time, which a loaded machine overruns."""
+def until(condition: Any, what: str, timeout: float = 120, evidence: Any = None, every: float = 0.05) -> Any:
+    """Poll ``condition`` every ``every`` s until it returns something true (which is returned); fail naming
+    ``what`` (and what ``evidence()`` says then) after ``timeout`` s. A generous bound: the tests wait on what they
+    need, not on a fixed time, which a loaded machine overruns."""
     deadline = time.monotonic() + timeout
     while not (found := condition()):
         assert time.monotonic() < deadline, f"{what}: not within {timeout} s; {evidence() if evidence else ''}"
-        time.sleep(0.05)
+        time.sleep(every)
     return found
 
 
@@ -427,6 +428,27 @@ def test_a_sandbox_can_be_killed_just_before_a_call(sandboxes: Any) -> None:
     assert sandboxes.calls == []  # killed before the call was made (or checked)
     again = sandboxes.invoke("probe", {"kind": "aws", "table": "other"})
     assert again.ok and again.payload["error"] == "AccessDeniedException"  # once only, in a fresh sandbox
+
+
+def test_a_sandbox_can_be_held_just_after_a_call_until_released(sandboxes: Any) -> None:
+    import threading
+
+    sandboxes.hold_after("probe", "dynamodb:GetItem")
+    done: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: done.append(sandboxes.invoke("probe", {"kind": "aws", "table": "allowed"}))
+    )
+    worker.start()
+    until(lambda: sandboxes.holding("probe"), "the sandbox held after its call")
+    assert [c.action for c in sandboxes.calls] == ["dynamodb:GetItem"]  # the call was made: held after it
+    time.sleep(0.3)
+    assert not done and sandboxes.busy("probe") == 1  # the invocation waits while held
+    sandboxes.release("probe")
+    worker.join(30)
+    assert done and done[0].error_type == "EndpointConnectionError", done  # then it went on to its end
+    assert not sandboxes.holding("probe")
+    again = sandboxes.invoke("probe", {"kind": "aws", "table": "allowed"})
+    assert again.error_type == "EndpointConnectionError" and not sandboxes.holding("probe")  # once only
 
 
 def test_a_sandbox_enforces_the_role_timeouts_crashes_and_the_response_limit(sandboxes: Any) -> None:
@@ -757,6 +779,142 @@ def test_a_run_that_dies_before_starting_its_execution_claims_nothing(deployment
     assert (shown["status"], shown["version"]) == ("idle", 1), (shown, evidence(d))
     assert run(d, sid, "signoffs=1")["status"] == "awaiting_input", evidence(d)
     parked(d, sid)
+
+
+# -- the claim grace: the execution starts just before the API's claim lands -------------------------------------
+
+_READS = {"dynamodb:GetItem", "dynamodb:Query", "dynamodb:BatchGetItem", "dynamodb:Scan"}
+_WRITES = {"dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem"}
+
+
+def run_attempts(execution: Any) -> list[tuple[float, str]]:
+    """Each attempt of the execution's ``Run`` task, from its history: (seconds it took, how it ended: the error
+    or ``ok``). Step Functions retries within the task, so every retry is one more attempt here."""
+    attempts, started = [], None
+    for event in list(execution.history):
+        details = event.get("details") or {}
+        if event["type"] == "TaskScheduled":
+            payload = (details.get("parameters") or {}).get("Payload") or {}
+            started = event["timestamp"] if payload.get("action") == "run" else None
+        elif started is not None and event["type"] in ("TaskSucceeded", "TaskFailed"):
+            outcome = "ok" if event["type"] == "TaskSucceeded" else str(details.get("error"))
+            attempts.append((event["timestamp"] - started, outcome))
+            started = None
+    return attempts
+
+
+def warm_turn(d: Any, sid: str) -> dict[str, Any]:
+    """A first turn of ``sid`` to its end: the run and resume functions are warm after it (a cold start would
+    outlast the race these scenarios set up), and the session has a ledger to compare with."""
+    create(d, sid)
+    shown = run(d, sid, "signoffs=0")
+    assert shown["status"] == "completed", (shown["status"], evidence(d))
+    d.settle()
+    return shown
+
+
+@contextlib.contextmanager
+def claim_held(d: Any, sid: str) -> Iterator[tuple[Any, Any, list[Any]]]:
+    """``POST /runs`` of ``sid`` with the run function held just after it started the turn's execution, so its
+    claim has not landed; yields once the execution's ``Run`` has read the session: the execution, the request's
+    thread and the list its answer goes to. The run function is let go on the way out (its claim then lands)."""
+    import threading
+
+    before = {e.arn for e in d.executions_of(TENANT, sid)}
+    reads = len(d.calls("resume"))
+    d.hold_after("run", "states:StartExecution")
+    try:
+        answers: list[Any] = []
+        request = threading.Thread(
+            target=lambda: answers.append(d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=0"}))
+        )
+        request.start()
+        until(lambda: d.holding("run"), "the run function started the execution", evidence=lambda: evidence(d))
+        (execution,) = [e for e in d.executions_of(TENANT, sid) if e.arn not in before]
+        until(
+            lambda: any(c.action in _READS for c in d.calls("resume")[reads:]),
+            "the execution's Run read the session",
+            evidence=lambda: evidence(d),
+            every=0.005,  # seen at once: the time from that read to the claim is the scenario's to set
+        )
+        yield execution, request, answers
+    finally:
+        d.release("run")  # never left armed or holding for the scenarios after this one
+
+
+def invocations(d: Any, function: str) -> int:
+    """How many times ``function`` was invoked so far (the harness's Lambda record, successes and failures)."""
+    return sum(1 for i in d.lambdas.invocations if i.function == function)
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_claim_landing_just_after_the_run_read_the_session_runs_on_the_first_attempt(deployment: Any) -> None:
+    """The API starts the turn's execution, then commits the claim: the state machine's ``Run`` can read the
+    session first. Here the claim lands just over 0.1 s after that read (the run function held between its two
+    calls): the run reads again within its grace (``CLAIM_GRACE_S``) and runs the turn on its first invocation.
+    No ``TurnNotClaimed``, no Step Functions retry (an invocation, a transition and a back-off each), the turn
+    committed once."""
+    d, sid = deployment, fresh("grace")
+    warm_turn(d, sid)
+    first = ledger(d, sid)
+    calls, invoked = len(d.calls("resume")), invocations(d, "resume")
+    with claim_held(d, sid) as (execution, request, answers):
+        assert not [c for c in d.calls("resume")[calls:] if c.action in _WRITES], "the run wrote before the claim"
+        time.sleep(0.1)  # then the run function goes on: the claim lands a little after the run's first read
+    request.join(30)
+    ((status, _, body),) = answers
+    assert status in (200, 202), (status, body, evidence(d))
+    d.settle()
+    assert ended(d, execution).status == "SUCCEEDED", (execution.states, execution.error, evidence(d))
+    attempts = run_attempts(execution)
+    assert [outcome for _, outcome in attempts] == ["ok"], (attempts, evidence(d))  # one attempt, no retry
+    assert invocations(d, "resume") - invoked == 1  # and one invocation of the function, as Lambda counts them
+    assert execution.states == ["Run", "After the run", "Done"], execution.states  # no transition more
+    assert not [e for e in d.errors("resume") if sid in e[2]], d.errors("resume")
+    shown = show(d, sid)
+    assert shown["status"] == "completed", (shown, evidence(d))
+    events = ledger(d, sid)
+    turn = events[len(first) :]
+    assert events[: len(first)] == first
+    assert [e["type"] for e in turn].count("invocation_start") == 1, turn  # the turn committed once
+    assert [e["text"] for e in turn if e["type"] == "user"] == ["signoffs=0"], turn
+    assert [e["type"] for e in turn].count("invocation_end") == 1, turn
+    assert len({e["id"] for e in events}) == len(events), events
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_claim_that_never_lands_is_not_claimed_after_the_grace_and_nothing_is_written(deployment: Any) -> None:
+    """The run function dies between starting the execution and its claim: each ``Run`` attempt reads through
+    the grace, no longer (under a second more than one read), and ends ``TurnNotClaimed``; the state machine
+    retries, then drops the turn (``NotClaimed``). Nothing is written to the session, which takes its next turn."""
+    from dormant.serving.workflow.tasks import CLAIM_GRACE_S
+
+    d, sid = deployment, fresh("noclaim")
+    shown = warm_turn(d, sid)
+    first = ledger(d, sid)
+    calls, invoked = len(d.calls("resume")), invocations(d, "resume")
+    with claim_held(d, sid) as (execution, request, answers):
+        assert d.kill("run") == 1, "the held run function was not running"
+    request.join(30)
+    ((status, _, body),) = answers
+    assert status == 502, (status, body)  # the function died: API Gateway's own answer
+    assert ended(d, execution).status == "SUCCEEDED", (execution.states, execution.error, evidence(d))
+    assert execution.states[-1] == "NotClaimed", execution.states
+    attempts = run_attempts(execution)
+    assert {outcome for _, outcome in attempts} == {"TurnNotClaimed"}, attempts
+    # as many attempts as the ASL's retry of TurnNotClaimed allows, each one invocation of the function
+    (retry,) = [r for r in d.definition["States"]["Run"]["Retry"] if r["ErrorEquals"] == ["TurnNotClaimed"]]
+    assert len(attempts) == 1 + retry["MaxAttempts"] == invocations(d, "resume") - invoked, attempts
+    grace = sum(CLAIM_GRACE_S)
+    assert grace < 1.0, CLAIM_GRACE_S  # a claim that never lands costs each attempt under a second more
+    took = [seconds for seconds, _ in attempts]
+    assert all(grace <= s < grace + 1.0 for s in took), (took, grace)  # read through the grace, then let go
+    d.settle()
+    assert not [c for c in d.calls("resume")[calls:] if c.action in _WRITES], "a run of no claim wrote"
+    after = show(d, sid)
+    assert (after["status"], after["version"]) == (shown["status"], shown["version"]), after
+    assert ledger(d, sid) == first
+    assert run(d, sid, "signoffs=0")["status"] == "completed", evidence(d)  # nothing is left holding the session
 
 
 @pytest.mark.backend("dynamodb")

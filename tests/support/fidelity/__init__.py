@@ -3,7 +3,9 @@
 * ``template``: the CloudFormation template read back, every reference resolved to a concrete fake value.
 * ``iam``: each AWS call mapped to the IAM actions and resources AWS authorizes it by, checked against a
   function's policy statements.
-* ``lambda_``: one worker process per function (a warm sandbox) with exactly its template environment.
+* ``lambda_``: one worker process per function (a warm sandbox) with exactly its template environment; a
+  sandbox can be killed before a call (``crash_before``), paused after one (``hold_after``), or refused one
+  (``fail_next``).
 * ``worker``: the bootstrap that runs inside such a process (the IAM check wraps botocore there).
 * ``capture``: while turned on (``LambdaService.capture``), what each DynamoDB call touched, for ``bench cost``.
 * ``stepfunctions``: an ASL interpreter served over HTTP, which the functions reach with their own botocore.

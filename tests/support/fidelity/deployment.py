@@ -414,6 +414,19 @@ class Deployment:
         """Kill ``function``'s sandbox just before its next call needing ``action`` (e.g. states:StartExecution)."""
         self.lambdas.crash_before(function, action)
 
+    def hold_after(self, function: str, action: str) -> None:
+        """``function``'s next call needing ``action`` is made, then its sandbox pauses until ``release``: a writer
+        slow between two calls (e.g. the run function between starting the turn's execution and its claim)."""
+        self.lambdas.hold_after(function, action)
+
+    def holding(self, function: str) -> bool:
+        """Whether a sandbox of ``function`` is paused by ``hold_after`` now."""
+        return self.lambdas.holding(function)
+
+    def release(self, function: str) -> None:
+        """Let the sandbox ``hold_after`` paused go on (a no-op once it was killed)."""
+        self.lambdas.release(function)
+
     def fail_next(
         self, function: str, operation: str, where: list[str], code: str, reasons: Sequence[str] = ()
     ) -> None:

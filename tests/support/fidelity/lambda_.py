@@ -134,6 +134,7 @@ class LambdaService:
             "statements": function.statements,
             "crash_file": str(self.workdir / f"{function.name}.crash"),
             "fault_file": str(self.workdir / f"{function.name}.fault"),
+            "hold_file": str(self.workdir / f"{function.name}.hold"),
             "capture_file": str(self.workdir / "capture"),
         }
         path = self.workdir / f"{function.name}.json"
@@ -267,6 +268,20 @@ class LambdaService:
     def crash_before(self, name: str, action: str) -> None:
         """The next call of ``action`` by ``name`` is not made: its sandbox is killed just before it."""
         (self.workdir / f"{name}.crash").write_text(action)
+
+    def hold_after(self, name: str, action: str) -> None:
+        """The next call of ``action`` by ``name`` is made, then its sandbox pauses until ``release(name)`` (or
+        ``worker.HOLD_LIMIT_S``): a writer slow between two calls, e.g. the API between its execution and its claim."""
+        (self.workdir / f"{name}.hold").write_text(action)
+
+    def holding(self, name: str) -> bool:
+        """Whether a sandbox of ``name`` made the call ``hold_after`` named and is paused after it now."""
+        return (self.workdir / f"{name}.hold.held").exists()
+
+    def release(self, name: str) -> None:
+        """Let a held sandbox of ``name`` go on (and disarm a hold no call has met yet)."""
+        for path in (self.workdir / f"{name}.hold", self.workdir / f"{name}.hold.held"):
+            path.unlink(missing_ok=True)
 
     def fail_next(self, name: str, operation: str, where: list[str], answer: dict[str, Any]) -> None:
         """The next ``operation`` call by ``name`` whose parameters (as JSON) hold each of ``where`` is answered

@@ -19,6 +19,9 @@ import time
 import traceback
 from typing import Any
 
+HOLD_LIMIT_S = 60.0
+"""The longest a sandbox stays held after a call (``hold_after``) when the harness never lets go."""
+
 
 def main(config_path: str, fd: int) -> None:
     with open(config_path, encoding="utf-8") as f:
@@ -148,6 +151,27 @@ def _guard_botocore(config: dict[str, Any], iam: Any, send: Any) -> None:
                 return
             os.kill(os.getpid(), 9)
 
+    hold_file = config["hold_file"]
+
+    def hold_after(actions: list[str]) -> None:
+        """Pause after the call, when the harness asked for it, until it lets go: a writer slow between two calls
+        (the hold file names the action; claimed as ``<hold>.held``, which the harness deletes to let go)."""
+        try:
+            with open(hold_file, encoding="utf-8") as f:
+                wanted = f.read().strip()
+        except OSError:
+            return
+        if wanted not in actions:
+            return
+        held = f"{hold_file}.held"
+        try:
+            os.rename(hold_file, held)  # one sandbox claims it
+        except OSError:
+            return
+        until = time.monotonic() + HOLD_LIMIT_S
+        while os.path.exists(held) and time.monotonic() < until:
+            time.sleep(0.005)
+
     fault_file = config["fault_file"]
 
     def fault_for(operation_name: str, api_params: dict[str, Any]) -> dict[str, Any] | None:
@@ -187,7 +211,17 @@ def _guard_botocore(config: dict[str, Any], iam: Any, send: Any) -> None:
 
     def checked(self: Any, operation_name: str, api_params: dict[str, Any]) -> Any:
         service = self.meta.service_model.endpoint_prefix
-        for action, resource in iam.required(service, operation_name, api_params, token_owner=token_owner):
+        required = iam.required(service, operation_name, api_params, token_owner=token_owner)
+        try:
+            return made(self, operation_name, api_params, service, required)
+        finally:  # answered or refused, the call is over: a held writer pauses before its next step
+            hold_after([action for action, _ in required])
+
+    def made(
+        self: Any, operation_name: str, api_params: dict[str, Any], service: str, required: list[tuple[str, str]]
+    ) -> Any:
+        """The call, once the role allows each of its actions (and any fault or capture the harness armed)."""
+        for action, resource in required:
             crash_before(action)
             granted = iam.allowed(statements, action, resource)
             send(
