@@ -192,7 +192,7 @@ def commit_units(endpoint: str) -> dict[str, dict[str, float]]:
     from tests.support.fidelity import capture
     from tests.support.servers.dynamodb import client
 
-    from .workloads import _meta, turns
+    from .workloads import _row, turns
 
     name = f"cost-w1-{uuid.uuid4().hex[:8]}"
     setup = client(endpoint)
@@ -218,7 +218,7 @@ def commit_units(endpoint: str) -> dict[str, dict[str, float]]:
             batches = turns(path[0])
             for version, batch in enumerate(batches):
                 capturing = version == len(batches) - 1
-                assert store.commit(_meta(f"w1-{path[0]}", "w1", version), batch, version).ok
+                assert store.commit(_row(f"w1-{path[0]}", "w1", version), batch, version).ok
             capturing = False
             units: dict[str, float] = defaultdict(float)
             for record in records:

@@ -211,7 +211,7 @@ class Floor:
         return entries
 
 
-def _meta(app: str, sid: str, version: int = 0) -> StoredSession:
+def _row(app: str, sid: str, version: int = 0) -> StoredSession:
     return StoredSession(id=sid, app_name=app, version=version, created_at=1)
 
 
@@ -269,7 +269,7 @@ def _measure(store: Any, floor: Floor, ours_meter: Meter, floor_meter: Meter, ou
     per_commit: list[int] = []
     for version, batch in enumerate(batches):
         before = sum(ours_meter.calls.values())
-        assert store.commit(_meta("w1-metered", "w1", version), batch, version).ok
+        assert store.commit(_row("w1-metered", "w1", version), batch, version).ok
         per_commit.append(sum(ours_meter.calls.values()) - before)
     for version, batch in enumerate(batches):
         floor.commit("w1-metered-floor", "w1", [e.model_dump(mode="json") for e in batch], version)
@@ -416,19 +416,19 @@ def _edge_commits(store: Any, meter: Meter) -> Figure:
         sid = f"c{case}"
         if scopes == {}:  # a later commit: two before it, so it also marks a superseded touch
             for version in range(2):
-                assert store.commit(_meta(app, sid, version), events(1, f"{sid}-s{version}-"), version).ok
+                assert store.commit(_row(app, sid, version), events(1, f"{sid}-s{version}-"), version).ok
         calls: list[int] = []
         meter.reset()
         started = time.perf_counter()
         for n in range(repeat):
             batch = events(count, f"{sid}-{n}-")
             if scopes is None or scopes:
-                meta = StoredSession(id=f"{sid}-{n}", app_name=app, created_at=1, scopes=scopes or {})
+                row = StoredSession(id=f"{sid}-{n}", app_name=app, created_at=1, scopes=scopes or {})
                 version = 0
             else:
-                meta, version = _meta(app, sid, 2 + n), 2 + n
+                row, version = _row(app, sid, 2 + n), 2 + n
             before = sum(meter.calls.values())
-            assert store.commit(meta, batch, version).ok
+            assert store.commit(row, batch, version).ok
             calls.append(sum(meter.calls.values()) - before)
         seconds = (time.perf_counter() - started) / repeat
         bound = 2 + math.ceil(2 * count / 25)  # the gated protocol's batches: event items, then their id items
@@ -460,11 +460,11 @@ def _small_commits(store: Any, client: Any, meter: Meter) -> None:
     count = 20 if QUICK else 100
     pair = [events(2, f"c{n}-") for n in range(count)]
     app = f"small-{uuid.uuid4().hex[:6]}"
-    assert store.commit(_meta(app, "gated"), [], 0).ok
+    assert store.commit(_row(app, "gated"), [], 0).ok
     meter.reset()
     started = time.perf_counter()
     for version, batch in enumerate(pair, start=1):
-        assert store.commit(_meta(app, "gated"), batch, version).ok
+        assert store.commit(_row(app, "gated"), batch, version).ok
     gated_time = (time.perf_counter() - started) / count
     gated_calls, gated_units = sum(meter.calls.values()) / count, {k: v / count for k, v in meter.units.items()}
 

@@ -19,7 +19,7 @@ from dormant import adk
 from dormant.stores.sqlite import sqlite_store
 
 from .common import Figure, cpu_timed, micros, paired, per_second, scale, timed
-from .workloads import EVENTS_PER_TURN, REPEAT, SQL_TARGETS, TURNS, _meta, event, store_workloads, turns
+from .workloads import EVENTS_PER_TURN, REPEAT, SQL_TARGETS, TURNS, _row, event, store_workloads, turns
 
 
 class Floor:
@@ -163,8 +163,9 @@ def w1_normal(path: Path) -> Figure:
     try:
 
         def ours(n: int) -> float:
-            metas = [_meta(f"n-ours-{n}", "w1", v) for v in range(len(batches))]  # the input, ready, as the floor's
-            return timed(lambda: [store.commit(metas[v], b, v) for v, b in enumerate(batches)])
+            # the input, ready, as the floor's
+            session_rows = [_row(f"n-ours-{n}", "w1", v) for v in range(len(batches))]
+            return timed(lambda: [store.commit(session_rows[v], b, v) for v, b in enumerate(batches)])
 
         def raw(n: int) -> float:
             return timed(lambda: [floor.commit(f"n-floor-{n}", "w1", b, v) for v, b in enumerate(rows)])

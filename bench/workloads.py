@@ -63,7 +63,7 @@ class Floor(Protocol):
         """The app's rows, most recently updated first."""
 
 
-def _meta(app: str, sid: str, version: int = 0) -> StoredSession:
+def _row(app: str, sid: str, version: int = 0) -> StoredSession:
     return StoredSession(id=sid, app_name=app, version=version, created_at=1)
 
 
@@ -103,11 +103,11 @@ def store_workloads(
     rows = [[e.model_dump(mode="json") for e in batch] for batch in batches]
 
     def w1_ours(n: int) -> float:
-        metas = [_meta(f"w1-ours-{n}", "w1", version) for version in range(len(batches))]
+        session_rows = [_row(f"w1-ours-{n}", "w1", version) for version in range(len(batches))]
 
         def work() -> None:
             for version, batch in enumerate(batches):
-                assert store.commit(metas[version], batch, version).ok
+                assert store.commit(session_rows[version], batch, version).ok
 
         return timed(work)
 
@@ -121,13 +121,13 @@ def store_workloads(
     def w1_interleaved(n: int) -> tuple[float, float]:
         """One run of both sides commit by commit (the side going first alternating): on an engine whose
         latency drifts with the machine's load (DynamoDB Local's JVM), each pair meets the same moment."""
-        metas = [_meta(f"w1-ours-{n}", "w1", version) for version in range(len(batches))]
+        session_rows = [_row(f"w1-ours-{n}", "w1", version) for version in range(len(batches))]
         spent = [0.0, 0.0]
         for version, (batch, row) in enumerate(zip(batches, rows, strict=True)):
             for side in (0, 1) if version % 2 == 0 else (1, 0):
                 started = time.perf_counter()
                 if side == 0:
-                    assert store.commit(metas[version], batch, version).ok
+                    assert store.commit(session_rows[version], batch, version).ok
                 else:
                     floor.commit(f"w1-floor-{n}", "w1", row, version)
                 spent[side] += time.perf_counter() - started
@@ -144,7 +144,7 @@ def store_workloads(
     w2_get: dict[int, tuple[float, float]] = {}
     for size in LOAD_SIZES:
         sid = f"w2-{size}"
-        assert store.commit(_meta("w2", sid), events(size), 0).ok
+        assert store.commit(_row("w2", sid), events(size), 0).ok
         assert len(floor.load("w2", sid)) == size
         session = users.sessions.get(sid)
         assert session is not None and len(session.events) == size
@@ -165,11 +165,11 @@ def store_workloads(
     batch_rows = [[e.model_dump(mode="json") for e in batch] for batch in batch_events]
 
     def w4_ours(n: int) -> float:
-        metas = [_meta(f"w4-ours-{n}", f"s{s}") for s in range(len(batch_events))]
+        session_rows = [_row(f"w4-ours-{n}", f"s{s}") for s in range(len(batch_events))]
 
         def work() -> None:
             for s, batch in enumerate(batch_events):
-                assert store.commit(metas[s], batch, 0).ok
+                assert store.commit(session_rows[s], batch, 0).ok
 
         return timed(work)
 

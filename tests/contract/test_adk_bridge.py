@@ -505,7 +505,7 @@ async def test_the_ledger_holds_each_adk_event_whole_and_its_state_by_scope(ours
     )
     await s.append_event(session, event)
     loaded = ours.store.load("my_app", session_key("ada", "s1"))
-    assert loaded.session.scopes == {"user": "ada"}
+    assert loaded.row.scopes == {"user": "ada"}
     kinds = [(e.type, getattr(e, "scope", None)) for e in loaded.events]
     assert kinds == [
         ("state_change", "app"),

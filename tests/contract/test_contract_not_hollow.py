@@ -31,11 +31,11 @@ class DuplicatesRecommittedIds(MemorySessionStore):
     def commit(
         self, session: StoredSession, new_events: Sequence[Event], expected_version: int, scoped_changes: Any = None
     ) -> CommitResult:
-        row = self._sessions.get((session.app_name, session.id))
-        again = [e for e in new_events if row is not None and e.id in row.ids]
+        entry = self._sessions.get((session.app_name, session.id))
+        again = [e for e in new_events if entry is not None and e.id in entry.ids]
         result = super().commit(session, new_events, expected_version, scoped_changes)
-        if result.ok and row is not None:  # re-sent ids appended a second time
-            row.events.extend(e.model_dump_json() for e in again)
+        if result.ok and entry is not None:  # re-sent ids appended a second time
+            entry.events.extend(e.model_dump_json() for e in again)
         return result
 
 
@@ -44,9 +44,9 @@ class WritesEventsOnConflict(MemorySessionStore):
         self, session: StoredSession, new_events: Sequence[Event], expected_version: int, scoped_changes: Any = None
     ) -> CommitResult:
         result = super().commit(session, new_events, expected_version, scoped_changes)
-        row = self._sessions.get((session.app_name, session.id))
-        if not result.ok and row is not None:
-            row.events.extend(e.model_dump_json() for e in new_events)
+        entry = self._sessions.get((session.app_name, session.id))
+        if not result.ok and entry is not None:
+            entry.events.extend(e.model_dump_json() for e in new_events)
         return result
 
 
@@ -71,8 +71,8 @@ class LastWriterWins(MemorySessionStore):
     def commit(
         self, session: StoredSession, new_events: Sequence[Event], expected_version: int, scoped_changes: Any = None
     ) -> CommitResult:
-        row = self._sessions.get((session.app_name, session.id))
-        return super().commit(session, new_events, row.meta.version if row else 0, scoped_changes)
+        entry = self._sessions.get((session.app_name, session.id))
+        return super().commit(session, new_events, entry.row.version if entry else 0, scoped_changes)
 
 
 class ReversesBatches(MemorySessionStore):
@@ -122,9 +122,9 @@ class RebindsScopes(MemorySessionStore):
     """The gate checks the version only: a commit may change a session's scopes."""
 
     def _write(self, commit: PreparedCommit) -> int | Refused:
-        row = self._sessions.get((commit.row.app_name, commit.row.id))
-        if row is not None:
-            row.meta = replace(row.meta, scopes=commit.row.scopes)
+        entry = self._sessions.get((commit.row.app_name, commit.row.id))
+        if entry is not None:
+            entry.row = replace(entry.row, scopes=commit.row.scopes)
         return super()._write(commit)
 
 
@@ -136,18 +136,18 @@ class IgnoresAfter(MemorySessionStore):
 class UpdatedAtFollowsTheClock(MemorySessionStore):
     def _write(self, commit: PreparedCommit) -> int | Refused:
         appended = super()._write(commit)
-        row = self._sessions.get((commit.row.app_name, commit.row.id))
-        if not isinstance(appended, Refused) and row is not None:
-            row.meta = replace(row.meta, updated_at=commit.row.updated_at)
+        entry = self._sessions.get((commit.row.app_name, commit.row.id))
+        if not isinstance(appended, Refused) and entry is not None:
+            entry.row = replace(entry.row, updated_at=commit.row.updated_at)
         return appended
 
 
 class OverwritesForkFields(MemorySessionStore):
     def _write(self, commit: PreparedCommit) -> int | Refused:
         appended = super()._write(commit)
-        row = self._sessions.get((commit.row.app_name, commit.row.id))
-        if not isinstance(appended, Refused) and row is not None:
-            row.meta = replace(row.meta, forked_from=commit.row.forked_from, fork_reason=commit.row.fork_reason)
+        entry = self._sessions.get((commit.row.app_name, commit.row.id))
+        if not isinstance(appended, Refused) and entry is not None:
+            entry.row = replace(entry.row, forked_from=commit.row.forked_from, fork_reason=commit.row.fork_reason)
         return appended
 
 
@@ -190,9 +190,9 @@ class RunningOfOneApp(MemorySessionStore):
 class SavesTheStatusOfARefusedCommit(MemorySessionStore):
     def _write(self, commit: PreparedCommit) -> int | Refused:
         appended = super()._write(commit)
-        row = self._sessions.get((commit.row.app_name, commit.row.id))
-        if isinstance(appended, Refused) and row is not None:
-            row.meta = replace(row.meta, status=commit.row.status)
+        entry = self._sessions.get((commit.row.app_name, commit.row.id))
+        if isinstance(appended, Refused) and entry is not None:
+            entry.row = replace(entry.row, status=commit.row.status)
         return appended
 
 

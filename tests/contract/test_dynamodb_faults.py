@@ -63,7 +63,7 @@ class World:
         options = {"live_wait_s": 0.5, "unprocessed_retries": 3, "single_call_items": 0, **options}
         return DynamoDBSessionStore(client or self._client(), self.table, **options)
 
-    def meta(self, **extra: Any) -> StoredSession:
+    def row(self, **extra: Any) -> StoredSession:
         return StoredSession(id=self.sid, app_name=self.app, created_at=1, **extra)
 
     def ids(self) -> list[str]:
@@ -71,7 +71,7 @@ class World:
 
     def version(self) -> int:
         loaded = self.reader.load(self.app, self.sid)
-        return 0 if loaded is None else loaded.session.version
+        return 0 if loaded is None else loaded.row.version
 
     def raw_event_items(self) -> int:
         """Event items in the session partition, visible or not (what a repair must clean up)."""
@@ -101,12 +101,12 @@ def world(dynamodb_endpoint: str, dynamodb_table: str) -> Iterator[World]:
 
 def _seeded(world: World) -> None:
     """Version 1 with ten events: what every fault must leave untouched."""
-    assert world.writer.commit(world.meta(), _events("base", 10), 0).ok
+    assert world.writer.commit(world.row(), _events("base", 10), 0).ok
 
 
 def _takes_the_next_commit(world: World, version: int, before: list[str]) -> None:
     fresh = world.store()
-    result = fresh.commit(world.meta(), _events("next", 3), version)
+    result = fresh.commit(world.row(), _events("next", 3), version)
     assert (result.ok, result.version, result.appended) == (True, version + 1, 3)
     assert world.ids() == [*before, "next-000", "next-001", "next-002"]
 
@@ -120,7 +120,7 @@ def test_the_nth_batch_write_raising_leaves_nothing_visible_and_repair_rolls_it_
     _seeded(world)
     world.faults.fail("BatchWriteItem", nth=2)  # 60 events: three calls; the second one fails
     with pytest.raises(CommitIncomplete) as info:
-        world.writer.commit(world.meta(), _events("big", 60), 1)
+        world.writer.commit(world.row(), _events("big", 60), 1)
     assert info.value.version == 2
     assert world.ids() == _events_ids("base", 10) and world.version() == 1
     assert world.raw_event_items() == 10 + 25  # the first call's items landed, invisible
@@ -145,7 +145,7 @@ def test_unprocessed_items_are_resent_until_they_land(world: World) -> None:
     _seeded(world)
     before = world.faults.calls["BatchWriteItem"]
     world.faults.unprocessed(nth=1, times=3, keep=0.4)
-    result = world.writer.commit(world.meta(), _events("big", 60), 1)
+    result = world.writer.commit(world.row(), _events("big", 60), 1)
     assert (result.ok, result.version, result.appended) == (True, 2, 60)
     assert world.faults.calls["BatchWriteItem"] - before > 3  # the re-sends
     assert world.ids() == _events_ids("base", 10) + _events_ids("big", 60)
@@ -156,7 +156,7 @@ def test_unprocessed_items_past_the_retries_fail_typed_and_leave_the_marker_for_
     before = world.faults.calls["BatchWriteItem"]
     world.faults.unprocessed(nth=1, times=100, keep=0)
     with pytest.raises(CommitIncomplete, match="did not write all its events"):
-        world.writer.commit(world.meta(), _events("big", 5), 1)
+        world.writer.commit(world.row(), _events("big", 5), 1)
     assert world.faults.calls["BatchWriteItem"] - before == 4  # the call and its three re-sends: bounded
     assert world.ids() == _events_ids("base", 10)
     world.clock.advance(1)
@@ -173,7 +173,7 @@ def test_throttled_calls_are_retried_by_botocore(world: World) -> None:
     before = world.faults.sent["UpdateItem"]
     world.faults.throttle("UpdateItem", 2)
     world.faults.throttle("BatchWriteItem", 2)
-    result = world.writer.commit(world.meta(), _events("t", 5), 1)
+    result = world.writer.commit(world.row(), _events("t", 5), 1)
     assert result.ok and result.version == 2
     assert world.faults.sent["UpdateItem"] - before == 3  # the gate after two throttled attempts (no finish update)
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
@@ -185,7 +185,7 @@ def test_a_gate_throttled_past_the_retries_is_store_busy_and_writes_nothing(worl
     faults = Faults(store._client)
     faults.throttle("UpdateItem", 5)
     with pytest.raises(StoreBusy, match="throttled"):
-        store.commit(world.meta(), _events("t", 5), 1)
+        store.commit(world.row(), _events("t", 5), 1)
     assert world.ids() == _events_ids("base", 10)
     world.clock.advance(1)
     assert world.store().repair_pending(older_than_s=0) == []  # no marker was left
@@ -197,7 +197,7 @@ def test_events_throttled_past_the_retries_fail_typed(world: World) -> None:
     store = world.store(world._client(retries={"mode": "standard", "max_attempts": 2}))
     Faults(store._client).throttle("BatchWriteItem", 5)
     with pytest.raises(CommitIncomplete) as info:
-        store.commit(world.meta(), _events("t", 5), 1)
+        store.commit(world.row(), _events("t", 5), 1)
     assert isinstance(info.value.__cause__, StoreBusy)
     assert world.ids() == _events_ids("base", 10)
     world.clock.advance(1)
@@ -212,12 +212,12 @@ def test_writer_dies_right_after_the_gate_and_the_next_writer_repairs_the_stale_
     _seeded(world)
     world.faults.die("BatchWriteItem", nth=1)
     with pytest.raises(Died):
-        world.writer.commit(world.meta(), _events("lost", 5), 1)
+        world.writer.commit(world.row(), _events("lost", 5), 1)
     assert world.ids() == _events_ids("base", 10) and world.version() == 1
 
     # A second writer while the marker is live: it waits a moment, then gives up, writing nothing.
     with pytest.raises(StoreBusy, match="in flight"):
-        world.store().commit(world.meta(), _events("early", 1), 1)
+        world.store().commit(world.row(), _events("early", 1), 1)
     assert world.ids() == _events_ids("base", 10)
 
     world.clock.advance(31_000)  # past stale_after_s: the next writer repairs first, then commits
@@ -228,7 +228,7 @@ def test_writer_dies_after_the_events_before_the_marker_is_cleared(world: World)
     _seeded(world)
     world.faults.die("TransactWriteItems", nth=1)  # the finish: the meta update, the touch, the superseded one
     with pytest.raises(Died):
-        world.writer.commit(world.meta(status="done"), _events("whole", 30), 1)
+        world.writer.commit(world.row(status="done"), _events("whole", 30), 1)
     assert world.raw_event_items() == 40  # every event item is there...
     assert world.ids() == _events_ids("base", 10) and world.version() == 1  # ...and none is visible
     assert [s.version for s in world.reader.list(world.app)] == [1]
@@ -240,7 +240,7 @@ def test_writer_dies_after_the_events_before_the_marker_is_cleared(world: World)
     (listing,) = world.reader.list(world.app)
     assert (listing.version, listing.status) == (2, "done")
     # The rolled-forward commit's ids are known to the id filter: re-sending them adds nothing.
-    again = world.store().commit(world.meta(), _events("whole", 30), 2)
+    again = world.store().commit(world.row(), _events("whole", 30), 2)
     assert (again.ok, again.appended) == (True, 0)
     _takes_the_next_commit(world, 3, _events_ids("base", 10) + _events_ids("whole", 30))
 
@@ -250,11 +250,11 @@ def test_a_rolled_forward_commit_lands_its_scoped_changes(world: World) -> None:
     world.faults.die("TransactWriteItems", nth=1)  # with scoped changes, the finish is a transaction
     changes = [ScopedStateChange("user", "u-1", "name", "Ada"), ScopedStateChange("user", "u-1", "n", 2)]
     with pytest.raises(Died):
-        world.writer.commit(world.meta(), _events("s", 3), 1, changes)
+        world.writer.commit(world.row(), _events("s", 3), 1, changes)
     assert world.reader.load_scoped_state(world.app, "user", "u-1") == {}  # not before the commit lands
     world.clock.advance(31_000)
     # The next writer meets the stale marker, rolls it forward, and so conflicts: version 2 is taken.
-    late = world.store().commit(world.meta(), _events("late", 1), 1)
+    late = world.store().commit(world.row(), _events("late", 1), 1)
     assert (late.ok, late.version) == (False, 2)
     assert world.reader.load_scoped_state(world.app, "user", "u-1") == {"name": "Ada", "n": 2}
     _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("s", 3))
@@ -284,7 +284,7 @@ def test_writer_dies_before_a_finish_carrying_the_touch_and_repair_rolls_it_forw
     at = world.clock.advance(1000)
     world.faults.die("TransactWriteItems", nth=1)  # the events filled their batches: the touch rides here
     with pytest.raises(Died):
-        world.writer.commit(world.meta(status="done"), _events("full", count), 1)
+        world.writer.commit(world.row(status="done"), _events("full", count), 1)
     assert world.raw_event_items() == 10 + count  # every event item is there...
     assert world.ids() == _events_ids("base", 10) and at not in _touches(world)  # ...none visible, no touch
     assert [row[:3] for row in _listed(world)] == [("s-1", 1, None)]
@@ -305,7 +305,7 @@ def test_a_create_with_no_events_dying_after_its_gate_is_rolled_back(world: Worl
     # transaction with the touch.
     world.faults.die("TransactWriteItems", nth=2 if scopes else 1)
     with pytest.raises(Died):
-        world.writer.commit(world.meta(scopes=scopes), [], 0)
+        world.writer.commit(world.row(scopes=scopes), [], 0)
     assert world.reader.load(world.app, world.sid) is None and _listed(world) == []
     # While its marker stands the create is in flight: an erasure of its scope finds it.
     assert world.reader.bound_sessions(world.app, "user", "u-1") == (["s-1"] if scopes else [])
@@ -316,7 +316,7 @@ def test_a_create_with_no_events_dying_after_its_gate_is_rolled_back(world: Worl
     assert world.reader.load(world.app, world.sid) is None and _listed(world) == [] and _touches(world) == {}
     assert world.reader.bound_sessions(world.app, "user", "u-1") == []
     assert world.store().repair_pending(older_than_s=0) == []
-    created = world.store().commit(world.meta(scopes=scopes), [], 0)
+    created = world.store().commit(world.row(scopes=scopes), [], 0)
     assert (created.ok, created.version) == (True, 1)
     assert [row[:2] for row in _listed(world)] == [("s-1", 1)]
 
@@ -324,7 +324,7 @@ def test_a_create_with_no_events_dying_after_its_gate_is_rolled_back(world: Worl
 def test_a_bound_create_dying_in_its_gate_writes_nothing_and_a_refused_one_no_binding(world: World) -> None:
     world.faults.die("TransactWriteItems", nth=1)
     with pytest.raises(Died):
-        world.writer.commit(world.meta(scopes={"user": "u-1"}), [], 0)
+        world.writer.commit(world.row(scopes={"user": "u-1"}), [], 0)
     raw = world.writer_client.query(
         TableName=world.table,
         KeyConditionExpression="pk = :pk",
@@ -332,8 +332,8 @@ def test_a_bound_create_dying_in_its_gate_writes_nothing_and_a_refused_one_no_bi
         ConsistentRead=True,
     )
     assert raw["Items"] == [] and world.reader.load(world.app, world.sid) is None
-    assert world.store().commit(world.meta(scopes={"user": "u-1"}), [], 0).ok
-    refused = world.store().commit(world.meta(scopes={"user": "u-2"}), [], 0)  # the id is taken
+    assert world.store().commit(world.row(scopes={"user": "u-1"}), [], 0).ok
+    refused = world.store().commit(world.row(scopes={"user": "u-2"}), [], 0)  # the id is taken
     assert (refused.ok, refused.version) == (False, 1)
     assert world.reader.bound_sessions(world.app, "user", "u-1") == ["s-1"]
     raw = world.writer_client.query(
@@ -351,7 +351,7 @@ def test_a_sweeper_rolling_back_a_slow_writer_with_no_events_keeps_its_touch_out
     arrived, resume = threading.Event(), threading.Event()
     world.faults.pause("TransactWriteItems", 1, arrived, resume)  # a status change: its gate, then its finish
     results: dict[str, Any] = {}
-    slow = threading.Thread(target=lambda: results.update(r=world.writer.commit(world.meta(status="x"), [], 1)))
+    slow = threading.Thread(target=lambda: results.update(r=world.writer.commit(world.row(status="x"), [], 1)))
     slow.start()
     assert arrived.wait(timeout=30)
     world.clock.advance(1)
@@ -371,13 +371,13 @@ def test_a_sweeper_rolling_back_a_slow_writer_mid_events_on_the_finish_touch_pat
     arrived, resume = threading.Event(), threading.Event()
     world.faults.pause("BatchWriteItem", 2, arrived, resume)  # 49 events: 25 written, 24 to go, touch in the finish
     results: dict[str, Any] = {}
-    slow = threading.Thread(target=lambda: results.update(r=world.writer.commit(world.meta(), _events("slow", 49), 1)))
+    slow = threading.Thread(target=lambda: results.update(r=world.writer.commit(world.row(), _events("slow", 49), 1)))
     slow.start()
     assert arrived.wait(timeout=30)
     world.clock.advance(1)
     (report,) = world.store().repair_pending(older_than_s=0)
     assert (report.action, report.items_found, report.items_expected) == ("rolled_back", 25, 49)
-    assert world.store().commit(world.meta(), _events("other", 2), 1).ok  # version 2, another grant
+    assert world.store().commit(world.row(), _events("other", 2), 1).ok  # version 2, another grant
     resume.set()
     slow.join(timeout=30)
     assert not slow.is_alive()
@@ -397,7 +397,7 @@ def test_a_gate_meeting_a_transaction_is_resent_and_the_commit_lands_once(world:
     _seeded(world)
     before = world.faults.sent["UpdateItem"]
     world.faults.error("UpdateItem", _CONFLICT, attempts=3)
-    result = world.writer.commit(world.meta(), _events("t", 5), 1)
+    result = world.writer.commit(world.row(), _events("t", 5), 1)
     assert (result.ok, result.version, result.appended) == (True, 2, 5)
     assert world.faults.sent["UpdateItem"] - before == 3 + 1  # three refused gates, the gate
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
@@ -407,7 +407,7 @@ def test_a_gate_meeting_a_transaction_is_resent_and_the_commit_lands_once(world:
 def test_a_finish_meeting_a_transaction_is_resent_and_the_commit_lands_once(world: World) -> None:
     _seeded(world)
     world.faults.error("UpdateItem", _CONFLICT, attempts=2, nth=2)  # the second UpdateItem: the finish
-    result = world.writer.commit(world.meta(), _events("t", 5), 1)
+    result = world.writer.commit(world.row(), _events("t", 5), 1)
     assert (result.ok, result.version, result.appended) == (True, 2, 5)
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
     assert world.store().repair_pending(older_than_s=0) == []  # no marker left behind
@@ -417,7 +417,7 @@ def test_a_finish_transaction_cancelled_for_a_conflict_is_resent_and_lands_its_s
     _seeded(world)
     world.faults.error("TransactWriteItems", _CANCELLED, attempts=2, reasons=["None", "TransactionConflict", "None"])
     changes = [ScopedStateChange("user", "u-1", "name", "Ada")]
-    result = world.writer.commit(world.meta(), _events("s", 3), 1, changes)
+    result = world.writer.commit(world.row(), _events("s", 3), 1, changes)
     assert (result.ok, result.version, result.appended) == (True, 2, 3)
     assert world.reader.load_scoped_state(world.app, "user", "u-1") == {"name": "Ada"}
     assert world.ids() == _events_ids("base", 10) + _events_ids("s", 3)
@@ -425,7 +425,7 @@ def test_a_finish_transaction_cancelled_for_a_conflict_is_resent_and_lands_its_s
 
 def test_a_bound_create_gate_cancelled_for_a_conflict_is_resent_and_binds_once(world: World) -> None:
     world.faults.error("TransactWriteItems", _CANCELLED, attempts=2, reasons=["TransactionConflict", "None"])
-    result = world.writer.commit(world.meta(scopes={"user": "u-1"}), _events("c", 2), 0)
+    result = world.writer.commit(world.row(scopes={"user": "u-1"}), _events("c", 2), 0)
     assert (result.ok, result.version, result.appended) == (True, 1, 2)
     assert world.ids() == _events_ids("c", 2)
     assert world.reader.bound_sessions(world.app, "user", "u-1") == ["s-1"]
@@ -437,7 +437,7 @@ def test_a_gate_meeting_transactions_past_the_retries_is_store_busy_and_writes_n
     before = world.faults.sent["UpdateItem"]
     world.faults.error("UpdateItem", _CONFLICT, attempts=10)
     with pytest.raises(StoreBusy, match="another request's transaction"):
-        store.commit(world.meta(), _events("t", 5), 1)
+        store.commit(world.row(), _events("t", 5), 1)
     assert world.faults.sent["UpdateItem"] - before == 3  # the call and two re-sends: bounded
     world.faults._errors.clear()  # the seven conflicts left unused
     assert world.ids() == _events_ids("base", 10)
@@ -450,7 +450,7 @@ def test_a_rollback_meeting_a_transaction_is_resent(world: World) -> None:
     _seeded(world)
     world.faults.die("BatchWriteItem", nth=1)
     with pytest.raises(Died):
-        world.writer.commit(world.meta(), _events("d", 5), 1)
+        world.writer.commit(world.row(), _events("d", 5), 1)
     world.clock.advance(1)
     sweeper_client = world._client()
     sweeper_faults = Faults(sweeper_client)
@@ -468,7 +468,7 @@ def test_a_gate_whose_answer_was_lost_finds_its_own_marker_and_commits(world: Wo
     _seeded(world)
     before = world.faults.sent["UpdateItem"]
     world.faults.lose("UpdateItem")  # DynamoDB applies the gate; botocore times out and sends it again
-    result = world.writer.commit(world.meta(), _events("t", 5), 1)
+    result = world.writer.commit(world.row(), _events("t", 5), 1)
     assert (result.ok, result.version, result.appended) == (True, 2, 5)
     assert world.faults.sent["UpdateItem"] - before == 2  # the lost gate, its re-send
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
@@ -483,7 +483,7 @@ def test_a_lost_gate_resent_by_the_store_after_a_conflict_finds_its_own_marker(w
     world.faults.lose("UpdateItem")
     world.faults.error("UpdateItem", _CONFLICT)
     changes = [ScopedStateChange("user", "u-1", "name", "Ada")]
-    result = world.writer.commit(world.meta(), _events("t", 5), 1, changes)
+    result = world.writer.commit(world.row(), _events("t", 5), 1, changes)
     assert (result.ok, result.version, result.appended) == (True, 2, 5)
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
     assert world.reader.load_scoped_state(world.app, "user", "u-1") == {"name": "Ada"}
@@ -499,11 +499,11 @@ def test_a_create_whose_gate_answer_was_lost_finds_its_own_marker(world: World, 
         world.faults.error("TransactWriteItems", _CANCELLED, reasons=["TransactionConflict", "None"])
     else:
         world.faults.lose("UpdateItem")
-    result = world.writer.commit(world.meta(scopes=scopes), _events("c", 3), 0)
+    result = world.writer.commit(world.row(scopes=scopes), _events("c", 3), 0)
     assert (result.ok, result.version, result.appended) == (True, 1, 3)
     assert world.ids() == _events_ids("c", 3)
     assert world.reader.bound_sessions(world.app, "user", "u-1") == (["s-1"] if scopes else [])
-    after = world.store().commit(world.meta(scopes=scopes), _events("next", 1), 1)
+    after = world.store().commit(world.row(scopes=scopes), _events("next", 1), 1)
     assert (after.ok, after.version) == (True, 2)
 
 
@@ -517,7 +517,7 @@ def test_a_finish_whose_answer_was_lost_is_a_commit_that_landed_once(
     # idempotency token).
     world.faults.lose("TransactWriteItems", nth=1)
     before = world.faults.sent["UpdateItem"]
-    result = world.writer.commit(world.meta(), _events("t", 5), 1, changes)
+    result = world.writer.commit(world.row(), _events("t", 5), 1, changes)
     assert (result.ok, result.version, result.appended) == (True, 2, 5)
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
     assert world.reader.load_scoped_state(world.app, "user", "u-1") == ({"name": "Ada"} if changes else {})
@@ -531,10 +531,10 @@ def test_a_gate_left_unanswered_past_the_retries_takes_its_marker_back(world: Wo
     faults = Faults(store._client)
     faults.lose("UpdateItem")  # applied, and no retry left: the caller sees the timeout
     with pytest.raises(StoreUnavailable):
-        store.commit(world.meta(), _events("t", 5), 1)
+        store.commit(world.row(), _events("t", 5), 1)
     assert world.ids() == _events_ids("base", 10)
     # The session is free at once: the caller's retry does not wait out a marker nobody will finish.
-    retried = world.store(live_wait_s=0).commit(world.meta(), _events("t", 5), 1)
+    retried = world.store(live_wait_s=0).commit(world.row(), _events("t", 5), 1)
     assert (retried.ok, retried.version, retried.appended) == (True, 2, 5)
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
 
@@ -549,7 +549,7 @@ def test_a_gate_resent_after_a_repair_undid_it_writes_nothing(world: World) -> N
 
     world.faults.lose("UpdateItem", then=swept)
     with pytest.raises(StoreBusy, match="unanswered"):
-        world.writer.commit(world.meta(), _events("t", 5), 1)
+        world.writer.commit(world.row(), _events("t", 5), 1)
     assert world.version() == 1 and world.ids() == _events_ids("base", 10)
     assert world.raw_event_items() == 10
     _takes_the_next_commit(world, 1, _events_ids("base", 10))
@@ -563,13 +563,13 @@ def test_a_second_writer_waits_out_a_live_marker_and_then_conflicts(world: World
     arrived, resume = threading.Event(), threading.Event()
     world.faults.pause("BatchWriteItem", 1, arrived, resume)
     results: dict[str, Any] = {}
-    first = threading.Thread(target=lambda: results.update(a=world.writer.commit(world.meta(), _events("a", 5), 1)))
+    first = threading.Thread(target=lambda: results.update(a=world.writer.commit(world.row(), _events("a", 5), 1)))
     first.start()
     assert arrived.wait(timeout=30)
     second = world.store(live_wait_s=20)
     releaser = threading.Timer(0.3, resume.set)  # the slow writer finishes while the second one waits
     releaser.start()
-    results["b"] = second.commit(world.meta(), _events("b", 5), 1)
+    results["b"] = second.commit(world.row(), _events("b", 5), 1)
     first.join(timeout=30)
     releaser.join(timeout=30)
     assert not first.is_alive()
@@ -583,14 +583,14 @@ def test_a_sweeper_rolling_back_a_slow_writer_keeps_its_late_writes_invisible(wo
     arrived, resume = threading.Event(), threading.Event()
     world.faults.pause("BatchWriteItem", 2, arrived, resume)  # after 25 of 60 items
     results: dict[str, Any] = {}
-    slow = threading.Thread(target=lambda: results.update(r=world.writer.commit(world.meta(), _events("slow", 60), 1)))
+    slow = threading.Thread(target=lambda: results.update(r=world.writer.commit(world.row(), _events("slow", 60), 1)))
     slow.start()
     assert arrived.wait(timeout=30)
     world.clock.advance(1)
     (report,) = world.store().repair_pending(older_than_s=0)
     assert (report.action, report.items_found) == ("rolled_back", 25)
     # Another writer takes version 2 before the slow one wakes up and writes the rest of its items.
-    assert world.store().commit(world.meta(), _events("other", 2), 1).ok
+    assert world.store().commit(world.row(), _events("other", 2), 1).ok
     resume.set()
     slow.join(timeout=30)
     assert not slow.is_alive()
@@ -608,7 +608,7 @@ def test_a_rolled_back_writer_dying_after_its_late_writes_leaves_them_invisible(
 
     def slow() -> None:
         try:
-            world.writer.commit(world.meta(), _events("slow", 60), 1)
+            world.writer.commit(world.row(), _events("slow", 60), 1)
         except Died as exc:
             died.append(exc)
 
@@ -617,7 +617,7 @@ def test_a_rolled_back_writer_dying_after_its_late_writes_leaves_them_invisible(
     assert arrived.wait(timeout=30)
     world.clock.advance(1)
     assert [r.action for r in world.store().repair_pending(older_than_s=0)] == ["rolled_back"]
-    assert world.store().commit(world.meta(), _events("other", 2), 1).ok  # version 2, another grant
+    assert world.store().commit(world.row(), _events("other", 2), 1).ok  # version 2, another grant
     resume.set()
     thread.join(timeout=30)
     assert not thread.is_alive() and died
@@ -633,7 +633,7 @@ def test_a_rolled_back_commit_never_lands_its_scoped_changes(world: World) -> No
     results: dict[str, Any] = {}
     changes = [ScopedStateChange("user", "u-9", "plan", "pro")]
     slow = threading.Thread(
-        target=lambda: results.update(r=world.writer.commit(world.meta(), _events("slow", 60), 1, changes))
+        target=lambda: results.update(r=world.writer.commit(world.row(), _events("slow", 60), 1, changes))
     )
     slow.start()
     assert arrived.wait(timeout=30)
@@ -661,7 +661,7 @@ def test_a_sweeper_rolling_forward_a_slow_writer_lets_the_writer_succeed(
     world.faults.pause(finish, nth, arrived, resume)  # events written, the finish not yet sent
     results: dict[str, Any] = {}
     slow = threading.Thread(
-        target=lambda: results.update(r=world.writer.commit(world.meta(), _events("slow", count), 1))
+        target=lambda: results.update(r=world.writer.commit(world.row(), _events("slow", count), 1))
     )
     slow.start()
     assert arrived.wait(timeout=30)
@@ -680,7 +680,7 @@ def test_two_sweepers_racing_repair_a_marker_once(world: World) -> None:
     _seeded(world)
     world.faults.die("TransactWriteItems", nth=1)  # the finish
     with pytest.raises(Died):
-        world.writer.commit(world.meta(), _events("x", 4), 1)
+        world.writer.commit(world.row(), _events("x", 4), 1)
     world.clock.advance(1)
     sweepers = [world.store() for _ in range(4)]
     barrier = threading.Barrier(len(sweepers), timeout=30)
@@ -705,7 +705,7 @@ def test_a_young_marker_is_left_alone_by_the_sweeper(world: World) -> None:
     _seeded(world)
     world.faults.die("BatchWriteItem", nth=1)
     with pytest.raises(Died):
-        world.writer.commit(world.meta(), _events("x", 4), 1)
+        world.writer.commit(world.row(), _events("x", 4), 1)
     world.clock.advance(5_000)
     assert world.store().repair_pending(older_than_s=60) == []
     world.clock.advance(60_000)
@@ -723,14 +723,14 @@ def _racer(endpoint: str, table: str, app: str, writer: int, commits: int, out: 
 
     c = client(endpoint)
     store = dynamo_store(table, client=c)
-    meta = StoredSession(id="race", app_name=app, created_at=1)
+    row = StoredSession(id="race", app_name=app, created_at=1)
     versions = []
     for n in range(commits):
         events = [UserEvent(id=f"w{writer}-{n}-{k}", created_at=1, text="x") for k in range(3)]
         for _attempt in range(2000):
             loaded = store.load(app, "race")
             assert loaded is not None
-            result = store.commit(meta, events, loaded.session.version)
+            result = store.commit(row, events, loaded.row.version)
             if result.ok:
                 versions.append(result.version)
                 break
@@ -768,7 +768,7 @@ def test_writers_racing_from_several_processes_get_contiguous_versions(
     versions = sorted(v for vs in results.values() for v in vs)
     assert versions == list(range(2, 2 + writers * commits))
     loaded = store.load(app, "race")
-    assert loaded is not None and loaded.session.version == 1 + writers * commits
+    assert loaded is not None and loaded.row.version == 1 + writers * commits
     ids = [e.id for e in loaded.events]
     assert len(ids) == len(set(ids)) == writers * commits * 3
     for w in range(writers):
@@ -787,19 +787,19 @@ def _pending_markers(world: World) -> int:
 
 def test_a_commit_that_fits_one_transaction_is_one_call(world: World) -> None:
     one = world.store(world.writer_client, single_call_items=100)
-    assert one.commit(world.meta(), _events("base", 10), 0).ok
+    assert one.commit(world.row(), _events("base", 10), 0).ok
     world.faults.calls.clear()
-    assert one.commit(world.meta(status="idle"), _events("turn", 5), 1).ok
+    assert one.commit(world.row(status="idle"), _events("turn", 5), 1).ok
     assert dict(world.faults.calls) == {"TransactWriteItems": 1}
     # A store that never saw the session takes the gated protocol once, then knows it: one call again.
     other_client = world._client()
     other, faults = world.store(other_client, single_call_items=100), Faults(other_client)
     other.load("warm-up", "nothing")  # its first call reads the table's shard counts
     faults.calls.clear()
-    assert other.commit(world.meta(), _events("o", 2), 2).ok
+    assert other.commit(world.row(), _events("o", 2), 2).ok
     assert dict(faults.calls) == {"UpdateItem": 1, "BatchWriteItem": 1, "TransactWriteItems": 1}
     faults.calls.clear()
-    assert other.commit(world.meta(), _events("p", 2), 3).ok
+    assert other.commit(world.row(), _events("p", 2), 3).ok
     assert dict(faults.calls) == {"TransactWriteItems": 1}
     # ...and one that loaded it builds on what it read.
     third_client = world._client()
@@ -807,10 +807,10 @@ def test_a_commit_that_fits_one_transaction_is_one_call(world: World) -> None:
     third.load("warm-up", "nothing")
     third.load(world.app, world.sid)
     faults.calls.clear()
-    assert third.commit(world.meta(), _events("q", 2), 4).ok
+    assert third.commit(world.row(), _events("q", 2), 4).ok
     assert dict(faults.calls) == {"TransactWriteItems": 1}
     # The first store's knowledge is stale now: its transaction is refused (nothing written) and it conflicts.
-    result = one.commit(world.meta(), _events("late", 2), 2)
+    result = one.commit(world.row(), _events("late", 2), 2)
     assert (result.ok, result.version) == (False, 5)
     later = ["o-000", "o-001", "p-000", "p-001", "q-000", "q-001"]
     assert world.ids() == [*_events_ids("base", 10), *_events_ids("turn", 5), *later]
@@ -818,10 +818,10 @@ def test_a_commit_that_fits_one_transaction_is_one_call(world: World) -> None:
 
 def test_a_one_call_commit_that_raises_leaves_nothing_and_needs_no_repair(world: World) -> None:
     one = world.store(world.writer_client, single_call_items=100)
-    assert one.commit(world.meta(), _events("base", 10), 0).ok
+    assert one.commit(world.row(), _events("base", 10), 0).ok
     world.faults.error("TransactWriteItems", "InternalServerError", attempts=10)  # every retry refused
     with pytest.raises(StoreError):
-        one.commit(world.meta(), _events("x", 5), 1)
+        one.commit(world.row(), _events("x", 5), 1)
     assert world.ids() == _events_ids("base", 10) and world.raw_event_items() == 10
     assert _pending_markers(world) == 0
     assert world.store().repair_pending(older_than_s=0) == []
@@ -830,9 +830,9 @@ def test_a_one_call_commit_that_raises_leaves_nothing_and_needs_no_repair(world:
 
 def test_a_one_call_commit_whose_answer_was_lost_lands_once(world: World) -> None:
     one = world.store(world.writer_client, single_call_items=100)
-    assert one.commit(world.meta(), _events("base", 10), 0).ok
+    assert one.commit(world.row(), _events("base", 10), 0).ok
     world.faults.lose("TransactWriteItems", attempts=50)  # applied; every answer lost, botocore's retries too
-    result = one.commit(world.meta(status="done"), _events("x", 5), 1)
+    result = one.commit(world.row(status="done"), _events("x", 5), 1)
     assert (result.ok, result.version, result.appended) == (True, 2, 5)  # its touch says it landed
     assert world.ids() == _events_ids("base", 10) + _events_ids("x", 5)
     assert _pending_markers(world) == 0
@@ -841,10 +841,10 @@ def test_a_one_call_commit_whose_answer_was_lost_lands_once(world: World) -> Non
 
 def test_a_one_call_commit_that_never_reached_dynamodb_says_so_and_wrote_nothing(world: World) -> None:
     one = world.store(world.writer_client, single_call_items=100)
-    assert one.commit(world.meta(), _events("base", 10), 0).ok
+    assert one.commit(world.row(), _events("base", 10), 0).ok
     world.faults.fail("TransactWriteItems", times=10)  # connection refused, past botocore's retries
     with pytest.raises(StoreUnavailable):
-        one.commit(world.meta(), _events("x", 5), 1)
+        one.commit(world.row(), _events("x", 5), 1)
     assert world.ids() == _events_ids("base", 10) and world.raw_event_items() == 10
     _takes_the_next_commit(world, 1, _events_ids("base", 10))
 
@@ -858,12 +858,12 @@ def test_a_large_commit_racing_a_small_one_holds_it_off_then_it_conflicts(world:
     arrived, resume = threading.Event(), threading.Event()
     world.faults.pause("BatchWriteItem", 3, arrived, resume)  # after 50 of 200 event items
     results: dict[str, Any] = {}
-    large = threading.Thread(target=lambda: results.update(a=world.writer.commit(world.meta(), _events("a", 200), 1)))
+    large = threading.Thread(target=lambda: results.update(a=world.writer.commit(world.row(), _events("a", 200), 1)))
     large.start()
     assert arrived.wait(timeout=30)
     releaser = threading.Timer(0.3, resume.set)
     releaser.start()
-    results["b"] = small.commit(world.meta(), _events("b", 2), 1)
+    results["b"] = small.commit(world.row(), _events("b", 2), 1)
     large.join(timeout=60)
     releaser.join(timeout=30)
     assert (results["a"].ok, results["a"].version) == (True, 2)
@@ -871,7 +871,7 @@ def test_a_large_commit_racing_a_small_one_holds_it_off_then_it_conflicts(world:
     assert world.ids() == _events_ids("base", 10) + _events_ids("a", 200)
     # ...and at version 2 it is one call again (its refusal told it the stored item).
     small_faults = Faults(small.client)
-    assert small.commit(world.meta(), _events("b", 2), 2).ok
+    assert small.commit(world.row(), _events("b", 2), 2).ok
     assert dict(small_faults.calls) == {"TransactWriteItems": 1}
 
 
@@ -880,12 +880,12 @@ def test_a_small_commit_landing_first_makes_the_large_one_conflict_at_its_gate(w
     arrived, resume = threading.Event(), threading.Event()
     world.faults.pause("UpdateItem", 1, arrived, resume)  # the large commit's gate, not yet sent
     results: dict[str, Any] = {}
-    large = threading.Thread(target=lambda: results.update(a=world.writer.commit(world.meta(), _events("a", 200), 1)))
+    large = threading.Thread(target=lambda: results.update(a=world.writer.commit(world.row(), _events("a", 200), 1)))
     large.start()
     assert arrived.wait(timeout=30)
     small = world.store(single_call_items=100)
     small.load(world.app, world.sid)
-    assert small.commit(world.meta(), _events("b", 2), 1).ok
+    assert small.commit(world.row(), _events("b", 2), 1).ok
     resume.set()
     large.join(timeout=60)
     assert (results["a"].ok, results["a"].version) == (False, 2)
@@ -897,10 +897,10 @@ def test_a_one_call_commit_on_a_re_created_session_lands_in_the_new_incarnation(
     """A store that knew the session before it was deleted and created again (same id, same version) holds
     the old incarnation: its transaction is refused on it, and the commit lands visible, in the new one."""
     stale = world.store(single_call_items=100)
-    assert stale.commit(world.meta(), _events("old", 2), 0).ok  # it knows version 1, incarnation one
+    assert stale.commit(world.row(), _events("old", 2), 0).ok  # it knows version 1, incarnation one
     world.reader.delete(world.app, world.sid)
-    assert world.reader.commit(world.meta(), _events("new", 2), 0).ok  # version 1 again, incarnation two
-    result = stale.commit(world.meta(), _events("x", 2), 1)
+    assert world.reader.commit(world.row(), _events("new", 2), 0).ok  # version 1 again, incarnation two
+    result = stale.commit(world.row(), _events("x", 2), 1)
     assert (result.ok, result.version, result.appended) == (True, 2, 2)
     assert world.ids() == ["new-000", "new-001", "x-000", "x-001"]
 
@@ -922,11 +922,11 @@ def _id_items(world: World) -> dict[str, dict[str, Any]]:
 def test_an_id_stored_by_either_path_is_found_when_re_sent_on_the_other(world: World, first: str) -> None:
     paths = {"one-call": world.store(single_call_items=100), "gated": world.store(single_call_items=0)}
     storing, resending = paths[first], paths["gated" if first == "one-call" else "one-call"]
-    assert storing.commit(world.meta(), _events("a", 5), 0).ok
-    assert storing.commit(world.meta(), _events("b", 5), 1).ok
+    assert storing.commit(world.row(), _events("a", 5), 0).ok
+    assert storing.commit(world.row(), _events("b", 5), 1).ok
     assert set(_id_items(world)) == set(_events_ids("a", 5) + _events_ids("b", 5))  # one id item per event
     resending.load(world.app, world.sid)  # the one-call store knows the session: only its filter sends it gated
-    again = resending.commit(world.meta(), [*_events("a", 5)[1:3], *_events("b", 5)[4:], *_events("c", 2)], 2)
+    again = resending.commit(world.row(), [*_events("a", 5)[1:3], *_events("b", 5)[4:], *_events("c", 2)], 2)
     assert (again.ok, again.appended) == (True, 2)
     assert world.ids() == _events_ids("a", 5) + _events_ids("b", 5) + _events_ids("c", 2)
     _takes_the_next_commit(world, 3, world.ids())
@@ -937,14 +937,14 @@ def test_a_repair_rolling_forward_puts_the_id_items_the_writer_never_wrote(world
     # 30 events: their 30 items, then their 30 id items, in batches of 25: the third batch holds the last 10 id items
     world.faults.die("BatchWriteItem", nth=3)
     with pytest.raises(Died):
-        world.writer.commit(world.meta(), _events("w", 30), 1)
+        world.writer.commit(world.row(), _events("w", 30), 1)
     assert world.raw_event_items() == 40
     assert len([i for i in _id_items(world) if i.startswith("w-")]) == 20  # ten id items missing
     world.clock.advance(1)
     (report,) = world.store().repair_pending(older_than_s=0)
     assert report.action == "rolled_forward"
     assert len([i for i in _id_items(world) if i.startswith("w-")]) == 30
-    again = world.store().commit(world.meta(), _events("w", 30), 2)  # the writer's retry: every id is known
+    again = world.store().commit(world.row(), _events("w", 30), 2)  # the writer's retry: every id is known
     assert (again.ok, again.appended) == (True, 0)
     assert world.ids() == _events_ids("base", 10) + _events_ids("w", 30)
 
@@ -956,12 +956,12 @@ def test_a_rolled_back_writer_putting_its_id_items_late_does_not_hide_the_live_o
     arrived, resume = threading.Event(), threading.Event()
     world.faults.pause("BatchWriteItem", 2, arrived, resume)  # after 25 of its 30 event items
     results: dict[str, Any] = {}
-    slow = threading.Thread(target=lambda: results.update(r=world.writer.commit(world.meta(), _events("t", 30), 1)))
+    slow = threading.Thread(target=lambda: results.update(r=world.writer.commit(world.row(), _events("t", 30), 1)))
     slow.start()
     assert arrived.wait(timeout=30)
     world.clock.advance(1)
     assert [r.action for r in world.store().repair_pending(older_than_s=0)] == ["rolled_back"]
-    retry = world.store().commit(world.meta(), _events("t", 30), 1)  # the turn again, as a retried run sends it
+    retry = world.store().commit(world.row(), _events("t", 30), 1)  # the turn again, as a retried run sends it
     assert (retry.ok, retry.version, retry.appended) == (True, 2, 30)
     live = _id_items(world)
     resume.set()
@@ -971,6 +971,6 @@ def test_a_rolled_back_writer_putting_its_id_items_late_does_not_hide_the_live_o
     assert any(late[i]["t"] != live[i]["t"] for i in late if i.startswith("t-"))  # the dead grant's, over the live
     for version, store in enumerate((world.store(single_call_items=0), world.store(single_call_items=100)), start=2):
         store.load(world.app, world.sid)
-        again = store.commit(world.meta(), _events("t", 30), version)
+        again = store.commit(world.row(), _events("t", 30), version)
         assert (again.ok, again.appended) == (True, 0)  # found by reading the events from the dead grant's version
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 30)

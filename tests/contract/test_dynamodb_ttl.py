@@ -82,8 +82,8 @@ def test_every_item_outlives_the_meta_item_as_the_expiry_slides(ddb: Any, dynamo
             app.sessions.commit(session)
             now = clock()
             meta, others = _expiries(ddb, dynamodb_table, app.name, "s-1", now)
-            row = store.load(app.name, "s-1", after=session.version)
-            assert meta == (row.session.updated_at + 30 * DAY_MS) // 1000
+            loaded = store.load(app.name, "s-1", after=session.version)
+            assert meta == (loaded.row.updated_at + 30 * DAY_MS) // 1000
             assert turn < 4 or "#S" in others  # the snapshot too, once there is one
             assert all(e is not None and meta <= e <= meta + 30 * 86_400 for e in others.values()), (turn, others)
             if any(previous.get(sk) not in (None, e) for sk, e in others.items()):
@@ -302,8 +302,8 @@ def test_the_expiry_follows_the_stored_updated_at_not_a_late_writers_clock(
         late.input.message("from a slow clock")
         app.sessions.commit(late)
         meta, _ = _expiries(ddb, dynamodb_table, app.name, "s-1", clock())
-    row = store.load(app.name, "s-1")
-    assert row.session.updated_at == T0 + 10 * 3_600_000  # the later time stays
+    loaded = store.load(app.name, "s-1")
+    assert loaded.row.updated_at == T0 + 10 * 3_600_000  # the later time stays
     assert meta == (T0 + 10 * 3_600_000 + 30 * DAY_MS) // 1000
 
 

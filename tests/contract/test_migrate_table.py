@@ -104,7 +104,7 @@ def test_migrated_sessions_load_list_commit_and_know_their_ids(ddb: Any, tables:
     assert report.events == report.id_items == 27  # 9 events of one session, 18 of the other
     store = dynamo_store(new, client=ddb, single_call_items=0)
     done = store.load(APP, DONE)
-    assert done is not None and done.session.version == 3 and done.session.status == "completed"
+    assert done is not None and done.row.version == 3 and done.row.status == "completed"
     listed = [(s.id, s.version, s.status) for s in store.list(APP)]
     assert listed == [(WAITING, 2, "awaiting_input"), (DONE, 3, "completed")]  # one clock: by id
 
@@ -112,14 +112,14 @@ def test_migrated_sessions_load_list_commit_and_know_their_ids(ddb: Any, tables:
     # appended again (their id items are read; no index).
     stored = [e for e in done.events]
     faults = Faults(ddb)
-    again = store.commit(done.session, stored[:3], 3)
+    again = store.commit(done.row, stored[:3], 3)
     assert (again.ok, again.appended) == (True, 0)
     assert faults.calls["BatchGetItem"] == 1
     one_call = dynamo_store(new, client=ddb)
     loaded = one_call.load(APP, DONE)
     assert loaded is not None
     mixed = [stored[-1], *stored[3:5]]
-    again = one_call.commit(loaded.session, mixed, loaded.session.version)
+    again = one_call.commit(loaded.row, mixed, loaded.row.version)
     assert (again.ok, again.appended) == (True, 0)
     reloaded = store.load(APP, DONE)
     assert reloaded is not None and [e.id for e in reloaded.events] == [e.id for e in stored]
@@ -163,11 +163,11 @@ def test_migration_resumes_where_it_stopped_and_a_second_pass_writes_nothing_twi
     # A session committed in the new table is never moved back by another pass.
     loaded = store.load(APP, WAITING)
     assert loaded is not None
-    assert store.commit(loaded.session, [], loaded.session.version).ok
+    assert store.commit(loaded.row, [], loaded.row.version).ok
     later = migrate_table(ddb, old, new)
     assert later.kept_newer == 1
     reloaded = store.load(APP, WAITING)
-    assert reloaded is not None and reloaded.session.version == loaded.session.version + 1
+    assert reloaded is not None and reloaded.row.version == loaded.row.version + 1
     assert [s.id for s in store.list(APP)].count(WAITING) == 1
 
 

@@ -135,8 +135,8 @@ def test_a_commit_to_an_expired_session_finds_it_gone_and_writes_nothing(store: 
         with pytest.raises(SessionNotFound):
             app.sessions.commit(held)
         with frozen_clock(T0):  # as the store held it before it expired (DynamoDB hides expired rows itself)
-            row = store.load(app.name, "s-held")
-            assert row is not None and row.session.version == 1 and row.events == []
+            loaded = store.load(app.name, "s-held")
+            assert loaded is not None and loaded.row.version == 1 and loaded.events == []
             assert [s.id for s in store.list(app.name)] == ["s-held"]  # no fork was written either
 
         app.sessions.purge()  # once purged, the same: gone, not a conflict that forks

@@ -691,7 +691,7 @@ def test_a_session_past_its_snapshot_reads_its_tail_in_one_transaction(tmp_path:
             store._conn.execute("DELETE FROM snapshots")
         extra = app.sessions.require(session.id)
         extra.state.count = 2
-        assert store.commit(extra.stored(), extra.uncommitted_events, extra.version).ok  # no snapshot with it
+        assert store.commit(extra.row(), extra.uncommitted_events, extra.version).ok  # no snapshot with it
         statements: list[str] = []
         store._conn.set_trace_callback(statements.append)
         loaded = app.sessions.require(session.id)

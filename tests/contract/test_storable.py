@@ -214,18 +214,18 @@ def test_structured_output_with_nan_ends_the_run_with_an_error() -> None:
 
 @pytest.mark.parametrize("bad", BAD_TEXT, ids=["nul", "surrogate", "lone-low"])
 def test_every_store_refuses_unstorable_text_in_events(store: Any, bad: str) -> None:
-    meta = StoredSession(id="s-1", app_name="app", created_at=1)
+    row = StoredSession(id="s-1", app_name="app", created_at=1)
     with pytest.raises(ValueNotStorable) as caught:
-        store.commit(meta, [UserEvent(text="ok"), UserEvent(text=bad)], 0)
+        store.commit(row, [UserEvent(text="ok"), UserEvent(text=bad)], 0)
     assert caught.value.field == "event.text"
     assert store.load("app", "s-1") is None
 
 
 @pytest.mark.parametrize("bad", [*BAD_TEXT, *BAD_NUMBERS])
 def test_every_store_refuses_unstorable_scoped_values(store: Any, bad: Any) -> None:
-    meta = StoredSession(id="s-1", app_name="app", created_at=1)
+    row = StoredSession(id="s-1", app_name="app", created_at=1)
     with pytest.raises(ValueNotStorable):
-        store.commit(meta, [UserEvent(text="ok")], 0, [ScopedStateChange("user", "u-1", "k", {"v": [bad]})])
+        store.commit(row, [UserEvent(text="ok")], 0, [ScopedStateChange("user", "u-1", "k", {"v": [bad]})])
     assert store.load("app", "s-1") is None and store.load_scoped_state("app", "user", "u-1") == {}
 
 
@@ -289,12 +289,12 @@ def test_postgres_refuses_the_same_text_with_the_same_error(postgres_url: str, b
 
     store = postgres_store(postgres_url)
     try:
-        meta = StoredSession(id=f"s-{abs(hash(bad))}", app_name="storable-pg", created_at=1)
+        row = StoredSession(id=f"s-{abs(hash(bad))}", app_name="storable-pg", created_at=1)
         with pytest.raises(ValueNotStorable) as caught:
-            store.commit(meta, [UserEvent(text=bad)], 0)
+            store.commit(row, [UserEvent(text=bad)], 0)
         assert caught.value.field == "event.text"
         with pytest.raises(ValueNotStorable):
-            store.commit(meta, [UserEvent(text="ok")], 0, [ScopedStateChange("user", "u-1", "k", bad)])
-        assert store.load("storable-pg", meta.id) is None
+            store.commit(row, [UserEvent(text="ok")], 0, [ScopedStateChange("user", "u-1", "k", bad)])
+        assert store.load("storable-pg", row.id) is None
     finally:
         store.close()

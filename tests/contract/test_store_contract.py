@@ -70,13 +70,13 @@ def test_a_commit_of_exactly_the_byte_limit_is_stored_and_one_byte_more_is_refus
         limited = type("Limited", (base,), {"limits": StoreLimits(max_commit_bytes=limit)})
         return limited() if kind == "memory" else limited(tmp_path / f"{limit}.db")  # type: ignore[no-any-return]
 
-    meta = StoredSession(id="s-1", app_name="app", created_at=1)
+    row = StoredSession(id="s-1", app_name="app", created_at=1)
     exact = store(total)
-    assert exact.commit(meta, events, 0).ok
+    assert exact.commit(row, events, 0).ok
     loaded = exact.load("app", "s-1")
     assert loaded is not None and [e.id for e in loaded.events] == [e.id for e in events]
     short = store(total - 1)
     with pytest.raises(CommitTooLarge) as caught:
-        short.commit(meta, events, 0)
+        short.commit(row, events, 0)
     assert (caught.value.size, caught.value.limit) == (total, total - 1)
     assert short.load("app", "s-1") is None

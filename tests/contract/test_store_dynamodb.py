@@ -113,7 +113,7 @@ def _warm(store: DynamoDBSessionStore) -> DynamoDBSessionStore:
     return store
 
 
-def _meta(app: str, sid: str = "s-1", **extra: Any) -> StoredSession:
+def _row(app: str, sid: str = "s-1", **extra: Any) -> StoredSession:
     return StoredSession(id=sid, app_name=app, created_at=1, **extra)
 
 
@@ -139,34 +139,34 @@ def _raw_items(ddb: Any, table: str, pk: str) -> list[dict[str, Any]]:
 
 def test_a_commit_is_a_gate_its_batches_and_a_finish(store: DynamoDBSessionStore, ddb: Any, app: str) -> None:
     faults = Faults(ddb)
-    meta = _meta(app, scopes={"user": "u-1"})
-    assert store.commit(meta, [_event(n) for n in range(5)], 0).ok
+    row = _row(app, scopes={"user": "u-1"})
+    assert store.commit(row, [_event(n) for n in range(5)], 0).ok
     # a create of a bound session puts its binding entry (what an erasure reads) in the gate's transaction
     # and the finish is a transaction of the meta update, the touch and the delete of the superseded touch
     assert dict(faults.calls) == {"TransactWriteItems": 2, "BatchWriteItem": 1}
     faults.calls.clear()
     # 60 events: 60 event items, then their 60 id items, in 5 batches of 25
-    assert store.commit(meta, [_event(n) for n in range(5, 65)], 1).ok
+    assert store.commit(row, [_event(n) for n in range(5, 65)], 1).ok
     assert dict(faults.calls) == {"UpdateItem": 1, "BatchWriteItem": 5, "TransactWriteItems": 1}
     faults.calls.clear()
     changes = [ScopedStateChange("user", "u-1", "k", 1)]
-    assert store.commit(meta, [_event(99)], 2, changes).ok
+    assert store.commit(row, [_event(99)], 2, changes).ok
     assert dict(faults.calls) == {"UpdateItem": 1, "BatchWriteItem": 1, "TransactWriteItems": 1}
 
 
 def test_a_conflict_is_one_call_and_says_the_actual_version(store: DynamoDBSessionStore, ddb: Any, app: str) -> None:
-    store.commit(_meta(app), [_event(1)], 0)
-    store.commit(_meta(app), [_event(2)], 1)
+    store.commit(_row(app), [_event(1)], 0)
+    store.commit(_row(app), [_event(2)], 1)
     faults = Faults(ddb)
-    result = store.commit(_meta(app), [_event(3)], 1)
+    result = store.commit(_row(app), [_event(3)], 1)
     assert (result.ok, result.version) == (False, 2)
     assert dict(faults.calls) == {"UpdateItem": 1}  # ReturnValuesOnConditionCheckFailure: no second read
 
 
 def test_a_resent_id_is_looked_up_alone_not_in_the_history(store: DynamoDBSessionStore, ddb: Any, app: str) -> None:
-    store.commit(_meta(app), [_event(n) for n in range(200)], 0)
+    store.commit(_row(app), [_event(n) for n in range(200)], 0)
     faults = Faults(ddb)
-    result = store.commit(_meta(app), [_event(7), _event(200), _event(150), _event(201)], 1)
+    result = store.commit(_row(app), [_event(7), _event(200), _event(150), _event(201)], 1)
     assert (result.ok, result.appended) == (True, 2)
     # the re-sent ids' id items, by key, in one consistent BatchGetItem: no Query, no index
     (read,) = [params for op, params in faults.params if op == "BatchGetItem"]
@@ -181,10 +181,10 @@ def test_a_resent_id_is_looked_up_alone_not_in_the_history(store: DynamoDBSessio
 
 
 def test_new_ids_cost_no_lookup(store: DynamoDBSessionStore, ddb: Any, app: str) -> None:
-    store.commit(_meta(app), [_event(n) for n in range(500)], 0)
+    store.commit(_row(app), [_event(n) for n in range(500)], 0)
     faults = Faults(ddb)
     for version in range(1, 21):
-        store.commit(_meta(app), [_event(f"new-{version}-{k}") for k in range(5)], version)
+        store.commit(_row(app), [_event(f"new-{version}-{k}") for k in range(5)], version)
     # 100 new ids against 500 stored: the filter may flag one by chance (about 1 in 10,000 each).
     assert faults.calls["BatchGetItem"] <= 1 and faults.calls["Query"] == 0
 
@@ -193,17 +193,17 @@ def test_ids_minted_after_the_stored_ones_cost_no_lookup_however_full_the_filter
     store: DynamoDBSessionStore, ddb: Any, app: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(IdFilter, "BITS", 64)  # saturated after a few dozen ids, as 16,384 bits are by ~10,000
-    store.commit(_meta(app), [], 0)  # created empty, as sessions.create() does
+    store.commit(_row(app), [], 0)  # created empty, as sessions.create() does
     stored = [UserEvent(id=new_id(), created_at=1, text="x") for _ in range(100)]
-    store.commit(_meta(app), stored, 1)
+    store.commit(_row(app), stored, 1)
     bits_alone = IdFilter(IdFilter(None).add(e.id for e in stored).dump(), None)
     assert all(bits_alone.may_hold(new_id()) for _ in range(20))  # the bits flag every id now
     faults = Faults(ddb)
     for version in range(2, 12):
-        result = store.commit(_meta(app), [UserEvent(id=new_id(), created_at=1, text="y") for _ in range(5)], version)
+        result = store.commit(_row(app), [UserEvent(id=new_id(), created_at=1, text="y") for _ in range(5)], version)
         assert (result.ok, result.appended) == (True, 5)
     assert faults.calls["BatchGetItem"] == 0  # above the greatest stored id: new without asking the filter
-    resent = store.commit(_meta(app), [stored[40], UserEvent(id=new_id(), created_at=1, text="z")], 12)
+    resent = store.commit(_row(app), [stored[40], UserEvent(id=new_id(), created_at=1, text="z")], 12)
     assert (resent.ok, resent.appended) == (True, 1)  # the re-sent id is still found (looked up) and skipped
     assert faults.calls["BatchGetItem"] == 1
 
@@ -220,10 +220,10 @@ def test_the_id_filter_answers_alone_for_a_meta_item_without_the_greatest_id() -
 
 def test_loading_the_tail_reads_only_the_tail(store: DynamoDBSessionStore, ddb: Any, app: str) -> None:
     for version in range(3):
-        store.commit(_meta(app), [_event(f"{version}-{n}") for n in range(30)], version)
+        store.commit(_row(app), [_event(f"{version}-{n}") for n in range(30)], version)
     faults = Faults(ddb)
     tail = store.load(app, "s-1", after=2)
-    assert tail is not None and tail.session.version == 3
+    assert tail is not None and tail.row.version == 3
     assert [e.id for e in tail.events] == [f"evt-2-{n}" for n in range(30)]
     assert dict(faults.calls) == {"GetItem": 1, "Query": 1}
     ((_, query),) = [(op, p) for op, p in faults.params if op == "Query"]
@@ -237,7 +237,7 @@ def test_an_event_too_large_for_one_item_is_chunked_and_reassembled(
 ) -> None:
     big = UserEvent(id="big", created_at=1, text="naïve ☃ " * 90_000)  # about 990 KB of JSON
     events = [_event(1), big, _event(2)]
-    assert store.commit(_meta(app), events, 0).ok
+    assert store.commit(_row(app), events, 0).ok
     items = _raw_items(ddb, dynamodb_table, session_pk(app, "s-1"))
     assert len(items) == 1 + 1 + 3 + 1 + 3 + 1  # meta, evt-1, big in 3 chunks, evt-2, their 3 id items, the touch
     assert sorted(i["sk"]["S"] for i in items if i["sk"]["S"].startswith("I#")) == ["I#big", "I#evt-1", "I#evt-2"]
@@ -249,17 +249,17 @@ def test_an_event_too_large_for_one_item_is_chunked_and_reassembled(
 def test_an_event_over_the_hard_limit_is_refused_before_the_gate(
     store: DynamoDBSessionStore, ddb: Any, app: str
 ) -> None:
-    store.commit(_meta(app), [_event(1)], 0)
+    store.commit(_row(app), [_event(1)], 0)
     limit = store.limits.max_event_bytes
     huge = UserEvent(id="huge", created_at=1, text="x" * limit)
     faults = Faults(ddb)
     with pytest.raises(EventTooLarge) as info:
-        store.commit(_meta(app), [_event(2), huge], 1)
+        store.commit(_row(app), [_event(2), huge], 1)
     assert (info.value.event_id, info.value.field, info.value.limit) == ("huge", "new_events", limit)
     assert "huge" in str(info.value) and info.value.size > limit
     assert not faults.calls  # nothing was sent
     loaded = store.load(app, "s-1")
-    assert loaded is not None and loaded.session.version == 1 and [e.id for e in loaded.events] == ["evt-1"]
+    assert loaded is not None and loaded.row.version == 1 and [e.id for e in loaded.events] == ["evt-1"]
 
 
 def test_a_session_of_several_megabytes_loads_whole_a_page_per_megabyte(
@@ -269,7 +269,7 @@ def test_a_session_of_several_megabytes_loads_whole_a_page_per_megabyte(
     version = 0
     for batch in range(3):
         events = [_event(f"{batch}-{n:02d}", text) for n in range(20)]
-        version = store.commit(_meta(app), events, version).version
+        version = store.commit(_row(app), events, version).version
     faults = Faults(ddb)
     loaded = store.load(app, "s-1")
     assert loaded is not None and len(loaded.events) == 60
@@ -283,7 +283,7 @@ def test_too_many_scoped_keys_are_refused_before_anything_is_written(
     changes = [ScopedStateChange("user", "u-1", f"k{n}", n) for n in range(98)]
     faults = Faults(ddb)
     with pytest.raises(InputError) as info:
-        store.commit(_meta(app, scopes={"user": "u-1"}), [_event(1)], 0, changes)
+        store.commit(_row(app, scopes={"user": "u-1"}), [_event(1)], 0, changes)
     assert info.value.field == "scoped_changes"
     assert not faults.calls
     assert store.load(app, "s-1") is None
@@ -292,13 +292,13 @@ def test_too_many_scoped_keys_are_refused_before_anything_is_written(
 def test_the_most_scoped_keys_fit_one_finish_with_the_touches(store: DynamoDBSessionStore, app: str) -> None:
     """97 keys, the meta update, the touch and the marking of the superseded touch: 100 items, the most one
     transaction holds."""
-    meta = _meta(app, scopes={"user": "u-1"})
+    row = _row(app, scopes={"user": "u-1"})
     with frozen_clock(1_800_000_000_000) as clock:
         for version in range(2):
-            assert store.commit(meta, [_event(version)], version).ok
+            assert store.commit(row, [_event(version)], version).ok
             clock.advance(1000)
         changes = [ScopedStateChange("user", "u-1", f"k{n:02d}", n) for n in range(97)]
-        assert store.commit(meta, [], 2, changes).ok
+        assert store.commit(row, [], 2, changes).ok
     assert store.load_scoped_state(app, "user", "u-1") == {f"k{n:02d}": n for n in range(97)}
     assert [(s.version, s.updated_at) for s in store.list(app)] == [(3, 1_800_000_002_000)]
 
@@ -308,7 +308,7 @@ def test_a_session_bound_to_too_many_scopes_is_refused_before_anything_is_writte
 ) -> None:
     faults = Faults(ddb)
     with pytest.raises(InputError) as info:
-        store.commit(_meta(app, scopes={f"s{n}": "x" for n in range(100)}), [], 0)
+        store.commit(_row(app, scopes={f"s{n}": "x" for n in range(100)}), [], 0)
     assert info.value.field == "scopes"
     assert not faults.calls
     assert store.load(app, "s-1") is None
@@ -317,7 +317,7 @@ def test_a_session_bound_to_too_many_scopes_is_refused_before_anything_is_writte
 def test_listing_is_sharded_by_session_and_merged(ddb: Any, dynamodb_table: str, app: str) -> None:
     store = dynamo_store(dynamodb_table, client=ddb, listing_shards=4)
     for n in range(12):
-        store.commit(_meta(app, f"s{n:02d}"), [], 0)
+        store.commit(_row(app, f"s{n:02d}"), [], 0)
     shards: dict[str, int] = {}
     for n in range(12):
         (touch,) = [i for i in _raw_items(ddb, dynamodb_table, session_pk(app, f"s{n:02d}")) if "lpk" in i]
@@ -342,7 +342,7 @@ def test_listing_ties_on_updated_at_page_by_id(ddb: Any, layout_table: Callable[
     store = dynamo_store(layout_table(3), client=ddb, listing_shards=3)
     with frozen_clock(1_800_000_000_000):
         for n in range(9):
-            store.commit(_meta(app, f"s{n}"), [], 0)
+            store.commit(_row(app, f"s{n}"), [], 0)
     pages: list[str] = []
     cursor = None
     while page := store.list(app, limit=2, cursor=cursor):
@@ -354,7 +354,7 @@ def test_listing_ties_on_updated_at_page_by_id(ddb: Any, layout_table: Callable[
 def test_a_delete_racing_a_commit_never_shows_the_old_incarnation(
     store: DynamoDBSessionStore, ddb: Any, dynamodb_table: str, app: str
 ) -> None:
-    store.commit(_meta(app), [_event(1)], 0)
+    store.commit(_row(app), [_event(1)], 0)
     arrived, resume = threading.Event(), threading.Event()
     slow_client = local_client(ddb.meta.endpoint_url)
     try:
@@ -366,7 +366,7 @@ def test_a_delete_racing_a_commit_never_shows_the_old_incarnation(
 
         def write() -> None:
             try:
-                slow.commit(_meta(app), [_event("old-2")], 1)
+                slow.commit(_row(app), [_event("old-2")], 1)
             except Died as exc:
                 died.append(exc)
 
@@ -374,13 +374,13 @@ def test_a_delete_racing_a_commit_never_shows_the_old_incarnation(
         writer.start()
         assert arrived.wait(timeout=30)
         store.delete(app, "s-1")
-        assert store.commit(_meta(app), [_event(9)], 0).ok  # a new session under the same id
+        assert store.commit(_row(app), [_event(9)], 0).ok  # a new session under the same id
         resume.set()
         writer.join(timeout=30)
         assert not writer.is_alive() and died
     finally:
         slow_client.close()
-    assert store.commit(_meta(app), [_event(10)], 1).ok  # version 2, like the straggler's items
+    assert store.commit(_row(app), [_event(10)], 1).ok  # version 2, like the straggler's items
     loaded = store.load(app, "s-1")
     assert loaded is not None and [e.id for e in loaded.events] == ["evt-9", "evt-10"]
     raw = _raw_items(ddb, dynamodb_table, session_pk(app, "s-1"))
@@ -482,7 +482,7 @@ def test_a_commit_puts_its_touch_and_deletes_the_one_it_superseded(
     units = _Units(ddb)
     with frozen_clock(1_800_000_000_000) as clock:
         for version in range(8):
-            assert store.commit(_meta(app, status=f"turn-{version}"), [_event(version)], version).ok
+            assert store.commit(_row(app, status=f"turn-{version}"), [_event(version)], version).ok
             # DynamoDB Local reports 2 for the transaction's index writes whatever it holds (AWS bills the put and
             # the delete, twice each): what is checked here is that one touch is left, the superseded one gone.
             assert units.take("listing") == 2, version
@@ -501,7 +501,7 @@ def test_a_listing_shows_only_committed_rows_whatever_touches_are_left(
     with frozen_clock(1_800_000_000_000) as clock:
         for n in range(5):
             for version in range(3):
-                assert store.commit(_meta(app, f"s{n}"), [_event(f"{n}-{version}")], version).ok
+                assert store.commit(_row(app, f"s{n}"), [_event(f"{n}-{version}")], version).ok
                 clock.advance(10)
         # A commit in flight: its events are written, its finish (which carries its touch) is not.
         dying = local_client(ddb.meta.endpoint_url)
@@ -510,7 +510,7 @@ def test_a_listing_shows_only_committed_rows_whatever_touches_are_left(
         clock.advance(10)
         with pytest.raises(Died):
             dynamo_store(dynamodb_table, client=dying, listing_shards=2).commit(
-                _meta(app, "s0", status="late"), [_event("late")], 3
+                _row(app, "s0", status="late"), [_event("late")], 3
             )
         dying.close()
         assert len(_touches(ddb, dynamodb_table, app, "s0")) == 1  # the committed one: the dying one wrote none
@@ -532,7 +532,7 @@ def test_a_listing_shows_only_committed_rows_whatever_touches_are_left(
         assert len(_touches(ddb, dynamodb_table, app, "s0")) == 1
         assert [s.id for s in store.list(app)] == ["s4", "s3", "s2", "s1", "s0"]
         clock.advance(10)
-        assert store.commit(_meta(app, "s0"), [_event("again")], 3).ok
+        assert store.commit(_row(app, "s0"), [_event("again")], 3).ok
         assert [s.id for s in store.list(app)] == ["s0", "s4", "s3", "s2", "s1"]
         store.delete(app, "s1")
         assert [s.id for s in store.list(app)] == ["s0", "s4", "s3", "s2"]
@@ -543,11 +543,11 @@ def test_a_rolled_back_commit_in_the_same_millisecond_keeps_the_live_touch(
 ) -> None:
     store = dynamo_store(dynamodb_table, client=ddb)
     with frozen_clock(1_800_000_000_000):  # every commit at the same updated_at: one touch key for all
-        assert store.commit(_meta(app), [_event(1)], 0).ok
+        assert store.commit(_row(app), [_event(1)], 0).ok
         dying = local_client(ddb.meta.endpoint_url)
         Faults(dying).die("TransactWriteItems", nth=1)  # the finish
         with pytest.raises(Died):
-            dynamo_store(dynamodb_table, client=dying).commit(_meta(app), [_event(2), _event(3)], 1)
+            dynamo_store(dynamodb_table, client=dying).commit(_row(app), [_event(2), _event(3)], 1)
         dying.close()
         items = _raw_items(ddb, dynamodb_table, session_pk(app, "s-1"))
         (event_item,) = [i for i in items if i.get("eid") == {"S": "evt-3"}]
@@ -563,12 +563,12 @@ def test_repair_rolls_back_a_commit_with_no_events_that_never_finished(ddb: Any,
     nothing shows its writer got past the gate, so it is undone."""
     store = dynamo_store(dynamodb_table, client=ddb)
     with frozen_clock(1_800_000_000_000) as clock:
-        assert store.commit(_meta(app), [_event(1)], 0).ok
+        assert store.commit(_row(app), [_event(1)], 0).ok
         clock.advance(1000)
         dying = local_client(ddb.meta.endpoint_url)
         Faults(dying).die("TransactWriteItems", nth=1)  # the finish, carrying the touch
         with pytest.raises(Died):
-            dynamo_store(dynamodb_table, client=dying).commit(_meta(app, status="done"), [], 1)
+            dynamo_store(dynamodb_table, client=dying).commit(_row(app, status="done"), [], 1)
         dying.close()
         (report,) = store.repair_pending(older_than_s=0)
         assert (report.action, report.items_found, report.items_expected) == ("rolled_back", 0, 0)
@@ -591,12 +591,12 @@ def test_an_old_marker_still_needs_its_touch_to_roll_forward(ddb: Any, dynamodb_
     event items without the touch means that writer died before its last batch completed. Rolled back."""
     store = dynamo_store(dynamodb_table, client=ddb)
     with frozen_clock(1_800_000_000_000) as clock:
-        assert store.commit(_meta(app), [_event(1)], 0).ok
+        assert store.commit(_row(app), [_event(1)], 0).ok
         clock.advance(1000)
         dying = local_client(ddb.meta.endpoint_url)
         Faults(dying).die("TransactWriteItems", nth=1)  # 24 events fill the batch: the touch rides in the finish
         with pytest.raises(Died):
-            dynamo_store(dynamodb_table, client=dying).commit(_meta(app), [_event(n) for n in range(2, 26)], 1)
+            dynamo_store(dynamodb_table, client=dying).commit(_row(app), [_event(n) for n in range(2, 26)], 1)
         dying.close()
         _strip_touch_flag(ddb, dynamodb_table, app, "s-1")
         (report,) = store.repair_pending(older_than_s=0)
@@ -629,7 +629,7 @@ def test_the_running_index_is_written_only_when_a_session_goes_into_or_out_of_ru
     with frozen_clock(1_800_000_000_000) as clock:
         for version, (status, cost) in enumerate(zip(statuses, expected_units, strict=True)):
             faults.calls.clear()
-            assert store.commit(_meta(app, status=status), [_event(f"{version}-{n}") for n in range(5)], version).ok
+            assert store.commit(_row(app, status=status), [_event(f"{version}-{n}") for n in range(5)], version).ok
             assert units.take("running") == cost * 2, (version, status)  # in a transaction: billed twice
             assert dict(faults.calls) == calls
             clock.advance(1000)
@@ -644,16 +644,16 @@ def test_a_repair_carries_the_running_entry_with_the_status(ddb: Any, dynamodb_t
     died before them: rolled back, the status (and the entry) stay as they were."""
     store = dynamo_store(dynamodb_table, client=ddb)
     with frozen_clock(1_800_000_000_000) as clock:
-        assert store.commit(_meta(app, "s-fwd", status="idle"), [_event(1)], 0).ok
-        assert store.commit(_meta(app, "s-back", status="running"), [_event(1)], 0).ok
+        assert store.commit(_row(app, "s-fwd", status="idle"), [_event(1)], 0).ok
+        assert store.commit(_row(app, "s-back", status="running"), [_event(1)], 0).ok
         clock.advance(1000)
         dying = local_client(ddb.meta.endpoint_url)
         Faults(dying).die("TransactWriteItems", nth=1)  # the finish, after the events
         with pytest.raises(Died):
-            dynamo_store(dynamodb_table, client=dying).commit(_meta(app, "s-fwd", status="running"), [_event(2)], 1)
+            dynamo_store(dynamodb_table, client=dying).commit(_row(app, "s-fwd", status="running"), [_event(2)], 1)
         Faults(dying).die("BatchWriteItem", nth=1)  # the events: nothing of the commit but its gate
         with pytest.raises(Died):
-            dynamo_store(dynamodb_table, client=dying).commit(_meta(app, "s-back", status="completed"), [_event(2)], 1)
+            dynamo_store(dynamodb_table, client=dying).commit(_row(app, "s-back", status="completed"), [_event(2)], 1)
         dying.close()
         assert _running_entry(ddb, dynamodb_table, app, "s-fwd") is None
         assert [r.session_id for r in store.running_sessions() if r.app_name == app] == ["s-back"]
@@ -671,7 +671,7 @@ def test_running_sessions_skip_an_expired_session_and_an_entry_the_index_still_h
     meta item decides."""
     store = dynamo_store(dynamodb_table, client=ddb)
     hour = 3_600_000
-    assert store.commit(_meta(app, "s-ended", status="completed"), [_event(1)], 0).ok
+    assert store.commit(_row(app, "s-ended", status="completed"), [_event(1)], 0).ok
     ddb.update_item(  # what a lagging index shows: the entry of the session's running days
         TableName=dynamodb_table,
         Key={"pk": {"S": session_pk(app, "s-ended")}, "sk": {"S": "#M"}},
@@ -679,8 +679,8 @@ def test_running_sessions_skip_an_expired_session_and_an_entry_the_index_still_h
         ExpressionAttributeValues={":r": {"S": "R#0"}},
     )
     with frozen_clock(1_800_000_000_000) as clock:
-        assert store.commit(_meta(app, "s-old", status="running", retention_ms=hour), [_event(1)], 0).ok
-        assert store.commit(_meta(app, "s-live", status="running"), [_event(1)], 0).ok
+        assert store.commit(_row(app, "s-old", status="running", retention_ms=hour), [_event(1)], 0).ok
+        assert store.commit(_row(app, "s-live", status="running"), [_event(1)], 0).ok
         running = [r.session_id for r in store.running_sessions() if r.app_name == app]
         assert running == ["s-live", "s-old"]  # the same updated_at: by id
         clock.advance(hour + 1000)
@@ -708,16 +708,16 @@ def test_every_commit_takes_at_most_two_calls_plus_one_per_25_items(
     bound = 2 + -(-2 * count // 25)  # the gated protocol's batches: each event's item and its id item
     serial = iter(range(100_000))
 
-    def commit(meta: StoredSession, version: int, changes: list[ScopedStateChange] | None = None) -> None:
+    def commit(row: StoredSession, version: int, changes: list[ScopedStateChange] | None = None) -> None:
         events = [_event(f"{next(serial):05d}") for _ in range(count)]
         faults.calls.clear()
-        result = store.commit(meta, events, version, changes)
+        result = store.commit(row, events, version, changes)
         calls = sum(faults.calls.values())
         assert (result.ok, result.version, result.appended) == (True, version + 1, count)
-        assert calls <= bound, f"{meta.id} at version {version}: {calls} calls ({dict(faults.calls)}), bound {bound}"
+        assert calls <= bound, f"{row.id} at version {version}: {calls} calls ({dict(faults.calls)}), bound {bound}"
 
     with frozen_clock(1_800_000_000_000) as clock:
-        plain, bound_to = _meta(app, "plain"), _meta(app, "bound", scopes={"user": "u-1", "org": "o-1"})
+        plain, bound_to = _row(app, "plain"), _row(app, "bound", scopes={"user": "u-1", "org": "o-1"})
         commit(plain, 0)  # a create
         commit(bound_to, 0)  # a create of a session bound to shared scopes (its binding entries)
         for version in (1, 2, 3):  # each commit also deletes the touch it superseded
@@ -749,14 +749,14 @@ def test_the_table_records_its_shard_counts_and_refuses_a_store_with_others(ddb:
     create_table(name, client=ddb)
     try:
         first = dynamo_store(name, client=ddb, listing_shards=2, pending_shards=3)
-        assert first.commit(_meta(app), [_event(1)], 0).ok
+        assert first.commit(_row(app), [_event(1)], 0).ok
         layout = ddb.get_item(TableName=name, Key={"pk": {"S": "#layout"}, "sk": {"S": "#layout"}})["Item"]
         assert (layout["listing_shards"]["N"], layout["pending_shards"]["N"]) == ("2", "3")
         for listing, pending in ((2, 8), (4, 3)):
             other = dynamo_store(name, client=ddb, listing_shards=listing, pending_shards=pending)
             faults = Faults(ddb)
             with pytest.raises(ConfigurationError) as info:
-                other.commit(_meta(app, "s-2"), [_event(2)], 0)
+                other.commit(_row(app, "s-2"), [_event(2)], 0)
             message = str(info.value)
             assert "listing_shards=2 and pending_shards=3" in message  # the table's
             assert f"listing_shards={listing} and pending_shards={pending}" in message  # the store's
@@ -826,8 +826,8 @@ def test_a_listing_never_omits_a_committed_session_while_the_index_lags(
                     sid = f"s{n}"
                     version = committed.get(sid, 0)
                     clock.advance(7)
-                    meta = _meta(app, sid, status=f"r{round_}")
-                    assert writer.commit(meta, [_event(f"{sid}-{version}")], version).ok
+                    row = _row(app, sid, status=f"r{round_}")
+                    assert writer.commit(row, [_event(f"{sid}-{version}")], version).ok
                     committed[sid] = version + 1
                     listed = lister.list(app)
                     ids = [s.id for s in listed]
@@ -856,13 +856,13 @@ def test_a_session_of_50000_events_commits_loads_and_takes_one_call_turns(
     ids = [new_id() for _ in range(50_000)]  # in the order they are made, as dormant mints them
     for version in range(5):
         events = [UserEvent(id=i, created_at=1, text="x") for i in ids[version * 10_000 : (version + 1) * 10_000]]
-        assert store.commit(_meta(app, "long"), events, version).ok
+        assert store.commit(_row(app, "long"), events, version).ok
     loaded = store.load(app, "long")
-    assert loaded is not None and len(loaded.events) == 50_000 and loaded.session.version == 5
+    assert loaded is not None and len(loaded.events) == 50_000 and loaded.row.version == 5
     faults = Faults(ddb)
-    assert store.commit(_meta(app, "long"), [UserEvent(id=new_id(), created_at=1, text="turn")], 5).ok
+    assert store.commit(_row(app, "long"), [UserEvent(id=new_id(), created_at=1, text="turn")], 5).ok
     assert dict(faults.calls) == {"TransactWriteItems": 1}
-    resent = store.commit(_meta(app, "long"), [UserEvent(id=ids[12_345], created_at=1, text="again")], 6)
+    resent = store.commit(_row(app, "long"), [UserEvent(id=ids[12_345], created_at=1, text="again")], 6)
     assert (resent.ok, resent.appended) == (True, 0)  # a re-sent id, found among 50,000
     assert [(s.id, s.version) for s in store.list(app)] == [("long", 7)]
 
@@ -874,8 +874,8 @@ def test_a_session_of_100_mb_commits_and_loads(ddb: Any, dynamodb_table: str, ap
     text = "y" * 1_000_000
     for version in range(4):
         events = [UserEvent(id=f"b{version * 25 + n:04d}", created_at=1, text=text) for n in range(25)]
-        assert store.commit(_meta(app, "big"), events, version).ok
-    assert store.commit(_meta(app, "big"), [UserEvent(id=new_id(), created_at=1, text="small")], 4).ok
+        assert store.commit(_row(app, "big"), events, version).ok
+    assert store.commit(_row(app, "big"), [UserEvent(id=new_id(), created_at=1, text="small")], 4).ok
     loaded = store.load(app, "big")
     assert loaded is not None and len(loaded.events) == 101
     assert sum(len(e.text) for e in loaded.events if isinstance(e, UserEvent)) >= 100_000_000
@@ -884,7 +884,7 @@ def test_a_session_of_100_mb_commits_and_loads(ddb: Any, dynamodb_table: str, ap
 def test_a_load_reads_the_meta_item_and_the_events_not_their_id_items(
     store: DynamoDBSessionStore, ddb: Any, app: str
 ) -> None:
-    assert store.commit(_meta(app), [_event(n) for n in range(5)], 0).ok
+    assert store.commit(_row(app), [_event(n) for n in range(5)], 0).ok
     counts: list[int] = []
     ddb.meta.events.register("after-call.dynamodb.Query", lambda parsed, **_: counts.append(parsed["Count"]))
     loaded = store.load(app, "s-1")

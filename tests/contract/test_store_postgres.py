@@ -29,7 +29,7 @@ def _event(n: int | str) -> UserEvent:
     return UserEvent(id=f"evt-{n}", created_at=1_700_000_000_000, text=f"message {n}")
 
 
-def _meta(app: str, session_id: str | None = None, **extra: Any) -> StoredSession:
+def _row(app: str, session_id: str | None = None, **extra: Any) -> StoredSession:
     return StoredSession(id=session_id or f"s-{uuid.uuid4().hex[:12]}", app_name=app, created_at=1, **extra)
 
 
@@ -103,15 +103,15 @@ def test_an_injected_pool_is_used_as_is_and_never_closed(postgres_url: str, app:
     # The pool's connections are not autocommit and hand out dicts: the store must cope, and change neither.
     with ConnectionPool(postgres_url, min_size=1, max_size=2, kwargs={"row_factory": dict_row}, open=True) as pool:
         store = postgres_store(pool=pool)
-        meta = _meta(app, scopes={"user": "u-1"})
-        assert store.commit(meta, [_event(1)], 0, [ScopedStateChange("user", "u-1", "k", [1])]).ok
-        loaded = store.load(app, meta.id)
+        session_row = _row(app, scopes={"user": "u-1"})
+        assert store.commit(session_row, [_event(1)], 0, [ScopedStateChange("user", "u-1", "k", [1])]).ok
+        loaded = store.load(app, session_row.id)
         assert loaded is not None and [e.id for e in loaded.events] == ["evt-1"]
         assert store.load_scoped_state(app, "user", "u-1") == {"k": [1]}
-        assert [s.id for s in store.list(app)] == [meta.id]
+        assert [s.id for s in store.list(app)] == [session_row.id]
         store.close()
         with pytest.raises(StoreClosed):
-            store.load(app, meta.id)
+            store.load(app, session_row.id)
         assert not pool.closed and pool.max_size == 2
         with pool.connection() as conn:
             assert conn.autocommit is False
@@ -146,7 +146,7 @@ def test_a_store_built_from_a_connection_string_closes_its_connections(postgres_
     name = f"dormant-test-{uuid.uuid4().hex[:8]}"  # tells this store's connections apart on the server
     store = postgres_store(make_conninfo(postgres_url, application_name=name), max_size=2)
     assert isinstance(store, PostgresSessionStore)
-    assert store.commit(_meta(app), [], 0).ok
+    assert store.commit(_row(app), [], 0).ok
     assert _connections_named(postgres_url, name) >= 1
     store.close()
     deadline = time.monotonic() + 5
@@ -185,7 +185,7 @@ def test_tables_land_in_the_search_path_schema_as_jsonb(postgres_url: str, fresh
     schema, url = fresh_schema
     store = postgres_store(url)
     try:
-        assert store.commit(_meta("app", "s-1"), [_event(1)], 0, [ScopedStateChange("user", "u-1", "k", 1)]).ok
+        assert store.commit(_row("app", "s-1"), [_event(1)], 0, [ScopedStateChange("user", "u-1", "k", 1)]).ok
     finally:
         store.close()
     columns = dict(
@@ -250,7 +250,7 @@ def test_eight_threads_on_a_fresh_store_run_the_ddl_once(fresh_schema: tuple[str
     _, url = fresh_schema
     store = _CountingStore(url)
     try:
-        errors = _race(8, lambda n: store.commit(_meta("app", f"s-{n}"), [_event(n)], 0))
+        errors = _race(8, lambda n: store.commit(_row("app", f"s-{n}"), [_event(n)], 0))
         assert errors == []
         assert store.ddl_runs == 1
         assert len(store.list("app")) == 8
@@ -266,7 +266,7 @@ def test_eight_stores_racing_on_a_fresh_database_all_get_their_tables(fresh_sche
     _, url = fresh_schema
     stores = [postgres_store(url) for _ in range(8)]
     try:
-        errors = _race(8, lambda n: stores[n].commit(_meta("app", f"s-{n}"), [_event(n)], 0))
+        errors = _race(8, lambda n: stores[n].commit(_row("app", f"s-{n}"), [_event(n)], 0))
         assert errors == []
         assert sorted(s.id for s in stores[0].list("app")) == [f"s-{n}" for n in range(8)]
     finally:
@@ -278,7 +278,7 @@ def test_the_ddl_is_not_run_again_after_first_use(postgres_url: str, fresh_schem
     schema, url = fresh_schema
     store = postgres_store(url)
     try:
-        assert store.commit(_meta("app", "s-1"), [], 0).ok
+        assert store.commit(_row("app", "s-1"), [], 0).ok
         _sql(postgres_url, f'DROP TABLE "{schema}".events')
         # This store made its tables once; it does not check again on every call.
         with pytest.raises(StoreError, match="missing"):
@@ -334,7 +334,7 @@ def test_a_role_without_create_rights_fails_on_first_use_saying_so(
     _sql(postgres_url, f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "{schema}" TO {role}')
     store = postgres_store(url)
     try:
-        assert store.commit(_meta("app", "s-1"), [_event(1)], 0).ok
+        assert store.commit(_row("app", "s-1"), [_event(1)], 0).ok
         loaded = store.load("app", "s-1")
         assert loaded is not None and [e.id for e in loaded.events] == ["evt-1"]
     finally:
@@ -347,13 +347,13 @@ def test_a_role_without_create_rights_fails_on_first_use_saying_so(
 def test_a_refused_commit_leaves_no_rows_behind(postgres_url: str, app: str) -> None:
     store = postgres_store(postgres_url)
     try:
-        meta = _meta(app, scopes={"user": "u-1"})
-        assert store.commit(meta, [_event(1)], 0).ok
+        row = _row(app, scopes={"user": "u-1"})
+        assert store.commit(row, [_event(1)], 0).ok
         scoped = [ScopedStateChange("user", f"{app}-u", "k", "v")]
         refusals = [
-            store.commit(meta, [_event(2), _event(3)], 0, scoped),  # create again
-            store.commit(meta, [_event(2)], 5, scoped),  # ahead
-            store.commit(_meta(app, "never-created"), [_event(9)], 3, scoped),  # no row at all
+            store.commit(row, [_event(2), _event(3)], 0, scoped),  # create again
+            store.commit(row, [_event(2)], 5, scoped),  # ahead
+            store.commit(_row(app, "never-created"), [_event(9)], 3, scoped),  # no row at all
         ]
         assert [(r.ok, r.version, r.appended) for r in refusals] == [(False, 1, 0), (False, 1, 0), (False, 0, 0)]
     finally:
@@ -372,9 +372,9 @@ def test_a_refused_commit_leaves_no_rows_behind(postgres_url: str, app: str) -> 
 def test_appended_events_keep_batch_order_at_their_commit_after_skipped_ids(postgres_url: str, app: str) -> None:
     store = postgres_store(postgres_url)
     try:
-        meta = _meta(app)
-        store.commit(meta, [_event(1), _event(2)], 0)
-        resent = store.commit(meta, [_event(2), _event(3), _event(1), _event(3), _event(4)], 1)
+        row = _row(app)
+        store.commit(row, [_event(1), _event(2)], 0)
+        resent = store.commit(row, [_event(2), _event(3), _event(1), _event(3), _event(4)], 1)
     finally:
         store.close()
     assert resent.appended == 2

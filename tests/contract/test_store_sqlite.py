@@ -113,7 +113,7 @@ def test_a_database_locked_past_the_timeout_is_store_busy_and_nothing_is_written
     with _write_lock_held(path), pytest.raises(StoreBusy, match="locked"):
         store.commit(META, [UserEvent(text="blocked")], 1)
     loaded = store.load("app", "s-1")
-    assert loaded is not None and loaded.events == [] and loaded.session.version == 1
+    assert loaded is not None and loaded.events == [] and loaded.row.version == 1
     assert store.commit(META, [UserEvent(text="after")], 1).ok  # and the store goes on
 
 

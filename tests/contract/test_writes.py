@@ -312,7 +312,7 @@ def test_an_unknown_or_expired_session_is_session_not_found(world: World) -> Non
             with pytest.raises(SessionNotFound):
                 app.sessions.write("s-old", ran.append, on_conflict=mode)
     assert ran == []
-    assert app.store.load(app.name, "s-old") is None or app.store.load(app.name, "s-old").session.version == 1
+    assert app.store.load(app.name, "s-old") is None or app.store.load(app.name, "s-old").row.version == 1
 
 
 def test_errors_from_the_change_propagate_and_nothing_is_written(world: World) -> None:

@@ -1079,7 +1079,7 @@ def test_the_sweeper_repairs_a_commit_a_dead_writer_left_pending(
     app_name = f"fidelity@{TENANT}"
     loaded = store.load(app_name, sid)
     assert loaded is not None
-    row: StoredSession = loaded.session
+    row: StoredSession = loaded.row
     Faults(store._client).die("BatchWriteItem", nth=1)  # type: ignore[attr-defined]
     ten_minutes_ago = now_ms() - 600_000
     with use_clock(lambda: ten_minutes_ago), pytest.raises(Died):

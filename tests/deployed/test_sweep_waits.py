@@ -205,12 +205,12 @@ def test_a_retried_run_frees_the_session_of_its_dead_runners_commit(
     view.sessions.create("held")
     claim = claim_turn(view, fidelity.agent, "held", "steps=2 signoffs=0")
     assert claim.invocation_id is not None and claim.session.status == "running"
-    row = store.load(view.name, "held")
-    assert row is not None
+    loaded = store.load(view.name, "held")
+    assert loaded is not None
     Faults(store._client).die("BatchWriteItem", nth=1)  # type: ignore[attr-defined]
     with pytest.raises(Died):
         # more events than one transaction takes: the gated commit, whose marker a dead writer leaves behind
-        store.commit(row.session, [UserEvent(text="lost") for _ in range(120)], row.session.version)
+        store.commit(loaded.row, [UserEvent(text="lost") for _ in range(120)], loaded.row.version)
 
     assert not repair_after_lost_runner(view, "held", "inv_someone_else")
     assert repair_after_lost_runner(view, "held", claim.invocation_id)

@@ -96,7 +96,7 @@ def test_two_processes_append_to_one_session_one_wins_the_other_is_stale_and_not
     texts = [e.content.parts[0].text for e in session.events]
     assert texts == [f"from {winner}", f"from {loser}, again"]  # the stale first try wrote nothing
     assert session.state == {"p1": True, "p2": True, "user:last": winner}
-    assert loaded.session.version == 3  # create, the winner's append, the loser's retry
+    assert loaded.row.version == 3  # create, the winner's append, the loser's retry
 
 
 # -- erase ----------------------------------------------------------------------------------------------

@@ -117,12 +117,12 @@ def test_orphaned_when_both_wrote_the_same_key_and_nothing_is_lost(two_writers: 
     assert mine.version == 1 and len(mine.uncommitted_events) > 0  # the object passed in is left as it was
     # The fork says so, on its row and in its ledger: the session it came from, where, and why.
     assert (fork.forked_from, fork.fork_reason) == ("s-1", "both wrote session.shared")
-    row = app1.store.load("race", outcome.fork_id).session
+    row = app1.store.load("race", outcome.fork_id).row
     assert (row.forked_from, row.fork_reason) == ("s-1", "both wrote session.shared")
     marker = fork.events[-1]
     assert isinstance(marker, SessionForkedEvent)
     assert (marker.from_session_id, marker.at_event_id, marker.reason) == ("s-1", None, "both wrote session.shared")
-    assert app1.store.load("race", "s-1").session.forked_from is None
+    assert app1.store.load("race", "s-1").row.forked_from is None
 
 
 def test_a_merged_run_applies_its_shared_scope_writes(two_writers: Any) -> None:
@@ -202,7 +202,7 @@ def test_committed_when_an_earlier_attempt_landed_but_its_answer_was_lost(two_wr
     session = app.sessions.get("s-1")
     turn(app, scripted, agent, session, "hello", "a", 5)
     # The commit reached the store, but the caller never heard back (a timeout): same events again.
-    app.store.commit(session.stored(), session.uncommitted_events, session.version, session.scoped_changes())
+    app.store.commit(session.row(), session.uncommitted_events, session.version, session.scoped_changes())
     outcome = commit(app, session)
     assert (outcome.status, outcome.version) == ("committed", 2)
     assert len(app.sessions.get("s-1").events) == len(session.events)  # nothing doubled

@@ -21,7 +21,7 @@ from dormant.errors import (
 from dormant.events import StateChangeEvent, UserEvent
 from dormant.stores.base import ScopedStateChange, StoredSession
 from dormant.stores.sqlite import sqlite_store
-from dormant.testing import MockAdapter
+from dormant.testing import MockAdapter, StoreContract
 from tests.support.examples import triage
 
 
@@ -36,19 +36,19 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 
 
 def test_step_1_the_ledger_example(store: Any) -> None:
-    meta = StoredSession(id="session_demo", app_name="bookings", version=0, scopes={}, created_at=1_700_000_000_000)
+    row = StoredSession(id="session_demo", app_name="bookings", version=0, scopes={}, created_at=1_700_000_000_000)
 
     def make_event(n: int) -> UserEvent:
         return UserEvent(id=f"evt-{n}", created_at=1_700_000_000_000 + n, text=f"message {n}")
 
-    created = store.commit(meta, [make_event(1), make_event(2)], 0)
-    appended = store.commit(meta, [make_event(2), make_event(3)], 1)  # event 2 is already stored
+    created = store.commit(row, [make_event(1), make_event(2)], 0)
+    appended = store.commit(row, [make_event(2), make_event(3)], 1)  # event 2 is already stored
     reread = store.load("bookings", "session_demo")
     assert (created.ok, created.version, created.appended) == (True, 1, 2)
     assert (appended.ok, appended.version, appended.appended) == (True, 2, 1)
-    assert [e.id for e in reread.events] == ["evt-1", "evt-2", "evt-3"] and reread.session.version == 2
+    assert [e.id for e in reread.events] == ["evt-1", "evt-2", "evt-3"] and reread.row.version == 2
 
-    stale = store.commit(meta, [make_event(4)], 1)  # a writer that loaded at version 1
+    stale = store.commit(row, [make_event(4)], 1)  # a writer that loaded at version 1
     after_stale = store.load("bookings", "session_demo")
     assert (stale.ok, stale.version, stale.appended) == (False, 2, 0)
     assert len(after_stale.events) == 3
@@ -56,6 +56,31 @@ def test_step_1_the_ledger_example(store: Any) -> None:
     store.save_scoped_state("bookings", "user", "u-1", {"theme": "dark", "locale": "en-GB"})
     store.save_scoped_state("bookings", "user", "u-1", {"theme": "light", "locale": None})
     assert store.load_scoped_state("bookings", "user", "u-1") == {"theme": "light"}
+
+
+def test_the_0_1_names_of_a_sessions_row_still_answer_for_a_release_warning_at_the_caller(store: Any) -> None:
+    """0.1 called a session's row ``LoadedSession.session`` (it is not a ``Session``), ``Session.stored()`` and the
+    compliance suite's ``meta`` (``docs/concepts.md``: it is the row). Each still answers the same row for one release,
+    with a ``DeprecationWarning`` naming ``row`` and pointing at the caller's line (so the default filter shows it
+    once per call site)."""
+    app = adk(name="rows", store=store)
+    session = app.sessions.create("s-1", scopes={})
+    session.input.message("hello")
+    app.sessions.commit(session)
+    loaded = store.load("rows", "s-1")
+    assert loaded is not None and (loaded.row.id, loaded.row.version) == ("s-1", 2)
+    renamed = r"LoadedSession\.session is deprecated: use LoadedSession\.row"
+    with pytest.warns(DeprecationWarning, match=renamed) as seen:
+        old = loaded.session
+    assert old is loaded.row
+    assert [Path(w.filename).name for w in seen] == [Path(__file__).name]
+    with pytest.warns(DeprecationWarning, match=r"Session\.stored\(\) is deprecated: use Session\.row\(\)") as seen:
+        stored = session.stored()
+    assert stored == session.row() and stored.version == 2
+    assert [Path(w.filename).name for w in seen] == [Path(__file__).name]
+    with pytest.warns(DeprecationWarning, match=r"StoreContract\.meta is deprecated: use StoreContract\.row"):
+        made = StoreContract.meta("rows", "s-2", scopes={"user": "u-1"})
+    assert made == StoreContract.row("rows", "s-2", scopes={"user": "u-1"})
 
 
 # -- seed "Stores", step 2: the row is real only after a commit --------------------------------

@@ -291,7 +291,7 @@ def test_fork_at_copies_a_prefix_under_a_new_id_and_leaves_the_original() -> Non
     assert isinstance(marker, SessionForkedEvent) and len(fork.events) == 3
     assert (marker.from_session_id, marker.at_event_id, marker.reason) == (session.id, session.events[1].id, "fork_at")
     assert (fork.forked_from, fork.fork_reason) == (session.id, "fork_at")
-    assert (fork.stored().forked_from, fork.stored().fork_reason) == (session.id, "fork_at")
+    assert (fork.row().forked_from, fork.row().fork_reason) == (session.id, "fork_at")
     assert (fork.state.stage, fork.state.count) == ("collecting", 5)
     fork.state.count = 6
     assert session.state.count == 5 and len(session.events) == 3

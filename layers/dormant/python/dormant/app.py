@@ -437,7 +437,7 @@ class Sessions:
         """Whether the stored row is expired or deleted. Asked only when this session's own ``updated_at``
         is expired, so a commit reads nothing more unless a later writer may have kept the row alive."""
         loaded = self._app.store.load(self._app.name, session.id, after=session.version)
-        return loaded is None or self._expired(loaded.session.updated_at, now)
+        return loaded is None or self._expired(loaded.row.updated_at, now)
 
     def commit(self, session: Session, *, scoped_changes: Sequence[ScopedStateChange] | None = None) -> CommitResult:
         """Store what the session holds that the store does not: its new events and shared-scope writes.
@@ -463,9 +463,9 @@ class Sessions:
         snapshot = None
         if self._app.snapshot_every is not None and keeps_snapshot_in_commit(store):
             snapshot = pending_snapshot(session)  # kept in the commit's transaction: a read then folds nothing
-            result = store.commit(session.stored(), new_events, expected, scoped, snapshot=snapshot)
+            result = store.commit(session.row(), new_events, expected, scoped, snapshot=snapshot)
         else:
-            result = store.commit(session.stored(), new_events, expected, scoped)
+            result = store.commit(session.row(), new_events, expected, scoped)
         if not result.ok:
             raise VersionConflict(session.id, expected_version=expected, actual_version=result.version)
         session.updated_at = max(session.updated_at, now)

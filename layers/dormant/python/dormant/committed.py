@@ -8,6 +8,7 @@ session knows of covers, kept by ``dormant.snapshots``).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Protocol
 
 from .events import Event
@@ -69,8 +70,8 @@ class CommittedLedger(LazyLedger):
             for key, value in writes.items()
         ]
 
-    def stored(self) -> StoredSession:
-        """This session's metadata row."""
+    def row(self) -> StoredSession:
+        """This session's row, as a commit stores it (``Session.from_row`` builds a session from one)."""
         return StoredSession(
             id=self.id,
             app_name=self.app_name,
@@ -82,6 +83,13 @@ class CommittedLedger(LazyLedger):
             fork_reason=self.fork_reason,
             retention_ms=self._runtime.retention_ms,
         )
+
+    def stored(self) -> StoredSession:
+        """Deprecated in 0.2 (``docs/concepts.md``): ``row()``; 0.3 drops it."""
+        warnings.warn(
+            "Session.stored() is deprecated: use Session.row() (docs/concepts.md)", DeprecationWarning, stacklevel=2
+        )
+        return self.row()
 
     def mark_committed(self, version: int) -> None:
         """Every event is now stored, at ``version`` (a commit path calls this once the store said yes)."""

@@ -122,7 +122,7 @@ class LazyLedger:
         joins = len(fetched) == missing and (
             not held_stored or len(loaded.events) <= missing or loaded.events[missing].id == self._events[0].id
         )
-        if not joins or loaded.session.created_at != self.created_at:
+        if not joins or loaded.row.created_at != self.created_at:
             raise SessionNotFound(self.id)  # deleted (and perhaps made again): the earlier ledger is gone
         self._events[0:0] = fetched
         self._index.update((event.id, start + n) for n, event in enumerate(fetched))

@@ -212,7 +212,7 @@ def load_session(
         else:
             one_read: OneReadSnapshotStore = store  # type: ignore[assignment]  # (kind says so)
             kept, loaded = one_read.load_with_snapshot(runtime.name, session_id)
-            row, events = (None, []) if loaded is None else (loaded.session, loaded.events)
+            row, events = (None, []) if loaded is None else (loaded.row, loaded.events)
         if row is None:
             return None
         if kept is None:  # the read holds the whole ledger: fold it (the next commit keeps a snapshot)
@@ -232,7 +232,7 @@ def load_session(
         loaded = store.load(runtime.name, session_id, after=snapshot.version)
         if loaded is None:
             return None
-        row, events = loaded.session, loaded.events
+        row, events = loaded.row, loaded.events
     if alive is not None and not alive(row):
         return None
     if row.created_at != snapshot.created_at or row.version < snapshot.version:
@@ -256,7 +256,7 @@ def _replay(runtime: Runtime, session_id: str, found: list[Any]) -> Projection:
     or an object's ``__init__``."""
     created_at, count = found[0], found[1]
     loaded = runtime.store.load(runtime.name, session_id)
-    if loaded is None or loaded.session.created_at != created_at or len(loaded.events) < count:
+    if loaded is None or loaded.row.created_at != created_at or len(loaded.events) < count:
         raise SessionNotFound(session_id)  # deleted (and perhaps made again) since this load
     replayed = Projection(runtime.schema.upcaster)
     for event in loaded.events[:count]:
@@ -297,9 +297,9 @@ def _whole(
 ) -> Session | None:
     """The whole ledger, folded. ``covered``: events the stored snapshot covers (``None``: not looked at)."""
     loaded = runtime.store.load(runtime.name, session_id)
-    if loaded is None or (alive is not None and not alive(loaded.session)):
+    if loaded is None or (alive is not None and not alive(loaded.row)):
         return None
-    row = loaded.session
+    row = loaded.row
     session = Session.from_row(runtime, row, loaded.events)
     if covered is not None:
         session.snapshot_at = covered if created_at in (None, row.created_at) else 0

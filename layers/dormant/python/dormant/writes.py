@@ -235,7 +235,7 @@ def merge_conflicts(session: Session, stored: Session, landed: list[Event], mine
 def _fork(session: Session, conflicts: list[str], value: T, tried: int) -> WriteResult[T]:
     fork = session.fork("; ".join(conflicts))
     # Straight to the store, without the fork's scoped changes: its writes are parked, not applied.
-    result = session.runtime.store.commit(fork.stored(), fork.uncommitted_events, 0)
+    result = session.runtime.store.commit(fork.row(), fork.uncommitted_events, 0)
     if not result.ok:  # a fresh random id already taken: nothing was written
         raise VersionConflict(fork.id, expected_version=0, actual_version=result.version)
     fork.mark_committed(result.version)

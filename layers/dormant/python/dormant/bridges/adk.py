@@ -257,14 +257,14 @@ class DormantSessionService(BaseSessionService):
         name = self.dormant_name(app_name)
         cached = self._cache.pop((name, key), None)
         loaded = self.store.load(name, key, after=cached.version if cached is not None else None)
-        if loaded is not None and cached is not None and not cached.precedes(loaded.session):
+        if loaded is not None and cached is not None and not cached.precedes(loaded.row):
             cached, loaded = None, self.store.load(name, key)  # deleted and made again meanwhile: read it all
         if loaded is None:
             return None
         tail = _fold(loaded, dict(cached.state) if cached is not None else {})
         models = [*(cached.events if cached is not None else ()), *map(AdkEventModel.model_validate, tail.events)]
         last = tail.last_update_time if tail.events or cached is None else cached.last_update_time
-        self._remember((name, key), _Cached(loaded.session.created_at, tail.version, tail.state, models, last))
+        self._remember((name, key), _Cached(loaded.row.created_at, tail.version, tail.state, models, last))
         window = _window(models, config)
         folded = _Folded(tail.state, [], last, tail.user_id, tail.session_id, tail.version)
         # Copies that share their nested parts with the kept events, as ADK's in-memory service under its
@@ -281,7 +281,7 @@ class DormantSessionService(BaseSessionService):
         sessions = []
         for key in keys:
             loaded = self.store.load(self.dormant_name(app_name), key)
-            if loaded is None or "user" not in loaded.session.scopes or "." not in key:
+            if loaded is None or "user" not in loaded.row.scopes or "." not in key:
                 continue  # deleted meanwhile, or a session of the dormant app that ADK did not make
             sessions.append(self._session(app_name, _fold(loaded), []))
         sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
@@ -357,7 +357,7 @@ class DormantSessionService(BaseSessionService):
         ids = [e.event.get("id") for e in loaded.events if isinstance(e, AdkEvent)]
         if (ids[-1] if ids else None) != (session.events[-1].id if session.events else None):
             raise StaleSessionError(STALE_MESSAGE)
-        return loaded.session.version
+        return loaded.row.version
 
     def _session(self, app_name: str, folded: _Folded, events: list[AdkEventModel]) -> Session:
         state = copy.deepcopy(folded.state)  # the caller's to change in place (ADK's State records such writes)
@@ -440,7 +440,7 @@ def _state_events(
 def _fold(loaded: LoadedSession, state: dict[str, Any] | None = None) -> _Folded:
     """The session state (folded onto ``state``), the ADK events (as stored) and the last update time of
     the events ``loaded`` holds (the whole ledger, or a tail)."""
-    row = loaded.session
+    row = loaded.row
     state = {} if state is None else state
     events: list[dict[str, Any]] = []
     for event in loaded.events:

@@ -53,14 +53,14 @@ class TurnQuota:
         name = f"{app_name}+quota"
         for _ in range(_ATTEMPTS):
             loaded = store.load(name, counter, after=_LATEST)
-            taken = loaded.session.version if loaded is not None else 0
+            taken = loaded.row.version if loaded is not None else 0
             if taken >= self.turns:
                 raise TurnQuotaExceeded(self.turns, self.seconds, max(1, -(-(start + window_ms - now) // 1000)))
             row = StoredSession(
                 id=counter,
                 app_name=name,
                 version=taken,
-                created_at=loaded.session.created_at if loaded is not None else now,
+                created_at=loaded.row.created_at if loaded is not None else now,
                 updated_at=now,
                 retention_ms=2 * window_ms,
             )

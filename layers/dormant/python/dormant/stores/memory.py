@@ -29,8 +29,10 @@ __all__ = ["MemorySessionStore", "in_memory_store"]
 
 
 @dataclass
-class _Row:
-    meta: StoredSession
+class _Entry:
+    """What the store keeps of one session: its row, its events, and its snapshot."""
+
+    row: StoredSession
     events: list[str] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     """The version that stored each event (ascending: ``load(after=)`` bisects it)."""
@@ -41,57 +43,57 @@ class _Row:
 class MemorySessionStore(BaseSessionStore):
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sessions: dict[tuple[str, str], _Row] = {}
+        self._sessions: dict[tuple[str, str], _Entry] = {}
         self._scoped: dict[tuple[str, str, str], dict[str, str]] = {}
 
     def _read(self, app_name: str, session_id: str, after: int) -> tuple[StoredSession, Sequence[str]] | None:
         with self._lock:
-            row = self._sessions.get((app_name, session_id))
-            if row is None:
+            entry = self._sessions.get((app_name, session_id))
+            if entry is None:
                 return None
-            return row.meta, row.events[bisect.bisect_right(row.versions, after) :]
+            return entry.row, entry.events[bisect.bisect_right(entry.versions, after) :]
 
     def _write(self, commit: PreparedCommit) -> int | Refused:
         key = (commit.row.app_name, commit.row.id)
         with self._lock:
-            row = self._sessions.get(key)
-            if row is not None and commit.replaces(row.meta.updated_at):  # an expired session: its id starts afresh
+            entry = self._sessions.get(key)
+            if entry is not None and commit.replaces(entry.row.updated_at):  # an expired session: its id starts afresh
                 del self._sessions[key]
-                row = None
-            stored = row.meta if row is not None else None
-            if not commit.admits(stored.version if stored else 0, stored.scopes if stored else None):
-                return Refused(stored.version, stored.scopes) if stored else Refused(0)
-            if row is None:
-                row = self._sessions[key] = _Row(commit.row)
+                entry = None
+            row = entry.row if entry is not None else None
+            if not commit.admits(row.version if row else 0, row.scopes if row else None):
+                return Refused(row.version, row.scopes) if row else Refused(0)
+            if entry is None:
+                entry = self._sessions[key] = _Entry(commit.row)
             else:
-                row.meta = replace(
+                entry.row = replace(
                     commit.row,
-                    created_at=row.meta.created_at,
-                    forked_from=row.meta.forked_from,
-                    fork_reason=row.meta.fork_reason,
-                    updated_at=max(commit.row.updated_at, row.meta.updated_at),
+                    created_at=entry.row.created_at,
+                    forked_from=entry.row.forked_from,
+                    fork_reason=entry.row.fork_reason,
+                    updated_at=max(commit.row.updated_at, entry.row.updated_at),
                 )
-            fresh = commit.fresh(row.ids)
-            row.events += [event.data for event in fresh]
-            row.versions += [commit.row.version] * len(fresh)
-            row.ids.update(event.id for event in fresh)
+            fresh = commit.fresh(entry.ids)
+            entry.events += [event.data for event in fresh]
+            entry.versions += [commit.row.version] * len(fresh)
+            entry.ids.update(event.id for event in fresh)
             self._merge(commit.row.app_name, commit.scoped)
             return len(fresh)
 
     def _save_snapshot(self, app_name: str, session_id: str, snapshot: StoredSnapshot) -> bool:
         with self._lock:
-            row = self._sessions.get((app_name, session_id))
-            if row is None or row.meta.version < snapshot.version:
+            entry = self._sessions.get((app_name, session_id))
+            if entry is None or entry.row.version < snapshot.version:
                 return False
-            if row.snapshot is not None and row.snapshot.version >= snapshot.version:
+            if entry.snapshot is not None and entry.snapshot.version >= snapshot.version:
                 return False
-            row.snapshot = snapshot
+            entry.snapshot = snapshot
             return True
 
     def _load_snapshot(self, app_name: str, session_id: str) -> StoredSnapshot | None:
         with self._lock:
-            row = self._sessions.get((app_name, session_id))
-            return row.snapshot if row is not None else None
+            entry = self._sessions.get((app_name, session_id))
+            return entry.snapshot if entry is not None else None
 
     def _save_scoped(self, app_name: str, writes: Sequence[ScopedWrite]) -> None:
         with self._lock:
@@ -109,24 +111,24 @@ class MemorySessionStore(BaseSessionStore):
         self, app_name: str, limit: int | None, after: tuple[int, str] | None, status: str | None
     ) -> builtins.list[SessionListing]:
         with self._lock:
-            metas = [
-                row.meta
-                for (app, _), row in self._sessions.items()
-                if app == app_name and (status is None or row.meta.status == status)
+            rows = [
+                entry.row
+                for (app, _), entry in self._sessions.items()
+                if app == app_name and (status is None or entry.row.status == status)
             ]
-        metas.sort(key=lambda m: (m.updated_at, m.id), reverse=True)
+        rows.sort(key=lambda r: (r.updated_at, r.id), reverse=True)
         if after is not None:
-            metas = [m for m in metas if (m.updated_at, m.id) < after]
+            rows = [r for r in rows if (r.updated_at, r.id) < after]
         if limit is not None:
-            metas = metas[:limit]
-        return [SessionListing(m.id, m.updated_at, m.created_at, m.version, m.status) for m in metas]
+            rows = rows[:limit]
+        return [SessionListing(r.id, r.updated_at, r.created_at, r.version, r.status) for r in rows]
 
     def _running(self, limit: int) -> builtins.list[RunningSession]:
         with self._lock:
             running = [
-                RunningSession(app, sid, row.meta.updated_at)
-                for (app, sid), row in self._sessions.items()
-                if row.meta.status == RUNNING_STATUS
+                RunningSession(app, sid, entry.row.updated_at)
+                for (app, sid), entry in self._sessions.items()
+                if entry.row.status == RUNNING_STATUS
             ]
         running.sort(key=lambda r: (r.updated_at, r.app_name, r.session_id))
         return running[:limit]
@@ -134,9 +136,9 @@ class MemorySessionStore(BaseSessionStore):
     def _waiting(self, limit: int) -> builtins.list[RunningSession]:
         with self._lock:
             waiting = [
-                RunningSession(app, sid, row.meta.updated_at, row.meta.status)
-                for (app, sid), row in self._sessions.items()
-                if row.meta.status in WAITING_STATUSES
+                RunningSession(app, sid, entry.row.updated_at, entry.row.status)
+                for (app, sid), entry in self._sessions.items()
+                if entry.row.status in WAITING_STATUSES
             ]
         waiting.sort(key=lambda r: (r.updated_at, r.app_name, r.session_id))
         return waiting[:limit]
@@ -145,8 +147,8 @@ class MemorySessionStore(BaseSessionStore):
         with self._lock:
             return sorted(
                 sid
-                for (app, sid), row in self._sessions.items()
-                if app == app_name and row.meta.scopes.get(scope) == scope_id
+                for (app, sid), entry in self._sessions.items()
+                if app == app_name and entry.row.scopes.get(scope) == scope_id
             )
 
     def _app_names(self, prefix: str) -> builtins.list[str]:

@@ -133,18 +133,18 @@ class SQLiteSessionStore(BaseSessionStore):
 
     def _read(self, app_name: str, session_id: str, after: int) -> tuple[StoredSession, Sequence[str]] | None:
         with self._use(), self._transaction("BEGIN"):
-            row = self._conn.execute(f"{_ROW} WHERE app_name = ? AND id = ?", (app_name, session_id)).fetchone()
-            if row is None:
+            found = self._conn.execute(f"{_ROW} WHERE app_name = ? AND id = ?", (app_name, session_id)).fetchone()
+            if found is None:
                 return None
             data = self._conn.execute(
                 "SELECT data FROM events WHERE app_name = ? AND session_id = ? AND version > ? ORDER BY version, seq",
                 (app_name, session_id, after),
             ).fetchall()
-        version, scopes, created_at, status, updated_at, forked_from, fork_reason = row
-        meta = StoredSession(
+        version, scopes, created_at, status, updated_at, forked_from, fork_reason = found
+        row = StoredSession(
             session_id, app_name, version, json.loads(scopes), created_at, status, updated_at, forked_from, fork_reason
         )
-        return meta, [d for (d,) in data]
+        return row, [d for (d,) in data]
 
     def _load_with_snapshot(
         self, app_name: str, session_id: str

@@ -11,6 +11,7 @@ import base64
 import builtins
 import itertools
 import json
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar, cast
@@ -116,9 +117,21 @@ class StoredSession:
 
 @dataclass(frozen=True)
 class LoadedSession:
-    session: StoredSession
+    """What a store's ``load`` answers: the session's row and its events."""
+
+    row: StoredSession
     events: list[Event]
     """The whole ledger in order, or with ``load(..., after=v)`` the events stored after version ``v``."""
+
+    @property
+    def session(self) -> StoredSession:
+        """Deprecated in 0.2 (``docs/concepts.md``): ``row``. It was never a ``Session``; 0.3 drops it."""
+        warnings.warn(
+            "LoadedSession.session is deprecated: use LoadedSession.row (docs/concepts.md)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.row
 
 
 @dataclass(frozen=True)

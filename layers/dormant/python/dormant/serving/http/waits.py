@@ -36,7 +36,7 @@ def await_events(
         loaded = app.store.load(app.name, session_id, after=version)
         if loaded is None:  # deleted (or erased) while we waited
             raise SessionNotFound(session_id)
-        version, start = loaded.session.version, count
+        version, start = loaded.row.version, count
         count += len(loaded.events)
         if count > after:
             return loaded.events[after - start :], count

@@ -91,7 +91,8 @@ def _dead(meta: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(meta["dead"]["SS"]) if "dead" in meta else frozenset()
 
 
-def _stored(meta: Mapping[str, Any], pk: str) -> StoredSession:
+def _row_of(meta: Mapping[str, Any], pk: str) -> StoredSession:
+    """The session's row as its meta item keeps it (the item is the DynamoDB dict; the row is what a load answers)."""
     app_name, session_id = split_session_pk(pk)
     view = MetaItem.from_item(meta)
     return StoredSession(

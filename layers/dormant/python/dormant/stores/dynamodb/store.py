@@ -77,7 +77,7 @@ from .items import (
     _binding_keys,
     _expired,
     _key,
-    _stored,
+    _row_of,
     _transact_item,
     _visible_events,
 )
@@ -183,7 +183,7 @@ class DynamoDBSessionStore(_Repair, _Listing, _Admin):
                 self._remember(pk, meta)
             version = 0 if meta is None else MetaItem.from_item(meta).version
             if meta is None or version <= after:
-                return None if meta is None or version == 0 else (_stored(meta, pk), [])
+                return None if meta is None or version == 0 else (_row_of(meta, pk), [])
             # Committed versions are immutable: events read after the meta item are the ones it vouches for.
             items = self._query(
                 TableName=self._table,
@@ -195,7 +195,7 @@ class DynamoDBSessionStore(_Repair, _Listing, _Admin):
                 },
                 ConsistentRead=True,
             )
-            return _stored(meta, pk), _visible_events(meta, items)
+            return _row_of(meta, pk), _visible_events(meta, items)
         everything = self._query(
             TableName=self._table,
             KeyConditionExpression="pk = :pk AND sk < :ids",  # the meta item, snapshot and events: no id items
@@ -208,7 +208,7 @@ class DynamoDBSessionStore(_Repair, _Listing, _Admin):
         if MetaItem.from_item(meta).version == 0 or _expired(meta, now):
             return None  # its creating commit is still pending, or it expired
         self._remember(pk, meta)
-        return _stored(meta, pk), _visible_events(meta, everything[1:])
+        return _row_of(meta, pk), _visible_events(meta, everything[1:])
 
     def _delete(self, app_name: str, session_id: str) -> None:
         pk = session_pk(app_name, session_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -68,7 +69,8 @@ class ContractBase:
         return f"app-{uuid.uuid4().hex[:12]}"
 
     @staticmethod
-    def meta(app: str, session_id: str | None = None, version: int = 0, **extra: Any) -> StoredSession:
+    def row(app: str, session_id: str | None = None, version: int = 0, **extra: Any) -> StoredSession:
+        """A session's row to commit (a fresh id unless ``session_id``)."""
         return StoredSession(
             id=session_id or f"s-{uuid.uuid4().hex[:12]}",
             app_name=app,
@@ -77,10 +79,20 @@ class ContractBase:
             **extra,
         )
 
+    @classmethod
+    def meta(cls, app: str, session_id: str | None = None, version: int = 0, **extra: Any) -> StoredSession:
+        """Deprecated in 0.2 (``docs/concepts.md``): ``row``; 0.3 drops it."""
+        warnings.warn(
+            "StoreContract.meta is deprecated: use StoreContract.row (docs/concepts.md)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return cls.row(app, session_id, version, **extra)
+
     def seed(self, store: SessionStore, app: str, scope: str, scope_id: str, values: dict[str, Any]) -> None:
         """Write scoped values the way the runtime does: riding on a commit (of a session of their own)."""
         changes = [ScopedStateChange(scope, scope_id, key, value) for key, value in values.items()]
-        assert store.commit(self.meta(app), [], 0, changes).ok
+        assert store.commit(self.row(app), [], 0, changes).ok
 
     @staticmethod
     def limits(store: SessionStore) -> StoreLimits:

@@ -17,8 +17,8 @@ class ConcurrencyContract(ContractBase):
     # -- concurrency ------------------------------------------------------------------------
 
     def test_concurrent_committers_never_lose_or_double_an_event(self, store: SessionStore, app: str) -> None:
-        meta = self.meta(app)
-        store.commit(meta, [], 0)
+        row = self.row(app)
+        store.commit(row, [], 0)
         writers, per_writer = 4, 15
         peers = [self.make_peer(store) for _ in range(writers)]
         versions: list[int] = []
@@ -33,9 +33,9 @@ class ConcurrencyContract(ContractBase):
                 for n in range(per_writer):
                     event = _event(f"w{w}-{n}")
                     for _attempt in range(1000):
-                        loaded = peer.load(app, meta.id)
+                        loaded = peer.load(app, row.id)
                         assert loaded is not None
-                        result = peer.commit(meta, [event], loaded.session.version)
+                        result = peer.commit(row, [event], loaded.row.version)
                         if result.ok:
                             with lock:
                                 versions.append(result.version)
@@ -55,13 +55,13 @@ class ConcurrencyContract(ContractBase):
             if peer is not store:
                 peer.close()
         assert errors == []
-        loaded = store.load(app, meta.id)
+        loaded = store.load(app, row.id)
         assert loaded is not None
         ids = _ids(loaded.events)
         expected = {f"evt-w{w}-{n}" for w in range(writers) for n in range(per_writer)}
         assert len(ids) == len(expected) and set(ids) == expected
         assert sorted(versions) == list(range(2, 2 + writers * per_writer))
-        assert loaded.session.version == 1 + writers * per_writer
+        assert loaded.row.version == 1 + writers * per_writer
         for w in range(writers):  # each writer's events in its own order
             mine = [i for i in ids if i.startswith(f"evt-w{w}-")]
             assert mine == [f"evt-w{w}-{n}" for n in range(per_writer)]
@@ -85,13 +85,13 @@ class ConcurrencyContract(ContractBase):
         self, store: SessionStore, app: str, steps: list[tuple[list[int], int]]
     ) -> None:
         """Against a plain-Python model of the contract: order, idempotency and OCC, whatever the mix."""
-        meta = self.meta(app)
+        row = self.row(app)
         ledger: list[str] = []
         version = 0
         for numbers, skew in steps:
             expected = max(0, version + skew)
             events = [_event(n) for n in numbers]
-            result = store.commit(meta, events, expected)
+            result = store.commit(row, events, expected)
             if expected == version:
                 new = []
                 for event in events:
@@ -102,7 +102,7 @@ class ConcurrencyContract(ContractBase):
                 assert (result.ok, result.version, result.appended) == (True, version, len(new))
             else:
                 assert (result.ok, result.version, result.appended) == (False, version, 0)
-        loaded = store.load(app, meta.id)
+        loaded = store.load(app, row.id)
         assert (loaded is None) == (version == 0)
         if loaded is not None:
-            assert _ids(loaded.events) == ledger and loaded.session.version == version
+            assert _ids(loaded.events) == ledger and loaded.row.version == version

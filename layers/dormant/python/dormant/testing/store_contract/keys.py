@@ -69,12 +69,12 @@ class KeysContract(ContractBase):
             parts["app_name"] = f"{app}{TENANT_SEPARATOR}{bad}"
         else:
             parts[kind] = bad
-        meta = StoredSession(
+        row = StoredSession(
             id=parts["session_id"], app_name=parts["app_name"], scopes={"user": parts["binding_scope_id"]}
         )
         change = ScopedStateChange(parts["scope"], parts["scope_id"], parts["scoped_key"], "Ada")
         with pytest.raises(error) as caught:
-            store.commit(meta, [_event(1)], 0, [change])
+            store.commit(row, [_event(1)], 0, [change])
         assert type(caught.value) is error and caught.value.field == field_name
         # The reads that take the key refuse it the same way (no 500, no driver error, no empty answer).
         reads: list[Callable[[], object]] = []
@@ -103,23 +103,23 @@ class KeysContract(ContractBase):
         self, store: SessionStore, app: str, defect: str
     ) -> None:
         """An event id is a key too (DynamoDB's id index sorts on it, the SQL stores key events by it)."""
-        meta = self.meta(app, "s-1")
+        row = self.row(app, "s-1")
         bad = UserEvent(id=self.KEY_DEFECTS[defect], created_at=1_700_000_000_000, text="hello")
         with pytest.raises(InputError) as caught:
-            store.commit(meta, [_event(1), bad], 0)
+            store.commit(row, [_event(1), bad], 0)
         assert type(caught.value) is InvalidKey and caught.value.field == "new_events.1.id"
         assert store.load(app, "s-1") is None and store.list(app) == []
-        assert store.commit(meta, [_event(1)], 0).ok
+        assert store.commit(row, [_event(1)], 0).ok
         with pytest.raises(InvalidKey):
-            store.commit(meta, [_event(2), bad], 1)
+            store.commit(row, [_event(2), bad], 1)
         loaded = store.load(app, "s-1")
-        assert loaded is not None and loaded.session.version == 1 and _ids(loaded.events) == ["evt-1"]
+        assert loaded is not None and loaded.row.version == 1 and _ids(loaded.events) == ["evt-1"]
 
     def test_scoped_keys_at_the_key_rule_s_limits_are_kept(self, store: SessionStore, app: str) -> None:
         keys = ["k", "k" * MAX_KEY_LENGTH, "\u00e9" * MAX_KEY_LENGTH, "\U0001f600" * MAX_KEY_LENGTH, "a#b@c d"]
-        meta = self.meta(app, scopes={"user": "u-1"})
+        row = self.row(app, scopes={"user": "u-1"})
         assert store.commit(
-            meta, [_event(1)], 0, [ScopedStateChange("user", "u-1", k, n) for n, k in enumerate(keys)]
+            row, [_event(1)], 0, [ScopedStateChange("user", "u-1", k, n) for n, k in enumerate(keys)]
         ).ok
         assert store.load_scoped_state(app, "user", "u-1") == {k: n for n, k in enumerate(keys)}
 
@@ -129,10 +129,10 @@ class KeysContract(ContractBase):
         longest = "a" * MAX_KEY_LENGTH
         app = f"{uuid.uuid4().hex}{'a' * (MAX_KEY_LENGTH - 32)}{TENANT_SEPARATOR}{longest}"
         sid, key = "s" * MAX_KEY_LENGTH, "\U0001f600" * MAX_KEY_LENGTH
-        meta = StoredSession(id=sid, app_name=app, scopes={"user": longest, "org": longest})
+        row = StoredSession(id=sid, app_name=app, scopes={"user": longest, "org": longest})
         change = ScopedStateChange("user", longest, key, 1)
-        assert store.commit(meta, [_event(1)], 0, [change]).ok
-        assert store.commit(StoredSession(id=sid, app_name=app, scopes=meta.scopes), [_event(2)], 1).ok
+        assert store.commit(row, [_event(1)], 0, [change]).ok
+        assert store.commit(StoredSession(id=sid, app_name=app, scopes=row.scopes), [_event(2)], 1).ok
         loaded = store.load(app, sid)
         assert loaded is not None and _ids(loaded.events) == ["evt-1", "evt-2"]
         assert store.load_scoped_state(app, "user", longest) == {key: 1}
@@ -145,18 +145,18 @@ class KeysContract(ContractBase):
         assert store.load(app, sid) is None
 
     def test_a_scope_name_outside_the_key_rule_is_refused(self, store: SessionStore, app: str) -> None:
-        meta = self.meta(app)
+        row = self.row(app)
         for scope in ("", "s" * 129, "a\ud800", "a\x00", "a#b", "a@b"):
             with pytest.raises(InvalidKey) as caught:
-                store.commit(meta, [_event(1)], 0, [ScopedStateChange(scope, "u-1", "k", 1)])
+                store.commit(row, [_event(1)], 0, [ScopedStateChange(scope, "u-1", "k", 1)])
             assert caught.value.field == "scoped_changes.0.scope"
             with pytest.raises(InvalidKey) as caught:
                 store.load_scoped_state(app, scope, "u-1")
             assert caught.value.field == "scope"
             with pytest.raises(InvalidKey) as caught:
-                store.commit(self.meta(app, scopes={scope: "u-1"}), [_event(1)], 0)
+                store.commit(self.row(app, scopes={scope: "u-1"}), [_event(1)], 0)
             assert caught.value.field == "scopes"
-        assert store.load(app, meta.id) is None
+        assert store.load(app, row.id) is None
 
     # -- tenants: "{app}@{tenant}" has one reading -------------------------------------------
 
@@ -182,7 +182,7 @@ class KeysContract(ContractBase):
             assert caught.value.field == "app_name"
         for crafted in (f"{app}@eu@x", f"{app}@@eu", f"@{app}", f"{app}@"):
             with pytest.raises(InvalidKey) as caught:
-                store.commit(self.meta(crafted, "s-1"), [_event(1)], 0)
+                store.commit(self.row(crafted, "s-1"), [_event(1)], 0)
             assert caught.value.field == "app_name"
         with pytest.raises(InvalidKey) as caught:
             for_tenant(clinic, "eu@x")
@@ -279,7 +279,7 @@ class KeysContract(ContractBase):
         ],
     )
     def test_a_crafted_cursor_is_an_input_error_naming_cursor(self, store: SessionStore, app: str, cursor: str) -> None:
-        assert store.commit(self.meta(app), [_event(1)], 0).ok
+        assert store.commit(self.row(app), [_event(1)], 0).ok
         with pytest.raises(InvalidKey) as caught:
             store.list(app, limit=5, cursor=cursor)
         assert type(caught.value) is InvalidKey and caught.value.field == "cursor"
@@ -290,7 +290,7 @@ class KeysContract(ContractBase):
         assert store.list(app, limit=5, cursor=longest) == []
 
     def test_a_cursor_at_the_greatest_time_lists_from_the_top(self, store: SessionStore, app: str) -> None:
-        meta = self.meta(app, "s-only")
-        assert store.commit(meta, [_event(1)], 0).ok
+        row = self.row(app, "s-only")
+        assert store.commit(row, [_event(1)], 0).ok
         assert [s.id for s in store.list(app, limit=5, cursor=encode_cursor(MAX_CURSOR_TIME, "s-zzz"))] == ["s-only"]
         assert store.list(app, limit=5, cursor=encode_cursor(0, "s-0")) == []

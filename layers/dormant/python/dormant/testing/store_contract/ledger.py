@@ -30,85 +30,85 @@ class LedgerContract(ContractBase):
         assert store.load(app, "no-such-session") is None
 
     def test_create_with_expected_zero_gives_version_one(self, store: SessionStore, app: str) -> None:
-        meta = self.meta(app, scopes={"user": "u-1"}, status="idle")
-        result = store.commit(meta, [], 0)
+        row = self.row(app, scopes={"user": "u-1"}, status="idle")
+        result = store.commit(row, [], 0)
         assert (result.ok, result.version, result.appended) == (True, 1, 0)
-        loaded = store.load(app, meta.id)
+        loaded = store.load(app, row.id)
         assert loaded is not None
-        assert (loaded.session.id, loaded.session.app_name, loaded.session.version) == (meta.id, app, 1)
-        assert loaded.session.scopes == {"user": "u-1"}
-        assert loaded.session.created_at == meta.created_at
-        assert loaded.session.status == "idle"
+        assert (loaded.row.id, loaded.row.app_name, loaded.row.version) == (row.id, app, 1)
+        assert loaded.row.scopes == {"user": "u-1"}
+        assert loaded.row.created_at == row.created_at
+        assert loaded.row.status == "idle"
         assert loaded.events == []
 
     def test_create_with_events(self, store: SessionStore, app: str) -> None:
-        meta = self.meta(app)
-        result = store.commit(meta, [_event(1), _event(2)], 0)
+        row = self.row(app)
+        result = store.commit(row, [_event(1), _event(2)], 0)
         assert (result.ok, result.version, result.appended) == (True, 1, 2)
-        loaded = store.load(app, meta.id)
+        loaded = store.load(app, row.id)
         assert loaded is not None and _ids(loaded.events) == ["evt-1", "evt-2"]
 
     def test_create_twice_conflicts(self, store: SessionStore, app: str) -> None:
-        meta = self.meta(app)
-        store.commit(meta, [_event(1)], 0)
-        again = store.commit(meta, [_event(2)], 0)
+        row = self.row(app)
+        store.commit(row, [_event(1)], 0)
+        again = store.commit(row, [_event(2)], 0)
         assert (again.ok, again.version, again.appended) == (False, 1, 0)
-        loaded = store.load(app, meta.id)
+        loaded = store.load(app, row.id)
         assert loaded is not None and _ids(loaded.events) == ["evt-1"]
 
     # -- append and order -------------------------------------------------------------------
 
     def test_append_bumps_the_version_by_one(self, store: SessionStore, app: str) -> None:
-        meta = self.meta(app)
-        store.commit(meta, [_event(1)], 0)
-        result = store.commit(meta, [_event(2), _event(3)], 1)
+        row = self.row(app)
+        store.commit(row, [_event(1)], 0)
+        result = store.commit(row, [_event(2), _event(3)], 1)
         assert (result.ok, result.version, result.appended) == (True, 2, 2)
-        empty = store.commit(meta, [], 2)
+        empty = store.commit(row, [], 2)
         assert (empty.ok, empty.version, empty.appended) == (True, 3, 0)
-        loaded = store.load(app, meta.id)
-        assert loaded is not None and loaded.session.version == 3
+        loaded = store.load(app, row.id)
+        assert loaded is not None and loaded.row.version == 3
 
     def test_order_within_and_across_batches(self, store: SessionStore, app: str) -> None:
-        meta = self.meta(app)
+        row = self.row(app)
         # Ids that sort in a different order than they were appended, and identical timestamps:
         # only the append order may decide.
         batches = [["z", "a", "m"], ["b", "y"], ["c"]]
         version = 0
         for batch in batches:
             events = [UserEvent(id=i, created_at=1, text=i) for i in batch]
-            version = store.commit(meta, events, version).version
-        loaded = store.load(app, meta.id)
+            version = store.commit(row, events, version).version
+        loaded = store.load(app, row.id)
         assert loaded is not None and _ids(loaded.events) == ["z", "a", "m", "b", "y", "c"]
 
     def test_recommitted_ids_are_not_duplicated_and_new_ones_land_in_order(self, store: SessionStore, app: str) -> None:
-        meta = self.meta(app)
-        store.commit(meta, [_event(1), _event(2)], 0)
+        row = self.row(app)
+        store.commit(row, [_event(1), _event(2)], 0)
         # A retried batch that overlaps stored history: event 2 is stored, 3 and 4 are not.
-        result = store.commit(meta, [_event(2), _event(3), _event(1), _event(4)], 1)
+        result = store.commit(row, [_event(2), _event(3), _event(1), _event(4)], 1)
         assert (result.ok, result.version, result.appended) == (True, 2, 2)
-        store.commit(meta, [_event(5)], 2)
-        loaded = store.load(app, meta.id)
+        store.commit(row, [_event(5)], 2)
+        loaded = store.load(app, row.id)
         assert loaded is not None and _ids(loaded.events) == ["evt-1", "evt-2", "evt-3", "evt-4", "evt-5"]
 
     def test_an_id_repeated_inside_one_batch_lands_once(self, store: SessionStore, app: str) -> None:
-        meta = self.meta(app)
-        result = store.commit(meta, [_event(1), _event(2), _event(1)], 0)
+        row = self.row(app)
+        result = store.commit(row, [_event(1), _event(2), _event(1)], 0)
         assert result.appended == 2
-        loaded = store.load(app, meta.id)
+        loaded = store.load(app, row.id)
         assert loaded is not None and _ids(loaded.events) == ["evt-1", "evt-2"]
 
     def test_a_sixty_event_batch(self, store: SessionStore, app: str) -> None:
-        meta = self.meta(app)
+        row = self.row(app)
         events = [_event(n) for n in range(60)]
-        result = store.commit(meta, events, 0)
+        result = store.commit(row, events, 0)
         assert (result.ok, result.appended) == (True, 60)
         more = [_event(n) for n in range(55, 130)]  # 5 already stored, 70 new, across batch boundaries
-        assert store.commit(meta, more, 1).appended == 70
-        loaded = store.load(app, meta.id)
+        assert store.commit(row, more, 1).appended == 70
+        loaded = store.load(app, row.id)
         assert loaded is not None and _ids(loaded.events) == [f"evt-{n}" for n in range(130)]
 
     def test_the_same_event_id_may_live_in_two_sessions(self, store: SessionStore, app: str) -> None:
-        first, second = self.meta(app), self.meta(app)
+        first, second = self.row(app), self.row(app)
         store.commit(first, [_event(1, "first")], 0)
         assert store.commit(second, [_event(1, "second")], 0).appended == 1
         a, b = store.load(app, first.id), store.load(app, second.id)
@@ -117,7 +117,7 @@ class LedgerContract(ContractBase):
         assert [e.text for e in b.events if isinstance(e, UserEvent)] == ["second"]
 
     def test_events_round_trip_exactly(self, store: SessionStore, app: str) -> None:
-        meta = self.meta(app)
+        row = self.row(app)
         events: list[Event] = [
             UserEvent(id="u", created_at=5, text='naïve ☃ "quoted" \n line', invocation_id="inv-1"),
             ToolCallEvent(
@@ -132,54 +132,54 @@ class LedgerContract(ContractBase):
                 changes=[StateChange(key="k", old_value=None, new_value={"a": [1, 2]})],
             ),
         ]
-        store.commit(meta, events, 0)
-        loaded = store.load(app, meta.id)
+        store.commit(row, events, 0)
+        loaded = store.load(app, row.id)
         assert loaded is not None and loaded.events == events
 
     # -- optimistic concurrency -------------------------------------------------------------
 
     def test_a_stale_commit_is_refused_and_writes_nothing(self, store: SessionStore, app: str) -> None:
-        meta = self.meta(app, scopes={"user": "u-1"})
-        store.commit(meta, [_event(1)], 0)
-        store.commit(meta, [_event(2)], 1)
-        stale = store.commit(meta, [_event(3)], 1, [ScopedStateChange("user", "u-stale", "theme", "dark")])
+        row = self.row(app, scopes={"user": "u-1"})
+        store.commit(row, [_event(1)], 0)
+        store.commit(row, [_event(2)], 1)
+        stale = store.commit(row, [_event(3)], 1, [ScopedStateChange("user", "u-stale", "theme", "dark")])
         assert (stale.ok, stale.version, stale.appended) == (False, 2, 0)
-        loaded = store.load(app, meta.id)
+        loaded = store.load(app, row.id)
         assert loaded is not None and _ids(loaded.events) == ["evt-1", "evt-2"]
-        assert loaded.session.version == 2
+        assert loaded.row.version == 2
         assert store.load_scoped_state(app, "user", "u-stale") == {}
 
     def test_a_commit_ahead_of_the_store_is_refused(self, store: SessionStore, app: str) -> None:
-        meta = self.meta(app)
-        store.commit(meta, [_event(1)], 0)
-        ahead = store.commit(meta, [_event(2)], 5)
+        row = self.row(app)
+        store.commit(row, [_event(1)], 0)
+        ahead = store.commit(row, [_event(2)], 5)
         assert (ahead.ok, ahead.version) == (False, 1)
 
     def test_a_commit_to_a_missing_session_conflicts_with_version_zero(self, store: SessionStore, app: str) -> None:
-        result = store.commit(self.meta(app), [_event(1)], 3)
+        result = store.commit(self.row(app), [_event(1)], 3)
         assert (result.ok, result.version, result.appended) == (False, 0, 0)
 
     def test_a_commit_against_a_deleted_session_conflicts(self, store: SessionStore, app: str) -> None:
-        meta = self.meta(app)
-        store.commit(meta, [_event(1)], 0)
-        store.delete(app, meta.id)
-        result = store.commit(meta, [_event(2)], 1, [ScopedStateChange("user", "u-del", "k", 1)])
+        row = self.row(app)
+        store.commit(row, [_event(1)], 0)
+        store.delete(app, row.id)
+        result = store.commit(row, [_event(2)], 1, [ScopedStateChange("user", "u-del", "k", 1)])
         assert (result.ok, result.version) == (False, 0)
-        assert store.load(app, meta.id) is None
+        assert store.load(app, row.id) is None
         assert store.load_scoped_state(app, "user", "u-del") == {}
 
     # -- delete -----------------------------------------------------------------------------
 
     def test_delete_removes_the_row_and_its_events(self, store: SessionStore, app: str) -> None:
-        meta, other = self.meta(app), self.meta(app)
-        store.commit(meta, [_event(1), _event(2)], 0)
+        row, other = self.row(app), self.row(app)
+        store.commit(row, [_event(1), _event(2)], 0)
         store.commit(other, [_event(1)], 0)
-        store.delete(app, meta.id)
-        assert store.load(app, meta.id) is None
+        store.delete(app, row.id)
+        assert store.load(app, row.id) is None
         assert [s.id for s in store.list(app)] == [other.id]
         # The id can be created afresh, and holds none of the old events.
-        assert store.commit(meta, [_event(9)], 0).ok
-        again = store.load(app, meta.id)
+        assert store.commit(row, [_event(9)], 0).ok
+        again = store.load(app, row.id)
         assert again is not None and _ids(again.events) == ["evt-9"]
         other_loaded = store.load(app, other.id)
         assert other_loaded is not None and _ids(other_loaded.events) == ["evt-1"]
@@ -190,28 +190,28 @@ class LedgerContract(ContractBase):
     # -- fork fields ------------------------------------------------------------------------
 
     def test_fork_fields_are_kept_from_creation(self, store: SessionStore, app: str) -> None:
-        fork = self.meta(app, forked_from="s-origin", fork_reason="both answered tool call c1")
+        fork = self.row(app, forked_from="s-origin", fork_reason="both answered tool call c1")
         store.commit(fork, [_event(1)], 0)
-        plain = self.meta(app)
+        plain = self.row(app)
         store.commit(plain, [], 0)
-        store.commit(self.meta(app, fork.id), [_event(2)], 1)  # a later commit that does not repeat them
+        store.commit(self.row(app, fork.id), [_event(2)], 1)  # a later commit that does not repeat them
         loaded, other = store.load(app, fork.id), store.load(app, plain.id)
         assert loaded is not None and other is not None
-        assert (loaded.session.forked_from, loaded.session.fork_reason) == ("s-origin", "both answered tool call c1")
-        assert (other.session.forked_from, other.session.fork_reason) == (None, None)
+        assert (loaded.row.forked_from, loaded.row.fork_reason) == ("s-origin", "both answered tool call c1")
+        assert (other.row.forked_from, other.row.fork_reason) == (None, None)
 
     # -- loading the tail -------------------------------------------------------------------
 
     def test_load_after_a_version_returns_only_the_later_events(self, store: SessionStore, app: str) -> None:
-        meta = self.meta(app)
-        store.commit(meta, [_event(1), _event(2)], 0)  # version 1
-        store.commit(meta, [], 1)  # version 2: no events
-        store.commit(meta, [_event(3)], 2)  # version 3
-        store.commit(meta, [_event(2), _event(4), _event(5)], 3)  # version 4: evt-2 is stored already
+        row = self.row(app)
+        store.commit(row, [_event(1), _event(2)], 0)  # version 1
+        store.commit(row, [], 1)  # version 2: no events
+        store.commit(row, [_event(3)], 2)  # version 3
+        store.commit(row, [_event(2), _event(4), _event(5)], 3)  # version 4: evt-2 is stored already
         tails = {}
         for after in (None, 0, 1, 2, 3, 4, 99):
-            loaded = store.load(app, meta.id, after=after)
-            assert loaded is not None and loaded.session.version == 4
+            loaded = store.load(app, row.id, after=after)
+            assert loaded is not None and loaded.row.version == 4
             tails[after] = _ids(loaded.events)
         assert tails == {
             None: ["evt-1", "evt-2", "evt-3", "evt-4", "evt-5"],

@@ -25,34 +25,34 @@ class LifecycleContract(ContractBase):
         lives, its id is taken."""
         hour = 3_600_000
         with frozen_clock(2_000_000_000_000) as clock:
-            meta = self.meta(app, "s-again", retention_ms=hour)
-            assert store.commit(meta, [_event(1), _event(2)], 0).ok
-            assert store.commit(meta, [_event(3)], 1).ok
+            row = self.row(app, "s-again", retention_ms=hour)
+            assert store.commit(row, [_event(1), _event(2)], 0).ok
+            assert store.commit(row, [_event(3)], 1).ok
             clock.advance(hour // 2)
-            taken = store.commit(meta, [_event(9)], 0)
+            taken = store.commit(row, [_event(9)], 0)
             assert (taken.ok, taken.version) == (False, 2)
             clock.advance(hour)  # an hour and a half after its last commit
-            again = store.commit(meta, [_event(1), _event(9)], 0)
+            again = store.commit(row, [_event(1), _event(9)], 0)
             assert (again.ok, again.version, again.appended) == (True, 1, 2)  # evt-1 is new to this session
             loaded = store.load(app, "s-again")
-            assert loaded is not None and loaded.session.version == 1
+            assert loaded is not None and loaded.row.version == 1
             assert _ids(loaded.events) == ["evt-1", "evt-9"]
             assert [(s.id, s.version) for s in store.list(app)] == [("s-again", 1)]
-            assert store.commit(meta, [_event(10)], 1).ok
-            assert store.commit(meta, [_event(11)], 0).version == 2  # and the new one's id is taken
+            assert store.commit(row, [_event(10)], 1).ok
+            assert store.commit(row, [_event(11)], 0).version == 2  # and the new one's id is taken
 
     # -- the clock --------------------------------------------------------------------------
 
     def test_updated_at_never_goes_backwards(self, store: SessionStore, app: str) -> None:
         """A writer whose clock is behind (another machine) must not move a session down the listing."""
-        first, second = self.meta(app, "s-first"), self.meta(app, "s-second")
+        first, second = self.row(app, "s-first"), self.row(app, "s-second")
         with frozen_clock(2_000_000_000_000) as clock:
             store.commit(first, [_event(1)], 0)
             store.commit(second, [_event(1)], 0)  # the same instant: ties are broken by id
             clock.advance(-1_000_000_000_000)
             store.commit(first, [_event(2)], 1)
         loaded = store.load(app, first.id)
-        assert loaded is not None and loaded.session.updated_at == 2_000_000_000_000
+        assert loaded is not None and loaded.row.updated_at == 2_000_000_000_000
         listed = store.list(app)
         assert [(s.id, s.updated_at) for s in listed] == [
             ("s-second", 2_000_000_000_000),
@@ -63,45 +63,45 @@ class LifecycleContract(ContractBase):
 
     def test_a_snapshot_is_kept_newest_first_and_goes_with_its_session(self, store: SessionStore, app: str) -> None:
         snaps = self.snapshots_of(store)
-        meta = self.meta(app)
-        assert not snaps.save_snapshot(app, meta.id, StoredSnapshot(1, "none yet")), "no row: nothing kept"
-        store.commit(meta, [_event(1)], 0)
-        if not snaps.save_snapshot(app, meta.id, StoredSnapshot(1, "at 1")):
+        row = self.row(app)
+        assert not snaps.save_snapshot(app, row.id, StoredSnapshot(1, "none yet")), "no row: nothing kept"
+        store.commit(row, [_event(1)], 0)
+        if not snaps.save_snapshot(app, row.id, StoredSnapshot(1, "at 1")):
             pytest.skip("this store keeps no snapshots (loads read the whole ledger)")
-        assert snaps.load_snapshot(app, meta.id) == StoredSnapshot(1, "at 1")
-        assert not snaps.save_snapshot(app, meta.id, StoredSnapshot(2, "ahead of the row"))
-        store.commit(meta, [_event(2)], 1)
-        store.commit(meta, [_event(3)], 2)
-        assert snaps.save_snapshot(app, meta.id, StoredSnapshot(3, "at 3"))
-        assert not snaps.save_snapshot(app, meta.id, StoredSnapshot(2, "older: a slow writer"))
-        assert not snaps.save_snapshot(app, meta.id, StoredSnapshot(3, "the same version again"))
-        assert snaps.load_snapshot(app, meta.id) == StoredSnapshot(3, "at 3")
-        other = self.meta(app)
+        assert snaps.load_snapshot(app, row.id) == StoredSnapshot(1, "at 1")
+        assert not snaps.save_snapshot(app, row.id, StoredSnapshot(2, "ahead of the row"))
+        store.commit(row, [_event(2)], 1)
+        store.commit(row, [_event(3)], 2)
+        assert snaps.save_snapshot(app, row.id, StoredSnapshot(3, "at 3"))
+        assert not snaps.save_snapshot(app, row.id, StoredSnapshot(2, "older: a slow writer"))
+        assert not snaps.save_snapshot(app, row.id, StoredSnapshot(3, "the same version again"))
+        assert snaps.load_snapshot(app, row.id) == StoredSnapshot(3, "at 3")
+        other = self.row(app)
         store.commit(other, [_event(1)], 0)
         assert snaps.load_snapshot(app, other.id) is None
-        assert snaps.load_snapshot(f"{app}-other", meta.id) is None
-        store.delete(app, meta.id)
-        assert snaps.load_snapshot(app, meta.id) is None
-        store.commit(meta, [_event(1), _event(2), _event(3), _event(4)], 0)  # made again: no snapshot of the old one
+        assert snaps.load_snapshot(f"{app}-other", row.id) is None
+        store.delete(app, row.id)
+        assert snaps.load_snapshot(app, row.id) is None
+        store.commit(row, [_event(1), _event(2), _event(3), _event(4)], 0)  # made again: no snapshot of the old one
         for version in range(1, 4):
-            store.commit(meta, [], version)
-        assert snaps.load_snapshot(app, meta.id) is None
+            store.commit(row, [], version)
+        assert snaps.load_snapshot(app, row.id) is None
 
     def test_a_snapshot_over_its_limit_is_not_kept_and_bad_ones_are_refused(
         self, store: SessionStore, app: str
     ) -> None:
         snaps = self.snapshots_of(store)
-        meta = self.meta(app)
-        store.commit(meta, [_event(1)], 0)
-        store.commit(meta, [_event(2)], 1)
+        row = self.row(app)
+        store.commit(row, [_event(1)], 0)
+        store.commit(row, [_event(2)], 1)
         limit = self.limits(store).max_snapshot_bytes
-        if not snaps.save_snapshot(app, meta.id, StoredSnapshot(1, "é" * (limit // 2))):
+        if not snaps.save_snapshot(app, row.id, StoredSnapshot(1, "é" * (limit // 2))):
             pytest.skip("this store keeps no snapshots (loads read the whole ledger)")
-        assert not snaps.save_snapshot(app, meta.id, StoredSnapshot(2, "é" * (limit // 2 + 1)))  # bytes, not chars
-        assert snaps.load_snapshot(app, meta.id) == StoredSnapshot(1, "é" * (limit // 2))
+        assert not snaps.save_snapshot(app, row.id, StoredSnapshot(2, "é" * (limit // 2 + 1)))  # bytes, not chars
+        assert snaps.load_snapshot(app, row.id) == StoredSnapshot(1, "é" * (limit // 2))
         for bad in (StoredSnapshot(0, "x"), StoredSnapshot(-1, "x"), "x"):
             with pytest.raises(InputError) as caught:
-                snaps.save_snapshot(app, meta.id, bad)  # type: ignore[arg-type]
+                snaps.save_snapshot(app, row.id, bad)  # type: ignore[arg-type]
             assert caught.value.field == "snapshot"
 
     # -- lifecycle --------------------------------------------------------------------------

@@ -32,10 +32,10 @@ class ListingContract(ContractBase):
     def test_bound_sessions_names_the_sessions_bound_to_one_id(self, store: SessionStore, app: str) -> None:
         if not isinstance(store, ErasableStore):
             pytest.skip("bound_sessions is part of ErasableStore, which this store is not")
-        store.commit(self.meta(app, "s-b", scopes={"user": "u-1", "org": "o-1"}), [_event(1)], 0)
-        store.commit(self.meta(app, "s-a", scopes={"user": "u-1"}), [], 0)
-        store.commit(self.meta(app, "s-c", scopes={"user": "u-2", "org": "o-1"}), [], 0)
-        store.commit(self.meta(f"{app}-other", "s-d", scopes={"user": "u-1"}), [], 0)
+        store.commit(self.row(app, "s-b", scopes={"user": "u-1", "org": "o-1"}), [_event(1)], 0)
+        store.commit(self.row(app, "s-a", scopes={"user": "u-1"}), [], 0)
+        store.commit(self.row(app, "s-c", scopes={"user": "u-2", "org": "o-1"}), [], 0)
+        store.commit(self.row(f"{app}-other", "s-d", scopes={"user": "u-1"}), [], 0)
         assert store.bound_sessions(app, "user", "u-1") == ["s-a", "s-b"]
         assert store.bound_sessions(app, "org", "o-1") == ["s-b", "s-c"]
         assert store.bound_sessions(app, "patient", "u-1") == []
@@ -50,10 +50,10 @@ class ListingContract(ContractBase):
 
     def test_list_is_per_app_with_updated_at(self, store: SessionStore, app: str) -> None:
         other_app = f"{app}-other"
-        mine = [self.meta(app) for _ in range(3)]
-        for meta in mine:
-            store.commit(meta, [_event(1)], 0)
-        store.commit(self.meta(other_app), [_event(1)], 0)
+        mine = [self.row(app) for _ in range(3)]
+        for row in mine:
+            store.commit(row, [_event(1)], 0)
+        store.commit(self.row(other_app), [_event(1)], 0)
         listed = store.list(app)
         assert sorted(s.id for s in listed) == sorted(m.id for m in mine)
         assert all(s.updated_at > 0 for s in listed)
@@ -63,13 +63,13 @@ class ListingContract(ContractBase):
         assert store.list(f"{app}-empty") == []
 
     def test_list_puts_the_most_recently_updated_first_and_pages(self, store: SessionStore, app: str) -> None:
-        metas = [self.meta(app, f"s{n}") for n in range(5)]
+        rows = [self.row(app, f"s{n}") for n in range(5)]
         with frozen_clock(1_800_000_000_000) as clock:
-            for meta in metas:
+            for row in rows:
                 clock.advance(1)
-                store.commit(meta, [], 0)
+                store.commit(row, [], 0)
             clock.advance(1)
-            store.commit(metas[0], [_event(1)], 1)  # touched last: listed first
+            store.commit(rows[0], [_event(1)], 1)  # touched last: listed first
         listed = store.list(app)
         assert [s.id for s in listed] == ["s0", "s4", "s3", "s2", "s1"]
         assert [s.updated_at for s in listed] == sorted((s.updated_at for s in listed), reverse=True)
@@ -88,9 +88,9 @@ class ListingContract(ContractBase):
             assert pages == [s.id for s in listed]
 
     def test_list_carries_the_status_saved_with_the_commit(self, store: SessionStore, app: str) -> None:
-        meta = self.meta(app, status="running")
-        store.commit(meta, [_event(1)], 0)
-        store.commit(self.meta(app, meta.id, status="awaiting_input"), [_event(2)], 1)
+        row = self.row(app, status="running")
+        store.commit(row, [_event(1)], 0)
+        store.commit(self.row(app, row.id, status="awaiting_input"), [_event(2)], 1)
         (listing,) = store.list(app)
         assert listing.status == "awaiting_input"
 
@@ -105,7 +105,7 @@ class ListingContract(ContractBase):
                 if n % 2 == 0:
                     clock.advance(1)
                 sid, status = f"s{n:02d}", statuses[n % 3]
-                store.commit(self.meta(app, sid, status=status), [_event(n)], 0)
+                store.commit(self.row(app, sid, status=status), [_event(n)], 0)
                 made.append((clock.ms, sid, status))
         for status in statuses:
             expected = [sid for _, sid, s in sorted(made, reverse=True) if s == status]
@@ -130,13 +130,13 @@ class ListingContract(ContractBase):
 
     def test_a_status_change_moves_the_session_between_status_listings(self, store: SessionStore, app: str) -> None:
         with frozen_clock(1_800_000_000_000) as clock:
-            store.commit(self.meta(app, "other", status="running"), [_event(0)], 0)
+            store.commit(self.row(app, "other", status="running"), [_event(0)], 0)
             clock.advance(1)
-            store.commit(self.meta(app, "moving", status="running"), [_event(1)], 0)
+            store.commit(self.row(app, "moving", status="running"), [_event(1)], 0)
             assert [s.id for s in store.list(app, status="running")] == ["moving", "other"]
             assert store.list(app, status="awaiting_input") == []
             clock.advance(1)
-            store.commit(self.meta(app, "moving", status="awaiting_input"), [_event(2)], 1)
+            store.commit(self.row(app, "moving", status="awaiting_input"), [_event(2)], 1)
         assert [s.id for s in store.list(app, status="running")] == ["other"]
         ((sid, version, status),) = [(s.id, s.version, s.status) for s in store.list(app, status="awaiting_input")]
         assert (sid, version, status) == ("moving", 2, "awaiting_input")
@@ -163,7 +163,7 @@ class ListingContract(ContractBase):
 
         def commit(owner: str, sid: str, status: str, events: Sequence[Event], expected: int) -> bool:
             made.append((owner, sid))
-            return store.commit(self.meta(owner, sid, status=status), events, expected).ok
+            return store.commit(self.row(owner, sid, status=status), events, expected).ok
 
         def start(n: int) -> InvocationStartEvent:
             return InvocationStartEvent(id=f"start-{n}", invocation_id=f"inv-{n}", agent_name="agent", deadline=1)
@@ -214,7 +214,7 @@ class ListingContract(ContractBase):
                 assert commit(app, "s-run", "running", [_event(2)], 1)  # t+10: still running, updated
                 assert running() == [(other, "s-later", t + 4), (other, "s-refused", t + 7), (app, "s-run", t + 10)]
                 loaded = store.load(app, "s-run")
-                assert loaded is not None and loaded.session.updated_at == t + 10
+                assert loaded is not None and loaded.row.updated_at == t + 10
                 assert running(limit=1) == [(other, "s-later", t + 4)]
                 with pytest.raises(InputError) as refused:
                     store.running_sessions(0)
@@ -235,7 +235,7 @@ class ListingContract(ContractBase):
 
         def commit(owner: str, sid: str, status: str, n: int, expected: int) -> bool:
             made.append((owner, sid))
-            return store.commit(self.meta(owner, sid, status=status), [_event(n)], expected).ok
+            return store.commit(self.row(owner, sid, status=status), [_event(n)], expected).ok
 
         def listed(rows: Sequence[RunningSession]) -> list[tuple[str, str, int, str]]:
             return [(r.app_name, r.session_id, r.updated_at, r.status) for r in rows if r.app_name in (app, other)]

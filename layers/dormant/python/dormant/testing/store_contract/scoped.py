@@ -45,7 +45,7 @@ class ScopedStateContract(ContractBase):
         }
 
     def test_scoped_changes_land_with_the_commit(self, store: SessionStore, app: str) -> None:
-        meta = self.meta(app, scopes={"user": "u-1"})
+        row = self.row(app, scopes={"user": "u-1"})
         self.seed(store, app, "user", "u-1", {"keep": 1, "drop": 2})
         changes = [
             ScopedStateChange("user", "u-1", "name", "Ada"),
@@ -53,7 +53,7 @@ class ScopedStateContract(ContractBase):
             ScopedStateChange("user", "u-1", "name", "Ada L."),  # a later change to a key wins
             ScopedStateChange("team", "t-1", "size", 3),
         ]
-        assert store.commit(meta, [_event(1)], 0, changes).ok
+        assert store.commit(row, [_event(1)], 0, changes).ok
         assert store.load_scoped_state(app, "user", "u-1") == {"keep": 1, "name": "Ada L."}
         assert store.load_scoped_state(app, "team", "t-1") == {"size": 3}
 
@@ -67,21 +67,21 @@ class ScopedStateContract(ContractBase):
     def test_a_commit_with_other_scopes_is_refused_and_writes_nothing(
         self, store: SessionStore, app: str, given: dict[str, str], scope: str
     ) -> None:
-        meta = self.meta(app, scopes={"user": "alice"})
-        store.commit(meta, [_event(1)], 0)
-        other = self.meta(app, meta.id, scopes=given)
+        row = self.row(app, scopes={"user": "alice"})
+        store.commit(row, [_event(1)], 0)
+        other = self.row(app, row.id, scopes=given)
         for expected in (1, 5):  # at the right version, and at a wrong one: retrying cannot fix it
             with pytest.raises(ScopeMismatch) as caught:
                 store.commit(other, [_event(2)], expected, [ScopedStateChange("user", "bob", "k", 1)])
             assert (caught.value.scope, caught.value.field) == (scope, f"scopes.{scope}")
-        loaded = store.load(app, meta.id)
+        loaded = store.load(app, row.id)
         assert loaded is not None
-        assert (loaded.session.version, loaded.session.scopes, _ids(loaded.events)) == (1, {"user": "alice"}, ["evt-1"])
+        assert (loaded.row.version, loaded.row.scopes, _ids(loaded.events)) == (1, {"user": "alice"}, ["evt-1"])
         assert store.load_scoped_state(app, "user", "bob") == {}
-        assert store.commit(meta, [_event(2)], 1).ok  # the session itself goes on
+        assert store.commit(row, [_event(2)], 1).ok  # the session itself goes on
 
     def test_creating_a_taken_id_with_other_scopes_is_a_conflict(self, store: SessionStore, app: str) -> None:
-        meta = self.meta(app, scopes={"user": "alice"})
-        store.commit(meta, [], 0)
-        again = store.commit(self.meta(app, meta.id, scopes={"user": "bob"}), [_event(1)], 0)
+        row = self.row(app, scopes={"user": "alice"})
+        store.commit(row, [], 0)
+        again = store.commit(self.row(app, row.id, scopes={"user": "bob"}), [_event(1)], 0)
         assert (again.ok, again.version, again.appended) == (False, 1, 0)
