@@ -124,10 +124,10 @@ def test_reads_hand_a_pool_connection_back_idle(postgres_url: str, app: str, cap
     # would, so the pool never has to roll one back (psycopg_pool warns when it does).
     with ConnectionPool(postgres_url, min_size=1, max_size=1, open=True) as pool:
         store = postgres_store(pool=pool)
-        meta = _meta(app)
-        assert store.commit(meta, [_event(1)], 0).ok
+        row = _row(app)
+        assert store.commit(row, [_event(1)], 0).ok
         with caplog.at_level("WARNING", logger="psycopg.pool"):
-            assert [s.id for s in store.list(app)] == [meta.id]
+            assert [s.id for s in store.list(app)] == [row.id]
             assert store.load_scoped_state(app, "user", "u-1") == {}
         conn = pool.getconn()
         try:
@@ -160,11 +160,11 @@ def test_one_thread_holds_one_connection(postgres_url: str, app: str) -> None:
     # its first call (still opening the first) then takes them in turn, doubling the server's connections.
     name = f"dormant-test-{uuid.uuid4().hex[:8]}"
     store = postgres_store(make_conninfo(postgres_url, application_name=name))
-    meta = _meta(app)
+    row = _row(app)
     try:
         for version in range(20):
-            assert store.commit(meta, [_event(version)], version).ok
-            assert store.load(app, meta.id) is not None
+            assert store.commit(row, [_event(version)], version).ok
+            assert store.load(app, row.id) is not None
         assert _connections_named(postgres_url, name) == 1
     finally:
         store.close()

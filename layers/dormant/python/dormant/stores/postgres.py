@@ -163,17 +163,17 @@ class PostgresSessionStore(BaseSessionStore):
             # give a version older (or newer) than the events shown with it.
             with _atomic(conn):
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                meta = conn.cursor(row_factory=tuple_row).execute(_LOAD_ROW, (app_name, session_id))
+                found = conn.cursor(row_factory=tuple_row).execute(_LOAD_ROW, (app_name, session_id))
                 data = conn.cursor(row_factory=tuple_row).execute(_LOAD_EVENTS, (app_name, session_id, after))
-            row = meta.fetchone()
-            rows = data.fetchall()
-        if row is None:
+            fetched = found.fetchone()
+            events = data.fetchall()
+        if fetched is None:
             return None
-        version, scopes, created_at, status, updated_at, forked_from, fork_reason = row
-        stored = StoredSession(
+        version, scopes, created_at, status, updated_at, forked_from, fork_reason = fetched
+        row = StoredSession(
             session_id, app_name, version, json.loads(scopes), created_at, status, updated_at, forked_from, fork_reason
         )
-        return stored, [text for (text,) in rows]
+        return row, [text for (text,) in events]
 
     def _write(self, commit: PreparedCommit) -> int | Refused:
         new, expected = commit.row, commit.expected_version
@@ -200,8 +200,8 @@ class PostgresSessionStore(BaseSessionStore):
                 for statement, params in _scoped_statements(app, commit.scoped):
                     conn.execute(statement, params)
             if granted.rowcount != 1:
-                row = conn.cursor(row_factory=tuple_row).execute(_REFUSED, (app, sid)).fetchone()
-                return Refused(row[0], json.loads(row[1])) if row else Refused(0)
+                current = conn.cursor(row_factory=tuple_row).execute(_REFUSED, (app, sid)).fetchone()
+                return Refused(current[0], json.loads(current[1])) if current else Refused(0)
             if counted is not None:
                 (count,) = counted.fetchone() or (0,)
                 return int(count)
