@@ -458,11 +458,9 @@ def _translate() -> Iterator[None]:
 
 
 def _translated(exc: psycopg.Error) -> DormantError:
-    for kind in type(exc).__mro__:
-        if kind in _TRANSLATION:
-            error, meaning = _TRANSLATION[kind]
-            return error(f"Postgres store: {meaning}: {exc}")
-    raise AssertionError("unreachable: psycopg.Error is in the table") from exc
+    """The dormant error for ``exc``: the first class of its MRO in the table (psycopg.Error, at the latest)."""
+    error, meaning = next(_TRANSLATION[kind] for kind in type(exc).__mro__ if kind in _TRANSLATION)
+    return error(f"Postgres store: {meaning}: {exc}")
 
 
 def postgres_store(
