@@ -73,6 +73,16 @@ def dormant_serve(
 
 
 @contextlib.contextmanager
+def clinic_serve(store: tuple[str, Mapping[str, str]], cwd: Path, timeout: float) -> Iterator[ServeProcess]:
+    """``dormant serve`` of the Bookings sample on ``store`` (its URL and environment) as the principal ``clinic``;
+    once it stops, its log holds no traceback."""
+    url, env = store
+    with dormant_serve("--store", url, "--principal", "clinic", env=env, cwd=cwd, timeout=timeout) as process:
+        yield process
+    assert "Traceback" not in process.output()
+
+
+@contextlib.contextmanager
 def serving_process(
     argv: list[str],
     env: Mapping[str, str] | None = None,
