@@ -199,16 +199,8 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Any, monkeypatch: pytest
 @pytest.fixture
 def postgres_schema(postgres_url: str) -> Iterator[str]:
     """A URL on a new, empty schema of the test server, dropped afterwards."""
-    psycopg = pytest.importorskip("psycopg")
-    import uuid
+    pytest.importorskip("psycopg")
+    from tests.support.servers.postgres import throwaway_schema
 
-    from psycopg.conninfo import make_conninfo
-
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield make_conninfo(postgres_url, options=f"-c search_path={schema}")
-    finally:
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    with throwaway_schema(postgres_url, "t_") as url:
+        yield url
