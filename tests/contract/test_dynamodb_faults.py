@@ -104,6 +104,14 @@ def _seeded(world: World) -> None:
     assert world.writer.commit(world.meta(), _events("base", 10), 0).ok
 
 
+def _untouched_and_unmarked(world: World) -> None:
+    """A failed commit left the seeded session as it was and no marker behind: the next commit takes it on."""
+    assert world.ids() == _events_ids("base", 10)
+    world.clock.advance(1)
+    assert world.store().repair_pending(older_than_s=0) == []  # no marker was left
+    _takes_the_next_commit(world, 1, _events_ids("base", 10))
+
+
 def _dies_at(world: World, call: str, nth: int, *commit: Any) -> None:
     """The writer's ``commit(*commit)`` dies at its ``nth`` ``call`` to DynamoDB, the calls before it written."""
     world.faults.die(call, nth=nth)
@@ -193,10 +201,7 @@ def test_a_gate_throttled_past_the_retries_is_store_busy_and_writes_nothing(worl
     faults.throttle("UpdateItem", 5)
     with pytest.raises(StoreBusy, match="throttled"):
         store.commit(world.meta(), _events("t", 5), 1)
-    assert world.ids() == _events_ids("base", 10)
-    world.clock.advance(1)
-    assert world.store().repair_pending(older_than_s=0) == []  # no marker was left
-    _takes_the_next_commit(world, 1, _events_ids("base", 10))
+    _untouched_and_unmarked(world)
 
 
 def test_events_throttled_past_the_retries_fail_typed(world: World) -> None:
@@ -438,10 +443,7 @@ def test_a_gate_meeting_transactions_past_the_retries_is_store_busy_and_writes_n
         store.commit(world.meta(), _events("t", 5), 1)
     assert world.faults.sent["UpdateItem"] - before == 3  # the call and two re-sends: bounded
     world.faults._errors.clear()  # the seven conflicts left unused
-    assert world.ids() == _events_ids("base", 10)
-    world.clock.advance(1)
-    assert world.store().repair_pending(older_than_s=0) == []  # no marker was left
-    _takes_the_next_commit(world, 1, _events_ids("base", 10))
+    _untouched_and_unmarked(world)
 
 
 def test_a_rollback_meeting_a_transaction_is_resent(world: World) -> None:
