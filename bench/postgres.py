@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -100,33 +99,18 @@ def _server() -> Iterator[str]:
         yield started
 
 
-@contextlib.contextmanager
-def _schema(url: str) -> Iterator[str]:
-    """A schema for this run; the URL returned puts it first on the search_path."""
-    import psycopg
-    from psycopg.conninfo import make_conninfo
-
-    schema = f"dormant_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield make_conninfo(url, options=f"-c search_path={schema}")
-    finally:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
-
-
 def run() -> list[Figure]:
     try:
         import psycopg
 
         from dormant.errors import DormantError
         from dormant.stores.postgres import postgres_store
+        from tests.support.servers.postgres import throwaway_schema
     except ImportError as exc:
         print(f"  skipped: the Postgres store needs psycopg (pip install 'dormant[postgres]'): {exc}")
         return []
     try:
-        with _server() as server, _schema(server) as url:
+        with _server() as server, throwaway_schema(server, "dormant_bench_") as url:
             store, floor = postgres_store(url), Floor(url)
             try:
                 return store_workloads("postgres", store, floor, targets=SQL_TARGETS)

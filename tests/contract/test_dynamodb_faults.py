@@ -104,6 +104,21 @@ def _seeded(world: World) -> None:
     assert world.writer.commit(world.row(), _events("base", 10), 0).ok
 
 
+def _untouched_and_unmarked(world: World) -> None:
+    """A failed commit left the seeded session as it was and no marker behind: the next commit takes it on."""
+    assert world.ids() == _events_ids("base", 10)
+    world.clock.advance(1)
+    assert world.store().repair_pending(older_than_s=0) == []  # no marker was left
+    _takes_the_next_commit(world, 1, _events_ids("base", 10))
+
+
+def _dies_at(world: World, call: str, nth: int, *commit: Any) -> None:
+    """The writer's ``commit(*commit)`` dies at its ``nth`` ``call`` to DynamoDB, the calls before it written."""
+    world.faults.die(call, nth=nth)
+    with pytest.raises(Died):
+        world.writer.commit(*commit)
+
+
 def _takes_the_next_commit(world: World, version: int, before: list[str]) -> None:
     fresh = world.store()
     result = fresh.commit(world.row(), _events("next", 3), version)
@@ -186,10 +201,7 @@ def test_a_gate_throttled_past_the_retries_is_store_busy_and_writes_nothing(worl
     faults.throttle("UpdateItem", 5)
     with pytest.raises(StoreBusy, match="throttled"):
         store.commit(world.row(), _events("t", 5), 1)
-    assert world.ids() == _events_ids("base", 10)
-    world.clock.advance(1)
-    assert world.store().repair_pending(older_than_s=0) == []  # no marker was left
-    _takes_the_next_commit(world, 1, _events_ids("base", 10))
+    _untouched_and_unmarked(world)
 
 
 def test_events_throttled_past_the_retries_fail_typed(world: World) -> None:
@@ -210,9 +222,7 @@ def test_events_throttled_past_the_retries_fail_typed(world: World) -> None:
 
 def test_writer_dies_right_after_the_gate_and_the_next_writer_repairs_the_stale_marker(world: World) -> None:
     _seeded(world)
-    world.faults.die("BatchWriteItem", nth=1)
-    with pytest.raises(Died):
-        world.writer.commit(world.row(), _events("lost", 5), 1)
+    _dies_at(world, "BatchWriteItem", 1, world.row(), _events("lost", 5), 1)
     assert world.ids() == _events_ids("base", 10) and world.version() == 1
 
     # A second writer while the marker is live: it waits a moment, then gives up, writing nothing.
@@ -226,9 +236,8 @@ def test_writer_dies_right_after_the_gate_and_the_next_writer_repairs_the_stale_
 
 def test_writer_dies_after_the_events_before_the_marker_is_cleared(world: World) -> None:
     _seeded(world)
-    world.faults.die("TransactWriteItems", nth=1)  # the finish: the meta update, the touch, the superseded one
-    with pytest.raises(Died):
-        world.writer.commit(world.row(status="done"), _events("whole", 30), 1)
+    # the finish: the meta update, the touch, the superseded one
+    _dies_at(world, "TransactWriteItems", 1, world.row(status="done"), _events("whole", 30), 1)
     assert world.raw_event_items() == 40  # every event item is there...
     assert world.ids() == _events_ids("base", 10) and world.version() == 1  # ...and none is visible
     assert [s.version for s in world.reader.list(world.app)] == [1]
@@ -247,10 +256,9 @@ def test_writer_dies_after_the_events_before_the_marker_is_cleared(world: World)
 
 def test_a_rolled_forward_commit_lands_its_scoped_changes(world: World) -> None:
     _seeded(world)
-    world.faults.die("TransactWriteItems", nth=1)  # with scoped changes, the finish is a transaction
     changes = [ScopedStateChange("user", "u-1", "name", "Ada"), ScopedStateChange("user", "u-1", "n", 2)]
-    with pytest.raises(Died):
-        world.writer.commit(world.row(), _events("s", 3), 1, changes)
+    # with scoped changes, the finish is a transaction
+    _dies_at(world, "TransactWriteItems", 1, world.row(), _events("s", 3), 1, changes)
     assert world.reader.load_scoped_state(world.app, "user", "u-1") == {}  # not before the commit lands
     world.clock.advance(31_000)
     # The next writer meets the stale marker, rolls it forward, and so conflicts: version 2 is taken.
@@ -282,9 +290,8 @@ def _listed(world: World) -> list[tuple[str, int, str | None, int]]:
 def test_writer_dies_before_a_finish_carrying_the_touch_and_repair_rolls_it_forward(world: World, count: int) -> None:
     _seeded(world)
     at = world.clock.advance(1000)
-    world.faults.die("TransactWriteItems", nth=1)  # the events filled their batches: the touch rides here
-    with pytest.raises(Died):
-        world.writer.commit(world.row(status="done"), _events("full", count), 1)
+    # the events filled their batches: the touch rides here
+    _dies_at(world, "TransactWriteItems", 1, world.row(status="done"), _events("full", count), 1)
     assert world.raw_event_items() == 10 + count  # every event item is there...
     assert world.ids() == _events_ids("base", 10) and at not in _touches(world)  # ...none visible, no touch
     assert [row[:3] for row in _listed(world)] == [("s-1", 1, None)]
@@ -303,9 +310,7 @@ def test_writer_dies_before_a_finish_carrying_the_touch_and_repair_rolls_it_forw
 def test_a_create_with_no_events_dying_after_its_gate_is_rolled_back(world: World, scopes: dict[str, str]) -> None:
     # The gate is an UpdateItem, or with bound scopes a transaction with the binding entries; the finish, a
     # transaction with the touch.
-    world.faults.die("TransactWriteItems", nth=2 if scopes else 1)
-    with pytest.raises(Died):
-        world.writer.commit(world.row(scopes=scopes), [], 0)
+    _dies_at(world, "TransactWriteItems", 2 if scopes else 1, world.row(scopes=scopes), [], 0)
     assert world.reader.load(world.app, world.sid) is None and _listed(world) == []
     # While its marker stands the create is in flight: an erasure of its scope finds it.
     assert world.reader.bound_sessions(world.app, "user", "u-1") == (["s-1"] if scopes else [])
@@ -322,9 +327,7 @@ def test_a_create_with_no_events_dying_after_its_gate_is_rolled_back(world: Worl
 
 
 def test_a_bound_create_dying_in_its_gate_writes_nothing_and_a_refused_one_no_binding(world: World) -> None:
-    world.faults.die("TransactWriteItems", nth=1)
-    with pytest.raises(Died):
-        world.writer.commit(world.row(scopes={"user": "u-1"}), [], 0)
+    _dies_at(world, "TransactWriteItems", 1, world.row(scopes={"user": "u-1"}), [], 0)
     raw = world.writer_client.query(
         TableName=world.table,
         KeyConditionExpression="pk = :pk",
@@ -440,17 +443,12 @@ def test_a_gate_meeting_transactions_past_the_retries_is_store_busy_and_writes_n
         store.commit(world.row(), _events("t", 5), 1)
     assert world.faults.sent["UpdateItem"] - before == 3  # the call and two re-sends: bounded
     world.faults._errors.clear()  # the seven conflicts left unused
-    assert world.ids() == _events_ids("base", 10)
-    world.clock.advance(1)
-    assert world.store().repair_pending(older_than_s=0) == []  # no marker was left
-    _takes_the_next_commit(world, 1, _events_ids("base", 10))
+    _untouched_and_unmarked(world)
 
 
 def test_a_rollback_meeting_a_transaction_is_resent(world: World) -> None:
     _seeded(world)
-    world.faults.die("BatchWriteItem", nth=1)
-    with pytest.raises(Died):
-        world.writer.commit(world.row(), _events("d", 5), 1)
+    _dies_at(world, "BatchWriteItem", 1, world.row(), _events("d", 5), 1)
     world.clock.advance(1)
     sweeper_client = world._client()
     sweeper_faults = Faults(sweeper_client)
@@ -678,9 +676,7 @@ def test_a_sweeper_rolling_forward_a_slow_writer_lets_the_writer_succeed(
 
 def test_two_sweepers_racing_repair_a_marker_once(world: World) -> None:
     _seeded(world)
-    world.faults.die("TransactWriteItems", nth=1)  # the finish
-    with pytest.raises(Died):
-        world.writer.commit(world.row(), _events("x", 4), 1)
+    _dies_at(world, "TransactWriteItems", 1, world.row(), _events("x", 4), 1)  # the finish
     world.clock.advance(1)
     sweepers = [world.store() for _ in range(4)]
     barrier = threading.Barrier(len(sweepers), timeout=30)
@@ -703,9 +699,7 @@ def test_two_sweepers_racing_repair_a_marker_once(world: World) -> None:
 
 def test_a_young_marker_is_left_alone_by_the_sweeper(world: World) -> None:
     _seeded(world)
-    world.faults.die("BatchWriteItem", nth=1)
-    with pytest.raises(Died):
-        world.writer.commit(world.row(), _events("x", 4), 1)
+    _dies_at(world, "BatchWriteItem", 1, world.row(), _events("x", 4), 1)
     world.clock.advance(5_000)
     assert world.store().repair_pending(older_than_s=60) == []
     world.clock.advance(60_000)
@@ -935,9 +929,7 @@ def test_an_id_stored_by_either_path_is_found_when_re_sent_on_the_other(world: W
 def test_a_repair_rolling_forward_puts_the_id_items_the_writer_never_wrote(world: World) -> None:
     _seeded(world)
     # 30 events: their 30 items, then their 30 id items, in batches of 25: the third batch holds the last 10 id items
-    world.faults.die("BatchWriteItem", nth=3)
-    with pytest.raises(Died):
-        world.writer.commit(world.row(), _events("w", 30), 1)
+    _dies_at(world, "BatchWriteItem", 3, world.row(), _events("w", 30), 1)
     assert world.raw_event_items() == 40
     assert len([i for i in _id_items(world) if i.startswith("w-")]) == 20  # ten id items missing
     world.clock.advance(1)

@@ -28,12 +28,11 @@ from dormant.events import (  # noqa: E402
     ModelStartEvent,
     StateChangeEvent,
     ToolCallEvent,
-    ToolResultEvent,
 )
 from dormant.models.base import ModelRequest, ModelSpec  # noqa: E402
 from dormant.models.bedrock import BedrockAdapter, BedrockMalformedResponse  # noqa: E402
 from dormant.transcript import digest  # noqa: E402
-from tests.support.examples import triage  # noqa: E402
+from tests.support.examples import noted_a_sore_throat, of_type, triage  # noqa: E402
 from tests.support.fake_model_server import FakeModelServer, Reply, running  # noqa: E402
 
 MODEL_ID = "anthropic.claude-3-5-haiku-20241022-v1:0"
@@ -93,10 +92,6 @@ def text(value: str) -> dict[str, Any]:
 
 def tool_use(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"toolUse": {"toolUseId": call_id, "name": name, "input": args}}
-
-
-def of_type(events: Any, kind: type[Any]) -> list[Any]:
-    return [e for e in events if isinstance(e, kind)]
 
 
 # -- an app with tools and state -----------------------------------------------------------------
@@ -174,18 +169,7 @@ def test_tool_use_from_the_model_and_tool_result_sent_back(client: Any, stubber:
 
     run = app.run(agent, "I have a sore throat.")
 
-    assert run.status == "completed"
-    assert run.output.text == "Noted a sore throat."
-    assert (run.state.stage, run.state.concerns) == ("collecting", ["sore throat"])
-    [call] = of_type(run.events, ToolCallEvent)
-    assert (call.call_id, call.name, call.args, call.error) == (
-        "tooluse_1",
-        "note_concern",
-        {"concern": "sore throat"},
-        None,
-    )
-    [result] = of_type(run.events, ToolResultEvent)
-    assert (result.call_id, result.result) == ("tooluse_1", {"concerns": ["sore throat"]})
+    noted_a_sore_throat(run, "tooluse_1")
     assert sent.kwargs[1]["messages"] == [
         {"role": "user", "content": [{"text": "I have a sore throat."}]},
         {

@@ -28,7 +28,7 @@ from dormant.events import (
 from dormant.models.base import Message, ModelRequest, ModelSpec
 from dormant.models.openai import OpenAIAdapter, OpenAIMalformedResponse
 from dormant.transcript import digest
-from tests.support.examples import triage
+from tests.support.examples import noted_a_sore_throat, of_type, triage
 from tests.support.fake_model_server import FakeModelServer, Reply, running
 
 KEY = "sk-test-key"
@@ -78,10 +78,6 @@ def completion(
 def call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
     args = arguments if isinstance(arguments, str) else json.dumps(arguments)
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
-
-
-def of_type(events: Any, kind: type[Any]) -> list[Any]:
-    return [e for e in events if isinstance(e, kind)]
 
 
 # -- an app with tools and state -----------------------------------------------------------------
@@ -159,18 +155,7 @@ def test_one_tool_call_runs_the_tool_and_sends_its_result_back(server: FakeModel
 
     run = app.run(agent, "I have a sore throat.")
 
-    assert run.status == "completed"
-    assert run.output.text == "Noted a sore throat."
-    assert (run.state.stage, run.state.concerns) == ("collecting", ["sore throat"])
-    [tool_call] = of_type(run.events, ToolCallEvent)
-    assert (tool_call.call_id, tool_call.name, tool_call.args, tool_call.error) == (
-        "call_a1",
-        "note_concern",
-        {"concern": "sore throat"},
-        None,
-    )
-    [result] = of_type(run.events, ToolResultEvent)
-    assert (result.call_id, result.result, result.error) == ("call_a1", {"concerns": ["sore throat"]}, None)
+    assert noted_a_sore_throat(run, "call_a1").error is None
     second = server.requests[1].json["messages"]
     assert second[-2:] == [
         {

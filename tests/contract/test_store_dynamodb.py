@@ -8,7 +8,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -30,9 +30,16 @@ pytestmark = pytest.mark.backend("dynamodb")
 
 
 class TestDynamoDBStore(StoreContract):
+    store_options: ClassVar[dict[str, Any]] = {}
+    """What each store of the suite is opened with, beyond its table and client."""
+
     @pytest.fixture(autouse=True)
     def _table(self, dynamodb_endpoint: str, dynamodb_table: str) -> Iterator[None]:
-        self.endpoint, self.table = dynamodb_endpoint, dynamodb_table
+        yield from self._clients_on(dynamodb_endpoint, dynamodb_table)
+
+    def _clients_on(self, endpoint: str, table: str) -> Iterator[None]:
+        """The stores of one test on ``table``; their clients closed after it."""
+        self.endpoint, self.table = endpoint, table
         self.clients: list[Any] = []
         yield
         for c in self.clients:
@@ -41,7 +48,7 @@ class TestDynamoDBStore(StoreContract):
     def make_store(self) -> SessionStore:
         c = local_client(self.endpoint)
         self.clients.append(c)
-        return dynamo_store(self.table, client=c)
+        return dynamo_store(self.table, client=c, **self.store_options)
 
     def make_peer(self, store: SessionStore) -> SessionStore:
         return self.make_store()
@@ -51,28 +58,18 @@ class TestDynamoDBStoreGated(TestDynamoDBStore):
     """The suite again with every commit on the gated protocol (gate, batches, finish), as a commit too large
     for one ``TransactWriteItems`` is written."""
 
-    def make_store(self) -> SessionStore:
-        c = local_client(self.endpoint)
-        self.clients.append(c)
-        return dynamo_store(self.table, client=c, single_call_items=0)
+    store_options: ClassVar[dict[str, Any]] = {"single_call_items": 0}
 
 
 class TestDynamoDBStoreOneShard(TestDynamoDBStore):
     """The suite again with the listing unsharded: ``{app}`` as the listing key (a table of its own: shard
     counts are fixed per table)."""
 
+    store_options: ClassVar[dict[str, Any]] = {"listing_shards": 1}
+
     @pytest.fixture(autouse=True)
     def _table(self, dynamodb_endpoint: str, layout_table: Callable[[int], str]) -> Iterator[None]:
-        self.endpoint, self.table = dynamodb_endpoint, layout_table(1)
-        self.clients: list[Any] = []
-        yield
-        for c in self.clients:
-            c.close()
-
-    def make_store(self) -> SessionStore:
-        c = local_client(self.endpoint)
-        self.clients.append(c)
-        return dynamo_store(self.table, client=c, listing_shards=1)
+        yield from self._clients_on(dynamodb_endpoint, layout_table(1))
 
 
 # -- what only the DynamoDB store has ---------------------------------------------------------------

@@ -533,13 +533,18 @@ def parked(d: Any, sid: str) -> Any:
     return live[0]
 
 
+def yielded_and_parked(d: Any, sid: str, message: str) -> tuple[dict[str, Any], Any]:
+    """Create ``sid`` and run ``message`` until it yields: the session as shown, and the execution parked on it."""
+    create(d, sid)
+    shown = run(d, sid, message)
+    assert shown["status"] == "awaiting_input", (shown["status"], evidence(d))
+    return shown, parked(d, sid)
+
+
 @pytest.mark.backend("dynamodb")
 def test_create_run_park_answer_resume_complete(deployment: Any) -> None:
     d, sid = deployment, fresh("park")
-    create(d, sid)
-    shown = run(d, sid, "signoffs=1")
-    assert shown["status"] == "awaiting_input", (shown["status"], evidence(d))
-    execution = parked(d, sid)
+    shown, execution = yielded_and_parked(d, sid, "signoffs=1")
     assert execution.states[0] == "Run"  # the turn ran in the workflow, not in the API's request
     done = answer(d, sid, shown)
     assert done["status"] == "completed", (done["status"], evidence(d))
@@ -673,10 +678,7 @@ def test_people_of_a_tenant_approve_by_group_four_eyes_and_machine_scopes(deploy
 @pytest.mark.backend("dynamodb")
 def test_a_second_yield_parks_again_in_a_fresh_execution(deployment: Any) -> None:
     d, sid = deployment, fresh("twice")
-    create(d, sid)
-    first = run(d, sid, "signoffs=2")
-    assert first["status"] == "awaiting_input", (first["status"], evidence(d))
-    execution = parked(d, sid)
+    first, execution = yielded_and_parked(d, sid, "signoffs=2")
     second = answer(d, sid, first)
     assert second["status"] == "awaiting_input" and second["yielded_tools"][0]["args"] == {"step": 2}, evidence(d)
     again = parked(d, sid)
@@ -725,10 +727,7 @@ def test_an_unanswered_wait_expires(deployment: Any) -> None:
 @pytest.mark.backend("dynamodb")
 def test_a_model_failure_after_resume_is_recorded(deployment: Any) -> None:
     d, sid = deployment, fresh("fail")
-    create(d, sid)
-    shown = run(d, sid, "signoffs=1 fail=model")
-    assert shown["status"] == "awaiting_input", (shown["status"], evidence(d))
-    execution = parked(d, sid)
+    shown, execution = yielded_and_parked(d, sid, "signoffs=1 fail=model")
     failed = answer(d, sid, shown)
     assert failed["status"] == "error", (failed["status"], evidence(d))
     end = ledger(d, sid)[-1]
@@ -1058,6 +1057,28 @@ def test_a_sixty_second_turn_completes(deployment: Any) -> None:
     assert show(d, sid)["status"] == "completed", evidence(d)
 
 
+_SHARDS = "shards=1&pending_shards=8"
+"""The deployment's shard counts (``infra.stack.SHARD_DEFAULTS``): the table refuses a store opened with others."""
+
+
+def table_store(d: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A store on the deployment's table, opened by the test itself (as a writer outside the functions would)."""
+    from dormant.stores.url import store_from_url
+    from tests.support.servers.dynamodb import ACCESS_KEY, REGION
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
+    return store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}&{_SHARDS}")
+
+
+def scheduled_sweep(d: Any) -> dict[str, Any]:
+    """The sweeper invoked with the schedule's own event (``events/schedule/sweeper.json``): what it reports."""
+    event = json.loads((Path(__file__).resolve().parents[2] / "events/schedule/sweeper.json").read_text())
+    ok, result = d.invoke("sweeper", event)
+    assert ok, (result, evidence(d))
+    return result
+
+
 @pytest.mark.backend("dynamodb")
 def test_the_sweeper_repairs_a_commit_a_dead_writer_left_pending(
     deployment: Any, monkeypatch: pytest.MonkeyPatch
@@ -1067,15 +1088,11 @@ def test_the_sweeper_repairs_a_commit_a_dead_writer_left_pending(
     from dormant.clock import now_ms, use_clock
     from dormant.events import UserEvent
     from dormant.stores.base import StoredSession
-    from dormant.stores.url import store_from_url
     from tests.support.dynamodb_faults import Died, Faults
-    from tests.support.servers.dynamodb import ACCESS_KEY, REGION
 
     d, sid = deployment, fresh("pending")
     create(d, sid)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
-    store = store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}&{_SHARDS}")
+    store = table_store(d, monkeypatch)
     app_name = f"fidelity@{TENANT}"
     loaded = store.load(app_name, sid)
     assert loaded is not None
@@ -1086,9 +1103,7 @@ def test_the_sweeper_repairs_a_commit_a_dead_writer_left_pending(
         # 120 events: more than one TransactWriteItems holds, so the gated protocol (gate, batches, finish)
         store.commit(row, [UserEvent(text=f"lost {n}") for n in range(120)], row.version)
     store.close()
-    event = json.loads((Path(__file__).resolve().parents[2] / "events/schedule/sweeper.json").read_text())
-    ok, result = d.invoke("sweeper", event)
-    assert ok, (result, evidence(d))
+    result = scheduled_sweep(d)
     assert result["repaired"] == 1 and result["turns"] == [], result  # DynamoDB: turns are the workflow's
     assert [e for e in ledger(d, sid) if e["type"] == "user"] == []  # rolled back: nothing of it shows
     body = {"expected_version": show(d, sid)["version"], "events": [{"type": "user", "text": "after the repair"}]}
@@ -1106,15 +1121,11 @@ def test_the_sweeper_hands_a_turn_whose_runner_died_to_a_fresh_execution(
     from dormant.clock import now_ms, use_clock
     from dormant.serving.runtime import for_tenant
     from dormant.serving.turns import claim_turn
-    from dormant.stores.url import store_from_url
     from tests.support.fidelity.fidelity_app import build
-    from tests.support.servers.dynamodb import ACCESS_KEY, REGION
 
     d, sid = deployment, fresh("orphan")
     create(d, sid)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
-    store = store_from_url(f"dynamodb://{d.table_name}?endpoint={d.dynamodb_endpoint}&region={REGION}&{_SHARDS}")
+    store = table_store(d, monkeypatch)
     fidelity = build(store)
     view = for_tenant(fidelity.app, TENANT)
     ten_minutes_ago = now_ms() - 600_000
@@ -1122,18 +1133,12 @@ def test_the_sweeper_hands_a_turn_whose_runner_died_to_a_fresh_execution(
         claim_turn(view, fidelity.agent, sid, "steps=2 signoffs=0", deadline=ten_minutes_ago + 60_000)
     store.close()
     assert show(d, sid)["status"] == "running" and not d.executions_of(TENANT, sid)
-    event = json.loads((Path(__file__).resolve().parents[2] / "events/schedule/sweeper.json").read_text())
-    ok, result = d.invoke("sweeper", event)
-    assert ok, (result, evidence(d))
+    result = scheduled_sweep(d)
     assert [line for line in result["turns"] if sid in line and "handed on (execution" in line], result
     d.settle()
     assert show(d, sid)["status"] == "completed", evidence(d)
     (execution,) = chain(d, sid)
     assert execution.states[0] == "Run" and execution.states[-1] == "Done", execution.states
-
-
-_SHARDS = "shards=1&pending_shards=8"
-"""The deployment's shard counts (``infra.stack.SHARD_DEFAULTS``): the table refuses a store opened with others."""
 
 
 def swept(result: dict[str, Any], sid: str) -> list[str]:
@@ -1147,10 +1152,7 @@ def test_the_sweeper_gives_a_wait_whose_execution_is_gone_a_fresh_one(deployment
     execution the wait's record names) starts a fresh one, which parks again with a new task token; a later
     answer wakes it and the session completes. A sweep while that execution lives leaves it alone."""
     d, sid = deployment, fresh("stopped")
-    create(d, sid)
-    shown = run(d, sid, "signoffs=1")
-    assert shown["status"] == "awaiting_input", (shown["status"], evidence(d))
-    first = parked(d, sid)
+    shown, first = yielded_and_parked(d, sid, "signoffs=1")
     assert not swept(d.sweep(grace_seconds=None), sid)  # the default grace: a wait just parked is not looked at
     assert not swept(d.sweep(), sid)  # looked at: its execution lives, so nothing is done
     d.stop(first)
@@ -1175,15 +1177,11 @@ def test_the_sweeper_starts_an_execution_for_a_wait_that_never_had_one(
     start leaves): the sweeper starts one, it parks, and the answer completes the session."""
     from dormant.serving.runtime import for_tenant
     from dormant.serving.turns import claim_turn, run_to_end
-    from dormant.stores.url import store_from_url
     from tests.support.fidelity.fidelity_app import build
-    from tests.support.servers.dynamodb import ACCESS_KEY, REGION
 
     d, sid = deployment, fresh("never")
     create(d, sid)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
-    store = store_from_url(f"dynamodb://{d.table_name}?{_SHARDS}&endpoint={d.dynamodb_endpoint}&region={REGION}")
+    store = table_store(d, monkeypatch)
     fidelity = build(store)
     view = for_tenant(fidelity.app, TENANT)
     run_to_end(view, claim_turn(view, fidelity.agent, sid, "signoffs=1"), lambda _: fidelity.agent)

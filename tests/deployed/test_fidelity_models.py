@@ -10,9 +10,10 @@ the function's remaining time ends the step with a typed error on the ledger, no
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -57,6 +58,36 @@ def _completion(message: dict[str, Any], finish: str) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def deployed_with_model(
+    dynamodb_endpoint: str,
+    server: FakeModelServer,
+    reply: Callable[[Received], Reply],
+    context: dict[str, str],
+    endpoints: dict[str, str],
+) -> Iterator[Any]:
+    """The fidelity app deployed with ``context`` (its model), the started fake provider ``server`` answering every
+    call with ``reply``; the deployment closed and the server stopped afterwards."""
+    from tests.support.fidelity.deployment import Deployment
+
+    try:
+        server.always(reply)
+        deployment = Deployment.start(
+            dynamodb_endpoint=dynamodb_endpoint,
+            app="fidelity_app:build",
+            app_packages=[APP_PACKAGE],
+            context=context,
+            endpoints=endpoints,
+            timeouts={"resume": RESUME_TIMEOUT},
+        )
+        try:
+            yield deployment
+        finally:
+            deployment.close()
+    finally:
+        server.stop()
+
+
 def _provider(received: Received) -> Reply:
     """The model: ask for one sign-off, then answer; a session whose message says ``slow`` waits a minute."""
     messages = received.json["messages"]
@@ -78,27 +109,17 @@ def served(dynamodb_endpoint: str) -> Iterator[Served]:
     pytest.importorskip("aws_cdk", reason="the harness synthesizes the CDK app (the infra extra)")
     pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambda extra")
     pytest.importorskip("openai", reason="the deployed model is an OpenAI-compatible server")
-    from tests.support.fidelity.deployment import Deployment
     from tests.support.fidelity.secret_store import SecretsServer
 
     secrets = SecretsServer()
     key = f"sk-fidelity-{uuid.uuid4().hex}"
     arn = secrets.client("secretsmanager").create_secret(Name=fresh("dormant/openai"), SecretString=key)["ARN"]
     server = FakeModelServer().start()
-    server.always(_provider)
-    deployment = Deployment.start(
-        dynamodb_endpoint=dynamodb_endpoint,
-        app="fidelity_app:build",
-        app_packages=[APP_PACKAGE],
-        context={"model": f"openai:{MODEL}", "openai_base_url": f"{server.url}/v1", "openai_secret": arn},
-        endpoints=secrets.endpoints(),
-        timeouts={"resume": RESUME_TIMEOUT},
-    )
+    context = {"model": f"openai:{MODEL}", "openai_base_url": f"{server.url}/v1", "openai_secret": arn}
     try:
-        yield Served(deployment, server, secrets, arn, key)
+        with deployed_with_model(dynamodb_endpoint, server, _provider, context, secrets.endpoints()) as deployment:
+            yield Served(deployment, server, secrets, arn, key)
     finally:
-        deployment.close()
-        server.stop()
         secrets.close()
 
 
@@ -207,23 +228,10 @@ def _converse(received: Received) -> Reply:
 def bedrock_served(dynamodb_endpoint: str) -> Iterator[Any]:
     pytest.importorskip("aws_cdk", reason="the harness synthesizes the CDK app (the infra extra)")
     pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambda extra")
-    from tests.support.fidelity.deployment import Deployment
-
     server = FakeModelServer().start()
-    server.always(_converse)
-    deployment = Deployment.start(
-        dynamodb_endpoint=dynamodb_endpoint,
-        app="fidelity_app:build",
-        app_packages=[APP_PACKAGE],
-        context={"model": f"bedrock:{PROFILE}"},
-        endpoints={"AWS_ENDPOINT_URL_BEDROCK_RUNTIME": server.url},
-        timeouts={"resume": RESUME_TIMEOUT},
-    )
-    try:
-        yield deployment, server
-    finally:
-        deployment.close()
-        server.stop()
+    endpoints = {"AWS_ENDPOINT_URL_BEDROCK_RUNTIME": server.url}
+    with deployed_with_model(dynamodb_endpoint, server, _converse, {"model": f"bedrock:{PROFILE}"}, endpoints) as d:
+        yield d, server
 
 
 @pytest.mark.backend("dynamodb")

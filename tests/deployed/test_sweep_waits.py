@@ -9,11 +9,6 @@ those; here, the pieces it is built from, on SQLite and DynamoDB Local.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -25,18 +20,7 @@ from dormant.serving.runtime import Served
 from dormant.serving.turns import claim_turn, run_to_end
 from dormant.serving.workflow import TOKEN_SCOPE, StepFunctions, end_invocation, sweep_turns
 from dormant.stores.url import store_from_url
-
-ROOT = Path(__file__).resolve().parents[2]
-APPS = ROOT / "tests" / "support" / "fidelity"
-
-
-def _fidelity() -> Any:
-    sys.path.insert(0, str(APPS))
-    try:
-        from fidelity_app import build  # type: ignore[import-not-found]
-    finally:
-        sys.path.remove(str(APPS))
-    return build
+from tests.support.fidelity.fidelity_app import build as build_fidelity
 
 
 def _yielded(view: Any, agent: Any, sid: str, signoffs: int = 1) -> Any:
@@ -58,7 +42,7 @@ def test_the_sweep_resumes_an_answered_session_whose_resume_was_lost(store_url: 
     """Answers stored ten minutes ago, and the process that should have resumed the turn died: the sweep resumes
     it (the sign-off's result recorded once). One answered just now is left to its own resume (the grace), and
     one that awaits answers needs no one off AWS: both stay as they are."""
-    fidelity = _fidelity()(store_from_url(store_url))
+    fidelity = build_fidelity(store_from_url(store_url))
     served = Served(fidelity.app, {fidelity.agent.name: fidelity.agent})
     view = served.for_tenant("local")
     ten_minutes_ago = now_ms() - 600_000
@@ -86,10 +70,10 @@ def test_the_sweep_resumes_an_answered_session_whose_resume_was_lost(store_url: 
 def test_dormant_serve_resumes_a_session_whose_resume_was_lost(store_url: str, tmp_path: Path) -> None:
     """``dormant serve --sweep-every`` does the same: a session answered ten minutes ago with no resume after
     (the serving process died in between) completes under the next sweep."""
-    from tests.support.servers.serve import dormant_serve
+    from tests.support.servers.serve import dormant_serve, fidelity_app_env, shown_once_past
 
     store = store_from_url(store_url)
-    fidelity = _fidelity()(store)
+    fidelity = build_fidelity(store)
     view = Served(fidelity.app, {fidelity.agent.name: fidelity.agent}).for_tenant("local")
     ten_minutes_ago = now_ms() - 600_000
     with use_clock(lambda: ten_minutes_ago):
@@ -97,20 +81,10 @@ def test_dormant_serve_resumes_a_session_whose_resume_was_lost(store_url: str, t
         _answer(view, "lost")
     store.close()
 
-    env = {"PYTHONPATH": os.pathsep.join([str(APPS), str(ROOT), *sys.path])}
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        if name in os.environ:
-            env[name] = os.environ[name]
     args = ("--store", store_url, "--app", "fidelity_app:build", "--sweep-every", "0.2", "--quiet")
-    with dormant_serve(*args, env=env, cwd=tmp_path) as server:
-        deadline = time.monotonic() + 120  # a generous bound: the loop ends as soon as the sweep has run
-        while True:
-            with urllib.request.urlopen(f"{server.url}/sessions/lost", timeout=30) as response:
-                shown = json.loads(response.read())
-            if shown["status"] not in ("resumable", "running"):
-                break
-            assert time.monotonic() < deadline, shown
-            time.sleep(0.1)
+    with dormant_serve(*args, env=fidelity_app_env(), cwd=tmp_path) as server:
+        # a generous bound: the wait ends as soon as the sweep has run
+        shown = shown_once_past(server.url, "lost", ("resumable", "running"), timeout=120)
     assert shown["status"] == "completed", shown
     assert "resumed (completed)" in server.output()
 
@@ -118,7 +92,7 @@ def test_dormant_serve_resumes_a_session_whose_resume_was_lost(store_url: str, t
 def test_an_expire_ends_only_the_wait_its_execution_holds(store_url: str) -> None:
     """The sweeper gave a wait to a fresh execution, and the execution it superseded times out later: that
     ``Expire`` ends nothing (the wait is the other's). The holder's own ``Expire`` does."""
-    fidelity = _fidelity()(store_from_url(store_url))
+    fidelity = build_fidelity(store_from_url(store_url))
     view = Served(fidelity.app, {fidelity.agent.name: fidelity.agent}).for_tenant("local")
     outcome = _yielded(view, fidelity.agent, "held")
     invocation = view.sessions.require("held").projection.open_invocation
@@ -136,7 +110,7 @@ def test_an_expire_ends_only_the_wait_its_execution_holds(store_url: str) -> Non
 def test_park_records_the_wait_it_holds(store_url: str) -> None:
     """``park`` stores, with the token, which execution parked, the version its commit makes and when the wait
     times out: what lets the sweeper tell this wait's execution from an earlier wait's."""
-    fidelity = _fidelity()(store_from_url(store_url))
+    fidelity = build_fidelity(store_from_url(store_url))
     view = Served(fidelity.app, {fidelity.agent.name: fidelity.agent}).for_tenant("local")
     _yielded(view, fidelity.agent, "parked")
     invocation = view.sessions.require("parked").projection.open_invocation
@@ -200,7 +174,7 @@ def test_a_retried_run_frees_the_session_of_its_dead_runners_commit(
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
     store = store_from_url(f"dynamodb://held-{uuid.uuid4().hex[:12]}?endpoint={dynamodb_endpoint}&region={REGION}")
-    fidelity = _fidelity()(store)
+    fidelity = build_fidelity(store)
     view = Served(fidelity.app, {fidelity.agent.name: fidelity.agent}).for_tenant("local")
     view.sessions.create("held")
     claim = claim_turn(view, fidelity.agent, "held", "steps=2 signoffs=0")
@@ -235,7 +209,7 @@ def test_the_answers_reply_says_the_turn_runs_even_when_it_ended_first(
             self._thread.join()  # the turn ends before on_answers returns: the race, every time
 
     monkeypatch.setattr(workflow, "_Thread", Finished)
-    fidelity = _fidelity()(store_from_url(f"sqlite:///{tmp_path / 'reply.db'}"))
+    fidelity = build_fidelity(store_from_url(f"sqlite:///{tmp_path / 'reply.db'}"))
     served = Served(fidelity.app, {fidelity.agent.name: fidelity.agent})
     view = served.for_tenant("local")
     _yielded(view, fidelity.agent, "s")

@@ -3,8 +3,6 @@ its ADK events and its state, shown as any session's are."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,33 +17,15 @@ from dormant.serving.local import LocalAPI, LocalServer
 from dormant.serving.runtime import load_served
 from dormant.stores.sqlite import sqlite_store
 from tests.support.adk_app import seed
+from tests.support.browser import headless_chromium
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 WAIT = 30
 
 
 @pytest.fixture
 def driver() -> Iterator[Any]:
-    webdriver = pytest.importorskip("selenium.webdriver", reason="the browser tests need selenium (the dev extra)")
-    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
-        pytest.skip("the browser tests need Debian's chromium and chromium-driver (.ci/run installs them)")
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="dormant-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"):
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={profile}")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    chrome = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    chrome.set_page_load_timeout(WAIT)
-    try:
+    with headless_chromium(WAIT) as chrome:
         yield chrome
-    finally:
-        chrome.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.mark.backend("browser")

@@ -703,6 +703,23 @@ def act(workflow: Callable[..., Any], action: str, started: dict[str, Any], **ex
     return workflow({**event, **extra}, LambdaContext())  # type: ignore[no-any-return]
 
 
+def started_run(aws: Any) -> dict[str, Any]:
+    """Create ``s-1`` and ask for a run without waiting: the one execution the API started for it."""
+    client, fake, _ = aws
+    create(client)
+    client.call("run", session_id="s-1", headers={"Prefer": ""})
+    (started,) = fake.started
+    return started  # type: ignore[no-any-return]
+
+
+def yielded_run(aws: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``started_run``, its run task run to the yield: the execution, and the call that waits."""
+    client, _, workflow = aws
+    started = started_run(aws)
+    act(workflow, "run", started)
+    return started, client.call("get_session", session_id="s-1")[1]["yielded_tools"][0]
+
+
 def approve(client: Client, session_id: str, call_id: str, wait: bool = True) -> tuple[int, Any]:
     return client.call(
         "tools",
@@ -737,10 +754,8 @@ def test_a_run_starts_its_execution_before_the_claim_and_answers_202(aws: Any, s
 
 
 def test_a_retried_run_task_takes_its_invocation_over_and_a_finished_one_ends(aws: Any, served: Served) -> None:
-    client, fake, workflow = aws
-    create(client)
-    client.call("run", session_id="s-1", headers={"Prefer": ""})
-    (started,) = fake.started
+    client, _, workflow = aws
+    started = started_run(aws)
     first = act(workflow, "run", started)
     assert first["status"] == "yielded_tool"
     # a retry of a run task that already yielded parks again, running nothing twice
@@ -771,10 +786,8 @@ def test_a_run_task_waits_out_a_claim_landing_just_after_its_execution_started(
 ) -> None:
     """The API starts the execution just before it commits the claim: a run that reads first finds no invocation.
     It reads again within the grace instead of failing (a state transition, an invocation and a back-off)."""
-    client, fake, workflow = aws
-    create(client)
-    client.call("run", session_id="s-1", headers={"Prefer": ""})
-    (started,) = fake.started
+    _, _, workflow = aws
+    started = started_run(aws)
     real = tasks.resume_turn
     reads: list[str] = []
 
@@ -792,11 +805,7 @@ def test_a_run_task_waits_out_a_claim_landing_just_after_its_execution_started(
 
 def test_park_then_answers_wakes_the_execution_once(aws: Any) -> None:
     client, fake, workflow = aws
-    create(client)
-    client.call("run", session_id="s-1", headers={"Prefer": ""})
-    (started,) = fake.started
-    act(workflow, "run", started)
-    call = client.call("get_session", session_id="s-1")[1]["yielded_tools"][0]
+    started, call = yielded_run(aws)
     assert act(workflow, "park", started, token="token-1") == {"woke": False, "status": "awaiting_input"}
     status, answered = approve(client, "s-1", call["call_id"], wait=False)
     assert status == 202 and answered["woke"] is True and answered["status"] == "resumable"
@@ -805,11 +814,7 @@ def test_park_then_answers_wakes_the_execution_once(aws: Any) -> None:
 
 def test_answers_that_arrive_before_park_are_not_lost(aws: Any) -> None:
     client, fake, workflow = aws
-    create(client)
-    client.call("run", session_id="s-1", headers={"Prefer": ""})
-    (started,) = fake.started
-    act(workflow, "run", started)
-    call = client.call("get_session", session_id="s-1")[1]["yielded_tools"][0]
+    started, call = yielded_run(aws)
     status, answered = approve(client, "s-1", call["call_id"], wait=False)  # no token stored yet
     assert status == 202 and answered["woke"] is False and fake.sent == []
     assert act(workflow, "park", started, token="token-late") == {"woke": True, "status": "resumable"}
@@ -824,11 +829,7 @@ def test_answers_landing_between_parks_read_and_its_write_still_wake_the_executi
     waiting) and before its write move the version, so park reads again, finds them, and wakes itself. A token
     stored without the gate would land after the answers looked for it: nobody would ever wake the execution."""
     client, fake, workflow = aws
-    create(client)
-    client.call("run", session_id="s-1", headers={"Prefer": ""})
-    (started,) = fake.started
-    act(workflow, "run", started)
-    call = client.call("get_session", session_id="s-1")[1]["yielded_tools"][0]
+    started, call = yielded_run(aws)
     store = served.app.store
     load = store.load
     armed = [True]
@@ -1104,9 +1105,7 @@ def test_state_set_while_calls_wait_starts_no_second_execution(aws: Any, served:
     """The execution parked on the waiting calls goes on waiting: a second one would park too, and the older
     one's timeout would end a wait the newer one holds."""
     client, fake, workflow = aws
-    create(client)
-    client.call("run", session_id="s-1", headers={"Prefer": ""})
-    (started,) = fake.started
+    started = started_run(aws)
     act(workflow, "run", started)
     status, ran = client.call("run", session_id="s-1", body={"state": {"refusal": "later"}}, headers={"Prefer": ""})
     assert status == 200 and ran["status"] == "yielded_tool", ran  # nothing to run: answered at once

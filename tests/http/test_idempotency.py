@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("aws_lambda_powertools", reason="dormant serve needs the lambda extra")
 
 from tests.support.serve_calls import REQUEST, TIMEOUT, call, eventually
-from tests.support.servers.serve import ServeProcess, dormant_serve
+from tests.support.servers.serve import ServeProcess, clinic_serve, dormant_serve
 
 STORES = [
     "memory",
@@ -38,19 +38,15 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str
         return f"sqlite:///{tmp_path / 'idem.db'}", {}
     if kind == "postgres":
         return str(request.getfixturevalue("postgres_url")), {}
-    from tests.support.servers.dynamodb import ACCESS_KEY, REGION
+    from tests.support.servers.dynamodb import store_for_process
 
-    endpoint = request.getfixturevalue("dynamodb_endpoint")
-    env = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": ACCESS_KEY, "AWS_DEFAULT_REGION": REGION}
-    return f"dynamodb://idem-{uuid.uuid4().hex[:12]}?endpoint={endpoint}&region={REGION}", env
+    return store_for_process(request.getfixturevalue("dynamodb_endpoint"), f"idem-{uuid.uuid4().hex[:12]}")
 
 
 @pytest.fixture
 def server(store: tuple[str, dict[str, str]], tmp_path: Path) -> Iterator[ServeProcess]:
-    url, env = store
-    with dormant_serve("--store", url, "--principal", "clinic", env=env, cwd=tmp_path, timeout=TIMEOUT) as process:
+    with clinic_serve(store, tmp_path, TIMEOUT) as process:
         yield process
-    assert "Traceback" not in process.output()
 
 
 def fresh(api: str) -> str:

@@ -96,12 +96,11 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         url, env = f"sqlite:///{folder / 'malformed.db'}", {}
         dump = sqlite_dump(folder / "malformed.db")
     else:
-        from tests.support.servers.dynamodb import ACCESS_KEY, REGION
+        from tests.support.servers.dynamodb import store_for_process
 
         endpoint = request.getfixturevalue("dynamodb_endpoint")
         table = f"malformed-{uuid.uuid4().hex[:12]}"
-        env = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": ACCESS_KEY, "AWS_DEFAULT_REGION": REGION}
-        url, dump = f"dynamodb://{table}?endpoint={endpoint}&region={REGION}", dynamodb_dump(endpoint, table)
+        (url, env), dump = store_for_process(endpoint, table), dynamodb_dump(endpoint, table)
     with dormant_serve("--store", url, "--principal", OWNER, env=env, cwd=folder, timeout=TIMEOUT) as server:
         api = server.url
         for sid in (IDLE, WAITING):

@@ -41,7 +41,7 @@ from dormant.stores.url import store_from_url
 from dormant.testing import MockAdapter
 from tests.support.lambda_events import EVENTS, LambdaContext
 from tests.support.serve_calls import REQUEST, TIMEOUT, call, eventually
-from tests.support.servers.serve import ServeProcess, command, dormant_serve
+from tests.support.servers.serve import ServeProcess, clinic_serve, command, dormant_serve
 
 OVERLAP_WAIT = 3
 PAGE_FAILED = "the page failed; the server's log says why"
@@ -52,19 +52,15 @@ def store_env(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict
     """A store URL and the environment the server needs for it: a SQLite file, or a fresh DynamoDB Local table."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'serve.db'}", {}
-    from tests.support.servers.dynamodb import ACCESS_KEY, REGION
+    from tests.support.servers.dynamodb import store_for_process
 
-    endpoint = request.getfixturevalue("dynamodb_endpoint")
-    env = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": ACCESS_KEY, "AWS_DEFAULT_REGION": REGION}
-    return f"dynamodb://serve-{uuid.uuid4().hex[:12]}?endpoint={endpoint}&region={REGION}", env
+    return store_for_process(request.getfixturevalue("dynamodb_endpoint"), f"serve-{uuid.uuid4().hex[:12]}")
 
 
 @pytest.fixture
 def server(store_env: tuple[str, dict[str, str]], tmp_path: Path) -> Iterator[ServeProcess]:
-    url, env = store_env
-    with dormant_serve("--store", url, "--principal", "clinic", env=env, cwd=tmp_path, timeout=TIMEOUT) as process:
+    with clinic_serve(store_env, tmp_path, TIMEOUT) as process:
         yield process
-    assert "Traceback" not in process.output()
 
 
 # -- the arc, over HTTP --------------------------------------------------------------------------------------

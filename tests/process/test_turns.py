@@ -129,13 +129,9 @@ def test_a_sixty_second_turn_completes_through_dormant_serve(store_url: str, tmp
     import json
     import urllib.request
 
-    from tests.support.servers.serve import dormant_serve
+    from tests.support.servers.serve import dormant_serve, fidelity_app_env, shown_once_past
 
-    apps = ROOT / "tests" / "support" / "fidelity"
-    env = {"PYTHONPATH": os.pathsep.join([str(apps), str(ROOT), *sys.path])}
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        if name in os.environ:
-            env[name] = os.environ[name]
+    env = fidelity_app_env()
 
     def call(url: str, method: str = "GET", body: object = None) -> tuple[int, dict[str, object]]:
         data = None if body is None else json.dumps(body).encode()
@@ -149,10 +145,7 @@ def test_a_sixty_second_turn_completes_through_dormant_serve(store_url: str, tmp
         status, accepted = call(f"{server.url}/sessions/slow/runs", "POST", {"message": "sleep=60 signoffs=0"})
         assert (status, accepted["status"]) == (202, "running") and time.monotonic() - started < 29
         assert call(f"{server.url}/sessions/slow")[1]["status"] == "running"
-        deadline = time.monotonic() + 150
-        while (shown := call(f"{server.url}/sessions/slow")[1])["status"] == "running":
-            assert time.monotonic() < deadline, shown
-            time.sleep(1)
+        shown = shown_once_past(server.url, "slow", ("running",), timeout=150, every=1)
         assert shown["status"] == "completed" and time.monotonic() - started >= 60, shown
     assert "Traceback" not in server.output()
 
@@ -161,17 +154,9 @@ def test_dormant_serve_hands_on_a_turn_whose_runner_died(store_url: str, tmp_pat
     """A turn claimed ten minutes ago by a runner that died before its first step: ``dormant serve``'s sweeper
     (``--sweep-every``) finds it among the store's running sessions (an index on DynamoDB), sees its deadline
     passed and runs it to its end."""
-    import json
-    import urllib.request
+    from tests.support.fidelity.fidelity_app import build as build_fidelity
+    from tests.support.servers.serve import dormant_serve, fidelity_app_env, shown_once_past
 
-    from tests.support.servers.serve import dormant_serve
-
-    apps = ROOT / "tests" / "support" / "fidelity"
-    sys.path.insert(0, str(apps))
-    try:
-        from fidelity_app import build as build_fidelity  # type: ignore[import-not-found]
-    finally:
-        sys.path.remove(str(apps))
     store = store_from_url(store_url)
     fidelity = build_fidelity(store)
     view = Served(fidelity.app, {fidelity.agent.name: fidelity.agent}).for_tenant("local")
@@ -182,20 +167,9 @@ def test_dormant_serve_hands_on_a_turn_whose_runner_died(store_url: str, tmp_pat
     assert claim.invocation_id is not None and view.sessions.require("orphan").status == "running"
     store.close()  # the runner dies: nothing ever runs the claim
 
-    env = {"PYTHONPATH": os.pathsep.join([str(apps), str(ROOT), *sys.path])}
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        if name in os.environ:
-            env[name] = os.environ[name]
     args = ("--store", store_url, "--app", "fidelity_app:build", "--sweep-every", "0.2", "--quiet")
-    with dormant_serve(*args, env=env, cwd=tmp_path) as server:
-        deadline = time.monotonic() + 60
-        while True:
-            with urllib.request.urlopen(f"{server.url}/sessions/orphan", timeout=30) as response:
-                shown = json.loads(response.read())
-            if shown["status"] != "running":
-                break
-            assert time.monotonic() < deadline, shown
-            time.sleep(0.1)
+    with dormant_serve(*args, env=fidelity_app_env(), cwd=tmp_path) as server:
+        shown = shown_once_past(server.url, "orphan", ("running",), timeout=60)
     assert shown["status"] == "completed", shown
     assert "handed on (completed)" in server.output()
 

@@ -76,3 +76,28 @@ SORE_THROAT = [
     {"text": "Noted a sore throat. Anything else?"},
 ]
 SEED = {"session": {}, "user": {"display_name": "Ada"}}
+
+
+def of_type(events: Any, kind: type[Any]) -> list[Any]:
+    """The events of ``kind``, in order."""
+    return [e for e in events if isinstance(e, kind)]
+
+
+def noted_a_sore_throat(run: Any, call_id: str) -> Any:
+    """Check a triage run that made one ``note_concern`` call (``call_id``) for "sore throat" and then answered
+    "Noted a sore throat.": its status, text, state, the call and its result; the result event, for more checks."""
+    from dormant.events import ToolCallEvent, ToolResultEvent
+
+    assert run.status == "completed"
+    assert run.output.text == "Noted a sore throat."
+    assert (run.state.stage, run.state.concerns) == ("collecting", ["sore throat"])
+    [tool_call] = of_type(run.events, ToolCallEvent)
+    assert (tool_call.call_id, tool_call.name, tool_call.args, tool_call.error) == (
+        call_id,
+        "note_concern",
+        {"concern": "sore throat"},
+        None,
+    )
+    [result] = of_type(run.events, ToolResultEvent)
+    assert (result.call_id, result.result) == (call_id, {"concerns": ["sore throat"]})
+    return result

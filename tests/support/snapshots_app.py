@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import builtins
-from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
 
 from dormant import App, adk, openai
 from dormant.agents.agent import Agent
-from dormant.events import Event
-from dormant.stores.base import (
-    CommitResult,
-    LoadedSession,
-    ScopedStateChange,
-    SessionListing,
-    SessionStore,
-    SnapshotStore,
-    StoredSession,
-    StoredSnapshot,
-)
+from dormant.stores.base import BaseSessionStore, LoadedSession, SessionStore
 from dormant.testing import MockAdapter
+from tests.support.wrapped_stores import SixMethods, Snapshots
 
 
 class Notes(BaseModel):
@@ -45,11 +34,11 @@ class Answer(BaseModel):
     yes: bool
 
 
-class Counting:
+class Counting(SixMethods):
     """A store as a user might wrap one: it forwards everything and records each load's ``after`` and size."""
 
-    def __init__(self, inner: SessionStore) -> None:
-        self.inner = inner
+    def __init__(self, inner: BaseSessionStore) -> None:
+        super().__init__(inner)
         self.loads: list[tuple[int, int]] = []
 
     def load(self, app_name: str, session_id: str, *, after: int | None = None) -> LoadedSession | None:
@@ -57,38 +46,9 @@ class Counting:
         self.loads.append((after or 0, len(loaded.events) if loaded else 0))
         return loaded
 
-    def commit(
-        self,
-        session: StoredSession,
-        new_events: Sequence[Event],
-        expected_version: int,
-        scoped_changes: Sequence[ScopedStateChange] | None = None,
-    ) -> CommitResult:
-        return self.inner.commit(session, new_events, expected_version, scoped_changes)
 
-    def delete(self, app_name: str, session_id: str) -> None:
-        self.inner.delete(app_name, session_id)
-
-    def load_scoped_state(self, app_name: str, scope: str, scope_id: str) -> dict[str, Any]:
-        return self.inner.load_scoped_state(app_name, scope, scope_id)
-
-    def list(
-        self, app_name: str, *, limit: int | None = None, cursor: str | None = None
-    ) -> builtins.list[SessionListing]:
-        return self.inner.list(app_name, limit=limit, cursor=cursor)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class CountingWithSnapshots(Counting):
-    def save_snapshot(self, app_name: str, session_id: str, snapshot: StoredSnapshot) -> bool:
-        assert isinstance(self.inner, SnapshotStore)
-        return self.inner.save_snapshot(app_name, session_id, snapshot)
-
-    def load_snapshot(self, app_name: str, session_id: str) -> StoredSnapshot | None:
-        assert isinstance(self.inner, SnapshotStore)
-        return self.inner.load_snapshot(app_name, session_id)
+class CountingWithSnapshots(Counting, Snapshots):
+    """``Counting``, and the inner store's snapshots."""
 
 
 def build(

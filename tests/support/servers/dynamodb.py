@@ -77,6 +77,13 @@ def ensure_jar() -> Path:
     return jar
 
 
+def store_for_process(endpoint: str, table: str) -> tuple[str, dict[str, str]]:
+    """The store URL of ``table`` on DynamoDB Local, and the environment a process that opens it needs (the keys
+    and region Local takes): what a ``dormant serve`` under test is started with."""
+    env = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": ACCESS_KEY, "AWS_DEFAULT_REGION": REGION}
+    return f"dynamodb://{table}?endpoint={endpoint}&region={REGION}", env
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))

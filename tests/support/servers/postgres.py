@@ -22,6 +22,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -83,6 +84,23 @@ def throwaway_postgres(*, durable: bool = False, startup_timeout: float = 30.0) 
             _stop(bin_dir, data, run_as, base)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@contextmanager
+def throwaway_schema(url: str, prefix: str) -> Iterator[str]:
+    """A new, empty schema (``prefix`` and a random suffix) on the server of ``url``, dropped afterwards; the URL
+    yielded puts it first on the search_path, so each test or benchmark run has tables of its own."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    schema = f"{prefix}{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield make_conninfo(url, options=f"-c search_path={schema}")
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 def _server_user() -> pwd.struct_passwd | None:

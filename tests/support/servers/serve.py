@@ -8,6 +8,7 @@ for a clean exit. Its output goes to files, so a long run never fills a pipe; ev
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -15,9 +16,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+import urllib.request
+from collections.abc import Container, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _LISTENING = re.compile(r" at (http://\S+) ")
 
@@ -52,6 +55,34 @@ class ServeProcess:
             raise TimeoutError(f"dormant serve did not stop in {timeout} s:\n{self.output()}") from None
 
 
+FIDELITY_APPS = Path(__file__).resolve().parents[1] / "fidelity"
+"""Where ``fidelity_app`` lives: ``--app fidelity_app:build`` needs it on the server's path."""
+
+
+def fidelity_app_env() -> dict[str, str]:
+    """The environment of a ``dormant serve --app fidelity_app:build``: the fidelity app and this checkout on its
+    path, and the AWS keys (when set) that a DynamoDB Local store needs."""
+    root = Path(__file__).resolve().parents[3]
+    env = {"PYTHONPATH": os.pathsep.join([str(FIDELITY_APPS), str(root), *sys.path])}
+    env.update(
+        {name: os.environ[name] for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if name in os.environ}
+    )
+    return env
+
+
+def shown_once_past(url: str, session_id: str, statuses: Container[str], timeout: float, every: float = 0.1) -> Any:
+    """``GET /sessions/{session_id}`` of the server at ``url`` until its status is none of ``statuses`` (within
+    ``timeout`` seconds, or the assertion fails): the session as it shows then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with urllib.request.urlopen(f"{url}/sessions/{session_id}", timeout=30) as response:
+            shown = json.loads(response.read())
+        if shown["status"] not in statuses:
+            return shown
+        assert time.monotonic() < deadline, shown
+        time.sleep(every)
+
+
 def command() -> list[str]:
     script = Path(sys.executable).with_name("dormant")
     return [str(script)] if script.exists() else [sys.executable, "-m", "dormant.cli"]
@@ -70,6 +101,16 @@ def dormant_serve(
     argv = [*command(), "serve", "--port", "0", *args]
     with serving_process(argv, env=env, cwd=cwd, timeout=timeout, ignoring_sigint=ignoring_sigint) as server:
         yield server
+
+
+@contextlib.contextmanager
+def clinic_serve(store: tuple[str, Mapping[str, str]], cwd: Path, timeout: float) -> Iterator[ServeProcess]:
+    """``dormant serve`` of the Bookings sample on ``store`` (its URL and environment) as the principal ``clinic``;
+    once it stops, its log holds no traceback."""
+    url, env = store
+    with dormant_serve("--store", url, "--principal", "clinic", env=env, cwd=cwd, timeout=timeout) as process:
+        yield process
+    assert "Traceback" not in process.output()
 
 
 @contextlib.contextmanager
