@@ -18,7 +18,7 @@ the template in DynamoDB Local), and ``bench/prices.py`` (one table, its date an
   units for a transaction of any size and no index units for one.
 
 Then one W1 commit (5 events of 1 KB) on each of the DynamoDB store's commit paths, the one call and the gated
-protocol, billed the same way (``commit_units``): the figures ``docs/dynamodb.md`` gives.
+protocol, billed the same way (``bench/commit_bill.py``): the figures ``docs/dynamodb.md`` gives.
 
 The create of the session and the reads that check the arc's outcome are not the turn's (``sessions`` is not
 counted). The model's own cost is set beside it at the price ``prices.MODEL`` states, per model call.
@@ -32,6 +32,7 @@ import uuid
 from collections import defaultdict
 from typing import Any
 
+from .commit_bill import commit_bills
 from .common import QUICK, Figure
 from .prices import DATE, MODEL, PRICES, REGION
 from .units import Table, call_units, item_size, transaction_units, value_size
@@ -179,62 +180,6 @@ def _harness_arc(d: Any, arc: str) -> tuple[dict[str, float], str, str]:
     return dict(counted), tenant, sid
 
 
-def commit_units(endpoint: str) -> dict[str, dict[str, float]]:
-    """Write units of one W1 commit (5 events of 1 KB, the session's last of ``TURNS``) on each commit path of the
-    DynamoDB store, the one call and the gated protocol, billed from the items it wrote: by place (``table``,
-    ``index <name>``). The calls are captured in this process (the store's own client), as the harness does."""
-    import contextlib
-
-    from botocore.client import BaseClient
-
-    from dormant.stores.dynamodb import create_table
-    from dormant.stores.dynamodb.store import DynamoDBSessionStore
-    from tests.support.fidelity import capture
-    from tests.support.servers.dynamodb import client
-
-    from .workloads import _row, turns
-
-    name = f"cost-w1-{uuid.uuid4().hex[:8]}"
-    setup = client(endpoint)
-    create_table(name, client=setup)
-    tables = {name: Table.described(setup.describe_table(TableName=name)["Table"])}
-    records: list[dict[str, Any]] = []
-    original = BaseClient._make_api_call
-    capturing = False
-
-    def captured(self: Any, operation: str, params: dict[str, Any]) -> Any:
-        if capturing and self.meta.service_model.endpoint_prefix == "dynamodb":
-            return capture.observe(lambda op, p: original(self, op, p), operation, params, records.append)
-        return original(self, operation, params)
-
-    paths: dict[str, dict[str, float]] = {}
-    BaseClient._make_api_call = captured
-    try:
-        for path in ("one call", "gated"):
-            if path == "gated":  # no commit fits one call: each takes the gated protocol
-                store = DynamoDBSessionStore(client(endpoint), name, single_call_items=0)
-            else:
-                store = DynamoDBSessionStore(client(endpoint), name)
-            batches = turns(path[0])
-            for version, batch in enumerate(batches):
-                capturing = version == len(batches) - 1
-                assert store.commit(_row(f"w1-{path[0]}", "w1", version), batch, version).ok
-            capturing = False
-            units: dict[str, float] = defaultdict(float)
-            for record in records:
-                for (place, kind), value in call_units(record, tables).items():
-                    if kind == "write":
-                        units["table" if place == name else f"index {place.split('/', 1)[1]}"] += value
-            units["calls"] = len(records)
-            paths[path] = dict(units)
-            records.clear()
-    finally:
-        BaseClient._make_api_call = original
-        with contextlib.suppress(Exception):
-            setup.delete_table(TableName=name)
-    return paths
-
-
 # -- the bill ---------------------------------------------------------------------------------------------
 
 
@@ -351,7 +296,7 @@ def run() -> list[Figure]:
             except ImportError as exc:  # the harness synthesizes the stack: the infra extra
                 print(f"  skipped: no fidelity harness ({exc}); it runs the deployed functions this counts")
                 return []
-            paths = commit_units(endpoint)
+            paths = commit_bills(endpoint)
     except LocalUnavailable as exc:
         print(f"  skipped: no DynamoDB to count on ({exc})")
         return []
@@ -360,12 +305,11 @@ def run() -> list[Figure]:
     from .workloads import EVENTS_PER_TURN, TURNS
 
     print(f"  write units of a W1 commit ({EVENTS_PER_TURN} events of 1 KB, the last of {TURNS}), by commit path:")
-    for path, units in paths.items():
-        places = ", ".join(f"{k} {v:.0f}" for k, v in units.items() if k != "calls")
-        writes = sum(v for k, v in units.items() if k != "calls")
+    for path, commit in paths.items():
+        places = ", ".join(f"{k} {v:.0f}" for k, v in commit.units.items())
         print(
-            f"    {path:<9} {units['calls']:.0f} calls: {places}; {writes:.0f} WCU, "
-            f"${writes * PRICES['dynamodb_write_unit'] * 1e6:.2f} per million commits"
+            f"    {path:<9} {commit.calls} calls: {places}; {commit.total:.0f} WCU, "
+            f"${commit.total * PRICES['dynamodb_write_unit'] * 1e6:.2f} per million commits"
         )
     if QUICK:
         print("  (BENCH_QUICK: the arcs are the same size; only the warm-up differs)")

@@ -32,8 +32,10 @@ from typing import Any
 
 from dormant.stores.base import StoredSession
 
+from .commit_bill import commit_bills
 from .common import QUICK, Figure
-from .workloads import EVENTS_PER_TURN, LOAD_SIZES, TURNS, W4_SESSIONS, events, store_workloads, turns
+from .prices import PRICES
+from .workloads import EVENTS_PER_TURN, LOAD_SIZES, TURNS, W4_SESSIONS, _row, events, store_workloads, turns
 
 REPEAT = 2 if QUICK else 3
 _WRITES = {"UpdateItem", "PutItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"}
@@ -211,10 +213,6 @@ class Floor:
         return entries
 
 
-def _row(app: str, sid: str, version: int = 0) -> StoredSession:
-    return StoredSession(id=sid, app_name=app, version=version, created_at=1)
-
-
 @contextlib.contextmanager
 def _endpoint() -> Iterator[str]:
     endpoint = os.environ.get("TEST_DYNAMODB_ENDPOINT")
@@ -243,7 +241,7 @@ def run() -> list[Figure]:
                 create_table(table, client=ours_client)
                 store = dynamo_store(table, client=ours_client)
                 floor = Floor(floor_client, table, DEFAULT_LISTING_SHARDS)
-                return _measure(store, floor, Meter(ours_client), Meter(floor_client), ours_client)
+                return _measure(store, floor, Meter(ours_client), Meter(floor_client), ours_client, endpoint)
             finally:
                 with contextlib.suppress(Exception):
                     ours_client.delete_table(TableName=table)
@@ -254,7 +252,9 @@ def run() -> list[Figure]:
         return []
 
 
-def _measure(store: Any, floor: Floor, ours_meter: Meter, floor_meter: Meter, ours_client: Any) -> list[Figure]:
+def _measure(
+    store: Any, floor: Floor, ours_meter: Meter, floor_meter: Meter, ours_client: Any, endpoint: str
+) -> list[Figure]:
     # The timed workloads are every store's (bench/workloads.py), paired with the floor; fewer runs, as
     # DynamoDB Local is slow. What follows them is this store's own: calls, pages and capacity units.
     # W1's floor is one raw TransactWriteItems of the same items: the one-call commit must be close to it.
@@ -350,52 +350,24 @@ def _measure(store: Any, floor: Floor, ours_meter: Meter, floor_meter: Meter, ou
         print(f"    {name:<10} dormant {ours_units.get(name, 0.0):6.2f}   floor {floor_units.get(name, 0.0):6.2f}")
     print(f"  calls in {TURNS} W1 commits: dormant {ours_ops}, floor {floor_ops}")
     print(f"  a listing page of {page} (of {W4_SESSIONS:,} sessions): calls {list_calls}, read units {list_reads:.1f}")
-    _billed(store, ours_client, "w1-metered", "w1")
+    _billed(endpoint)
     figures.append(_edge_commits(store, ours_meter))
     _small_commits(store, ours_client, ours_meter)
     return figures
 
 
-def _billed(store: Any, client: Any, app: str, sid: str) -> None:
-    """Write units of the session's last 5-event commit as AWS bills them, from its items' sizes: 1 unit per KB
-    per item written, 2 in a transaction (DynamoDB Local under-reports transactions). Index entries count one
-    unit each (a touch is ~150 bytes), also in a transaction: the rule of ``bench/units.py`` (``bench cost``),
-    which bills an index entry as the standard write AWS applies after the transaction commits."""
-    from dormant.stores.dynamodb.keys import event_prefix, id_sk, item_bytes, session_pk, touch_sk
-
-    pk = session_pk(app, sid)
-    meta = client.get_item(TableName=store.table_name, Key={"pk": {"S": pk}, "sk": {"S": "#M"}}, ConsistentRead=True)
-    meta = meta["Item"]
-    version = int(meta["version"]["N"])
-    events = client.query(
-        TableName=store.table_name,
-        KeyConditionExpression="pk = :pk AND begins_with(sk, :e)",
-        ExpressionAttributeValues={":pk": {"S": pk}, ":e": {"S": event_prefix(version)}},
-        ConsistentRead=True,
-    )["Items"]
-    ids = [
-        client.get_item(TableName=store.table_name, Key={"pk": {"S": pk}, "sk": {"S": id_sk(e["eid"]["S"])}})["Item"]
-        for e in events
-    ]
-    touch = client.get_item(
-        TableName=store.table_name, Key={"pk": {"S": pk}, "sk": {"S": touch_sk(int(meta["lsk"]["N"]))}}
-    )["Item"]
-
-    def kb(item: dict[str, Any]) -> int:
-        return math.ceil(item_bytes(item) / 1024)
-
-    marker = 200  # what the gate adds to the meta item (the marker and its index keys), in bytes
-    # the finish's (or the one call's) items: the meta update, the touch and the delete of the superseded one
-    finish = [kb(meta), kb(touch), kb(touch)]
-    one_call = {"table": 2 * (sum(finish) + sum(map(kb, events)) + sum(map(kb, ids))), "listing": 2}
-    gate = math.ceil((item_bytes(meta) + marker) / 1024)
-    gated = {"table": gate + sum(map(kb, events)) + sum(map(kb, ids)) + 2 * sum(finish), "listing": 2, "pending": 2}
-    sizes = f"meta {item_bytes(meta)} B, an event {item_bytes(events[0])} B, an id item {item_bytes(ids[0])} B"
-    print(f"  write units per {len(events)}-event commit as AWS bills them ({sizes}):")
-    for name, units in (("one call", one_call), ("gated", gated)):
-        total = sum(units.values())
-        detail = ", ".join(f"{k} {v}" for k, v in units.items())
-        print(f"    {name:<9} {total} WCU ({detail}): ${total * 0.625:.2f} per million commits")
+def _billed(endpoint: str) -> None:
+    """Write units of a W1 commit on each commit path as AWS bills them: the store's calls captured and billed from
+    the items they wrote (``bench/commit_bill.py``, by ``bench/units.py``'s rules, which ``bench cost`` prints
+    too); DynamoDB Local under-reports a transaction and gives no index units for one."""
+    paths = commit_bills(endpoint)
+    sizes = ", ".join(f"{kind} {paths['one call'].sizes[kind]} B" for kind in ("meta", "an event", "an id item"))
+    print(f"  write units per {EVENTS_PER_TURN}-event commit as AWS bills them ({sizes}):")
+    for name, commit in paths.items():
+        places = sorted(commit.units.items(), key=lambda place: (place[0] != "table", place[0]))
+        detail = ", ".join(f"{place.removeprefix('index ')} {units:g}" for place, units in places)
+        usd = commit.total * PRICES["dynamodb_write_unit"] * 1e6
+        print(f"    {name:<9} {commit.total:g} WCU ({detail}): ${usd:.2f} per million commits")
 
 
 def _edge_commits(store: Any, meter: Meter) -> Figure:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from bench.commit_bill import bill_commit
 from bench.cost import bill
 from bench.units import (
     Table,
@@ -144,6 +145,34 @@ def test_reads_bill_whole_items_and_a_query_rounds_its_sum() -> None:
     assert call_units(on_index, {T: SHAPE}) == {(f"{T}/{LISTING_INDEX}", "read"): 1.0}
     get = {"operation": "GetItem", "params": {"TableName": T, "ConsistentRead": True}, "items": [None], "error": None}
     assert call_units(get, {T: SHAPE}) == {(T, "read"): 1.0}  # a missing item: the minimum
+
+
+def test_a_commits_bill_sums_its_calls_by_place_and_sizes_each_kind_of_item_it_wrote() -> None:
+    """What ``bench dynamodb`` and ``bench cost`` print for a W1 commit: the units ``call_units`` bills, by place
+    (the table, each index), the calls, and the largest item written of each kind (a deleted item is none)."""
+    meta = {"pk": {"S": "S#a#1"}, "sk": {"S": "#M"}, "bf": {"S": "f" * 2000}, "version": {"N": "4"}}
+    events = [_item(n, 900 + 100 * n) for n in range(2)]  # 916 and 1,016 bytes: 1 KB each
+    ids = [{"pk": {"S": "S#a#1"}, "sk": {"S": f"I#e{n}"}, "v": {"N": "4"}} for n in range(2)]
+    touch = {**_item(9, 50, lpk="a", lsk="20", version="4"), "sk": {"S": "T#0000000000020"}}
+    old_touch = {**touch, "sk": {"S": "T#0000000000010"}, "lsk": {"N": "10"}}
+    written = [[{**meta, "version": {"N": "3"}}, meta], *([None, i] for i in [*events, *ids, touch]), [old_touch, None]]
+    transaction = {
+        "operation": "TransactWriteItems",
+        "params": {"TransactItems": [{"Put": {"TableName": T, "Item": {}}} for _ in written]},
+        "images": written,
+        "error": None,
+    }
+    read = {"operation": "GetItem", "params": {"TableName": T}, "items": [meta], "error": None}
+    commit = bill_commit([read, transaction], {T: SHAPE}, T)
+    # 2 units per KB of each item in the transaction: meta 2, events 1 and 1, ids 1 and 1, the touches 1 and 1
+    assert commit.units == {"table": 2 * (2 + 1 + 1 + 1 + 1 + 1 + 1), f"index {LISTING_INDEX}": 2}
+    assert commit.total == 18 and commit.calls == 2
+    assert commit.sizes == {
+        "meta": item_size(meta),
+        "an event": item_size(events[1]),
+        "an id item": item_size(ids[0]),
+        "a touch": item_size(touch),
+    }
 
 
 def test_the_bill_prices_each_line_from_the_one_table() -> None:

