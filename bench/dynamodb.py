@@ -14,6 +14,9 @@ Calls are counted and capacity units read (``ReturnConsumedCapacity=INDEXES`` on
 on every read, added by a botocore hook) on the clients themselves; the store's code is not touched.
 DynamoDB Local's latency is not AWS's: the times compare the two codes on one engine; the calls and units
 carry over to AWS as they are.
+
+Why one module: it is one section of ``make bench``, its floor and its meter written against the same items
+and read together; what other sections share (the workloads, the bill of a commit) lives beside it.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 //   /inspect/sessions/{id}                a session: waiting calls, a new message, its invocations and timeline
 //   /inspect/sessions/{id}?at=N[&since=M] time travel: the state after event N, what N changed (or the diff since M)
 //   /inspect/sessions/{id}/audit?scope=&key=   every change to one key
+// Why one module: the router and its four pages, which share the page frame and its state; what they draw
+// with is in timeline.js (one rendering per event), form.js (an answer form from a tool's schema), dom.js and api.js.
 
 import { get, post, sessionApi } from "./api.js";
 import {
