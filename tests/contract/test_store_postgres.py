@@ -274,6 +274,20 @@ def test_eight_stores_racing_on_a_fresh_database_all_get_their_tables(fresh_sche
             store.close()
 
 
+def test_tables_that_cannot_be_made_are_a_store_error(fresh_schema: tuple[str, str]) -> None:
+    # A view named like a table the store keeps: its DDL fails (no index on a view); the caller gets the
+    # store's typed error, and the connection goes back to the pool (the next call meets the same answer).
+    schema, url = fresh_schema
+    _sql(url, f'CREATE VIEW "{schema}".sessions AS SELECT 1 AS x')
+    store = postgres_store(url, max_size=1)
+    try:
+        for _ in range(2):
+            with pytest.raises(StoreError, match="PostgreSQL refused"):
+                store.list("app")
+    finally:
+        store.close()
+
+
 def test_the_ddl_is_not_run_again_after_first_use(postgres_url: str, fresh_schema: tuple[str, str]) -> None:
     schema, url = fresh_schema
     store = postgres_store(url)

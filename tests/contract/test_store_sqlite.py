@@ -117,6 +117,21 @@ def test_a_database_locked_past_the_timeout_is_store_busy_and_nothing_is_written
     assert store.commit(META, [UserEvent(text="after")], 1).ok  # and the store goes on
 
 
+def test_every_write_meeting_a_lock_held_past_the_timeout_is_store_busy(tmp_path: Path) -> None:
+    # Not only the commit: a scoped save, a snapshot and a delete fail typed too (never sqlite3's own error).
+    path = tmp_path / "s.db"
+    store = sqlite_store(path, timeout=0.2)
+    store.commit(META, [], 0)
+    with _write_lock_held(path):
+        with pytest.raises(StoreBusy, match="locked"):
+            store.save_scoped_state("app", "user", "u-1", {"k": 1})
+        with pytest.raises(StoreBusy, match="locked"):
+            store.save_snapshot("app", "s-1", StoredSnapshot(1, "{}"))
+        with pytest.raises(StoreBusy, match="locked"):
+            store.delete("app", "s-1")
+    assert store.load_scoped_state("app", "user", "u-1") == {} and store.load("app", "s-1") is not None
+
+
 def test_a_lock_released_within_the_timeout_is_waited_out(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     store = sqlite_store(path, timeout=WAIT)

@@ -383,14 +383,18 @@ class _Lease:
 
     def __enter__(self) -> psycopg.Connection[Any]:
         store = self._store
-        with _translate():
+        try:
             conn: psycopg.Connection[Any] = store._pool.getconn()
-            if not store._schema_ready:
-                try:
-                    store._ensure_tables(conn)
-                except BaseException:
-                    store._pool.putconn(conn)
-                    raise
+        except psycopg.Error as exc:
+            raise _translated(exc) from exc
+        if not store._schema_ready:
+            try:
+                store._ensure_tables(conn)
+            except BaseException as exc:
+                store._pool.putconn(conn)
+                if isinstance(exc, psycopg.Error):
+                    raise _translated(exc) from exc
+                raise
         self._conn = conn
         return conn
 
@@ -443,7 +447,7 @@ def _atomic(conn: psycopg.Connection[Any]) -> Iterator[None]:
         raise
 
 
-# Most specific first is not needed: _translate walks the raised error's MRO and takes the first match.
+# Most specific first is not needed: _translated walks the raised error's MRO and takes the first match.
 _TRANSLATION: dict[type[BaseException], tuple[type[DormantError], str]] = {
     psycopg.errors.InsufficientPrivilege: (ConfigurationError, "the database role lacks a privilege the store needs"),
     psycopg.errors.UndefinedTable: (StoreError, "a dormant table is missing (dropped after the store created it?)"),
@@ -459,17 +463,9 @@ _TRANSLATION: dict[type[BaseException], tuple[type[DormantError], str]] = {
 }
 
 
-@contextmanager
-def _translate() -> Iterator[None]:
-    """psycopg's and psycopg_pool's errors as dormant's, by the table above."""
-    try:
-        yield
-    except psycopg.Error as exc:
-        raise _translated(exc) from exc
-
-
 def _translated(exc: psycopg.Error) -> DormantError:
-    """The dormant error for ``exc``: the first class of its MRO in the table (psycopg.Error, at the latest)."""
+    """psycopg's and psycopg_pool's errors as dormant's: the entry in the table above of the first class of the
+    error's MRO found there (psycopg.Error, at the latest)."""
     error, meaning = next(_TRANSLATION[kind] for kind in type(exc).__mro__ if kind in _TRANSLATION)
     return error(f"Postgres store: {meaning}: {exc}")
 

@@ -422,9 +422,13 @@ class SQLiteSessionStore(BaseSessionStore):
 
     @contextmanager
     def _use(self) -> Iterator[None]:
-        with self._lock, _translate():
+        """The connection, under the store's lock, sqlite3's errors as dormant's."""
+        with self._lock:
             self._check_open()  # again under the lock: close() may have run since the base checked
-            yield
+            try:
+                yield
+            except sqlite3.Error as exc:
+                raise _translated(exc) from exc
 
     @contextmanager
     def _transaction(self, begin: str = "BEGIN IMMEDIATE") -> Iterator[None]:
@@ -480,16 +484,8 @@ def _is_busy(exc: sqlite3.Error) -> bool:
     return getattr(exc, "sqlite_errorcode", None) in _BUSY_CODES or "locked" in str(exc)
 
 
-@contextmanager
-def _translate() -> Iterator[None]:
-    """sqlite3's errors as dormant's: a lock held past the timeout is ``StoreBusy``, the rest ``StoreError``."""
-    try:
-        yield
-    except sqlite3.Error as exc:
-        raise _translated(exc) from exc
-
-
 def _translated(exc: sqlite3.Error) -> StoreError:
+    """sqlite3's errors as dormant's: a lock held past the timeout is ``StoreBusy``, the rest ``StoreError``."""
     if _is_busy(exc):
         return StoreBusy(f"the SQLite database stayed locked past the timeout: {exc}")
     return StoreError(f"SQLite: {exc}")
