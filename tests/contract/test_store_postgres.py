@@ -17,7 +17,7 @@ from psycopg_pool import ConnectionPool  # noqa: E402
 
 from dormant.errors import ConfigurationError, StoreBusy, StoreClosed, StoreError  # noqa: E402
 from dormant.events import UserEvent  # noqa: E402
-from dormant.stores.base import ScopedStateChange, SessionStore, StoredSession  # noqa: E402
+from dormant.stores.base import ScopedStateChange, SessionStore, StoredSession, StoredSnapshot  # noqa: E402
 from dormant.stores.postgres import PostgresSessionStore, postgres_store  # noqa: E402
 from dormant.testing import StoreContract  # noqa: E402
 
@@ -272,6 +272,24 @@ def test_eight_stores_racing_on_a_fresh_database_all_get_their_tables(fresh_sche
     finally:
         for store in stores:
             store.close()
+
+
+def test_a_load_from_the_snapshot_is_one_read(postgres_url: str, app: str) -> None:
+    # What a state read runs: the row, its snapshot and the events after it, in one transaction taken on one
+    # connection (one round trip), not the snapshot and then the rest.
+    store = postgres_store(postgres_url)
+    try:
+        row = _row(app)
+        assert store.commit(row, [_event(1)], 0, snapshot=StoredSnapshot(1, '{"n": 1}')).ok
+        assert store.commit(row, [_event(2)], 1).ok
+        before = store._pool.get_stats()["requests_num"]
+        snapshot, loaded = store.load_with_snapshot(app, row.id)
+        assert store._pool.get_stats()["requests_num"] - before == 1
+        assert snapshot == StoredSnapshot(1, '{"n": 1}')
+        assert loaded is not None and loaded.row.version == 2 and [e.id for e in loaded.events] == ["evt-2"]
+        assert store.load_with_snapshot(app, "s-none") == (None, None)
+    finally:
+        store.close()
 
 
 def test_tables_that_cannot_be_made_are_a_store_error(fresh_schema: tuple[str, str]) -> None:

@@ -130,6 +130,17 @@ _LOAD_ROW = (
 _LOAD_EVENTS = (
     "SELECT data::text FROM events WHERE app_name = %s AND session_id = %s AND version > %s ORDER BY version, seq"
 )
+# A load from the snapshot (what a state read runs): the row with its snapshot, then the events after the
+# snapshot's version, in one read-only transaction sent as one pipeline (one round trip).
+_ROW_WITH_SNAPSHOT = (
+    "SELECT s.version, s.scopes::text, s.created_at, s.status, s.updated_at, s.forked_from, s.fork_reason,"
+    " n.version, n.data FROM sessions s LEFT JOIN snapshots n ON n.app_name = s.app_name AND n.session_id = s.id"
+    " WHERE s.app_name = %s AND s.id = %s"
+)
+_EVENTS_AFTER_SNAPSHOT = (
+    "SELECT data::text FROM events WHERE app_name = %s AND session_id = %s AND version > COALESCE("
+    "(SELECT version FROM snapshots WHERE app_name = %s AND session_id = %s), 0) ORDER BY version, seq"
+)
 _UPSERT_SCOPED = (
     "INSERT INTO scoped_state (app_name, scope, scope_id, key, value)"
     " SELECT %(app)s, %(scope)s, %(scope_id)s, item.key, item.value::jsonb"
@@ -179,11 +190,26 @@ class PostgresSessionStore(BaseSessionStore):
             events = data.fetchall()
         if fetched is None:
             return None
-        version, scopes, created_at, status, updated_at, forked_from, fork_reason = fetched
-        row = StoredSession(
-            session_id, app_name, version, json.loads(scopes), created_at, status, updated_at, forked_from, fork_reason
-        )
-        return row, [text for (text,) in events]
+        return _row(app_name, session_id, fetched), [text for (text,) in events]
+
+    def _read_with_snapshot(
+        self, app_name: str, session_id: str
+    ) -> tuple[StoredSnapshot | None, tuple[StoredSession, Sequence[str]] | None]:
+        """The snapshot, the row and the events after the snapshot, in one snapshot of the database (a commit
+        landing meanwhile shows in none of them or in all) and one round trip."""
+        key = (app_name, session_id)
+        with self._connection() as conn:
+            with _atomic(conn):
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                found = conn.cursor(row_factory=tuple_row).execute(_ROW_WITH_SNAPSHOT, key)
+                data = conn.cursor(row_factory=tuple_row).execute(_EVENTS_AFTER_SNAPSHOT, key + key)
+            fetched = found.fetchone()
+            events = data.fetchall()
+        if fetched is None:
+            return None, None
+        kept, text = fetched[7:]
+        snapshot = StoredSnapshot(kept, text) if kept is not None else None
+        return snapshot, (_row(app_name, session_id, fetched), [item for (item,) in events])
 
     def _write(self, commit: PreparedCommit) -> int | Refused:
         new, expected = commit.row, commit.expected_version
@@ -348,6 +374,14 @@ class PostgresSessionStore(BaseSessionStore):
                 "tables the first time it meets a database without them. Grant the rights, or create the "
                 f"tables once with a role that has them (dormant.stores.postgres.DDL). PostgreSQL said: {exc}"
             ) from exc
+
+
+def _row(app_name: str, session_id: str, fields: tuple[Any, ...]) -> StoredSession:
+    """The row from ``_LOAD_ROW``'s columns (the first seven of ``_ROW_WITH_SNAPSHOT``'s)."""
+    version, scopes, created_at, status, updated_at, forked_from, fork_reason = fields[:7]
+    return StoredSession(
+        session_id, app_name, version, json.loads(scopes), created_at, status, updated_at, forked_from, fork_reason
+    )
 
 
 def _scoped_statements(app_name: str, writes: Sequence[ScopedWrite]) -> builtins.list[tuple[str, dict[str, Any]]]:
