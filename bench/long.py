@@ -267,12 +267,13 @@ def _w1_bytes() -> Figure:
 def _postgres() -> list[Figure]:
     try:
         from dormant.stores.postgres import postgres_store
+        from tests.support.servers.postgres import throwaway_schema
 
-        from .postgres import _schema, _server
+        from .postgres import _server
     except ImportError as exc:
         _skip("postgres", exc)
         return []
-    with _server() as server, _schema(server) as url:
+    with _server() as server, throwaway_schema(server, "dormant_bench_") as url:
         store = postgres_store(url)
         try:
             app, agent, model = build_app(store)
