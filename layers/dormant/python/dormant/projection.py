@@ -104,13 +104,9 @@ class StateSnapshot:
     """Every invocation so far, in the order they started."""
 
 
-class Projection:
-    """Derived session state: scoped values, status, pending tool calls, the invocation tree."""
-
-    __slots__ = (
-        "_deferred",
+_DEFERRED = frozenset(
+    {
         "answered",
-        "count",
         "current_agent_name",
         "deadline",
         "invocations",
@@ -119,12 +115,17 @@ class Projection:
         "output",
         "pending",
         "recent_turns",
-        "scoped_states",
-        "session_state",
-        "status",
-        "upcast",
         "user_turns",
-    )
+    }
+)
+"""What ``Projection.resume`` reads on first use: all but the count, the scopes' values and the status."""
+
+
+class Projection:
+    """Derived session state: scoped values, status, pending tool calls, the invocation tree."""
+
+    # What a state read needs, the fold's own fields, then what ``resume`` leaves for first use.
+    __slots__ = ("_deferred", "count", "scoped_states", "session_state", "status", "upcast", *sorted(_DEFERRED))
 
     def __init__(self, upcast: Callable[[StateChangeEvent], StateChangeEvent] | None = None) -> None:
         # State written under an older scope model is folded in the current shape (``Schema.upcast``).
@@ -333,23 +334,6 @@ class Projection:
             rest = {name: getattr(rebuilt, name) for name in _DEFERRED}
         for name, value in rest.items():
             setattr(self, name, value)
-
-
-_DEFERRED = frozenset(
-    {
-        "answered",
-        "current_agent_name",
-        "deadline",
-        "invocations",
-        "open_calls",
-        "open_invocation",
-        "output",
-        "pending",
-        "recent_turns",
-        "user_turns",
-    }
-)
-"""What ``Projection.resume`` reads on first use: all but the count, the scopes' values and the status."""
 
 
 def _restore_state(projection: Projection, data: dict[str, Any]) -> None:
