@@ -53,7 +53,7 @@ from .base import (
     StoredSession,
     StoredSnapshot,
 )
-from .sql_schema import INDEXES, RUNNING_QUERY, TABLES, WAITING_QUERY, bound_id, ddl
+from .sql_schema import INDEXES, RUNNING_QUERY, TABLES, WAITING_QUERY, bound_id, ddl, stored_row
 
 __all__ = ["DDL", "PostgresSessionStore", "postgres_store"]
 
@@ -190,7 +190,7 @@ class PostgresSessionStore(BaseSessionStore):
             events = data.fetchall()
         if fetched is None:
             return None
-        return _row(app_name, session_id, fetched), [text for (text,) in events]
+        return stored_row(app_name, session_id, fetched), [text for (text,) in events]
 
     def _read_with_snapshot(
         self, app_name: str, session_id: str
@@ -209,7 +209,7 @@ class PostgresSessionStore(BaseSessionStore):
             return None, None
         kept, text = fetched[7:]
         snapshot = StoredSnapshot(kept, text) if kept is not None else None
-        return snapshot, (_row(app_name, session_id, fetched), [item for (item,) in events])
+        return snapshot, (stored_row(app_name, session_id, fetched), [item for (item,) in events])
 
     def _write(self, commit: PreparedCommit) -> int | Refused:
         new, expected = commit.row, commit.expected_version
@@ -374,14 +374,6 @@ class PostgresSessionStore(BaseSessionStore):
                 "tables the first time it meets a database without them. Grant the rights, or create the "
                 f"tables once with a role that has them (dormant.stores.postgres.DDL). PostgreSQL said: {exc}"
             ) from exc
-
-
-def _row(app_name: str, session_id: str, fields: tuple[Any, ...]) -> StoredSession:
-    """The row from ``_LOAD_ROW``'s columns (the first seven of ``_ROW_WITH_SNAPSHOT``'s)."""
-    version, scopes, created_at, status, updated_at, forked_from, fork_reason = fields[:7]
-    return StoredSession(
-        session_id, app_name, version, json.loads(scopes), created_at, status, updated_at, forked_from, fork_reason
-    )
 
 
 def _scoped_statements(app_name: str, writes: Sequence[ScopedWrite]) -> builtins.list[tuple[str, dict[str, Any]]]:

@@ -20,10 +20,14 @@ erasing the session through the API or the CLI removes with it. Made like the ot
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from ..errors import InputError
 from ..state.schema import BOUND_SCOPES
+from .types import StoredSession
 
-__all__ = ["IDEMPOTENCY", "INDEXES", "RUNNING_QUERY", "TABLES", "WAITING_QUERY", "bound_id", "ddl"]
+__all__ = ["IDEMPOTENCY", "INDEXES", "RUNNING_QUERY", "TABLES", "WAITING_QUERY", "bound_id", "ddl", "stored_row"]
 
 TABLES = ("sessions", "events", "scoped_state", "snapshots", "idempotency")
 INDEXES = (
@@ -139,3 +143,12 @@ def ddl(json_type: str) -> str:
         for scope in BOUND_SCOPES
     )
     return _DDL.format(json=json_type) + bound
+
+
+def stored_row(app_name: str, session_id: str, columns: tuple[Any, ...]) -> StoredSession:
+    """The row a load read: ``columns`` start with the sessions table's version, scopes (JSON text), created_at,
+    status, updated_at, forked_from and fork_reason, in that order (a load may read more after them)."""
+    version, scopes, created_at, status, updated_at, forked_from, fork_reason = columns[:7]
+    return StoredSession(
+        session_id, app_name, version, json.loads(scopes), created_at, status, updated_at, forked_from, fork_reason
+    )

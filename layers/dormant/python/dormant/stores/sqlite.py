@@ -46,7 +46,7 @@ from .base import (
     StoredSession,
     StoredSnapshot,
 )
-from .sql_schema import INDEXES, RUNNING_QUERY, TABLES, WAITING_QUERY, bound_id, ddl
+from .sql_schema import INDEXES, RUNNING_QUERY, TABLES, WAITING_QUERY, bound_id, ddl, stored_row
 
 __all__ = ["DDL", "SQLiteSessionStore", "sqlite_store"]
 
@@ -140,11 +140,7 @@ class SQLiteSessionStore(BaseSessionStore):
                 "SELECT data FROM events WHERE app_name = ? AND session_id = ? AND version > ? ORDER BY version, seq",
                 (app_name, session_id, after),
             ).fetchall()
-        version, scopes, created_at, status, updated_at, forked_from, fork_reason = found
-        row = StoredSession(
-            session_id, app_name, version, json.loads(scopes), created_at, status, updated_at, forked_from, fork_reason
-        )
-        return row, [d for (d,) in data]
+        return stored_row(app_name, session_id, found), [d for (d,) in data]
 
     def _load_with_snapshot(
         self, app_name: str, session_id: str
