@@ -1,6 +1,7 @@
 # The commands the README starts with: `make demo`, `make serve` and `make test`. Each builds .venv first:
-# `make demo` with dormant alone (pydantic is its one dependency), `make serve` adds the lambda extra
-# (`dormant serve` runs the Lambda handlers), `make test` every extra and the dev tools.
+# `make demo` and `make serve` with the lambda extra (`dormant serve`, the next thing a newcomer runs after the
+# demo, runs the Lambda handlers; Powertools is pure Python), `make test` every extra and the dev tools.
+# `pip install dormant` alone still needs pydantic only.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -14,22 +15,20 @@ $(PY):
 
 # Each installs the Bookings sample too (samples/pyproject.toml: the `bookings` command, `dormant serve`'s default
 # app), a distribution of its own so the library's wheel ships `dormant` alone.
-$(VENV)/.demo: pyproject.toml samples/pyproject.toml | $(PY)
-	$(PIP) -e . -e samples
-	touch $@
-
 $(VENV)/.serve: pyproject.toml samples/pyproject.toml | $(PY)
 	$(PIP) -e '.[lambda]' -e samples
-	touch $@ $(VENV)/.demo
+	touch $@
 
 $(VENV)/.installed: pyproject.toml samples/pyproject.toml | $(PY)
 	$(PIP) -e '.[$(EXTRAS)]' -e samples
-	touch $@ $(VENV)/.demo $(VENV)/.serve
+	touch $@ $(VENV)/.serve
 
 setup: $(VENV)/.installed
 
-demo: $(VENV)/.demo
+demo: $(VENV)/.serve
 	$(VENV)/bin/bookings demo
+	@echo "Next: $(VENV)/bin/dormant serve (or make serve), then open http://127.0.0.1:8000/"
+
 
 # The HTTP API and the session inspector on http://127.0.0.1:8000/, on data/dormant.db (SERVE_ARGS: more
 # options, e.g. SERVE_ARGS='--port 8001'); Ctrl-C stops it.

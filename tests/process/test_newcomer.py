@@ -1,7 +1,8 @@
 """A newcomer's first commands: ``make demo``, then ``make serve`` (or ``dormant serve``), then the README's curl.
 
-A fresh venv is too slow for a test, so the venv ``make demo`` builds (dormant alone, no lambda extra) is
-played by a ``dormant serve`` whose import of Powertools fails, as it fails there.
+``make demo`` builds the venv ``dormant serve`` needs (the lambda extra), so the command after it works. A fresh
+venv is too slow for a test, so a ``pip install dormant`` without the extra is played by a ``dormant serve``
+whose import of Powertools fails, as it fails there.
 """
 
 from __future__ import annotations
@@ -78,6 +79,19 @@ def test_make_serve_installs_the_lambda_extra_then_runs_dormant_serve(tmp_path: 
     assert lines[install].endswith("-e '.[lambda]' -e samples")
     assert lines[-1] == f"{venv}/bin/dormant serve --port 8001"
     assert install < len(lines) - 1
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_demo_builds_the_venv_dormant_serve_needs_and_names_it_next(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"  # the command a newcomer types after the demo must work in the venv it built
+    done = subprocess.run(
+        ["make", "-n", "-C", str(ROOT), "demo", f"VENV={venv}"], capture_output=True, text=True, timeout=60, check=True
+    )
+    lines = [line.strip() for line in done.stdout.splitlines() if line.strip() and not line.startswith("make")]
+    [install] = [line for line in lines if "pip install" in line]
+    assert install.endswith("-e '.[lambda]' -e samples")
+    assert f"{venv}/bin/bookings demo" in lines
+    assert any(f"{venv}/bin/dormant serve" in line for line in lines[lines.index(f"{venv}/bin/bookings demo") :])
 
 
 def _invoke(*args: str, cwd: Path, store: str) -> subprocess.CompletedProcess[str]:

@@ -245,7 +245,7 @@ def _purge(app: App, args: argparse.Namespace) -> dict[str, Any]:
 
 _SERVE_NEEDS = ("aws_lambda_powertools", "aws_xray_sdk", "boto3", "botocore", "jmespath")
 """What ``dormant serve`` imports beyond dormant's own dependencies: the ``lambda`` extra (it serves through
-the Lambda handlers). ``make demo`` installs dormant alone; ``make serve`` adds the extra."""
+the Lambda handlers). ``pip install dormant`` has it not; ``make demo`` and ``make serve`` install it."""
 
 
 def _serve(args: argparse.Namespace) -> int:
