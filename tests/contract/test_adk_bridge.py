@@ -13,6 +13,7 @@ import functools
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from google.adk.tools.tool_confirmation import ToolConfirmation  # noqa: E402
 from google.genai import types  # noqa: E402
 
 from dormant.bridges.adk import NONE, DormantSessionService, session_key  # noqa: E402
+from dormant.errors import InvalidSessionId  # noqa: E402
 from dormant.events import AdkEvent, StateChangeEvent  # noqa: E402
 from dormant.stores.memory import in_memory_store  # noqa: E402
 from dormant.stores.sqlite import sqlite_store  # noqa: E402
@@ -546,6 +548,29 @@ async def test_ids_outside_dormants_characters_are_escaped_and_round_trip(ours: 
         key = session_key(user, sid)
         assert re.fullmatch(r"[A-Za-z0-9_.-]+", key), key
     assert session_key("x_41", "s") != session_key("A", "s")  # a plain part never looks escaped
+
+
+@sync
+async def test_an_id_with_an_underscore_is_escaped_so_none_reads_back_as_another(ours: Made) -> None:
+    """``x_41`` left as it is would read back as the escaped form of ``A``: an id holding ``_`` is escaped."""
+    s = ours.service
+    for user, sid in (("x_41", "x_42"), ("A", "B"), ("ada_lovelace", "s_1")):
+        await s.create_session(app_name="my_app", user_id=user, session_id=sid, state=keyed(user__who=user))
+    listed = sorted((x.user_id, x.id) for x in (await s.list_sessions(app_name="my_app")).sessions)
+    assert listed == [("A", "B"), ("ada_lovelace", "s_1"), ("x_41", "x_42")]
+    for user in ("x_41", "A", "ada_lovelace"):
+        assert await s.get_user_state(app_name="my_app", user_id=user) == {"who": user}
+        assert [x.user_id for x in (await s.list_sessions(app_name="my_app", user_id=user)).sessions] == [user]
+    assert "_" not in session_key("ada_lovelace", "s_1").replace("x_", "", 2)  # each part escaped whole
+
+
+def test_a_tenant_holding_the_tenant_separator_is_refused(tmp_path: Path) -> None:
+    """``{app}@{tenant}`` is split at its ``@``: a tenant holding one would name another tenant's key space."""
+    with closing(sqlite_store(tmp_path / "t.db")) as store:
+        with pytest.raises(InvalidSessionId, match="'@'") as refused:
+            DormantSessionService(store, tenant="acme@other")
+        assert refused.value.field == "tenant"
+        assert DormantSessionService(store, tenant="acme").dormant_name("my_app") == "my_app@acme"
 
 
 @sync

@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import uuid
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -966,3 +967,55 @@ def test_a_rolled_back_writer_putting_its_id_items_late_does_not_hide_the_live_o
         again = store.commit(world.row(), _events("t", 30), version)
         assert (again.ok, again.appended) == (True, 0)  # found by reading the events from the dead grant's version
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 30)
+
+
+@pytest.mark.parametrize("dies", [False, True], ids=["cleans-up", "dies-at-its-finish"])
+def test_an_id_item_of_a_rolled_back_writer_never_makes_its_event_look_stored(world: World, dies: bool) -> None:
+    """A rolled-back writer's id items (put late, with its dead grant) name events that were never committed:
+    a commit sending those ids again appends them. The meta item's filter flags every id here (saturated, as a
+    long session's nearly is), so each is looked up in its id item, then in the events from its version (where
+    a writer that died before cleaning up left some of its own, of its dead grant)."""
+    _seeded(world)
+    arrived, resume = threading.Event(), threading.Event()
+    world.faults.pause("BatchWriteItem", 2, arrived, resume)  # after 25 of its 30 event items, no id item yet
+    if dies:
+        world.faults.die("TransactWriteItems", 1)  # its finish: it never cleans up after itself
+    results: dict[str, Any] = {}
+
+    def commit() -> None:
+        try:
+            results["r"] = world.writer.commit(world.row(), _events("a", 30), 1)
+        except Died as exc:
+            results["r"] = exc
+
+    slow = threading.Thread(target=commit)
+    slow.start()
+    assert arrived.wait(timeout=30)
+    world.clock.advance(1)
+    assert [r.action for r in world.store().repair_pending(older_than_s=0)] == ["rolled_back"]
+    assert world.store().commit(world.row(), _events("z", 2), 1).ok  # version 2, another grant; "z" > "a"
+    resume.set()  # the slow writer puts the rest of its items (its 30 id items: version 2, its dead grant)
+    slow.join(timeout=30)
+    assert not slow.is_alive()
+    if dies:
+        assert isinstance(results["r"], Died) and world.raw_event_items() == 10 + 2 + 5  # its last 5 are there
+    else:
+        assert (results["r"].ok, results["r"].version) == (False, 2)
+    late = {i: item for i, item in _id_items(world).items() if i.startswith("a-")}
+    assert len(late) == 30 and all(item["v"] == {"N": "2"} for item in late.values())
+    world.writer_client.update_item(
+        TableName=world.table,
+        Key={"pk": {"S": session_pk(world.app, world.sid)}, "sk": {"S": "#M"}},
+        UpdateExpression="SET bf = :bf",
+        ExpressionAttributeValues={":bf": {"B": zlib.compress(b"\xff" * 2048)}},
+    )
+    for version, store in enumerate((world.store(single_call_items=0), world.store(single_call_items=100)), start=2):
+        store.load(world.app, world.sid)
+        resent = store.commit(world.row(), _events("a", 30)[version - 2 :: 2], version)  # half on each path
+        assert (resent.ok, resent.appended) == (True, 15)
+    assert world.ids() == [
+        *_events_ids("base", 10),
+        *_events_ids("z", 2),
+        *_events_ids("a", 30)[::2],
+        *_events_ids("a", 30)[1::2],
+    ]

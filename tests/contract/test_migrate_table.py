@@ -1,8 +1,11 @@
-"""``dormant migrate-table`` on release 0.1's table (DynamoDB Local), and the store refusing an old layout."""
+"""``dormant migrate-table`` on release 0.1's table and on one of this release (DynamoDB Local), and the store
+refusing an old layout."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,9 +17,10 @@ pytest.importorskip("boto3")
 from dormant.errors import ConfigurationError
 from dormant.stores.base import StoredSession
 from dormant.stores.dynamodb import create_table, dynamo_store
+from dormant.stores.dynamodb.keys import session_pk
 from dormant.stores.dynamodb.migrate import PROGRESS_PK, MigrationReport, migrate_table
-from tests.support.dynamodb_faults import Faults
-from tests.support.release_fixtures import APP, DONE, WAITING, old_dynamodb_table
+from tests.support.dynamodb_faults import Died, Faults
+from tests.support.release_fixtures import APP, DONE, WAITING, old_dynamodb_table, write_sessions
 
 pytestmark = pytest.mark.backend("dynamodb")
 
@@ -25,16 +29,40 @@ RELEASE = "release-0.1"
 
 @pytest.fixture
 def tables(ddb: Any) -> Iterator[list[str]]:
-    """Tables a test makes, deleted after it."""
+    """Tables a test makes, deleted after it (a test that failed before making one leaves it out)."""
     made: list[str] = []
     yield made
     for table in made:
-        ddb.delete_table(TableName=table)
+        with contextlib.suppress(ddb.exceptions.ResourceNotFoundException):
+            ddb.delete_table(TableName=table)
 
 
 def _old(ddb: Any, tables: list[str]) -> str:
     tables.append(old_dynamodb_table(ddb, RELEASE))
     return tables[-1]
+
+
+def _current(ddb: Any, tables: list[str]) -> str:
+    """A table of this release's layout holding the fixture sessions, as this release's store wrote them."""
+    tables.append(f"current-{uuid.uuid4().hex[:8]}")
+    create_table(tables[-1], client=ddb)
+    write_sessions(dynamo_store(tables[-1], client=ddb))
+    return tables[-1]
+
+
+def _source(ddb: Any, tables: list[str], layout: str) -> str:
+    return _old(ddb, tables) if layout == RELEASE else _current(ddb, tables)
+
+
+def _puts(faults: Faults, table: str) -> Counter[tuple[str, str]]:
+    """The keys put into ``table`` (batches and single puts), counted, but its progress and layout items."""
+    items = []
+    for operation, params in faults.params:
+        if operation == "BatchWriteItem":
+            items += [r["PutRequest"]["Item"] for r in params["RequestItems"].get(table, []) if "PutRequest" in r]
+        elif operation == "PutItem" and params["TableName"] == table:
+            items.append(params["Item"])
+    return Counter((i["pk"]["S"], i["sk"]["S"]) for i in items if i["pk"]["S"] not in (PROGRESS_PK, "#layout"))
 
 
 def _new(tables: list[str]) -> str:
@@ -177,3 +205,106 @@ def test_migrate_table_refuses_a_target_of_another_layout(ddb: Any, tables: list
         migrate_table(ddb, old, other)
     with pytest.raises(ConfigurationError, match="same one"):
         migrate_table(ddb, old, old)
+
+
+LAYOUTS = [RELEASE, "this release"]
+
+
+def test_a_table_of_this_release_is_copied_once_a_key_and_a_second_pass_puts_the_same_keys(
+    ddb: Any, tables: list[str]
+) -> None:
+    """A table of this layout holds an id item per event already: copied as it is, none derived next to it
+    (which put two items of one key in one batch: "Provided list of item keys contains duplicates")."""
+    old, new = _current(ddb, tables), _new(tables)
+    faults = Faults(ddb)
+    report = migrate_table(ddb, old, new, page_size=7)
+    assert report.pages > 2 and report.events == report.id_items == 27
+    first = _puts(faults, new)
+    copied = _items(ddb, new)
+    assert max(first.values()) == 1  # no key put twice in the run
+    assert sum(first.values()) == report.written == len(copied) - 1  # every item the new table holds, its layout aside
+    source = _items(ddb, old)
+    for key, item in source.items():  # every item as it was, but the touches (rebuilt) and the layout item
+        if not key[1].startswith("T#") and key[0] != "#layout":
+            assert copied[key] == item, key
+    assert {k for k in copied if k[1].startswith("T#")} == {k for k in source if k[1].startswith("T#")}
+
+    faults.params.clear()
+    again = migrate_table(ddb, old, new)
+    second = _puts(faults, new)
+    assert max(second.values()) == 1 and set(second) == set(first) and again.written == sum(second.values())
+    assert _items(ddb, new) == copied
+
+    store = dynamo_store(new, client=ddb)
+    done, before = store.load(APP, DONE), dynamo_store(old, client=ddb).load(APP, DONE)
+    assert done is not None and before is not None
+    assert (done.row, [e.id for e in done.events]) == (before.row, [e.id for e in before.events])
+    resent = store.commit(done.row, list(done.events), done.row.version)
+    assert (resent.ok, resent.appended) == (True, 0)  # its id items came along: every id is known
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_copy_killed_midway_completes_when_run_again(ddb: Any, tables: list[str], layout: str) -> None:
+    old, new, whole = _source(ddb, tables, layout), _new(tables), _new(tables)
+    faults = Faults(ddb)
+    faults.die("BatchWriteItem", nth=3)  # the process dies inside its third page, two pages written
+    with pytest.raises(Died):
+        migrate_table(ddb, old, new, page_size=10)
+    resumed = migrate_table(ddb, old, new, page_size=10)
+    assert resumed.resumed and resumed.items_read < len(_items(ddb, old))
+    migrate_table(ddb, old, whole)
+    assert _items(ddb, new) == _items(ddb, whole)
+    store = dynamo_store(new, client=ddb)
+    assert [s.id for s in store.list(APP)] == [WAITING, DONE]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_waiting_session_is_on_the_running_index_as_waiting(ddb: Any, tables: list[str], layout: str) -> None:
+    old, new = _source(ddb, tables, layout), _new(tables)
+    migrate_table(ddb, old, new)
+    meta = ddb.get_item(TableName=new, Key={"pk": {"S": session_pk(APP, WAITING)}, "sk": {"S": "#M"}})["Item"]
+    assert meta["status"] == {"S": "awaiting_input"} and meta["rpk"]["S"].startswith("W#")
+    store = dynamo_store(new, client=ddb)
+    assert [(r.app_name, r.session_id, r.status) for r in store.waiting_sessions()] == [
+        (APP, WAITING, "awaiting_input")
+    ]
+    assert store.running_sessions() == []
+
+
+def test_derived_id_items_keep_their_events_expiry(ddb: Any, tables: list[str]) -> None:
+    old, new = _old(ddb, tables), _new(tables)
+    expiry = {"N": "4102444800"}  # 2100-01-01: a session with retention, every item expiring with it
+    events = [i for k, i in _items(ddb, old).items() if k[0] == session_pk(APP, DONE) and k[1].startswith("E#")]
+    for item in events:
+        ddb.update_item(
+            TableName=old,
+            Key={"pk": item["pk"], "sk": item["sk"]},
+            UpdateExpression="SET expires_at = :x",
+            ExpressionAttributeValues={":x": expiry},
+        )
+    migrate_table(ddb, old, new)
+    ids = [i for k, i in _items(ddb, new).items() if k[0] == session_pk(APP, DONE) and k[1].startswith("I#")]
+    assert len(ids) == len({i["eid"]["S"] for i in events}) > 0
+    assert all(i.get("expires_at") == expiry for i in ids)
+
+
+def test_an_id_item_is_derived_from_the_live_event_never_a_rolled_back_writers(ddb: Any, tables: list[str]) -> None:
+    """A rolled-back writer's event item (its grant in the meta item's ``dead``) holding an id a live event holds
+    too: the id item names the live one, whichever sorts last."""
+    old, new = _old(ddb, tables), _new(tables)
+    pk = session_pk(APP, DONE)
+    live = max(
+        (i for k, i in _items(ddb, old).items() if k[0] == pk and k[1].startswith("E#")), key=lambda i: i["sk"]["S"]
+    )
+    _, version, grant, seq = live["sk"]["S"].split("#")
+    dead = {**live, "sk": {"S": f"E#{version}#ffffffff#{seq}"}}  # sorts after every live grant of its version
+    ddb.put_item(TableName=old, Item=dead)
+    ddb.update_item(
+        TableName=old,
+        Key={"pk": {"S": pk}, "sk": {"S": "#M"}},
+        UpdateExpression="ADD dead :d",
+        ExpressionAttributeValues={":d": {"SS": [f"{int(version)}#ffffffff"]}},
+    )
+    migrate_table(ddb, old, new)
+    id_item = _items(ddb, new)[pk, f"I#{live['eid']['S']}"]
+    assert (id_item["v"], id_item["t"]) == ({"N": str(int(version))}, {"S": grant})

@@ -158,7 +158,8 @@ def test_snapshot_and_tail_match_a_full_replay_on_postgres(
 ) -> None:
     from dormant.stores.postgres import postgres_store
 
-    check_random_session(lambda: postgres_store(postgres_url, max_size=2), plans, every, turns, f"snap{every}{turns}")
+    name = f"snap{every}{turns}-{uuid.uuid4().hex[:8]}"  # its own: the database may be an earlier run's
+    check_random_session(lambda: postgres_store(postgres_url, max_size=2), plans, every, turns, name)
 
 
 # -- what a load reads ------------------------------------------------------------------------------
@@ -446,23 +447,25 @@ def test_no_snapshot_follows_a_commit_in_which_the_store_skipped_re_sent_ids() -
 
 def check_snapshot_kept_only_whole(make_store: Callable[[], Any]) -> None:
     """The SQL stores keep the snapshot in the commit's transaction, but not when some of the commit's events
-    were already stored (a retry): the ledger then differs from the fold the snapshot holds."""
+    were already stored (a retry): the ledger then differs from the fold the snapshot holds. Its own app name:
+    a database an earlier run used (``TEST_DATABASE_URL``) holds that run's session."""
 
     def event(n: int) -> UserEvent:
         return UserEvent(id=f"e{n}", created_at=1, text=f"m{n}")
 
+    app = f"a-{uuid.uuid4().hex[:12]}"
     with closing(make_store()) as store:
-        row = StoredSession(id="s", app_name="a", version=0, created_at=1)
+        row = StoredSession(id="s", app_name=app, version=0, created_at=1)
         assert store.commit(row, [event(1)], 0, snapshot=StoredSnapshot(1, '{"at":1}')).ok
-        kept = store.load_snapshot("a", "s")
+        kept = store.load_snapshot(app, "s")
         assert kept is not None and kept.version == 1
         retry = store.commit(row, [event(1), event(2)], 1, snapshot=StoredSnapshot(2, '{"at":2}'))
         assert retry.ok and retry.appended == 1
-        assert store.load_snapshot("a", "s") == kept, "a partly stored commit keeps no snapshot"
+        assert store.load_snapshot(app, "s") == kept, "a partly stored commit keeps no snapshot"
         assert store.commit(row, [event(3)], 2, snapshot=StoredSnapshot(2, '{"at":2}')).ok  # not its version
-        assert store.load_snapshot("a", "s") == kept
+        assert store.load_snapshot(app, "s") == kept
         assert store.commit(row, [event(4)], 3, snapshot=StoredSnapshot(4, '{"at":4}')).ok
-        assert store.load_snapshot("a", "s") == StoredSnapshot(4, '{"at":4}')
+        assert store.load_snapshot(app, "s") == StoredSnapshot(4, '{"at":4}')
 
 
 def test_a_commit_keeps_its_snapshot_only_when_it_lands_whole(tmp_path: Path) -> None:

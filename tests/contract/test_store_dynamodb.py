@@ -20,8 +20,9 @@ from dormant.events import UserEvent
 from dormant.ids import new_id
 from dormant.stores.base import ScopedStateChange, SessionStore, StoredSession
 from dormant.stores.dynamodb import TABLE, DynamoDBSessionStore, create_table, dynamo_store
-from dormant.stores.dynamodb.keys import CHUNK_BYTES, IdFilter, session_pk
+from dormant.stores.dynamodb.keys import CHUNK_BYTES, IdFilter, listing_keys, session_pk
 from dormant.stores.dynamodb.store import _touch_in_finish
+from dormant.stores.dynamodb.table import LISTING_INDEX, STATUS_INDEX
 from dormant.testing import StoreContract
 from tests.support.dynamodb_faults import Died, Faults
 from tests.support.servers.dynamodb import client as local_client
@@ -887,3 +888,42 @@ def test_a_load_reads_the_meta_item_and_the_events_not_their_id_items(
     loaded = store.load(app, "s-1")
     assert loaded is not None and len(loaded.events) == 5
     assert counts == [1 + 5]  # the meta item and 5 event items: the 5 id items and the touch sort after them
+
+
+def _index_entries(ddb: Any, table: str, app: str, shards: int = 4) -> list[dict[str, Any]]:
+    """The listing and status index entries of ``app``'s sessions (every shard), read from the indexes."""
+    entries: list[dict[str, Any]] = []
+    for lpk in listing_keys(app, shards):
+        entries += ddb.query(
+            TableName=table,
+            IndexName=LISTING_INDEX,
+            KeyConditionExpression="lpk = :k",
+            ExpressionAttributeValues={":k": {"S": lpk}},
+        )["Items"]
+        for status in ("waiting", "late"):
+            entries += ddb.query(
+                TableName=table,
+                IndexName=STATUS_INDEX,
+                KeyConditionExpression="spk = :k",
+                ExpressionAttributeValues={":k": {"S": f"{status}#{lpk}"}},
+            )["Items"]
+    return entries
+
+
+@pytest.mark.parametrize("single_call_items", [0, 100], ids=["gated", "one-call"])
+def test_a_delete_leaves_none_of_the_sessions_touches_behind(
+    ddb: Any, dynamodb_table: str, app: str, single_call_items: int
+) -> None:
+    """A touch left behind is a listing (and status) index entry of a session that is gone."""
+    store = dynamo_store(dynamodb_table, client=ddb, single_call_items=single_call_items)
+    with frozen_clock(1_800_000_000_000) as clock:
+        for version, status in enumerate(("waiting", "late", "waiting")):
+            assert store.commit(_row(app, status=status), [_event(version)], version).ok
+            clock.advance(10)
+        assert store.commit(_row(app, "s-2", status="late"), [_event("other")], 0).ok
+        assert len(_touches(ddb, dynamodb_table, app, "s-1")) == 1
+        assert len(_index_entries(ddb, dynamodb_table, app)) == 4  # each session's touch, in both indexes
+        store.delete(app, "s-1")
+        assert _raw_items(ddb, dynamodb_table, session_pk(app, "s-1")) == []
+        assert [e["pk"]["S"] for e in _index_entries(ddb, dynamodb_table, app)] == [session_pk(app, "s-2")] * 2
+        assert [s.id for s in store.list(app)] == ["s-2"] and store.load(app, "s-1") is None

@@ -415,3 +415,110 @@ def test_appended_events_keep_batch_order_at_their_commit_after_skipped_ids(post
     )
     # A skipped id keeps its place in the numbering: evt-3 and evt-4 are 2nd and 4th of the de-duplicated batch.
     assert rows == [("evt-1", 1, 0), ("evt-2", 1, 1), ("evt-3", 2, 1), ("evt-4", 2, 3)]
+
+
+class _PausingCursor(psycopg.Cursor[Any]):
+    """A cursor that runs ``before_events`` (set on its class by a test) before it sends the read of the tail
+    after the snapshot: the moment a writer is let in, between the row's read and the tail's."""
+
+    before_events: Any = None
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        if (
+            isinstance(query, str)
+            and query.startswith("SELECT data::text FROM events")
+            and _PausingCursor.before_events
+        ):
+            _PausingCursor.before_events(self.connection)
+        return super().execute(query, params, **kwargs)
+
+
+def _until(check: Any, what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not check():
+        assert time.monotonic() < deadline, f"waited {WAIT} s for {what}"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("read", ["state read", "load"])
+def test_a_read_sees_the_row_snapshot_and_tail_of_one_moment(postgres_url: str, app: str, read: str) -> None:
+    """A commit landing between the read of the row (with its snapshot) and the read of the tail is in neither:
+    they are read in one REPEATABLE READ transaction, not each at its own moment."""
+
+    def autocommit_pausing(conn: psycopg.Connection[Any]) -> None:
+        conn.cursor_factory = _PausingCursor
+
+    # The store's own pools are autocommit (the pipelined path): this one is too, its cursors pausing.
+    with ConnectionPool(
+        postgres_url, min_size=1, max_size=1, kwargs={"autocommit": True}, configure=autocommit_pausing, open=True
+    ) as pool:
+        reader, writer = postgres_store(pool=pool), postgres_store(postgres_url)
+        try:
+            row = _row(app)
+            assert writer.commit(row, [_event(1)], 0, snapshot=StoredSnapshot(1, '{"n": 1}')).ok
+
+            def commit_meanwhile(conn: psycopg.Connection[Any]) -> None:
+                pid = conn.info.backend_pid
+                _until(  # the row's read has reached the server and run there
+                    lambda: _sql(
+                        postgres_url,
+                        "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND query LIKE %s",
+                        (pid, "%FROM sessions%"),
+                    ),
+                    "the row's read",
+                )
+                time.sleep(0.2)
+                assert writer.commit(row, [_event(2)], 1).ok  # lands before the tail's read is sent
+
+            def tail() -> tuple[int, list[str]]:
+                if read == "load":
+                    loaded = reader.load(app, row.id, after=1)
+                else:
+                    snapshot, loaded = reader.load_with_snapshot(app, row.id)
+                    assert snapshot == StoredSnapshot(1, '{"n": 1}')
+                assert loaded is not None
+                return loaded.row.version, [e.id for e in loaded.events]
+
+            _PausingCursor.before_events = commit_meanwhile
+            try:
+                assert tail() == (1, [])
+            finally:
+                _PausingCursor.before_events = None
+            assert tail() == (2, ["evt-2"])
+        finally:
+            writer.close()
+
+
+def test_the_store_builds_a_pool_of_the_callers_max_size(postgres_url: str, app: str) -> None:
+    """Four threads committing to a session whose row another transaction holds locked: each commit holds its
+    connection while it waits, so the server sees as many as the pool may open — max_size=2, not the default."""
+    name = f"dormant-test-{uuid.uuid4().hex[:8]}"
+    store = postgres_store(make_conninfo(postgres_url, application_name=name), max_size=2)
+    row = _row(app)
+    try:
+        assert store.commit(row, [], 0).ok
+        results: list[bool] = []
+        with psycopg.connect(postgres_url) as holder:  # a transaction holding the session row's lock
+            holder.execute("SELECT 1 FROM sessions WHERE app_name = %s AND id = %s FOR UPDATE", (app, row.id))
+            threads = [
+                threading.Thread(target=lambda n=n: results.append(store.commit(row, [_event(n)], 1).ok))
+                for n in range(4)
+            ]
+            for thread in threads:
+                thread.start()
+
+            def stuck() -> int:  # commits waiting on the lock (on the server) or for a connection (in the pool)
+                (locked,) = _sql(
+                    postgres_url,
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
+                    (name,),
+                )
+                return int(locked[0]) + int(store._pool.get_stats().get("requests_waiting", 0))
+
+            _until(lambda: stuck() == 4, "four commits held up")
+            assert _connections_named(postgres_url, name) == 2
+        for thread in threads:
+            thread.join(timeout=WAIT)
+        assert sorted(results) == [False, False, False, True]  # one took version 2, the others conflicted
+    finally:
+        store.close()

@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("aws_lambda_powertools", reason="dormant serve needs the lambda extra")
 
 from tests.support.serve_calls import REQUEST, TIMEOUT, call, eventually
+from tests.support.servers.postgres import throwaway_schema
 from tests.support.servers.serve import ServeProcess, clinic_serve, dormant_serve
 
 STORES = [
@@ -29,18 +30,25 @@ STORES = [
 
 
 @pytest.fixture(params=STORES)
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, str]]:
-    """A store URL for ``dormant serve`` and the environment it needs."""
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """A store URL for ``dormant serve`` and the environment it needs: a store of the test's own (on Postgres a
+    schema of its own, dropped after it: the database may be one earlier runs used, whose bookings took the
+    sample's shared slots)."""
     kind = request.param
     if kind == "memory":
-        return "memory:", {}
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path / 'idem.db'}", {}
-    if kind == "postgres":
-        return str(request.getfixturevalue("postgres_url")), {}
-    from tests.support.servers.dynamodb import store_for_process
+        yield "memory:", {}
+    elif kind == "sqlite":
+        yield f"sqlite:///{tmp_path / 'idem.db'}", {}
+    elif kind == "postgres":
+        url = str(request.getfixturevalue("postgres_url"))
+        from psycopg.conninfo import conninfo_to_dict
 
-    return store_for_process(request.getfixturevalue("dynamodb_endpoint"), f"idem-{uuid.uuid4().hex[:12]}")
+        with throwaway_schema(url, "dormant_idem_") as own:
+            yield url, {"PGOPTIONS": str(conninfo_to_dict(own)["options"])}
+    else:
+        from tests.support.servers.dynamodb import store_for_process
+
+        yield store_for_process(request.getfixturevalue("dynamodb_endpoint"), f"idem-{uuid.uuid4().hex[:12]}")
 
 
 @pytest.fixture

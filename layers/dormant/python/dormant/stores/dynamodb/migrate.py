@@ -5,8 +5,11 @@ local index can never be dropped (and caps every item collection at 10 GB), and 
 another row (a global index's projection cannot change in place). So it is copied, item by item, into a
 table of ``table.TABLE``'s shape, converting what changed:
 
-* every event item is copied as it is, with its **id item** (``keys.id_sk``: incarnation, version and grant,
-  from its key): what a re-sent id is looked up by now;
+* every event item is copied as it is. A table of an earlier layout has no **id items** (``keys.id_sk``:
+  incarnation, version and grant): each is derived from the event item it names (its key, its expiry), for
+  the events the meta item does not disown (its incarnation's, not of a rolled-back grant), so that a
+  rolled-back writer's event never stands for a live one with the same id. A table of this layout has them:
+  they are copied as they are and none is derived (one put per key, never two in one batch);
 * every meta item is copied without the listing entry a release 0.1 meta item carried itself (``lpk``) and
   without an earlier layout's superseded touch (``plsk``), with the running index's key (``rpk``) and a
   pending marker's key (``ppk``) for the new table's shard counts; and the session gets **one touch**, built
@@ -19,9 +22,10 @@ table of ``table.TABLE``'s shape, converting what changed:
 page is written, the position is kept on a progress item in the new table (``#migration``, the old table's
 name), so a run that stopped resumes from the last page written. Every write is a put of a key the old item
 determines, so re-doing a page, or running again after it finished (a second full pass, for what changed
-meanwhile), writes no item twice; a meta item is put only if the new table does not hold the session at a
-later version (a session committed in the new table is never moved back). Stop the writers first: commits
-to the old table after its page was copied are not in the new one until a pass copies them again.
+meanwhile), writes no item twice (``MigrationReport.written`` counts the puts: one per key a run); a meta
+item is put only if the new table does not hold the session at a later version (a session committed in the
+new table is never moved back). Stop the writers first: commits to the old table after its page was copied
+are not in the new one until a pass copies them again.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ...errors import ConfigurationError, StoreError
+from .items import _dead
 from .keys import (
     ID_PREFIX,
     META_SK,
@@ -58,6 +63,8 @@ PROGRESS_PK = "#migration"
 _BATCH = 25
 _RUNNING = "running"
 _WAITING = ("awaiting_input", "resumable")
+_ID_ITEMS_FORMAT = 2
+"""The layout format from which a table holds id items (an earlier table records none, or no format)."""
 
 
 @dataclass
@@ -88,6 +95,8 @@ class MigrationReport:
     """The old table's touches (rebuilt from the meta items), its layout and progress items."""
     kept_newer: int = 0
     """Sessions the new table already held at a later version (left as they were, with their events copied)."""
+    written: int = 0
+    """Items put into the new table (its progress and layout items aside): each key at most once a run."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,6 +126,7 @@ def migrate_table(
             raise ConfigurationError(f"{name} is a whole number from 1 to 1000, not {value!r}")
     report = MigrationReport(source, target, listing_shards=listing, pending_shards=pending)
     report.created = _ready(client, target, create)
+    has_ids = int(recorded.get("format", {}).get("N", "1")) >= _ID_ITEMS_FORMAT
     _record_layout(client, target, listing, pending)
 
     progress_key = {"pk": {"S": PROGRESS_PK}, "sk": {"S": source}}
@@ -127,7 +137,7 @@ def migrate_table(
     if progress is not None and not progress.get("done", {}).get("BOOL", False) and "last" in progress:
         scan["ExclusiveStartKey"] = json.loads(progress["last"]["S"])
         report.resumed = True
-    copier = _Copier(client, target, listing, pending, report)
+    copier = _Copier(client, source, target, listing, pending, report, derive_ids=not has_ids)
     while True:
         page = _call(client, "scan", **scan)
         for item in page.get("Items", []):
@@ -149,9 +159,27 @@ def migrate_table(
 class _Copier:
     """Converts the old table's items and writes them in batches of 25 (meta items one at a time, conditional)."""
 
-    def __init__(self, client: Any, table: str, listing: int, pending: int, report: MigrationReport) -> None:
-        self.client, self.table, self.listing, self.pending, self.report = client, table, listing, pending, report
-        self.puts: list[dict[str, Any]] = []
+    def __init__(
+        self,
+        client: Any,
+        source: str,
+        table: str,
+        listing: int,
+        pending: int,
+        report: MigrationReport,
+        *,
+        derive_ids: bool,
+    ) -> None:
+        self.client, self.source, self.table, self.report = client, source, table, report
+        self.listing, self.pending, self.derive_ids = listing, pending, derive_ids
+        self.puts: dict[tuple[str, str], dict[str, Any]] = {}
+        """By key: a later put of a key replaces an earlier one still unsent (a batch may not name a key twice)."""
+        self.owner: tuple[str, Mapping[str, Any] | None] = ("", None)
+        """The partition being read and its meta item in the old table (a scan reads a partition's items in
+        key order, the meta item first; a run resumed mid-partition reads it)."""
+
+    def _put(self, item: dict[str, Any]) -> None:
+        self.puts[item["pk"]["S"], item["sk"]["S"]] = item
 
     def add(self, item: dict[str, Any]) -> None:
         report = self.report
@@ -163,37 +191,38 @@ class _Copier:
             self._session_item(pk, sk, item)
         elif pk.startswith("X#"):
             report.scoped += 1
-            self.puts.append(item)
+            self._put(item)
         elif pk.startswith("B#"):
             report.bindings += 1
-            self.puts.append(item)
+            self._put(item)
         else:
             report.other += 1
-            self.puts.append(item)
+            self._put(item)
         if len(self.puts) >= _BATCH:
             self.flush()
 
     def _session_item(self, pk: str, sk: str, item: dict[str, Any]) -> None:
         report = self.report
         if sk == META_SK:
+            self.owner = (pk, item)
             self._meta(pk, item)
         elif sk.startswith("T#"):
             report.not_copied += 1  # rebuilt from the meta item
         elif sk == SNAPSHOT_SK:
             report.snapshots += 1
-            self.puts.append(item)
+            self._put(item)
         elif sk.startswith(ID_PREFIX):
-            report.id_items += 1  # a table of this layout, copied again (new shard counts)
-            self.puts.append(item)
+            report.id_items += 1  # a table of this layout: its id items, as they are
+            self._put(item)
         else:
             key = parse_event_sk(sk)
             if key is None:
                 report.other += 1
-                self.puts.append(item)
+                self._put(item)
                 return
             report.events += 1
-            self.puts.append(item)
-            if "eid" in item:
+            self._put(item)
+            if self.derive_ids and "eid" in item and self._owns(pk, item, f"{key.version}#{key.grant}"):
                 id_item: dict[str, Any] = {
                     "pk": item["pk"],
                     "sk": {"S": id_sk(item["eid"]["S"])},
@@ -204,7 +233,21 @@ class _Copier:
                 if "expires_at" in item:
                     id_item["expires_at"] = item["expires_at"]
                 report.id_items += 1
-                self.puts.append(id_item)
+                self._put(id_item)
+
+    def _owns(self, pk: str, event: Mapping[str, Any], grant: str) -> bool:
+        """Whether the session's meta item owns this event item: its incarnation's, of a grant not rolled back."""
+        if self.owner[0] != pk:
+            meta = _call(
+                self.client,
+                "get_item",
+                TableName=self.source,
+                Key={"pk": {"S": pk}, "sk": {"S": META_SK}},
+                ConsistentRead=True,
+            ).get("Item")
+            self.owner = (pk, meta)
+        meta = self.owner[1]
+        return meta is not None and meta.get("inc") == event.get("inc") and grant not in _dead(meta)
 
     def _meta(self, pk: str, item: dict[str, Any]) -> None:
         app_name, session_id = split_session_pk(pk)
@@ -226,14 +269,18 @@ class _Copier:
         if put is None:  # the new table holds the session at a later version
             self.report.kept_newer += 1
             return
+        self.report.written += 1
         self.report.sessions += 1
         if int(meta["version"]["N"]) > 0 and "lsk" in meta:
             self.report.touches += 1
-            self.puts.append(touch_of(meta, pk, self.listing))
+            self._put(touch_of(meta, pk, self.listing))
 
     def flush(self) -> None:
-        while self.puts:
-            batch, self.puts = self.puts[:_BATCH], self.puts[_BATCH:]
+        waiting = list(self.puts.values())
+        self.puts = {}
+        while waiting:
+            batch, waiting = waiting[:_BATCH], waiting[_BATCH:]
+            self.report.written += len(batch)
             requests = [{"PutRequest": {"Item": item}} for item in batch]
             for attempt in range(12):
                 answer = _call(self.client, "batch_write_item", RequestItems={self.table: requests})
