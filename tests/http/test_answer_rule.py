@@ -257,10 +257,7 @@ def test_an_answer_lands_iff_the_waiting_calls_rule_admits_its_principal(ops: li
             forged = {"none": None, "own": waiting.invocation_id}.get(forge)
             others = [i for i in invocations if i != waiting.invocation_id]
             if forge == "other":
-                if path != "commit" or not others:
-                    forged = None
-                else:
-                    forged = others[0]
+                forged = None if path != "commit" or not others else others[0]
             admitted = refusal(parse_rules(RULES[waiting.tool]), who, groups, waiting.starter) is None
             expected = admitted and (path != "commit" or forged in (None, waiting.invocation_id))
             version = h.load(sid).version
