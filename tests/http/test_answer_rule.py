@@ -160,11 +160,16 @@ def _answer_by(
         if path == "tools":
             status, body = h.http("POST", "tools", sid, who, groups, {"answers": [answer]})
         else:
-            event = {"type": "tool_input", "call_id": waiting.call_id, "name": waiting.tool, "input": YES}
+            sent: dict[str, Any] = {
+                "type": "tool_input",
+                "call_id": waiting.call_id,
+                "name": waiting.tool,
+                "input": YES,
+            }
             if forged is not None:
-                event["invocation_id"] = forged
+                sent["invocation_id"] = forged
             status, body = h.http(
-                "POST", "commit", sid, who, groups, {"expected_version": session.version, "events": [event]}
+                "POST", "commit", sid, who, groups, {"expected_version": session.version, "events": [sent]}
             )
         assert status < 500, body
         if status >= 400:
