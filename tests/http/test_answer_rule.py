@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import json
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -208,7 +209,7 @@ def _answer_by(
                 principal=who,
             )
             wire = [e.model_dump(mode="json") for e in session.events] + [event.model_dump(mode="json")]
-            rebuilt = h.app.sessions.from_events(wire, session_id=f"{sid}-rebuilt-{len(wire)}")
+            rebuilt = h.app.sessions.from_events(wire, session_id=f"{sid}-rebuilt-{uuid.uuid4().hex[:8]}")
             h.app.sessions.commit(rebuilt)
             return rebuilt.id
     except refused:
