@@ -200,13 +200,14 @@ def _answer_by(
                 h.app, agent, session, {"answers": [answer]}, takeover=True, principal=who, groups=groups
             )
             run_to_end(h.app, claim, lambda _name: agent)
-        else:  # from_events: a ledger handed over whole, its last event the answer
+        else:  # from_events: a ledger handed over whole, its last event the answer (judged as it records it)
             event = ToolInputEvent(
                 call_id=waiting.call_id,
                 name=waiting.tool,
                 input=YES,
                 invocation_id=waiting.invocation_id,
                 principal=who,
+                groups=answering_groups(parse_rules(RULES[waiting.tool]), groups),
             )
             wire = [e.model_dump(mode="json") for e in session.events] + [event.model_dump(mode="json")]
             rebuilt = h.app.sessions.from_events(wire, session_id=f"{sid}-rebuilt-{uuid.uuid4().hex[:8]}")
