@@ -284,3 +284,27 @@ def test_an_answer_lands_iff_the_waiting_calls_rule_admits_its_principal(ops: li
                 h.save(h.app.run(h.people.agent, session=stored, principal=who).session)
             assert h.load(sid).status == "completed", h.load(sid).status
             waiting = None
+
+
+# -- the library's own answers: as strict as the API's --------------------------------------------------------------
+
+
+def test_the_librarys_answer_names_an_unknown_field_and_writes_nothing() -> None:
+    from dormant.errors import ToolInputError
+
+    people = build()
+    session = people.app.sessions.create()
+    (call,) = people.app.run(people.agent, "note", session=session).yielded_tools
+    before = len(session.events)
+    with pytest.raises(ToolInputError) as refused:
+        session.input.answer(call.call_id, {"approved": False, "notes": "the slot is taken"})
+    assert (refused.value.field, refused.value.http_status) == ("answers.0.input.notes", 422)
+    event = ToolInputEvent(
+        call_id=call.call_id, name="note", input={"approved": False, "notes": "x"}, invocation_id=call.invocation_id
+    )
+    with pytest.raises(ToolInputError) as refused:
+        session.rules().check(event, 0)  # a commit's events: named where they stand
+    assert refused.value.field == "events.0.input.notes"
+    assert len(session.events) == before
+    kept = session.input.answer(call.call_id, {"approved": False, "note": "the slot is taken"})
+    assert kept.input == {"approved": False, "note": "the slot is taken"}
