@@ -205,6 +205,12 @@ def test_refused_runs_do_not_use_up_the_turn_quota(api: str) -> None:
     for _ in range(3):  # refused: nothing claimed, nothing counted
         status, refused = bob("POST", "/sessions/q1/runs", {"message": "note"})
         assert (status, refused["error"]) == (409, "AwaitingInput"), refused
+    # a session a live run holds (its start committed by a remote runner): a 409, nothing claimed
+    assert bob("POST", "/sessions", {"session_id": "q0"})[0] == 201
+    start = {"type": "invocation_start", "invocation_id": f"inv_{uuid.uuid4().hex}", "agent_name": "asker"}
+    assert bob("POST", "/sessions/q0/commit", {"expected_version": 1, "events": [start]})[0] == 200
+    status, refused = bob("POST", "/sessions/q0/runs", {"message": "note"})
+    assert (status, refused["error"]) == (409, "ClaimLost"), refused
     status, refused = bob("POST", "/sessions/q1/runs", {"state": {"k": "\u0000"}})  # no store keeps a NUL
     assert (status, refused["field"]) == (422, "state.session.k"), refused
     answered = bob("POST", "/sessions/q1/tools", {"answers": [{"call_id": call["call_id"], "input": YES}]})
