@@ -987,6 +987,37 @@ def test_a_commit_from_a_remote_runner(deployment: Any) -> None:
 
 
 @pytest.mark.backend("dynamodb")
+def test_a_forged_commit_cannot_pass_its_answer_off_as_someone_elses_turns(deployment: Any) -> None:
+    """Issue 35: A's review waits for anyone but A (four eyes). A commits an answer naming an invocation C
+    started, to pass as "not the starter": the commit function (in its own process) reads the starter from the
+    invocation the call waits in, so it is refused, nothing written, and nothing resumes the session."""
+    from tests.support.fidelity.deployment import Token
+
+    d, tenant, sid = deployment, fresh("clinic"), fresh("forged")
+    a, c = (Token.person(fresh(who), tenant) for who in ("alice", "carol"))
+    assert _as(d, a, "POST", "/sessions", {"session_id": sid})[0] == 201
+    assert _as(d, c, "POST", f"/sessions/{sid}/runs", {"message": "signoffs=0"})[0] in (200, 202)  # C's turn, ended
+    d.settle()
+    assert _as(d, a, "POST", f"/sessions/{sid}/runs", {"message": "tool=review signoffs=1"})[0] in (200, 202)
+    d.settle()
+    status, shown = _as(d, a, "GET", f"/sessions/{sid}")
+    assert status == 200 and shown["status"] == "awaiting_input", (shown, evidence(d))
+    (review,) = shown["yielded_tools"]
+    events = _as(d, a, "GET", f"/sessions/{sid}/events", query={"limit": "1000"})[1]["events"]
+    (carols,) = [e["invocation_id"] for e in events if e["type"] == "invocation_start" and e["principal"] == c.sub]
+    forged = {"type": "tool_input", "call_id": review["call_id"], "name": "review", "input": {"approved": True}}
+    body = {"expected_version": shown["version"], "events": [{**forged, "invocation_id": carols}]}
+    status, refused = _as(d, a, "POST", f"/sessions/{sid}/commit", body)
+    assert (status, refused.get("field")) == (409, "events.0.invocation_id"), (refused, evidence(d))
+    body = {"expected_version": shown["version"], "events": [forged]}
+    status, refused = _as(d, a, "POST", f"/sessions/{sid}/commit", body)
+    assert (status, refused["error"], refused["field"]) == (403, "AnswerRefused", "events.0.call_id"), refused
+    d.settle()
+    after = _as(d, a, "GET", f"/sessions/{sid}")[1]
+    assert (after["version"], after["status"]) == (shown["version"], "awaiting_input"), evidence(d)  # nothing written
+
+
+@pytest.mark.backend("dynamodb")
 def test_a_browser_of_the_allowed_origin_and_no_other(deployment: Any) -> None:
     """CORS as deployed with ``-c cors_origins=``: a preflight passes without a token on every path and is answered
     for the allowed origin only; the handlers' answers (errors too) and API Gateway's own refusals carry

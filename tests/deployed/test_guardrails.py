@@ -29,8 +29,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 def test_a_tenant_gets_its_turns_per_window_and_then_429(store: Any) -> None:
     app, quota = f"q-{uuid.uuid4().hex[:8]}", TurnQuota(3, 60)
     with frozen_clock(1_000_000_040_000) as clock:
-        assert [quota.take(store, app, "tenant-a") for _ in range(3)] == [2, 1, 0]
-        assert quota.take(store, app, "tenant-b") == 2  # another tenant's count is its own
+        assert [quota.take(store, app, "tenant-a").left for _ in range(3)] == [2, 1, 0]
+        assert quota.take(store, app, "tenant-b").left == 2  # another tenant's count is its own
         with pytest.raises(TurnQuotaExceeded) as refused:
             quota.take(store, app, "tenant-a")
         assert (refused.value.quota, refused.value.retry_after, refused.value.field) == ("3/60", 40, "quota")
@@ -39,7 +39,20 @@ def test_a_tenant_gets_its_turns_per_window_and_then_429(store: Any) -> None:
             quota.take(store, app, "tenant-a")
         assert store.list(app) == [] and store.list(f"{app}@tenant-a") == []  # in no listing
         clock.advance(40_000)  # the next window
-        assert quota.take(store, app, "tenant-a") == 2
+        assert quota.take(store, app, "tenant-a").left == 2
+
+
+def test_a_turn_given_back_is_free_again(store: Any) -> None:
+    """A request whose claim was refused gives its turn back: the quota counts claims, not refusals."""
+    app, quota = f"q-{uuid.uuid4().hex[:8]}", TurnQuota(2, 60)
+    with frozen_clock(1_000_000_040_000):
+        first = quota.take(store, app, "tenant-a")
+        for _ in range(3):  # three refused claims, each given back
+            quota.give_back(store, quota.take(store, app, "tenant-a"))
+        assert first.left == 1 and quota.take(store, app, "tenant-a").left == 0
+        with pytest.raises(TurnQuotaExceeded):
+            quota.take(store, app, "tenant-a")
+        assert store.list(app) == [] and store.list(f"{app}@tenant-a") == []  # the counters are in no listing
 
 
 def test_a_quota_is_turns_per_seconds() -> None:

@@ -1,14 +1,15 @@
 """An app whose yielding tools each declare who may answer them, for the tests of ``answerable_by``
 (``--app tests.support.people_app:build``). The model calls the tool its user's message names (``approve``:
 group ``approvers``; ``review``: anyone but who started the run; ``confirm``: only who started it;
-``note``: anyone in the tenant; ``check``: an approver who did not start it), then says what the answer was.
+``note``: anyone in the tenant; ``check``: an approver who did not start it; ``feedback``: anyone, an answer
+whose model keeps fields it does not declare), then says what the answer was.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from dormant import App, adk
 from dormant.agents.agent import Agent
@@ -30,6 +31,14 @@ class Step(BaseModel):
 
 class Approval(BaseModel):
     approved: bool
+    note: str | None = None
+
+
+class Feedback(BaseModel):
+    """An answer that keeps what it does not declare: its model says so (``extra="allow"``)."""
+
+    model_config = ConfigDict(extra="allow")
+    score: int
 
 
 class NamedToolModel:
@@ -62,6 +71,9 @@ def build(store: SessionStore | None = None) -> PeopleApp:
         )
         for name, rule in RULES.items()
     ]
+    tools.append(
+        app.tool(name="feedback", description="Ask for feedback.", schema=Step, execute=None, yield_schema=Feedback)
+    )
     agent = app.agent(
         name="asker", model={"provider": "named", "name": "x"}, context=[app.context.history(turns=5)], tools=tools
     )

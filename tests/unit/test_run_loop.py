@@ -659,14 +659,15 @@ def _awaiting_approval() -> tuple[Any, str, list[dict[str, Any]]]:
 @given(_JSON_VALUES | st.fixed_dictionaries({"approved": _FIELD}, optional={"note": _FIELD, "unknown": _JSON_VALUES}))
 def test_any_json_answer_is_recorded_exactly_when_it_is_an_approval_as_sent(answer: Any) -> None:
     """The oracle is the JSON types themselves, not pydantic: ``approved`` a JSON boolean, ``note`` a
-    string or null (or absent); other keys are ignored, as the model says; anything else is refused,
-    naming where, with nothing written."""
+    string or null (or absent), no other key (an answer is as strict as a request: an unknown key would be
+    dropped, what it said lost); anything else is refused, naming where, with nothing written."""
     app, session_id, wire = _awaiting_approval()
     session = app.sessions.from_events(wire, session_id=session_id)
     is_approval = (
         isinstance(answer, dict)
         and isinstance(answer.get("approved"), bool)
         and (answer.get("note") is None or isinstance(answer["note"], str))
+        and set(answer) <= {"approved", "note"}
     )
     if is_approval:
         event = session.input.answer("c", answer)

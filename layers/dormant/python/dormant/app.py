@@ -354,12 +354,13 @@ class Sessions:
         can keep (NUL, a lone surrogate) is refused with ``ValueNotStorable`` naming ``events.<n>``, and a
         ledger no run could have written (``dormant.ledger``: an order the runtime keeps, state its schema
         takes) with the rule's error naming ``events.<n>...``. Answers are not checked against today's tool
-        schemas: they were recorded under the schemas of their day.
+        schemas: they were recorded under the schemas of their day; their answerers are, against each tool's
+        ``answerable_by`` (``AnswerRefused``): no path lands an answer the rule refuses.
         """
         parsed = [parse_event(e) for e in events]
         for position, event in enumerate(parsed):
             check_storable(event.model_dump(), f"events.{position}")
-        LedgerRules(self._app.schema).check_all(parsed)
+        LedgerRules(self._app.schema, answers_by=self._app.tool_named).check_all(parsed)
         return Session(self._app, session_id=session_id, scopes=scopes, events=parsed, committed=0)
 
     def get(self, session_id: str) -> Session | None:

@@ -111,6 +111,8 @@ class ToolInputEvent(EventBase):
 
     ``principal`` is who gave it, as authenticated where it came in (the API's caller), so the audit says
     who approved; ``None`` for an answer given in-process, and in ledgers written before it was recorded.
+    ``groups``: the groups the tool's ``answerable_by`` names that the answerer was in when it answered
+    (``None``: the rule names none), so the ledger alone says why the rule admitted it.
     """
 
     type: Literal["tool_input"] = "tool_input"
@@ -118,6 +120,7 @@ class ToolInputEvent(EventBase):
     name: str
     input: JsonValue = None
     principal: str | None = None
+    groups: list[str] | None = None
 
 
 class StateChange(_Record):

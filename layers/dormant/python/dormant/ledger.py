@@ -13,9 +13,13 @@ same order, one event at a time, starting from what the ledger already holds (it
 * calls and results only while an invocation runs (after its start or resume, not while it is paused on a
   yield); a yield, resume or end only of the open invocation; a start only when none is open, under a new id;
   a yield only of calls made and still without a result, of tools that yield (when the app's tools are given);
-* with a ``Caller`` (a remote runner's commit): each answer recorded as that caller (``principal`` given or
-  ``None``: ``NotPermitted`` otherwise), by a caller the tool's ``answerable_by`` admits (``AnswerRefused``),
-  and each invocation start or fork recorded as that caller too;
+* every answer by the answerer its tool's ``answerable_by`` admits (``AnswerRefused``): this is the one check
+  of the rules every path that lands an answer goes through (``session.append`` runs it on each event). The
+  starter is who started the invocation the call was yielded in, as the ledger says; an answer naming
+  another invocation is refused (``EventOutOfOrder`` naming ``.invocation_id``). The answerer is the event's
+  ``principal`` and ``groups``, or, with a ``Caller`` (a remote runner's commit), that caller: each answer is
+  recorded as them (``principal`` given or ``None``, ``groups`` among theirs: ``NotPermitted`` otherwise),
+  and each invocation start or fork too;
 * every event's id by the key rule (``dormant.ids``: a key on every store), named ``{field}.N.id``;
 * every ``state_change`` checked against its scope's schema, by the key rules every writer meets
   (``ScopeSchema.check_write``: declared keys, the model's types, no empty key, no NUL or lone surrogate).
@@ -88,7 +92,10 @@ class LedgerRules:
     ``results_before_messages=False`` lets a message follow calls that have no result yet but do not wait
     (the run loop hears a message before yielding a call whose turn was cut between its call and its yield).
     ``caller``: who hands the events over (a remote runner's commit): answers, starts and forks must be theirs,
-    and answers are held to each tool's ``answerable_by``. ``None``: the app's own code, trusted.
+    and answers are held to each tool's ``answerable_by`` as theirs. ``None``: the app's own code, whose answers
+    are held to the rules as the principal and groups they record.
+    ``answers_by`` looks up the tool whose ``answerable_by`` judges an answer (``tool_named`` when not given);
+    it is given even where ``tool_named`` is not (``session.append``): the rules are never skipped.
     """
 
     def __init__(
@@ -103,9 +110,11 @@ class LedgerRules:
         state: bool = True,
         results_before_messages: bool = True,
         caller: Caller | None = None,
+        answers_by: Callable[[str], AnswerCheck | None] | None = None,
     ) -> None:
         start = start if start is not None else Projection(schema.upcaster)
         self.caller = caller
+        self.answers_by = answers_by if answers_by is not None else tool_named
         self.starters = {invocation_id: node.principal for invocation_id, node in start.invocations.items()}
         """Invocation id -> who started it, for the starter rules."""
         self.schema = schema
@@ -120,6 +129,8 @@ class LedgerRules:
         self.paused = start.status in ("awaiting_input", "resumable")
         self.waiting = {call_id: call.name for call_id, call in start.pending.items()}
         """Yielded calls without an answer: call id -> tool name."""
+        self.waiting_in = {call_id: call.invocation_id for call_id, call in start.pending.items()}
+        """Yielded calls without an answer: call id -> the invocation whose yield waits for it (the starter's)."""
         self.answered = set(start.answered)
         """Yielded calls answered, whose result has not come yet."""
         self.open_calls = {call_id: call.name for call_id, call in start.open_calls.items()}
@@ -146,6 +157,13 @@ class LedgerRules:
                 f"a {event.type} event recorded as {event.principal!r} is not {caller.principal!r}'s to commit",
                 rule="principal",
                 field=f"{where}.principal",
+            )
+        if caller is not None and isinstance(event, ToolInputEvent) and not set(event.groups or ()) <= caller.groups:
+            raise NotPermitted(
+                f"an answer recorded as a member of {sorted(set(event.groups or ()) - caller.groups)} names groups "
+                f"{caller.principal!r} is not in",
+                rule="groups",
+                field=f"{where}.groups",
             )
         if isinstance(event, StateChangeEvent):
             if self.state:
@@ -198,7 +216,7 @@ class LedgerRules:
             self.invocations.add(event.invocation_id)
             self.starters[event.invocation_id] = self.caller.principal if self.caller is not None else event.principal
             self.open_invocation, self.paused = event.invocation_id, False
-            self.open_calls, self.waiting, self.answered = {}, {}, set()
+            self.open_calls, self.waiting, self.answered, self.waiting_in = {}, {}, set(), {}
         elif isinstance(event, InvocationYieldEvent):
             self._open(event.invocation_id, position, "yield")
             for n, call in enumerate(event.pending):
@@ -217,6 +235,7 @@ class LedgerRules:
                         f"{where}.pending.{n}.name",
                     )
             self.waiting = {c.call_id: c.name for c in event.pending if c.call_id not in self.answered}
+            self.waiting_in = dict.fromkeys(self.waiting, event.invocation_id)
             self.paused = True
         elif isinstance(event, InvocationResumeEvent):
             self._open(event.invocation_id, position, "resume")
@@ -224,7 +243,7 @@ class LedgerRules:
         elif isinstance(event, InvocationEndEvent):
             self._open(event.invocation_id, position, "end")
             self.open_invocation, self.paused = None, False
-            self.open_calls, self.waiting, self.answered = {}, {}, set()
+            self.open_calls, self.waiting, self.answered, self.waiting_in = {}, {}, set(), {}
 
     def _out_of_order(self, message: str, position: int, field: str | None = None) -> EventOutOfOrder:
         return EventOutOfOrder(message, position=position, field=field or f"{self.field}.{position}")
@@ -254,17 +273,27 @@ class LedgerRules:
                 position,
                 f"{where}.name",
             )
-        tool = self.tool_named(event.name) if self.tool_named is not None else None
-        if self.caller is not None and tool is not None:
+        waits_in = self.waiting_in.get(event.call_id)
+        if event.invocation_id is not None and event.invocation_id != waits_in:  # its starter is not the answer's
+            raise self._out_of_order(
+                f"call {event.call_id!r} waits in invocation {waits_in!r}, not {event.invocation_id!r}",
+                position,
+                f"{where}.invocation_id",
+            )
+        # The one check of who may answer: the rule and the starter from the ledger, never from the answer.
+        ruled = self.answers_by(event.name) if self.answers_by is not None else None
+        if ruled is not None:
+            caller = self.caller
             check_answer(
-                tool.rules,
+                ruled.rules,
                 call_id=event.call_id,
                 tool=event.name,
-                principal=self.caller.principal,
-                groups=self.caller.groups,
-                starter=self.starters.get(event.invocation_id or self.open_invocation or ""),
+                principal=caller.principal if caller is not None else event.principal,
+                groups=caller.groups if caller is not None else frozenset(event.groups or ()),
+                starter=self.starters.get(waits_in or ""),
                 field=f"{where}.call_id",
             )
+        tool = self.tool_named(event.name) if self.tool_named is not None else None
         if tool is not None and tool.yields:
             try:
                 tool.check_input(event.call_id, event.input, position)
@@ -272,6 +301,7 @@ class LedgerRules:
                 exc.field = f"{where}.input" + (f".{exc.path}" if exc.path else "")
                 raise
         del self.waiting[event.call_id]
+        self.waiting_in.pop(event.call_id, None)
         self.answered.add(event.call_id)
 
     def _state(self, event: StateChangeEvent, where: str) -> None:

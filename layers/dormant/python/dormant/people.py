@@ -8,11 +8,14 @@ A yielding tool names who may answer its calls (``app.tool(..., yield_schema=App
 * ``"not_starter"``: anyone but that principal (four eyes).
 
 A tuple of rules asks for all of them: ``("group:approvers", "not_starter")`` is an approver who is not the
-requester. The rules are checked wherever an answer comes in: ``session.input.answer(..., principal=,
-groups=)`` (and so ``POST /tools``), a remote runner's commit (``LedgerRules`` with a ``Caller``), and the
-inspector's form (it asks the API). A refused answer is ``AnswerRefused`` (403), naming the call and the
-rule, and nothing is written. Only ``"tenant"`` admits an answer with no principal (an in-process answer
-by the app's own code): every other rule needs to know who answers.
+requester. The rules are checked where every answer enters a ledger: ``LedgerRules`` (``dormant.ledger``),
+which ``session.append`` runs on each event, and so ``session.input.answer(..., principal=, groups=)``,
+``POST /tools``, the inspector's form (it asks the API), a run's input, a remote runner's commit (with a
+``Caller``: the answer is that caller's) and ``app.sessions.from_events``. The starter is read from the
+invocation the waiting call was yielded in, on the ledger, never from the answer. A refused answer is
+``AnswerRefused`` (403), naming the call and the rule, and nothing is written. Only ``"tenant"`` admits an
+answer with no principal (an in-process answer by the app's own code): every other rule needs to know who
+answers.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 
 from .errors import AnswerRefused, ConfigurationError
 
-__all__ = ["ANYONE", "Caller", "check_answer", "may_answer", "parse_rules", "parse_groups"]
+__all__ = ["ANYONE", "Caller", "answering_groups", "check_answer", "may_answer", "parse_groups", "parse_rules"]
 
 ANYONE = "tenant"
 _RULE = re.compile(r"tenant|starter|not_starter|group:[^\s,]{1,128}")
@@ -61,6 +64,13 @@ def parse_groups(value: object) -> frozenset[str]:
     if isinstance(value, Iterable):
         return frozenset(str(part).strip() for part in value if str(part).strip())
     return frozenset()
+
+
+def answering_groups(rules: Sequence[str], groups: Iterable[str]) -> list[str] | None:
+    """The groups an answer is recorded with: those of the answerer's ``groups`` that ``rules`` name (``None``:
+    none). The ledger then says why a ``group:`` rule admitted the answer, and the check at append reads it."""
+    named = sorted({rule.removeprefix("group:") for rule in rules if rule.startswith("group:")} & set(groups))
+    return named or None
 
 
 def refusal(rules: Sequence[str], principal: str | None, groups: frozenset[str], starter: str | None) -> str | None:

@@ -371,6 +371,7 @@ class Session(CommittedLedger):
             state=checks,
             results_before_messages=checks,
             caller=caller,
+            answers_by=self._runtime.tool_named,  # who may answer is checked on every append, checks or not
         )
 
     def check_scoped_changes(

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from .errors import ConfigurationError, InputError, ToolInputError, UnknownCallId
 from .events import Event, ToolInputEvent, UserEvent
 from .ledger import AnswerCheck
-from .people import check_answer
+from .people import answering_groups, check_answer
 from .projection import Projection
 from .state.values import check_storable
 
@@ -162,6 +162,7 @@ class SessionInput:
                     invocation_id=call.invocation_id,
                     agent_name=session.current_agent_name,
                     principal=principal,
+                    groups=answering_groups(tool.rules, member_of),
                 )
             )
         return events

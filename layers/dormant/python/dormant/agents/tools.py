@@ -11,7 +11,7 @@ import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import PydanticSerializationError, to_json
@@ -117,7 +117,9 @@ class Tool:
 
         An answer is a record of what a human decided, so it is validated as the JSON it is (or, from
         Python, would be on the wire) in pydantic's strict mode: ``1`` or ``"yes"`` is not ``true``.
-        JSON-strict still reads ISO strings as dates, times and UUIDs, and integers as floats.
+        JSON-strict still reads ISO strings as dates, times and UUIDs, and integers as floats. A field the
+        schema does not have is refused, at any depth (``notes`` for ``note`` would otherwise be dropped, the
+        reason lost), unless ``yield_schema`` sets ``extra`` itself (``ConfigDict(extra="allow")``).
         ``position`` is the answer's place in its batch, for the error's ``field``.
         """
         assert self.yield_schema is not None
@@ -136,7 +138,8 @@ class Tool:
         except PydanticSerializationError as exc:
             raise refused("", f"not a JSON value ({exc})") from exc
         try:
-            return self.yield_schema.model_validate_json(text, strict=True).model_dump(mode="json")
+            extra: Literal["forbid"] | None = None if "extra" in self.yield_schema.model_config else "forbid"
+            return self.yield_schema.model_validate_json(text, strict=True, extra=extra).model_dump(mode="json")
         except ValidationError as exc:
             first = exc.errors()[0]
             raise refused(".".join(str(p) for p in first["loc"]), first["msg"]) from exc

@@ -7,6 +7,7 @@ answers needs ``dormant/answers.write`` of a machine client.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from aws_lambda_powertools.event_handler import Response
@@ -14,6 +15,8 @@ from aws_lambda_powertools.event_handler import Response
 from ...errors import InputError, UnknownCallId, VersionConflict
 from ...events import Event, InvocationStartEvent, SessionForkedEvent, ToolInputEvent, parse_event
 from ...ids import check_event_id
+from ...ledger import AnswerCheck
+from ...people import Caller, answering_groups
 from ...state.values import check_storable
 from ...stores.base import ScopedStateChange
 from ..bodies import CommitBody
@@ -54,7 +57,7 @@ def remote_commit(request: Request, session_id: str) -> Response[Any]:
             rules.check(event, position)  # answers, starts and forks are the caller's, answers by its rules
         except UnknownCallId as exc:
             raise unknown_call(session, exc) from None
-        session.append(_as_caller(event, me.principal))
+        session.append(_as_caller(event, me, tenant_app.tool_named))
     named = [ScopedStateChange(c.scope, c.scope_id, c.key, c.value) for c in body.scoped_changes or []]
     changes = session.check_scoped_changes(named)
     if body.expected_version != session.version:  # a 409, as the store would answer (nothing written)
@@ -69,9 +72,13 @@ def remote_commit(request: Request, session_id: str) -> Response[Any]:
     return json_response(200, {"version": result.version, "appended": result.appended})
 
 
-def _as_caller(event: Event, principal: str) -> Event:
-    """``event`` recorded as ``principal`` when it is an answer, a start or a fork that names no one (the rules
-    refused one naming someone else)."""
+def _as_caller(event: Event, me: Caller, tool_named: Callable[[str], AnswerCheck | None]) -> Event:
+    """``event`` recorded as the caller when it is an answer, a start or a fork that names no one (the rules
+    refused one naming someone else); an answer with the groups its rule names that the caller is in."""
     if isinstance(event, ToolInputEvent | InvocationStartEvent | SessionForkedEvent) and event.principal is None:
-        return event.model_copy(update={"principal": principal})
+        event = event.model_copy(update={"principal": me.principal})
+    if isinstance(event, ToolInputEvent) and event.groups is None:
+        tool = tool_named(event.name)
+        if tool is not None:
+            event = event.model_copy(update={"groups": answering_groups(tool.rules, me.groups)})
     return event

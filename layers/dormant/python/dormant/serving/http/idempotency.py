@@ -2,7 +2,8 @@
 
 ``POST /runs`` and ``POST /tools`` retried with the same ``Idempotency-Key`` header return the first
 result without running again: Powertools idempotency (``serving.idempotency``), its records kept with the
-session's (one partition per session of a tenant: a tenant's keys never meet another's): in the session
+session's (one partition per session of a tenant: a tenant's keys never meet another's), keyed on the method
+and the route with its decoded id (``/sessions/i%2D1/runs`` is ``/sessions/i-1/runs``): in the session
 table on DynamoDB, expiring through its TTL; in the ``idempotency`` table of a SQLite or Postgres database.
 """
 
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from aws_lambda_powertools.event_handler import Response
 
 from ...app import App
+from ..routes import CLIENT_PREFIX
 from .request import Request
 from .views import json_response
 
@@ -46,7 +48,10 @@ def once(request: Request, tenant_app: App, session_id: str, work: Callable[[], 
     event = request.event
     key = event.headers.get("Idempotency-Key") or event.headers.get("idempotency-key")
     if key and idempotency is not None:
-        route = f"{event.http_method} {event.path}"
+        # The request as this handler understands it, not as it was spelt: the route with the decoded id (the
+        # tenant is the partition's). Keyed on the raw path, /sessions/i%2D1/runs would run i-1's turn again.
+        resource = event.request_context.resource_path.removeprefix(CLIENT_PREFIX)
+        route = f"{event.http_method.upper()} {resource.replace('{id}', session_id)}"
         partition = records(tenant_app, session_id)
         result = idempotency.once(partition, key, route, work, request.context, request.payload())
     else:

@@ -14,7 +14,7 @@ from aws_lambda_powertools.event_handler import Response
 
 from ... import metrics
 from ...clock import now_ms
-from ...errors import ClaimLost
+from ...errors import ClaimLost, DormantError
 from ...ids import new_id
 from ...session import Session
 from ..bodies import RunBody
@@ -52,21 +52,27 @@ def run(request: Request, session_id: str) -> Response[Any]:
         starts = hooks.before_claim is not None and session.status != "awaiting_input"
         if starts and session.status == "running" and not body.takeover:
             raise _held(session)
-        if quota is not None:  # before anything is started or claimed: past it, a 429 and nothing run
-            quota.take(tenant_app.store, served.app.name, request.tenant())
-        if starts and hooks.before_claim is not None:
-            hooks.before_claim(request.tenant(), session_id, invocation_id, session.version)
-        claim = claim_turn(
-            tenant_app,
-            agent,
-            session,
-            run_input or None,
-            takeover=body.takeover,
-            invocation_id=invocation_id,
-            deadline=now_ms() + CLAIM_GRACE_MS,
-            principal=me.principal,  # who started it: the ledger says so, and the starter rules read it
-            groups=me.groups,
-        )
+        # Before anything is started or claimed: past it, a 429 and nothing run. A claim refused after it
+        # (409 AwaitingInput, ClaimLost, a 4xx: nothing claimed) gives the turn back: claims are counted.
+        taken = quota.take(tenant_app.store, served.app.name, request.tenant()) if quota is not None else None
+        try:
+            if starts and hooks.before_claim is not None:
+                hooks.before_claim(request.tenant(), session_id, invocation_id, session.version)
+            claim = claim_turn(
+                tenant_app,
+                agent,
+                session,
+                run_input or None,
+                takeover=body.takeover,
+                invocation_id=invocation_id,
+                deadline=now_ms() + CLAIM_GRACE_MS,
+                principal=me.principal,  # who started it: the ledger says so, and the starter rules read it
+                groups=me.groups,
+            )
+        except DormantError as refused:
+            if quota is not None and taken is not None and refused.http_status < 500:
+                quota.give_back(tenant_app.store, taken)
+            raise
         metrics.count("turns", agent=agent.name)
         if claim.invocation_id is None or (hooks.run is None and hooks.before_claim is None):
             outcome: AdvanceOutcome | None = run_to_end(tenant_app, claim, served.agent)  # this request runs it
