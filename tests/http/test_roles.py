@@ -231,3 +231,35 @@ def test_over_http_only_an_admin_deletes_and_erases(server: ServeProcess) -> Non
     mine = f"mine-{uuid.uuid4().hex[:8]}"
     assert call(f"{api}/sessions", "POST", {"session_id": mine})[0] == 201
     assert call(f"{api}/sessions/{mine}", "DELETE")[0] == 204
+
+
+# -- erasure and point-in-time recovery ---------------------------------------------------------------------------
+
+
+@pytest.mark.backend("dynamodb")
+def test_an_erasure_names_what_point_in_time_recovery_keeps_and_until_when(
+    dynamodb_endpoint: str, tmp_path: Path
+) -> None:
+    """A table with point-in-time recovery (``pitr_days`` in the store URL; the stack puts ``-c pitr_days`` there)
+    can be restored as it was before the erasure, for that many days: the report says so, and until when."""
+    from datetime import UTC, datetime, timedelta
+
+    from tests.support.servers.dynamodb import store_for_process
+
+    url, env = store_for_process(dynamodb_endpoint, f"pitr-{uuid.uuid4().hex[:12]}")
+    with dormant_serve("--store", f"{url}&pitr_days=7", "--workers", "1", "--quiet", env=env, cwd=tmp_path) as server:
+        assert call(f"{server.url}/sessions", "POST", {"session_id": "p-1", "scopes": {"user": PERSON}})[0] == 201
+        status, report = call(f"{server.url}/erasures", "POST", {"scope": "user", "scope_id": PERSON})
+    assert status == 200 and report["sessions"] == ["p-1"], report
+    ends = (datetime.now(UTC) + timedelta(days=7)).strftime("%Y-%m-%d")
+    assert "point-in-time recovery" in report["residue"] and "7 days" in report["residue"], report
+    assert f"until {ends}T" in report["residue"], report
+
+
+def test_a_store_url_takes_a_recovery_period_of_1_to_35_days() -> None:
+    from dormant.errors import ConfigurationError
+    from dormant.stores.url import store_from_url
+
+    for bad in ("0", "36", "x", "-1"):
+        with pytest.raises(ConfigurationError, match="pitr_days"):
+            store_from_url(f"dynamodb://abc?region=eu-west-1&pitr_days={bad}", create=False)
