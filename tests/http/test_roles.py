@@ -263,3 +263,25 @@ def test_a_store_url_takes_a_recovery_period_of_1_to_35_days() -> None:
     for bad in ("0", "36", "x", "-1"):
         with pytest.raises(ConfigurationError, match="pitr_days"):
             store_from_url(f"dynamodb://abc?region=eu-west-1&pitr_days={bad}", create=False)
+
+
+# -- log lines: the tenant, the principal and the client apart --------------------------------------------------
+
+
+def test_log_lines_name_the_tenant_the_principal_and_the_client_apart(
+    fresh: Callable[[], tuple[Served, Handler]], monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """The tenant key is the tenant (a person's tenant claim, a machine client's mapped tenant), not the ``sub``:
+    the per-tenant log search docs/operating.md gives finds a clinic's people and machines."""
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", "dormant-sessions")
+    monkeypatch.setenv("POWERTOOLS_SERVICE_NAME", f"roles-{uuid.uuid4().hex[:8]}")  # a logger of its own
+    monkeypatch.setenv("DORMANT_MACHINE_CLIENTS", json.dumps({"ops-id": "clinic"}))
+    served, handler = fresh()
+    app = for_tenant(served.app, "clinic")
+    erase = {"scope": "user", "scope_id": PERSON}
+    assert request(handler, "POST", "/erasures", {**ADMIN, "aud": "people-app"}, erase)[0] == 200
+    app.sessions.create("s-2", {"user": PERSON})
+    assert request(handler, "POST", "/clients/erasures", machine("ops-id", SCOPES["admin"]), erase)[0] == 200
+    logged = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    erased = [(line["tenant"], line["principal"], line.get("client")) for line in logged if line["message"] == "erased"]
+    assert erased == [("clinic", "ann", "people-app"), ("clinic", "ops-id", "ops-id")], logged
