@@ -58,6 +58,7 @@ class Api:
 
 
 _UNREAD: Any = object()
+_ROUTES = frozenset((method, path) for method, path, _ in ROUTES)
 
 
 class Request:
@@ -104,7 +105,7 @@ class Request:
         event = self.event
         method, resource = event.http_method, event.request_context.resource_path.removeprefix(CLIENT_PREFIX)
         who = self.identity()
-        if (method, resource) not in {(m, p) for m, p, _ in ROUTES}:
+        if (method, resource) not in _ROUTES:
             return
         self.permit(scope_of(method, resource))
         group = self.api.admin_group
