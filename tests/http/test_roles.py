@@ -285,3 +285,32 @@ def test_log_lines_name_the_tenant_the_principal_and_the_client_apart(
     logged = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     erased = [(line["tenant"], line["principal"], line.get("client")) for line in logged if line["message"] == "erased"]
     assert erased == [("clinic", "ann", "people-app"), ("clinic", "ops-id", "ops-id")], logged
+
+
+def test_who_calls_is_read_from_the_claims_and_the_deployments_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dormant.errors import ConfigurationError, NotAuthenticated, NotPermitted
+    from dormant.serving.callers import identify, machine_clients
+
+    person = identify({**MEMBER, "aud": "people-app"}, "custom:tenant", {"x": ""})
+    assert (person.principal, person.tenant, person.client, person.groups, person.scopes) == (
+        "max",
+        "clinic",
+        "people-app",
+        frozenset({"staff"}),
+        None,
+    )
+    assert identify({"sub": "solo", "token_use": "id"}, "custom:tenant", None).tenant == "solo"
+    robot = machine("robot", SCOPES["read"])
+    assert identify(robot, "custom:tenant", None).tenant == "robot"  # no mapping: its own, as before
+    assert identify(robot, "custom:tenant", {"robot": ""}).tenant == "robot"  # "": its own
+    assert identify(robot, "custom:tenant", {"robot": "clinic"}).tenant == "clinic"
+    with pytest.raises(NotPermitted, match="robot"):
+        identify(robot, "custom:tenant", {"other": ""})
+    with pytest.raises(NotAuthenticated):
+        identify({"token_use": "id"}, "custom:tenant", None)
+    monkeypatch.delenv("DORMANT_MACHINE_CLIENTS", raising=False)
+    assert machine_clients() is None
+    for bad in ("[1]", "{not json", '{"a": 1}'):
+        monkeypatch.setenv("DORMANT_MACHINE_CLIENTS", bad)
+        with pytest.raises(ConfigurationError, match="DORMANT_MACHINE_CLIENTS"):
+            machine_clients()
