@@ -1019,8 +1019,8 @@ def test_only_an_admin_of_the_tenant_deletes_and_erases_and_the_report_names_the
     assert "point-in-time recovery" in report["residue"] and "35 days, until " in report["residue"], report
     assert _as(d, member, "GET", f"/sessions/{erased}")[0] == 404
     lines = [json.loads(line) for line in d.log("sessions").splitlines() if line.startswith("{") and '"level"' in line]
-    keys = {(line["tenant"], line["principal"]) for line in lines if line["message"] == "erased"}
-    assert (tenant, admin.sub) in keys, keys  # the tenant and the person apart (the tenant key was the sub)
+    keys = {(line["tenant"], line["principal"], line.get("client")) for line in lines if line["message"] == "erased"}
+    assert (tenant, admin.sub, d.people_client) in keys, keys  # the tenant and the person apart (it was the sub)
 
 
 @pytest.mark.backend("dynamodb")

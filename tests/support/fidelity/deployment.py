@@ -125,6 +125,7 @@ class Deployment:
         self.open_routes = template.open_routes()
         self.gateway_responses = template.gateway_responses()
         self.machine_clients = template.machine_clients()
+        self.people_client = template.people_client()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16)
 
     @classmethod
@@ -352,7 +353,10 @@ class Deployment:
             **headers,
         }
         request_id = str(uuid.uuid4())
-        authorizer = {"authorizer": {"claims": token.claims()}} if token is not None else {}  # none ran: no claims
+        claims = {} if token is None else token.claims()
+        if token is not None and token.token_use == "id":  # an ID token names the app client it was issued to
+            claims.setdefault("aud", self.people_client)
+        authorizer = {"authorizer": {"claims": claims}} if token is not None else {}  # none ran: no claims
         return {
             "resource": resource,
             "path": path,

@@ -270,6 +270,15 @@ class Template:
             if props.get("GenerateSecret")
         }
 
+    def people_client(self) -> str:
+        """The client id of the people's app client (the one without a secret): an ID token's ``aud``."""
+        (logical,) = [
+            logical
+            for logical, r in self.of_type("AWS::Cognito::UserPoolClient").items()
+            if not r["Properties"].get("GenerateSecret")
+        ]
+        return str(self.ref(logical))
+
     def gateway_responses(self) -> dict[str, dict[str, Any]]:
         """The API's gateway responses by type (``DEFAULT_4XX``...): their ``ResponseParameters`` and templates."""
         return {
