@@ -51,7 +51,10 @@ class MachineClient:
 
 
 def parse_machine_clients(value: object) -> tuple[MachineClient, ...]:
-    """``-c machine_clients`` (either form), or a ``ValueError`` naming what is wrong."""
+    """``-c machine_clients`` (either form; in ``cdk.json`` also an object or a list of names), or a ``ValueError``
+    naming what is wrong."""
+    if isinstance(value, dict | list):  # context from cdk.json arrives parsed
+        value = json.dumps(value) if isinstance(value, dict) else ",".join(str(name) for name in value)
     text = str(value or "").strip()
     if not text:
         return ()

@@ -88,6 +88,8 @@ def test_the_list_form_still_gives_each_name_every_scope_in_a_tenant_of_its_own(
         ("crm", set(SCOPES.values()), None),
     ]
     assert parse_machine_clients(None) == parse_machine_clients("") == ()
+    assert parse_machine_clients(["billing", "crm"]) == clients  # context from cdk.json arrives parsed
+    assert parse_machine_clients(CLIENTS) == parse_machine_clients(json.dumps(CLIENTS))
     (default,) = parse_machine_clients('{"x": {}}')
     assert default.scopes == (SCOPES["read"],) and default.tenant is None
 
