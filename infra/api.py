@@ -5,7 +5,9 @@ routes with their ID token, which carries ``sub`` (the principal), the tenant cl
 by an administrator: the app client cannot write it) and ``cognito:groups``. Machine clients get an access
 token by the client-credentials grant, with scopes of the ``dormant`` resource server, and call the same
 routes under ``/clients`` (``serving.routes.CLIENT_PREFIX``): those methods require the route's scope, and
-API Gateway takes only an access token on a method with scopes, only an ID token on one without.
+API Gateway takes only an access token on a method with scopes, only an ID token on one without. Each machine
+client of ``-c machine_clients`` is an app client of its own with only its scopes (``infra.clients``); the
+administrative routes need a person in the admin group (``-c admin_group``, default ``admins``), created here.
 
 API Gateway's own refusals (no token, an unknown path, a body too large, a timeout) answer in the handlers'
 error shape, ``{"error", "message"}`` (gateway responses). With ``cors_origins``, every path also takes
@@ -26,7 +28,10 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from dormant.serving.callers import DEFAULT_ADMIN_GROUP
 from dormant.serving.routes import CLIENT_PREFIX, PREFLIGHT_FUNCTION, ROUTES, SCOPES, scope_of
+
+from .clients import MachineClient
 
 _SCOPE_DESCRIPTIONS = {
     "read": "read sessions, their events and state",
@@ -78,9 +83,13 @@ class Api(Construct):
         cors_origins: Sequence[str] = (),
         throttling: Mapping[str, float] | None = None,
         client_api_keys: bool = False,
+        machine_clients: Sequence[MachineClient] = (),
+        admin_group: str = DEFAULT_ADMIN_GROUP,
     ) -> None:
         """``client_api_keys``: the ``/clients`` methods require an API key (``x-api-key``), so each machine
-        client's usage plan (``infra.guardrails``) meters and throttles it; set when machine clients have keys."""
+        client's usage plan (``infra.guardrails``) meters and throttles it; set when machine clients have keys.
+        ``machine_clients``: an app client each (``infra.clients``); ``admin_group``: the group created for the
+        administrative role."""
         super().__init__(scope, id)
         self.user_pool = cognito.UserPool(
             self,
@@ -118,21 +127,38 @@ class Api(Construct):
                 for key, text in _SCOPE_DESCRIPTIONS.items()
             ],
         )
-        # Machines: the client-credentials grant at the pool's token endpoint, for any of the scopes (each token
-        # asks for the ones it needs with scope=).
+        # Machines: the client-credentials grant at the pool's token endpoint, each client for its own scopes
+        # (each token asks for the ones it needs with scope=).
         self.domain = self.user_pool.add_domain(
             "Domain", cognito_domain=cognito.CognitoDomainOptions(domain_prefix=auth_domain_prefix)
         )
-        self.machine_client = self.user_pool.add_client(
-            "Machines",
-            generate_secret=True,
-            auth_flows=cognito.AuthFlow(),
-            o_auth=cognito.OAuthSettings(
-                flows=cognito.OAuthFlows(client_credentials=True),
-                scopes=[cognito.OAuthScope.custom(scope) for scope in SCOPES.values()],
-            ),
+        # Each machine client of -c machine_clients is an app client of its own, allowed only its scopes; without
+        # any, one client ("Machines") for every scope, a tenant of its own (infra.clients).
+        given = machine_clients or (MachineClient("Machines", tuple(SCOPES.values()), None),)
+        self.machine_clients: dict[str, cognito.UserPoolClient] = {}
+        self.machine_tenants: dict[str, tuple[str, str | None]] = {}
+        for machine in given:
+            client = self.user_pool.add_client(
+                "Machines" if not machine_clients else f"Machine-{machine.name}",
+                user_pool_client_name=machine.name if machine_clients else None,
+                generate_secret=True,
+                auth_flows=cognito.AuthFlow(),
+                o_auth=cognito.OAuthSettings(
+                    flows=cognito.OAuthFlows(client_credentials=True),
+                    scopes=[cognito.OAuthScope.custom(scope) for scope in machine.scopes],
+                ),
+            )
+            client.node.add_dependency(self.resource_server)
+            self.machine_clients[machine.name] = client
+            self.machine_tenants[machine.name] = (client.user_pool_client_id, machine.tenant)
+        # The group whose members may delete sessions and erase people (serving.callers): add people to it.
+        cognito.CfnUserPoolGroup(
+            self,
+            "Admins",
+            user_pool_id=self.user_pool.user_pool_id,
+            group_name=admin_group,
+            description="dormant: may delete sessions and erase a person's data, in their tenant",
         )
-        self.machine_client.node.add_dependency(self.resource_server)
         authorizer = apigw.CognitoUserPoolsAuthorizer(self, "Authorizer", cognito_user_pools=[self.user_pool])
 
         access_logs = logs.LogGroup(self, "AccessLogs", removal_policy=RemovalPolicy.DESTROY)

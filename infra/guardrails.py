@@ -28,6 +28,8 @@ from constructs import Construct
 
 from dormant.serving.quota import TurnQuota
 
+from .clients import parse_machine_clients
+
 RESERVED = {"park": 5, "resume": 25, "sweeper": 1, "run": 25}
 """Function -> its reserved concurrency by default (``reserved_<name>``; ``run``: ``run_cap``)."""
 
@@ -66,7 +68,7 @@ class Guardrails:
         return cls(
             throttle_rate=number("throttle_rate", cls.throttle_rate),
             throttle_burst=int(number("throttle_burst", cls.throttle_burst)),
-            machine_clients=tuple(c for c in str(context("machine_clients") or "").split(",") if c),
+            machine_clients=tuple(c.name for c in parse_machine_clients(context("machine_clients"))),
             client_rate=number("client_rate", cls.client_rate),
             client_burst=int(number("client_burst", cls.client_burst)),
             client_quota=int(number("client_quota", cls.client_quota)),

@@ -14,6 +14,7 @@ others (a parameter would invite changing them).
 
 from __future__ import annotations
 
+import re
 from typing import Any, cast
 
 from aws_cdk import Acknowledgment, ArnFormat, CfnOutput, CfnParameter, RemovalPolicy, Stack, Token, Validations
@@ -23,26 +24,30 @@ from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from dormant import metrics
+from dormant.serving.callers import DEFAULT_ADMIN_GROUP
 from dormant.serving.runtime import DEFAULT_TENANT_CLAIM
 from dormant.stores.dynamodb import TABLE
 
 from .alarms import Alarms
 from .api import Api
 from .bundle import ROOT
+from .clients import mapping_environment, parse_machine_clients
 from .dashboard import Dashboard
 from .functions import Functions
 from .guardrails import Guardrails, MachineClientPlans, RateLimitedWebAcl
 from .layer import Layers
 from .model import ModelAccess, model_choice
 from .schedule import SweeperSchedule
-from .table import SessionTable
+from .table import SessionTable, recovery_days
 from .wiring import (
+    ADMIN_GROUP,
     APP,
     CORS_ORIGINS,
     ENVIRONMENT,
     EXECUTIONS,
     IDEMPOTENCY_TABLE,
     MACHINE,
+    MACHINE_CLIENTS,
     MODEL_ENVIRONMENT,
     MODEL_FUNCTIONS,
     STATE_MACHINE,
@@ -110,8 +115,15 @@ class DormantStack(Stack):
             description="Retention of every log group of the stack",
         )
 
+        machine_clients = parse_machine_clients(context("machine_clients"))
+        admin_group = _admin_group(context)
+        pitr_days = recovery_days(context)
         table = SessionTable(
-            self, "Sessions", removal_policy=removal, deletion_protection=removal != RemovalPolicy.DESTROY
+            self,
+            "Sessions",
+            removal_policy=removal,
+            deletion_protection=removal != RemovalPolicy.DESTROY,
+            recovery_days=pitr_days,
         ).table
         layers = Layers(
             self,
@@ -142,13 +154,14 @@ class DormantStack(Stack):
         values = {
             STORE: (
                 f"dynamodb://{table.table_name}?shards={shards['listing_shards']}"
-                f"&pending_shards={shards['pending_shards']}"
+                f"&pending_shards={shards['pending_shards']}&pitr_days={pitr_days}"
             ),
             APP: str(context("app") or DEFAULT_APP),
             IDEMPOTENCY_TABLE: table.table_name,  # idempotency records share the session table
             STATE_MACHINE: arns[MACHINE],
             TURN_QUOTA: guardrails.turn_quota,
             TENANT_CLAIM: str(context("tenant_claim") or DEFAULT_TENANT_CLAIM),
+            ADMIN_GROUP: admin_group,
             CORS_ORIGINS: ",".join(cors_origins),
             "POWERTOOLS_SERVICE_NAME": metrics.SERVICE,
             "POWERTOOLS_METRICS_NAMESPACE": metrics.NAMESPACE,
@@ -163,7 +176,10 @@ class DormantStack(Stack):
             "Functions",
             layers=[layers.library, layers.app],
             environment={
-                name: {key: values[key] for key in sorted(keys | (MODEL_ENVIRONMENT & values.keys()))}
+                # MACHINE_CLIENTS names the API's app clients: added once the API made them
+                name: {
+                    key: values[key] for key in sorted((keys - {MACHINE_CLIENTS}) | (MODEL_ENVIRONMENT & values.keys()))
+                }
                 for name, keys in ENVIRONMENT.items()
             },
             log_retention_days=retention.value_as_number,
@@ -228,7 +244,13 @@ class DormantStack(Stack):
             cors_origins=cors_origins,
             throttling=guardrails.stage_throttling(),
             client_api_keys=bool(guardrails.machine_clients),
+            machine_clients=machine_clients,
+            admin_group=admin_group,
         )
+        tenants = mapping_environment(api.machine_tenants)
+        for name, keys in ENVIRONMENT.items():
+            if MACHINE_CLIENTS in keys:
+                functions[name].add_environment(MACHINE_CLIENTS, tenants)
         stage = api.rest_api.deployment_stage
         MachineClientPlans(self, "MachineClients", guardrails=guardrails, stage=stage)
         if guardrails.waf_rate_limit:
@@ -251,10 +273,20 @@ class DormantStack(Stack):
         CfnOutput(self, "ApiUrl", value=api.rest_api.url)
         CfnOutput(self, "UserPoolId", value=api.user_pool.user_pool_id)
         CfnOutput(self, "UserPoolClientId", value=api.client.user_pool_client_id)
-        CfnOutput(self, "MachineClientId", value=api.machine_client.user_pool_client_id)
+        for name, client in api.machine_clients.items():  # "MachineClientId" without -c machine_clients
+            suffix = "" if not machine_clients else re.sub(r"[^A-Za-z0-9]", "", name)
+            CfnOutput(self, f"MachineClientId{suffix}", value=client.user_pool_client_id)
         CfnOutput(self, "TokenUrl", value=f"{api.domain.base_url()}/oauth2/token")
         CfnOutput(self, "TableName", value=table.table_name)
         CfnOutput(self, "StateMachineArn", value=machine.state_machine_arn)
+
+
+def _admin_group(context: Any) -> str:
+    """``-c admin_group=``: the Cognito group of the administrative role (default ``admins``)."""
+    value = str(context("admin_group") or DEFAULT_ADMIN_GROUP)
+    if not re.fullmatch(r"[^\s,\[\]]{1,128}", value):
+        raise ValueError(f"-c admin_group= is a Cognito group name without spaces or commas, not {value!r}")
+    return value
 
 
 def _nag_env(stack: Stack) -> list[tuple[str, str]]:

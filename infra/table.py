@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_dynamodb as dynamodb
 from constructs import Construct
@@ -24,8 +26,24 @@ def _attribute(key: tuple[str, str]) -> dynamodb.Attribute:
     return dynamodb.Attribute(name=key[0], type=_TYPES[key[1]])
 
 
+DEFAULT_RECOVERY_DAYS = 35
+"""Point-in-time recovery's period when ``-c pitr_days`` gives none: AWS's default (and longest)."""
+
+
+def recovery_days(context: Callable[[str], object]) -> int:
+    """``-c pitr_days=N``: 1 to 35 days (``RecoveryPeriodInDays``), else a ``ValueError`` naming it."""
+    value = context("pitr_days")
+    if value is None:
+        return DEFAULT_RECOVERY_DAYS
+    text = str(value)
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 35:
+        raise ValueError(f"-c pitr_days= is a whole number of days from 1 to 35, not {value!r}")
+    return int(text)
+
+
 class SessionTable(Construct):
-    """One on-demand table: point-in-time recovery, TTL on the shape's expiry attribute, kept on stack deletion,
+    """One on-demand table: point-in-time recovery (for ``recovery_days``: an erased item stays restorable that
+    long, which the store's erasure report names), TTL on the shape's expiry attribute, kept on stack deletion,
     and (``deletion_protection``) refused to any delete, by CloudFormation or by hand, until that is turned off."""
 
     def __init__(
@@ -36,6 +54,7 @@ class SessionTable(Construct):
         shape: TableShape = TABLE,
         removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
         deletion_protection: bool = True,
+        recovery_days: int = DEFAULT_RECOVERY_DAYS,
     ) -> None:
         super().__init__(scope, id)
         self.table = dynamodb.Table(
@@ -45,7 +64,7 @@ class SessionTable(Construct):
             sort_key=_attribute(shape.sort_key),
             billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
             point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
-                point_in_time_recovery_enabled=True
+                point_in_time_recovery_enabled=True, recovery_period_in_days=recovery_days
             ),
             time_to_live_attribute=shape.ttl_attribute,
             removal_policy=removal_policy,

@@ -25,6 +25,8 @@ STATE_MACHINE = "DORMANT_STATE_MACHINE"
 TENANT_CLAIM = "DORMANT_TENANT_CLAIM"
 CORS_ORIGINS = "DORMANT_CORS_ORIGINS"  # serving.api.CORS_ORIGINS: -c cors_origins=, empty (no origin) by default
 TURN_QUOTA = "DORMANT_TURN_QUOTA"  # -c turn_quota=N/SECONDS; empty: none (dormant.serving.quota)
+ADMIN_GROUP = "DORMANT_ADMIN_GROUP"  # -c admin_group=, default admins (dormant.serving.callers)
+MACHINE_CLIENTS = "DORMANT_MACHINE_CLIENTS"  # client id -> tenant, of -c machine_clients (infra.clients)
 COMMON_ENVIRONMENT = frozenset(
     {
         STORE,
@@ -37,20 +39,25 @@ COMMON_ENVIRONMENT = frozenset(
 )
 """What every function gets: the store, the app, Powertools' settings, and no pydantic plugin scan."""
 
+CALLER_ENVIRONMENT = frozenset({TENANT_CLAIM, ADMIN_GROUP, MACHINE_CLIENTS})
+"""What the API's functions read the caller by (``dormant.serving.callers``): the tenant claim, the admin group,
+the machine clients' tenants."""
+
 API_FUNCTIONS = frozenset(function for _, _, function in ROUTES)
 """The functions behind the HTTP API (sessions, run, tools, commit): idempotency by ``Idempotency-Key``."""
 
 ENVIRONMENT: Mapping[str, frozenset[str]] = MappingProxyType(
     {
-        # the API's functions read the caller's tenant from the claim TENANT_CLAIM names (-c tenant_claim=),
+        # the API's functions read the caller's tenant from the claim TENANT_CLAIM names (-c tenant_claim=), or a
+        # machine client's from MACHINE_CLIENTS, and the role from ADMIN_GROUP,
         # answer browsers of the allowed origins (sessions answers their preflights too), and read the turn
         # quota (only POST /runs, in run, takes from it)
-        "sessions": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, TENANT_CLAIM, CORS_ORIGINS, TURN_QUOTA},
+        "sessions": COMMON_ENVIRONMENT | CALLER_ENVIRONMENT | {IDEMPOTENCY_TABLE, CORS_ORIGINS, TURN_QUOTA},
         # starts the execution that runs the turn it is about to claim (before the claim: every claim has a runner)
-        "run": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, STATE_MACHINE, TENANT_CLAIM, CORS_ORIGINS, TURN_QUOTA},
+        "run": COMMON_ENVIRONMENT | CALLER_ENVIRONMENT | {IDEMPOTENCY_TABLE, STATE_MACHINE, CORS_ORIGINS, TURN_QUOTA},
         # wakes a waiting execution with the task token stored on the session: no ARN needed
-        "tools": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, TENANT_CLAIM, CORS_ORIGINS, TURN_QUOTA},
-        "commit": COMMON_ENVIRONMENT | {IDEMPOTENCY_TABLE, TENANT_CLAIM, CORS_ORIGINS, TURN_QUOTA},
+        "tools": COMMON_ENVIRONMENT | CALLER_ENVIRONMENT | {IDEMPOTENCY_TABLE, CORS_ORIGINS, TURN_QUOTA},
+        "commit": COMMON_ENVIRONMENT | CALLER_ENVIRONMENT | {IDEMPOTENCY_TABLE, CORS_ORIGINS, TURN_QUOTA},
         # answers its own task token (park) or runs in the execution (resume): no ARN needed
         "park": COMMON_ENVIRONMENT,
         "resume": COMMON_ENVIRONMENT,

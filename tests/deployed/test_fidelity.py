@@ -487,6 +487,18 @@ BROWSER_APP = "https://app.example"
 """The one origin the deployment lets call it from a browser (``-c cors_origins=``)."""
 
 
+PERSONS_TENANT = "clinic-fidelity"
+"""The tenant the machine client ``intake`` is mapped to: people of it see what intake starts."""
+MACHINE_CLIENTS = {
+    "robot": {"scopes": ["runs.write", "sessions.read"]},
+    "billing": {"scopes": ["sessions.read", "runs.write"]},
+    "crm": {"scopes": ["sessions.read", "runs.write"], "tenant": "own"},
+    "intake": {"scopes": ["sessions.read", "runs.write"], "tenant": PERSONS_TENANT},
+    "ops": {"scopes": ["admin"], "tenant": PERSONS_TENANT},
+}
+"""``-c machine_clients``: each an app client with its scopes, in its own tenant or a person's."""
+
+
 @pytest.fixture(scope="module")
 def deployment(dynamodb_endpoint: str) -> Iterator[Any]:
     """The stack with the fidelity app, started once for the module (synthesis takes a while)."""
@@ -499,7 +511,7 @@ def deployment(dynamodb_endpoint: str) -> Iterator[Any]:
         app="fidelity_app:build",
         app_packages=[APP_PACKAGE],
         time_scale=0.01,
-        context={"cors_origins": BROWSER_APP},
+        context={"cors_origins": BROWSER_APP, "machine_clients": json.dumps(MACHINE_CLIENTS)},
     )
     try:
         yield started
@@ -657,7 +669,7 @@ def test_people_of_a_tenant_approve_by_group_four_eyes_and_machine_scopes(deploy
     assert _as(d, c, "POST", f"/sessions/{second}/tools", own)[0] == 202, evidence(d)
 
     # a machine client with dormant/runs.write only: it runs, under /clients; it cannot answer, nor read
-    robot = Token.machine(fresh("client"), ["dormant/runs.write"])
+    robot = d.machine_token("robot", ["dormant/runs.write"])
     job = fresh("job")
     assert _as(d, robot, "POST", "/clients/sessions", {"session_id": job})[0] == 201
     status, ran = _as(d, robot, "POST", f"/clients/sessions/{job}/runs", {"message": "signoffs=1"})
@@ -670,7 +682,7 @@ def test_people_of_a_tenant_approve_by_group_four_eyes_and_machine_scopes(deploy
     assert _as(d, robot, "POST", f"/sessions/{job}/runs", {"message": "x"})[0] == 401  # people's method: ID only
     assert _as(d, a, "GET", f"/clients/sessions/{sid}")[0] == 401  # the machines' method: access tokens only
     assert len(d.lambdas.invocations) == invoked  # the authorizer refused them all: no function ran
-    reader = Token.machine(robot.sub, ["dormant/sessions.read"])
+    reader = d.machine_token("robot", ["dormant/sessions.read"])
     status, job_shown = _as(d, reader, "GET", f"/clients/sessions/{job}")
     assert status == 200 and job_shown["status"] == "awaiting_input", (job_shown, evidence(d))
 
@@ -970,10 +982,107 @@ def test_a_runner_killed_mid_commit_does_not_hold_up_its_retry(deployment: Any) 
 def test_erasure(deployment: Any) -> None:
     d, sid, person = deployment, fresh("erase"), fresh("person")
     create(d, sid, scopes={"user": person})
-    status, _, body = d.api("POST", "/erasures", {"scope": "user", "scope_id": person})
+    from tests.support.fidelity.deployment import Token
+
+    admin = Token.person("tenant-a", groups=["admins"])  # the default caller's tenant, in the admin group
+    status, _, body = d.api("POST", "/erasures", {"scope": "user", "scope_id": person}, token=admin)
     assert status in (200, 202), (status, body, evidence(d))
     status, _, body = d.api("GET", f"/sessions/{sid}")
     assert status == 404, (status, body)
+
+
+@pytest.mark.backend("dynamodb")
+def test_only_an_admin_of_the_tenant_deletes_and_erases_and_the_report_names_the_backups(deployment: Any) -> None:
+    """Roles inside a tenant, on the stack: a member without the admin group is refused (403 naming the role,
+    nothing written); an admin deletes and erases, and the erasure's report names what point-in-time recovery
+    keeps (the table's period, 35 days by default) and until when."""
+    from tests.support.fidelity.deployment import Token
+
+    d, tenant, person = deployment, fresh("clinic"), fresh("person")
+    member = Token.person(fresh("max"), tenant, groups=["staff"])
+    admin = Token.person(fresh("ann"), tenant, groups=["staff", "admins"])
+    kept, erased = fresh("kept"), fresh("erased")
+    for sid in (kept, erased):
+        assert _as(d, member, "POST", "/sessions", {"session_id": sid, "scopes": {"user": person}})[0] == 201
+    before = {sid: _as(d, member, "GET", f"/sessions/{sid}")[1]["version"] for sid in (kept, erased)}
+    status, refused = _as(d, member, "DELETE", f"/sessions/{kept}")
+    assert status == 403 and refused["error"] == "NotPermitted" and "'admins'" in refused["message"], refused
+    status, refused = _as(d, member, "POST", "/erasures", {"scope": "user", "scope_id": person})
+    assert status == 403 and "'admins'" in refused["message"], refused
+    after = {sid: _as(d, member, "GET", f"/sessions/{sid}")[1]["version"] for sid in (kept, erased)}
+    assert after == before  # nothing written, nothing removed
+
+    assert _as(d, admin, "DELETE", f"/sessions/{kept}")[0] == 204
+    assert _as(d, member, "GET", f"/sessions/{kept}")[0] == 404
+    status, report = _as(d, admin, "POST", "/erasures", {"scope": "user", "scope_id": person})
+    assert status == 200 and report["sessions"] == [erased], (report, evidence(d))
+    assert "point-in-time recovery" in report["residue"] and "35 days, until " in report["residue"], report
+    assert _as(d, member, "GET", f"/sessions/{erased}")[0] == 404
+    lines = [json.loads(line) for line in d.log("sessions").splitlines() if line.startswith("{") and '"level"' in line]
+    keys = {(line["tenant"], line["principal"], line.get("client")) for line in lines if line["message"] == "erased"}
+    assert (tenant, admin.sub, d.people_client) in keys, keys  # the tenant and the person apart (it was the sub)
+
+
+@pytest.mark.backend("dynamodb")
+def test_each_machine_client_acts_in_its_own_tenant_or_the_one_it_is_given(deployment: Any) -> None:
+    """``billing`` and ``crm`` (each its own tenant) see only their own sessions; ``intake``, mapped to a person's
+    tenant, starts a run there, which the person sees, and cannot answer (no ``answers.write``). The log lines
+    name the tenant, the principal and the client apart."""
+    from tests.support.fidelity.deployment import Token
+
+    d = deployment
+    billing, crm, intake = (d.machine_token(name) for name in ("billing", "crm", "intake"))
+    mine, theirs = fresh("bill"), fresh("crm")
+    assert _as(d, billing, "POST", "/clients/sessions", {"session_id": mine})[0] == 201
+    assert _as(d, crm, "POST", "/clients/sessions", {"session_id": theirs})[0] == 201
+    assert _as(d, billing, "GET", f"/clients/sessions/{theirs}")[0] == 404  # crm's session is none of billing's
+    assert _as(d, crm, "GET", f"/clients/sessions/{mine}")[0] == 404
+    listed = {s["id"] for s in _as(d, billing, "GET", "/clients/sessions", query={"limit": "200"})[1]["sessions"]}
+    assert mine in listed and theirs not in listed, listed
+
+    person = Token.person(fresh("nurse"), PERSONS_TENANT)
+    sid = fresh("intake")
+    assert _as(d, person, "POST", "/sessions", {"session_id": sid})[0] == 201
+    status, ran = _as(d, intake, "POST", f"/clients/sessions/{sid}/runs", {"message": "signoffs=1"})
+    assert status in (200, 202), (status, ran, evidence(d))
+    d.settle()
+    status, shown = _as(d, person, "GET", f"/sessions/{sid}")
+    assert status == 200 and shown["status"] == "awaiting_input", (shown, evidence(d))
+    starts = [
+        e for e in _as(d, person, "GET", f"/sessions/{sid}/events")[1]["events"] if e["type"] == "invocation_start"
+    ]
+    assert [e["principal"] for e in starts] == [intake.sub]  # recorded as the client
+    with pytest.raises(PermissionError, match="invalid_scope"):  # Cognito gives intake no answers.write
+        d.machine_token("intake", ["dormant/answers.write"])
+    (waiting,) = shown["yielded_tools"]
+    answer = {"answers": [{"call_id": waiting["call_id"], "input": {"approved": True}}]}
+    assert _as(d, intake, "POST", f"/clients/sessions/{sid}/tools", answer)[0] == 401  # the method needs the scope
+    event = {
+        "type": "tool_input",
+        "call_id": waiting["call_id"],
+        "name": waiting["name"],
+        "input": {"approved": True},
+        "invocation_id": starts[0]["invocation_id"],
+    }
+    commit = {"expected_version": shown["version"], "events": [event]}
+    status, refused = _as(d, intake, "POST", f"/clients/sessions/{sid}/commit", commit)
+    assert status == 403 and "dormant/answers.write" in refused["message"], refused
+    assert _as(d, person, "GET", f"/sessions/{sid}")[1]["version"] == shown["version"]  # nothing written
+
+    # a machine deletes and erases with dormant/admin (no group: machines have none), in the tenant it is given;
+    # crm has no dormant/admin: the gateway refuses it
+    ops = d.machine_token("ops")
+    assert _as(d, crm, "DELETE", f"/clients/sessions/{theirs}")[0] == 401
+    bound, someone = fresh("bound"), fresh("person")
+    assert _as(d, person, "POST", "/sessions", {"session_id": bound, "scopes": {"user": someone}})[0] == 201
+    status, report = _as(d, ops, "POST", "/clients/erasures", {"scope": "user", "scope_id": someone})
+    assert status == 200 and report["sessions"] == [bound], (report, evidence(d))
+    assert report["principal"] == ops.sub
+
+    # the log lines name the tenant, the principal and the client apart
+    lines = [json.loads(line) for line in d.log("sessions").splitlines() if line.startswith("{") and '"level"' in line]
+    erased = {(line["tenant"], line["principal"], line.get("client")) for line in lines if line["message"] == "erased"}
+    assert (PERSONS_TENANT, ops.sub, ops.sub) in erased, erased
 
 
 @pytest.mark.backend("dynamodb")

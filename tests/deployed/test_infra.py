@@ -100,7 +100,10 @@ def test_the_table_is_built_from_the_store_table_shape(synth: Synth) -> None:
     assert "LocalSecondaryIndexes" not in props and "LocalSecondaryIndexes" not in wanted
     assert {"listing", "pending", "running"} <= set(_indexes(props["GlobalSecondaryIndexes"]))  # every GSI
     assert props["BillingMode"] == wanted["BillingMode"] == "PAY_PER_REQUEST"
-    assert props["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
+    assert props["PointInTimeRecoverySpecification"] == {
+        "PointInTimeRecoveryEnabled": True,
+        "RecoveryPeriodInDays": 35,  # AWS's default, written: -c pitr_days= sets it
+    }
     assert props["TimeToLiveSpecification"] == {"AttributeName": TABLE.ttl_attribute, "Enabled": True}
     assert table["DeletionPolicy"] == table["UpdateReplacePolicy"] == "Retain"
     assert props["DeletionProtectionEnabled"] is True  # nor deleted by hand, or by a stack that lost it
@@ -127,7 +130,8 @@ def test_every_handler_is_a_python_312_arm64_function_with_both_layers(synth: Sy
         assert env["PYDANTIC_DISABLE_PLUGINS"] == "__all__"  # no entry-point scan at cold start
         table_id, _ = synth.one("AWS::DynamoDB::Table")
         # shard counts are context, fixed at the first deploy (the table records them), never a parameter
-        assert text(env["DORMANT_STORE"]) == f"dynamodb://<{table_id}>?shards=1&pending_shards=8"
+        # and so is the recovery period, which the store's erasure reports as its residue
+        assert text(env["DORMANT_STORE"]) == f"dynamodb://<{table_id}>?shards=1&pending_shards=8&pitr_days=35"
         if "DORMANT_IDEMPOTENCY_TABLE" in env:
             assert env["DORMANT_IDEMPOTENCY_TABLE"] == {"Ref": table_id}  # idempotency records share the table
         if "DORMANT_STATE_MACHINE" in env:
@@ -143,22 +147,16 @@ COMMON_ENV = {
     "POWERTOOLS_TRACE_DISABLED",
     "PYDANTIC_DISABLE_PLUGINS",
 }
+CALLER_ENV = {"DORMANT_TENANT_CLAIM", "DORMANT_ADMIN_GROUP", "DORMANT_MACHINE_CLIENTS"}
 CONTRACT_ENV = {
-    # the API's functions name the caller's tenant claim (-c tenant_claim=), the allowed origins and the quota
-    "sessions": COMMON_ENV
-    | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
+    # the API's functions name the caller's tenant claim (-c tenant_claim=), the admin group (-c admin_group=), the
+    # machine clients' tenants (-c machine_clients=), the allowed origins and the quota
+    "sessions": COMMON_ENV | CALLER_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
     "run": COMMON_ENV
-    | {
-        "DORMANT_IDEMPOTENCY_TABLE",
-        "DORMANT_STATE_MACHINE",
-        "DORMANT_TENANT_CLAIM",
-        "DORMANT_CORS_ORIGINS",
-        "DORMANT_TURN_QUOTA",
-    },
-    "tools": COMMON_ENV
-    | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
-    "commit": COMMON_ENV
-    | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_TENANT_CLAIM", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
+    | CALLER_ENV
+    | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_STATE_MACHINE", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
+    "tools": COMMON_ENV | CALLER_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
+    "commit": COMMON_ENV | CALLER_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
     "park": COMMON_ENV,
     "resume": COMMON_ENV,
     "sweeper": COMMON_ENV | {"DORMANT_STATE_MACHINE"},

@@ -48,10 +48,13 @@ def send(
     headers: dict[str, str] | None = None,
     principal: str = OWNER,
 ) -> tuple[int, dict[str, Any] | None, str]:
-    """One request as the caller sent it: its status, its JSON body (``None`` when empty) and Content-Type."""
+    """One request as the caller sent it: its status, its JSON body (``None`` when empty) and Content-Type. The
+    caller is an admin of its tenant: these are checks of input, roles are tests/http/test_roles.py's."""
     request = urllib.request.Request(url, data=raw, method=method)
     request.add_header("Content-Type", "application/json")
     request.add_header("X-Dormant-Principal", principal)
+    if not any(name.lower() == "x-dormant-groups" for name in headers or {}):
+        request.add_header("X-Dormant-Groups", "admins")
     for name, value in (headers or {}).items():
         request.add_header(name, value)
     try:

@@ -7,11 +7,12 @@ sandboxes. Tests then only talk to it as a client would (``api``), or as AWS wou
 scheduled event), and read what happened (``executions``, ``calls``, DynamoDB).
 
 Callers carry a ``Token``: a person's ID token (``sub``, the tenant claim, ``cognito:groups``) or a machine
-client's access token (``sub`` its client id, ``scope``). The Cognito authorizer is played as API Gateway
-plays it, from each method's ``AuthorizationScopes`` in the template: a method without scopes takes only an ID
-token, a method with scopes only an access token carrying one of them; anything else is a 401 that never
-reaches the function. The claims reach the handler as the authorizer passes them: strings (a list claim,
-``cognito:groups``, comma-joined).
+client's access token (``sub`` its client id, ``scope``), which ``machine_token`` gets as Cognito's token
+endpoint gives it: only for an app client of the template, only with scopes that client is allowed. The Cognito
+authorizer is played as API Gateway plays it, from each method's ``AuthorizationScopes`` in the template: a
+method without scopes takes only an ID token, a method with scopes only an access token carrying one of them;
+anything else is a 401 that never reaches the function. The claims reach the handler as the authorizer passes
+them: strings (a list claim, ``cognito:groups``, comma-joined).
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ class Deployment:
         self.scopes = template.method_scopes()
         self.open_routes = template.open_routes()
         self.gateway_responses = template.gateway_responses()
+        self.machine_clients = template.machine_clients()
+        self.people_client = template.people_client()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16)
 
     @classmethod
@@ -211,6 +214,16 @@ class Deployment:
         self.lambdas.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def machine_token(self, name: str, scopes: Sequence[str] | None = None) -> Token:
+        """An access token of the app client ``name`` (``-c machine_clients``) by the client-credentials grant, for
+        ``scopes`` (default: all it may ask for). A scope the client is not allowed is refused, as Cognito's token
+        endpoint refuses it (``invalid_scope``): no token."""
+        client_id, allowed = self.machine_clients[name]
+        wanted = list(allowed if scopes is None else scopes)
+        if not set(wanted) <= set(allowed):
+            raise PermissionError(f"invalid_scope: {name} may ask for {allowed}, not {wanted}")
+        return Token.machine(client_id, wanted)
 
     # -- AWS's side ----------------------------------------------------------------------------------------------
 
@@ -340,7 +353,10 @@ class Deployment:
             **headers,
         }
         request_id = str(uuid.uuid4())
-        authorizer = {"authorizer": {"claims": token.claims()}} if token is not None else {}  # none ran: no claims
+        claims = {} if token is None else token.claims()
+        if token is not None and token.token_use == "id":  # an ID token names the app client it was issued to
+            claims.setdefault("aud", self.people_client)
+        authorizer = {"authorizer": {"claims": claims}} if token is not None else {}  # none ran: no claims
         return {
             "resource": resource,
             "path": path,

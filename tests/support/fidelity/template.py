@@ -259,6 +259,26 @@ class Template:
             if props.get("AuthorizationType", "NONE") == "NONE"
         }
 
+    def machine_clients(self) -> dict[str, tuple[str, list[str]]]:
+        """Each machine's app client (one with a secret) by its ``ClientName`` (else its logical id): its client id
+        and the scopes it may ask for (``AllowedOAuthScopes``)."""
+        return {
+            str(props.get("ClientName") or logical): (self.ref(logical), list(props.get("AllowedOAuthScopes") or []))
+            for logical, props in (
+                (logical, r["Properties"]) for logical, r in self.of_type("AWS::Cognito::UserPoolClient").items()
+            )
+            if props.get("GenerateSecret")
+        }
+
+    def people_client(self) -> str:
+        """The client id of the people's app client (the one without a secret): an ID token's ``aud``."""
+        (logical,) = [
+            logical
+            for logical, r in self.of_type("AWS::Cognito::UserPoolClient").items()
+            if not r["Properties"].get("GenerateSecret")
+        ]
+        return str(self.ref(logical))
+
     def gateway_responses(self) -> dict[str, dict[str, Any]]:
         """The API's gateway responses by type (``DEFAULT_4XX``...): their ``ResponseParameters`` and templates."""
         return {

@@ -61,8 +61,9 @@ request at a time, as a Lambda instance does), so a slow run holds up no one els
 Identity is a development stand-in for the Cognito authorizer: the X-Dormant-Principal header (the
 token's sub), X-Dormant-Tenant (its tenant claim) and X-Dormant-Groups (a comma list: cognito:groups),
 else --principal, --tenant and --groups. Without a tenant the principal is its own tenant, as a token
-without the tenant claim is on AWS. Only loopback clients are served (any other gets 403): nothing here
-authenticates anyone.
+without the tenant claim is on AWS. Deleting a session and erasing a person need the admin group
+($DORMANT_ADMIN_GROUP, default admins), which a request naming no caller is in unless --groups says otherwise.
+Only loopback clients are served (any other gets 403): nothing here authenticates anyone.
 
 Stores: sqlite:///relative.db, sqlite:////absolute.db, memory:, postgresql://...,
 dynamodb://table?endpoint=http://127.0.0.1:8001 (DynamoDB Local: the table is created if missing; the
@@ -102,8 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     serve.add_argument(
         "--groups",
-        default="",
-        help="the groups (comma list) of a request naming neither X-Dormant-Groups nor X-Dormant-Principal",
+        help="the groups (comma list) of a request naming neither X-Dormant-Groups nor X-Dormant-Principal "
+        "(default: the admin group, $DORMANT_ADMIN_GROUP or admins: who runs the server may delete and erase)",
     )
     serve.add_argument(
         "--workers",
@@ -324,6 +325,14 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _default_groups(args: argparse.Namespace) -> str:
+    """The groups of a request that names no caller: ``--groups``, else the admin group (``dormant serve``'s own
+    user administers their machine; a request naming a principal names its groups too)."""
+    from .serving.callers import admin_group
+
+    return str(args.groups) if args.groups is not None else admin_group()
+
+
 @contextlib.contextmanager
 def _local_api(args: argparse.Namespace) -> Iterator[LocalAPI]:
     """The API ``dormant serve`` serves, on a store of its own, closed afterwards (one per worker process)."""
@@ -339,7 +348,7 @@ def _local_api(args: argparse.Namespace) -> Iterator[LocalAPI]:
             served,
             principal=args.principal,
             tenant=args.tenant,
-            groups=[g.strip() for g in args.groups.split(",") if g.strip()],
+            groups=[g.strip() for g in _default_groups(args).split(",") if g.strip()],
             pages=default_pages(),
             idempotency=_idempotency(args.store, store),
             cors_origins=args.cors_origin,

@@ -32,6 +32,7 @@ from aws_lambda_powertools.logging.utils import copy_config_to_registered_logger
 from .. import metrics
 from ..errors import ConfigurationError
 from .bodies import MAX_LIST_LIMIT, MAX_WAIT_SECONDS
+from .callers import admin_group, machine_clients
 from .hooks import Hooks
 from .http.idempotency import idempotency_from_env, records
 from .http.request import MAX_BODY_BYTES, Api, Routes, log_keys
@@ -127,7 +128,7 @@ def build_resolver(
     works on the app as its tenant sees it. A function answers only its own routes, as API Gateway sends it
     only those: any other is a 404."""
     resolver = APIGatewayRestResolver(cors=cors, strip_prefixes=[CLIENT_PREFIX])
-    api = Api(served, hooks, logger, idempotency, quota, tenant_claim())
+    api = Api(served, hooks, logger, idempotency, quota, tenant_claim(), machine_clients(), admin_group())
     wanted = {(m, p) for m, p, f in ROUTES if function is None or f == function}
     built: set[tuple[str, str]] = set()
     for name in FUNCTIONS if function is None else (function,):
@@ -179,7 +180,7 @@ def api_handler(
     # clear_state: a warm sandbox's next request starts without the last one's keys
     @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST, clear_state=True)
     def handler(event: dict[str, Any], context: Any) -> Any:
-        logger.append_keys(**log_keys(event))
+        logger.append_keys(**log_keys(event, tenant_claim(), machine_clients()))
         with metrics.collecting(function or "api"):
             response = resolver().resolve(event, context)
         if cors is not None:  # the answer differs by Origin: a cache must not give one origin's to another

@@ -340,7 +340,8 @@ _ID = {"pattern": ID_PATTERN, "maxLength": MAX_ID_LENGTH}
 _IDS_IN_BODIES = {"CreateBody": "session_id", "EraseBody": "scope_id"}
 _EVERY_ROUTE = {
     401: "no valid token: API Gateway's authorizer answers, in the same shape",
-    403: "a machine client's access token without the route's scope (under ``/clients``)",
+    403: "a machine client's access token without the route's scope (under ``/clients``), or of a client the "
+    "deployment does not list; on an administrative route (deleting, erasing) a person not in the admin group",
 }
 _SECURITY = "cognito"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..errors import ConfigurationError
 
-__all__ = ["CLIENT_PREFIX", "PREFLIGHT_FUNCTION", "ROUTES", "SCOPES", "Route", "scope_of"]
+__all__ = ["ADMIN_ROUTES", "CLIENT_PREFIX", "PREFLIGHT_FUNCTION", "ROUTES", "SCOPES", "Route", "scope_of"]
 
 Route = tuple[str, str, str]
 
@@ -44,7 +44,7 @@ SCOPES = {
     "admin": "dormant/admin",
 }
 """The resource server's scopes (``dormant/...``): read sessions; start runs (and create, fork, commit them);
-answer yielded calls; erase and delete."""
+answer yielded calls; erase and delete (the administrative role, ``ADMIN_ROUTES``)."""
 
 _ROUTE_SCOPES = {
     ("POST", "/sessions"): SCOPES["run"],
@@ -55,6 +55,13 @@ _ROUTE_SCOPES = {
     ("POST", "/sessions/{id}/commit"): SCOPES["run"],
     ("POST", "/erasures"): SCOPES["admin"],
 }
+
+
+ADMIN_ROUTES = frozenset(route for route, scope in _ROUTE_SCOPES.items() if scope == SCOPES["admin"])
+"""The routes that remove data or change who may do what: ``(method, path)``. A person needs the administrative
+role for them (the group ``serving.callers.admin_group``), a machine client the scope ``dormant/admin``; anyone
+else gets a 403 naming the role, before the route reads its body (``http.request.Routes``). One table with the
+scopes: a route given the admin scope is an administrative route."""
 
 
 def scope_of(method: str, path: str) -> str:

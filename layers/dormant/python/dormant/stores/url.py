@@ -5,7 +5,8 @@
 * ``postgresql://user:pass@host/db`` (or ``postgres://``) — the Postgres store (``dormant[postgres]``);
 * ``dynamodb://table?region=eu-west-2&endpoint=http://127.0.0.1:8000&shards=4`` — the DynamoDB store
   (``dormant[dynamodb]``) on that table; every parameter is optional (``shards``: listing shards,
-  ``pending_shards``: the table-wide pending and running index shards; both fixed by the table's first store).
+  ``pending_shards``: the table-wide pending and running index shards; both fixed by the table's first store;
+  ``pitr_days``: the table's point-in-time recovery period, 1 to 35, which an erasure reports as its residue).
   Given an ``endpoint`` (DynamoDB Local), the table is created if it is missing: a local table, never
   a deployed one (the stack makes that). An endpoint on this machine (``localhost``, ``127.0.0.1``, ``[::1]``)
   needs nothing else: the credentials and region the environment configures are used, and where it
@@ -69,18 +70,25 @@ def _dynamodb(url: str, create: bool) -> SessionStore:
         params = {key: value for key, [value] in parse_qs(parts.query, strict_parsing=bool(parts.query)).items()}
     except ValueError:
         raise ConfigurationError(f"a DynamoDB store URL takes each parameter once, as key=value: {url!r}") from None
-    unknown = set(params) - {"region", "endpoint", "shards", "pending_shards"}
+    unknown = set(params) - {"region", "endpoint", "shards", "pending_shards", "pitr_days"}
     if not parts.netloc or parts.path not in {"", "/"} or unknown:
         raise ConfigurationError(
-            f"a DynamoDB store URL is dynamodb://table?region=...&endpoint=...&shards=N&pending_shards=N, not {url!r}"
+            "a DynamoDB store URL is dynamodb://table?region=...&endpoint=...&shards=N&pending_shards=N&pitr_days=N, "
+            f"not {url!r}"
         )
     counts: dict[str, int] = {}
-    for param, option in (("shards", "listing_shards"), ("pending_shards", "pending_shards")):
+    for param, option in (
+        ("shards", "listing_shards"),
+        ("pending_shards", "pending_shards"),
+        ("pitr_days", "recovery_days"),
+    ):
         value = params.get(param, "")
         if value and not value.isdigit():
             raise ConfigurationError(f"{param} in a DynamoDB store URL is a number, not {value!r}")
         if value:
             counts[option] = int(value)
+    if not 1 <= counts.get("recovery_days", 1) <= 35:
+        raise ConfigurationError(f"pitr_days in a DynamoDB store URL is 1 to 35 (days), not {params['pitr_days']!r}")
     from .dynamodb import DynamoDBSessionStore, create_table, dynamo_store
 
     endpoint = params.get("endpoint")

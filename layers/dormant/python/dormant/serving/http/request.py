@@ -1,10 +1,11 @@
 """One request as the routes read it: who calls (the authorizer's claims), the app as its tenant sees it, the
 body as a route's model, the query's values and ``Prefer: wait=N``; and how a route is put on a ``Router``.
 
-Who calls: the claims the Cognito authorizer verified (``requestContext.authorizer.claims``). The principal
-is always ``sub``; the tenant is the ``DORMANT_TENANT_CLAIM`` claim (``custom:tenant``), or ``sub`` when the
-token has none (single-user mode); the groups are ``cognito:groups``. A machine client's access token
-(``token_use`` ``access``, under ``/clients``) must carry the route's scope (``routes.scope_of``).
+Who calls: the claims the Cognito authorizer verified (``requestContext.authorizer.claims``), read by
+``serving.callers.identify``: a person's ``sub``, tenant claim and groups; a machine client's id, scopes and the
+tenant the deployment maps it to. Before any route reads its body, ``Routes`` checks the caller may call it: a
+machine client's access token (``token_use`` ``access``, under ``/clients``) must carry the route's scope
+(``routes.scope_of``), and an administrative route (``routes.ADMIN_ROUTES``) needs a person in the admin group.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -24,11 +25,12 @@ from pydantic import ValidationError
 
 from ...app import App
 from ...errors import InputError, NotAuthenticated, NotPermitted, RequestTooLarge
-from ...people import Caller, parse_groups
+from ...people import Caller
 from ..bodies import MAX_LIST_LIMIT, MAX_WAIT_SECONDS
+from ..callers import DEFAULT_ADMIN_GROUP, Identity, identify, log_identity
 from ..hooks import Hooks
 from ..quota import TurnQuota
-from ..routes import CLIENT_PREFIX, ROUTES, scope_of
+from ..routes import ADMIN_ROUTES, CLIENT_PREFIX, ROUTES, scope_of
 from ..runtime import Served
 
 if TYPE_CHECKING:
@@ -50,9 +52,13 @@ class Api:
     idempotency: Idempotency | None
     quota: TurnQuota | None
     tenant_claim: str
+    clients: Mapping[str, str] | None = None
+    """A machine client's id -> its tenant (``serving.callers.machine_clients``); ``None``: each is its own."""
+    admin_group: str = DEFAULT_ADMIN_GROUP
 
 
 _UNREAD: Any = object()
+_ROUTES = frozenset((method, path) for method, path, _ in ROUTES)
 
 
 class Request:
@@ -71,33 +77,44 @@ class Request:
             raise NotAuthenticated("no authenticated caller (the authorizer gave no sub claim)")
         return found
 
+    def identity(self) -> Identity:
+        """Who calls (``serving.callers``): principal, tenant, client, groups, scopes."""
+        return identify(self.claims(), self.api.tenant_claim, self.api.clients)
+
     def caller(self) -> Caller:
-        """Who is acting: the ``sub`` claim, in the groups of ``cognito:groups``."""
-        found = self.claims()
-        return Caller(str(found["sub"]), parse_groups(found.get("cognito:groups")))
+        """Who is acting: the principal, in its groups."""
+        who = self.identity()
+        return Caller(who.principal, who.groups)
 
     def tenant(self) -> str:
-        """The tenant claim, else ``sub``: a token without a tenant is a tenant of its own (single-user mode)."""
-        found = self.claims()
-        return str(found.get(self.api.tenant_claim) or found["sub"])
+        """The caller's tenant: a person's tenant claim (else ``sub``), a machine client's mapped tenant."""
+        return self.identity().tenant
 
     def granted(self) -> frozenset[str] | None:
         """The scopes of a machine client's access token; ``None`` for a person's ID token."""
-        found = self.claims()
-        if found.get("token_use") != "access":
-            return None
-        return frozenset(str(found.get("scope") or "").split())
+        return self.identity().scopes
 
     def permit(self, scope: str) -> None:
         scopes = self.granted()
         if scopes is not None and scope not in scopes:
             raise NotPermitted(f"this access token lacks the scope {scope}", rule=scope, field="scope")
 
-    def app(self) -> App:
+    def authorize(self) -> None:
+        """Whether the caller may call this route at all (``Routes`` asks before any view runs): the route's scope
+        for a machine client; for an administrative route, a person in the admin group. A 403 naming the rule."""
         event = self.event
-        resource = event.request_context.resource_path.removeprefix(CLIENT_PREFIX)
-        if resource in {p for _, p, _ in ROUTES}:
-            self.permit(scope_of(event.http_method, resource))
+        method, resource = event.http_method, event.request_context.resource_path.removeprefix(CLIENT_PREFIX)
+        who = self.identity()
+        if (method, resource) not in _ROUTES:
+            return
+        self.permit(scope_of(method, resource))
+        group = self.api.admin_group
+        if (method, resource) in ADMIN_ROUTES and who.scopes is None and group not in who.groups:
+            raise NotPermitted(
+                f"{method} {resource} needs the role {group!r}: a member of the group {group}", rule=f"group:{group}"
+            )
+
+    def app(self) -> App:
         return self.api.served.for_tenant(self.tenant())
 
     def data(self) -> Any:
@@ -190,17 +207,18 @@ class Routes:
             # decoded) and Powertools routes on the path: an id holding ':', '@', '+' or '=' arrives
             # escaped by any client that escapes path segments (a browser's encodeURIComponent).
             request = Request(api, router.current_event, router.lambda_context)
+            request.authorize()  # every route: its scope, its role; before the view reads the body
             return view(request, **{name: unquote(value) for name, value in keys.items()})
 
         router.route(path, method)(decoded)
         self.paths.add((method, re.sub(r"<\w+>", "{id}", path)))
 
 
-def log_keys(event: dict[str, Any]) -> dict[str, str | None]:
-    """What every log line of a request carries: the tenant, the principal (a machine client's ``client_id``, else
-    the user's ``sub``) and the session; never a token or a body."""
+def log_keys(event: dict[str, Any], tenant_claim: str, clients: Mapping[str, str] | None) -> dict[str, Any]:
+    """What every log line of a request carries: the tenant, the principal (a person's ``sub``, a machine client's
+    id), the client (the app client: a machine's id, a person's ``aud``) and the session; never a token or a
+    body."""
     context = event.get("requestContext") or {}
     claims = (context.get("authorizer") or {}).get("claims") or {}
-    sub = claims.get("sub")
     session = (event.get("pathParameters") or {}).get("id")
-    return {"tenant": sub, "principal": claims.get("client_id") or sub, "session_id": session}
+    return {**log_identity(claims, tenant_claim, clients), "session_id": session}

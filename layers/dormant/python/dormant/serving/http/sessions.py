@@ -1,9 +1,10 @@
 """The routes of the ``sessions`` function: create, list, show and delete sessions; page a session's ledger,
 its state and a key's audit; fork; erase a person (``POST /erasures``); the OpenAPI document.
 
-``POST /erasures`` (``{scope, scope_id}``) runs ``app.erase`` and answers its report. Any caller may
-erase, and only within its own tenant: the app it erases from is ``{app}@{tenant}``, so another
-tenant's sessions and shared state are out of its reach by construction, like everything else here.
+``POST /erasures`` (``{scope, scope_id}``) runs ``app.erase`` and answers its report. Erasing and deleting
+are administrative (``routes.ADMIN_ROUTES``: a person in the admin group, a machine client with ``dormant/admin``;
+``http.request`` checks before the view runs), and only within the caller's own tenant: the app it erases from
+is ``{app}@{tenant}``, so another tenant's sessions and shared state are out of its reach by construction.
 ``GET /openapi.json`` answers the OpenAPI document of every route (``serving.openapi``, built on first ask).
 """
 

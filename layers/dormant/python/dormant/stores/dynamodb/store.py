@@ -63,6 +63,7 @@ import builtins
 import itertools
 import json
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ...clock import now_ms
@@ -133,7 +134,12 @@ class DynamoDBSessionStore(_Repair, _Listing, _Admin):
         unprocessed_retries: int = 8,
         conflict_retries: int = 8,
         single_call_items: int = MAX_TRANSACT_ITEMS,
+        recovery_days: int | None = None,
     ) -> None:
+        if recovery_days is not None and (
+            not isinstance(recovery_days, int) or isinstance(recovery_days, bool) or not 1 <= recovery_days <= 35
+        ):
+            raise ConfigurationError(f"recovery_days is an int from 1 to 35 (PITR's period), not {recovery_days!r}")
         if (
             not isinstance(single_call_items, int)
             or isinstance(single_call_items, bool)
@@ -155,6 +161,7 @@ class DynamoDBSessionStore(_Repair, _Listing, _Admin):
         self._unprocessed_retries = unprocessed_retries
         self._conflict_retries = conflict_retries
         self._single_call_items = single_call_items
+        self._recovery_days = recovery_days
         self._layout_checked = False
         self._known: dict[str, dict[str, Any]] = {}
         """Meta items as this store last read or wrote them, by ``pk`` (no marker on them): what a one-call
@@ -163,6 +170,18 @@ class DynamoDBSessionStore(_Repair, _Listing, _Admin):
     @property
     def table_name(self) -> str:
         return self._table
+
+    def _scrub(self) -> str | None:
+        """A delete is final in the table, but point-in-time recovery (``recovery_days``, the table's period) can
+        restore the table as it was at any moment of the period, the erased items with it: the residue, named
+        with the day it ends. On-demand backups and AWS Backup keep their own copies, until they are deleted."""
+        if self._recovery_days is None:
+            return None
+        until = datetime.fromtimestamp(now_ms() / 1000, UTC) + timedelta(days=self._recovery_days)
+        return (
+            f"point-in-time recovery keeps the erased items restorable for {self._recovery_days} days, until "
+            f"{until.strftime('%Y-%m-%dT%H:%M:%SZ')}; on-demand backups keep them until those are deleted"
+        )
 
     @property
     def client(self) -> Any:
@@ -370,6 +389,7 @@ def dynamo_store(
     pending_shards: int = DEFAULT_PENDING_SHARDS,
     stale_after_s: float = 30.0,
     single_call_items: int = MAX_TRANSACT_ITEMS,
+    recovery_days: int | None = None,
 ) -> DynamoDBSessionStore:
     """A store on the DynamoDB table ``table_name`` (make it with ``create_table`` or the CDK stack).
 
@@ -379,7 +399,8 @@ def dynamo_store(
     ``stale_after_s`` is how old a pending marker must be before a writer meeting it repairs it first
     (marker ages come from ``dormant.clock``, so a test can move time instead of waiting).
     A commit of at most ``single_call_items`` items (and 4 MB) is one ``TransactWriteItems``; 0 sends every
-    commit through the gated protocol (docs/dynamodb.md).
+    commit through the gated protocol (docs/dynamodb.md). ``recovery_days``: the table's point-in-time recovery
+    period, which an erasure's report names as its residue (``None``: the table keeps no recovery window).
     """
     if not isinstance(table_name, str) or len(table_name) < 3:
         raise ConfigurationError(f"a DynamoDB table name has at least 3 characters, not {table_name!r}")
@@ -394,4 +415,5 @@ def dynamo_store(
         pending_shards=pending_shards,
         stale_after_s=stale_after_s,
         single_call_items=single_call_items,
+        recovery_days=recovery_days,
     )
