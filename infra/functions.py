@@ -67,6 +67,14 @@ class Functions(Construct):
                 assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
                 description=f"dormant {handler.name} function",
             )
+            if tracing:
+                Validations.of(role).acknowledge(
+                    Acknowledgment(
+                        id="AwsSolutions::AwsSolutions-IAM5[Resource::*]",
+                        reason="-c tracing=true: X-Ray's PutTraceSegments and PutTelemetryRecords take no resource "
+                        "narrower than * (CDK grants them with active tracing).",
+                    )
+                )
             log_group = logs.LogGroup(scope_, "Logs", removal_policy=RemovalPolicy.DESTROY)
             # A parameter decides the retention: set it on the CloudFormation resource, where a token is allowed.
             log_group.node.default_child.add_property_override("RetentionInDays", log_retention_days)  # type: ignore[union-attr]

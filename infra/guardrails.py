@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -131,7 +132,7 @@ class Guardrails:
             if reserved.get(function):
                 share = min(share, reserved[function] / 2)
             burst = max(1, int(share / 2))
-            rate = max(0.1, round(burst / hold_s, 1))
+            rate = max(0.1, math.floor(burst / hold_s * 10) / 10)  # rounded down: never past the share
             for prefix in ("", CLIENT_PREFIX):
                 out[f"{prefix}{path}/{method}"] = (rate, burst)
         return out
