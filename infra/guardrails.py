@@ -132,7 +132,12 @@ class Guardrails:
             if reserved.get(function):
                 share = min(share, reserved[function] / 2)
             burst = max(1, int(share / 2))
-            rate = max(0.1, math.floor(burst / hold_s * 10) / 10)  # rounded down: never past the share
+            rate = math.floor((share - burst) / hold_s * 10) / 10  # rounded down: never past the share
+            if rate < 0.1:  # API Gateway's smallest useful rate: below it no throttle keeps within the share
+                raise ValueError(
+                    f"{method} {path} holds {function} up to {hold_s:g} s: a share of {share:g} concurrent "
+                    f"executions cannot be throttled under it (raise -c account_concurrency or the cap of {function})"
+                )
             for prefix in ("", CLIENT_PREFIX):
                 out[f"{prefix}{path}/{method}"] = (rate, burst)
         return out
