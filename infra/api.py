@@ -177,7 +177,7 @@ class Api(Construct):
             self,
             "ExecutionLogs",
             log_group_name=f"API-Gateway-Execution-Logs_{self.rest_api.rest_api_id}/v1",
-            retention_in_days=log_retention_days,  # type: ignore[arg-type]
+            retention_in_days=log_retention_days,
         )
         execution_logs.apply_removal_policy(RemovalPolicy.DESTROY)
         self.rest_api.deployment_stage.node.add_dependency(execution_logs)

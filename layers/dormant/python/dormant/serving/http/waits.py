@@ -27,7 +27,8 @@ def held_for(seconds: float, context: Any) -> float:
     before its function times out, and, with the API functions' timeout, before API Gateway's 29 s."""
     if context is None:
         return seconds
-    return min(seconds, max(0.0, context.get_remaining_time_in_millis() / 1000 - WAIT_MARGIN))
+    left = float(context.get_remaining_time_in_millis()) / 1000 - WAIT_MARGIN
+    return min(seconds, max(0.0, left))
 
 
 def await_events(
