@@ -247,7 +247,7 @@ def test_the_held_routes_are_throttled_by_the_gateway_before_their_functions_cap
     capped function (``run_cap=10``) under its cap: the gateway's 429 comes before Lambda's throttle."""
     default, chosen = templates
     for held in ("/~1sessions~1{id}~1events/GET", "/~1clients~1sessions~1{id}~1tools/POST"):
-        assert _throttle(default, held) == (1.6, 40)  # 40 + 1.6 x 24 s = 78 held at most, x 6 methods <= 500
+        assert _throttle(default, held) == (1.7, 41)  # 41 + 1.7 x 24 s = 81.8 held at most, x 6 methods <= 500
     assert _throttle(chosen, "/~1sessions~1{id}~1runs/POST") == (0.1, 2)  # 2 + 0.1 x 24 = 4.4 of run's 10 / 2
     assert _throttle(chosen, "/~1clients~1sessions~1{id}~1runs/POST") == (0.1, 2)
     from infra.guardrails import Guardrails

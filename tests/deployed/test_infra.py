@@ -364,7 +364,7 @@ def test_each_function_code_reads_no_dormant_variable_its_template_does_not_give
 
 def _allowed_resources(synth: Synth, name: str) -> dict[str, set[str]]:
     """What a function's statements may name, by service: its own log group, this table and this table's indexes,
-    and this stack's state machine and its executions."""
+    this stack's state machine and its executions, and for the sweeper its queue of failed sweeps."""
     table_id, _ = synth.one("AWS::DynamoDB::Table")
     (log_id,) = [
         key
@@ -372,7 +372,9 @@ def _allowed_resources(synth: Synth, name: str) -> dict[str, set[str]]:
         if r["Metadata"]["aws:cdk:path"] == f"{STACK}/Functions/{name.capitalize()}/Logs/Resource"
     ]
     machine = machine_arn(synth)
+    queues = {f"<{key}.Arn>" for key in synth.of_type("AWS::SQS::Queue")} if name == "sweeper" else set()
     return {
+        **({"sqs": queues} if queues else {}),  # the sweeper's failed sweeps: its on-failure destination
         "logs": {f"<{log_id}.Arn>"},
         "dynamodb": {f"<{table_id}.Arn>", *(f"<{table_id}.Arn>/index/{index.name}" for index in TABLE.indexes)},
         "states": {machine, machine.replace(":stateMachine:", ":execution:") + ":*"},
