@@ -323,3 +323,10 @@ def test_held_routes_are_throttled_under_what_their_functions_can_hold() -> None
         if "run_cap" in context:
             runs = held["/sessions/{id}/runs/POST"] + held["/clients/sessions/{id}/runs/POST"]
             assert runs <= int(context["run_cap"])
+
+
+def test_the_command_line_checks_what_cdk_synth_wrote(base: Synth, capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m infra.limits cdk.out [account concurrency]``: exit 0 within every limit, else 1 and a line each."""
+    assert limits.main([str(base.outdir), "1000"]) == 0
+    assert limits.main([str(base.outdir)]) == 1  # 31 reserved, no limit declared
+    assert "reserved concurrency with no account_concurrency declared: stack at 31" in capsys.readouterr().out
