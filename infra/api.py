@@ -8,7 +8,11 @@ routes under ``/clients`` (``serving.routes.CLIENT_PREFIX``): those methods requ
 API Gateway takes only an access token on a method with scopes, only an ID token on one without.
 
 API Gateway's own refusals (no token, an unknown path, a body too large, a timeout) answer in the handlers'
-error shape, ``{"error", "message"}`` (gateway responses). With ``cors_origins``, every path also takes
+error shape, ``{"error", "message"}`` (gateway responses); its throttles and a usage plan's quota as 429 with
+``Retry-After``. Each function has one permission for this API's methods (its resource policy stays one
+statement however many routes), and the stack creates the stage's execution-log group, with a retention.
+
+With ``cors_origins``, every path also takes
 ``OPTIONS`` without the authorizer (a browser's preflight carries no token), answered by the function that
 knows the origins (``serving.routes.PREFLIGHT_FUNCTION``), and the gateway's refusals carry
 ``Access-Control-Allow-Origin`` too: a page can then tell an expired token from a network failure. Machine
