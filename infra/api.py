@@ -10,7 +10,11 @@ client of ``-c machine_clients`` is an app client of its own with only its scope
 administrative routes need a person in the admin group (``-c admin_group``, default ``admins``), created here.
 
 API Gateway's own refusals (no token, an unknown path, a body too large, a timeout) answer in the handlers'
-error shape, ``{"error", "message"}`` (gateway responses). With ``cors_origins``, every path also takes
+error shape, ``{"error", "message"}`` (gateway responses); its throttles and a usage plan's quota as 429 with
+``Retry-After``. Each function has one permission for this API's methods (its resource policy stays one
+statement however many routes), and the stack creates the stage's execution-log group, with a retention.
+
+With ``cors_origins``, every path also takes
 ``OPTIONS`` without the authorizer (a browser's preflight carries no token), answered by the function that
 knows the origins (``serving.routes.PREFLIGHT_FUNCTION``), and the gateway's refusals carry
 ``Access-Control-Allow-Origin`` too: a page can then tell an expired token from a network failure. Machine
@@ -42,6 +46,10 @@ _SCOPE_DESCRIPTIONS = {
 
 ERROR_TEMPLATE = '{"error": "$context.error.responseType", "message": $context.error.messageString}'
 """The body of API Gateway's own 4xx and 5xx: the handlers' error shape (``messageString`` is quoted JSON)."""
+THROTTLED_RETRY_AFTER = 1
+"""Seconds a throttled caller waits (``Retry-After``): a throttle's token bucket refills every second."""
+QUOTA_RETRY_AFTER = 3600
+"""Seconds a caller past its usage plan's daily quota waits before trying again (the quota resets daily)."""
 
 F = apigw.AccessLogField
 ACCESS_LOG_FIELDS = {
@@ -82,14 +90,17 @@ class Api(Construct):
         auth_domain_prefix: str,
         cors_origins: Sequence[str] = (),
         throttling: Mapping[str, float] | None = None,
+        method_throttling: Mapping[str, tuple[float, int]] | None = None,
         client_api_keys: bool = False,
         machine_clients: Sequence[MachineClient] = (),
         admin_group: str = DEFAULT_ADMIN_GROUP,
+        email: cognito.UserPoolEmail | None = None,
     ) -> None:
         """``client_api_keys``: the ``/clients`` methods require an API key (``x-api-key``), so each machine
         client's usage plan (``infra.guardrails``) meters and throttles it; set when machine clients have keys.
-        ``machine_clients``: an app client each (``infra.clients``); ``admin_group``: the group created for the
-        administrative role."""
+        ``method_throttling``: ``"{path}/{METHOD}"`` -> (rate, burst), on top of the stage's. ``machine_clients``:
+        an app client each (``infra.clients``); ``admin_group``: the group created for the administrative role.
+        ``email``: how the pool sends mail (SES; ``None``: Cognito's own, a testing quota of a few messages a day)."""
         super().__init__(scope, id)
         self.user_pool = cognito.UserPool(
             self,
@@ -110,6 +121,7 @@ class Api(Construct):
             removal_policy=RemovalPolicy.RETAIN,
             # The tenant a person belongs to: set by an administrator (docs/deploying.md), read by the handlers.
             custom_attributes={"tenant": cognito.StringAttribute(min_len=1, max_len=128, mutable=True)},
+            email=email,
         )
         # People: SRP sign-in for an ID token; no OAuth flows (no implicit grant, no placeholder callback URL).
         # They may change their email, never their tenant (write_attributes leaves custom:tenant out).
@@ -170,6 +182,10 @@ class Api(Construct):
             deploy_options=apigw.StageOptions(
                 stage_name="v1",
                 **(throttling or {}),  # infra.guardrails: the stage's rate and burst
+                method_options={
+                    path: apigw.MethodDeploymentOptions(throttling_rate_limit=rate, throttling_burst_limit=burst)
+                    for path, (rate, burst) in (method_throttling or {}).items()
+                },
                 logging_level=apigw.MethodLoggingLevel.ERROR,
                 data_trace_enabled=False,
                 tracing_enabled=tracing,
@@ -184,10 +200,23 @@ class Api(Construct):
                 authorizer=authorizer, authorization_type=apigw.AuthorizationType.COGNITO
             ),
         )
+        # Execution logs (logging_level) go to a group API Gateway would create itself, outside the stack and
+        # kept forever: the stack creates it first, with the stack's retention, and deletes it with the stack.
+        execution_logs = logs.CfnLogGroup(
+            self,
+            "ExecutionLogs",
+            log_group_name=f"API-Gateway-Execution-Logs_{self.rest_api.rest_api_id}/v1",
+            retention_in_days=log_retention_days,
+        )
+        execution_logs.apply_removal_policy(RemovalPolicy.DESTROY)
+        self.rest_api.deployment_stage.node.add_dependency(execution_logs)
         # Bodies are validated by the handlers (a 400 that names the field); API Gateway checks what it can
         # without a model: the required parameters.
         validator = self.rest_api.add_request_validator("Parameters", validate_request_parameters=True)
-        integrations = {name: apigw.LambdaIntegration(functions[name]) for name in {f for _, _, f in ROUTES}}
+        integrations = {
+            name: apigw.LambdaIntegration(functions[name], scope_permission_to_method=False)
+            for name in {f for _, _, f in ROUTES}
+        }
         for method, path, function in ROUTES:
             resource = self.rest_api.root.resource_for_path(path)
             resource.add_method(method, integrations[function], request_validator=validator)
@@ -242,9 +271,22 @@ class Api(Construct):
             self.rest_api.add_gateway_response(
                 name, type=kind, response_headers=headers or None, templates={"application/json": ERROR_TEMPLATE}
             )
+        # The stage's, a method's or a usage plan's throttle, and a usage plan's quota: a 429 that says when to
+        # come back (a throttle's bucket refills every second; a quota's period is a day).
+        for name, kind, after in (
+            ("Throttled", apigw.ResponseType.THROTTLED, THROTTLED_RETRY_AFTER),
+            ("QuotaExceeded", apigw.ResponseType.QUOTA_EXCEEDED, QUOTA_RETRY_AFTER),
+        ):
+            self.rest_api.add_gateway_response(
+                name,
+                type=kind,
+                status_code="429",
+                response_headers={**headers, "Retry-After": f"'{after}'"},
+                templates={"application/json": ERROR_TEMPLATE},
+            )
         if not origins:
             return
-        integration = apigw.LambdaIntegration(preflight)
+        integration = apigw.LambdaIntegration(preflight, scope_permission_to_method=False)
         for path in sorted({path for _, path, _ in ROUTES}):
             method = self.rest_api.root.resource_for_path(path).add_method(
                 "OPTIONS", integration, authorization_type=apigw.AuthorizationType.NONE

@@ -18,6 +18,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from .layer import ARCHITECTURE, RUNTIME
+from .limits import COLD_START_S, INTEGRATION_TIMEOUT_S
 
 FUNCTIONS_DIR = Path(__file__).resolve().parents[1] / "functions"
 
@@ -29,8 +30,9 @@ class Handler:
     timeout_seconds: int
 
 
-API = 29
-"""API functions: API Gateway's default integration timeout: an API function that ran longer would answer no one."""
+API = INTEGRATION_TIMEOUT_S - COLD_START_S - 1
+"""API functions: a cold start and the whole timeout end before API Gateway's 29 s, so no request is answered
+504 after its work landed (a held wait ends ``WAIT_MARGIN`` before the function's deadline: 21 s)."""
 HANDLERS = (
     Handler("sessions", "Create, list, show and delete sessions; page a session's ledger; erase a person", API),
     Handler("run", "Claim a turn and start the workflow that runs it (answers 202)", API),
@@ -65,6 +67,14 @@ class Functions(Construct):
                 assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
                 description=f"dormant {handler.name} function",
             )
+            if tracing:
+                Validations.of(role).acknowledge(
+                    Acknowledgment(
+                        id="AwsSolutions::AwsSolutions-IAM5[Resource::*]",
+                        reason="-c tracing=true: X-Ray's PutTraceSegments and PutTelemetryRecords take no resource "
+                        "narrower than * (CDK grants them with active tracing).",
+                    )
+                )
             log_group = logs.LogGroup(scope_, "Logs", removal_policy=RemovalPolicy.DESTROY)
             # A parameter decides the retention: set it on the CloudFormation resource, where a token is allowed.
             log_group.node.default_child.add_property_override("RetentionInDays", log_retention_days)  # type: ignore[union-attr]

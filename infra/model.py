@@ -2,8 +2,9 @@
 
 ``-c model=bedrock:<model id, inference-profile id or ARN>`` or ``-c model=openai:<model>`` (with
 ``-c openai_base_url=<url>`` for a compatible server). An OpenAI key is kept in Secrets Manager or SSM Parameter
-Store: ``-c openai_secret=<secret name or ARN>`` or ``ssm:/parameter/name`` references one that exists; without
-it the stack creates an empty secret (output ``OpenAISecretArn``) to put the key in. Only the functions of
+Store: ``-c openai_secret=<secret name or ARN>`` or ``ssm:/parameter/name`` references one that exists, and is
+required: a secret the stack created would hold no key (or a random one), and every model call would fail
+with 401 until someone noticed. Only the functions of
 ``infra.wiring.MODEL_FUNCTIONS`` get ``bedrock:InvokeModel`` on that model's ARNs or read on that one secret.
 
 An inference profile routes a call to the model in one of several regions, and each hop is authorized: the grant
@@ -17,9 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from aws_cdk import Acknowledgment, ArnFormat, CfnOutput, RemovalPolicy, Stack, Validations
+from aws_cdk import Acknowledgment, ArnFormat, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from .wiring import MODEL, MODEL_ACTIONS, OPENAI_BASE_URL, OPENAI_SECRET
@@ -47,6 +47,12 @@ def model_choice(context: Callable[[str], Any]) -> ModelChoice | None:
         return None
     provider, _, name = value.partition(":")
     if provider == "openai" and name:
+        if not secret:
+            raise SystemExit(
+                "-c model=openai:... needs -c openai_secret=<Secrets Manager name or ARN, or ssm:/parameter> holding "
+                "the key: create it first (aws secretsmanager create-secret --name NAME --secret-string KEY), so no "
+                "model call is made with a key that is not there"
+            )
         return ModelChoice("openai", name, str(base_url) if base_url else None, str(secret) if secret else None)
     if provider == "bedrock" and name:
         if base_url or secret:
@@ -110,30 +116,14 @@ class ModelAccess(Construct):
             return
         if choice.base_url:
             self.environment[OPENAI_BASE_URL] = choice.base_url
-        reference, resource = self._secret(choice.secret, stack, removal_policy)
+        assert choice.secret is not None  # model_choice refuses openai without it
+        reference, resource = self._secret(choice.secret, stack)
         self.environment[OPENAI_SECRET] = reference
         service = "ssm" if reference.startswith("ssm:") or ":ssm:" in reference else "secretsmanager"
         self.statements.append(iam.PolicyStatement(actions=list(MODEL_ACTIONS[service]), resources=[resource]))
 
-    def _secret(self, ref: str | None, stack: Stack, removal_policy: RemovalPolicy) -> tuple[str, str]:
+    def _secret(self, ref: str, stack: Stack) -> tuple[str, str]:
         """(what the environment names, the ARN the grant names) for the key's secret or parameter."""
-        if ref is None:
-            secret = secretsmanager.Secret(
-                self,
-                "OpenAIKey",
-                description="The API key of the model server the agents call: put it here "
-                "(aws secretsmanager put-secret-value --secret-id ARN --secret-string KEY)",
-                removal_policy=removal_policy,
-            )
-            Validations.of(secret).acknowledge(
-                Acknowledgment(
-                    id="AwsSolutions::AwsSolutions-SMG4",
-                    reason="A model provider's API key is issued by the provider: it is rotated there and put here, "
-                    "not rotated by a Lambda. The functions re-read it every 15 minutes.",
-                )
-            )
-            CfnOutput(stack, "OpenAISecretArn", value=secret.secret_arn)
-            return secret.secret_arn, secret.secret_arn
         if ref.startswith("ssm:"):
             name = ref.removeprefix("ssm:")
             arn = stack.format_arn(service="ssm", resource="parameter", resource_name=name.lstrip("/"))

@@ -1,8 +1,10 @@
 """The sweeper's schedule: an EventBridge rule that repairs commits a stopped writer left pending.
 
-A sweep the rule could not deliver (the sweeper throttled or failing past the rule's retries) lands in a
-dead-letter queue, whose depth has an alarm (``infra.alarms``): sweeps that do not run leave pending commits,
-dead runners and lost waits unattended.
+EventBridge invokes the sweeper asynchronously: once Lambda accepts the event, the sweeper's own failures and
+throttles are Lambda's to retry, and the rule's dead-letter queue only ever sees events EventBridge could not
+hand to Lambda. So the sweeper's asynchronous invocation config sends a sweep that failed its retries (or
+aged past a sweep's period) to the same queue, as its on-failure destination; the queue's depth has an alarm
+(``infra.alarms``): sweeps that do not run leave pending commits, dead runners and lost waits unattended.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from aws_cdk import Acknowledgment, Duration, Validations
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_destinations as destinations
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
@@ -28,8 +31,15 @@ class SweeperSchedule(Construct):
         Validations.of(self.dead_letters).acknowledge(
             Acknowledgment(
                 id="AwsSolutions::AwsSolutions-SQS3",
-                reason="This queue is the dead-letter queue of the sweeper's schedule (EventBridge target).",
+                reason="This queue is the dead-letter queue of the sweeper's schedule (EventBridge target) and the "
+                "sweeper's on-failure destination.",
             )
+        )
+        # The next sweep comes within a period: an older one is dropped to the queue, not run late.
+        sweeper.configure_async_invoke(
+            on_failure=destinations.SqsDestination(self.dead_letters),
+            retry_attempts=2,
+            max_event_age=Duration.minutes(every_minutes),
         )
         self.rule = events.Rule(
             self,

@@ -6,10 +6,12 @@ Deploy-time choices are stack parameters (wait timeout, log retention); build-ti
 without it is its own tenant), ``-c auth_domain=prefix`` (the Cognito domain machine clients get tokens from;
 default ``{stack}-{account}``), ``-c cors_origins=https://a.example,https://b.example`` (the origins whose pages
 may call the API; none by default), the model: ``-c model=...``, ``-c openai_base_url=...``,
-``-c openai_secret=...``, see ``infra.model``, ``-c alarm_topic=<SNS topic ARN>`` (where the alarms go), and the
-guardrails of ``infra.guardrails``), and so are the table's shard counts (``-c listing_shards=N``,
-``-c pending_shards=N``): fixed at the first deploy, as the table records them and refuses a store opened with
-others (a parameter would invite changing them).
+``-c openai_secret=...``, see ``infra.model``, ``-c alarm_topic=<SNS topic ARN>`` (where the alarms go),
+``-c ses_from=<address>`` (Cognito's mail through SES), ``-c account_concurrency=N`` (the account's Lambda
+concurrency: reservations only with it), and the guardrails of ``infra.guardrails``), and so are the
+table's shard counts (``-c listing_shards=N``, ``-c pending_shards=N``):
+fixed at the first deploy, as the table records them and refuses a store opened with others
+(a parameter would invite changing them).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import re
 from typing import Any, cast
 
 from aws_cdk import Acknowledgment, ArnFormat, CfnOutput, CfnParameter, RemovalPolicy, Stack, Token, Validations
+from aws_cdk import aws_cognito as cognito
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
@@ -33,7 +36,7 @@ from .api import Api
 from .bundle import ROOT
 from .clients import mapping_environment, parse_machine_clients
 from .dashboard import Dashboard
-from .functions import Functions
+from .functions import API, Functions
 from .guardrails import Guardrails, MachineClientPlans, RateLimitedWebAcl
 from .layer import Layers
 from .model import ModelAccess, model_choice
@@ -243,9 +246,11 @@ class DormantStack(Stack):
             auth_domain_prefix=str(context("auth_domain") or f"{self.stack_name.lower()}-{self.account}"),
             cors_origins=cors_origins,
             throttling=guardrails.stage_throttling(),
+            method_throttling=guardrails.held_throttling(hold_s=API),
             client_api_keys=bool(guardrails.machine_clients),
             machine_clients=machine_clients,
             admin_group=admin_group,
+            email=_email(context),
         )
         tenants = mapping_environment(api.machine_tenants)
         for name, keys in ENVIRONMENT.items():
@@ -287,6 +292,23 @@ def _admin_group(context: Any) -> str:
     if not re.fullmatch(r"[^\s,\[\]]{1,128}", value):
         raise ValueError(f"-c admin_group= is a Cognito group name without spaces or commas, not {value!r}")
     return value
+
+
+def _email(context: Any) -> cognito.UserPoolEmail | None:
+    """``-c ses_from=address`` (``-c ses_name=``, ``-c ses_region=``, ``-c ses_domain=``): the pool mails through
+    SES from that verified identity. Without it Cognito's own email serves, a quota of a few a day for testing."""
+    sender = context("ses_from")
+    others = [name for name in ("ses_name", "ses_region", "ses_domain") if context(name)]
+    if not sender:
+        if others:
+            raise SystemExit(f"-c {others[0]} needs -c ses_from=<address of a verified SES identity>")
+        return None
+    return cognito.UserPoolEmail.with_ses(
+        from_email=str(sender),
+        from_name=str(context("ses_name")) if context("ses_name") else None,
+        ses_region=str(context("ses_region")) if context("ses_region") else None,
+        ses_verified_domain=str(context("ses_domain")) if context("ses_domain") else None,
+    )
 
 
 def _nag_env(stack: Stack) -> list[tuple[str, str]]:

@@ -9,7 +9,7 @@ commits the turn's claim, so every claimed turn has an execution responsible for
      │                  │                            └─no──> Expired
      ├─ anything else ──> Done
      ├─ claim never landed ──> NotClaimed
-     └─ error (after retries) ──> RecordFailure ──> Failed
+     └─ error (after retries) ──> RecordFailure (on park; Park's: RecordParkFailure, on resume) ──> Failed
 
 ``Run`` (the resume function, minutes of time) runs the turn, committing each step; a turn that needs more
 time than one invocation comes back ``handed_on`` and runs again from its last committed step. A retried
@@ -28,9 +28,11 @@ finds it started (``ExecutionAlreadyExists``). The machine has a fixed name
 a circular reference.
 
 Every task retries, with backoff and jitter, what may pass by itself: dormant's retryable errors
-(``dormant.errors.retryable_error_names()``), Lambda throttling, and, for ``Run``, a function that timed
-out or died (its committed steps are kept). Anything else goes to ``RecordFailure``, which ends the
-invocation on the ledger as an ``error``: a session is never left ``running`` by a failed execution.
+(``dormant.errors.retryable_error_names()``), Lambda throttling (for as long as a throttle can last,
+``THROTTLE_RETRY``), and, for ``Run``, a function that timed out or died (its committed steps are kept).
+Anything else goes to ``RecordFailure``, which ends the invocation on the ledger as an ``error`` on the
+*other* workflow function (a function throttled at its cap cannot record its own failure): a session is
+never left ``running`` by a failed execution. Each Lambda task's timeout outlasts its function's.
 """
 
 from __future__ import annotations
@@ -47,15 +49,34 @@ from dormant.errors import retryable_error_names
 MAX_WAIT_SECONDS = 360 * 24 * 3600
 """The longest a session waits for answers: under Step Functions' one year, with room for the turn's runs."""
 _TIMEOUTS = ["States.Timeout", "States.HeartbeatTimeout"]
-RETRYABLE_ERRORS = [*retryable_error_names(), "Lambda.TooManyRequestsException"]
-"""What the tasks retry beyond CDK's Lambda service errors: the errors that say "try again later"."""
+RETRYABLE_ERRORS = [*retryable_error_names()]
+"""What the tasks retry beyond CDK's Lambda service errors and throttling: the errors that say "try again later"."""
+THROTTLED = "Lambda.TooManyRequestsException"
+THROTTLE_RETRY = {"interval": 5, "backoff": 2.0, "max_delay": 120, "attempts": 19}
+"""A task's function at its reserved concurrency (or the account's) is refused until an invocation holding it
+ends: at the latest the longest timeout of a function the workflow calls (``resume``'s 900 s). The delays
+are 5, 10, 20, 40, 80 s, then 120 s each: 1,835 s in all, and full jitter halves that on average, so the
+retries outlast one whole turn of every invocation holding the cap (about 15 minutes); Step Functions'
+history holds them easily (about 60 events of 25,000)."""
+TASK_TIMEOUT_MARGIN_S = 30
+"""A Lambda task waits this much longer than its function's timeout: Step Functions never retries an
+attempt that is still running."""
 RUNNER_LOST = ["Sandbox.Timedout", "Runtime.ExitError", "Lambda.Unknown"]
 """A ``Run`` whose function timed out or died: retried, the next attempt goes on from the last committed step."""
 NOT_CLAIMED = "TurnNotClaimed"
 
 
 def _retry_transient(task: sfn.TaskStateBase, errors: list[str] = RETRYABLE_ERRORS) -> None:
-    """Up to 4 retries, 1 s apart and doubling (at most 30 s), fully jittered so retries do not stampede."""
+    """Throttling retried until it passes (``THROTTLE_RETRY``); then up to 4 retries of ``errors``, 1 s apart and
+    doubling (at most 30 s); both fully jittered so retries do not stampede."""
+    task.add_retry(
+        errors=[THROTTLED],
+        interval=Duration.seconds(THROTTLE_RETRY["interval"]),
+        backoff_rate=THROTTLE_RETRY["backoff"],
+        max_attempts=int(THROTTLE_RETRY["attempts"]),
+        max_delay=Duration.seconds(THROTTLE_RETRY["max_delay"]),
+        jitter_strategy=sfn.JitterType.FULL,
+    )
     task.add_retry(
         errors=errors,
         interval=Duration.seconds(1),
@@ -64,6 +85,12 @@ def _retry_transient(task: sfn.TaskStateBase, errors: list[str] = RETRYABLE_ERRO
         max_delay=Duration.seconds(30),
         jitter_strategy=sfn.JitterType.FULL,
     )
+
+
+def _timeout(function: lambda_.IFunction) -> sfn.Timeout:
+    """Longer than ``function`` can run (``TASK_TIMEOUT_MARGIN_S``)."""
+    seconds = function.timeout.to_seconds() if isinstance(function, lambda_.Function) and function.timeout else 900
+    return sfn.Timeout.duration(Duration.seconds(int(seconds) + TASK_TIMEOUT_MARGIN_S))
 
 
 def _turn(action: str, **extra: object) -> sfn.TaskInput:
@@ -102,6 +129,7 @@ class ResumeWorkflow(Construct):
             payload=_turn("run", retry=sfn.JsonPath.number_at("$$.State.RetryCount")),
             result_selector=status,
             result_path="$.turn",
+            task_timeout=_timeout(resume),
         )
         wait = tasks.LambdaInvoke(
             self,
@@ -125,19 +153,31 @@ class ResumeWorkflow(Construct):
             payload=_turn("expire", execution=sfn.JsonPath.string_at("$$.Execution.Id")),
             result_selector=status,
             result_path="$.expired",
+            task_timeout=_timeout(resume),
         )
+        # A failure is recorded by a function other than the one that failed: a function at its reserved
+        # concurrency cannot record its own throttling. Run's and Expire's (resume) by park; Park's by resume.
         record_failure = tasks.LambdaInvoke(
             self,
             "RecordFailure",
+            lambda_function=park,
+            payload=_turn("fail", error=sfn.JsonPath.object_at("$.error")),
+            result_path=sfn.JsonPath.DISCARD,
+            task_timeout=_timeout(park),
+        )
+        record_park_failure = tasks.LambdaInvoke(
+            self,
+            "RecordParkFailure",
             lambda_function=resume,
             payload=_turn("fail", error=sfn.JsonPath.object_at("$.error")),
             result_path=sfn.JsonPath.DISCARD,
+            task_timeout=_timeout(resume),
         )
         run.add_retry(  # the claim lands just after the execution starts: wait for it, about a minute in all
             errors=[NOT_CLAIMED], interval=Duration.seconds(2), backoff_rate=1.5, max_attempts=8
         )
         _retry_transient(run, [*RETRYABLE_ERRORS, *RUNNER_LOST])
-        for task in (wait, expire, record_failure):
+        for task in (wait, expire, record_failure, record_park_failure):
             _retry_transient(task)
         # Continue as new: the next wait, or the rest of the turn, in a fresh execution of this machine.
         next_loop = sfn.Pass(
@@ -187,12 +227,13 @@ class ResumeWorkflow(Construct):
         )
         failed = sfn.Fail(self, "Failed", error="TurnFailed", cause="the error is recorded on the session's ledger")
         record_failure.next(failed)
+        record_park_failure.next(failed)
         next_loop.next(start_next)
         start_next.next(continued)
         run.add_catch(sfn.Succeed(self, "NotClaimed", comment="the claim never landed"), errors=[NOT_CLAIMED])
         run.add_catch(record_failure, errors=["States.ALL"], result_path="$.error")
         wait.add_catch(expire, errors=_TIMEOUTS, result_path="$.error")
-        wait.add_catch(record_failure, errors=["States.ALL"], result_path="$.error")
+        wait.add_catch(record_park_failure, errors=["States.ALL"], result_path="$.error")
         expire.add_catch(record_failure, errors=["States.ALL"], result_path="$.error")
         wait.next(next_loop)
         expire.next(

@@ -95,6 +95,32 @@ def test_the_sweepers_schedule_has_a_dead_letter_queue(synth: Synth) -> None:
     assert target["DeadLetterConfig"] == {"Arn": {"Fn::GetAtt": [queue_id, "Arn"]}}
 
 
+def test_the_sweepers_own_failures_reach_the_queue_whose_alarm_fires(synth: Synth) -> None:
+    """EventBridge invokes the sweeper asynchronously: once Lambda took the event, the sweeper's errors and
+    throttles are Lambda's to retry, and only its async config's on-failure destination catches what fails them
+    (the rule's dead-letter queue sees only events EventBridge could not deliver)."""
+    queue_id, _ = synth.one("AWS::SQS::Queue")
+    sweeper_id, _ = function_of(synth, "sweeper")
+    _, config = synth.one("AWS::Lambda::EventInvokeConfig")
+    props = config["Properties"]
+    assert props["FunctionName"] == {"Ref": sweeper_id} and props["Qualifier"] == "$LATEST"
+    assert props["DestinationConfig"] == {"OnFailure": {"Destination": {"Fn::GetAtt": [queue_id, "Arn"]}}}
+    assert props["MaximumRetryAttempts"] == 2 and props["MaximumEventAgeInSeconds"] == 300
+    role = {"Ref": function_of(synth, "sweeper")[1]["Properties"]["Role"]["Fn::GetAtt"][0]}
+    sent = [
+        statement["Resource"]
+        for policy in synth.of_type("AWS::IAM::Policy").values()
+        if role in policy["Properties"]["Roles"]
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+        if "sqs:SendMessage" in statement["Action"]
+    ]
+    assert sent == [{"Fn::GetAtt": [queue_id, "Arn"]}]  # the sweeper's role may send its failures there
+    depth = alarms(synth.template)["sweeper-dlq"]
+    (metric,) = watched(depth)
+    assert metric["name"] == "ApproximateNumberOfMessagesVisible"
+    assert metric["dimensions"] == {"QueueName": {"Fn::GetAtt": [queue_id, "QueueName"]}}
+
+
 def test_without_a_topic_the_alarms_have_no_action(tmp_path: Path) -> None:
     bare = synthesize(tmp_path / "cdk.out")
     assert all("AlarmActions" not in a["Properties"] for a in bare.of_type("AWS::CloudWatch::Alarm").values())

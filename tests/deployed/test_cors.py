@@ -128,9 +128,10 @@ def test_the_template_without_origins_opens_nothing(tmp_path: Path) -> None:
         r["Properties"]["ResponseType"]: r["Properties"]
         for r in synth.of_type("AWS::ApiGateway::GatewayResponse").values()
     }
-    assert set(responses) == {"DEFAULT_4XX", "DEFAULT_5XX"}
+    assert set(responses) == {"DEFAULT_4XX", "DEFAULT_5XX", "THROTTLED", "QUOTA_EXCEEDED"}
     for response in responses.values():
-        assert "ResponseParameters" not in response  # no Access-Control-Allow-Origin for anyone
+        # no Access-Control-Allow-Origin for anyone (a 429 says when to come back: Retry-After)
+        assert set(response.get("ResponseParameters", {})) <= {"gatewayresponse.header.Retry-After"}
         assert '"error": "$context.error.responseType"' in response["ResponseTemplates"]["application/json"]
 
 

@@ -362,7 +362,7 @@ def test_each_function_code_reads_no_dormant_variable_its_template_does_not_give
 
 def _allowed_resources(synth: Synth, name: str) -> dict[str, set[str]]:
     """What a function's statements may name, by service: its own log group, this table and this table's indexes,
-    and this stack's state machine and its executions."""
+    this stack's state machine and its executions, and for the sweeper its queue of failed sweeps."""
     table_id, _ = synth.one("AWS::DynamoDB::Table")
     (log_id,) = [
         key
@@ -370,7 +370,9 @@ def _allowed_resources(synth: Synth, name: str) -> dict[str, set[str]]:
         if r["Metadata"]["aws:cdk:path"] == f"{STACK}/Functions/{name.capitalize()}/Logs/Resource"
     ]
     machine = machine_arn(synth)
+    queues = {f"<{key}.Arn>" for key in synth.of_type("AWS::SQS::Queue")} if name == "sweeper" else set()
     return {
+        **({"sqs": queues} if queues else {}),  # the sweeper's failed sweeps: its on-failure destination
         "logs": {f"<{log_id}.Arn>"},
         "dynamodb": {f"<{table_id}.Arn>", *(f"<{table_id}.Arn>/index/{index.name}" for index in TABLE.indexes)},
         "states": {machine, machine.replace(":stateMachine:", ":execution:") + ":*"},
@@ -462,7 +464,7 @@ def test_timeouts_fit_what_each_function_does(synth: Synth) -> None:
 
     timeouts = {h.name: function_of(synth, h.name)[1]["Properties"]["Timeout"] for h in HANDLERS}
     for name in {f for _, _, f in ROUTES}:
-        assert timeouts[name] == 29  # API Gateway's integration timeout: an API function never outlives it
+        assert timeouts[name] == 24  # with a cold start, under API Gateway's 29 s: no 504 after the work landed
     live_wait = DynamoDBSessionStore.__init__.__kwdefaults__["live_wait_s"]  # type: ignore[index]
     assert timeouts["park"] >= 30 and timeouts["park"] >= 2 * live_wait  # past the store's wait, with margin
     assert timeouts["resume"] == 900  # runs whole turns: Lambda's maximum
@@ -562,6 +564,7 @@ def test_the_workflow_runs_parks_continues_as_new_and_ends_cleanly(synth: Synth)
         "Answered as it expired?",
         "Expired",
         "RecordFailure",
+        "RecordParkFailure",
         "Failed",
     }
     run = states["Run"]
@@ -587,7 +590,7 @@ def test_the_workflow_runs_parks_continues_as_new_and_ends_cleanly(synth: Synth)
     assert park["TimeoutSeconds"] == "<WaitTimeoutSeconds>"
     catches = {tuple(c["ErrorEquals"]): c["Next"] for c in park["Catch"]}
     assert catches[("States.Timeout", "States.HeartbeatTimeout")] == "Expire"
-    assert catches[("States.ALL",)] == "RecordFailure"
+    assert catches[("States.ALL",)] == "RecordParkFailure"  # recorded by resume: park may be what failed
     assert park["Next"] == "Next loop"  # every wait ends its execution: one wait per execution
 
     # continue as new: the same machine, the same turn, a deterministic name per loop
@@ -613,9 +616,17 @@ def test_the_workflow_runs_parks_continues_as_new_and_ends_cleanly(synth: Synth)
     answered = states["Answered as it expired?"]
     assert answered["Choices"] == [{"Variable": "$.expired.status", "StringEquals": "resumable", "Next": "Next loop"}]
     assert answered["Default"] == "Expired" and states["Expired"]["Type"] == "Succeed"
-    assert states["RecordFailure"]["Parameters"]["Payload"]["error.$"] == "$.error"
-    assert states["RecordFailure"]["Next"] == "Failed" and states["Failed"]["Type"] == "Fail"
-    for name in ("Run", "Park", "Expire", "RecordFailure"):
+    park_fn, resume_fn = (function_of(synth, name)[0] for name in ("park", "resume"))
+    for record, function in (("RecordFailure", park_fn), ("RecordParkFailure", resume_fn)):
+        assert states[record]["Parameters"]["Payload"]["error.$"] == "$.error"
+        assert states[record]["Parameters"]["Payload"]["action"] == "fail"
+        assert states[record]["Next"] == "Failed" and states["Failed"]["Type"] == "Fail"
+        # a failure is recorded by another function than the one that failed (one at its cap cannot record it)
+        assert states[record]["Parameters"]["FunctionName"] == f"<{function}.Arn>"
+    assert states["Run"]["Parameters"]["FunctionName"] == states["Expire"]["Parameters"]["FunctionName"]
+    assert states["Run"]["Parameters"]["FunctionName"] == f"<{resume_fn}.Arn>"
+    assert states["Expire"]["Catch"][0]["Next"] == "RecordFailure"
+    for name in ("Run", "Park", "Expire", "RecordFailure", "RecordParkFailure"):
         for key in ("session_id", "tenant", "invocation_id"):
             assert states[name]["Parameters"]["Payload"][f"{key}.$"] == f"$.{key}"
 
@@ -625,9 +636,17 @@ def test_every_task_retries_transient_errors_with_backoff_and_nothing_else(synth
 
     states = definition_of(synth)["States"]
     assert set(retryable_error_names()) >= {"StoreBusy", "StoreUnavailable", "CommitIncomplete", "ModelUnavailable"}
-    assert [*retryable_error_names(), "Lambda.TooManyRequestsException"] == RETRYABLE_ERRORS
-    for name in ("Run", "Park", "Expire", "RecordFailure"):
+    assert [*retryable_error_names()] == RETRYABLE_ERRORS
+    timeouts = {h.name: h.timeout_seconds for h in HANDLERS}
+    for name in ("Run", "Park", "Expire", "RecordFailure", "RecordParkFailure"):
         retries = {tuple(r["ErrorEquals"]): r for r in states[name]["Retry"]}
+        # a throttle lasts until an invocation holding the cap ends: retried for longer than the longest one
+        throttled = retries.pop(("Lambda.TooManyRequestsException",))
+        delays = [
+            min(throttled["IntervalSeconds"] * throttled["BackoffRate"] ** n, throttled["MaxDelaySeconds"])
+            for n in range(throttled["MaxAttempts"])
+        ]
+        assert throttled["JitterStrategy"] == "FULL" and sum(delays) / 2 > max(timeouts.values()), delays
         if name == "Run":  # a runner that timed out or died: the next attempt goes on from its committed steps
             ours = retries.pop((*RETRYABLE_ERRORS, *RUNNER_LOST))
             claim = retries.pop(("TurnNotClaimed",))  # the claim lands just after the execution starts
@@ -715,3 +734,30 @@ def test_shard_counts_are_context_with_defaults_and_checked() -> None:
     for bad in ("0", "x", "1001"):
         with pytest.raises(ValueError, match="listing_shards"):
             _shard_count({"listing_shards": bad}.get, "listing_shards", 1)
+
+
+def test_the_execution_log_group_is_the_stacks_with_a_retention(synth: Synth) -> None:
+    """API Gateway would create ``API-Gateway-Execution-Logs_<api>/<stage>`` itself, outside the stack, kept
+    forever: the stack creates it first (the stage depends on it), with the stack's retention."""
+    groups = {
+        text(r["Properties"]["LogGroupName"]): (key, r)
+        for key, r in synth.of_type("AWS::Logs::LogGroup").items()
+        if "LogGroupName" in r["Properties"]
+    }
+    api_id, _ = synth.one("AWS::ApiGateway::RestApi")
+    key, group = groups[f"API-Gateway-Execution-Logs_<{api_id}>/v1"]
+    assert group["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}
+    _, stage = synth.one("AWS::ApiGateway::Stage")
+    assert stage["Properties"]["StageName"] == "v1" and key in stage["DependsOn"]
+
+
+def test_cognito_mails_through_ses_when_given_and_its_own_email_otherwise(synth: Synth, tmp_path: Path) -> None:
+    _, pool = synth.one("AWS::Cognito::UserPool")
+    assert "EmailConfiguration" not in pool["Properties"]  # Cognito's own: a testing quota (docs/deploying.md)
+    context = {"ses_from": "no-reply@a.example", "ses_name": "Bookings", "ses_domain": "a.example"}
+    _, pool = synthesize(tmp_path / "ses", context).one("AWS::Cognito::UserPool")
+    email = pool["Properties"]["EmailConfiguration"]
+    assert email["EmailSendingAccount"] == "DEVELOPER" and email["From"] == "Bookings <no-reply@a.example>"
+    assert text(email["SourceArn"]).endswith(":identity/a.example")
+    with pytest.raises(SystemExit, match="ses_from"):
+        synthesize(tmp_path / "half", {"ses_name": "Bookings"})

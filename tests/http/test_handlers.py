@@ -753,6 +753,38 @@ def test_a_run_starts_its_execution_before_the_claim_and_answers_202(aws: Any, s
     assert client.call("get_session", session_id="s-1")[1]["status"] == "awaiting_input"
 
 
+class _Ending(LambdaContext):
+    """A Lambda context with 4 s left: a cold start ate the rest of the API's time."""
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 4_000
+
+
+@pytest.mark.parametrize("route", ["run", "tools"])
+def test_prefer_wait_holds_no_longer_than_the_functions_remaining_time(aws: Any, route: str) -> None:
+    """``Prefer: wait=25`` with 4 s left answers 202 within them (the claim, the answers, landed), not a 504 at
+    API Gateway: the wait is capped by the function's remaining time less ``WAIT_MARGIN``."""
+    client, fake, workflow = aws
+    if route == "run":
+        create(client)
+        event = load_event("api/run.json")
+    else:
+        _, call = yielded_run(aws)
+        event = load_event("api/tools.json")
+        event["body"] = json.dumps({"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]})
+    event["headers"].pop("Idempotency-Key", None)
+    event["headers"]["Prefer"] = "wait=25"
+    event["pathParameters"] = {"id": "s-1"}
+    event["path"] = event["resource"].replace("{id}", "s-1")
+    event["requestContext"]["authorizer"]["claims"]["sub"] = TENANT_A
+    started = time.monotonic()
+    response = client.handler(event, _Ending())  # the turn runs in no execution here: it never ends
+    held = time.monotonic() - started
+    assert response["statusCode"] == 202, response
+    assert held < 4, held  # inside the function's time
+    assert len(fake.started) == 1  # the run's execution started (the turn is the workflow's, not lost)
+
+
 def test_a_retried_run_task_takes_its_invocation_over_and_a_finished_one_ends(aws: Any, served: Served) -> None:
     client, _, workflow = aws
     started = started_run(aws)

@@ -57,7 +57,8 @@ METRICS: Mapping[str, Metric] = MappingProxyType(
         "answers": _m(COUNT, False, frozenset({"tools"}), "answers to yielded tools stored by POST /tools"),
         "resumes": _m(COUNT, True, frozenset({"resume", "sweeper"}), "answered turns taken on again"),
         "expiries": _m(COUNT, False, frozenset({"resume", "sweeper"}), "waits ended as SessionExpired"),
-        "failures": _m(COUNT, False, frozenset({*_RUNNERS}), "turns ended as an error"),
+        # park too: the workflow's RecordFailure runs on park (resume, at its cap, cannot record its own failure)
+        "failures": _m(COUNT, False, frozenset({*_RUNNERS, "park"}), "turns ended as an error"),
         "model_input_tokens": _m(COUNT, True, _RUNNERS, "tokens sent to the model"),
         "model_output_tokens": _m(COUNT, True, _RUNNERS, "tokens the model answered"),
         "model_latency_ms": _m(MS, True, _RUNNERS, "one model call's time"),

@@ -22,7 +22,7 @@ from ..turns import CLAIM_GRACE_MS, AdvanceOutcome, claim_turn, run_to_end
 from .idempotency import once
 from .request import Api, Request, Routes
 from .views import finished
-from .waits import await_turn
+from .waits import await_turn, held_for
 
 __all__ = ["routes"]
 
@@ -78,7 +78,8 @@ def run(request: Request, session_id: str) -> Response[Any]:
             outcome: AdvanceOutcome | None = run_to_end(tenant_app, claim, served.agent)  # this request runs it
         else:
             started = hooks.run(request.tenant(), tenant_app, claim) if hooks.run is not None else None
-            outcome = await_turn(tenant_app, session_id, claim.version, started, wait)
+            # never past the function's deadline: the claim landed, the answer must too (a 202 if it runs on)
+            outcome = await_turn(tenant_app, session_id, claim.version, started, held_for(wait, request.context))
         if outcome is not None:
             return {"status": 200, "body": finished(tenant_app, outcome, me)}
         return {

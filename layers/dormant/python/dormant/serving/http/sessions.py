@@ -22,7 +22,7 @@ from ..bodies import STATUSES, CreateBody, EraseBody, ForkBody
 from .idempotency import records
 from .request import Api, Request, Routes, check_wait
 from .views import events_page, json_response, session_view, state_view, yielded
-from .waits import WAIT_MARGIN, await_events
+from .waits import await_events, held_for
 
 __all__ = ["routes"]
 
@@ -110,10 +110,7 @@ def ledger(request: Request, session_id: str) -> Response[Any]:
     session = tenant_app.sessions.require(session_id)
     total = len(session.events)
     if after >= total and wait:
-        held = float(wait)
-        context = request.context
-        if context is not None:  # never past the function's own deadline, whatever its timeout
-            held = min(held, max(0.0, context.get_remaining_time_in_millis() / 1000 - WAIT_MARGIN))
+        held = held_for(float(wait), request.context)  # never past the function's own deadline
         tail, total = await_events(tenant_app, session_id, session.version, total, after, held)
         return events_page(tail, after, limit, total)
     return events_page(session.events[after : after + limit], after, limit, total)  # no older ledger read

@@ -18,7 +18,7 @@ from ..bodies import ToolsBody
 from .idempotency import once
 from .request import Api, Request, Routes
 from .views import finished, unknown_call
-from .waits import await_turn
+from .waits import await_turn, held_for
 
 __all__ = ["routes"]
 
@@ -53,7 +53,8 @@ def answer(request: Request, session_id: str) -> Response[Any]:
         woke = hooks.on_answers(request.tenant(), tenant_app, session) if hooks.on_answers is not None else None
         answered = {"version": session.version, "status": session.status, **(woke or {})}
         if wait and answered["status"] in ("resumable", "running"):
-            outcome = await_turn(tenant_app, session_id, int(answered["version"]), None, wait)
+            held = held_for(wait, request.context)  # never past the function's deadline: the answers are stored
+            outcome = await_turn(tenant_app, session_id, int(answered["version"]), None, held)
             if outcome is not None:
                 return {"status": 200, "body": finished(tenant_app, outcome, me)}
         return {"status": 202, "body": answered}

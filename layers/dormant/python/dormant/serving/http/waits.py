@@ -6,6 +6,7 @@ Both read the store again with a growing pause, never the whole ledger more than
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from ...app import App
 from ...errors import SessionNotFound
@@ -13,11 +14,21 @@ from ...events import Event, InvocationEndEvent
 from ..hooks import Started
 from ..turns import AdvanceOutcome
 
-__all__ = ["WAIT_MARGIN", "await_events", "await_turn"]
+__all__ = ["WAIT_MARGIN", "await_events", "await_turn", "held_for"]
 
 WAIT_MARGIN = 3.0
 """Seconds a held request keeps before the function's deadline, to answer."""
 _WAIT_FIRST, _WAIT_LONGEST = 0.1, 1.0  # the held request's pause between reads of the tail, growing
+
+
+def held_for(seconds: float, context: Any) -> float:
+    """How long a request may hold for ``seconds``: never past ``WAIT_MARGIN`` before the function's deadline
+    (Lambda's ``context``; ``None``: no deadline, as under ``dormant serve``). A held request then answers
+    before its function times out, and, with the API functions' timeout, before API Gateway's 29 s."""
+    if context is None:
+        return seconds
+    left = float(context.get_remaining_time_in_millis()) / 1000 - WAIT_MARGIN
+    return min(seconds, max(0.0, left))
 
 
 def await_events(
@@ -46,7 +57,9 @@ def await_events(
 _RUN_STATUS = {"awaiting_input": "yielded_tool", "resumable": "yielded_tool"}
 
 
-def await_turn(app: App, session_id: str, version: int, started: Started | None, seconds: int) -> AdvanceOutcome | None:
+def await_turn(
+    app: App, session_id: str, version: int, started: Started | None, seconds: float
+) -> AdvanceOutcome | None:
     """The turn's outcome once it ended, waiting up to ``seconds``; ``None`` while it still runs. A turn this
     process runs is waited on; one that runs elsewhere (a Step Functions execution) is read from the store,
     re-read with a growing pause (0.1 s to 1 s)."""

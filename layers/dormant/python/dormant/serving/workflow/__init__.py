@@ -23,7 +23,8 @@ invocation_id}``; each action works on that one invocation, never on "whatever i
   answers, and only if this execution holds the wait (the record names it, or none does): an execution the
   sweeper superseded never expires the wait its successor holds. Answers that landed as the wait timed out
   are honoured (``resumable``: the state machine runs on).
-* ``fail`` (a task failed for good) ends the invocation as an ``error`` with the reason, if it is still open.
+* ``fail`` (a task failed for good) ends the invocation as an ``error`` with the reason, if it is still open;
+  it runs on the other workflow function than the one that failed (``infra.workflow``).
 
 The package, by job: ``stepfunctions`` (the executions and task tokens), ``tasks`` (the actions above, the
 workflow's Lambda handler), ``sweeper`` (the scheduled sweep: lost runners, lost wake-ups) and ``threads`` (the

@@ -108,10 +108,11 @@ def _ended_before(session: Session, invocation_id: str) -> bool:
 
 
 def workflow_handler(
-    served: Served | None = None, step_functions: StepFunctions | None = None
+    served: Served | None = None, step_functions: StepFunctions | None = None, function: str | None = None
 ) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
     """The Lambda handler the state machine calls (see the module docstring for its actions). ``park`` needs
-    ``step_functions`` (a client; no ARN) to wake itself when answers came first."""
+    ``step_functions`` (a client; no ARN) to wake itself when answers came first. ``function``: the function's
+    name its metrics carry (``None``: named by the action, park's or resume's)."""
     from aws_lambda_powertools import Logger
     from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
 
@@ -128,8 +129,8 @@ def workflow_handler(
             invocation_id=event.get("invocation_id"),
             action=event.get("action"),
         )
-        # One function parks (park), another runs, expires and fails (resume): named by what it was asked.
-        with metrics.collecting("park" if event.get("action") == "park" else "resume"):
+        # One function parks and records Run's failures (park), another runs, expires and records Park's (resume).
+        with metrics.collecting(function or ("park" if event.get("action") == "park" else "resume")):
             return _act(event, context)
 
     def _act(event: dict[str, Any], context: Any) -> dict[str, Any]:
