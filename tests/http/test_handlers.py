@@ -764,7 +764,7 @@ class _Ending(LambdaContext):
 def test_prefer_wait_holds_no_longer_than_the_functions_remaining_time(aws: Any, route: str) -> None:
     """``Prefer: wait=25`` with 4 s left answers 202 within them (the claim, the answers, landed), not a 504 at
     API Gateway: the wait is capped by the function's remaining time less ``WAIT_MARGIN``."""
-    client, fake, workflow = aws
+    client, fake, _workflow = aws
     if route == "run":
         create(client)
         event = load_event("api/run.json")
