@@ -107,7 +107,9 @@ class _Listing(_Calls):
     def _due_entries(
         self, before: int, after: RunningSession | None, limit: int | None = None
     ) -> Iterator[dict[str, Any]]:
-        """The due index's entries due by ``before`` (from ``after``'s due time on), shard by shard."""
+        """The due index's entries due by ``before`` past ``after`` (the merge's order), shard by shard; with
+        ``limit``, a shard stops once it has that many and the next is due later."""
+        start = (-1, "", "") if after is None else (after.due_at or 0, after.app_name, after.session_id)
         for key in running_keys(self._pending_shards, waiting=True):
             values = {":k": {"S": key}, ":b": {"N": str(before)}}
             condition = "dpk = :k AND #du <= :b"
@@ -125,6 +127,8 @@ class _Listing(_Calls):
             taken, last = 0, -1
             for item in pages:
                 due = int(item["due"]["N"])
+                if after is not None and (due, *split_session_pk(item["pk"]["S"])) <= start:
+                    continue  # the cursor's tie, or before it: read on the page before
                 if limit is not None and taken >= limit and due > last:
                     break  # this shard's page is full (ties on the last due time kept: the merge orders them)
                 taken, last = taken + 1, due
