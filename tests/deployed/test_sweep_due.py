@@ -22,7 +22,7 @@ from dormant.clock import now_ms, use_clock
 from dormant.serving.runtime import Served
 from dormant.serving.turns import claim_turn, run_to_end
 from dormant.serving.workflow import StepFunctions, sweep_turns
-from dormant.stores.base import StoredSession
+from dormant.stores.base import StoredSession, SweepableStore
 from dormant.stores.url import store_from_url
 from tests.support.fidelity.fidelity_app import build as build_fidelity
 
@@ -174,6 +174,7 @@ def test_a_sweep_reads_the_same_with_20_healthy_waits_and_2000(
     assert woke_20[1][2] == {"DescribeExecution": 1, "SendTaskSuccess": 1}, woke_20
 
     _healthy(view, f"h{run}x", 1_980, now - DAY_MS)
+    assert isinstance(store, SweepableStore)
     assert len([r for r in store.waiting_sessions(5_000) if r.app_name == view.name]) >= 2_000
     idle_2000 = sweep()
     assert idle_2000 == idle_20, (idle_20, idle_2000)
