@@ -249,3 +249,37 @@ def test_the_runners_deadline_is_on_the_projection_and_in_its_snapshot() -> None
     assert restored.deadline == 2_000 and restored.open_invocation == "inv-1"
     projection.apply(InvocationEndEvent(invocation_id="inv-1", status="completed"))
     assert projection.deadline is None
+
+
+# -- a healthy wait costs nothing ---------------------------------------------------------------------------------
+
+
+def test_a_parked_wait_is_not_looked_at_before_its_timeout() -> None:
+    """Parked ten minutes ago with a 7-day wait: a sweep neither reads it nor asks Step Functions about it (the
+    park made it due at its timeout). Past the timeout and the grace, with its execution gone, it is expired."""
+    fidelity, served, view = _served()
+    ago = now_ms() - 600_000
+    until = ago + 7 * 86_400_000
+    _parked(view, fidelity.agent, "asleep", at=ago, until=until, execution="arn:exec:asleep")
+    machine = _Machine()
+    assert sweep_turns(served, fidelity.app, machine=machine) == [] and machine.calls == []
+    assert [r.due_at for r in view.store.due_waits(until) if r.session_id == "asleep"] == [until]
+    with use_clock(lambda: until + WAIT_GRACE_MS + 1):
+        (line,) = sweep_turns(served, fidelity.app, machine=machine)
+    assert line.endswith(": expired") and machine.calls == [("DescribeExecution", "arn:exec:asleep")]
+
+
+def test_off_aws_a_wait_for_answers_is_looked_at_once() -> None:
+    """Off AWS nobody need wake a wait until its answers come: the first sweep past its grace looks at it once and
+    leaves it out of every later sweep; the answer's commit makes it due again, and a lost resume is repaired."""
+    fidelity, served, view = _served()
+    ago = now_ms() - 600_000
+    with use_clock(lambda: ago):
+        view.sessions.create("asks")
+        assert run_to_end(view, claim_turn(view, fidelity.agent, "asks", "signoffs=1"), lambda _: fidelity.agent)
+    assert [r.session_id for r in view.store.due_waits(now_ms() - WAIT_GRACE_MS)] == ["asks"]
+    assert sweep_turns(served, fidelity.app) == []
+    assert view.store.due_waits(now_ms() + 30 * 86_400_000) == []  # looked at once: due no more
+    _answered(view, "asks", at=ago + 1)
+    invocation = view.sessions.require("asks").projection.open_invocation
+    assert sweep_turns(served, fidelity.app) == [f"asks@{invocation}: resumed (completed)"]
