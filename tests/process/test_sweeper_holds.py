@@ -216,22 +216,26 @@ def test_every_sweep_counts_its_repairs_even_none(monkeypatch: pytest.MonkeyPatc
 def test_a_retried_run_recognises_an_invocation_that_already_ended() -> None:
     """Step Functions retries ``Run`` after its first attempt finished the turn (the answer lost on the way). The
     retry reports the invocation as ended, at once: no ``TurnNotClaimed`` (which the state machine would retry,
-    then fail the execution), nothing run twice. Held for an ended invocation a snapshot no longer lists."""
-    fidelity, served, view = _served()
-    claim = claim_turn(view, fidelity.agent, view.sessions.create("done"), "steps=1 signoffs=0")
-    assert claim.invocation_id is not None
-    outcome = run_to_end(view, claim, lambda _: fidelity.agent)
-    assert outcome.status == "completed"
-    # a second turn, so the session's projection (snapshotted or not) holds the first only as ledger history
-    second = claim_turn(view, fidelity.agent, "done", "steps=0 signoffs=0")
-    run_to_end(view, second, lambda _: fidelity.agent)
+    then fail the execution), nothing run twice. Held where the session loads from a snapshot (an app whose
+    agents render a window of history), whose projection no longer lists ended invocations."""
+    from dormant import adk
+    from tests.support.fidelity.fidelity_app import OrderedModel
+
+    app = adk(name="retried", store=in_memory_store(), adapters={"ordered": OrderedModel()}, snapshot_every=2)
+    agent = app.agent(name="a", model={"provider": "ordered", "name": "script"}, context=[app.context.history(2)])
+    served = Served(app, {agent.name: agent})
+    view = served.for_tenant("local")
+    first = claim_turn(view, agent, view.sessions.create("done"), "signoffs=0")
+    assert first.invocation_id is not None
+    for n in range(4):  # later turns: the session's snapshot is taken well after the first ended
+        outcome = run_to_end(view, first if n == 0 else claim_turn(view, agent, "done", "signoffs=0"), lambda _: agent)
+        assert outcome.status == "completed"
     session = view.sessions.require("done")
-    count = len(session.events)
-    exported = session.projection.export()
-    assert claim.invocation_id not in {row[0] for row in exported["invocations"]}  # ended: not in a snapshot
-    answer = run_action(served, view, "done", claim.invocation_id, now_ms() + 60_000, retried=True)
+    assert first.invocation_id not in session.projection.invocations  # loaded from a snapshot: ended ones gone
+    count = session.version
+    answer = run_action(served, view, "done", first.invocation_id, now_ms() + 60_000, retried=True)
     assert answer["status"] in ("completed", "ended"), answer
-    assert len(view.sessions.require("done").events) == count  # nothing run again
+    assert view.sessions.require("done").version == count  # nothing run again, nothing written
 
 
 # -- the runner's deadline is on the projection ----------------------------------------------------------------
