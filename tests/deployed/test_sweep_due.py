@@ -183,3 +183,60 @@ def test_a_sweep_reads_the_same_with_20_healthy_waits_and_2000(
     assert woke_2000[0] == [f"lost2-{run}: woken (execution {second})"]
     assert woke_2000[1] == woke_20[1], (woke_20, woke_2000)
     fidelity.app.close()
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_table_made_before_the_due_index_is_told_how_to_add_it_and_its_waits_are_adopted(
+    dynamodb_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table of the layout before the ``due`` index: the store refuses it, naming the index and how to add it
+    in place (no copy). Added, the store opens; a wait an earlier release stored (on the running index's ``W#``
+    partitions, no due time) is read as due from its last commit, and ``set_due`` moves it to the due index."""
+    import boto3
+
+    from dormant.errors import ConfigurationError
+    from dormant.stores.dynamodb import DUE_INDEX, TABLE, TableShape
+    from dormant.stores.dynamodb.keys import running_key
+    from tests.support.servers.dynamodb import ACCESS_KEY, REGION
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ACCESS_KEY)
+    ddb = boto3.client("dynamodb", endpoint_url=dynamodb_endpoint, region_name=REGION)
+    name = f"before-due-{uuid.uuid4().hex[:10]}"
+    before = TableShape(indexes=tuple(i for i in TABLE.indexes if i.name != DUE_INDEX))
+    ddb.create_table(**before.create_table_request(name))
+    url = f"dynamodb://{name}?endpoint={dynamodb_endpoint}&region={REGION}"
+    with pytest.raises(ConfigurationError) as refused:
+        store_from_url(url).load("a", "s")
+    assert "'due'" in str(refused.value) and "update-table" in str(refused.value)
+    due = TABLE.index(DUE_INDEX)
+    ddb.update_table(
+        TableName=name,
+        AttributeDefinitions=[
+            {"AttributeName": "dpk", "AttributeType": "S"},
+            {"AttributeName": "due", "AttributeType": "N"},
+        ],
+        GlobalSecondaryIndexUpdates=[{"Create": due.definition()}],
+    )
+    store = store_from_url(url)
+    assert isinstance(store, SweepableStore)
+    at = now_ms() - DAY_MS
+    with use_clock(lambda: at):
+        assert store.commit(StoredSession("old", "a", 0, {}, at, "awaiting_input", at), [], 0).ok
+    shards = store._pending_shards  # type: ignore[attr-defined]
+    ddb.update_item(  # as the release before left it: on the running index's W# partition, no due time
+        TableName=name,
+        Key={"pk": {"S": "S#a#old"}, "sk": {"S": "#M"}},
+        UpdateExpression="SET rpk = :w REMOVE dpk, #du",
+        ExpressionAttributeNames={"#du": "due"},
+        ExpressionAttributeValues={":w": {"S": running_key("a", "old", shards, waiting=True)}},
+    )
+    (row,) = [r for r in store.due_waits(now_ms()) if r.app_name == "a"]  # type: ignore[attr-defined]
+    assert (row.session_id, row.due_at, row.version, row.status) == ("old", at, 1, "awaiting_input")
+    assert [r.session_id for r in store.waiting_sessions() if r.app_name == "a"] == ["old"]
+    assert store.set_due("a", "old", 1, now_ms() + DAY_MS)  # type: ignore[attr-defined]
+    assert [r for r in store.due_waits(now_ms()) if r.app_name == "a"] == []  # type: ignore[attr-defined]
+    item = ddb.get_item(TableName=name, Key={"pk": {"S": "S#a#old"}, "sk": {"S": "#M"}})["Item"]
+    assert "rpk" not in item and item["dpk"]["S"].startswith("W#")
+    assert [r.session_id for r in store.waiting_sessions() if r.app_name == "a"] == ["old"]
+    store.close()
