@@ -87,7 +87,8 @@ def harness_counts(endpoint: str) -> dict[str, Arc]:
                     arcs[arc]["harness"] = measured
                 if round_ == "captured":
                     records = deployment.lambdas.dynamodb[start:]
-                    arcs[arc]["units"] = _units([r for r in records if r["function"] != "sweeper"], tables)
+                    turns = records if arc == "sweep" else [r for r in records if r["function"] != "sweeper"]
+                    arcs[arc]["units"] = _units(turns, tables)
                     arcs[arc]["model_calls"] = _model_calls(deployment, tenant, sid) if sid else 0
                     for name, (first, last) in sweeps.items():
                         arcs[arc][name] = _units(deployment.lambdas.dynamodb[first:last], tables)
