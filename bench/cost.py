@@ -154,7 +154,7 @@ def _sweep_minutes(d: Any) -> int:
 def _units(records: list[dict[str, Any]], tables: dict[str, Table]) -> dict[tuple[str, str, str], float]:
     units: dict[tuple[str, str, str], float] = defaultdict(float)
     for record in records:
-        if record["function"] in NOT_THE_TURNS:
+        if record["function"] == "sessions":  # the test's own: the create, the reads of the outcome
             continue
         for (place, kind), value in call_units(record, tables).items():
             units[(record["function"], place, kind)] += value
@@ -337,9 +337,10 @@ def report(arcs: dict[str, Arc]) -> list[str]:
             f"({harness.get('sfn_log_bytes', 0):.0f} bytes)"
         )
         if name in ("approval_day", "approval_timeout"):
+            swept = (86_400 if name == "approval_day" else wait_s) / (every * 60)
             lines.append(
-                f"    sweeps while it waits: {harness['sweeps_while_waiting'] / per_sweep if per_sweep else 0:,.0f}"
-                f" at rate({every} minutes) over {(86_400 if name == 'approval_day' else wait_s) / 86_400:g} days,"
+                f"    sweeps while it waits: {swept:,.0f} at rate({every} minutes) over"
+                f" {(86_400 if name == 'approval_day' else wait_s) / 86_400:g} days,"
                 f" each ${per_sweep:.2e} more than a sweep without it (the DynamoDB units of a sweep while it"
                 " waits, less one after it ended)"
             )
@@ -352,7 +353,10 @@ def report(arcs: dict[str, Arc]) -> list[str]:
             f"    {'AWS total':<22} ${aws * 1e6:>10,.2f} per million turns (model: ${costs['model'] * 1e6:,.2f})"
         )
     if totals.get("approval"):
-        lines.append("  late answers, against an approval answered at once (AWS, per million turns):")
+        lines.append(
+            "  late answers, against an approval answered at once (AWS, per million turns; one that times out"
+            " runs no second turn):"
+        )
         for name, what in (("approval_day", "answered after a day"), ("approval_timeout", "reaches its timeout")):
             change = (totals[name] / totals["approval"] - 1) * 100
             lines.append(
