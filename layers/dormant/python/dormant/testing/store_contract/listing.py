@@ -367,9 +367,10 @@ class ListingContract(ContractBase):
                     (app, "s-runs", t + 16, "awaiting_input", 2),
                 ]
                 assert (other, "s-answered", NOT_DUE, "resumable", 1) in due(NOT_DUE, limit=100)
-                assert ("s-answered", "resumable") in [
-                    (r.session_id, r.status) for r in store.waiting_sessions() if r.app_name == other
-                ]
+                if isinstance(store, SweepableStore):  # a wait kept out of every sweep is still listed
+                    assert ("s-answered", "resumable") in [
+                        (r.session_id, r.status) for r in store.waiting_sessions() if r.app_name == other
+                    ]
                 for call, field in (
                     (lambda: store.due_waits(-1), "before"),
                     (lambda: store.due_waits(t, limit=0), "limit"),
