@@ -240,3 +240,62 @@ def test_a_table_made_before_the_due_index_is_told_how_to_add_it_and_its_waits_a
     assert "rpk" not in item and item["dpk"]["S"].startswith("W#")
     assert [r.session_id for r in store.waiting_sessions() if r.app_name == "a"] == ["old"]
     store.close()
+
+
+def _before_due_at(json_type: str) -> list[str]:
+    """The tables as the release before ``due_at`` made them: this DDL without the column, its index, its fill."""
+    from dormant.stores.sql_schema import ddl
+
+    text = (
+        ddl(json_type)
+        .replace("  due_at BIGINT,\n", "")
+        .replace("\nALTER TABLE sessions ADD COLUMN IF NOT EXISTS due_at BIGINT;", "")
+    )
+    return [
+        statement
+        for statement in text.split(";")
+        if statement.strip() and "idx_sessions_due" not in statement and "SET due_at" not in statement
+    ]
+
+
+_OLD_WAIT = (
+    "INSERT INTO sessions (app_name, id, version, scopes, status, created_at, updated_at)"
+    " VALUES ('a', 'old', 1, '{}', 'awaiting_input', 1000, 1000)"
+)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_sql_database_made_before_due_at_gets_it_and_its_waits_are_due(
+    kind: str, tmp_path: Any, request: pytest.FixtureRequest
+) -> None:
+    """A database of the release before: opening it adds ``due_at`` and its index, and a session that waited
+    then is due from its last commit (the first sweep looks at it); ``set_due`` then moves it."""
+    if kind == "sqlite":
+        path = tmp_path / "old.db"
+        conn = sqlite3.connect(path)
+        for statement in _before_due_at("TEXT"):
+            conn.execute(statement)
+        conn.execute(_OLD_WAIT)
+        conn.commit()
+        conn.close()
+        url = f"sqlite:///{path}"
+    else:
+        pytest.importorskip("psycopg")
+        import psycopg
+
+        url = request.getfixturevalue("postgres_schema")
+        with psycopg.connect(url, autocommit=True) as pg:
+            for statement in _before_due_at("JSONB"):
+                pg.execute(statement)
+            pg.execute(_OLD_WAIT)
+    if kind == "sqlite":
+        store: Any = store_from_url(url)
+    else:
+        from dormant.stores.postgres import postgres_store
+
+        store = postgres_store(url)  # a conninfo with the schema's search_path
+    assert [(r.session_id, r.due_at, r.version) for r in store.due_waits(now_ms())] == [("old", 1000, 1)]
+    assert store.set_due("a", "old", 1, now_ms() + DAY_MS)
+    assert store.due_waits(now_ms()) == []
+    assert store.load("a", "old") is not None
+    store.close()
