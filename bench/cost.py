@@ -26,29 +26,38 @@ counted). The model's own cost is set beside it at the price ``prices.MODEL`` st
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import time
 import uuid
 from collections import defaultdict
 from typing import Any
 
 from .commit_bill import commit_bills
 from .common import QUICK, Figure
-from .prices import DATE, MODEL, PRICES, REGION
+from .prices import DATE, LONG_POLL_SECONDS, MODEL, PRICES, REGION
 from .units import Table, call_units, item_size, transaction_units, value_size
 
 __all__ = ["bill", "item_size", "report", "run", "transaction_units", "value_size"]
 
 CHAT = "hello"
 BOOKING = "I need physio on Tuesday afternoon, for Alex Doe"
-ARCS = ("chat", "approval", "commit")
+ARCS = ("chat", "approval", "approval_day", "approval_timeout", "commit")
 WHAT = {
     "chat": "one chat turn",
     "approval": "an approval turn: run, park, answer, resume",
+    "approval_day": "the approval answered a day later: run, park, a day of sweeps, answer, resume",
+    "approval_timeout": "the approval never answered: run, park, then Expire at the wait's timeout",
     "commit": "a remote runner's turn committed: POST /commit of 2 events; its compute and model are its own",
 }
-NOT_THE_TURNS = {"sessions"}
-"""Functions whose calls in an arc are the test's own (the session's create, the reads of the outcome)."""
+NOT_THE_TURNS = {"sessions", "sweeper"}
+"""Functions whose calls in an arc are not the turn's: the test's own (the session's create, the reads of the
+outcome); the sweeps an arc makes while its session waits are billed as their difference (``sweeps_while_waiting``)."""
+TURN_WAITS = {"chat": 1, "approval": 2, "approval_day": 2, "approval_timeout": 1, "commit": 0}
+"""Turns a client waits on in each arc (a long-poll each): an approval's run and its resume; not the Expire."""
+TIMEOUT_ARC_SECONDS = 8
+"""The harness's wait for the timeout arc (the template's default is 7 days: its sweeps are billed at that)."""
 
 Arc = dict[str, Any]
 """``units`` {(function, place, read|write): units}, ``harness`` {name: figure}, ``model_calls``, ``table``."""
@@ -63,22 +72,28 @@ def harness_counts(endpoint: str) -> dict[str, Arc]:
         described = deployment.ddb().describe_table(TableName=deployment.table_name)["Table"]
         tables = {deployment.table_name: Table.described(described)}
         arcs: dict[str, Arc] = {arc: {"table": deployment.table_name} for arc in (*ARCS, "sweep")}
+        default_wait = deployment.template.parameter("WaitTimeoutSeconds")
         for round_ in ("warm", "measured", "captured"):
             for arc in (*ARCS, "sweep"):
                 deployment.lambdas.capture(round_ == "captured")
                 start = len(deployment.lambdas.dynamodb)
+                sweeps: dict[str, tuple[int, int]] = {}
                 if arc == "sweep":
                     measured, tenant, sid = _sweep(deployment), "", ""
                 else:
-                    measured, tenant, sid = _harness_arc(deployment, arc)
+                    measured, tenant, sid = _harness_arc(deployment, arc, sweeps)
                 deployment.lambdas.capture(False)
                 if round_ == "measured":
                     arcs[arc]["harness"] = measured
                 if round_ == "captured":
                     records = deployment.lambdas.dynamodb[start:]
-                    arcs[arc]["units"] = _units(records, tables)
+                    turns = records if arc == "sweep" else [r for r in records if r["function"] != "sweeper"]
+                    arcs[arc]["units"] = _units(turns, tables)
                     arcs[arc]["model_calls"] = _model_calls(deployment, tenant, sid) if sid else 0
+                    for name, (first, last) in sweeps.items():
+                        arcs[arc][name] = _units(deployment.lambdas.dynamodb[first:last], tables)
         arcs["sweep"]["every_minutes"] = _sweep_minutes(deployment)
+        arcs["sweep"]["wait_seconds"] = float(default_wait)
         return arcs
     finally:
         deployment.close()
@@ -91,10 +106,32 @@ def _transitions(execution: Any) -> int:
     return len(execution.states) + max(0, retries)
 
 
-def _sweep(d: Any) -> dict[str, float]:
+def _sfn_log_bytes(execution: Any) -> int:
+    """What the state machine's log group ingests for an execution: one record per history event (level ALL,
+    without execution data), as Step Functions writes them (id, type, details without input or output, the
+    previous event's id, the timestamp, the execution's ARN, the redrive count)."""
+    total = 0
+    for event in execution.history:
+        details = event.get("details") if isinstance(event.get("details"), dict) else {}
+        kept = {k: v for k, v in (details or {}).items() if k in ("resource", "error", "name")}
+        kept["inputDetails" if "Entered" in event["type"] else "outputDetails"] = {"truncated": False}
+        record = {
+            "id": str(event["id"]),
+            "type": event["type"],
+            "details": kept,
+            "previous_event_id": str(event["id"] - 1),
+            "event_timestamp": str(int(event["timestamp"] * 1000)),
+            "execution_arn": execution.arn,
+            "redrive_count": "0",
+        }
+        total += len(json.dumps(record, separators=(",", ":"), default=str).encode())
+    return total
+
+
+def _sweep(d: Any, grace_seconds: float | None = None) -> dict[str, float]:
     """One scheduled sweep (the schedule's event), over the sessions the arcs left: GB-seconds and log bytes."""
     invocations, logs = len(d.lambdas.invocations), len(d.log("sweeper").encode())
-    d.sweep(grace_seconds=None)
+    d.sweep(grace_seconds=grace_seconds)
     counted: dict[str, float] = defaultdict(float)
     for invocation in d.lambdas.invocations[invocations:]:
         billed = math.ceil(invocation.seconds * 1000) / 1000
@@ -117,7 +154,7 @@ def _sweep_minutes(d: Any) -> int:
 def _units(records: list[dict[str, Any]], tables: dict[str, Table]) -> dict[tuple[str, str, str], float]:
     units: dict[tuple[str, str, str], float] = defaultdict(float)
     for record in records:
-        if record["function"] in NOT_THE_TURNS:
+        if record["function"] == "sessions":  # the test's own: the create, the reads of the outcome
             continue
         for (place, kind), value in call_units(record, tables).items():
             units[(record["function"], place, kind)] += value
@@ -129,8 +166,27 @@ def _model_calls(d: Any, tenant: str, sid: str) -> int:
     return sum(1 for e in page["events"] if e["type"] == "model_end")
 
 
-def _harness_arc(d: Any, arc: str) -> tuple[dict[str, float], str, str]:
-    """One arc as a fresh caller (a Cognito ``sub``: the Bookings slots are the tenant's, each booked once)."""
+def _harness_arc(d: Any, arc: str, sweeps: dict[str, tuple[int, int]]) -> tuple[dict[str, float], str, str]:
+    """One arc as a fresh caller (a Cognito ``sub``: the Bookings slots are the tenant's, each booked once).
+    ``sweeps`` gets the range of DynamoDB calls (``d.lambdas.dynamodb``) of the sweeps ``approval_day`` makes:
+    one while its session waits (its commits past any grace: as a day later) and one once it completed."""
+    if arc == "approval_timeout":
+        default = d.template.parameter("WaitTimeoutSeconds")
+        d.update({"WaitTimeoutSeconds": TIMEOUT_ARC_SECONDS})
+        try:
+            return _harness_arc_run(d, arc, sweeps)
+        finally:
+            d.update({"WaitTimeoutSeconds": default})
+    return _harness_arc_run(d, arc, sweeps)
+
+
+def _swept(d: Any, sweeps: dict[str, tuple[int, int]], name: str) -> None:
+    start = len(d.lambdas.dynamodb)
+    _sweep(d, grace_seconds=0)
+    sweeps[name] = (start, len(d.lambdas.dynamodb))
+
+
+def _harness_arc_run(d: Any, arc: str, sweeps: dict[str, tuple[int, int]]) -> tuple[dict[str, float], str, str]:
     tenant = str(uuid.uuid4())
     invocations, executions = len(d.lambdas.invocations), {e.arn for e in d.executions()}
     logs = {name: len(d.log(name).encode()) for name in d.functions}
@@ -153,13 +209,24 @@ def _harness_arc(d: Any, arc: str) -> tuple[dict[str, float], str, str]:
     else:
         api("POST", f"/sessions/{sid}/runs", {"message": CHAT if arc == "chat" else BOOKING})
     d.settle(60)
-    if arc == "approval":
+    if arc in ("approval", "approval_day"):
         _, _, shown = d.api("GET", f"/sessions/{sid}", tenant=tenant)
         (call,) = shown["yielded_tools"]
+        if arc == "approval_day":
+            _swept(d, sweeps, "sweep_waiting")
         api("POST", f"/sessions/{sid}/tools", {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]})
         d.settle(60)
+        if arc == "approval_day":
+            _swept(d, sweeps, "sweep_after")
+    if arc == "approval_timeout":  # its execution sleeps to the wait's timeout, then Expire ends the turn
+        deadline = time.monotonic() + TIMEOUT_ARC_SECONDS + 60
+        while d.api("GET", f"/sessions/{sid}", tenant=tenant)[2]["status"] == "awaiting_input":
+            assert time.monotonic() < deadline, "the wait never timed out"
+            time.sleep(0.25)
+        d.settle(60)
     _, _, shown = d.api("GET", f"/sessions/{sid}", tenant=tenant)
-    assert shown["status"] == "completed" or (arc == "commit" and shown["version"] == 2), shown
+    ended = "error" if arc == "approval_timeout" else "completed"
+    assert shown["status"] == ended or (arc == "commit" and shown["version"] == 2), shown
     memory = {name: f.memory for name, f in d.functions.items()}
     for invocation in d.lambdas.invocations[invocations:]:
         if invocation.function in NOT_THE_TURNS:
@@ -171,7 +238,16 @@ def _harness_arc(d: Any, arc: str) -> tuple[dict[str, float], str, str]:
             counted[f"failed:{invocation.function}"] += 1
         counted["lambda_requests"] += 1
     counted["api_requests"] = requests
-    counted["transitions"] = sum(_transitions(e) for e in d.executions() if e.arn not in executions)
+    fresh = [e for e in d.executions() if e.arn not in executions]
+    counted["transitions"] = sum(_transitions(e) for e in fresh)
+    counted["sfn_log_bytes"] = sum(_sfn_log_bytes(e) for e in fresh)
+    # What the harness's instant model leaves out: the Run's wait on each call, and the client's long-poll
+    # (GET /events?wait=25 on ``sessions``) held while the turn runs, a request per 25 s of it.
+    calls = _model_calls(d, tenant, sid) if arc != "commit" else 0
+    waited = calls * float(MODEL["latency_seconds"])
+    counted["model_wait_gbs"] = waited * memory["resume"] / 1024
+    counted["poll_requests"] = max(TURN_WAITS[arc], math.ceil(waited / LONG_POLL_SECONDS)) if TURN_WAITS[arc] else 0
+    counted["poll_gbs"] = waited * memory["sessions"] / 1024 if TURN_WAITS[arc] else 0
     for name in d.functions:
         logged = len(d.log(name).encode()) - logs[name]
         if logged and name not in NOT_THE_TURNS:
@@ -193,14 +269,20 @@ def bill(units: dict[tuple[str, str, str], float], harness: dict[str, float], mo
         MODEL["input_tokens_per_call"] * MODEL["input_per_million"]
         + MODEL["output_tokens_per_call"] * MODEL["output_per_million"]
     )
+    polls = harness.get("poll_requests", 0)
     return {
         "dynamodb writes": writes * PRICES["dynamodb_write_unit"],
         "dynamodb index writes": index_writes * PRICES["dynamodb_write_unit"],
         "dynamodb reads": reads * PRICES["dynamodb_read_unit"],
         "lambda": gbs * PRICES["lambda_gb_second"] + harness.get("lambda_requests", 0) * PRICES["lambda_request"],
+        "lambda model wait": harness.get("model_wait_gbs", 0) * PRICES["lambda_gb_second"],
         "api gateway": harness.get("api_requests", 0) * PRICES["api_request"],
+        "client long-poll": polls * (PRICES["api_request"] + PRICES["lambda_request"])
+        + harness.get("poll_gbs", 0) * PRICES["lambda_gb_second"],
         "step functions": harness.get("transitions", 0) * PRICES["state_transition"],
+        "step functions logs": harness.get("sfn_log_bytes", 0) / 1e9 * PRICES["log_gb"],
         "logs": harness.get("log_bytes", 0) / 1e9 * PRICES["log_gb"],
+        "sweeps while waiting": harness.get("sweeps_while_waiting", 0),
         "model": float(model) / 1e6,
     }
 
@@ -213,9 +295,14 @@ def report(arcs: dict[str, Arc]) -> list[str]:
         f"{MODEL['input_tokens_per_call']} in + {MODEL['output_tokens_per_call']} out tokens per call",
         "  DynamoDB units as AWS bills them, from the items each call wrote and read (bench/units.py)",
     ]
+    totals: dict[str, float] = {}
+    per_sweep, every, wait_s = _waiting_sweep(arcs)
     for name in ARCS:
         arc = _arc(arcs[name])
-        units, harness = arc["units"], arc["harness"]
+        units, harness = arc["units"], dict(arc["harness"])
+        if name in ("approval_day", "approval_timeout"):
+            waited = 86_400 if name == "approval_day" else wait_s
+            harness["sweeps_while_waiting"] = per_sweep * waited / (every * 60)
         lines.append(f"  {name} turn ({WHAT[name]}; {arc['model_calls']} model calls):")
         functions = sorted({k.split(":", 1)[1] for k in harness if k.startswith("gbs:")} | {f for f, _, _ in units})
         lines.append(
@@ -242,16 +329,58 @@ def report(arcs: dict[str, Arc]) -> list[str]:
             shown = ("table" if table == arc["table"] else f"table {table}") + (f" index {index}" if index else "")
             shown = f"index {index}" if index and table == arc["table"] else shown
             lines.append(f"    dynamodb {function:<8} {shown:<24} {kind:<5} {value:8.1f} units")
+        lines.append(
+            f"    not in the harness, added: the Run's wait on {arc['model_calls']} model calls at a stated "
+            f"{MODEL['latency_seconds']} s each ({harness.get('model_wait_gbs', 0):.3f} GB-s of resume); the "
+            f"client's long-poll (GET /events?wait={LONG_POLL_SECONDS}, {harness.get('poll_requests', 0):.0f} "
+            f"requests held {harness.get('poll_gbs', 0):.3f} GB-s of sessions); the state machine's log records "
+            f"({harness.get('sfn_log_bytes', 0):.0f} bytes)"
+        )
+        if name in ("approval_day", "approval_timeout"):
+            swept = (86_400 if name == "approval_day" else wait_s) / (every * 60)
+            lines.append(
+                f"    sweeps while it waits: {swept:,.0f} at rate({every} minutes) over"
+                f" {(86_400 if name == 'approval_day' else wait_s) / 86_400:g} days,"
+                f" each ${per_sweep:.2e} more than a sweep without it (the DynamoDB units of a sweep while it"
+                " waits, less one after it ended)"
+            )
         costs = bill(units, harness, arc["model_calls"])
         aws = sum(v for k, v in costs.items() if k != "model")
+        totals[name] = aws
         for line, usd in costs.items():
             lines.append(f"    {line:<22} ${usd * 1e6:>10,.2f} per million turns")
         lines.append(
             f"    {'AWS total':<22} ${aws * 1e6:>10,.2f} per million turns (model: ${costs['model'] * 1e6:,.2f})"
         )
+    if totals.get("approval"):
+        lines.append(
+            "  late answers, against an approval answered at once (AWS, per million turns; one that times out"
+            " runs no second turn):"
+        )
+        for name, what in (("approval_day", "answered after a day"), ("approval_timeout", "reaches its timeout")):
+            change = (totals[name] / totals["approval"] - 1) * 100
+            lines.append(
+                f"    {what:<22} ${totals[name] * 1e6:>10,.2f} against ${totals['approval'] * 1e6:,.2f}"
+                f" ({change:+.1f}%)"
+            )
     if "sweep" in arcs:
         lines += _sweep_lines(_arc(arcs["sweep"]))
     return lines
+
+
+def _waiting_sweep(arcs: dict[str, Arc]) -> tuple[float, int, float]:
+    """What one waiting session adds to a sweep (USD: the DynamoDB units of ``approval_day``'s sweep while it
+    waits, less its sweep once it ended; never below 0), the schedule's minutes and the template's wait."""
+    day = arcs.get("approval_day", {})
+    sweep = arcs.get("sweep", {})
+    every, wait_s = int(sweep.get("every_minutes", 5)), float(sweep.get("wait_seconds", 7 * 86_400))
+    if "sweep_waiting" not in day:
+        return 0.0, every, wait_s
+
+    def usd(units: dict[tuple[str, str, str], float]) -> float:
+        return sum(v for k, v in bill(units, {}, 0).items() if k != "model")
+
+    return max(0.0, usd(day["sweep_waiting"]) - usd(day.get("sweep_after", {}))), every, wait_s
 
 
 def _sweep_lines(arc: Arc) -> list[str]:

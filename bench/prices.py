@@ -26,5 +26,9 @@ MODEL: dict[str, Any] = {
     "output_per_million": 15.00,  # USD per million output tokens
     "input_tokens_per_call": 2_000,  # a system prompt, the history and the tool schemas
     "output_tokens_per_call": 150,
+    "latency_seconds": 3.0,  # one call's wait, which the function that makes it is billed for
 }
-"""The stated model price and call size the README sets beside the AWS bill (the scripted sample model is free)."""
+"""The stated model price, call size and latency the README sets beside the AWS bill (the scripted sample model is
+free and instant: a deployed turn's function waits ``latency_seconds`` per call, billed as Lambda time)."""
+LONG_POLL_SECONDS = 25
+"""The client's ``GET /sessions/{id}/events?wait=25`` while a turn runs: one request per 25 s of the turn."""

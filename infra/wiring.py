@@ -14,7 +14,7 @@ from types import MappingProxyType
 
 from dormant.serving.deployed import MODEL, OPENAI_BASE_URL, OPENAI_SECRET
 from dormant.serving.routes import ROUTES
-from dormant.stores.dynamodb import LISTING_INDEX, PENDING_INDEX, RUNNING_INDEX, STATUS_INDEX
+from dormant.stores.dynamodb import DUE_INDEX, LISTING_INDEX, PENDING_INDEX, RUNNING_INDEX, STATUS_INDEX
 
 # -- environment ----------------------------------------------------------------------------------
 
@@ -126,12 +126,14 @@ TABLE_ACCESS: Mapping[str, TableAccess] = MappingProxyType(
         "resume": TableAccess(SESSION_ACTIONS, ()),
         # repair_pending finds stale markers through the pending-marker index; running_sessions finds the turns
         # whose runner may have died through the running index
-        # and the running-sessions index, whose meta items it reads back by BatchGetItem
-        "sweeper": TableAccess(SESSION_ACTIONS, (PENDING_INDEX, RUNNING_INDEX)),
+        # and the running-sessions index, whose meta items it reads back by BatchGetItem; the waits that are due
+        # through the due index (which projects what it needs)
+        "sweeper": TableAccess(SESSION_ACTIONS, (PENDING_INDEX, RUNNING_INDEX, DUE_INDEX)),
     }
 )
 """Function -> its table access. Re-sent event ids are read by key (their id items: no index); only the session
-listing reads ``LISTING_INDEX`` and ``STATUS_INDEX``, and only the sweeper ``PENDING_INDEX`` and ``RUNNING_INDEX``."""
+listing reads ``LISTING_INDEX`` and ``STATUS_INDEX``, and only the sweeper ``PENDING_INDEX``, ``RUNNING_INDEX`` and
+``DUE_INDEX``."""
 
 # -- Step Functions -------------------------------------------------------------------------------
 

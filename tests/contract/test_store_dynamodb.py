@@ -433,7 +433,13 @@ def test_create_table_builds_the_shape_once(ddb: Any) -> None:
     assert create_table(name, client=ddb) is False
     described = ddb.describe_table(TableName=name)["Table"]
     request = TABLE.create_table_request(name)
-    assert {i["IndexName"] for i in described["GlobalSecondaryIndexes"]} == {"listing", "pending", "running", "status"}
+    assert {i["IndexName"] for i in described["GlobalSecondaryIndexes"]} == {
+        "due",
+        "listing",
+        "pending",
+        "running",
+        "status",
+    }
     assert "LocalSecondaryIndexes" not in described  # no item collection capped at 10 GB
     assert described["KeySchema"] == request["KeySchema"]
     ttl = ddb.describe_time_to_live(TableName=name)["TimeToLiveDescription"]

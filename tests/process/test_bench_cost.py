@@ -321,7 +321,17 @@ def test_bench_cost_runs_on_the_quick_sizes_and_prints_its_table(dynamodb_endpoi
     chat, approval = out.split("approval turn (")
     approval, commit = approval.split("  commit turn (")
     commit, sweep = commit.split("  sweeper (")
-    assert "chat turn (" in chat and out.count("per million turns (model:") == 3 and "AWS total" in sweep
+    assert "chat turn (" in chat and out.count("per million turns (model:") == 5 and "AWS total" in sweep
+    # every turn kind carries what the harness's instant model leaves out, labelled
+    assert out.count("not in the harness, added: the Run's wait on") == 5
+    for line in ("lambda model wait", "client long-poll", "step functions logs", "sweeps while waiting"):
+        assert len(re.findall(rf"^\s+{line}\s+\$\s*[\d,.]+ per million turns$", out, re.M)) == 5, line
+    chat_wait = re.search(r"lambda model wait\s+\$\s*([\d,.]+) per million", chat)
+    assert chat_wait and float(chat_wait[1].replace(",", "")) > 0  # at the stated latency
+    # late answers: a day late, or never (Expire at the timeout), each within 10% of one answered at once
+    late = dict(re.findall(r"^\s+(answered after a day|reaches its timeout)\s+\$.*\(([+-][\d.]+)%\)$", out, re.M))
+    assert set(late) == {"answered after a day", "reaches its timeout"}, out[-3000:]
+    assert all(float(change) <= 10 for change in late.values()), late
     arcs = ((chat, {"run", "resume"}), (approval, {"run", "resume", "park", "tools"}), (commit, {"commit"}))
     for arc, functions in arcs:
         units = {(f, place, kind): float(v) for f, place, kind, v in LINE.findall(arc)}

@@ -72,6 +72,9 @@ METRICS: Mapping[str, Metric] = MappingProxyType(
         "orphaned_waits_restarted": _m(
             COUNT, False, frozenset({"sweeper"}), "waits with no live execution given one (restarted or woken)"
         ),
+        "sweep_skips": _m(
+            COUNT, False, frozenset({"sweeper"}), "sessions a sweep skipped (a throttle, an error): due next sweep"
+        ),
         "snapshot_write_failures": _m(COUNT, False, _COMMITTERS, "snapshots that could not be stored after a commit"),
     }
 )

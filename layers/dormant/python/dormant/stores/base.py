@@ -19,6 +19,8 @@ A store supplies only these primitives, each documented with the concurrency it 
 * ``_delete(app, session_id)``, ``_list(app, limit, after, status)`` and ``_close()``;
 * ``_running(limit)``: the sessions whose stored status is ``running``, across apps, from an index;
 * ``_waiting(limit)``: the same for the waiting statuses (``awaiting_input``, ``resumable``);
+* ``_due(before, limit, after)`` and ``_set_due(app, session_id, version, due_at)``: the waits due for the
+  sweeper, from an index keyed by when each is due (the defaults read ``_waiting``: every wait, as before);
 * optionally ``_save_snapshot``/``_load_snapshot`` (the defaults keep none: loads are then whole).
 
 Then run ``StoreContract`` against it.
@@ -59,6 +61,7 @@ from ..state.schema import BOUND_SCOPES
 from ..state.values import check_storable
 from .contract import (
     BindingIndexStore,
+    DueStore,
     ErasableStore,
     LimitedStore,
     OneReadSnapshotStore,
@@ -71,6 +74,7 @@ from .contract import (
 from .types import (
     MAX_CURSOR_TIME,
     MAX_SCOPED_KEY_BYTES,
+    NOT_DUE,
     RUNNING_STATUS,
     WAITING_STATUSES,
     CommitResult,
@@ -94,11 +98,13 @@ from .types import (
 __all__ = [
     "MAX_CURSOR_TIME",
     "MAX_SCOPED_KEY_BYTES",
+    "NOT_DUE",
     "RUNNING_STATUS",
     "WAITING_STATUSES",
     "BaseSessionStore",
     "BindingIndexStore",
     "CommitResult",
+    "DueStore",
     "EncodedEvent",
     "ErasableStore",
     "LimitedStore",
@@ -251,6 +257,34 @@ class BaseSessionStore(ABC):
         self._check_open()
         return self._waiting(limit)
 
+    def due_waits(
+        self, before: int, *, limit: int = 100, after: RunningSession | None = None
+    ) -> builtins.list[RunningSession]:
+        """The waiting sessions due for the sweeper by ``before`` (epoch ms): ``due_at <= before``, ordered by
+        ``(due_at, app name, id)``, only those past ``after`` (the last row of the page before), at most ``limit``.
+        Each row carries its ``due_at`` and ``version``. From an index of due times: a page's reads follow the
+        due waits, never the healthy ones (``DueStore``)."""
+        if not _is_count(before) or before > MAX_CURSOR_TIME:
+            raise InputError(f"before is a time in epoch ms, not {before!r}", field="before")
+        if not _is_count(limit) or limit < 1:
+            raise InputError(f"limit is an int >= 1, not {limit!r}", field="limit")
+        if after is not None and (not isinstance(after, RunningSession) or not _is_count(after.due_at)):
+            raise InputError("after is a row due_waits answered (with its due_at)", field="after")
+        self._check_open()
+        return self._due(before, limit, after)
+
+    def set_due(self, app_name: str, session_id: str, version: int, due_at: int) -> bool:
+        """When the sweeper is next to look at this waiting session (epoch ms; ``NOT_DUE``: only after its next
+        commit), if it still waits at ``version``: a later commit set its own. True when set."""
+        check_app_key(app_name)
+        check_id(session_id)
+        if not _is_count(version) or version < 1:
+            raise InputError(f"version is an int >= 1, not {version!r}", field="version")
+        if not _is_count(due_at) or due_at > NOT_DUE:
+            raise InputError(f"due_at is a time in epoch ms up to NOT_DUE, not {due_at!r}", field="due_at")
+        self._check_open()
+        return self._set_due(app_name, session_id, version, due_at)
+
     def list(
         self, app_name: str, *, limit: int | None = None, cursor: str | None = None, status: str | None = None
     ) -> builtins.list[SessionListing]:
@@ -372,6 +406,20 @@ class BaseSessionStore(ABC):
     @abstractmethod
     def _waiting(self, limit: int) -> builtins.list[RunningSession]:
         """As ``_running``, for the sessions whose stored status is in ``WAITING_STATUSES`` (with that status)."""
+
+    def _due(self, before: int, limit: int, after: RunningSession | None) -> builtins.list[RunningSession]:
+        """The default for a store without a due index: every wait, due from its last commit (reads them all)."""
+        rows = [
+            row._replace(due_at=row.updated_at)
+            for row in self._waiting(1000)
+            if row.updated_at <= before
+            and (after is None or (row.updated_at, row.app_name, row.session_id) > _due_key(after))
+        ]
+        return sorted(rows, key=_due_key)[:limit]
+
+    def _set_due(self, app_name: str, session_id: str, version: int, due_at: int) -> bool:
+        """The default keeps no due times: nothing is set."""
+        return False
 
     @abstractmethod
     def _close(self) -> None:
@@ -531,6 +579,10 @@ class BaseSessionStore(ABC):
                 )
             writes.append(ScopedWrite(scope, scope_id, key, text))
         return tuple(writes)
+
+
+def _due_key(row: RunningSession) -> tuple[int, str, str]:
+    return (row.due_at or 0, row.app_name, row.session_id)
 
 
 def _encode(event: Event) -> str:

@@ -75,6 +75,7 @@ from .types import (
 
 __all__ = [
     "BindingIndexStore",
+    "DueStore",
     "ErasableStore",
     "LimitedStore",
     "OneReadSnapshotStore",
@@ -175,6 +176,22 @@ class SweepableStore(Protocol):
     def running_sessions(self, limit: int = 1000) -> builtins.list[RunningSession]: ...
 
     def waiting_sessions(self, limit: int = 1000) -> builtins.list[RunningSession]: ...
+
+
+@runtime_checkable
+class DueStore(Protocol):
+    """A store that keeps, for each waiting session, when the sweeper is next to look at it (every built-in store),
+    so a sweep reads the waits that are due and none of the healthy ones: its reads do not grow with them.
+
+    A commit into a waiting status (``WAITING_STATUSES``) makes the session due from that commit (``due_at`` =
+    its ``updated_at``); ``set_due`` moves it (to its timeout once its execution parked, or ``NOT_DUE``); any
+    other status takes it out. ``due_waits`` pages the due ones, ``(due_at, app name, id)`` ascending."""
+
+    def due_waits(
+        self, before: int, *, limit: int = 100, after: RunningSession | None = None
+    ) -> builtins.list[RunningSession]: ...
+
+    def set_due(self, app_name: str, session_id: str, version: int, due_at: int) -> bool: ...
 
 
 @runtime_checkable

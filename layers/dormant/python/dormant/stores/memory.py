@@ -38,6 +38,8 @@ class _Entry:
     """The version that stored each event (ascending: ``load(after=)`` bisects it)."""
     ids: set[str] = field(default_factory=set)
     snapshot: StoredSnapshot | None = None
+    due: int | None = None
+    """While it waits: when the sweeper is next to look at it (``set_due``; from each commit, its time)."""
 
 
 class MemorySessionStore(BaseSessionStore):
@@ -73,6 +75,7 @@ class MemorySessionStore(BaseSessionStore):
                     fork_reason=entry.row.fork_reason,
                     updated_at=max(commit.row.updated_at, entry.row.updated_at),
                 )
+            entry.due = entry.row.updated_at if entry.row.status in WAITING_STATUSES else None
             fresh = commit.fresh(entry.ids)
             entry.events += [event.data for event in fresh]
             entry.versions += [commit.row.version] * len(fresh)
@@ -142,6 +145,25 @@ class MemorySessionStore(BaseSessionStore):
             ]
         waiting.sort(key=lambda r: (r.updated_at, r.app_name, r.session_id))
         return waiting[:limit]
+
+    def _due(self, before: int, limit: int, after: RunningSession | None) -> builtins.list[RunningSession]:
+        start = (-1, "", "") if after is None else (after.due_at or 0, after.app_name, after.session_id)
+        with self._lock:
+            due = [
+                RunningSession(app, sid, entry.row.updated_at, entry.row.status or "", entry.due, entry.row.version)
+                for (app, sid), entry in self._sessions.items()
+                if entry.due is not None and entry.due <= before and (entry.due, app, sid) > start
+            ]
+        due.sort(key=lambda r: (r.due_at or 0, r.app_name, r.session_id))
+        return due[:limit]
+
+    def _set_due(self, app_name: str, session_id: str, version: int, due_at: int) -> bool:
+        with self._lock:
+            entry = self._sessions.get((app_name, session_id))
+            if entry is None or entry.due is None or entry.row.version != version:
+                return False
+            entry.due = due_at
+            return True
 
     def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
         with self._lock:

@@ -53,7 +53,18 @@ from .base import (
     StoredSession,
     StoredSnapshot,
 )
-from .sql_schema import INDEXES, RUNNING_QUERY, TABLES, WAITING_QUERY, bound_id, ddl, stored_row
+from .sql_schema import (
+    DUE_QUERY,
+    INDEXES,
+    RUNNING_QUERY,
+    SET_DUE,
+    TABLES,
+    WAITING_QUERY,
+    bound_id,
+    ddl,
+    due_of,
+    stored_row,
+)
 
 __all__ = ["DDL", "PostgresSessionStore", "postgres_store"]
 
@@ -66,12 +77,13 @@ _SCHEMA_PRESENT = sql.SQL("SELECT current_user, current_schema(), {}").format(
 )
 # The commit's statements take positional parameters: psycopg maps named ones to positions again on every call.
 _CREATE = (
-    "INSERT INTO sessions (app_name, id, version, scopes, status, created_at, updated_at, forked_from, fork_reason)"
-    " VALUES (%s, %s, 1, %s::jsonb, %s, %s, %s, %s, %s) ON CONFLICT (app_name, id) DO NOTHING RETURNING version"
+    "INSERT INTO sessions (app_name, id, version, scopes, status, created_at, updated_at, forked_from, fork_reason,"
+    " due_at) VALUES (%s, %s, 1, %s::jsonb, %s, %s, %s, %s, %s, %s) ON CONFLICT (app_name, id) DO NOTHING"
+    " RETURNING version"
 )
 # Scopes are part of the gate (JSONB equality ignores key order): a refusal reads them back to say which.
 _BUMP = (
-    "UPDATE sessions SET version = version + 1, status = %s, updated_at = GREATEST(updated_at, %s)"
+    "UPDATE sessions SET version = version + 1, status = %s, updated_at = GREATEST(updated_at, %s), due_at = %s"
     " WHERE app_name = %s AND id = %s AND version = %s AND scopes = %s::jsonb RETURNING version"
 )
 _REFUSED = "SELECT version, scopes::text FROM sessions WHERE app_name = %s AND id = %s"
@@ -216,9 +228,9 @@ class PostgresSessionStore(BaseSessionStore):
         app, sid, scopes = new.app_name, new.id, json.dumps(new.scopes)
         if expected == 0:
             gate: tuple[Any, ...] = (app, sid, scopes, new.status, new.created_at, new.updated_at)
-            gate += (new.forked_from, new.fork_reason)
+            gate += (new.forked_from, new.fork_reason, due_of(new.status, new.updated_at))
         else:
-            gate = (new.status, new.updated_at, app, sid, expected, scopes)
+            gate = (new.status, new.updated_at, due_of(new.status, new.updated_at), app, sid, expected, scopes)
         version, events = new.version, commit.events
         append = [item for n, (event_id, data) in enumerate(events) for item in (app, sid, event_id, version, n, data)]
         with self._connection() as conn:
@@ -302,6 +314,18 @@ class PostgresSessionStore(BaseSessionStore):
         with self._connection() as conn:
             rows = conn.cursor(row_factory=tuple_row).execute(WAITING_QUERY.format(mark="%s"), (limit,)).fetchall()
         return [RunningSession(*row) for row in rows]
+
+    def _due(self, before: int, limit: int, after: RunningSession | None) -> builtins.list[RunningSession]:
+        start = (-1, "", "") if after is None else (after.due_at, after.app_name, after.session_id)
+        with self._connection() as conn:
+            query = DUE_QUERY.format(mark="%s")
+            rows = conn.cursor(row_factory=tuple_row).execute(query, (before, *start, limit)).fetchall()
+        return [RunningSession(*row) for row in rows]
+
+    def _set_due(self, app_name: str, session_id: str, version: int, due_at: int) -> bool:
+        with self._connection() as conn, _atomic(conn):
+            done = conn.cursor().execute(SET_DUE.format(mark="%s"), (due_at, app_name, session_id, version))
+        return done.rowcount == 1
 
     def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
         # No ORDER BY: it could tempt the planner into the primary key's order instead of the binding index.

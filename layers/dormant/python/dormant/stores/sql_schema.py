@@ -11,6 +11,9 @@ reading the app's; built from the rows themselves, so a file made before them is
 ``IF NOT EXISTS`` when a store opens, so a database made before it gets it, indexed whole, on first open.
 ``idx_sessions_waiting``: the same for the waiting statuses (``awaiting_input``, ``resumable``): where the
 sweeper finds waits whose wake-up may have been lost (``waiting_sessions``).
+``idx_sessions_due``: the waits by ``due_at`` (``DueStore``: each commit into a waiting status sets it to its
+time, ``set_due`` moves it), so a sweep reads the due waits and never the healthy ones. A database made before
+the column gets it on first open (Postgres's DDL, SQLite's store), each wait due at once.
 ``idx_sessions_status``: (app_name, status, updated_at, id), so ``list(status=)`` reads only the rows it
 lists, in order, and a filtered page is as full as an unfiltered one. Made on open like the others.
 ``idempotency``: the API's ``Idempotency-Key`` records (``serving.idempotency``), in the sessions' database
@@ -25,9 +28,21 @@ from typing import Any
 
 from ..errors import InputError
 from ..state.schema import BOUND_SCOPES
-from .types import StoredSession
+from .types import WAITING_STATUSES, StoredSession
 
-__all__ = ["IDEMPOTENCY", "INDEXES", "RUNNING_QUERY", "TABLES", "WAITING_QUERY", "bound_id", "ddl", "stored_row"]
+__all__ = [
+    "DUE_QUERY",
+    "IDEMPOTENCY",
+    "INDEXES",
+    "RUNNING_QUERY",
+    "SET_DUE",
+    "TABLES",
+    "WAITING_QUERY",
+    "bound_id",
+    "ddl",
+    "due_of",
+    "stored_row",
+]
 
 TABLES = ("sessions", "events", "scoped_state", "snapshots", "idempotency")
 INDEXES = (
@@ -35,6 +50,7 @@ INDEXES = (
     "idx_events_order",
     "idx_sessions_running",
     "idx_sessions_waiting",
+    "idx_sessions_due",
     "idx_sessions_status",
     *(f"idx_sessions_bound_{scope}" for scope in BOUND_SCOPES),
 )
@@ -51,6 +67,24 @@ WAITING_QUERY = (
 )
 """``waiting_sessions``: spelled as its partial index's predicate (``WAITING_STATUSES``), so the planner uses it."""
 
+_WAITING = "status IN ('awaiting_input', 'resumable')"
+DUE_QUERY = (
+    f"SELECT app_name, id, updated_at, status, due_at, version FROM sessions WHERE {_WAITING} AND due_at <= {{mark}}"
+    " AND (due_at, app_name, id) > ({mark}, {mark}, {mark}) ORDER BY due_at, app_name, id LIMIT {mark}"
+)
+"""``due_waits``: a range of ``idx_sessions_due`` (its predicate spelled as the index's), after the cursor row."""
+SET_DUE = (
+    f"UPDATE sessions SET due_at = {{mark}} WHERE app_name = {{mark}} AND id = {{mark}} AND version = {{mark}}"
+    f" AND {_WAITING}"
+)
+"""``set_due``: only while the session waits at the version the sweeper (or the park) read."""
+
+
+def due_of(status: str | None, updated_at: int) -> int | None:
+    """The ``due_at`` a commit stores: a wait is due from its commit (``DueStore``); any other status, never."""
+    return updated_at if status in WAITING_STATUSES else None
+
+
 _DDL = """
 CREATE TABLE IF NOT EXISTS sessions (
   app_name TEXT NOT NULL,
@@ -62,12 +96,16 @@ CREATE TABLE IF NOT EXISTS sessions (
   updated_at BIGINT NOT NULL,
   forked_from TEXT,
   fork_reason TEXT,
+  due_at BIGINT,
   PRIMARY KEY (app_name, id)
-);
+);{add_due}
 CREATE INDEX IF NOT EXISTS idx_sessions_updated ON sessions (app_name, updated_at, id);
 CREATE INDEX IF NOT EXISTS idx_sessions_running ON sessions (updated_at, app_name, id) WHERE status = 'running';
 CREATE INDEX IF NOT EXISTS idx_sessions_waiting ON sessions (updated_at, app_name, id)
   WHERE status IN ('awaiting_input', 'resumable');
+CREATE INDEX IF NOT EXISTS idx_sessions_due ON sessions (due_at, app_name, id)
+  WHERE status IN ('awaiting_input', 'resumable');
+UPDATE sessions SET due_at = updated_at WHERE due_at IS NULL AND status IN ('awaiting_input', 'resumable');
 CREATE INDEX IF NOT EXISTS idx_sessions_status ON sessions (app_name, status, updated_at, id);
 CREATE TABLE IF NOT EXISTS events (
   app_name TEXT NOT NULL,
@@ -142,7 +180,10 @@ def ddl(json_type: str) -> str:
         f" WHERE {bound_id(json_type, scope)} IS NOT NULL;\n"
         for scope in BOUND_SCOPES
     )
-    return _DDL.format(json=json_type) + bound
+    # Postgres adds the column to a table made before it (SQLite has no IF NOT EXISTS there: its store adds it);
+    # the UPDATE then makes an earlier release's waits due at once, each looked at by the first sweep.
+    add_due = "\nALTER TABLE sessions ADD COLUMN IF NOT EXISTS due_at BIGINT;" if json_type == "JSONB" else ""
+    return _DDL.format(json=json_type, add_due=add_due) + bound
 
 
 def stored_row(app_name: str, session_id: str, columns: tuple[Any, ...]) -> StoredSession:

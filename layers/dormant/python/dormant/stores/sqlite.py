@@ -46,7 +46,18 @@ from .base import (
     StoredSession,
     StoredSnapshot,
 )
-from .sql_schema import INDEXES, RUNNING_QUERY, TABLES, WAITING_QUERY, bound_id, ddl, stored_row
+from .sql_schema import (
+    DUE_QUERY,
+    INDEXES,
+    RUNNING_QUERY,
+    SET_DUE,
+    TABLES,
+    WAITING_QUERY,
+    bound_id,
+    ddl,
+    due_of,
+    stored_row,
+)
 
 __all__ = ["DDL", "SQLiteSessionStore", "sqlite_store"]
 
@@ -110,6 +121,9 @@ class SQLiteSessionStore(BaseSessionStore):
         found, expected = self._columns(), _expected_columns()
         if found == expected and self._indexes() >= set(INDEXES):
             return
+        add_due = found["sessions"] == tuple(c for c in expected["sessions"] if c != "due_at")  # made before it
+        if add_due:
+            found["sessions"] = expected["sessions"]
         if any(columns and columns != expected[table] for table, columns in found.items()):
             raise ConfigurationError(
                 f"{self.path} holds tables that are not this version's dormant tables (made by an earlier "
@@ -119,6 +133,8 @@ class SQLiteSessionStore(BaseSessionStore):
             raise ConfigurationError(f"{self.path} holds no dormant tables (and create=False)")
         # None of the tables, or an earlier file without the snapshots table or an index: make what is missing.
         with self._transaction():
+            if add_due:
+                self._conn.execute("ALTER TABLE sessions ADD COLUMN due_at BIGINT")
             for statement in DDL.split(";"):
                 if statement.strip():
                     self._conn.execute(statement)
@@ -226,12 +242,13 @@ class SQLiteSessionStore(BaseSessionStore):
         bumped = (
             commit.expected_version > 0
             and conn.execute(
-                "UPDATE sessions SET version = ?, status = ?, updated_at = MAX(updated_at, ?)"
+                "UPDATE sessions SET version = ?, status = ?, updated_at = MAX(updated_at, ?), due_at = ?"
                 " WHERE app_name = ? AND id = ? AND version = ? AND scopes = ?",
                 (
                     new.version,
                     new.status,
                     new.updated_at,
+                    due_of(new.status, new.updated_at),
                     app,
                     sid,
                     commit.expected_version,
@@ -266,7 +283,7 @@ class SQLiteSessionStore(BaseSessionStore):
         if create:
             conn.execute(
                 "INSERT INTO sessions (app_name, id, version, scopes, status, created_at, updated_at, forked_from,"
-                " fork_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " fork_reason, due_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     app,
                     sid,
@@ -277,13 +294,14 @@ class SQLiteSessionStore(BaseSessionStore):
                     new.updated_at,
                     new.forked_from,
                     new.fork_reason,
+                    due_of(new.status, new.updated_at),
                 ),
             )
         elif not bumped:
             conn.execute(
-                "UPDATE sessions SET version = ?, status = ?, updated_at = MAX(updated_at, ?)"
+                "UPDATE sessions SET version = ?, status = ?, updated_at = MAX(updated_at, ?), due_at = ?"
                 " WHERE app_name = ? AND id = ?",
-                (new.version, new.status, new.updated_at, app, sid),
+                (new.version, new.status, new.updated_at, due_of(new.status, new.updated_at), app, sid),
             )
         self._merge(app, commit.scoped)
         if commit.snapshot is not None and appended == len(commit.events):
@@ -373,6 +391,16 @@ class SQLiteSessionStore(BaseSessionStore):
         with self._use():
             rows = self._conn.execute(WAITING_QUERY.format(mark="?"), (limit,)).fetchall()
         return [RunningSession(*row) for row in rows]
+
+    def _due(self, before: int, limit: int, after: RunningSession | None) -> builtins.list[RunningSession]:
+        start = (-1, "", "") if after is None else (after.due_at, after.app_name, after.session_id)
+        with self._use():
+            rows = self._conn.execute(DUE_QUERY.format(mark="?"), (before, *start, limit)).fetchall()
+        return [RunningSession(*row) for row in rows]
+
+    def _set_due(self, app_name: str, session_id: str, version: int, due_at: int) -> bool:
+        with self._use(), self._transaction():
+            return self._conn.execute(SET_DUE.format(mark="?"), (due_at, app_name, session_id, version)).rowcount == 1
 
     def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
         # No ORDER BY: with one, the planner walks the app's rows in primary-key order instead of the index.

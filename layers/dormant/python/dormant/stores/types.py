@@ -30,6 +30,7 @@ from ..ids import (
 
 __all__ = [
     "MAX_CURSOR_TIME",
+    "NOT_DUE",
     "MAX_SCOPED_KEY_BYTES",
     "RUNNING_STATUS",
     "WAITING_STATUSES",
@@ -60,6 +61,10 @@ RUNNING_STATUS = "running"
 """The stored status ``running_sessions`` finds (``Projection.status`` while an invocation is open)."""
 WAITING_STATUSES = ("awaiting_input", "resumable")
 """The stored statuses ``waiting_sessions`` finds: an invocation open on yielded tools, unanswered or answered."""
+NOT_DUE = (1 << 53) - 1
+"""``set_due``'s "nobody need look until the next commit": a wait with no timeout, or one that needs nobody
+until its answers come (the next commit, an answer, makes it due again). Exact as a float too (DynamoDB, JSON)."""
+
 MAX_CURSOR_TIME = (1 << 63) - 1
 """The largest ``updated_at`` a listing cursor may carry (what a 64-bit SQL integer holds)."""
 
@@ -189,6 +194,10 @@ class RunningSession(NamedTuple):
     updated_at: int
     """When it last committed (epoch ms): the oldest come first."""
     status: str = RUNNING_STATUS
+    due_at: int | None = None
+    """From ``due_waits``: when the sweeper is next to look at this wait (epoch ms); else ``None``."""
+    version: int | None = None
+    """From ``due_waits``: the version the row was read at, which ``set_due`` is conditioned on."""
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ...clock import now_ms
-from ...errors import ConfigurationError
+from ...errors import ConfigurationError, StoreError
 from ...session import Session
-from ...stores.base import ScopedStateChange
+from ...stores.base import NOT_DUE, DueStore, ScopedStateChange
 from ..hooks import Hooks
 
 if TYPE_CHECKING:
@@ -128,18 +128,27 @@ class StepFunctions:
         def waiting(session: Session) -> bool:
             return session.status == "awaiting_input" and session.projection.open_invocation == invocation_id
 
+        parked_until: list[int | None] = [None]  # the last attempt's (the one that landed)
+
         def token_while_waiting(session: Session) -> list[ScopedStateChange]:
             if not waiting(session):
                 return []
             until = None if wait_seconds is None else now_ms() + int(float(wait_seconds) * 1000)
+            parked_until[0] = until
             record = {"task_token": token, "execution": execution, "wait_version": session.version + 1}
             record["wait_until"] = until
+            record["invocation"] = invocation_id
             return [ScopedStateChange(TOKEN_SCOPE, session_id, key, value) for key, value in record.items()]
 
         written = app.sessions.write(
             session_id, waiting, on_conflict="retry", scoped_changes=token_while_waiting, attempts=_ATTEMPTS
         )
         if written.value:
+            # Parked: the sweeper need not look at this wait before it times out (lost, it looks after a grace).
+            if isinstance(app.store, DueStore):
+                until = parked_until[0]
+                with contextlib.suppress(StoreError):  # lost, the wait is looked at once after a grace instead
+                    app.store.set_due(app.name, session_id, written.version, NOT_DUE if until is None else until)
             return {"woke": False, "status": written.session.status}
         return {"woke": self.wake(token), "status": written.session.status}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .table import (
+    DUE_INDEX,
     LAYOUT_FORMAT,
     LISTING_INDEX,
     PENDING_INDEX,
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from .store import DynamoDBSessionStore, RepairReport, create_table, dynamo_store
 
 __all__ = [
+    "DUE_INDEX",
     "LAYOUT_FORMAT",
     "LISTING_INDEX",
     "PENDING_INDEX",

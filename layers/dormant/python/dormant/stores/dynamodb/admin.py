@@ -130,6 +130,12 @@ class _Admin(_Calls):
         if not problems:
             described = self._call("describe_table", TableName=self._table)["Table"]
             problems = TABLE.differences(described)
+        if problems and all(p.startswith("no global index") for p in problems):
+            raise ConfigurationError(  # an index added since: added in place, no copy (docs/upgrading.md)
+                f"DynamoDB table {self._table!r} lacks what this release reads: {'; '.join(problems)}. Add it in "
+                "place: deploy the stack (CloudFormation adds a global index without replacing the table), or "
+                "`aws dynamodb update-table` as docs/dynamodb.md shows"
+            )
         if problems:
             raise ConfigurationError(
                 f"DynamoDB table {self._table!r} has a layout this release does not serve (it serves format "

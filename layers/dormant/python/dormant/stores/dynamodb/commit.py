@@ -310,8 +310,9 @@ class _Commit(_Calls):
             update = "SET #id = :id, created_at = :created, scopes = :so, inc = :inc, version = :zero"
             # An expired session is gone: its id may be taken again, as after a delete (a new incarnation).
             condition = "attribute_not_exists(pk) OR #x <= :now"
-            removes = ["bf", "hi", "dead", "lsk", "plsk", "xh", "#x", "#st", "lpk", "rpk"]
+            removes = ["bf", "hi", "dead", "lsk", "plsk", "xh", "#x", "#st", "lpk", "rpk", "dpk", "#du"]
             names["#st"] = "status"
+            names["#du"] = "due"
             values |= {
                 ":id": {"S": session_id},
                 ":created": {"N": str(row.created_at)},
@@ -531,17 +532,24 @@ class _Commit(_Calls):
         # The running index's key goes with the status, in this same write: an index write only when the
         # session goes into or out of ``running`` or of waiting (the value is the same on every commit in
         # between, and for ``awaiting_input`` and ``resumable`` alike).
-        if marker.status == RUNNING_STATUS or marker.status in WAITING_STATUSES:
+        # A wait goes into the due index instead, due from this commit (``DueStore``): an index write on every
+        # commit while it waits (its ``due`` moves), and the sweeper reads none of the healthy ones.
+        if marker.status == RUNNING_STATUS:
             sets += ", rpk = :rpk"
-            waiting = marker.status in WAITING_STATUSES
-            values[":rpk"] = {"S": running_key(app_name, session_id, self._pending_shards, waiting=waiting)}
-        else:
+            values[":rpk"] = {"S": running_key(app_name, session_id, self._pending_shards)}
+            removes += ", dpk, #du"
+        elif marker.status in WAITING_STATUSES:
+            sets += ", dpk = :dpk, #du = :du"
+            values[":dpk"] = {"S": running_key(app_name, session_id, self._pending_shards, waiting=True)}
+            values[":du"] = {"N": str(plan.updated_at)}
             removes += ", rpk"
+        else:
+            removes += ", rpk, dpk, #du"
         return {
             "TableName": self._table,
             "Key": _key(pk, META_SK),
             "UpdateExpression": f"SET {sets} REMOVE {removes}",
-            "ExpressionAttributeNames": {"#v": "version", "#st": "status", "#x": TTL},
+            "ExpressionAttributeNames": {"#v": "version", "#st": "status", "#x": TTL, "#du": "due"},
             "ExpressionAttributeValues": values,
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }

@@ -8,11 +8,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...clock import now_ms
-from ..base import RUNNING_STATUS, WAITING_STATUSES, RunningSession, SessionListing
-from .calls import _Calls
+from ..base import NOT_DUE, RUNNING_STATUS, WAITING_STATUSES, RunningSession, SessionListing
+from .calls import _Calls, _ConditionFailed
 from .items import TTL, MetaItem, _expired, _key
-from .keys import META_SK, listing_keys, running_keys, split_session_pk
-from .table import LISTING_INDEX, RUNNING_INDEX, STATUS_INDEX
+from .keys import META_SK, listing_keys, running_key, running_keys, session_pk, split_session_pk
+from .table import DUE_INDEX, LISTING_INDEX, RUNNING_INDEX, STATUS_INDEX
 
 
 class _Listing(_Calls):
@@ -68,10 +68,105 @@ class _Listing(_Calls):
         return self._indexed(running_keys(self._pending_shards), (RUNNING_STATUS,), limit)
 
     def _waiting(self, limit: int) -> builtins.list[RunningSession]:
-        """As ``_running``, from the index's ``W#`` shards: the sessions that wait (``WAITING_STATUSES``)."""
-        return self._indexed(running_keys(self._pending_shards, waiting=True), WAITING_STATUSES, limit)
+        """As ``_running``, for the sessions that wait (``WAITING_STATUSES``): every entry of the due index, and an
+        earlier release's waits still on the running index's ``W#`` shards, their meta items read as there."""
+        pks = [item["pk"]["S"] for item in self._due_entries(NOT_DUE, None)]
+        return self._indexed(running_keys(self._pending_shards, waiting=True), WAITING_STATUSES, limit, pks)
 
-    def _indexed(self, keys: Sequence[str], statuses: Sequence[str], limit: int) -> builtins.list[RunningSession]:
+    def _due(self, before: int, limit: int, after: RunningSession | None) -> builtins.list[RunningSession]:
+        """Each due-index shard's entries due by ``before`` past ``after``, merged: Queries of the index alone,
+        which projects the row (a shard stops once it has ``limit`` and the next entry is due later). Then an
+        earlier release's waits (the running index's ``W#`` shards: empty once the first sweep met each),
+        due from their last commit. Entries the index still shows after the session moved on are the sweeper's
+        to skip: it reads the session before acting."""
+        start = (-1, "", "") if after is None else (after.due_at or 0, after.app_name, after.session_id)
+        now = now_ms()
+        found: dict[str, RunningSession] = {}
+        for item in self._due_entries(before, after, limit):
+            app_name, session_id = split_session_pk(item["pk"]["S"])
+            expiry = item.get(TTL)
+            if expiry is not None and int(expiry["N"]) * 1000 <= now:
+                continue  # an expired session: gone, whenever TTL deletes it
+            due = int(item["due"]["N"])
+            row = RunningSession(
+                app_name,
+                session_id,
+                int(item["lsk"]["N"]) if "lsk" in item else 0,
+                item["status"]["S"] if "status" in item else "",
+                due,
+                int(item["version"]["N"]) if "version" in item else 0,
+            )
+            if row.status in WAITING_STATUSES and (due, app_name, session_id) > start:
+                found[item["pk"]["S"]] = row
+        for row in self._indexed(running_keys(self._pending_shards, waiting=True), WAITING_STATUSES, None, (), True):
+            pk = session_pk(row.app_name, row.session_id)
+            if pk not in found and row.updated_at <= before and (row.updated_at, *row[:2]) > start:
+                found[pk] = row._replace(due_at=row.updated_at)
+        return sorted(found.values(), key=lambda r: (r.due_at or 0, r.app_name, r.session_id))[:limit]
+
+    def _due_entries(
+        self, before: int, after: RunningSession | None, limit: int | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """The due index's entries due by ``before`` past ``after`` (the merge's order), shard by shard; with
+        ``limit``, a shard stops once it has that many and the next is due later."""
+        start = (-1, "", "") if after is None else (after.due_at or 0, after.app_name, after.session_id)
+        for key in running_keys(self._pending_shards, waiting=True):
+            values = {":k": {"S": key}, ":b": {"N": str(before)}}
+            condition = "dpk = :k AND #du <= :b"
+            if after is not None:
+                condition = "dpk = :k AND #du BETWEEN :a AND :b"
+                values[":a"] = {"N": str(after.due_at or 0)}
+            pages = self._query_pages(
+                TableName=self._table,
+                IndexName=DUE_INDEX,
+                KeyConditionExpression=condition,
+                ExpressionAttributeNames={"#du": "due"},
+                ExpressionAttributeValues=values,
+                **({"Limit": limit + 1} if limit is not None else {}),
+            )
+            taken, last = 0, -1
+            for item in pages:
+                due = int(item["due"]["N"])
+                if after is not None and (due, *split_session_pk(item["pk"]["S"])) <= start:
+                    continue  # the cursor's tie, or before it: read on the page before
+                if limit is not None and taken >= limit and due > last:
+                    break  # this shard's page is full (ties on the last due time kept: the merge orders them)
+                taken, last = taken + 1, due
+                yield item
+
+    def _set_due(self, app_name: str, session_id: str, version: int, due_at: int) -> bool:
+        """Move the wait's ``due`` (one conditional update of its meta item); an earlier release's wait leaves the
+        running index for the due index here."""
+        try:
+            self._call(
+                "update_item",
+                TableName=self._table,
+                Key=_key(session_pk(app_name, session_id), META_SK),
+                UpdateExpression="SET #du = :du, dpk = :dpk REMOVE rpk",
+                ConditionExpression="#v = :v AND #st IN (:aw, :rs)",
+                ExpressionAttributeNames={"#du": "due", "#v": "version", "#st": "status"},
+                ExpressionAttributeValues={
+                    ":du": {"N": str(due_at)},
+                    ":dpk": {"S": running_key(app_name, session_id, self._pending_shards, waiting=True)},
+                    ":v": {"N": str(version)},
+                    ":aw": {"S": WAITING_STATUSES[0]},
+                    ":rs": {"S": WAITING_STATUSES[1]},
+                },
+            )
+        except _ConditionFailed:
+            return False
+        return True
+
+    def _indexed(
+        self,
+        keys: Sequence[str],
+        statuses: Sequence[str],
+        limit: int | None,
+        more: Sequence[str] = (),
+        with_version: bool = False,
+    ) -> builtins.list[RunningSession]:
+        """The sessions the running index's ``keys`` name (and ``more`` partition keys), whose meta item, read
+        strongly consistent, has one of ``statuses`` now; oldest first."""
         pks = [
             item["pk"]["S"]
             for key in keys
@@ -82,6 +177,7 @@ class _Listing(_Calls):
                 ExpressionAttributeValues={":r": {"S": key}},
             )
         ]
+        pks += more
         now = now_ms()
         found = []
         for pk, meta in self._metas(pks, consistent=True).items():
@@ -89,8 +185,9 @@ class _Listing(_Calls):
             if meta is None or MetaItem.from_item(meta).version == 0 or status not in statuses or _expired(meta, now):
                 continue
             app_name, session_id = split_session_pk(pk)
-            updated_at = MetaItem.from_item(meta).updated_at or 0
-            found.append(RunningSession(app_name, session_id, updated_at, str(status)))
+            item = MetaItem.from_item(meta)
+            version = item.version if with_version else None
+            found.append(RunningSession(app_name, session_id, item.updated_at or 0, str(status), None, version))
         found.sort(key=lambda r: (r.updated_at, r.app_name, r.session_id))
         return found[:limit]
 

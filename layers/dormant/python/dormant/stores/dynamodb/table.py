@@ -24,7 +24,15 @@ Key design (one table, string ``pk``/``sk``):
   keys only, so the sweeper finds the sessions whose runner may have died without a list of apps. A
   session that waits (``awaiting_input``, ``resumable``) carries ``W#{shard}`` there instead: the sweeper's
   waits whose wake-up may be lost. The finish that stores the status sets or removes ``rpk``: an index
-  write only when a session goes into or out of ``running`` or of waiting, none for the commits in between;
+  write only when a session goes into or out of ``running`` or of waiting, none for the commits in between.
+  A session that waits carries no ``rpk`` since the due index came: ``W#`` entries there are an earlier
+  release's waits, each given a due time (and taken out of this index) by the first sweep that meets it;
+* the due index (``DUE_INDEX``) is sparse: only a waiting session's meta item carries ``dpk`` (``W#{shard}``, the
+  pending index's shards) and ``due`` (epoch ms: when the sweeper is next to look at it). A commit into a waiting
+  status sets ``due`` to its time, ``set_due`` moves it (to the wait's timeout once its execution parked), any
+  other status removes both. A sweep Queries ``due <= now - grace`` per shard: what it reads follows the waits
+  that are due, never the healthy ones. A table made before it gets the index in place (``UpdateTable``; the
+  stack adds it on deploy);
 * no local secondary index: a re-sent event id is found through the session's id items
   (``keys.id_sk``), read by key. A local index would cap every partition key's item collection (a
   session, a scope id's shared state, its binding entries) at 10 GB and keep its partition from splitting;
@@ -37,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = [
+    "DUE_INDEX",
     "LAYOUT_FORMAT",
     "LISTING_INDEX",
     "PENDING_INDEX",
@@ -143,6 +152,7 @@ def _projection(index: dict[str, Any]) -> tuple[str, frozenset[str]]:
     return projection.get("ProjectionType", ""), frozenset(projection.get("NonKeyAttributes") or ())
 
 
+DUE_INDEX = "due"
 LISTING_INDEX = "listing"
 PENDING_INDEX = "pending"
 RUNNING_INDEX = "running"
@@ -177,5 +187,8 @@ TABLE = TableShape(
         # Sorted by the table's own key, which never changes: a running session's later commits (a new
         # ``updated_at``, expiry, filter) rewrite nothing of its entry. ``running_sessions`` reads the rows.
         IndexShape(RUNNING_INDEX, ("rpk", "S"), ("pk", "S"), "KEYS_ONLY"),
+        # The waits by when the sweeper is next to look at each (``due``): a sweep Queries ``due <= now`` and
+        # reads nothing of a healthy wait. Projects what the sweeper's page shows, so a page is Queries alone.
+        IndexShape(DUE_INDEX, ("dpk", "S"), ("due", "N"), "INCLUDE", ("status", "version", "lsk", "expires_at")),
     ),
 )

@@ -18,6 +18,8 @@ from ...events import (
     InvocationStartEvent,
 )
 from ...stores.base import (
+    NOT_DUE,
+    DueStore,
     ErasableStore,
     RunningSession,
     SessionStore,
@@ -286,3 +288,100 @@ class ListingContract(ContractBase):
             for owner, sid in set(made):
                 store.delete(owner, sid)
         assert waiting() == []
+
+    def test_due_waits_are_the_waits_due_by_a_time(self, store: SessionStore, app: str) -> None:
+        """A commit into a waiting status makes the session due from its time; ``set_due`` moves it while the
+        session waits at the version given (never after a later commit, never a session that does not wait);
+        ``due_waits`` pages the due ones by ``(due_at, app, id)`` past a cursor row, each with its version; a
+        session that runs, ends or is deleted leaves; ``NOT_DUE`` keeps a wait out of every sweep's range."""
+        if not isinstance(store, DueStore):
+            pytest.skip("due_waits is part of DueStore, which this store is not")
+        other = f"{app}-other"
+        made: list[tuple[str, str]] = []
+
+        def commit(owner: str, sid: str, status: str, n: int, expected: int) -> bool:
+            made.append((owner, sid))
+            return store.commit(self.row(owner, sid, status=status), [_event(n)], expected).ok
+
+        def due(before: int, limit: int = 1) -> list[tuple[str, str, int | None, str, int | None]]:
+            """Every page of ``limit`` rows, the cursor carried from page to page; only this test's sessions."""
+            rows: list[RunningSession] = []
+            after: RunningSession | None = None
+            while True:
+                page = store.due_waits(before, limit=limit, after=after)
+                assert len(page) <= limit
+                rows += page
+                if len(page) < limit:
+                    break
+                after = page[-1]
+            assert [(r.due_at, r.app_name, r.session_id) for r in rows] == sorted(
+                (r.due_at, r.app_name, r.session_id) for r in rows
+            )
+            return [
+                (r.app_name, r.session_id, r.due_at, r.status, r.version) for r in rows if r.app_name in (app, other)
+            ]
+
+        t = 1_000_000_000
+        try:
+            with frozen_clock(t) as clock:
+                for owner, sid, status in (
+                    (app, "s-asks", "awaiting_input"),  # t+1
+                    (other, "s-answered", "resumable"),  # t+2
+                    (app, "s-runs", "running"),  # t+3
+                    (app, "s-parks", "awaiting_input"),  # t+4
+                    (other, "s-idle", "idle"),  # t+5
+                    (app, "s-deleted", "awaiting_input"),  # t+6
+                ):
+                    clock.advance(1)
+                    assert commit(owner, sid, status, 1, 0)
+                everything = [
+                    (app, "s-asks", t + 1, "awaiting_input", 1),
+                    (other, "s-answered", t + 2, "resumable", 1),
+                    (app, "s-parks", t + 4, "awaiting_input", 1),
+                    (app, "s-deleted", t + 6, "awaiting_input", 1),
+                ]
+                assert due(t + 10) == due(t + 10, limit=100) == everything
+                assert due(t + 4) == everything[:3]  # due by then: t+4 included, t+6 not
+                assert due(t) == []
+                # Parked: due at its timeout. A stale version, a session that does not wait: nothing set.
+                assert store.set_due(app, "s-parks", 1, t + 1_000)
+                assert not store.set_due(app, "s-asks", 7, t + 1_000)
+                assert not store.set_due(app, "s-runs", 1, t + 1_000)
+                assert not store.set_due(app, "s-never", 1, t + 1_000)
+                assert store.set_due(other, "s-answered", 1, t + 1)  # a tie with s-asks: the app name orders
+                assert due(t + 10) == [
+                    (app, "s-asks", t + 1, "awaiting_input", 1),
+                    (other, "s-answered", t + 1, "resumable", 1),
+                    (app, "s-deleted", t + 6, "awaiting_input", 1),
+                ]
+                assert due(t + 1_000)[-1] == (app, "s-parks", t + 1_000, "awaiting_input", 1)
+                clock.advance(10)  # t+16
+                assert commit(app, "s-parks", "resumable", 2, 1)  # answered: due from the answer
+                assert commit(app, "s-asks", "running", 2, 1)  # resumed: no longer waits
+                assert commit(app, "s-runs", "awaiting_input", 2, 1)  # yielded: due from the yield
+                store.delete(app, "s-deleted")
+                assert not store.set_due(app, "s-parks", 1, t + 1_000)  # the answer's commit moved it on
+                assert store.set_due(other, "s-answered", 1, NOT_DUE)  # needs nobody until its next commit
+                assert due(t + 10**9, limit=100) == [
+                    (app, "s-parks", t + 16, "resumable", 2),
+                    (app, "s-runs", t + 16, "awaiting_input", 2),
+                ]
+                assert (other, "s-answered", NOT_DUE, "resumable", 1) in due(NOT_DUE, limit=100)
+                if isinstance(store, SweepableStore):  # a wait kept out of every sweep is still listed
+                    assert ("s-answered", "resumable") in [
+                        (r.session_id, r.status) for r in store.waiting_sessions() if r.app_name == other
+                    ]
+                for call, field in (
+                    (lambda: store.due_waits(-1), "before"),
+                    (lambda: store.due_waits(t, limit=0), "limit"),
+                    (lambda: store.due_waits(t, after=RunningSession(app, "s-x", t)), "after"),
+                    (lambda: store.set_due(app, "s-runs", 0, t), "version"),
+                    (lambda: store.set_due(app, "s-runs", 2, NOT_DUE + 1), "due_at"),
+                ):
+                    with pytest.raises(InputError) as refused:
+                        call()
+                    assert refused.value.field == field
+        finally:
+            for owner, sid in set(made):
+                store.delete(owner, sid)
+        assert due(NOT_DUE, limit=100) == []
