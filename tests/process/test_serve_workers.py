@@ -7,7 +7,10 @@ and no worker outlives its server, whether the server stops or is killed.
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
+import select
 import signal
 import sqlite3
 import subprocess
@@ -154,6 +157,43 @@ def test_clients_racing_runs_and_answers_on_one_session_lose_with_409_and_nothin
     connection.close()
     assert sorted({version for version, _ in rows}) == list(range(2, final["version"] + 1))
     assert [event_id for _, event_id in rows] == [e["id"] for e in events]
+
+
+LONG_POLLS = 50
+
+
+def test_fifty_long_polls_hold_no_worker_and_each_answers_when_an_event_lands(tmp_path: Path) -> None:
+    """Fifty ``GET /events?wait=20`` open on four workers: ``GET /sessions`` still answers within a second (held
+    in workers, eight of them took every worker and it waited ~19 s), none of the fifty answers before an event
+    lands, and each answers with it once it does (a wait that ignored ``wait=`` would answer at once, empty)."""
+    store = f"sqlite:///{tmp_path / 'polls.db'}"
+    with dormant_serve("--store", store, "--workers", "4", "--quiet", cwd=tmp_path) as server:
+        assert call(f"{server.url}/sessions", "POST", {"session_id": "s-1", "scopes": {"user": "alex-doe"}})[0] == 201
+        host, port = server.url.removeprefix("http://").split(":")
+        polls = []
+        for _ in range(LONG_POLLS):
+            connection = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT)
+            connection.request("GET", "/sessions/s-1/events?after=0&wait=20")
+            polls.append(connection)
+        time.sleep(1)  # every poll reached the server (a held one would hold a worker by now)
+
+        started = time.monotonic()
+        status, listed = call(f"{server.url}/sessions")
+        took = time.monotonic() - started
+        assert status == 200 and [s["id"] for s in listed["sessions"]] == ["s-1"], listed
+        assert took < 1.0, f"GET /sessions took {took:.1f} s behind {LONG_POLLS} long-polls"
+
+        ready = [c.sock for c in polls if c.sock is not None and select.select([c.sock], [], [], 0)[0]]
+        assert ready == [], f"{len(ready)} long-polls answered before any event landed"
+        assert call(f"{server.url}/sessions/s-1/runs", "POST", {"message": REQUEST})[0] == 200
+        started = time.monotonic()
+        for connection in polls:
+            response = connection.getresponse()
+            page = json.loads(response.read())
+            assert response.status == 200 and page["events"][0]["type"] == "invocation_start", page
+            connection.close()
+        assert time.monotonic() - started < 10  # each answered with the events, not at the end of its wait
+    assert "Traceback" not in server.output()
 
 
 def test_concurrent_callers_each_get_their_own_answer(tmp_path: Path) -> None:
