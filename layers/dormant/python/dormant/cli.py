@@ -276,16 +276,25 @@ def _serve(args: argparse.Namespace) -> int:
         count = 1
     for stop in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a shell starts background jobs with it ignored
         signal.signal(stop, signal.default_int_handler)
+    gave_up: list[str] = []  # why the workers could not be started again: the server stops, exit 1
+    servers: list[LocalServer] = []
+
+    def give_up(why: str) -> None:
+        gave_up.append(why)
+        for server in servers:  # shutdown waits for serve_forever to return: not in the thread that called it
+            threading.Thread(target=server.shutdown, name="dormant-give-up", daemon=True).start()
+
     with contextlib.ExitStack() as stack:
         try:
             api = stack.enter_context(_local_api(args))  # the store made (schema, table) once, before the workers
             handler: Handler = api
             if count > 1:
                 stack.close()  # each worker opens its own store: a connection must not cross a fork
-                workers = Workers(functools.partial(_local_api, args), count)
+                workers = Workers(functools.partial(_local_api, args), count, on_give_up=give_up)
                 stack.callback(workers.close)
                 handler = workers
             server = LocalServer(handler, args.host, args.port, log_requests=not args.quiet)
+            servers.append(server)
         except (DormantError, OSError) as exc:
             print(f"dormant serve: {exc}", file=sys.stderr)
             return 2
@@ -311,9 +320,12 @@ def _serve(args: argparse.Namespace) -> int:
             flush=True,
         )
         try:
-            server.serve_forever()
+            if not gave_up:  # the workers may have given up before the server was there to stop
+                server.serve_forever()
         except KeyboardInterrupt:
             print("dormant serve: stopping (requests in flight finish first)", file=sys.stderr, flush=True)
+        if gave_up:
+            print(f"dormant serve: stopping, exit 1: {gave_up[0]} (restart it)", file=sys.stderr, flush=True)
         try:
             server.close()
         except KeyboardInterrupt:  # a second Ctrl-C: stop now
@@ -321,7 +333,7 @@ def _serve(args: argparse.Namespace) -> int:
                 workers.close(timeout=0)
             print("dormant serve: stopped without waiting for requests in flight", file=sys.stderr)
             return 130
-    return 0
+    return 1 if gave_up else 0
 
 
 @contextlib.contextmanager
