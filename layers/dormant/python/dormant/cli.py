@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"a store URL (default $DORMANT_STORE, else {DEFAULT_STORE}: under the current directory)",
     )
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="the port (default 8000; 0 picks a free one)")
+    serve.add_argument("--port", type=_port, default=8000, help="the port (default 8000; 0 picks a free one)")
     serve.add_argument(
         "--principal", default="local", help="the caller of a request without X-Dormant-Principal (default local)"
     )
@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--quiet", action="store_true", help="do not log each request on stderr")
     serve.add_argument(
         "--sweep-every",
-        type=float,
+        type=_seconds,
         default=60.0,
         metavar="SECONDS",
         help="run the sweeper this often: repair, purge, hand on turns whose runner stopped (default 60; 0: never)",
@@ -151,13 +151,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     migrate.add_argument("--to", dest="target", required=True, metavar="TABLE", help="the new table (made if missing)")
     migrate.add_argument("--endpoint", help="a DynamoDB endpoint URL (DynamoDB Local); default AWS's")
     migrate.add_argument("--region", help="the AWS region (default: the environment's)")
-    migrate.add_argument("--listing-shards", type=int, help="the new table's listing shards (default: the old one's)")
-    migrate.add_argument("--pending-shards", type=int, help="the new table's pending shards (default: the old one's)")
+    migrate.add_argument(
+        "--listing-shards", type=_count, help="the new table's listing shards, >= 1 (default: the old one's)"
+    )
+    migrate.add_argument(
+        "--pending-shards", type=_count, help="the new table's pending shards, >= 1 (default: the old one's)"
+    )
     migrate.add_argument("--no-create", action="store_true", help="require the new table to exist")
     migrate.set_defaults(run=_migrate_table)
     args = parser.parse_args(argv)
     code: int = args.run(args)
     return code
+
+
+def _port(text: str) -> int:
+    """``--port``: 0 (a free one) to 65535; anything else is argparse's usage error (exit 2), not a traceback."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a port is a whole number from 0 to 65535, not {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is from 0 to 65535, not {port}")
+    return port
+
+
+def _seconds(text: str) -> float:
+    """``--sweep-every``: a finite number of seconds, >= 0 (0: never)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of seconds, not {text!r}") from None
+    if not 0 <= seconds < float("inf"):  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"seconds >= 0 (0: never), not {text}")
+    return seconds
+
+
+def _count(text: str) -> int:
+    """A count that must be >= 1 (the shard counts: 0 is refused, not read as "the default")."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number >= 1, not {text!r}") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f">= 1, not {count}")
+    return count
 
 
 def _operate(args: argparse.Namespace) -> int:
@@ -284,6 +321,7 @@ def _serve(args: argparse.Namespace) -> int:
         for server in servers:  # shutdown waits for serve_forever to return: not in the thread that called it
             threading.Thread(target=server.shutdown, name="dormant-give-up", daemon=True).start()
 
+    made = _missing_sqlite(args.store)
     with contextlib.ExitStack() as stack:
         try:
             api = stack.enter_context(_local_api(args))  # the store made (schema, table) once, before the workers
@@ -319,6 +357,8 @@ def _serve(args: argparse.Namespace) -> int:
             f"dormant serve: the session inspector is at {server.url}/",
             flush=True,
         )
+        if made is not None:  # made, not refused (a new user's first serve has no store); said, not silent
+            print(f"dormant serve: {made}", file=sys.stderr, flush=True)
         try:
             if not gave_up:  # the workers may have given up before the server was there to stop
                 server.serve_forever()
@@ -334,6 +374,22 @@ def _serve(args: argparse.Namespace) -> int:
             print("dormant serve: stopped without waiting for requests in flight", file=sys.stderr)
             return 130
     return 1 if gave_up else 0
+
+
+def _missing_sqlite(url: str) -> str | None:
+    """What ``dormant serve`` is about to make for a SQLite store that is not there yet (the file, and any
+    missing folders), said on stderr, so a typo in the path shows; ``None`` when the file exists."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "sqlite" or not url.startswith("sqlite:///") or parts.path in {"", "/"}:
+        return None
+    from pathlib import Path
+
+    path = Path(parts.path[1:])
+    if path.exists():
+        return None
+    folder = next((p for p in reversed(path.parents) if not p.exists()), None)
+    made = f" and the folder {folder}" if folder is not None else ""
+    return f"no store at {path}: made a new, empty one there{made}"
 
 
 @contextlib.contextmanager

@@ -100,6 +100,11 @@ class _RequestHandler(BaseHTTPRequestHandler):
         if self.headers.get("Transfer-Encoding"):
             self._write(refuse(411, "send the body with a Content-Length"), close=True)
             return
+        lengths = self.headers.get_all("Content-Length") or []
+        if len({value.strip() for value in lengths}) > 1:  # which one frames the body? (RFC 9112 6.3: an error)
+            message = f"Content-Length is given {len(lengths)} times, differently: {', '.join(lengths)}"
+            self._write(refuse(400, message, field="Content-Length"), close=True)
+            return
         try:
             size = int(length) if length else 0
         except ValueError:
