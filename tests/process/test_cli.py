@@ -207,3 +207,37 @@ def test_erase_on_dynamodb_removes_the_apis_results_kept_for_retries(
     finally:
         ddb.close()
         store.close()
+
+
+# -- options a newcomer mistypes: a usage error (exit 2) naming the option, never a traceback ----------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["serve", "--port", "70000"], "--port"),
+        (["serve", "--port", "-1"], "--port"),
+        (["serve", "--port", "eighty"], "--port"),
+        (["serve", "--sweep-every", "-1"], "--sweep-every"),
+        (["serve", "--sweep-every", "nan"], "--sweep-every"),
+        (["serve", "--sweep-every", "inf"], "--sweep-every"),
+        (["migrate-table", "--from", "a", "--to", "b", "--listing-shards", "0"], "--listing-shards"),
+        (["migrate-table", "--from", "a", "--to", "b", "--pending-shards", "0"], "--pending-shards"),
+        (["migrate-table", "--from", "a", "--to", "b", "--listing-shards", "-3"], "--listing-shards"),
+        (["migrate-table", "--from", "a", "--to", "b", "--pending-shards", "-3"], "--pending-shards"),
+    ],
+)
+def test_an_option_out_of_its_range_is_a_usage_error_naming_it(tmp_path: Path, argv: list[str], option: str) -> None:
+    """One rule for every count and number: out of range is refused before anything starts (the shard counts'
+    0 was read as "the old table's", and a port past 65535 was an OverflowError from the socket)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "dormant.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done
+    assert f"argument {option}:" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert list(tmp_path.iterdir()) == []  # no store made, no table touched

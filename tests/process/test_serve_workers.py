@@ -7,6 +7,7 @@ and no worker outlives its server, whether the server stops or is killed.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -236,6 +237,30 @@ def test_no_worker_outlives_a_killed_server(tmp_path: Path) -> None:
         server.process.kill()  # no chance to stop them: each must see its pipe close
         server.process.wait(timeout=TIMEOUT)
         wait_until(lambda: all(gone(pid) for pid in workers), "every worker to end")
+
+
+def test_workers_orphaned_by_a_killed_server_busy_with_requests_end_quietly(tmp_path: Path) -> None:
+    """kill -9 of the server while eight clients keep four workers busy: a worker whose reply the server never
+    read gets a reset on its pipe, not EOF. Each worker ends all the same, and says nothing (they share the
+    server's stderr: a ConnectionResetError traceback there is what a killed server's workers printed)."""
+    with dormant_serve("--store", f"sqlite:///{tmp_path / 'orphans.db'}", "--workers", "4", "--quiet") as server:
+        workers = children(server.process.pid)
+        stop = threading.Event()
+
+        def hammer(n: int) -> None:
+            while not stop.is_set():
+                with contextlib.suppress(OSError, http.client.HTTPException):
+                    call(f"{server.url}/sessions?limit=5")
+
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            for n in range(CLIENTS):
+                pool.submit(hammer, n)
+            time.sleep(1.5)
+            server.process.kill()
+            server.process.wait(timeout=TIMEOUT)
+            stop.set()
+        wait_until(lambda: all(gone(pid) for pid in workers), "every orphaned worker to end")
+    assert "Traceback" not in server.output() and "Error" not in server.output(), server.output()
 
 
 def test_a_dead_worker_costs_its_requests_not_the_server(tmp_path: Path) -> None:
