@@ -5,6 +5,7 @@ turn of the quota. Each test here went red when the behaviour was broken on purp
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambd
 
 from dormant.events import StateChange, StateChangeEvent
 from dormant.serving.api import api_handler
+from dormant.serving.local import LocalAPI
 from dormant.serving.runtime import Served, load_served
 from dormant.serving.workflow import StepFunctions, step_functions_hooks, workflow_handler
 from dormant.stores.url import store_from_url
@@ -129,3 +131,63 @@ def test_an_answer_that_waits_is_answered_with_the_resumed_turn_not_with_resumab
         status, body = waiting.result(timeout=60)
     assert status == 200 and body["status"] == "completed", body
     assert (answered.version + 1, "resumable") in looks, looks  # it saw the newer version, still resumable
+
+
+# -- CORS origins: given with a trailing slash, matched without ----------------------------------------------
+
+SLASHED, ORIGIN = "https://app.example/", "https://app.example"  # a browser's Origin never ends with a slash
+
+
+def test_an_origin_configured_with_a_trailing_slash_gets_the_cors_headers(url: str, opened: list[Served]) -> None:
+    """The handler as deployed, given ``DORMANT_CORS_ORIGINS`` with the slash: the browser's ``Origin`` (no
+    slash) gets ``Access-Control-Allow-Origin`` on an answer and on a preflight."""
+    from dormant.serving.workflow import in_process_hooks
+
+    served = open_served(url, opened)
+    handler = api_handler(in_process_hooks(served), served, cors_origins=[SLASHED])
+    for name in ("list_sessions", "preflight"):
+        event = copy.deepcopy(load_event("api/list_sessions.json"))
+        asked = {"Origin": ORIGIN, **({"Access-Control-Request-Method": "POST"} if name == "preflight" else {})}
+        event["headers"].update(asked)
+        event.setdefault("multiValueHeaders", {}).update({k: [v] for k, v in asked.items()})
+        if name == "preflight":
+            event["httpMethod"] = "OPTIONS"
+        response = handler(event, LambdaContext())
+        headers = {**(response.get("headers") or {}), **(response.get("multiValueHeaders") or {})}
+        allowed = headers.get("Access-Control-Allow-Origin")
+        assert allowed in (ORIGIN, [ORIGIN]), (name, response)
+
+
+def test_dormant_serve_given_an_origin_with_a_trailing_slash_serves_its_pages(url: str, opened: list[Served]) -> None:
+    """``dormant serve --cors-origin https://app.example/``: the page's request passes the cross-site guard (a
+    403 otherwise) and is answered with the origin's CORS headers."""
+    api = LocalAPI(open_served(url, opened), cors_origins=[SLASHED])
+    browser = [("Host", "127.0.0.1:8000"), ("Origin", ORIGIN), ("Sec-Fetch-Site", "cross-site")]
+    reply = api.handle("GET", "/sessions", browser, b"", "127.0.0.1")
+    assert reply.status == 200 and reply.headers.get("Access-Control-Allow-Origin") == ORIGIN, reply
+    preflight = [*browser, ("Access-Control-Request-Method", "POST")]
+    asked = api.handle("OPTIONS", "/sessions", preflight, b"", "127.0.0.1")
+    assert asked.status == 204 and asked.headers.get("Access-Control-Allow-Origin") == ORIGIN, asked
+
+
+# -- the turn quota: a run refused with 409 takes no turn of it ----------------------------------------------
+
+
+def test_a_run_refused_because_a_live_run_holds_the_session_takes_no_turn_of_the_quota(
+    url: str, opened: list[Served], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Quota 2 turns. One run is claimed and running (its execution not yet done); three more runs of that
+    session are refused (409: held by a live run). A second session's run is then the second turn: 200 or
+    202, not the quota's 429 that three refusals charged as turns would give."""
+    monkeypatch.setenv("DORMANT_TURN_QUOTA", "2/3600")
+    client, fake, _, _ = deployed(url, opened)
+    create(client, "s-1")
+    create(client, "s-2")
+    assert client.call("run", session_id="s-1", headers={"Prefer": ""})[0] == 202
+    for _ in range(3):
+        status, refused = client.call("run", session_id="s-1", headers={"Prefer": ""})
+        assert status == 409, refused
+    status, ran = client.call("run", session_id="s-2", headers={"Prefer": ""})
+    assert status == 202 and len(fake.started) == 2, ran
+    status, over = client.call("run", session_id="s-2", headers={"Prefer": ""})  # held too: 409, not a turn
+    assert status == 409, over
