@@ -106,7 +106,7 @@ def test_an_answer_that_waits_is_answered_with_the_resumed_turn_not_with_resumab
     writer = open_served(url, opened).for_tenant(TENANT_A)
 
     moved, looked = threading.Event(), threading.Event()
-    looks: list[tuple[int, str]] = []  # what the waiting request read once the state change landed
+    looks: list[tuple[int, str | None]] = []  # what the waiting request read once the state change landed
     load = api.app.store.load
 
     def watched(app_name: str, session_id: str, **kwargs: Any) -> Any:
