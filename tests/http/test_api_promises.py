@@ -1,6 +1,6 @@
 """Promises of the HTTP API that a plausible one-line bug would break silently: a ``Prefer: wait`` that ends only
 when a turn has, CORS origins matched whatever slash they were given with, and a refused run that costs no
-turn of the quota. Each test here went red when the behaviour was broken on purpose (docs/development.md).
+turn of the quota. Each test here went red when its behaviour was broken on purpose.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 ``count`` forked processes, each with its own ``LocalAPI``, app and store connection, each taking one request
 at a time from the server, which reads and writes HTTP in threads (a slow client holds up no one) and hands
 each request to whichever worker is free. A worker ends when the server closes its pipe, or dies: it reads
-EOF.
+EOF (or a reset), and ends quietly. A worker that dies is replaced at once; one that cannot be is the pool's
+end (``on_give_up``: the server exits 1).
 """
 
 from __future__ import annotations
