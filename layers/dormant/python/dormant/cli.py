@@ -11,7 +11,8 @@
 Every command names the app as the handlers do: ``--app module:attr`` (default ``DORMANT_APP``, else
 the Bookings sample) on ``--store URL`` (default ``DORMANT_STORE``, else ``sqlite:///data/dormant.db``).
 ``erase`` and ``purge`` need the store to exist (a mistyped path is an error, not a new empty
-database); ``serve`` makes a missing SQLite store, folders too (a first run has none), and says so on stderr; their ``--tenant`` is the caller's ``sub`` the HTTP API keeps that tenant's data under
+database; ``serve`` makes a missing SQLite store, folders too, and says so on stderr); their ``--tenant`` is
+the caller's ``sub`` the HTTP API keeps that tenant's data under
 (``{app}@{tenant}``); without it the app's own name is used, as by a program that runs the app itself.
 They exit 0 when done, 2 on bad input or configuration (the message names the field), 1 when the store
 failed, and 3 when ``erase`` removed everything from the store but its report's ``residue`` says the
