@@ -11,12 +11,12 @@ pausing between them, so each look takes a worker for a moment only.
 ``wait=0`` and, while the page is empty, pauses and asks again until ``S`` has passed (``_park``), so open
 long-polls leave every worker to the other requests.
 
-**HTTP.** ``HEAD`` on a GET route is the GET without its body. Two differing ``Content-Length`` headers are
-a 400 (which frames the body?). Any method reaches the routes, as on API Gateway: one a path does not take
-(TRACE, PATCH, a made-up token) is a JSON 405 naming ``Allow``; what http.server refuses itself (a malformed request line, an over-long
-URI) is JSON too. A client that goes away mid-request or mid-response is one line on stderr (none with
-``log_requests`` off), not a traceback. The socket queues ``REQUEST_BACKLOG`` connections, so a burst of
-clients waits to be accepted instead of being dropped.
+**HTTP.** ``HEAD`` on a GET route is the GET without its body. Two differing ``Content-Length`` headers are a
+400 (which frames the body?). Any method reaches the routes, as on API Gateway: one a path does not take
+(TRACE, PATCH, a made-up token) is a JSON 405 naming ``Allow``; what http.server refuses itself (a malformed
+request line, an over-long URI) is JSON too. A client that goes away mid-request or mid-response is one line
+on stderr (none with ``log_requests`` off), not a traceback. The socket queues ``REQUEST_BACKLOG``
+connections, so a burst of clients waits to be accepted instead of being dropped.
 """
 
 from __future__ import annotations
