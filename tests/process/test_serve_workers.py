@@ -270,7 +270,7 @@ def test_a_dead_worker_costs_its_requests_not_the_server(tmp_path: Path) -> None
         wait_until(lambda: gone(first), "the worker to die")
         for n in range(4):  # whichever worker each is handed to, a live one answers
             assert call(f"{server.url}/sessions", "POST", {"session_id": f"s-{n}"})[0] == 201
-    assert f"worker {first} died" in server.output()
+        wait_until(lambda: f"worker {first} died" in server.output(), "the server to say the worker died")
 
 
 def test_with_every_worker_killed_the_server_starts_new_ones_and_answers(tmp_path: Path) -> None:
@@ -288,8 +288,30 @@ def test_with_every_worker_killed_the_server_starts_new_ones_and_answers(tmp_pat
         wait_until(lambda: len(children(server.process.pid)) == 4, "four workers again")
         assert not children(server.process.pid) & killed
         assert server.process.poll() is None
+        listening = _listening_inode(int(server.url.rsplit(":", 1)[1]))
+        assert listening in _socket_inodes(server.process.pid)
+        for pid in children(server.process.pid):  # forked from the serving process: its copies closed
+            assert listening not in _socket_inodes(pid), f"worker {pid} holds the server's listening socket"
     output = server.output()
     assert all(f"worker {pid} died" in output for pid in killed) and "Traceback" not in output
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    """The inodes of the sockets a process holds open."""
+    links = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            links.append(os.readlink(fd))
+    return {link[len("socket:[") : -1] for link in links if link.startswith("socket:[")}
+
+
+def _listening_inode(port: int) -> str:
+    """The inode of the socket listening on ``port`` (IPv4), from /proc/net/tcp."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":  # 0A: LISTEN
+            return fields[9]
+    raise AssertionError(f"nothing listens on {port}")
 
 
 def test_workers_that_cannot_be_started_again_stop_the_server_with_exit_1(tmp_path: Path) -> None:

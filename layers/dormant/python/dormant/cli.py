@@ -334,6 +334,8 @@ def _serve(args: argparse.Namespace) -> int:
                 handler = workers
             server = LocalServer(handler, args.host, args.port, log_requests=not args.quiet)
             servers.append(server)
+            if count > 1:
+                workers.inherited = server.forget  # a worker started in place of a dead one is forked from it
         except (DormantError, OSError) as exc:
             print(f"dormant serve: {exc}", file=sys.stderr)
             return 2

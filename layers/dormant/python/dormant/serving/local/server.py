@@ -338,6 +338,14 @@ class LocalServer(ThreadingHTTPServer):
                 connection.shutdown(socket.SHUT_RD)
         self.server_close()
 
+    def forget(self) -> None:
+        """In a process forked from this server (a worker started later): close its copies of the listening socket
+        and of every client connection, without a shutdown (the server's own stay open): a worker holding them
+        would keep the port bound, and each connection open, for as long as it lives."""
+        self.socket.close()
+        for connection in list(self._connections):  # no lock: the fork left this process one thread
+            connection.close()
+
     @contextlib.contextmanager
     def running(self) -> Iterator[LocalServer]:
         """Serve in a background thread for the ``with`` block (tests and benchmarks in one process)."""

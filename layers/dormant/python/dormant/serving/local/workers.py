@@ -79,6 +79,9 @@ class Workers:
             raise ConfigurationError("this platform cannot fork worker processes: serve with one LocalAPI")
         self._build, self._context = build, multiprocessing.get_context("fork")
         self.on_give_up = on_give_up
+        self.inherited: Callable[[], None] | None = None
+        """Run first in a worker started in place of a dead one: closes what it inherits from the running server
+        (its listening socket, its clients' connections; ``LocalServer.forget``), which is not the worker's."""
         self._workers: list[_Worker] = []  # the live ones (a dead one leaves once the watcher sees it)
         self._lock = threading.Lock()  # the list, and a connection closed while another worker forks
         self._idle: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()
@@ -111,7 +114,7 @@ class Workers:
             ours, theirs = self._context.Pipe()
             others = [ours, *(worker.connection for worker in self._workers)]
             process = self._context.Process(
-                target=_work, args=(self._build, theirs, others), name=f"dormant-worker-{self._born}"
+                target=_work, args=(self._build, theirs, others, self.inherited), name=f"dormant-worker-{self._born}"
             )
             self._born += 1
             process.start()
@@ -221,11 +224,16 @@ def _started(worker: _Worker, timeout: float, stop: threading.Event) -> str | No
 
 
 def _work(
-    build: Callable[[], AbstractContextManager[LocalAPI]], connection: Connection, others: list[Connection]
+    build: Callable[[], AbstractContextManager[LocalAPI]],
+    connection: Connection,
+    others: list[Connection],
+    inherited: Callable[[], None] | None = None,
 ) -> None:
     """A worker's life: build its API, say so, answer requests one at a time until the server's pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if inherited is not None:
+        inherited()
     for other in others:  # the server's ends of the pipes, ours and the earlier workers': held by the server
         other.close()  # alone, a pipe reads EOF in its worker when the server goes, even killed
     with contextlib.ExitStack() as stack:
