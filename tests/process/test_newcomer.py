@@ -467,3 +467,13 @@ def test_two_hundred_clients_at_once_are_all_queued_and_all_answered(local_serve
             thread.join(timeout=120)
     assert queued, f"only {connected[0]} of {count} connections were queued before the server accepted"
     assert outcomes == ["HTTP/1.1 200 OK"] * count
+
+
+@pytest.mark.parametrize("wait", ["26", "abc", "-1", "1.5"])
+def test_a_long_poll_held_by_the_server_still_refuses_a_bad_wait_naming_it(local_server: Any, wait: str) -> None:
+    """The server holds a long-poll itself (asking with ``wait=0``); a ``wait`` the route refuses still reaches
+    the route, and is its 400 naming ``wait``, at once."""
+    with local_server.running():
+        assert _exchange(local_server.url, _post("/sessions", b'{"session_id": "s-1"}'))[0] == 201
+        status, _, body = _raw(local_server.url, "GET", f"/sessions/s-1/events?after=0&wait={wait}")
+    assert status == 400 and json.loads(body)["field"] == "wait", body
