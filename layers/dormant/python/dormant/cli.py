@@ -57,7 +57,9 @@ SERVE_EPILOG = """The API (JSON in and out) is the one API Gateway serves on AWS
 The session inspector, a web page over the same API, is at / (open it in a browser on this machine).
 A run that waits for answers is resumed by the request that answers it (on AWS, Step Functions does).
 Requests run side by side in --workers processes (each its own app and store connection, taking one
-request at a time, as a Lambda instance does), so a slow run holds up no one else.
+request at a time, as a Lambda instance does), so a slow run holds up no one else. A long-poll
+(GET /sessions/{id}/events?wait=S) holds no worker: the server re-asks for it. A worker that dies is
+replaced at once; if none can be started again, the server exits 1.
 
 Identity is a development stand-in for the Cognito authorizer: the X-Dormant-Principal header (the
 token's sub), X-Dormant-Tenant (its tenant claim) and X-Dormant-Groups (a comma list: cognito:groups),
