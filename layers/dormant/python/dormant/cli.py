@@ -58,7 +58,7 @@ The session inspector, a web page over the same API, is at / (open it in a brows
 A run that waits for answers is resumed by the request that answers it (on AWS, Step Functions does).
 Requests run side by side in --workers processes (each its own app and store connection, taking one
 request at a time, as a Lambda instance does), so a slow run holds up no one else. A long-poll
-(GET /sessions/{id}/events?wait=S) holds no worker: the server re-asks for it. A worker that dies is
+(GET /sessions/{{id}}/events?wait=S) holds no worker: the server re-asks for it. A worker that dies is
 replaced at once; if none can be started again, the server exits 1.
 
 Identity is a development stand-in for the Cognito authorizer: the X-Dormant-Principal header (the
