@@ -270,3 +270,17 @@ def test_serve_makes_a_missing_sqlite_store_and_says_so_where_erase_and_purge_re
     with dormant_serve("--store", url, "--quiet", "--workers", "1", cwd=tmp_path) as again:
         pass
     assert "no store at" not in again.output()
+
+
+def test_serve_help_lists_the_routes_and_says_what_holds_a_worker(tmp_path: Path) -> None:
+    """``dormant serve --help`` is the API's first page: its epilog is formatted (a brace in it once crashed it)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "dormant.cli", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "GET /sessions/{id}/events" in done.stdout and "A long-poll" in done.stdout
