@@ -207,3 +207,80 @@ def test_erase_on_dynamodb_removes_the_apis_results_kept_for_retries(
     finally:
         ddb.close()
         store.close()
+
+
+# -- options a newcomer mistypes: a usage error (exit 2) naming the option, never a traceback ----------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["serve", "--port", "70000"], "--port"),
+        (["serve", "--port", "-1"], "--port"),
+        (["serve", "--port", "eighty"], "--port"),
+        (["serve", "--sweep-every", "-1"], "--sweep-every"),
+        (["serve", "--sweep-every", "nan"], "--sweep-every"),
+        (["serve", "--sweep-every", "inf"], "--sweep-every"),
+        (["migrate-table", "--from", "a", "--to", "b", "--listing-shards", "0"], "--listing-shards"),
+        (["migrate-table", "--from", "a", "--to", "b", "--pending-shards", "0"], "--pending-shards"),
+        (["migrate-table", "--from", "a", "--to", "b", "--listing-shards", "-3"], "--listing-shards"),
+        (["migrate-table", "--from", "a", "--to", "b", "--pending-shards", "-3"], "--pending-shards"),
+    ],
+)
+def test_an_option_out_of_its_range_is_a_usage_error_naming_it(tmp_path: Path, argv: list[str], option: str) -> None:
+    """One rule for every count and number: out of range is refused before anything starts (the shard counts'
+    0 was read as "the old table's", and a port past 65535 was an OverflowError from the socket)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "dormant.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done
+    assert f"argument {option}:" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert list(tmp_path.iterdir()) == []  # no store made, no table touched
+
+
+def test_serve_makes_a_missing_sqlite_store_and_says_so_where_erase_and_purge_refuse_it(tmp_path: Path) -> None:
+    """The rule (docs/development.md): a command that starts a store (``dormant serve``, ``bookings ask``) makes a
+    missing one, folders too, and says where on stderr so a typo shows; one that acts on stored data (``erase``,
+    ``purge``, bookings' other commands) refuses a missing one, exit 2."""
+    from tests.support.serve_calls import call
+    from tests.support.servers.serve import dormant_serve
+
+    pytest.importorskip("aws_lambda_powertools", reason="dormant serve needs the lambda extra")
+    url = "sqlite:///typo/dir/x.db"
+    for operation in (["purge"], ["erase", "--scope", "user", "--id", "alex-doe"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "dormant.cli", *operation, "--store", url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done
+    assert list(tmp_path.iterdir()) == []
+    with dormant_serve("--store", url, "--quiet", "--workers", "1", cwd=tmp_path) as server:
+        assert call(f"{server.url}/sessions")[0] == 200
+    made = "no store at typo/dir/x.db: made a new, empty one there and the folder typo"
+    assert made in server.output() and (tmp_path / "typo/dir/x.db").is_file()
+    with dormant_serve("--store", url, "--quiet", "--workers", "1", cwd=tmp_path) as again:
+        pass
+    assert "no store at" not in again.output()
+
+
+def test_serve_help_lists_the_routes_and_says_what_holds_a_worker(tmp_path: Path) -> None:
+    """``dormant serve --help`` is the API's first page: its epilog is formatted (a brace in it once crashed it)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "dormant.cli", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "GET /sessions/{id}/events" in done.stdout and "A long-poll" in done.stdout

@@ -289,11 +289,11 @@ def _raw(url: str, method: str, target: str) -> tuple[int, dict[str, str], bytes
 @pytest.mark.parametrize(
     ("method", "target", "status", "allow"),
     [
-        ("TRACE", "/sessions", 405, "GET, POST"),
-        ("CONNECT", "/sessions/s-1", 405, "DELETE, GET"),
-        ("PATCH", "/sessions/s-1", 405, "DELETE, GET"),
+        ("TRACE", "/sessions", 405, "GET, HEAD, POST"),
+        ("CONNECT", "/sessions/s-1", 405, "DELETE, GET, HEAD"),
+        ("PATCH", "/sessions/s-1", 405, "DELETE, GET, HEAD"),
         ("PUT", "/sessions/s-1/runs", 405, "POST"),
-        ("BREW", "/sessions", 405, "GET, POST"),  # a token no HTTP server knows
+        ("BREW", "/sessions", 405, "GET, HEAD, POST"),  # a token no HTTP server knows
         ("TRACE", "/", 405, "GET, HEAD"),  # the inspector's page
         ("DELETE", "/inspect/app.js", 405, "GET, HEAD"),
         ("TRACE", "/nowhere", 404, None),
@@ -331,6 +331,84 @@ def test_what_http_server_itself_refuses_is_json_too(local_server: Any, request_
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.split(b"\r\n")[0].split(b" ")[1] == str(status).encode()
     assert b"content-type: application/json" in head.lower() and json.loads(body)["message"]
+
+
+def _exchange(url: str, request: bytes) -> tuple[int, bytes, bytes]:
+    """Send raw bytes as one request; the status, head and body of the answer (the server closes after it)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(request)
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), head, body
+
+
+@pytest.mark.parametrize("lengths", [("2", "-5"), ("2", "3"), ("-5", "2")])
+def test_two_differing_content_lengths_are_a_400_naming_it_and_nothing_is_written(
+    local_server: Any, lengths: tuple[str, str]
+) -> None:
+    """Which of two lengths frames the body is what request smuggling plays on: neither is believed."""
+    body = b'{"session_id": "smuggled"}'
+    head = b"".join(f"Content-Length: {n}\r\n".encode() for n in lengths)
+    request = (
+        b"POST /sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + head + b"\r\n" + body
+    )
+    with local_server.running():
+        status, _, answer = _exchange(local_server.url, request)
+        listed = _raw(local_server.url, "GET", "/sessions")
+    assert status == 400 and json.loads(answer)["field"] == "Content-Length", answer
+    assert json.loads(listed[2])["sessions"] == []
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br"])
+def test_an_encoded_body_is_a_400_naming_content_encoding_and_nothing_is_written(
+    local_server: Any, coding: str
+) -> None:
+    """Nothing decodes a body (API Gateway has no compression set): one marked gzip, gzip or not, is refused,
+    not read as the bytes it is."""
+    body = b'{"session_id": "encoded"}'  # valid JSON: what was accepted as is
+    request = (
+        f"POST /sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Encoding: {coding}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    with local_server.running():
+        status, _, answer = _exchange(local_server.url, request)
+        listed = _raw(local_server.url, "GET", "/sessions")
+        plain = _exchange(local_server.url, request.replace(f"Content-Encoding: {coding}".encode(), b"X-Note: plain"))
+    assert status == 400 and json.loads(answer)["field"] == "Content-Encoding", answer
+    assert json.loads(listed[2])["sessions"] == [] and plain[0] == 201
+
+
+def _post(path: str, body: bytes) -> bytes:
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+    return head.encode() + b"\r\n\r\n" + body
+
+
+def test_head_on_a_get_route_answers_as_get_without_a_body(local_server: Any) -> None:
+    with local_server.running():
+        created = _exchange(local_server.url, _post("/sessions", b'{"session_id": "s-1"}'))
+        got = _raw(local_server.url, "GET", "/sessions/s-1")
+        head = _raw(local_server.url, "HEAD", "/sessions/s-1")
+        listed = _raw(local_server.url, "HEAD", "/sessions")
+        missing = _raw(local_server.url, "HEAD", "/sessions/nobody")
+    assert created[0] == 201 and got[0] == 200 and head[0] == 200 and head[2] == b""
+    assert head[1]["content-length"] == str(len(got[2])) and head[1]["content-type"] == got[1]["content-type"]
+    assert listed[0] == 200 and listed[2] == b""
+    assert missing[0] == 404 and missing[2] == b""
+
+
+def test_post_answers_are_compact_json_as_gets_are(local_server: Any) -> None:
+    request = _post("/sessions", json.dumps({"session_id": "s-1", "scopes": {"user": "alex-doe"}}).encode())
+    with local_server.running():
+        created = _exchange(local_server.url, request)
+        again = _exchange(local_server.url, request)  # its 409, an error answer
+        got = _raw(local_server.url, "GET", "/sessions/s-1")
+    for status, _, answer in (created, again):
+        assert status in {201, 409} and answer == json.dumps(json.loads(answer), separators=(",", ":")).encode()
+    assert got[2] == json.dumps(json.loads(got[2]), separators=(",", ":")).encode()
 
 
 def _reset(sock: socket.socket) -> None:
@@ -403,3 +481,13 @@ def test_two_hundred_clients_at_once_are_all_queued_and_all_answered(local_serve
             thread.join(timeout=120)
     assert queued, f"only {connected[0]} of {count} connections were queued before the server accepted"
     assert outcomes == ["HTTP/1.1 200 OK"] * count
+
+
+@pytest.mark.parametrize("wait", ["26", "abc", "-1", "1.5"])
+def test_a_long_poll_held_by_the_server_still_refuses_a_bad_wait_naming_it(local_server: Any, wait: str) -> None:
+    """The server holds a long-poll itself (asking with ``wait=0``); a ``wait`` the route refuses still reaches
+    the route, and is its 400 naming ``wait``, at once."""
+    with local_server.running():
+        assert _exchange(local_server.url, _post("/sessions", b'{"session_id": "s-1"}'))[0] == 201
+        status, _, body = _raw(local_server.url, "GET", f"/sessions/s-1/events?after=0&wait={wait}")
+    assert status == 400 and json.loads(body)["field"] == "wait", body

@@ -58,9 +58,9 @@ def test_the_local_api_curl_examples_run_as_written_against_dormant_serve_twice_
     assert "Traceback" not in third.stderr
     assert third.stderr.split() == ["201", "200", "200", "200", "409", "200", "200", "200", "400"]
     assert (
-        '"status": "completed"' in third.stdout and "There is no open physio slot on Tuesday afternoon" in third.stdout
+        '"status":"completed"' in third.stdout and "There is no open physio slot on Tuesday afternoon" in third.stdout
     )
-    assert '"field": "answers.0.call_id"' in third.stdout
+    assert '"field":"answers.0.call_id"' in third.stdout
 
 
 def _check_one_run(stdout: str, stderr: str) -> str:

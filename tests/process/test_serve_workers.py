@@ -7,7 +7,11 @@ and no worker outlives its server, whether the server stops or is killed.
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import json
 import os
+import select
 import signal
 import sqlite3
 import subprocess
@@ -156,6 +160,43 @@ def test_clients_racing_runs_and_answers_on_one_session_lose_with_409_and_nothin
     assert [event_id for _, event_id in rows] == [e["id"] for e in events]
 
 
+LONG_POLLS = 50
+
+
+def test_fifty_long_polls_hold_no_worker_and_each_answers_when_an_event_lands(tmp_path: Path) -> None:
+    """Fifty ``GET /events?wait=20`` open on four workers: ``GET /sessions`` still answers within a second (held
+    in workers, eight of them took every worker and it waited ~19 s), none of the fifty answers before an event
+    lands, and each answers with it once it does (a wait that ignored ``wait=`` would answer at once, empty)."""
+    store = f"sqlite:///{tmp_path / 'polls.db'}"
+    with dormant_serve("--store", store, "--workers", "4", "--quiet", cwd=tmp_path) as server:
+        assert call(f"{server.url}/sessions", "POST", {"session_id": "s-1", "scopes": {"user": "alex-doe"}})[0] == 201
+        host, port = server.url.removeprefix("http://").split(":")
+        polls = []
+        for _ in range(LONG_POLLS):
+            connection = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT)
+            connection.request("GET", "/sessions/s-1/events?after=0&wait=20")
+            polls.append(connection)
+        time.sleep(1)  # every poll reached the server (a held one would hold a worker by now)
+
+        started = time.monotonic()
+        status, listed = call(f"{server.url}/sessions")
+        took = time.monotonic() - started
+        assert status == 200 and [s["id"] for s in listed["sessions"]] == ["s-1"], listed
+        assert took < 1.0, f"GET /sessions took {took:.1f} s behind {LONG_POLLS} long-polls"
+
+        ready = [c.sock for c in polls if c.sock is not None and select.select([c.sock], [], [], 0)[0]]
+        assert ready == [], f"{len(ready)} long-polls answered before any event landed"
+        assert call(f"{server.url}/sessions/s-1/runs", "POST", {"message": REQUEST})[0] == 200
+        started = time.monotonic()
+        for connection in polls:
+            response = connection.getresponse()
+            page = json.loads(response.read())
+            assert response.status == 200 and page["events"][0]["type"] == "invocation_start", page
+            connection.close()
+        assert time.monotonic() - started < 10  # each answered with the events, not at the end of its wait
+    assert "Traceback" not in server.output()
+
+
 def test_concurrent_callers_each_get_their_own_answer(tmp_path: Path) -> None:
     """Eight tenants at once, each reading its own session ``mine`` over and over: every reply is the
     caller's own (what one resolver shared by two requests at a time would break, across tenants)."""
@@ -198,18 +239,96 @@ def test_no_worker_outlives_a_killed_server(tmp_path: Path) -> None:
         wait_until(lambda: all(gone(pid) for pid in workers), "every worker to end")
 
 
+def test_workers_orphaned_by_a_killed_server_busy_with_requests_end_quietly(tmp_path: Path) -> None:
+    """kill -9 of the server while eight clients keep four workers busy: a worker whose reply the server never
+    read gets a reset on its pipe, not EOF. Each worker ends all the same, and says nothing (they share the
+    server's stderr: a ConnectionResetError traceback there is what a killed server's workers printed)."""
+    with dormant_serve("--store", f"sqlite:///{tmp_path / 'orphans.db'}", "--workers", "4", "--quiet") as server:
+        workers = children(server.process.pid)
+        stop = threading.Event()
+
+        def hammer(n: int) -> None:
+            while not stop.is_set():
+                with contextlib.suppress(OSError, http.client.HTTPException):
+                    call(f"{server.url}/sessions?limit=5")
+
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            for n in range(CLIENTS):
+                pool.submit(hammer, n)
+            time.sleep(1.5)
+            server.process.kill()
+            server.process.wait(timeout=TIMEOUT)
+            stop.set()
+        wait_until(lambda: all(gone(pid) for pid in workers), "every orphaned worker to end")
+    assert "Traceback" not in server.output() and "Error" not in server.output(), server.output()
+
+
 def test_a_dead_worker_costs_its_requests_not_the_server(tmp_path: Path) -> None:
     with dormant_serve("--store", f"sqlite:///{tmp_path / 'dead.db'}", "--workers", "2", cwd=tmp_path) as server:
-        first, second = sorted(children(server.process.pid))
+        first = min(children(server.process.pid))
         os.kill(first, signal.SIGKILL)
         wait_until(lambda: gone(first), "the worker to die")
-        for n in range(4):  # whichever worker each is handed to, the live one answers
+        for n in range(4):  # whichever worker each is handed to, a live one answers
             assert call(f"{server.url}/sessions", "POST", {"session_id": f"s-{n}"})[0] == 201
-        os.kill(second, signal.SIGKILL)
-        wait_until(lambda: gone(second), "the other worker to die")
-        status, body = call(f"{server.url}/sessions")
-        assert status == 503 and body["error"] == "ServiceUnavailable", body
-    assert f"worker {first} died" in server.output() and f"worker {second} died" in server.output()
+        wait_until(lambda: f"worker {first} died" in server.output(), "the server to say the worker died")
+
+
+def test_with_every_worker_killed_the_server_starts_new_ones_and_answers(tmp_path: Path) -> None:
+    """kill -9 of all four workers at once, idle: within a minute (in practice a second or two) four new workers
+    answer, and the requests made meanwhile wait for them rather than answer 503."""
+    with dormant_serve("--store", f"sqlite:///{tmp_path / 'all.db'}", "--workers", "4", cwd=tmp_path) as server:
+        killed = children(server.process.pid)
+        assert len(killed) == 4
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: all(gone(pid) for pid in killed), "every worker to die")
+        started = time.monotonic()
+        statuses = [call(f"{server.url}/sessions", "POST", {"session_id": f"s-{n}"})[0] for n in range(8)]
+        assert statuses == [201] * 8 and time.monotonic() - started < 60, statuses
+        wait_until(lambda: len(children(server.process.pid)) == 4, "four workers again")
+        assert not children(server.process.pid) & killed
+        assert server.process.poll() is None
+        listening = _listening_inode(int(server.url.rsplit(":", 1)[1]))
+        assert listening in _socket_inodes(server.process.pid)
+        for pid in children(server.process.pid):  # forked from the serving process: its copies closed
+            assert listening not in _socket_inodes(pid), f"worker {pid} holds the server's listening socket"
+    output = server.output()
+    assert all(f"worker {pid} died" in output for pid in killed) and "Traceback" not in output
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    """The inodes of the sockets a process holds open."""
+    links = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            links.append(os.readlink(fd))
+    return {link[len("socket:[") : -1] for link in links if link.startswith("socket:[")}
+
+
+def _listening_inode(port: int) -> str:
+    """The inode of the socket listening on ``port`` (IPv4), from /proc/net/tcp."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":  # 0A: LISTEN
+            return fields[9]
+    raise AssertionError(f"nothing listens on {port}")
+
+
+def test_workers_that_cannot_be_started_again_stop_the_server_with_exit_1(tmp_path: Path) -> None:
+    """A worker dies and the one started in its place cannot build its app (here, broken on purpose): the
+    server answers 503 meanwhile, then exits 1 naming why, within a minute, so a supervisor restarts it."""
+    env = {"PYTHONPATH": str(ROOT), "HOLD_DIR": str(tmp_path)}
+    store = f"sqlite:///{tmp_path / 'broken.db'}"
+    args = ("--store", store, "--app", "tests.support.serve_app:build_until_broken", "--workers", "2")
+    with dormant_serve(*args, env=env, cwd=tmp_path, timeout=TIMEOUT) as server:
+        (tmp_path / "broken").touch()
+        first = min(children(server.process.pid))
+        os.kill(first, signal.SIGKILL)
+        assert server.process.wait(timeout=60) == 1
+    output = server.output()
+    assert f"worker {first} died" in output and "broken on purpose" in output and "exit 1" in output, output
+    assert "Traceback" not in output
+    wait_until(lambda: not children(server.process.pid), "the other worker to end")
 
 
 @pytest.mark.parametrize(

@@ -58,3 +58,10 @@ def build(store: SessionStore) -> HoldApp:
     tool = app.tool(name="hold", description="Wait for the test.", schema=Empty, execute=hold)
     model = {"provider": "scripted", "name": "hold"}
     return HoldApp(app, app.agent(name="holder", model=model, context=[app.context.history()], tools=[tool]))
+
+
+def build_until_broken(store: SessionStore) -> HoldApp:
+    """``build``, until ``HOLD_DIR/broken`` exists: then a worker started afterwards cannot build its app."""
+    if (Path(os.environ["HOLD_DIR"]) / "broken").exists():
+        raise RuntimeError("the app is broken on purpose (HOLD_DIR/broken)")
+    return build(store)

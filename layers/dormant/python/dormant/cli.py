@@ -11,7 +11,8 @@
 Every command names the app as the handlers do: ``--app module:attr`` (default ``DORMANT_APP``, else
 the Bookings sample) on ``--store URL`` (default ``DORMANT_STORE``, else ``sqlite:///data/dormant.db``).
 ``erase`` and ``purge`` need the store to exist (a mistyped path is an error, not a new empty
-database); their ``--tenant`` is the caller's ``sub`` the HTTP API keeps that tenant's data under
+database; ``serve`` makes a missing SQLite store, folders too, and says so on stderr); their ``--tenant`` is
+the caller's ``sub`` the HTTP API keeps that tenant's data under
 (``{app}@{tenant}``); without it the app's own name is used, as by a program that runs the app itself.
 They exit 0 when done, 2 on bad input or configuration (the message names the field), 1 when the store
 failed, and 3 when ``erase`` removed everything from the store but its report's ``residue`` says the
@@ -56,7 +57,9 @@ SERVE_EPILOG = """The API (JSON in and out) is the one API Gateway serves on AWS
 The session inspector, a web page over the same API, is at / (open it in a browser on this machine).
 A run that waits for answers is resumed by the request that answers it (on AWS, Step Functions does).
 Requests run side by side in --workers processes (each its own app and store connection, taking one
-request at a time, as a Lambda instance does), so a slow run holds up no one else.
+request at a time, as a Lambda instance does), so a slow run holds up no one else. A long-poll
+(GET /sessions/{{id}}/events?wait=S) holds no worker: the server re-asks for it. A worker that dies is
+replaced at once; if none can be started again, the server exits 1.
 
 Identity is a development stand-in for the Cognito authorizer: the X-Dormant-Principal header (the
 token's sub), X-Dormant-Tenant (its tenant claim) and X-Dormant-Groups (a comma list: cognito:groups),
@@ -94,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"a store URL (default $DORMANT_STORE, else {DEFAULT_STORE}: under the current directory)",
     )
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="the port (default 8000; 0 picks a free one)")
+    serve.add_argument("--port", type=_port, default=8000, help="the port (default 8000; 0 picks a free one)")
     serve.add_argument(
         "--principal", default="local", help="the caller of a request without X-Dormant-Principal (default local)"
     )
@@ -123,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--quiet", action="store_true", help="do not log each request on stderr")
     serve.add_argument(
         "--sweep-every",
-        type=float,
+        type=_seconds,
         default=60.0,
         metavar="SECONDS",
         help="run the sweeper this often: repair, purge, hand on turns whose runner stopped (default 60; 0: never)",
@@ -152,13 +155,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     migrate.add_argument("--to", dest="target", required=True, metavar="TABLE", help="the new table (made if missing)")
     migrate.add_argument("--endpoint", help="a DynamoDB endpoint URL (DynamoDB Local); default AWS's")
     migrate.add_argument("--region", help="the AWS region (default: the environment's)")
-    migrate.add_argument("--listing-shards", type=int, help="the new table's listing shards (default: the old one's)")
-    migrate.add_argument("--pending-shards", type=int, help="the new table's pending shards (default: the old one's)")
+    migrate.add_argument(
+        "--listing-shards", type=_count, help="the new table's listing shards, >= 1 (default: the old one's)"
+    )
+    migrate.add_argument(
+        "--pending-shards", type=_count, help="the new table's pending shards, >= 1 (default: the old one's)"
+    )
     migrate.add_argument("--no-create", action="store_true", help="require the new table to exist")
     migrate.set_defaults(run=_migrate_table)
     args = parser.parse_args(argv)
     code: int = args.run(args)
     return code
+
+
+def _port(text: str) -> int:
+    """``--port``: 0 (a free one) to 65535; anything else is argparse's usage error (exit 2), not a traceback."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a port is a whole number from 0 to 65535, not {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is from 0 to 65535, not {port}")
+    return port
+
+
+def _seconds(text: str) -> float:
+    """``--sweep-every``: a finite number of seconds, >= 0 (0: never)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of seconds, not {text!r}") from None
+    if not 0 <= seconds < float("inf"):  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"seconds >= 0 (0: never), not {text}")
+    return seconds
+
+
+def _count(text: str) -> int:
+    """A count that must be >= 1 (the shard counts: 0 is refused, not read as "the default")."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number >= 1, not {text!r}") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f">= 1, not {count}")
+    return count
 
 
 def _operate(args: argparse.Namespace) -> int:
@@ -277,16 +317,28 @@ def _serve(args: argparse.Namespace) -> int:
         count = 1
     for stop in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a shell starts background jobs with it ignored
         signal.signal(stop, signal.default_int_handler)
+    gave_up: list[str] = []  # why the workers could not be started again: the server stops, exit 1
+    servers: list[LocalServer] = []
+
+    def give_up(why: str) -> None:
+        gave_up.append(why)
+        for server in servers:  # shutdown waits for serve_forever to return: not in the thread that called it
+            threading.Thread(target=server.shutdown, name="dormant-give-up", daemon=True).start()
+
+    made = _missing_sqlite(args.store)
     with contextlib.ExitStack() as stack:
         try:
             api = stack.enter_context(_local_api(args))  # the store made (schema, table) once, before the workers
             handler: Handler = api
             if count > 1:
                 stack.close()  # each worker opens its own store: a connection must not cross a fork
-                workers = Workers(functools.partial(_local_api, args), count)
+                workers = Workers(functools.partial(_local_api, args), count, on_give_up=give_up)
                 stack.callback(workers.close)
                 handler = workers
             server = LocalServer(handler, args.host, args.port, log_requests=not args.quiet)
+            servers.append(server)
+            if count > 1:
+                workers.inherited = server.forget  # a worker started in place of a dead one is forked from it
         except (DormantError, OSError) as exc:
             print(f"dormant serve: {exc}", file=sys.stderr)
             return 2
@@ -311,10 +363,15 @@ def _serve(args: argparse.Namespace) -> int:
             f"dormant serve: the session inspector is at {server.url}/",
             flush=True,
         )
+        if made is not None:  # made, not refused (a new user's first serve has no store); said, not silent
+            print(f"dormant serve: {made}", file=sys.stderr, flush=True)
         try:
-            server.serve_forever()
+            if not gave_up:  # the workers may have given up before the server was there to stop
+                server.serve_forever()
         except KeyboardInterrupt:
             print("dormant serve: stopping (requests in flight finish first)", file=sys.stderr, flush=True)
+        if gave_up:
+            print(f"dormant serve: stopping, exit 1: {gave_up[0]} (restart it)", file=sys.stderr, flush=True)
         try:
             server.close()
         except KeyboardInterrupt:  # a second Ctrl-C: stop now
@@ -322,7 +379,23 @@ def _serve(args: argparse.Namespace) -> int:
                 workers.close(timeout=0)
             print("dormant serve: stopped without waiting for requests in flight", file=sys.stderr)
             return 130
-    return 0
+    return 1 if gave_up else 0
+
+
+def _missing_sqlite(url: str) -> str | None:
+    """What ``dormant serve`` is about to make for a SQLite store that is not there yet (the file, and any
+    missing folders), said on stderr, so a typo in the path shows; ``None`` when the file exists."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "sqlite" or not url.startswith("sqlite:///") or parts.path in {"", "/"}:
+        return None
+    from pathlib import Path
+
+    path = Path(parts.path[1:])
+    if path.exists():
+        return None
+    folder = next((p for p in reversed(path.parents) if not p.exists()), None)
+    made = f" and the folder {folder}" if folder is not None else ""
+    return f"no store at {path}: made a new, empty one there{made}"
 
 
 def _default_groups(args: argparse.Namespace) -> str:

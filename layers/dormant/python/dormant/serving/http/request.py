@@ -122,6 +122,12 @@ class Request:
         record's payload both read this."""
         if self._data is _UNREAD:
             raw = self.event.body or ""
+            coding = (self.event.headers.get("content-encoding") or "identity").strip().lower()
+            if raw and coding != "identity":  # neither API Gateway (no compression set) nor a handler decodes it
+                raise InputError(
+                    f"the body is read as sent: send it without Content-Encoding, not {coding!r}",
+                    field="Content-Encoding",
+                )
             size = len(raw.encode() if isinstance(raw, str) else raw)
             if size > MAX_BODY_BYTES:
                 raise RequestTooLarge(size, MAX_BODY_BYTES)

@@ -50,7 +50,7 @@ class Reply:
 
     @classmethod
     def of_json(cls, status: int, payload: Any) -> Reply:
-        return cls(status, json.dumps(payload).encode(), {"Content-Type": "application/json"})
+        return cls(status, json.dumps(payload, separators=(",", ":")).encode(), {"Content-Type": "application/json"})
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,7 @@ def not_allowed(method: str, path: str, allowed: str) -> Reply:
     message = f"{method} {path}: use {allowed}"
     return Reply(
         405,
-        json.dumps({"error": "MethodNotAllowed", "message": message}).encode(),
+        json.dumps({"error": "MethodNotAllowed", "message": message}, separators=(",", ":")).encode(),
         {
             "Content-Type": "application/json",
             "Allow": allowed,

@@ -185,10 +185,14 @@ class LocalAPI:
         if matched is None:
             return refuse(404, f"no route {split.path}")
         route = next((r for r in matched[0] if r.method == method.upper()), None)
+        if route is None and method.upper() == "HEAD":  # HEAD is GET without the body (the server drops it)
+            route = next((r for r in matched[0] if r.method == "GET"), None)
         if route is None and method.upper() == "OPTIONS" and self.cors_origins:  # a preflight, as API Gateway routes it
             route = Route("OPTIONS", matched[0][0].resource, matched[0][0].pattern, PREFLIGHT_FUNCTION)
         if route is None:
-            return not_allowed(method, split.path, ", ".join(sorted({r.method for r in matched[0]})))
+            allowed = {r.method for r in matched[0]}
+            allowed |= {"HEAD"} if "GET" in allowed else set()
+            return not_allowed(method, split.path, ", ".join(sorted(allowed)))
         pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
         forwarded = [(name, value) for name, value in pairs if name.lower() not in IDENTITY_HEADERS]
         request_id = str(uuid.uuid4())

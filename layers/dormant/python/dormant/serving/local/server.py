@@ -7,11 +7,16 @@ as server-sent events: each event as it lands (``id:`` its index in the ledger, 
 worker: the server thread that holds the connection asks the API for the next events with plain requests,
 pausing between them, so each look takes a worker for a moment only.
 
-**HTTP.** Any method reaches the routes, as on API Gateway: one a path does not take (TRACE, PATCH, a made-up
-token) is a JSON 405 naming ``Allow``; what http.server refuses itself (a malformed request line, an over-long
-URI) is JSON too. A client that goes away mid-request or mid-response is one line on stderr (none with
-``log_requests`` off), not a traceback. The socket queues ``REQUEST_BACKLOG`` connections, so a burst of
-clients waits to be accepted instead of being dropped.
+**Long-polls.** ``GET /sessions/{id}/events?wait=S`` pins no worker either: the server thread asks with
+``wait=0`` and, while the page is empty, pauses and asks again until ``S`` has passed (``_park``), so open
+long-polls leave every worker to the other requests.
+
+**HTTP.** ``HEAD`` on a GET route is the GET without its body. Two differing ``Content-Length`` headers are a
+400 (which frames the body?). Any method reaches the routes, as on API Gateway: one a path does not take
+(TRACE, PATCH, a made-up token) is a JSON 405 naming ``Allow``; what http.server refuses itself (a malformed
+request line, an over-long URI) is JSON too. A client that goes away mid-request or mid-response is one line
+on stderr (none with ``log_requests`` off), not a traceback. The socket queues ``REQUEST_BACKLOG``
+connections, so a burst of clients waits to be accepted instead of being dropped.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
-from .gateway import EVENTS_ROUTE, Reply, phrase, refuse
+from ..bodies import MAX_WAIT_SECONDS
+from ..http.waits import WAIT_MARGIN
+from .gateway import EVENTS_ROUTE, LAMBDA_TIMEOUT_MS, Reply, phrase, refuse
 
 __all__ = ["HEARTBEAT_SECONDS", "MAX_REQUEST_BYTES", "REQUEST_BACKLOG", "Handler", "LocalServer"]
 
@@ -63,6 +70,24 @@ def _wants_stream(target: str, accept: Sequence[str]) -> bool:
     )
 
 
+def _held_wait(method: str, target: str) -> tuple[str, float] | None:
+    """For a long-poll (a GET of the events route with ``wait=S``, 1 to ``MAX_WAIT_SECONDS``): the same request
+    with ``wait=0``, and how long the server holds it (``S``, within the Lambda's deadline as the handler caps
+    it). ``None`` for any other request, or a ``wait`` the route refuses (it answers its own 400)."""
+    split = urlsplit(target)
+    if method != "GET" or EVENTS_ROUTE.match(split.path) is None:
+        return None
+    pairs = parse_qsl(split.query, keep_blank_values=True)
+    waits = [value for name, value in pairs if name == "wait"]
+    if not waits or not (waits[-1].isascii() and waits[-1].isdigit()):
+        return None
+    seconds = int(waits[-1])
+    if not 0 < seconds <= MAX_WAIT_SECONDS:
+        return None
+    query = urlencode([(name, "0" if name == "wait" else value) for name, value in pairs])
+    return urlunsplit(split._replace(query=query)), min(seconds, LAMBDA_TIMEOUT_MS / 1000 - WAIT_MARGIN)
+
+
 def _frame(index: int, event: Mapping[str, Any]) -> bytes:
     """One server-sent event: ``id:`` the event's index in the ledger, ``event:`` its type, ``data:`` its JSON."""
     kind = re.sub(r"[^A-Za-z0-9_.-]", "_", str(event.get("type", "message")))  # one line, whatever it holds
@@ -79,6 +104,11 @@ class _RequestHandler(BaseHTTPRequestHandler):
         length = self.headers.get("Content-Length")
         if self.headers.get("Transfer-Encoding"):
             self._write(refuse(411, "send the body with a Content-Length"), close=True)
+            return
+        lengths = self.headers.get_all("Content-Length") or []
+        if len({value.strip() for value in lengths}) > 1:  # which one frames the body? (RFC 9112 6.3: an error)
+            message = f"Content-Length is given {len(lengths)} times, differently: {', '.join(lengths)}"
+            self._write(refuse(400, message, field="Content-Length"), close=True)
             return
         try:
             size = int(length) if length else 0
@@ -98,10 +128,35 @@ class _RequestHandler(BaseHTTPRequestHandler):
         if self.command == "GET" and _wants_stream(self.path, self.headers.get_all("Accept") or []):
             self._stream()
             return
+        held = _held_wait(self.command, self.path)
+        if held is not None:
+            parked = self._park(*held, body)
+            if parked is not None:
+                self._write(parked)
+            return
         reply = self.server.api.handle(
             self.command, self.path, list(self.headers.items()), body, self.client_address[0]
         )
         self._write(reply)
+
+    def _park(self, target: str, seconds: float, body: bytes) -> Reply | None:
+        """A long-poll (``GET /sessions/{id}/events?wait=S``) held here, not in a worker: this server thread asks
+        the API for the page with ``wait=0`` (a worker's moment), and while it is empty and ``S`` has not passed,
+        pauses (0.1 s, growing to 1 s, as the handler's own wait does) and asks again. The reply is the first
+        page with events, any refusal, or the empty page at the end of the wait; ``None`` if the client went."""
+        headers, client = list(self.headers.items()), self.client_address[0]
+        deadline, pause = time.monotonic() + seconds, _STREAM_FIRST
+        while True:
+            reply = self.server.api.handle("GET", target, headers, body, client)
+            if reply.status != 200 or (reply.json() or {}).get("events"):
+                return reply
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return reply
+            if self._client_gone(min(pause, left)):
+                self.close_connection = True
+                return None
+            pause = min(pause * 2, _STREAM_LONGEST)
 
     def _write(self, reply: Reply, close: bool = False) -> None:
         self.send_response(reply.status)
@@ -282,6 +337,14 @@ class LocalServer(ThreadingHTTPServer):
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RD)
         self.server_close()
+
+    def forget(self) -> None:
+        """In a process forked from this server (a worker started later): close its copies of the listening socket
+        and of every client connection, without a shutdown (the server's own stay open): a worker holding them
+        would keep the port bound, and each connection open, for as long as it lives."""
+        self.socket.close()
+        for connection in list(self._connections):  # no lock: the fork left this process one thread
+            connection.close()
 
     @contextlib.contextmanager
     def running(self) -> Iterator[LocalServer]:
