@@ -207,6 +207,17 @@ def test_migrate_table_refuses_a_target_of_another_layout(ddb: Any, tables: list
         migrate_table(ddb, old, old)
 
 
+@pytest.mark.parametrize("counts", [{"listing_shards": 0}, {"pending_shards": 0}, {"listing_shards": -3}])
+def test_a_shard_count_under_one_is_refused_not_read_as_the_default(
+    ddb: Any, tables: list[str], counts: dict[str, int]
+) -> None:
+    old, target = _old(ddb, tables), _new(tables)  # the library says what the command line says: 0 is no count
+    [name] = counts
+    with pytest.raises(ConfigurationError, match=f"{name} is a whole number from 1 to 1000"):
+        migrate_table(ddb, old, target, **counts)
+    assert target not in ddb.list_tables()["TableNames"]  # refused before anything was made
+
+
 LAYOUTS = [RELEASE, "this release"]
 
 

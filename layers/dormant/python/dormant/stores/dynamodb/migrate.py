@@ -119,8 +119,11 @@ def migrate_table(
     if source == target:
         raise ConfigurationError("migrate-table copies into another table: --from and --to name the same one")
     recorded = _call(client, "get_item", TableName=source, Key=LAYOUT_KEY, ConsistentRead=True).get("Item") or {}
-    listing = listing_shards or int(recorded.get("listing_shards", {}).get("N", DEFAULT_LISTING_SHARDS))
-    pending = pending_shards or int(recorded.get("pending_shards", {}).get("N", DEFAULT_PENDING_SHARDS))
+    # None means "the source's count"; 0 is refused below, as the command line refuses it.
+    listing = int(recorded.get("listing_shards", {}).get("N", DEFAULT_LISTING_SHARDS))
+    listing = listing if listing_shards is None else listing_shards
+    pending = int(recorded.get("pending_shards", {}).get("N", DEFAULT_PENDING_SHARDS))
+    pending = pending if pending_shards is None else pending_shards
     for name, value in (("listing_shards", listing), ("pending_shards", pending)):
         if not 1 <= value <= 1000:
             raise ConfigurationError(f"{name} is a whole number from 1 to 1000, not {value!r}")
