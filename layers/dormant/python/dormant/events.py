@@ -290,12 +290,14 @@ class LangGraphEvent(EventBase):
 
 class OpenAIAgentsEvent(EventBase):
     """An OpenAI Agents SDK session item (``dormant.bridges.openai_agents``, the ``dormant[openai-agents]``
-    extra): ``kind == "item"`` holds one item whole; ``kind == "pop"`` removes the item event ``popped``
+    extra): ``kind == "item"`` holds one item whole (or, with ``parts``, joins the JSON of the ``parts`` ``part``
+    events before it: an item too large for one event); ``kind == "pop"`` removes the item event ``popped``
     (``pop_item``: the ledger keeps what was said, the session no longer shows it)."""
 
     type: Literal["openai_agents"] = "openai_agents"
-    kind: Literal["item", "pop"]
+    kind: Literal["item", "part", "pop"]
     item: JsonValue = None
+    parts: int | None = None
     popped: str | None = None
 
 
