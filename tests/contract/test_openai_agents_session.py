@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from dormant.stores.sqlite import sqlite_store  # noqa: E402
 KINDS = ["sdk-sqlite", "dormant-memory", "dormant-sqlite"]
 
 
-def sync(body: Callable[..., Awaitable[None]]) -> Callable[..., None]:
+def sync(body: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
     """Run an async test body on a fresh event loop (the suite has no asyncio plugin)."""
 
     @functools.wraps(body)
@@ -86,7 +86,7 @@ def test_it_is_the_sdks_session_protocol() -> None:
 async def test_items_come_back_whole_in_the_order_they_were_added(sessions: Sessions) -> None:
     s = sessions("conv-1")
     assert await s.get_items() == []
-    nested = {
+    nested: Any = {
         "type": "function_call",
         "call_id": "c1",
         "name": "lookup",
