@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,7 +113,8 @@ def test_two_processes_adding_items_to_one_sdk_session(tmp_path: Path) -> None:
     sqlite_store(path).close()
     _race(AGENTS_WRITER, path)
     store = sqlite_store(path)
-    items = [item["content"] for item in asyncio.run(DormantSession("shared", store).get_items())]  # type: ignore[index]
+    stored: list[Any] = asyncio.run(DormantSession("shared", store).get_items())
+    items: list[str] = [item["content"] for item in stored]
     store.close()
     assert sorted(items) == sorted(f"{name}-{i}" for name in "ab" for i in range(40))
     for name in "ab":
