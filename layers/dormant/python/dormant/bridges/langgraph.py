@@ -257,12 +257,18 @@ class DormantSaver(BaseCheckpointSaver[str]):
             thread = self._refresh_if_unknown(thread_key(thread_id))
             held = thread.writes.get((ns, checkpoint_id), {}) if thread is not None else {}
             rows: list[list[Any]] = []
+            blobs: list[LangGraphEvent] = []
             for i, (channel, value) in enumerate(writes):
                 idx = WRITES_IDX_MAP.get(channel, i)
                 if idx >= 0 and (task_id, idx) in held:
                     continue
                 kind, data = self.serde.dumps_typed(value)
-                rows.append([idx, channel, kind, _b64(data)])
+                if len(data) <= BLOB_PART_BYTES:
+                    rows.append([idx, channel, kind, _b64(data)])
+                else:  # kept in blob pieces before the writes event, which names them
+                    ref = new_id()
+                    blobs += _blob_events(ns, channel, None, (kind, data), ref=ref)
+                    rows.append([idx, channel, kind, {"ref": ref}])
             if not rows:
                 return
             event_data: dict[str, Any] = {
@@ -271,7 +277,7 @@ class DormantSaver(BaseCheckpointSaver[str]):
                 "task_path": task_path,
                 "writes": rows,
             }
-            self._commit(thread_id, [LangGraphEvent(kind="writes", checkpoint_ns=ns, data=event_data)])
+            self._commit(thread_id, [*blobs, LangGraphEvent(kind="writes", checkpoint_ns=ns, data=event_data)])
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete the thread's session: every checkpoint and write of every namespace, from the store."""
@@ -503,8 +509,12 @@ def _where(config: RunnableConfig) -> tuple[str, str | None]:
     return str(thread_id), ns
 
 
-def _blob_events(ns: str, channel: str, version: Any, typed: tuple[str, bytes]) -> list[LangGraphEvent]:
+def _blob_events(
+    ns: str, channel: str, version: Any, typed: tuple[str, bytes], *, ref: str | None = None
+) -> list[LangGraphEvent]:
+    """A value's events: one, or its pieces of ``BLOB_PART_BYTES``; ``ref``: a pending write's value, by id."""
     kind, data = typed
+    named = {"ref": ref} if ref is not None else {}
     pieces = [data[i : i + BLOB_PART_BYTES] for i in range(0, len(data), BLOB_PART_BYTES)] or [b""]
     return [
         LangGraphEvent(
@@ -517,6 +527,7 @@ def _blob_events(ns: str, channel: str, version: Any, typed: tuple[str, bytes]) 
                 "data": _b64(piece),
                 "part": i,
                 "parts": len(pieces),
+                **named,
             },
         )
         for i, piece in enumerate(pieces)
@@ -531,7 +542,11 @@ def _fold(thread: _Thread, event: LangGraphEvent) -> None:
         thread.checkpoints[key] = _Record(data["checkpoint"], data["metadata"], data.get("parent"))
         thread.removed.discard(key)
     elif event.kind == "blob":
-        where = (ns, str(data["channel"]), _version_key(data["version"]))
+        where = (
+            ("\x00ref", str(data["ref"]), "")
+            if "ref" in data
+            else (ns, str(data["channel"]), _version_key(data["version"]))
+        )
         parts = int(data.get("parts", 1))
         piece = _unb64(data["data"])
         if parts == 1:
@@ -547,9 +562,14 @@ def _fold(thread: _Thread, event: LangGraphEvent) -> None:
         held_writes = thread.writes.setdefault((ns, str(data["checkpoint_id"])), {})
         task, path = str(data["task_id"]), str(data.get("task_path", ""))
         for idx, channel, kind, encoded in data["writes"]:
+            value = (
+                thread.blobs.pop(("\x00ref", str(encoded["ref"]), ""), (kind, b""))[1]
+                if isinstance(encoded, dict)
+                else _unb64(encoded)
+            )
             if idx >= 0 and (task, idx) in held_writes:
                 continue
-            held_writes[(task, idx)] = (channel, kind, _unb64(encoded), path)
+            held_writes[(task, idx)] = (channel, kind, value, path)
     elif event.kind == "removed":
         for removed_ns, removed_id in data["checkpoints"]:
             thread.removed.add((removed_ns, removed_id))
