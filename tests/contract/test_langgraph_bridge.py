@@ -70,9 +70,7 @@ def _put_big(saver: DormantSaver, thread: str, value: str) -> RunnableConfig:
     checkpoint["channel_values"] = {"doc": value, "small": 1}
     checkpoint["channel_versions"] = {"doc": saver.get_next_version(None, None), "small": 1}
     config: RunnableConfig = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
-    stored = saver.put(
-        config, checkpoint, {"source": "input", "step": -1}, checkpoint["channel_versions"]
-    )
+    stored = saver.put(config, checkpoint, {"source": "input", "step": -1}, checkpoint["channel_versions"])
     saver.put_writes(stored, [("doc", value)], "task-1")
     return stored
 
