@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -203,3 +204,36 @@ def test_a_session_id_is_stored_under_a_key_no_url_escapes() -> None:
     assert session_key("a b") == "x_" + b"a b".hex()
     with pytest.raises(InvalidSessionId):
         session_key("")
+
+
+class _Interleaved:
+    """A store whose first commit by the popping object lets another object pop first (two processes, in turn)."""
+
+    def __init__(self, store: SessionStore, before_first: Callable[[], None]) -> None:
+        self.store, self.before_first = store, before_first
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def commit(self, *args: Any, **kwargs: Any) -> Any:
+        if self.before_first is not None:
+            run, self.before_first = self.before_first, None  # type: ignore[assignment]
+            run()
+        return self.store.commit(*args, **kwargs)
+
+
+def test_two_pops_at_once_never_pop_one_item_twice() -> None:
+    store = in_memory_store()
+    asyncio.run(DormantSession("s", store).add_items([msg("a"), msg("b")]))
+    popped: list[Any] = []
+    other = DormantSession("s", store)
+
+    def other_pops() -> None:  # on a thread of its own, as another process would
+        worker = threading.Thread(target=lambda: popped.append(asyncio.run(other.pop_item())))
+        worker.start()
+        worker.join()
+
+    mine = DormantSession("s", _Interleaved(store, other_pops))
+    popped.append(asyncio.run(mine.pop_item()))  # read [a, b], then the other popped b: this pop takes a
+    assert popped == [msg("b"), msg("a")]
+    assert asyncio.run(DormantSession("s", store).get_items()) == []
