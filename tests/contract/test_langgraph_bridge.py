@@ -147,3 +147,20 @@ def test_bad_input_is_a_typed_error() -> None:
     with pytest.raises(InputError, match="limit"):
         list(saver.list(None, limit=-1))
     assert thread_key("a b/ü") == "x_" + "a b/ü".encode().hex()
+
+
+def test_a_retried_tasks_writes_are_stored_once() -> None:
+    store = in_memory_store()
+    saver = DormantSaver(store)
+    config: RunnableConfig = {"configurable": {"thread_id": "t1", "checkpoint_ns": ""}}
+    checkpoint = empty_checkpoint()
+    stored = saver.put(config, checkpoint, {"source": "input", "step": -1}, {})
+    saver.put_writes(stored, [("a", 1), ("b", 2)], "task")
+    saver.put_writes(stored, [("a", 1), ("b", 2)], "task")  # the same task again: nothing new to store
+    saver.put_writes(stored, [("a", 1), ("b", 2), ("c", 3)], "task")  # only the new index is stored
+    loaded = store.load("langgraph", "t1")
+    assert loaded is not None
+    writes = [e.data["writes"] for e in loaded.events if isinstance(e, LangGraphEvent) and e.kind == "writes"]
+    assert [[row[1] for row in rows] for rows in writes if isinstance(rows, list)] == [["a", "b"], ["c"]]  # type: ignore[index]
+    found = DormantSaver(store).get_tuple(stored)
+    assert found is not None and found.pending_writes == [("task", "a", 1), ("task", "b", 2), ("task", "c", 3)]

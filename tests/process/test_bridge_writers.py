@@ -96,8 +96,11 @@ def test_two_processes_on_one_langgraph_thread(tmp_path: Path) -> None:
     assert sum(len(r["done"]) + r["lost"] for r in results) == 80
     assert all(r["lost"] > 0 for r in results) or sum(r["lost"] for r in results) > 0  # they did race
     store = sqlite_store(path)
-    listed = {t.checkpoint["id"] for t in DormantSaver(store).list({"configurable": {"thread_id": "shared"}})}
-    assert listed == done  # every put that returned is stored, and nothing a loser tried
+    listed = list(DormantSaver(store).list({"configurable": {"thread_id": "shared"}}))
+    assert {t.checkpoint["id"] for t in listed} == done  # every put that returned is stored, nothing a loser tried
+    for newer, older in itertools.pairwise(listed):  # one line of history: no write was made on a stale read
+        assert newer.parent_config is not None
+        assert newer.parent_config["configurable"]["checkpoint_id"] == older.checkpoint["id"]
     store.close()
 
 
