@@ -164,3 +164,20 @@ def test_a_retried_tasks_writes_are_stored_once() -> None:
     assert [[row[1] for row in rows] for rows in writes if isinstance(rows, list)] == [["a", "b"], ["c"]]  # type: ignore[index]
     found = DormantSaver(store).get_tuple(stored)
     assert found is not None and found.pending_writes == [("task", "a", 1), ("task", "b", 2), ("task", "c", 3)]
+
+
+def test_a_growing_list_is_stored_as_what_was_appended(tmp_path: Path) -> None:
+    store = sqlite_store(tmp_path / "lg.db")
+    graph = _graph(DormantSaver(store))
+    config = {"configurable": {"thread_id": "t1"}}
+    graph.invoke({"profile": "p", "turns": ["first " * 200]}, config)
+    for i in range(40):
+        graph.invoke({"turns": [f"message {i} " * 100]}, config)
+    stored = sum(len(str(b["data"])) for b in _blobs(store, "langgraph", "t1") if b["channel"] == "turns")
+    state = _graph(DormantSaver(store)).get_state(config)  # a fresh saver joins the pieces back
+    final = len(str(state.values["turns"]))
+    assert len(state.values["turns"]) == 82 and state.values["turns"][-2] == "message 39 " * 100
+    assert stored < 3 * final  # linear in the turns (a whole list at every turn would be about 20x)
+    history = list(DormantSaver(store).list(config))  # and every older checkpoint reads its own length
+    assert [len(t.checkpoint["channel_values"].get("turns", [])) for t in history][:3] == [82, 81, 80]
+    store.close()

@@ -123,6 +123,17 @@ class _Record:
     parent: str | None
 
 
+@dataclass(frozen=True)
+class _Delta:
+    """A list value stored as the list at ``base`` (another version of the channel) and what was appended:
+    its serialized form is ``head`` (the new list's header), the base's elements, then ``tail``."""
+
+    kind: str
+    base: tuple[str, str, str]
+    head: bytes
+    tail: bytes
+
+
 @dataclass
 class _Thread:
     """What a saver read of one thread, at ``version`` (a session made at ``created_at``)."""
@@ -131,6 +142,8 @@ class _Thread:
     version: int = 0
     checkpoints: dict[tuple[str, str], _Record] = field(default_factory=dict)
     blobs: dict[tuple[str, str, str], tuple[str, bytes]] = field(default_factory=dict)
+    deltas: dict[tuple[str, str, str], _Delta] = field(default_factory=dict)
+    last: dict[tuple[str, str], tuple[tuple[str, str, str], bytes]] = field(default_factory=dict)
     parts: dict[tuple[str, str, str], list[bytes]] = field(default_factory=dict)
     writes: dict[tuple[str, str], dict[tuple[str, int], tuple[str, str, bytes, str]]] = field(default_factory=dict)
     removed: set[tuple[str, str]] = field(default_factory=set)
@@ -224,10 +237,42 @@ class DormantSaver(BaseCheckpointSaver[str]):
         ns = ns or ""
         skeleton = {k: v for k, v in checkpoint.items() if k != "channel_values"}
         values = checkpoint["channel_values"]
-        events: list[LangGraphEvent] = []
-        for channel, version in new_versions.items():
-            typed = self.serde.dumps_typed(values[channel]) if channel in values else ("empty", b"")
-            events += _blob_events(ns, channel, version, typed)
+        parent_id = get_checkpoint_id(config)
+        with self._lock:
+            thread = self._refresh_if_unknown(thread_key(thread_id))
+            parent = thread.checkpoints.get((ns, parent_id)) if thread is not None and parent_id else None
+            before: dict[str, Any] = self._decode(parent.skeleton).get("channel_versions") or {} if parent else {}
+            events: list[LangGraphEvent] = []
+            full: dict[str, tuple[tuple[str, str, str], bytes]] = {}
+            for channel, version in new_versions.items():
+                if channel not in values:
+                    events += _blob_events(ns, channel, version, ("empty", b""))
+                    continue
+                kind, data = self.serde.dumps_typed(values[channel])
+                full[channel] = ((ns, channel, _version_key(version)), data)
+                base = before.get(channel)
+                delta = (
+                    _delta(thread, ns, channel, base, kind, data) if thread is not None and base is not None else None
+                )
+                if delta is not None:
+                    head, tail = delta
+                    events += _blob_events(ns, channel, version, (kind, tail), base=(base, head))
+                else:
+                    events += _blob_events(ns, channel, version, (kind, data))
+            self._put(thread_id, checkpoint, config, metadata, skeleton, ns, events, full)
+        return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
+
+    def _put(
+        self,
+        thread_id: str,
+        checkpoint: Checkpoint,
+        config: RunnableConfig,
+        metadata: CheckpointMetadata,
+        skeleton: dict[str, Any],
+        ns: str,
+        events: builtins.list[LangGraphEvent],
+        full: dict[str, tuple[tuple[str, str, str], bytes]],
+    ) -> None:
         data: dict[str, Any] = {
             "id": checkpoint["id"],
             "parent": get_checkpoint_id(config),
@@ -235,9 +280,11 @@ class DormantSaver(BaseCheckpointSaver[str]):
             "metadata": self._encode(dict(get_serializable_checkpoint_metadata(config, metadata))),
         }
         events.append(LangGraphEvent(kind="checkpoint", checkpoint_ns=ns, data=data))
-        with self._lock:
-            self._commit(thread_id, events)
-        return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
+        self._commit(thread_id, events)
+        thread = self._threads.get(thread_key(thread_id))
+        if thread is not None:  # the serialized values just written: the base of the next version's delta
+            for channel, held in full.items():
+                thread.last[(ns, channel)] = held
 
     def put_writes(
         self,
@@ -459,7 +506,7 @@ class DormantSaver(BaseCheckpointSaver[str]):
         checkpoint = dict(self._decode(record.skeleton))
         values: dict[str, Any] = {}
         for channel, version in (checkpoint.get("channel_versions") or {}).items():
-            blob = thread.blobs.get((ns, channel, _version_key(version)))
+            blob = _full(thread, (ns, channel, _version_key(version)))
             if blob is not None and blob[0] != "empty":
                 values[channel] = self.serde.loads_typed(blob)
         checkpoint["channel_values"] = values
@@ -510,11 +557,20 @@ def _where(config: RunnableConfig) -> tuple[str, str | None]:
 
 
 def _blob_events(
-    ns: str, channel: str, version: Any, typed: tuple[str, bytes], *, ref: str | None = None
+    ns: str,
+    channel: str,
+    version: Any,
+    typed: tuple[str, bytes],
+    *,
+    ref: str | None = None,
+    base: tuple[Any, bytes] | None = None,
 ) -> list[LangGraphEvent]:
-    """A value's events: one, or its pieces of ``BLOB_PART_BYTES``; ``ref``: a pending write's value, by id."""
+    """A value's events: one, or its pieces of ``BLOB_PART_BYTES``; ``ref``: a pending write's value, by id;
+    ``base``: the value is a ``_Delta`` on that version of the channel, with that header."""
     kind, data = typed
-    named = {"ref": ref} if ref is not None else {}
+    named: dict[str, Any] = {"ref": ref} if ref is not None else {}
+    if base is not None:
+        named.update({"base": base[0], "head": _b64(base[1])})
     pieces = [data[i : i + BLOB_PART_BYTES] for i in range(0, len(data), BLOB_PART_BYTES)] or [b""]
     return [
         LangGraphEvent(
@@ -549,15 +605,21 @@ def _fold(thread: _Thread, event: LangGraphEvent) -> None:
         )
         parts = int(data.get("parts", 1))
         piece = _unb64(data["data"])
-        if parts == 1:
+        if parts > 1:
+            held = thread.parts.setdefault(where, [])
+            if int(data.get("part", 0)) == 0:
+                held.clear()
+            held.append(piece)
+            if len(held) < parts:
+                return
+            piece = b"".join(thread.parts.pop(where))
+        thread.blobs.pop(where, None)
+        thread.deltas.pop(where, None)
+        if "base" in data:
+            base = (ns, where[1], _version_key(data["base"]))
+            thread.deltas[where] = _Delta(str(data["type"]), base, _unb64(data["head"]), piece)
+        else:
             thread.blobs[where] = (str(data["type"]), piece)
-            return
-        held = thread.parts.setdefault(where, [])
-        if int(data.get("part", 0)) == 0:
-            held.clear()
-        held.append(piece)
-        if len(held) == parts:
-            thread.blobs[where] = (str(data["type"]), b"".join(thread.parts.pop(where)))
     elif event.kind == "writes":
         held_writes = thread.writes.setdefault((ns, str(data["checkpoint_id"])), {})
         task, path = str(data["task_id"]), str(data.get("task_path", ""))
@@ -581,3 +643,55 @@ def _all_but_latest(thread: _Thread) -> list[tuple[str, str]]:
     for ns, cid in thread.live(None):
         newest.setdefault(ns, cid)
     return [(ns, cid) for ns, cid in thread.live(None) if newest[ns] != cid]
+
+
+DELTA_MIN_BYTES = 1024
+"""A list value this large or larger is stored as what was appended to its parent's version, when it was."""
+
+
+def _array_header(data: bytes) -> int:
+    """The length of the msgpack array header ``data`` starts with (0: not an array)."""
+    if not data:
+        return 0
+    first = data[0]
+    if 0x90 <= first <= 0x9F:
+        return 1
+    return {0xDC: 3, 0xDD: 5}.get(first, 0)
+
+
+def _delta(thread: _Thread, ns: str, channel: str, base: Any, kind: str, data: bytes) -> tuple[bytes, bytes] | None:
+    """(header, appended elements) when ``data`` is the list at version ``base`` with elements appended, byte
+    for byte (msgpack lays a list out as a header and then its elements), else ``None``."""
+    if kind != "msgpack" or len(data) < DELTA_MIN_BYTES:
+        return None
+    head = _array_header(data)
+    held = _full(thread, (ns, channel, _version_key(base)))
+    if not head or held is None or held[0] != kind:
+        return None
+    base_head = _array_header(held[1])
+    body = held[1][base_head:]
+    if not base_head or not data.startswith(body, head):
+        return None
+    return data[:head], data[head + len(body) :]
+
+
+def _full(thread: _Thread, key: tuple[str, str, str]) -> tuple[str, bytes] | None:
+    """The serialized value stored at ``key``, its deltas applied (``None``: none stored)."""
+    found = thread.blobs.get(key)
+    if found is not None:
+        return found
+    last = thread.last.get((key[0], key[1]))
+    if last is not None and last[0] == key and key in thread.deltas:
+        return thread.deltas[key].kind, last[1]
+    chain: list[_Delta] = []
+    at = key
+    while at in thread.deltas and len(chain) <= len(thread.deltas):
+        chain.append(thread.deltas[at])
+        at = thread.deltas[at].base
+    root = thread.blobs.get(at)
+    if root is None:
+        return None
+    data = root[1]
+    for delta in reversed(chain):
+        data = delta.head + data[_array_header(data) :] + delta.tail
+    return (chain[0].kind if chain else root[0]), data
