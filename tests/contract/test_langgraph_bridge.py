@@ -181,3 +181,23 @@ def test_a_growing_list_is_stored_as_what_was_appended(tmp_path: Path) -> None:
     history = list(DormantSaver(store).list(config))  # and every older checkpoint reads its own length
     assert [len(t.checkpoint["channel_values"].get("turns", [])) for t in history][:3] == [82, 81, 80]
     store.close()
+
+
+def test_a_list_that_changed_otherwise_than_by_appends_is_stored_whole() -> None:
+    store = in_memory_store()
+    saver = DormantSaver(store)
+    parent: RunnableConfig = {"configurable": {"thread_id": "t1", "checkpoint_ns": ""}}
+    values = [["a" * 900, "b" * 900], ["a" * 900, "b" * 900, "c"], ["z" * 900, "b" * 900, "c", "d"], ["z" * 900]]
+    stored = []
+    for i, value in enumerate(values):  # appended, then the first element replaced, then shortened
+        checkpoint = empty_checkpoint()
+        checkpoint["id"] = str(uuid6(clock_seq=-1))
+        checkpoint["channel_values"] = {"items": value}
+        checkpoint["channel_versions"] = {"items": i + 1}
+        parent = saver.put(parent, checkpoint, {"source": "loop", "step": i}, {"items": i + 1})
+        stored.append(parent)
+    fresh = DormantSaver(store)
+    assert [fresh.get_tuple(c).checkpoint["channel_values"]["items"] for c in stored] == values  # type: ignore[union-attr]
+    assert (
+        len(_blobs(store, "langgraph", "t1")) == 4 and sum("base" in b for b in _blobs(store, "langgraph", "t1")) == 1
+    )
