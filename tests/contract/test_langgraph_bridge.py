@@ -169,7 +169,7 @@ def test_a_retried_tasks_writes_are_stored_once() -> None:
 def test_a_growing_list_is_stored_as_what_was_appended(tmp_path: Path) -> None:
     store = sqlite_store(tmp_path / "lg.db")
     graph = _graph(DormantSaver(store))
-    config = {"configurable": {"thread_id": "t1"}}
+    config: RunnableConfig = {"configurable": {"thread_id": "t1"}}
     graph.invoke({"profile": "p", "turns": ["first " * 200]}, config)
     for i in range(40):
         graph.invoke({"turns": [f"message {i} " * 100]}, config)
