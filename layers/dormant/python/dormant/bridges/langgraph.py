@@ -38,7 +38,7 @@ import json
 import random
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -60,8 +60,10 @@ from ..errors import ConfigurationError, InputError, InvalidSessionId, VersionCo
 from ..events import LangGraphEvent
 from ..ids import check_app_key, check_id, new_id
 from ..stores.base import SessionStore, StoredSession
+from .inspection import Inspected
+from .inspection import inspected as _inspected
 
-__all__ = ["BLOB_PART_BYTES", "DormantSaver", "ThreadChanged", "thread_key"]
+__all__ = ["inspected", "BLOB_PART_BYTES", "DormantSaver", "ThreadChanged", "thread_key"]
 
 BLOB_PART_BYTES = 512 * 1024
 """Serialized bytes of one value per ``blob`` event (its base64 fits dormant's 1 MiB event limit)."""
@@ -695,3 +697,9 @@ def _full(thread: _Thread, key: tuple[str, str, str]) -> tuple[str, bytes] | Non
     for delta in reversed(chain):
         data = delta.head + data[_array_header(data) :] + delta.tail
     return (chain[0].kind if chain else root[0]), data
+
+
+def inspected(app_name: str = "langgraph") -> Callable[[SessionStore], Inspected]:
+    """For ``DORMANT_APP=module:attr`` with ``attr = inspected()``: ``dormant serve`` shows these sessions in the
+    inspector (``app_name``: the one the sessions were stored under, without a tenant)."""
+    return _inspected(app_name, "LangGraph")

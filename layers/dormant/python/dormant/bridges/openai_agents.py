@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 from agents.items import TResponseInputItem
@@ -36,8 +37,10 @@ from ..errors import ConfigurationError, InvalidSessionId, StoreBusy
 from ..events import OpenAIAgentsEvent
 from ..ids import check_app_key, check_id
 from ..stores.base import SessionStore, StoredSession
+from .inspection import Inspected
+from .inspection import inspected as _inspected
 
-__all__ = ["ITEM_PART_CHARS", "DormantSession", "session_key"]
+__all__ = ["inspected", "ITEM_PART_CHARS", "DormantSession", "session_key"]
 
 ITEM_PART_CHARS = 256 * 1024
 """Characters of an item's JSON (ASCII, escaped) kept in one event: larger items are kept as pieces, each well
@@ -178,3 +181,9 @@ def _item_events(item: Any) -> list[OpenAIAgentsEvent]:
         *(OpenAIAgentsEvent(kind="part", item=p) for p in pieces),
         OpenAIAgentsEvent(kind="item", parts=len(pieces)),
     ]
+
+
+def inspected(app_name: str = "openai-agents") -> Callable[[SessionStore], Inspected]:
+    """For ``DORMANT_APP=module:attr`` with ``attr = inspected()``: ``dormant serve`` shows these sessions in the
+    inspector (``app_name``: the one the sessions were stored under, without a tenant)."""
+    return _inspected(app_name, "OpenAI Agents SDK")
