@@ -92,8 +92,16 @@ def test_an_agents_sdk_session_shows_its_items_in_the_inspector(driver: Any, tmp
     try:
         with server.running():
             rows = _rows(driver, server.url + "/inspect/sessions/conversation-1", "openai_agents")
+            from selenium.webdriver.common.by import By
+
             assert len(rows) == 2
-            assert "Where is my parcel?" in rows[0].text and "user" in rows[0].text
-            assert "On its way." in rows[1].text and "assistant" in rows[1].text
+            shown = [
+                (
+                    row.find_element(By.CSS_SELECTOR, "strong.author").text,
+                    row.find_element(By.CSS_SELECTOR, "p.text").text,
+                )
+                for row in rows
+            ]
+            assert shown == [("user", "Where is my parcel?"), ("assistant", "On its way.")]
     finally:
         store.close()
