@@ -106,14 +106,15 @@ def test_a_checkpoint_larger_than_a_dynamodb_item_round_trips_on_dynamodb(
     found = DormantSaver(store, app_name=app).get_tuple(stored)
     assert found is not None and found.checkpoint["channel_values"] == {"doc": value, "small": 1}
     assert found.pending_writes == [("task-1", "doc", value)]
-    # and a real graph whose state passes 400 KB keeps going, turn after turn
+    # and a real graph thread of 200 turns whose state passes 400 KB keeps going, turn after turn
     graph = _graph(DormantSaver(store, app_name=app))
-    config = {"configurable": {"thread_id": "growing"}}
-    graph.invoke({"profile": "p", "turns": ["x" * 300_000]}, config)
-    for i in range(3):
-        graph.invoke({"turns": ["y" * 100_000 + str(i)]}, config)
+    config: RunnableConfig = {"configurable": {"thread_id": "growing"}}
+    graph.invoke({"profile": "p", "turns": ["x" * 2000]}, config)
+    for i in range(199):
+        graph.invoke({"turns": [f"{i:04d}" + "y" * 2500]}, config)
     state = _graph(DormantSaver(store, app_name=app)).get_state(config)
-    assert len(state.values["turns"]) == 8 and state.values["turns"][-2].endswith("2")
+    assert len(state.values["turns"]) == 400 and state.values["turns"][-2].startswith("0198")
+    assert len(str(state.values["turns"])) > 500_000  # past DynamoDB's 400 KB item limit
     store.close()
 
 
