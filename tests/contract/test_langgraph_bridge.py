@@ -202,3 +202,41 @@ def test_a_list_that_changed_otherwise_than_by_appends_is_stored_whole() -> None
     assert (
         len(_blobs(store, "langgraph", "t1")) == 4 and sum("base" in b for b in _blobs(store, "langgraph", "t1")) == 1
     )
+
+
+def test_an_async_graph_is_interrupted_and_resumed_by_a_fresh_saver(tmp_path: Path) -> None:
+    import asyncio
+
+    from langgraph.types import Command, interrupt
+
+    class Ask(TypedDict):
+        question: str
+        answer: str
+
+    def ask(state: Ask) -> dict[str, str]:
+        return {"answer": interrupt(state["question"])}
+
+    builder = StateGraph(Ask)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    config: RunnableConfig = {"configurable": {"thread_id": "async-1"}}
+    path = tmp_path / "lg.db"
+
+    async def run() -> tuple[Any, Any]:
+        paused = await builder.compile(checkpointer=DormantSaver(sqlite_store(path))).ainvoke(
+            {"question": "Which room?", "answer": ""}, config
+        )
+        resumed = await builder.compile(checkpointer=DormantSaver(sqlite_store(path))).ainvoke(
+            Command(resume="B12"), config
+        )
+        return paused, resumed
+
+    paused, resumed = asyncio.run(run())
+    assert paused["__interrupt__"][0].value == "Which room?"
+    assert resumed == {"question": "Which room?", "answer": "B12"}
+
+    async def listed() -> list[Any]:
+        return [t async for t in DormantSaver(sqlite_store(path)).alist(config, filter={"source": "loop"})]
+
+    assert [t.metadata["source"] for t in asyncio.run(listed())] == ["loop", "loop"]
