@@ -110,6 +110,7 @@ async def test_limit_returns_the_latest_items_in_order(sessions: Sessions) -> No
     assert await s.get_items(limit=1) == [msg("4")]
     assert await s.get_items(limit=10) == [msg(str(i)) for i in range(5)]
     assert await s.get_items(limit=0) == []
+    assert await s.get_items(limit=-1) == [msg(str(i)) for i in range(5)]  # negative: all (SQLite's LIMIT -1)
     limited = sessions("conv-1", SessionSettings(limit=3))
     assert await limited.get_items() == [msg("2"), msg("3"), msg("4")]  # the settings' limit by default
     assert await limited.get_items(limit=1) == [msg("4")]  # an explicit limit wins
