@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
-EXTRAS ?= dev,postgres,dynamodb,openai,bedrock,lambda,infra,adk
+EXTRAS ?= dev,postgres,dynamodb,openai,bedrock,lambda,infra,adk,langgraph,openai-agents
 
 .PHONY: setup demo serve test test-fast lint typecheck pytest bench clean dynamodb-local invoke screenshots openapi
 

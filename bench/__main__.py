@@ -15,7 +15,19 @@ import time
 
 from .common import QUICK, Figure
 
-SECTIONS = ["ledger", "sqlite", "postgres", "dynamodb", "cold_start", "long", "serve", "cost", "adk"]
+SECTIONS = [
+    "ledger",
+    "sqlite",
+    "postgres",
+    "dynamodb",
+    "cold_start",
+    "long",
+    "serve",
+    "cost",
+    "adk",
+    "langgraph",
+    "openai_agents",
+]
 
 
 def main(argv: list[str] | None = None) -> int:

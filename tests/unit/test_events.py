@@ -19,9 +19,11 @@ from dormant.events import (
     InvocationResumeEvent,
     InvocationStartEvent,
     InvocationYieldEvent,
+    LangGraphEvent,
     ModelEndEvent,
     ModelRef,
     ModelStartEvent,
+    OpenAIAgentsEvent,
     PendingCall,
     SessionForkedEvent,
     StateChange,
@@ -36,7 +38,7 @@ from dormant.events import (
 )
 
 MODEL = ModelRef(provider="openai", name="m")
-ONE_OF_EACH = [
+ONE_OF_EACH: list[Event] = [
     UserEvent(text="hi"),
     AssistantEvent(text="hello", value={"a": [1, 2]}, invocation_id="i", agent_name="a"),
     ToolCallEvent(call_id="c", name="t", args={"x": 1}, invocation_id="i"),
@@ -61,6 +63,9 @@ ONE_OF_EACH = [
     ModelEndEvent(invocation_id="i", model=MODEL, usage=Usage(input_tokens=3, output_tokens=4, total_tokens=7)),
     SessionForkedEvent(from_session_id="s-1", at_event_id="e-9", reason="both wrote session.stage"),
     AdkEvent(author="user", event={"id": "e-1", "author": "user", "content": {"parts": [{"text": "hi"}]}}),
+    LangGraphEvent(kind="checkpoint", checkpoint_ns="child:1", data={"id": "c-1", "parent": None, "metadata": {}}),
+    OpenAIAgentsEvent(kind="item", item={"role": "user", "content": "hi"}),
+    OpenAIAgentsEvent(kind="pop", popped="e-2"),
 ]
 
 

@@ -31,8 +31,10 @@ __all__ = [
     "InvocationResumeEvent",
     "InvocationStartEvent",
     "InvocationYieldEvent",
+    "LangGraphEvent",
     "ModelEndEvent",
     "ModelRef",
+    "OpenAIAgentsEvent",
     "ModelStartEvent",
     "PendingCall",
     "SessionForkedEvent",
@@ -274,6 +276,34 @@ class AdkEvent(EventBase):
     event: dict[str, JsonValue]
 
 
+class LangGraphEvent(EventBase):
+    """A LangGraph checkpointer's record (``dormant.bridges.langgraph``, the ``dormant[langgraph]`` extra).
+
+    ``kind`` says which: a ``checkpoint`` (its id, parent, metadata and the checkpoint without its channel
+    values), a ``blob`` (one channel's value at one channel version, serialized by the saver's serde: written
+    once, when that version is new), the pending ``writes`` of one task, or the checkpoints ``removed`` by
+    ``delete_for_runs`` or ``prune``. Added without a format change: no earlier event reads differently.
+    """
+
+    type: Literal["langgraph"] = "langgraph"
+    kind: Literal["checkpoint", "blob", "writes", "removed"]
+    checkpoint_ns: str = ""
+    data: dict[str, JsonValue]
+
+
+class OpenAIAgentsEvent(EventBase):
+    """An OpenAI Agents SDK session item (``dormant.bridges.openai_agents``, the ``dormant[openai-agents]``
+    extra): ``kind == "item"`` holds one item whole (or, with ``parts``, joins the JSON of the ``parts`` ``part``
+    events before it: an item too large for one event); ``kind == "pop"`` removes the item event ``popped``
+    (``pop_item``: the ledger keeps what was said, the session no longer shows it)."""
+
+    type: Literal["openai_agents"] = "openai_agents"
+    kind: Literal["item", "part", "pop"]
+    item: JsonValue = None
+    parts: int | None = None
+    popped: str | None = None
+
+
 Event: TypeAlias = Annotated[
     UserEvent
     | AssistantEvent
@@ -288,7 +318,9 @@ Event: TypeAlias = Annotated[
     | ModelStartEvent
     | ModelEndEvent
     | SessionForkedEvent
-    | AdkEvent,
+    | AdkEvent
+    | LangGraphEvent
+    | OpenAIAgentsEvent,
     Field(discriminator="type"),
 ]
 

@@ -48,6 +48,8 @@ const LABELS = {
   invocation_end: "invocation ends",
   session_forked: "forked",
   adk_event: "ADK event",
+  langgraph: "LangGraph",
+  openai_agents: "Agents SDK",
 };
 
 const RENDER = {
@@ -58,6 +60,20 @@ const RENDER = {
     ((e.event.content || {}).parts || []).filter((p) => p.text).map((p) => h("p", { class: "text" }, p.text)),
     compact(e.event),
   ],
+  // A LangGraph checkpointer's record (dormant.bridges.langgraph): its kind and what it names; values are serialized.
+  langgraph: (e) => [
+    h("p", null, h("strong", null, e.kind), " ", h("code", null, e.data.id || e.data.channel || e.data.task_id || "")),
+    e.kind === "blob" ? null : compact(e.data),
+  ],
+  // An Agents SDK session item (dormant.bridges.openai_agents), kept whole: its role, its text, the rest compact.
+  openai_agents: (e) =>
+    e.kind === "item" && e.item
+      ? [
+          h("p", null, h("strong", { class: "author" }, e.item.role || e.item.type || "item")),
+          typeof e.item.content === "string" ? h("p", { class: "text" }, e.item.content) : null,
+          compact(e.item),
+        ]
+      : [h("p", null, h("strong", null, e.kind)), compact(e.popped || e.parts || "")],
   assistant: (e) => [
     e.text !== null && e.text !== undefined ? h("p", { class: "text" }, e.text) : null,
     e.value !== null && e.value !== undefined ? compact(e.value) : null,
