@@ -178,7 +178,12 @@ def test_log_lines_name_the_tenant_the_principal_and_the_client_apart(served: Se
 
 
 @pytest.mark.parametrize("given", ["[1]", '{"crm": 1}', "no-such-file.json"])
-def test_a_bad_mapping_is_a_usage_error_naming_it(given: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bad_mapping_is_a_usage_error_naming_it(
+    given: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dormant.cli
+
+    monkeypatch.setattr(dormant.cli, "_serve", lambda args: 0)  # a mapping let through must not start a server
     with pytest.raises(SystemExit) as stopped:
         main(["serve", "--machine-clients", given])
     assert stopped.value.code == 2
