@@ -210,13 +210,13 @@ class LocalAPI:
             route = Route("OPTIONS", matched[0][0].resource, matched[0][0].pattern, PREFLIGHT_FUNCTION)
         if route is None:
             return not_allowed(method, split.path, ", ".join(sorted({r.method for r in matched[0]})))
+        pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+        forwarded = [(name, value) for name, value in pairs if name.lower() not in IDENTITY_HEADERS]
+        request_id = str(uuid.uuid4())
         robot, scopes = machine if machine is not None else (None, ())
         refused = None if route.method == "OPTIONS" else unauthorized(route.method, route.resource, robot, scopes)
         if refused is not None:
             return refused
-        pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
-        forwarded = [(name, value) for name, value in pairs if name.lower() not in IDENTITY_HEADERS]
-        request_id = str(uuid.uuid4())
         event = proxy_event(
             route.method,
             route.resource,
