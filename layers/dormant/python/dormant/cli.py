@@ -32,6 +32,7 @@ import functools
 import json
 import logging
 import os
+import pathlib
 import signal
 import sys
 import threading
@@ -66,6 +67,8 @@ token's sub), X-Dormant-Tenant (its tenant claim) and X-Dormant-Groups (a comma 
 else --principal, --tenant and --groups. Without a tenant the principal is its own tenant, as a token
 without the tenant claim is on AWS. Deleting a session and erasing a person need the admin group
 ($DORMANT_ADMIN_GROUP, default admins), which a request naming no caller is in unless --groups says otherwise.
+A machine client is X-Dormant-Client (its client id) with X-Dormant-Scopes (its access token's scopes,
+space-separated), calling the routes under /clients as on AWS; --machine-clients maps each to its tenant.
 Only loopback clients are served (any other gets 403): nothing here authenticates anyone.
 
 Stores: sqlite:///relative.db, sqlite:////absolute.db, memory:, postgresql://...,
@@ -108,6 +111,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--groups",
         help="the groups (comma list) of a request naming neither X-Dormant-Groups nor X-Dormant-Principal "
         "(default: the admin group, $DORMANT_ADMIN_GROUP or admins: who runs the server may delete and erase)",
+    )
+    serve.add_argument(
+        "--machine-clients",
+        type=_machine_clients,
+        metavar="JSON_OR_FILE",
+        help='each machine client\'s tenant, {"client id": "tenant"} ("": its own), as JSON or a file of it; a client '
+        "not listed is refused, as deployed (default $DORMANT_MACHINE_CLIENTS; none: each client its own tenant)",
     )
     serve.add_argument(
         "--workers",
@@ -304,6 +314,10 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return 2
 
+    if args.machine_clients is not None:  # read by the handlers, in this process and in every worker
+        from .serving.callers import MACHINE_CLIENTS
+
+        os.environ[MACHINE_CLIENTS] = args.machine_clients
     count = args.workers if args.workers is not None else DEFAULT_WORKERS
     if count < 1:
         print(f"dormant serve: --workers is >= 1, not {count} (field: workers)", file=sys.stderr)
@@ -396,6 +410,25 @@ def _missing_sqlite(url: str) -> str | None:
     folder = next((p for p in reversed(path.parents) if not p.exists()), None)
     made = f" and the folder {folder}" if folder is not None else ""
     return f"no store at {path}: made a new, empty one there{made}"
+
+
+def _machine_clients(given: str) -> str:
+    """``--machine-clients``: the JSON mapping, given as is or as a file of it; a usage error (exit 2) naming
+    what is wrong with it, not a traceback."""
+    from .errors import ConfigurationError
+    from .serving.callers import parse_clients  # the handlers' own check of $DORMANT_MACHINE_CLIENTS
+
+    text = given
+    if not given.lstrip().startswith("{"):
+        try:
+            text = pathlib.Path(given).read_text()
+        except OSError as exc:
+            raise argparse.ArgumentTypeError(f"neither a JSON object nor a file that can be read: {exc}") from None
+    try:
+        parse_clients(text.strip())
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.strip()
 
 
 def _default_groups(args: argparse.Namespace) -> str:

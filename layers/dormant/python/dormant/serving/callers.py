@@ -62,11 +62,11 @@ def admin_group() -> str:
 
 def machine_clients() -> Mapping[str, str] | None:
     """The deployment's client id -> tenant (``""``: its own), or ``None`` when it gives none."""
-    return _parse_clients(os.environ.get(MACHINE_CLIENTS) or "")
+    return parse_clients(os.environ.get(MACHINE_CLIENTS) or "")
 
 
 @functools.cache
-def _parse_clients(raw: str) -> Mapping[str, str] | None:
+def parse_clients(raw: str) -> Mapping[str, str] | None:
     if not raw:
         return None
     try:

@@ -9,17 +9,19 @@ time each, as Lambda instances) and ``server`` (``LocalServer``: HTTP on a socke
 from __future__ import annotations
 
 from .gateway import Reply, proxy_event
-from .guard import GROUPS_HEADER, PRINCIPAL_HEADER, TENANT_HEADER, is_loopback
+from .guard import CLIENT_HEADER, GROUPS_HEADER, PRINCIPAL_HEADER, SCOPES_HEADER, TENANT_HEADER, is_loopback
 from .pages import LocalAPI, Page, PageRequest
 from .server import HEARTBEAT_SECONDS, MAX_REQUEST_BYTES, REQUEST_BACKLOG, Handler, LocalServer
 from .workers import Workers, can_fork
 
 __all__ = [
+    "CLIENT_HEADER",
     "GROUPS_HEADER",
     "HEARTBEAT_SECONDS",
     "MAX_REQUEST_BYTES",
     "PRINCIPAL_HEADER",
     "REQUEST_BACKLOG",
+    "SCOPES_HEADER",
     "TENANT_HEADER",
     "Handler",
     "LocalAPI",

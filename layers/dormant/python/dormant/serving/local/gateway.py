@@ -1,8 +1,9 @@
 """API Gateway as ``dormant serve`` plays it: the proxy event (REST API, v1) a request becomes, the Lambda
 context the handler reads, and the handler's response written back as API Gateway would write it.
 
-The caller goes in ``requestContext.authorizer.claims`` (``sub``, the tenant claim, ``cognito:groups``),
-where the Cognito authorizer puts it. Refusals made before a handler is reached are the API's JSON errors.
+The caller goes in ``requestContext.authorizer.claims`` (``sub``, the tenant claim, ``cognito:groups``; for a
+machine client ``client_id`` and ``scope``), where the Cognito authorizer puts it, and is refused as the
+authorizer refuses it (``unauthorized``). Refusals made before a handler is reached are the API's JSON errors.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs
 
+from ..routes import CLIENT_PREFIX, scope_of
 from ..runtime import tenant_claim
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "proxy_event",
     "refuse",
     "to_reply",
+    "unauthorized",
 ]
 
 LAMBDA_TIMEOUT_MS = 29_000  # API Gateway's integration timeout
@@ -100,10 +103,13 @@ def proxy_event(
     request_id: str,
     tenant: str | None = None,
     groups: Sequence[str] = (),
+    client: str | None = None,
+    scopes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The API Gateway proxy event (REST API, v1) for one request, as the Cognito authorizer passes it on: an
     ID token's claims, ``sub`` the principal, the tenant claim when there is a ``tenant``, ``cognito:groups``
-    as the authorizer writes a list (comma-joined) when there are ``groups``.
+    as the authorizer writes a list (comma-joined) when there are ``groups``; with a ``client``, a machine
+    client's access token instead (``sub`` and ``client_id`` the client, ``scope`` the ``scopes``).
 
     Query values arrive decoded, one per name in ``queryStringParameters`` (the last) and all in
     ``multiValueQueryStringParameters``; headers likewise. A body that is not UTF-8 is base64-encoded.
@@ -145,20 +151,41 @@ def proxy_event(
             "protocol": "HTTP/1.1",
             "domainName": lower.get("host", "localhost"),
             "identity": {"sourceIp": source_ip, "userAgent": lower.get("user-agent")},
-            "authorizer": {"claims": _claims(principal, tenant, groups)},
+            "authorizer": {"claims": _claims(principal, tenant, groups, client, scopes)},
         },
         "body": text if body else None,
         "isBase64Encoded": encoded,
     }
 
 
-def _claims(principal: str, tenant: str | None, groups: Sequence[str]) -> dict[str, str]:
+def _claims(
+    principal: str, tenant: str | None, groups: Sequence[str], client: str | None, scopes: Sequence[str]
+) -> dict[str, str]:
+    if client is not None:  # the client-credentials grant's access token: no person, no tenant claim, no groups
+        return {"sub": client, "client_id": client, "token_use": "access", "scope": " ".join(scopes)}
     claims = {"sub": principal, "cognito:username": principal, "token_use": "id"}
     if tenant:
         claims[tenant_claim()] = tenant
     if groups:
         claims["cognito:groups"] = ",".join(groups)
     return claims
+
+
+def unauthorized(method: str, resource: str, client: str | None, scopes: Sequence[str]) -> Reply | None:
+    """The Cognito authorizer's 401, or ``None`` when it lets the token through: a method under ``/clients`` takes
+    only an access token holding the route's scope, any other method only an ID token (``infra.api``)."""
+    base = resource.removeprefix(CLIENT_PREFIX)
+    if base == resource:  # a person's method
+        if client is None:
+            return None
+        why = f"{resource} takes a person's ID token, not a machine client's: call {CLIENT_PREFIX}{resource}"
+    else:
+        needed = scope_of(method, base)
+        if client is not None and needed in scopes:
+            return None
+        why = f"{resource} takes a machine client's access token with the scope {needed}"
+    # API Gateway's own refusal, in the shape of the stack's gateway response (infra.api.ERROR_TEMPLATE)
+    return Reply.of_json(401, {"error": "UNAUTHORIZED", "message": f"Unauthorized (dormant serve: {why})"})
 
 
 def to_reply(response: Mapping[str, Any]) -> Reply:

@@ -1,13 +1,14 @@
 """Who may call ``dormant serve``, and as whom: loopback clients only, no other site's page, the caller
 named by development headers.
 
-Identity is a development stand-in for the authorizer: the ``X-Dormant-Principal`` header (the token's
-``sub``), ``X-Dormant-Tenant`` (its tenant claim, ``DORMANT_TENANT_CLAIM``) and ``X-Dormant-Groups`` (a comma
-list: its ``cognito:groups``). Nothing here authenticates anyone, so only loopback clients are served: any
-other gets a 403. A loopback client may be a browser running another site's script, so a request a browser
-marks as cross-site (``Origin`` not this server, ``Sec-Fetch-Site: cross-site``) or one whose ``Host`` is not
-a loopback name (DNS rebinding) gets a 403 too, before it reaches a handler. The pages of the origins given
-as ``cors_origins`` (``dormant serve --cors-origin``) are let through.
+Identity is a development stand-in for the authorizer: the ``X-Dormant-Principal`` header (the token's ``sub``),
+``X-Dormant-Tenant`` (its tenant claim, ``DORMANT_TENANT_CLAIM``) and ``X-Dormant-Groups`` (a comma list: its
+``cognito:groups``); a machine client's access token is ``X-Dormant-Client`` (its ``client_id``) and
+``X-Dormant-Scopes`` (its ``scope``, space-separated), instead of the three. Nothing here authenticates anyone, so
+only loopback clients are served: any other gets a 403. A loopback client may be a browser running another site's
+script, so a request a browser marks as cross-site (``Origin`` not this server, ``Sec-Fetch-Site: cross-site``) or
+one whose ``Host`` is not a loopback name (DNS rebinding) gets a 403 too, before it reaches a handler. The pages of
+the origins given as ``cors_origins`` (``dormant serve --cors-origin``) are let through.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 __all__ = [
+    "CLIENT_HEADER",
     "GROUPS_HEADER",
     "IDENTITY_HEADERS",
     "PRINCIPAL_HEADER",
+    "SCOPES_HEADER",
     "TENANT_HEADER",
     "cross_site",
     "is_loopback",
@@ -28,7 +31,11 @@ __all__ = [
 PRINCIPAL_HEADER = "X-Dormant-Principal"
 TENANT_HEADER = "X-Dormant-Tenant"
 GROUPS_HEADER = "X-Dormant-Groups"
-IDENTITY_HEADERS = frozenset(h.lower() for h in (PRINCIPAL_HEADER, TENANT_HEADER, GROUPS_HEADER))
+CLIENT_HEADER = "X-Dormant-Client"
+SCOPES_HEADER = "X-Dormant-Scopes"
+IDENTITY_HEADERS = frozenset(
+    h.lower() for h in (PRINCIPAL_HEADER, TENANT_HEADER, GROUPS_HEADER, CLIENT_HEADER, SCOPES_HEADER)
+)
 
 
 def is_loopback(address: str) -> bool:

@@ -4,7 +4,10 @@ builds; any other path to the pages.
 Where Step Functions resumes a sleeping agent on AWS, the answers' own request resumes it here, in-process
 (``workflow.in_process_hooks``). The caller is the identity headers', each else the server's ``principal``,
 ``tenant`` and ``groups`` (the groups only for a request that names no principal: they are the default
-caller's); without a tenant the principal is its own tenant, as a token without the claim is on AWS. The
+caller's); without a tenant the principal is its own tenant, as a token without the claim is on AWS. A machine
+client is ``X-Dormant-Client`` with ``X-Dormant-Scopes``: an access token, for the routes under ``/clients``
+(its tenant is the one ``DORMANT_MACHINE_CLIENTS`` maps it to, as deployed); each route is refused as the
+authorizer refuses a token it does not take (``gateway.unauthorized``). The
 pages of ``cors_origins`` get the ``Access-Control-*`` headers and preflight answers the deployed API gives
 them (``serving.api.cors_config``).
 
@@ -34,7 +37,7 @@ from urllib.parse import parse_qs, urlsplit
 from ...people import parse_groups
 from ..api import api_handler
 from ..idempotency import Idempotency
-from ..routes import PREFLIGHT_FUNCTION, ROUTES
+from ..routes import CLIENT_PREFIX, PREFLIGHT_FUNCTION, ROUTES, SCOPES
 from ..runtime import Served
 from ..workflow import in_process_hooks
 from .gateway import (
@@ -47,8 +50,18 @@ from .gateway import (
     proxy_event,
     refuse,
     to_reply,
+    unauthorized,
 )
-from .guard import GROUPS_HEADER, IDENTITY_HEADERS, PRINCIPAL_HEADER, TENANT_HEADER, cross_site, is_loopback
+from .guard import (
+    CLIENT_HEADER,
+    GROUPS_HEADER,
+    IDENTITY_HEADERS,
+    PRINCIPAL_HEADER,
+    SCOPES_HEADER,
+    TENANT_HEADER,
+    cross_site,
+    is_loopback,
+)
 
 __all__ = ["LocalAPI", "Page", "PageRequest"]
 
@@ -108,7 +121,8 @@ class LocalAPI:
             cors_origins=sorted(self.cors_origins),
             cors_headers=(PRINCIPAL_HEADER, TENANT_HEADER, GROUPS_HEADER),
         )
-        self._routes = [Route(m, r, compile_route(r), f) for m, r, f in ROUTES]
+        # each route twice, as deployed: for people, and under /clients for machine clients' access tokens
+        self._routes = [Route(m, p + r, compile_route(p + r), f) for m, r, f in ROUTES for p in ("", CLIENT_PREFIX)]
         self._lock = threading.Lock()
 
     def handle(self, method: str, target: str, headers: Sequence[tuple[str, str]], body: bytes, client: str) -> Reply:
@@ -129,9 +143,14 @@ class LocalAPI:
         listed = [value for name, value in headers if name.lower() == GROUPS_HEADER.lower()]
         # the server's groups are its default caller's: a request naming another principal names its groups too
         groups = tuple(sorted(parse_groups(listed[-1]))) if listed else () if given else self.groups
+        machine = _machine(headers, bool(given or named or listed))
+        if isinstance(machine, Reply):
+            return machine
         split = urlsplit(target)
         if self._match(split.path) is not None:
-            return self.call(method, target, headers, body, principal, client, tenant=tenant, groups=groups)
+            return self.call(
+                method, target, headers, body, principal, client, tenant=tenant, groups=groups, machine=machine
+            )
         request = PageRequest(
             method=method,
             path=split.path,
@@ -177,9 +196,11 @@ class LocalAPI:
         *,
         tenant: str | None = None,
         groups: Sequence[str] = (),
+        machine: tuple[str, tuple[str, ...]] | None = None,
     ) -> Reply:
-        """One API request as ``principal`` (of ``tenant``, in ``groups``), through the Lambda handler (a 404 or
-        405 when no route fits)."""
+        """One API request as ``principal`` (of ``tenant``, in ``groups``), or as a ``machine`` client (its id and
+        scopes), through the Lambda handler (a 404 or 405 when no route fits, a 401 when the authorizer would
+        not take the token)."""
         split = urlsplit(target)
         matched = self._match(split.path)
         if matched is None:
@@ -196,6 +217,10 @@ class LocalAPI:
         pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
         forwarded = [(name, value) for name, value in pairs if name.lower() not in IDENTITY_HEADERS]
         request_id = str(uuid.uuid4())
+        robot, scopes = machine if machine is not None else (None, ())
+        refused = None if route.method == "OPTIONS" else unauthorized(route.method, route.resource, robot, scopes)
+        if refused is not None:
+            return refused
         event = proxy_event(
             route.method,
             route.resource,
@@ -209,6 +234,8 @@ class LocalAPI:
             request_id,
             tenant=tenant,
             groups=groups,
+            client=robot,
+            scopes=scopes,
         )
         if route.method == "OPTIONS":  # no authorizer runs on a preflight: it carries no token
             event["requestContext"].pop("authorizer")
@@ -227,3 +254,29 @@ class LocalAPI:
                 routes.append(route)
                 params = found.groupdict()
         return (routes, params) if routes else None
+
+
+def _machine(headers: Sequence[tuple[str, str]], person: bool) -> tuple[str, tuple[str, ...]] | Reply | None:
+    """The machine client ``X-Dormant-Client`` and ``X-Dormant-Scopes`` name (its id, its scopes), ``None`` for a
+    person, or a 400 naming the header: an access token names no person (``person``: a person's header is
+    there too), and Cognito grants only the resource server's scopes."""
+    clients = [value.strip() for name, value in headers if name.lower() == CLIENT_HEADER.lower()]
+    scoped = [value for name, value in headers if name.lower() == SCOPES_HEADER.lower()]
+    if not clients:
+        if scoped:
+            return refuse(400, f"{SCOPES_HEADER} are a machine client's: name it with {CLIENT_HEADER}", SCOPES_HEADER)
+        return None
+    if not clients[-1]:
+        return refuse(400, f"{CLIENT_HEADER} is empty", field=CLIENT_HEADER)
+    if person:
+        message = (
+            f"{CLIENT_HEADER} is a machine client's access token, which names no person: send it without "
+            f"{PRINCIPAL_HEADER}, {TENANT_HEADER} and {GROUPS_HEADER}"
+        )
+        return refuse(400, message, field=CLIENT_HEADER)
+    scopes = tuple(scoped[-1].split()) if scoped else ()
+    unknown = [scope for scope in scopes if scope not in SCOPES.values()]
+    if unknown:
+        message = f"{SCOPES_HEADER}: no scope {unknown[0]!r}; the scopes are {', '.join(SCOPES.values())}"
+        return refuse(400, message, field=SCOPES_HEADER)
+    return clients[-1], scopes
