@@ -37,6 +37,7 @@ __all__ = [
     "identify",
     "log_identity",
     "machine_clients",
+    "parse_clients",
 ]
 
 ADMIN_GROUP = "DORMANT_ADMIN_GROUP"
