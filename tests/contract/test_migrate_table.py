@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("boto3")
 
 
+from dormant.clock import now_ms
 from dormant.errors import ConfigurationError
 from dormant.stores.base import StoredSession
 from dormant.stores.dynamodb import create_table, dynamo_store
@@ -270,12 +271,15 @@ def test_a_copy_killed_midway_completes_when_run_again(ddb: Any, tables: list[st
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_a_waiting_session_is_on_the_running_index_as_waiting(ddb: Any, tables: list[str], layout: str) -> None:
+def test_a_waiting_session_is_on_the_due_index_where_the_sweeper_reads(
+    ddb: Any, tables: list[str], layout: str
+) -> None:
     old, new = _source(ddb, tables, layout), _new(tables)
     migrate_table(ddb, old, new)
     meta = ddb.get_item(TableName=new, Key={"pk": {"S": session_pk(APP, WAITING)}, "sk": {"S": "#M"}})["Item"]
-    assert meta["status"] == {"S": "awaiting_input"} and meta["rpk"]["S"].startswith("W#")
+    assert meta["status"] == {"S": "awaiting_input"} and meta["dpk"]["S"].startswith("W#") and "rpk" not in meta
     store = dynamo_store(new, client=ddb)
+    assert [(r.app_name, r.session_id) for r in store.due_waits(before=now_ms())] == [(APP, WAITING)]
     assert [(r.app_name, r.session_id, r.status) for r in store.waiting_sessions()] == [
         (APP, WAITING, "awaiting_input")
     ]

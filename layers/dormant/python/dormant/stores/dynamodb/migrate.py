@@ -11,8 +11,9 @@ table of ``table.TABLE``'s shape, converting what changed:
   rolled-back writer's event never stands for a live one with the same id. A table of this layout has them:
   they are copied as they are and none is derived (one put per key, never two in one batch);
 * every meta item is copied without the listing entry a release 0.1 meta item carried itself (``lpk``) and
-  without an earlier layout's superseded touch (``plsk``), with the running index's key (``rpk``) and a
-  pending marker's key (``ppk``) for the new table's shard counts; and the session gets **one touch**, built
+  without an earlier layout's superseded touch (``plsk``), with the running index's key (``rpk``) for a
+  running session, the due index's (``dpk`` + ``due``: its own, else its last commit) for a waiting one, and a
+  pending marker's key (``ppk``), for the new table's shard counts; and the session gets **one touch**, built
   from the meta item (its listing and status index entry, with the row a listing shows). The old table's
   touches are not copied: a session has exactly one entry in the new table, keyed for its shard counts;
 * snapshots, shared-scope values (``X#``), binding entries (``B#``) and any other item (the API's
@@ -254,10 +255,15 @@ class _Copier:
 
     def _meta(self, pk: str, item: dict[str, Any]) -> None:
         app_name, session_id = split_session_pk(pk)
-        meta = {name: value for name, value in item.items() if name not in ("lpk", "plsk", "rpk", "ppk")}
+        meta = {name: value for name, value in item.items() if name not in ("lpk", "plsk", "rpk", "ppk", "dpk")}
         status = meta.get("status", {}).get("S")
-        if status == _RUNNING or status in _WAITING:
-            meta["rpk"] = {"S": running_key(app_name, session_id, self.pending, waiting=status in _WAITING)}
+        if status == _RUNNING:
+            meta["rpk"] = {"S": running_key(app_name, session_id, self.pending)}
+        elif status in _WAITING:  # a wait is on the due index, as a commit puts it; due when it was (else now)
+            meta["dpk"] = {"S": running_key(app_name, session_id, self.pending, waiting=True)}
+            meta["due"] = meta.get("due") or meta.get("lsk") or {"N": "0"}
+        else:
+            meta.pop("due", None)
         if "pending" in meta:
             meta["ppk"] = {"S": pending_key(app_name, session_id, self.pending)}
         put = _call(
