@@ -1,0 +1,266 @@
+"""A busy day in the deployment-fidelity harness: many sessions at once through the template's own functions, with
+AWS's capacity enforced as AWS enforces it (``tests/support/fidelity/capacity.py``): each function's reserved
+concurrency, API Gateway's stage throttle, Step Functions' API token buckets and DynamoDB's per-partition throughput.
+
+The day (``busy_day``): ``SLEEPING`` sessions are parked on a sign-off across many tenants; then ``TURNING``
+sessions post a turn at once, most of them in one hot tenant, each a chat turn (``signoffs=0``) or a turn that
+parks and is answered as soon as its sign-off shows (often while it is still parking), and a tenth of the sleepers
+are answered meanwhile. Clients behave as a well-written client does: a 429 is retried after its ``Retry-After``,
+anything else is recorded. Then two sweeps. The day is scaled by ``DORMANT_BUSY_DAY_TURNING`` and
+``DORMANT_BUSY_DAY_SLEEPING`` (the issue's 200 and 2,000 by default).
+
+What the day proves is split in tests by owner: nothing lost, doubled or stuck (the stack's promise); every throttle
+a 429 with ``Retry-After`` (``test_every_throttle_is_a_429_with_retry_after``, red while a capped function answers
+API Gateway 500); and the hot tenant's index partitions' capacity, measured from the units each turn billed.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from tests.support.fidelity.calls import APP_PACKAGE, evidence
+
+TURNING = int(os.environ.get("DORMANT_BUSY_DAY_TURNING", "200"))
+SLEEPING = int(os.environ.get("DORMANT_BUSY_DAY_SLEEPING", "2000"))
+HOT = "hot"
+TENANTS = 20
+"""Tenants the sleepers are spread over (the hot tenant is one more)."""
+TIME_SCALE = 0.01
+"""Retry intervals, Wait states and a 429's ``Retry-After`` pass at this fraction of real time."""
+ATTEMPTS = 30
+pytestmark = pytest.mark.timeout(3600)
+GATEWAY_WAIT = 300.0
+"""How long the gateway waits on a function here: the sandboxes run many times slower than Lambda on a shared
+2-core machine (cold starts in a storm most of all), so API Gateway's 29 s would time out what AWS answers in one;
+the 29 s limit itself is held in ``test_fidelity``."""
+"""A client's tries of one request (each 429 waited out for its ``Retry-After``)."""
+
+
+@dataclass
+class Client:
+    """Callers as a careful client behaves: a 429 waited out for its ``Retry-After`` and tried again."""
+
+    d: Any
+    statuses: Counter[int] = field(default_factory=Counter)
+    throttles: list[tuple[int, dict[str, str], Any]] = field(default_factory=list)
+    """Every answer that refused for load (429, or a 500/502/503/504): status, headers, body."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def call(self, method: str, path: str, body: Any = None, tenant: str = HOT, **options: Any) -> tuple[int, Any]:
+        tries: list[tuple[int, Any]] = []
+        for _ in range(ATTEMPTS):
+            status, headers, answer = self.d.api(method, path, body, tenant=tenant, timeout=GATEWAY_WAIT, **options)
+            tries.append((status, answer if status >= 400 else None))
+            with self.lock:
+                self.statuses[status] += 1
+                if status == 429 or status >= 500:
+                    self.throttles.append((status, headers, answer))
+            if status == 429:
+                wait = headers.get("Retry-After") or headers.get("retry-after") or "1"
+                time.sleep(float(wait) * TIME_SCALE)
+                continue
+            if status >= 500:  # a well-written client retries a 5xx too, after a pause
+                time.sleep(1.0 * TIME_SCALE)
+                continue
+            if status >= 400 and len(tries) > 1:
+                raise AssertionError(f"{method} {path}: {tries}")
+            return status, answer
+        raise AssertionError(f"{method} {path}: still refused after {ATTEMPTS} tries; {evidence(self.d)}")
+
+
+@dataclass
+class Day:
+    d: Any
+    client: Client
+    turned: dict[tuple[str, str], int]
+    """(tenant, session) -> turns it was accepted (202/200) for."""
+    answered: dict[tuple[str, str], int]
+    """(tenant, session) -> answers it was given."""
+    sleepers: list[tuple[str, str]]
+    sweeps: list[dict[str, Any]]
+    seconds: float
+    turn_seconds: list[float]
+
+
+def _tenant(i: int) -> str:
+    return f"t{i % TENANTS}"
+
+
+def _answer(c: Client, tenant: str, sid: str, settle: float = 120) -> bool:
+    """Answer the session's sign-off once it shows one (False: it never did within ``settle`` s)."""
+    deadline = time.monotonic() + settle
+    while time.monotonic() < deadline:
+        status, shown = c.call("GET", f"/sessions/{sid}", tenant=tenant)
+        calls = (shown or {}).get("yielded_tools") or []
+        if status == 200 and calls:
+            body = {"answers": [{"call_id": calls[0]["call_id"], "input": {"approved": True}}]}
+            status, answer = c.call("POST", f"/sessions/{sid}/tools", body, tenant=tenant)
+            assert status == 202, (status, answer, shown)
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.fixture(scope="module")
+def busy_day(dynamodb_endpoint: str) -> Iterator[Day]:
+    pytest.importorskip("aws_cdk", reason="the harness synthesizes the CDK app (the infra extra)")
+    pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambda extra")
+    from tests.support.fidelity.capacity import Capacity
+    from tests.support.fidelity.deployment import Deployment
+
+    d = Deployment.start(
+        dynamodb_endpoint=dynamodb_endpoint,
+        app="fidelity_app:build",
+        app_packages=[APP_PACKAGE],
+        time_scale=TIME_SCALE,
+        context={"account_concurrency": "1000"},
+        capacity=Capacity(),
+    )
+    d.sfn.poll_seconds = 1.0  # thousands of parked tasks: each looks for a stop once a second
+    c = Client(d)
+    started = time.monotonic()
+    try:
+        sleepers = [(_tenant(i), f"sleep-{i}") for i in range(SLEEPING)]
+
+        def park(who: tuple[str, str]) -> None:
+            tenant, sid = who
+            assert c.call("POST", "/sessions", {"session_id": sid, "scopes": {}}, tenant=tenant)[0] == 201
+            assert c.call("POST", f"/sessions/{sid}/runs", {"message": "signoffs=1"}, tenant=tenant)[0] in (200, 202)
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            list(pool.map(park, sleepers))
+        d.settle(600)
+
+        turners = [(HOT if i % 4 else _tenant(i), f"turn-{i}") for i in range(TURNING)]
+        for tenant, sid in turners:
+            assert c.call("POST", "/sessions", {"session_id": sid, "scopes": {}}, tenant=tenant)[0] == 201
+        turned: Counter[tuple[str, str]] = Counter()
+        answered: Counter[tuple[str, str]] = Counter()
+        turn_seconds: list[float] = []
+        lock = threading.Lock()
+        go = threading.Barrier(TURNING)
+
+        def turn(i: int) -> None:
+            tenant, sid = turners[i]
+            parks = i % 2 == 1
+            go.wait()  # all at once
+            began = time.monotonic()
+            status, _ = c.call("POST", f"/sessions/{sid}/runs", {"message": f"signoffs={int(parks)}"}, tenant=tenant)
+            assert status in (200, 202), status
+            with lock:
+                turned[(tenant, sid)] += 1
+                turn_seconds.append(time.monotonic() - began)
+            if parks and _answer(c, tenant, sid):
+                with lock:
+                    answered[(tenant, sid)] += 1
+
+        def wake(who: tuple[str, str]) -> None:
+            if _answer(c, *who):
+                with lock:
+                    answered[who] += 1
+
+        with concurrent.futures.ThreadPoolExecutor(TURNING + 8) as pool:
+            futures = [pool.submit(turn, i) for i in range(TURNING)]
+            futures += [pool.submit(wake, who) for who in sleepers[::10]]
+            for future in futures:
+                future.result()
+        d.settle(600)
+        sweeps = [d.sweep(), d.sweep()]
+        d.settle(600)
+        yield Day(d, c, dict(turned), dict(answered), sleepers, sweeps, time.monotonic() - started, turn_seconds)
+    finally:
+        d.close()
+
+
+def _ledgers(day: Day, sessions: list[tuple[str, str]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    def read(who: tuple[str, str]) -> list[dict[str, Any]]:
+        status, body = day.client.call("GET", f"/sessions/{who[1]}/events", tenant=who[0], query={"limit": "1000"})
+        assert status == 200, status
+        return body["events"]  # type: ignore[no-any-return]
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        return dict(zip(sessions, pool.map(read, sessions), strict=True))
+
+
+@pytest.mark.backend("dynamodb")
+def test_no_event_is_lost_or_doubled(busy_day: Day) -> None:
+    """Every accepted turn's message is on its session's ledger once, every answer's result once, no event twice."""
+    day = busy_day
+    sessions = sorted(set(day.turned) | set(day.answered))
+    for who, events in _ledgers(day, sessions).items():
+        ids = [e.get("id") or e.get("event_id") for e in events]
+        assert len(ids) == len(set(ids)), (who, "an event twice")
+        users = [e for e in events if e["type"] == "user"]
+        assert len(users) == day.turned.get(who, 0) + (1 if who[1].startswith("sleep-") else 0), (who, users)
+        results = [e for e in events if e["type"] == "tool_result"]
+        assert len(results) == day.answered.get(who, 0), (who, [e["type"] for e in events])
+
+
+@pytest.mark.backend("dynamodb")
+def test_after_two_sweeps_no_session_is_running_or_waiting_unwatched(busy_day: Day) -> None:
+    """No session is left ``running``; every waiting one has an execution parked on it, to be woken."""
+    day, d = busy_day, busy_day.d
+    everyone = sorted({*day.turned, *day.sleepers})
+
+    def state(who: tuple[str, str]) -> tuple[tuple[str, str], str]:
+        status, shown = day.client.call("GET", f"/sessions/{who[1]}", tenant=who[0])
+        assert status == 200, status
+        return who, shown["status"]
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        statuses = dict(pool.map(state, everyone))
+    assert not [w for w, s in statuses.items() if s == "running"], evidence(d)
+    unwatched = []
+    for who, status in statuses.items():
+        if status in ("awaiting_input", "resumable"):
+            live = [e for e in d.executions_of(who[0], who[1]) if e.status == "RUNNING"]
+            if len(live) != 1 or live[0].states[-1] != "Park":
+                unwatched.append((who, status, [(e.status, e.states[-1:]) for e in d.executions_of(*who)]))
+    assert not unwatched, (len(unwatched), unwatched[:5], day.sweeps)
+    answered_sleepers = {w for w in day.answered if w[1].startswith("sleep-")}
+    assert all(statuses[w] == "completed" for w in answered_sleepers), Counter(statuses[w] for w in answered_sleepers)
+    assert all(statuses[w] == "completed" for w in day.turned), Counter(statuses[w] for w in day.turned)
+
+
+@pytest.mark.backend("dynamodb")
+@pytest.mark.xfail(
+    strict=True,
+    reason="h-limits: a function at its reserved concurrency answers API Gateway 500 (a proxy integration's "
+    "throttle), and the stack's 429s carry no Retry-After yet",
+)
+def test_every_throttle_is_a_429_with_retry_after(busy_day: Day) -> None:
+    refused = busy_day.client.throttles
+    assert not [s for s, _, _ in refused if s >= 500], Counter(s for s, _, _ in refused)
+    assert all(s == 429 and {k.lower() for k in h} >= {"retry-after"} for s, h, _ in refused), refused[:3]
+
+
+@pytest.mark.backend("dynamodb")
+def test_the_hot_tenants_index_partitions_stay_under_a_partitions_rate(busy_day: Day) -> None:
+    """From the units the day billed each partition: a chat turn's index writes in the hot tenant, and the turns
+    a second the hot tenant can take before its busiest listing or status partition reaches 1,000 write units a
+    second, with the stack's default listing shards, and what one shard would allow."""
+    from tests.support.fidelity.capacity import PARTITION_WRITE_UNITS
+
+    day = busy_day
+    accountant = day.d.accountant
+    hot = [(p, u) for p, u in accountant.units.items() if p[2] == "write" and f"@{HOT}" in p[1] and "/" in p[0]]
+    listing = [(p, u) for p, u in hot if p[0].endswith("/listing")]
+    status = [(p, u) for p, u in hot if p[0].endswith("/status")]
+    turns = sum(n for (tenant, _), n in day.turned.items() if tenant == HOT)
+    assert turns and listing and status
+    per_turn_hottest = max(u for _, u in listing + status) / turns
+    per_turn_one_shard = max(sum(u for _, u in listing), max(u for _, u in status)) / turns
+    capacity = PARTITION_WRITE_UNITS / per_turn_hottest
+    one_shard = PARTITION_WRITE_UNITS / per_turn_one_shard
+    print(f"hot tenant: {turns} turns; {capacity:.0f} turns/s per tenant (one listing shard: {one_shard:.0f})")
+    assert len({p[1] for p, _ in listing}) > 1  # the default spreads a tenant's listing over shards
+    assert capacity >= 2 * one_shard, (capacity, one_shard)
