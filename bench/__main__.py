@@ -15,7 +15,7 @@ import time
 
 from .common import QUICK, Figure
 
-SECTIONS = ["ledger", "sqlite", "postgres", "dynamodb", "cold_start", "long", "serve", "cost", "adk"]
+SECTIONS = ["ledger", "sqlite", "postgres", "dynamodb", "cold_start", "long", "serve", "cost", "busy", "adk"]
 
 
 def main(argv: list[str] | None = None) -> int:

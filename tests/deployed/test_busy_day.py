@@ -18,165 +18,27 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from tests.support.fidelity.calls import APP_PACKAGE, evidence
+from tests.support.fidelity.busy_day import HOT, Day, run_day, start
+from tests.support.fidelity.calls import evidence
 
 TURNING = int(os.environ.get("DORMANT_BUSY_DAY_TURNING", "200"))
 SLEEPING = int(os.environ.get("DORMANT_BUSY_DAY_SLEEPING", "2000"))
-HOT = "hot"
-TENANTS = 20
-"""Tenants the sleepers are spread over (the hot tenant is one more)."""
-TIME_SCALE = 0.01
-"""Retry intervals, Wait states and a 429's ``Retry-After`` pass at this fraction of real time."""
-ATTEMPTS = 30
 pytestmark = pytest.mark.timeout(3600)
-GATEWAY_WAIT = 300.0
-"""How long the gateway waits on a function here: the sandboxes run many times slower than Lambda on a shared
-2-core machine (cold starts in a storm most of all), so API Gateway's 29 s would time out what AWS answers in one;
-the 29 s limit itself is held in ``test_fidelity``."""
-"""A client's tries of one request (each 429 waited out for its ``Retry-After``)."""
-
-
-@dataclass
-class Client:
-    """Callers as a careful client behaves: a 429 waited out for its ``Retry-After`` and tried again."""
-
-    d: Any
-    statuses: Counter[int] = field(default_factory=Counter)
-    throttles: list[tuple[int, dict[str, str], Any]] = field(default_factory=list)
-    """Every answer that refused for load (429, or a 500/502/503/504): status, headers, body."""
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def call(self, method: str, path: str, body: Any = None, tenant: str = HOT, **options: Any) -> tuple[int, Any]:
-        tries: list[tuple[int, Any]] = []
-        for _ in range(ATTEMPTS):
-            status, headers, answer = self.d.api(method, path, body, tenant=tenant, timeout=GATEWAY_WAIT, **options)
-            tries.append((status, answer if status >= 400 else None))
-            with self.lock:
-                self.statuses[status] += 1
-                if status == 429 or status >= 500:
-                    self.throttles.append((status, headers, answer))
-            if status == 429:
-                wait = headers.get("Retry-After") or headers.get("retry-after") or "1"
-                time.sleep(float(wait) * TIME_SCALE)
-                continue
-            if status >= 500:  # a well-written client retries a 5xx too, after a pause
-                time.sleep(1.0 * TIME_SCALE)
-                continue
-            if status >= 400 and len(tries) > 1:
-                raise AssertionError(f"{method} {path}: {tries}")
-            return status, answer
-        raise AssertionError(f"{method} {path}: still refused after {ATTEMPTS} tries; {evidence(self.d)}")
-
-
-@dataclass
-class Day:
-    d: Any
-    client: Client
-    turned: dict[tuple[str, str], int]
-    """(tenant, session) -> turns it was accepted (202/200) for."""
-    answered: dict[tuple[str, str], int]
-    """(tenant, session) -> answers it was given."""
-    sleepers: list[tuple[str, str]]
-    sweeps: list[dict[str, Any]]
-    seconds: float
-    turn_seconds: list[float]
-
-
-def _tenant(i: int) -> str:
-    return f"t{i % TENANTS}"
-
-
-def _answer(c: Client, tenant: str, sid: str, settle: float = 120) -> bool:
-    """Answer the session's sign-off once it shows one (False: it never did within ``settle`` s)."""
-    deadline = time.monotonic() + settle
-    while time.monotonic() < deadline:
-        status, shown = c.call("GET", f"/sessions/{sid}", tenant=tenant)
-        calls = (shown or {}).get("yielded_tools") or []
-        if status == 200 and calls:
-            body = {"answers": [{"call_id": calls[0]["call_id"], "input": {"approved": True}}]}
-            status, answer = c.call("POST", f"/sessions/{sid}/tools", body, tenant=tenant)
-            assert status == 202, (status, answer, shown)
-            return True
-        time.sleep(0.2)
-    return False
 
 
 @pytest.fixture(scope="module")
 def busy_day(dynamodb_endpoint: str) -> Iterator[Day]:
     pytest.importorskip("aws_cdk", reason="the harness synthesizes the CDK app (the infra extra)")
     pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambda extra")
-    from tests.support.fidelity.capacity import Capacity
-    from tests.support.fidelity.deployment import Deployment
-
-    d = Deployment.start(
-        dynamodb_endpoint=dynamodb_endpoint,
-        app="fidelity_app:build",
-        app_packages=[APP_PACKAGE],
-        time_scale=TIME_SCALE,
-        context={"account_concurrency": "1000"},
-        capacity=Capacity(),
-    )
-    d.sfn.poll_seconds = 1.0  # thousands of parked tasks: each looks for a stop once a second
-    c = Client(d)
-    started = time.monotonic()
+    d = start(dynamodb_endpoint)
     try:
-        sleepers = [(_tenant(i), f"sleep-{i}") for i in range(SLEEPING)]
-
-        def park(who: tuple[str, str]) -> None:
-            tenant, sid = who
-            assert c.call("POST", "/sessions", {"session_id": sid, "scopes": {}}, tenant=tenant)[0] == 201
-            assert c.call("POST", f"/sessions/{sid}/runs", {"message": "signoffs=1"}, tenant=tenant)[0] in (200, 202)
-
-        with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            list(pool.map(park, sleepers))
-        d.settle(600)
-
-        turners = [(HOT if i % 4 else _tenant(i), f"turn-{i}") for i in range(TURNING)]
-        for tenant, sid in turners:
-            assert c.call("POST", "/sessions", {"session_id": sid, "scopes": {}}, tenant=tenant)[0] == 201
-        turned: Counter[tuple[str, str]] = Counter()
-        answered: Counter[tuple[str, str]] = Counter()
-        turn_seconds: list[float] = []
-        lock = threading.Lock()
-        go = threading.Barrier(TURNING)
-
-        def turn(i: int) -> None:
-            tenant, sid = turners[i]
-            parks = i % 2 == 1
-            go.wait()  # all at once
-            began = time.monotonic()
-            status, _ = c.call("POST", f"/sessions/{sid}/runs", {"message": f"signoffs={int(parks)}"}, tenant=tenant)
-            assert status in (200, 202), status
-            with lock:
-                turned[(tenant, sid)] += 1
-                turn_seconds.append(time.monotonic() - began)
-            if parks and _answer(c, tenant, sid):
-                with lock:
-                    answered[(tenant, sid)] += 1
-
-        def wake(who: tuple[str, str]) -> None:
-            if _answer(c, *who):
-                with lock:
-                    answered[who] += 1
-
-        with concurrent.futures.ThreadPoolExecutor(TURNING + 8) as pool:
-            futures = [pool.submit(turn, i) for i in range(TURNING)]
-            futures += [pool.submit(wake, who) for who in sleepers[::10]]
-            for future in futures:
-                future.result()
-        d.settle(600)
-        sweeps = [d.sweep(), d.sweep()]
-        d.settle(600)
-        yield Day(d, c, dict(turned), dict(answered), sleepers, sweeps, time.monotonic() - started, turn_seconds)
+        yield run_day(d, TURNING, SLEEPING)
     finally:
         d.close()
 
@@ -258,7 +120,7 @@ def test_the_hot_tenants_index_partitions_stay_under_a_partitions_rate(busy_day:
     turns = sum(n for (tenant, _), n in day.turned.items() if tenant == HOT)
     assert turns and listing and status
     per_turn_hottest = max(u for _, u in listing + status) / turns
-    per_turn_one_shard = max(sum(u for _, u in listing), max(u for _, u in status)) / turns
+    per_turn_one_shard = max(sum(u for _, u in listing), *(u for _, u in status)) / turns
     capacity = PARTITION_WRITE_UNITS / per_turn_hottest
     one_shard = PARTITION_WRITE_UNITS / per_turn_one_shard
     print(f"hot tenant: {turns} turns; {capacity:.0f} turns/s per tenant (one listing shard: {one_shard:.0f})")
