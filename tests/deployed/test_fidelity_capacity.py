@@ -161,13 +161,17 @@ def metered(tmp_path: Path, dynamodb_endpoint: str) -> Iterator[tuple[Any, Accou
 @pytest.mark.backend("dynamodb")
 def test_a_hot_partition_is_throttled_as_dynamodb_throttles_and_another_is_not(metered: Any) -> None:
     service, accountant, table = metered
-    # 6 one-KB puts on one partition key at 3 units a second: throttled, and botocore's retries carry them through
-    done = service.invoke("probe", {"kind": "put", "table": table, "pk": "hot", "puts": 6, "attempts": 10})
-    assert done.ok and done.payload == {"done": 6, "error": None}, done.payload
+    # the partition is 2 units past its rate (3 a second): the put is throttled until it is paid off, and botocore's
+    # retries carry it through
+    assert service.invoke("probe", {"kind": "sleep", "seconds": 0}).ok  # warm: no cold start pays the debt off
+    accountant.charge({(table, "hot", "write"): 12})
+    done = service.invoke("probe", {"kind": "put", "table": table, "pk": "hot", "puts": 1, "attempts": 10})
+    assert done.ok and done.payload == {"done": 1, "error": None}, done.payload
     assert accountant.throttles[("Dormant-Probe", f"{table}:write")] > 0
-    assert accountant.units[(table, "hot", "write")] == 6
+    assert accountant.units[(table, "hot", "write")] == 13  # the put billed 1 unit (900 bytes) on its partition
     # with no retry, the throttle reaches the caller as DynamoDB's own error, naming the partition's key range
-    refused = service.invoke("probe", {"kind": "put", "table": table, "pk": "hot", "puts": 6, "attempts": 1})
+    accountant.charge({(table, "hot", "write"): 1000})
+    refused = service.invoke("probe", {"kind": "put", "table": table, "pk": "hot", "puts": 1, "attempts": 1})
     assert refused.payload["error"] == "ProvisionedThroughputExceededException", refused.payload
     assert refused.payload["reasons"][0]["reason"] == "TableWriteKeyRangeThroughputExceeded"
     # another partition key has its own rate: not slowed by the hot one

@@ -11,6 +11,7 @@ its promises; ``python -m bench busy`` prints its latencies, throttles and cost.
 from __future__ import annotations
 
 import concurrent.futures
+import random
 import threading
 import time
 from collections import Counter
@@ -26,6 +27,9 @@ TIME_SCALE = 0.01
 """Retry intervals, Wait states and a 429's ``Retry-After`` pass at this fraction of real time."""
 ATTEMPTS = 30
 """A client's tries of one request."""
+BACKOFF, BACKOFF_CAP = 0.2, 8.0
+"""A refused request's pause (seconds): full jitter over ``BACKOFF * 2**retry``, at most ``BACKOFF_CAP``, as AWS's
+SDKs back off (in the harness's time: its functions run many times slower than Lambda)."""
 GATEWAY_WAIT = 300.0
 """How long the gateway waits on a function here: the sandboxes run many times slower than Lambda on a shared
 2-core machine (cold starts in a storm most of all), so API Gateway's 29 s would time out what AWS answers in one;
@@ -51,12 +55,10 @@ class Client:
                 self.statuses[status] += 1
                 if status == 429 or status >= 500:
                     self.throttles.append((status, headers, answer))
-            if status == 429:
-                wait = headers.get("Retry-After") or headers.get("retry-after") or "1"
-                time.sleep(float(wait) * TIME_SCALE)
-                continue
-            if status >= 500:  # a well-written client retries a 5xx too, after a pause
-                time.sleep(1.0 * TIME_SCALE)
+            if status == 429 or status >= 500:  # waited out: Retry-After, at least an exponential backoff
+                given = headers.get("Retry-After") or headers.get("retry-after")
+                backoff = random.uniform(0, min(BACKOFF_CAP, BACKOFF * 2 ** (len(tries) - 1)))
+                time.sleep(max(float(given) * TIME_SCALE if given else 0.0, backoff))
                 continue
             if status >= 400 and len(tries) > 1:
                 raise AssertionError(f"{method} {path}: {tries}")
