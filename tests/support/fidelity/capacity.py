@@ -170,10 +170,10 @@ class Accountant:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
                 partitions = [tuple(p) for p in body.get("partitions", [])]
                 if self.path == "/admit":
-                    refused = accountant.admit(body["function"], partitions)  # type: ignore[arg-type]
+                    refused = accountant.admit(body["function"], partitions)
                     answer: dict[str, Any] = {"refused": list(refused) if refused else None}
                 else:
-                    accountant.charge({tuple(p): float(u) for p, u in body["units"]})  # type: ignore[misc]
+                    accountant.charge({tuple(p): float(u) for p, u in body["units"]})
                     answer = {}
                 data = json.dumps(answer).encode()
                 self.send_response(200)
