@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import re
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -95,6 +96,20 @@ def test_after_two_sweeps_no_session_is_running_or_waiting_unwatched(busy_day: D
 
 @pytest.mark.backend("dynamodb")
 @pytest.mark.xfail(
+    strict=False,
+    reason="under load, an answer to the call a session shows as waiting (awaiting_input) is sometimes refused 409 "
+    "UnknownCallId: not owned by the capacity work; reported",
+)
+def test_an_answer_to_the_call_a_session_shows_waiting_is_taken(busy_day: Day) -> None:
+    refused = busy_day.client.refused_answers
+    assert not refused, (
+        len(refused),
+        [(sid, status, str(body), shown) for _, sid, status, body, shown, _ in refused[:3]],
+    )
+
+
+@pytest.mark.backend("dynamodb")
+@pytest.mark.xfail(
     strict=True,
     reason="h-limits: a function at its reserved concurrency answers API Gateway 500 (a proxy integration's "
     "throttle), and the stack's 429s carry no Retry-After yet",
@@ -107,10 +122,11 @@ def test_every_throttle_is_a_429_with_retry_after(busy_day: Day) -> None:
 
 @pytest.mark.backend("dynamodb")
 def test_the_hot_tenants_index_partitions_stay_under_a_partitions_rate(busy_day: Day) -> None:
-    """From the units the day billed each partition: a chat turn's index writes in the hot tenant, and the turns
-    a second the hot tenant can take before its busiest listing or status partition reaches 1,000 write units a
-    second, with the stack's default listing shards, and what one shard would allow."""
-    from tests.support.fidelity.capacity import PARTITION_WRITE_UNITS
+    """From the units the day billed each partition in the hot tenant (its sessions' creates, turns and answers, per
+    accepted turn): the turns a second the tenant can take before its busiest listing or status partition reaches
+    1,000 write units a second, with the stack's default listing shards, against one shard; and that it is well
+    above what the stage's default throttle lets through for the whole stack."""
+    from tests.support.fidelity.capacity import PARTITION_WRITE_UNITS, stage_throttle
 
     day = busy_day
     accountant = day.d.accountant
@@ -120,9 +136,15 @@ def test_the_hot_tenants_index_partitions_stay_under_a_partitions_rate(busy_day:
     turns = sum(n for (tenant, _), n in day.turned.items() if tenant == HOT)
     assert turns and listing and status
     per_turn_hottest = max(u for _, u in listing + status) / turns
-    per_turn_one_shard = max(sum(u for _, u in listing), *(u for _, u in status)) / turns
+    # with one shard, each index's entries of a tenant (of a status) would all be one partition
+    unsharded: Counter[tuple[str, str]] = Counter()
+    for (place, key, _), units in listing + status:
+        unsharded[(place, re.sub(r"#\d+$", "", key))] += units
+    per_turn_one_shard = max(unsharded.values()) / turns
     capacity = PARTITION_WRITE_UNITS / per_turn_hottest
     one_shard = PARTITION_WRITE_UNITS / per_turn_one_shard
     print(f"hot tenant: {turns} turns; {capacity:.0f} turns/s per tenant (one listing shard: {one_shard:.0f})")
     assert len({p[1] for p, _ in listing}) > 1  # the default spreads a tenant's listing over shards
     assert capacity >= 2 * one_shard, (capacity, one_shard)
+    throttle = stage_throttle(day.d.template)
+    assert throttle is not None and capacity >= 3 * throttle[0], (capacity, throttle)
