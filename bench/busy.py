@@ -17,6 +17,7 @@ Sizes: ``BENCH_QUICK`` 20 turning and 40 sleeping; else ``DORMANT_BUSY_DAY_TURNI
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from collections import Counter, defaultdict
@@ -29,7 +30,7 @@ from .cost import _transitions, bill
 def percentile(values: list[float], q: float) -> float:
     """The ``q`` quantile (0..1) of ``values``, nearest-rank."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def report(day: Any) -> list[str]:
