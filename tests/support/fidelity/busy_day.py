@@ -102,7 +102,7 @@ def _answer(c: Client, tenant: str, sid: str, settle: float = 120) -> bool:
         calls = (shown or {}).get("yielded_tools") or []
         if status == 200 and calls:
             body = {"answers": [{"call_id": calls[0]["call_id"], "input": {"approved": True}}]}
-            status, answer = c.call("POST", f"/sessions/{sid}/tools", body, tenant=tenant)
+            status, answer = c.call("POST", f"/sessions/{sid}/tools", body, tenant=tenant, after_retry=409)
             if status == 202:
                 return True
             with c.lock:  # refused: the session stays waiting, its execution parked (the tests look at both)
