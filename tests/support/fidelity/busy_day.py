@@ -27,6 +27,8 @@ TIME_SCALE = 0.01
 """Retry intervals, Wait states and a 429's ``Retry-After`` pass at this fraction of real time."""
 ATTEMPTS = 30
 """A client's tries of one request."""
+SWEEP_EVERY = 5 * 60.0
+"""The sweeper's schedule (seconds)."""
 BACKOFF, BACKOFF_CAP = 0.2, 8.0
 """A refused request's pause (seconds): full jitter over ``BACKOFF * 2**retry``, at most ``BACKOFF_CAP``, as AWS's
 SDKs back off (in the harness's time: its functions run many times slower than Lambda)."""
@@ -178,7 +180,13 @@ def run_day(d: Any, turning: int, sleeping: int) -> Day:
     busy = time.monotonic()
     load = Load(before, _marks(d, c))
     print("function errors in the day:", Counter((f, kind) for f, kind, _ in d.errors()))
-    sweeps = [d.sweep(), d.sweep()]
+    # two scheduled sweeps, 5 minutes apart, once the day's claims are past their deadlines: the longest a runner
+    # may hold a turn (the functions' longest timeout) passes on dormant's clock, not on the test's
+    d.advance(max(f.timeout for f in d.functions.values()) + SWEEP_EVERY)
+    sweeps = [d.sweep(grace_seconds=None)]
+    d.settle(600)
+    d.advance(SWEEP_EVERY)
+    sweeps.append(d.sweep(grace_seconds=None))
     d.settle(600)
     return Day(
         d,

@@ -482,6 +482,11 @@ class Deployment:
         """``StopExecution``, as an operator would from the console (the execution ends ``ABORTED``)."""
         self.sfn.stop_execution(execution.arn, error="Operator", cause="stopped by hand")
 
+    def advance(self, seconds: float) -> None:
+        """Let ``seconds`` pass for the functions: dormant's clock moves on in every sandbox (claims' deadlines, waits'
+        graces), where waiting for them would be real time. Step Functions' and DynamoDB's clocks do not move."""
+        self.lambdas.advance(seconds)
+
     def sweep(self, grace_seconds: float | None = 0) -> dict[str, Any]:
         """Invoke the sweeper with the schedule's event (plus ``grace_seconds``: an operator's "sweep now")."""
         event = json.loads((ROOT / "events/schedule/sweeper.json").read_text())

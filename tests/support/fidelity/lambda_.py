@@ -155,6 +155,7 @@ class LambdaService:
             "fault_file": str(self.workdir / f"{function.name}.fault"),
             "hold_file": str(self.workdir / f"{function.name}.hold"),
             "capture_file": str(self.workdir / "capture"),
+            "clock_file": str(self.workdir / "clock"),
             **self._capacity_config,
         }
         path = self.workdir / f"{function.name}.json"
@@ -350,6 +351,12 @@ class LambdaService:
             path.touch()
         else:
             path.unlink(missing_ok=True)
+
+    def advance(self, seconds: float) -> None:
+        """Move dormant's clock on by ``seconds`` in every sandbox, now and to come (``worker._moved_clock``)."""
+        path = self.workdir / "clock"
+        moved = float(path.read_text()) if path.exists() else 0.0
+        path.write_text(str(moved + seconds))
 
     def busy(self, name: str) -> int:
         with self._lock:
