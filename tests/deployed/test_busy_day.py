@@ -148,7 +148,7 @@ def test_an_answer_to_the_call_a_session_shows_waiting_is_taken(busy_day: Day) -
 
 @pytest.mark.backend("dynamodb")
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,
     reason="h-limits: a function at its reserved concurrency answers API Gateway 500 (a proxy integration's "
     "throttle), and the stack's 429s carry no Retry-After yet",
 )
