@@ -24,6 +24,7 @@ SECTIONS = [
     "long",
     "serve",
     "cost",
+    "busy",
     "adk",
     "langgraph",
     "openai_agents",

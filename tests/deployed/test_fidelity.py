@@ -1217,7 +1217,7 @@ def test_a_sixty_second_turn_completes(deployment: Any) -> None:
     assert show(d, sid)["status"] == "completed", evidence(d)
 
 
-_SHARDS = "shards=1&pending_shards=8"
+_SHARDS = "shards=4&pending_shards=8"
 """The deployment's shard counts (``infra.stack.SHARD_DEFAULTS``): the table refuses a store opened with others."""
 
 

@@ -131,7 +131,7 @@ def test_every_handler_is_a_python_312_arm64_function_with_both_layers(synth: Sy
         table_id, _ = synth.one("AWS::DynamoDB::Table")
         # shard counts are context, fixed at the first deploy (the table records them), never a parameter
         # and so is the recovery period, which the store's erasure reports as its residue
-        assert text(env["DORMANT_STORE"]) == f"dynamodb://<{table_id}>?shards=1&pending_shards=8&pitr_days=35"
+        assert text(env["DORMANT_STORE"]) == f"dynamodb://<{table_id}>?shards=4&pending_shards=8&pitr_days=35"
         if "DORMANT_IDEMPOTENCY_TABLE" in env:
             assert env["DORMANT_IDEMPOTENCY_TABLE"] == {"Ref": table_id}  # idempotency records share the table
         if "DORMANT_STATE_MACHINE" in env:
@@ -731,6 +731,11 @@ def test_shard_counts_are_context_with_defaults_and_checked() -> None:
     given = {"listing_shards": "4"}
     assert _shard_count(given.get, "listing_shards", 1) == 4
     assert _shard_count(given.get, "pending_shards", 8) == 8 == SHARD_DEFAULTS["pending_shards"]
+    # the stack's defaults are the store's: a tenant's listing and status entries over 4 index partitions each
+    from dormant.stores.dynamodb.store import DEFAULT_LISTING_SHARDS, DEFAULT_PENDING_SHARDS
+
+    assert SHARD_DEFAULTS == {"listing_shards": DEFAULT_LISTING_SHARDS, "pending_shards": DEFAULT_PENDING_SHARDS}
+    assert SHARD_DEFAULTS["listing_shards"] >= 4
     for bad in ("0", "x", "1001"):
         with pytest.raises(ValueError, match="listing_shards"):
             _shard_count({"listing_shards": bad}.get, "listing_shards", 1)

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from .lambda_ import Call, LambdaService, scratch
+from .capacity import Accountant, Capacity, TokenBucket, reserved_concurrency, stage_throttle
+from .lambda_ import Call, Concurrency, LambdaService, scratch
 from .stepfunctions import Execution, StepFunctions
 from .template import ACCOUNT, REGION, ROOT, Names, Template
 
@@ -98,6 +99,7 @@ class Deployment:
         workdir: Path | None = None,
         endpoints: dict[str, str] | None = None,
         timeouts: dict[str, float] | None = None,
+        capacity: Capacity | None = None,
     ) -> None:
         self.template = template
         self.workdir = workdir or scratch()
@@ -112,12 +114,37 @@ class Deployment:
             self._invoke_for_states, time_scale=time_scale, machine_role=template.state_machine_role()
         )
         self.sfn.create_state_machine(self.machine_arn, self.definition)
+        self.accountant: Accountant | None = None
+        """With ``capacity``: the ledger of AWS's capacity (throttles, units per partition), ``capacity.py``."""
+        self._stage_bucket: TokenBucket | None = None
+        concurrency, capacity_config = None, None
+        if capacity is not None:
+            self.accountant = Accountant(capacity)
+            self.sfn.accountant = self.accountant
+            reserved = reserved_concurrency(template, self.functions)
+            concurrency = Concurrency(reserved, capacity.account_concurrency - sum(reserved.values()), self.accountant)
+            capacity_config = {
+                "capacity_url": self.accountant.serve(),
+                "units_file": str(ROOT / "bench" / "units.py"),
+                "tables": [template.table()],
+            }
+            throttle = stage_throttle(template)
+            if throttle is not None:
+                rate, burst = throttle
+                self._stage_bucket = TokenBucket(burst * capacity.rate_scale, rate * capacity.rate_scale)
         stand_ins = {
             "AWS_ENDPOINT_URL_DYNAMODB": dynamodb_endpoint,
             "AWS_ENDPOINT_URL_SFN": self.sfn.serve(),
             **(endpoints or {}),
         }
-        self.lambdas = LambdaService(self.functions, self._layers(app_packages), stand_ins, self.workdir)
+        self.lambdas = LambdaService(
+            self.functions,
+            self._layers(app_packages),
+            stand_ins,
+            self.workdir,
+            concurrency=concurrency,
+            capacity_config=capacity_config,
+        )
         self.routes = {
             (method, path): self._function_by_logical(logical) for method, path, logical in template.routes()
         }
@@ -126,7 +153,8 @@ class Deployment:
         self.gateway_responses = template.gateway_responses()
         self.machine_clients = template.machine_clients()
         self.people_client = template.people_client()
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16)
+        # requests in flight at once: with capacity enforced, enough to meet the functions' caps (each is a process)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16 if capacity is None else 64)
 
     @classmethod
     def start(
@@ -140,10 +168,11 @@ class Deployment:
         context: dict[str, str] | None = None,
         endpoints: dict[str, str] | None = None,
         timeouts: dict[str, float] | None = None,
+        capacity: Capacity | None = None,
     ) -> Deployment:
         """``context``: more CDK context (``cors_origins``, ``model=``...); ``endpoints``: more stand-ins the
         functions reach (``AWS_ENDPOINT_URL_<SERVICE>``); ``timeouts``: function -> seconds, as if deployed with
-        that timeout."""
+        that timeout; ``capacity``: AWS's capacity enforced (``capacity.py``; none by default)."""
         workdir = scratch()
         context = dict(context or {})
         if app:
@@ -162,6 +191,7 @@ class Deployment:
             workdir=workdir,
             endpoints=endpoints,
             timeouts=timeouts,
+            capacity=capacity,
         )
 
     # -- setup -------------------------------------------------------------------------------------------------
@@ -210,6 +240,8 @@ class Deployment:
         self.sfn.create_state_machine(self.machine_arn, self.definition)
 
     def close(self) -> None:
+        if self.accountant is not None:
+            self.accountant.close()
         self.sfn.close()
         self.lambdas.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -229,6 +261,8 @@ class Deployment:
 
     def _invoke_for_states(self, function: str, payload: Any) -> tuple[bool, Any]:
         done = self.lambdas.invoke(function, payload)
+        if done.throttled:  # Lambda's own refusal, as the Task state sees it
+            return False, {"errorType": "Lambda.TooManyRequestsException", "errorMessage": done.error_message}
         return (True, done.payload) if done.ok else (False, done.error())
 
     def invoke(self, function: str, event: Any) -> tuple[bool, Any]:
@@ -265,12 +299,18 @@ class Deployment:
         text = None if body is None else body if isinstance(body, str) else json.dumps(body)
         if text is not None and len(text.encode()) > MAX_REQUEST_BYTES:
             return self._refused(413, "REQUEST_TOO_LARGE", "Request Too Long", headers)
+        if self._stage_bucket is not None and not self._stage_bucket.take():
+            assert self.accountant is not None
+            self.accountant.throttled("gateway", "stage")
+            return self._refused(429, "THROTTLED", "Too Many Requests", headers)
         event = self._event(method, path, resource, parameters, text, headers, None if open_route else token, query)
         future = self._pool.submit(self.lambdas.invoke, function, event)
         try:
             done = future.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
             return self._refused(504, "INTEGRATION_TIMEOUT", "Endpoint request timed out", headers)
+        if done.throttled:  # a proxy integration's throttled function: API Gateway answers 500, not 429
+            return self._refused(500, "DEFAULT_5XX", "Internal server error", headers)
         if not done.ok:
             return self._refused(502, "DEFAULT_5XX", "Internal server error", headers)
         response = done.payload
@@ -457,6 +497,11 @@ class Deployment:
     def stop(self, execution: Execution) -> None:
         """``StopExecution``, as an operator would from the console (the execution ends ``ABORTED``)."""
         self.sfn.stop_execution(execution.arn, error="Operator", cause="stopped by hand")
+
+    def advance(self, seconds: float) -> None:
+        """Let ``seconds`` pass for the functions: dormant's clock moves on in every sandbox (claims' deadlines, waits'
+        graces), where waiting for them would be real time. Step Functions' and DynamoDB's clocks do not move."""
+        self.lambdas.advance(seconds)
 
     def sweep(self, grace_seconds: float | None = 0) -> dict[str, Any]:
         """Invoke the sweeper with the schedule's event (plus ``grace_seconds``: an operator's "sweep now")."""

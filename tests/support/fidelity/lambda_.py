@@ -39,6 +39,8 @@ class Invocation:
     error_type: str | None = None
     error_message: str = ""
     seconds: float = 0.0
+    throttled: bool = False
+    """Refused by Lambda before it ran: the function was at its concurrency (``TooManyRequestsException``)."""
 
     def error(self) -> dict[str, Any]:
         return {"errorType": self.error_type, "errorMessage": self.error_message}
@@ -53,6 +55,16 @@ class Call:
     action: str
     resource: str
     allowed: bool
+
+
+@dataclass
+class Concurrency:
+    """Lambda's concurrency as the account has it: each reserved function's cap, and what the others share."""
+
+    reserved: dict[str, int]
+    unreserved: int
+    accountant: Any = None
+    """Where throttles are counted (``capacity.Accountant``)."""
 
 
 @dataclass
@@ -71,8 +83,15 @@ class LambdaService:
         layer_dirs: dict[str, Path],
         endpoints: dict[str, str],
         workdir: Path,
+        *,
+        concurrency: Concurrency | None = None,
+        capacity_config: dict[str, Any] | None = None,
     ) -> None:
         self.functions = functions
+        self.concurrency = concurrency
+        """When given, Lambda's concurrency is enforced (``capacity``): one invocation past a cap is throttled."""
+        self._capacity_config = capacity_config or {}
+        self._running: dict[str, int] = {name: 0 for name in functions}
         self.layer_dirs = layer_dirs
         self.endpoints = endpoints
         self.workdir = workdir
@@ -136,6 +155,8 @@ class LambdaService:
             "fault_file": str(self.workdir / f"{function.name}.fault"),
             "hold_file": str(self.workdir / f"{function.name}.hold"),
             "capture_file": str(self.workdir / "capture"),
+            "clock_file": str(self.workdir / "clock"),
+            **self._capacity_config,
         }
         path = self.workdir / f"{function.name}.json"
         path.write_text(json.dumps(config))
@@ -197,6 +218,35 @@ class LambdaService:
     def invoke(self, name_or_arn: str, event: Any) -> Invocation:
         """A synchronous (RequestResponse) invocation."""
         name = self.name_of(name_or_arn)
+        if not self._admit(name):
+            message = "Rate Exceeded."
+            return self._record(
+                Invocation(name, False, error_type="TooManyRequestsException", error_message=message, throttled=True)
+            )
+        try:
+            return self._invoke(name, event)
+        finally:
+            with self._lock:
+                self._running[name] -= 1
+
+    def _admit(self, name: str) -> bool:
+        """Count the invocation in, unless the function (or the account's unreserved pool) is at its limit."""
+        with self._lock:
+            limits = self.concurrency
+            if limits is not None:
+                if name in limits.reserved:
+                    full = self._running[name] >= limits.reserved[name]
+                else:
+                    shared = sum(n for f, n in self._running.items() if f not in limits.reserved)
+                    full = shared >= limits.unreserved
+                if full:
+                    if limits.accountant is not None:
+                        limits.accountant.throttled(name, "concurrency")
+                    return False
+            self._running[name] += 1
+            return True
+
+    def _invoke(self, name: str, event: Any) -> Invocation:
         function = self.functions[name]
         started = time.monotonic()
         sandbox = self._take(name)
@@ -301,6 +351,12 @@ class LambdaService:
             path.touch()
         else:
             path.unlink(missing_ok=True)
+
+    def advance(self, seconds: float) -> None:
+        """Move dormant's clock on by ``seconds`` in every sandbox, now and to come (``worker._moved_clock``)."""
+        path = self.workdir / "clock"
+        moved = float(path.read_text()) if path.exists() else 0.0
+        path.write_text(str(moved + seconds))
 
     def busy(self, name: str) -> int:
         with self._lock:

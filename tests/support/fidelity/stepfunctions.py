@@ -370,6 +370,10 @@ class StepFunctions:
         self.executions: dict[str, Execution] = {}
         self.waits: dict[str, _Wait] = {}
         self.role_calls: list[tuple[str, str, bool]] = []
+        self.accountant: Any = None
+        """When set (``capacity.Accountant``), each API action spends a token of its bucket or is throttled."""
+        self.poll_seconds = 0.2
+        """How often a parked task looks whether its execution was stopped (longer: fewer wake-ups for many)."""
         self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -706,7 +710,7 @@ class StepFunctions:
     ) -> Any:
         while True:
             now = time.monotonic()
-            limits = [0.2]
+            limits = [self.poll_seconds]
             if timeout is not None:
                 limits.append(started + timeout - now)
             if heartbeat is not None:
@@ -828,6 +832,8 @@ class StepFunctions:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def dispatch(self, operation: str, body: dict[str, Any]) -> dict[str, Any]:
+        if self.accountant is not None and not self.accountant.sfn_admits(operation):
+            raise ApiError("ThrottlingException", "Rate exceeded")
         if operation == "StartExecution":
             return self.start_execution(body["stateMachineArn"], body.get("name"), body.get("input"))
         if operation == "DescribeExecution":

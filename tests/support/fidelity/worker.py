@@ -55,6 +55,7 @@ def main(config_path: str, fd: int) -> None:
         init_error = _error(exc, "Runtime.ImportModuleError")
     except Exception as exc:
         init_error = _error(exc, type(exc).__name__)
+    _moved_clock(config)
     send({"kind": "ready", "init_error": init_error})
 
     for line in sys.stdin:
@@ -73,6 +74,31 @@ def main(config_path: str, fd: int) -> None:
             continue
         _flush()  # an invocation's log lines reach CloudWatch Logs by the time it ends, as on Lambda
         send({"kind": "result", "ok": True, "payload": body})
+
+
+def _moved_clock(config: dict[str, Any]) -> None:
+    """dormant's clock, moved on by the seconds the harness wrote in its clock file (``Deployment.advance``): time
+    that would really pass (a claim's deadline, a wait's grace) passes for the functions without waiting for it."""
+    clock_file = config.get("clock_file")
+    if not clock_file:
+        return
+    try:
+        from dormant import clock
+    except ImportError:  # a function without the library
+        return
+    read: list[Any] = [None, 0]  # the file's mtime, the offset in ms
+
+    def offset() -> int:
+        try:
+            stamp = os.stat(clock_file).st_mtime_ns
+        except OSError:
+            return 0
+        if stamp != read[0]:
+            with open(clock_file, encoding="utf-8") as f:
+                read[:] = [stamp, int(float(f.read().strip() or 0) * 1000)]
+        return int(read[1])
+
+    clock.use_clock(lambda: clock.system_ms() + offset()).__enter__()  # for the sandbox's life
 
 
 def _flush() -> None:
@@ -242,6 +268,10 @@ def _guard_botocore(config: dict[str, Any], iam: Any, send: Any) -> None:
         answer = fault_for(operation_name, api_params)
         if answer is not None:
             return answered(self, operation_name, api_params, answer)
+        if service == "dynamodb" and config.get("capacity_url"):
+            return _metered(
+                config, lambda op, params: original(self, op, params), self, operation_name, api_params, send
+            )
         if service == "dynamodb" and os.path.exists(config["capture_file"]):
             return _capture(config).observe(
                 lambda op, params: original(self, op, params),
@@ -252,6 +282,179 @@ def _guard_botocore(config: dict[str, Any], iam: Any, send: Any) -> None:
         return original(self, operation_name, api_params)
 
     BaseClient._make_api_call = checked  # type: ignore[method-assign]
+
+
+def _module(name: str, path: str) -> Any:
+    """A harness module loaded from its file once, under a name no function's own module takes."""
+    if name not in sys.modules:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_connection: list[Any] = []
+
+
+def _post(url: str, body: dict[str, Any]) -> Any:
+    """POST ``body`` to the harness's accountant on one kept-alive connection (a call a DynamoDB request)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    if not _connection:
+        parts = urlsplit(url)
+        _connection.append(http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30))
+    connection = _connection[0]
+    data = json.dumps(body).encode()
+    try:
+        connection.request("POST", urlsplit(url).path, data, {"Content-Type": "application/json"})
+        return json.loads(connection.getresponse().read())
+    except (OSError, http.client.HTTPException):
+        connection.close()  # reconnect once
+        connection.request("POST", urlsplit(url).path, data, {"Content-Type": "application/json"})
+        return json.loads(connection.getresponse().read())
+
+
+def _metered(config: dict[str, Any], call: Any, client: Any, operation: str, params: dict[str, Any], send: Any) -> Any:
+    """A DynamoDB call under the partitions' throughput (``capacity.py``): before each HTTP attempt the harness's
+    accountant is asked whether a partition the call touches is over its rate (then the attempt is answered
+    with DynamoDB's throttle, which botocore retries); once made, the call's units per partition, billed from
+    the items before and after it (``capture``, ``bench.units``), are charged. Capture's record goes out too."""
+    capture = _capture(config)
+    units = _module("_harness_units", config["units_file"])
+    if operation not in capture.WRITES | capture.READS:
+        return call(operation, params)
+    tables = {t["TableName"]: units.Table.described(t) for t in config["tables"]}
+    targets = capture._targets(call, operation, params) if operation in capture.WRITES else []
+    before = [capture._get(call, table, key) for table, key in targets]
+    record: dict[str, Any] = {"operation": operation, "params": capture.plain(params), "error": None}
+    touched = _touched(units, tables, record, params, before)
+    url = config["capacity_url"]
+
+    def admit(request: Any, **_: Any) -> Any:
+        refused = _post(f"{url}/admit", {"function": config["function_name"], "partitions": touched})["refused"]
+        if refused is None:
+            return None
+        return _throttle(request, operation, params, refused)
+
+    event = f"before-send.dynamodb.{operation}"
+    client.meta.events.register_first(event, admit, unique_id="harness-capacity")
+    try:
+        answer = call(operation, params)
+    except Exception as exc:
+        record["error"] = str(getattr(exc, "response", {}).get("Error", {}).get("Code") or type(exc).__name__)
+        if record["error"] not in ("ProvisionedThroughputExceededException", "ThrottlingException"):
+            record["images"] = [[b, b] for b in before]  # refused by its condition: billed, nothing applied
+            _charge(units, tables, record, url, config, send)
+        raise
+    finally:
+        client.meta.events.unregister(event, unique_id="harness-capacity")
+    if operation in capture.WRITES:
+        record["images"] = [
+            [b, _after(capture, call, operation, params, t, k)] for b, (t, k) in zip(before, targets, strict=True)
+        ]
+    elif operation == "Query" and not capture._NARROWING & params.keys():
+        record["items"] = [capture.plain(item) for item in answer.get("Items", [])]  # evaluated whole, as read
+    elif operation == "BatchGetItem":  # each key asked for, found or not (a projection may leave out the key)
+        asked = [(t, key) for t, request in params["RequestItems"].items() for key in request["Keys"]]
+        record["items"] = [capture._get(call, t, key) for t, key in asked]
+        record["tables"] = [t for t, _ in asked]
+    else:
+        record["items"] = capture._read_items(call, operation, params, answer)
+    _charge(units, tables, record, url, config, send)
+    return answer
+
+
+def _after(capture: Any, call: Any, operation: str, params: dict[str, Any], table: str, key: Any) -> Any:
+    """The item as the write left it: a put's item, nothing after a delete, else read back (off the books)."""
+    if operation == "PutItem" and "ConditionExpression" not in params:
+        return capture.plain(params["Item"])
+    if operation == "DeleteItem" and "ConditionExpression" not in params:
+        return None
+    return capture._get(call, table, key)
+
+
+def _touched(
+    units: Any, tables: dict[str, Any], record: dict[str, Any], params: dict[str, Any], before: list[Any]
+) -> list[Any]:
+    """The partitions a call will touch, known before it runs: its items' keys, the index entries they hold now and
+    the ones a put gives them; a read's keys (a batch read's are left out: its items are not known yet)."""
+    plan = dict(record)
+    operation = record["operation"]
+    if operation in ("PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"):
+        puts: list[Any] = []
+        if operation == "PutItem":
+            puts = [params["Item"]]
+        elif operation == "BatchWriteItem":
+            puts = [r.get("PutRequest", {}).get("Item") for rs in params["RequestItems"].values() for r in rs]
+        elif operation == "TransactWriteItems":
+            puts = [e.get("Put", {}).get("Item") for e in params["TransactItems"]]
+        else:
+            puts = [None]
+        plan["images"] = [[b, p if p is not None else b] for b, p in zip(before, puts, strict=True)]
+    elif operation == "GetItem":
+        plan["items"] = [None]
+    elif operation == "TransactGetItems":
+        plan["items"] = [None] * len(params["TransactItems"])
+    else:
+        plan["items"], plan["tables"] = [], []
+    plan["params"] = params
+    return [list(p) for p in units.partition_units(plan, tables)]
+
+
+def _charge(
+    units: Any, tables: dict[str, Any], record: dict[str, Any], url: str, config: dict[str, Any], send: Any
+) -> None:
+    billed = units.partition_units(record, tables)
+    _post(f"{url}/charge", {"units": [[list(p), u] for p, u in billed.items()]})
+    if os.path.exists(config["capture_file"]):
+        send({"kind": "dynamodb", **record})
+
+
+def config_account() -> str:
+    return str(sys.modules["iam"].ACCOUNT)
+
+
+def _throttle(request: Any, operation: str, params: dict[str, Any], refused: list[str]) -> Any:
+    """DynamoDB's answer to a request past a partition's rate: ``ProvisionedThroughputExceededException`` with its
+    reason (an on-demand table's key range too), or in a transaction a cancellation whose items say
+    ``ThrottlingError`` (every item here: the harness does not tell which one)."""
+    from botocore.awsrequest import AWSResponse
+
+    place, _, kind = refused
+    reason = f"{'Index' if '/' in place else 'Table'}{kind.capitalize()}KeyRangeThroughputExceeded"
+    arn = (
+        f"arn:aws:dynamodb:{os.environ.get('AWS_REGION', '')}:{config_account()}:table/{place.replace('/', '/index/')}"
+    )
+    body: dict[str, Any]
+    if operation in ("TransactWriteItems", "TransactGetItems"):
+        body = {
+            "__type": "com.amazonaws.dynamodb.v20120810#TransactionCanceledException",
+            "message": "Transaction cancelled, please refer cancellation reasons for specific reasons",
+            "CancellationReasons": [
+                {
+                    "Code": "ThrottlingError",
+                    "Message": "Throughput exceeds the current capacity for one or more global secondary indexes.",
+                }
+                for _ in params["TransactItems"]
+            ],
+        }
+    else:
+        body = {
+            "__type": "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException",
+            "message": "The level of configured provisioned throughput for the table was exceeded.",
+            "ThrottlingReasons": [{"reason": reason, "resource": arn}],
+        }
+
+    class Raw:
+        def stream(self, **_: Any) -> list[bytes]:
+            return [json.dumps(body).encode()]
+
+    return AWSResponse(request.url, 400, {"x-amzn-requestid": "harness-capacity"}, Raw())
 
 
 if __name__ == "__main__":
