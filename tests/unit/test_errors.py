@@ -245,6 +245,7 @@ FROZEN_STATUSES = {
     "BedrockModelError": 502,
     "BedrockModelUnavailable": 503,
     "ClaimLost": 409,
+    "ThreadChanged": 409,
     "CommitIncomplete": 503,
     "CommitTooLarge": 413,
     "ConfigurationError": 500,

@@ -58,7 +58,8 @@ The tree, with the HTTP status a handler answers each class with. The status is 
     ├── TurnNotClaimed                            503  a workflow's turn whose claim has not landed (yet): retried
     └── StoreError                                500  the store could not do what was asked
         ├── VersionConflict                       409  optimistic concurrency: the stored version moved
-        │   └── ClaimLost                         409  another writer claimed the session first; nothing ran
+        │   ├── ClaimLost                         409  another writer claimed the session first; nothing ran
+        │   └── ThreadChanged                     409  another process wrote the LangGraph thread; nothing written
         ├── SessionNotFound                       404  ``app.sessions.require`` of an id that is not stored
         ├── StoreBusy                             503  locked, overloaded or contended past its limit: retry later
         ├── StoreUnavailable                      503  the store cannot be reached: retry later
@@ -138,6 +139,7 @@ __all__ = [
     "UnknownStateKey",
     "ValueNotStorable",
     "VersionConflict",
+    "ThreadChanged",
     "http_status",
     "retryable_error_names",
 ]
@@ -564,6 +566,20 @@ class VersionConflict(StoreError):
         self.session_id = session_id
         self.expected_version = expected_version
         self.actual_version = actual_version
+
+
+class ThreadChanged(VersionConflict):
+    """Another process wrote the LangGraph thread since this saver read it (``dormant.bridges.langgraph``);
+    nothing was written. ``session_id`` is the dormant session the thread is stored under."""
+
+    def __init__(self, thread_id: str, session_id: str, *, expected_version: int, actual_version: int) -> None:
+        super().__init__(session_id, expected_version=expected_version, actual_version=actual_version)
+        gone = "was deleted" if actual_version == 0 else f"is at version {actual_version}"
+        self.args = (
+            f"LangGraph thread {thread_id!r} {gone}, not at version {expected_version} as this saver read it: "
+            "another process wrote it. Nothing was written; read the thread again (get_tuple) and retry.",
+        )
+        self.thread_id = thread_id
 
 
 class ClaimLost(VersionConflict):

@@ -56,7 +56,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from ..clock import now_ms
-from ..errors import ConfigurationError, InputError, InvalidSessionId, VersionConflict
+from ..errors import ConfigurationError, InputError, InvalidSessionId, ThreadChanged
 from ..events import LangGraphEvent
 from ..ids import check_app_key, check_id, new_id
 from ..stores.base import SessionStore, StoredSession
@@ -71,21 +71,6 @@ CACHED_THREADS = 256
 """Threads whose parsed records a saver keeps (the store stays the truth: a read asks for the newer events)."""
 COPY_BATCH = 64
 """Events per commit when ``copy_thread`` writes the copy."""
-
-
-class ThreadChanged(VersionConflict):
-    """Another process wrote the LangGraph thread since this saver read it; nothing was written."""
-
-    def __init__(self, thread_id: str, *, expected_version: int, actual_version: int) -> None:
-        VersionConflict.__init__(
-            self, thread_key(thread_id), expected_version=expected_version, actual_version=actual_version
-        )
-        gone = "was deleted" if actual_version == 0 else f"is at version {actual_version}"
-        self.args = (
-            f"LangGraph thread {thread_id!r} {gone}, not at version {expected_version} as this saver read it: "
-            "another process wrote it. Nothing was written; read the thread again (get_tuple) and retry.",
-        )
-        self.thread_id = thread_id
 
 
 def thread_key(thread_id: object) -> str:
@@ -441,7 +426,7 @@ class DormantSaver(BaseCheckpointSaver[str]):
         result = self.store.commit(row, events, expected)
         if not result.ok:
             self._threads.pop(key, None)
-            raise ThreadChanged(str(thread_id), expected_version=expected, actual_version=result.version)
+            raise ThreadChanged(str(thread_id), key, expected_version=expected, actual_version=result.version)
         if thread is None:
             thread = _Thread(created_at=created)
         for event in events:
@@ -465,7 +450,7 @@ class DormantSaver(BaseCheckpointSaver[str]):
                     return
                 except ThreadChanged:
                     continue
-        raise ThreadChanged(_thread_id(key), expected_version=0, actual_version=0)
+        raise ThreadChanged(_thread_id(key), key, expected_version=0, actual_version=0)
 
     def _refresh_if_unknown(self, key: str) -> _Thread | None:
         thread = self._threads.get(key)
