@@ -169,17 +169,45 @@ def index_write_units(table: Table, index: Index, before: dict[str, Any] | None,
 def call_units(record: dict[str, Any], tables: dict[str, Table]) -> Units:
     """The units one captured call (``capture.py``'s record) is billed, by place and kind."""
     units: Units = defaultdict(float)
+    for (place, kind, _), value in labelled_units(record, tables).items():
+        units[(place, kind)] += value
+    return dict(units)
+
+
+def item_kind(item: dict[str, Any] | None) -> str:
+    """What an item of dormant's table is, from its key (``dormant.stores.dynamodb.keys``): a session's meta item,
+    event, id item, touch (its listing entry) or snapshot; scoped state (the workflow scope's: a task token
+    record), a scope binding, an idempotency record; ``other`` for the rest (the layout record, progress)."""
+    if not item or "pk" not in item:
+        return "other"
+    pk, sk = item["pk"].get("S", ""), item.get("sk", {}).get("S", "")
+    if pk.startswith("S#"):
+        return {"#M": "meta", "#S": "snapshot", "E#": "event", "I#": "id item", "T#": "touch"}.get(sk[:2], "other")
+    if pk.startswith("X#"):
+        return "token record" if pk.split("#")[2:3] == ["workflow"] else "scoped state"
+    return {"B#": "binding", "I#": "idempotency record"}.get(pk[:2], "other")
+
+
+def labelled_units(record: dict[str, Any], tables: dict[str, Table]) -> dict[tuple[str, str, str], float]:
+    """As ``call_units``, each unit also labelled with the kind of item it was billed for (``item_kind``); a
+    Query's or Scan's units with the kind of the first item it evaluated (its items are of one kind), or ``none
+    found``."""
+    units: dict[tuple[str, str, str], float] = defaultdict(float)
     operation, params, failed = record["operation"], record["params"], record.get("error") is not None
 
     def write(table_name: str, before: Any, after: Any, factor: int) -> None:
         table = tables[table_name]
         if failed:
             after = before
-        units[(table_name, "write")] += factor * write_units(max(item_size(before), item_size(after)))
+        label = item_kind(after or before)
+        units[(table_name, "write", label)] += factor * write_units(max(item_size(before), item_size(after)))
         for index in table.indexes:
             cost = index_write_units(table, index, before, after)
             if cost:
-                units[(f"{table_name}/{index.name}", "write")] += cost
+                units[(f"{table_name}/{index.name}", "write", label)] += cost
+
+    def key_of(body: dict[str, Any], item: Any) -> Any:
+        return item or body.get("Key") or body.get("Item")
 
     if operation in ("PutItem", "UpdateItem", "DeleteItem"):
         ((before, after),) = record["images"]
@@ -192,24 +220,23 @@ def call_units(record: dict[str, Any], tables: dict[str, Table]) -> Units:
         for entry, (before, after) in zip(params["TransactItems"], record["images"], strict=True):
             ((action, body),) = entry.items()
             if action == "ConditionCheck":
-                units[(body["TableName"], "read")] += read_units(item_size(before), "transactional")
+                label = item_kind(key_of(body, before))
+                units[(body["TableName"], "read", label)] += read_units(item_size(before), "transactional")
             else:
                 write(body["TableName"], before, after, 2)
     elif operation in ("GetItem", "TransactGetItems"):
         mode = "transactional" if operation == "TransactGetItems" else _mode(params)
-        names = (
-            [params["TableName"]]
-            if operation == "GetItem"
-            else [e["Get"]["TableName"] for e in params["TransactItems"]]
-        )
-        for name, item in zip(names, record["items"], strict=True):
-            units[(name, "read")] += read_units(item_size(item), mode)
+        bodies = [params] if operation == "GetItem" else [e["Get"] for e in params["TransactItems"]]
+        for body, item in zip(bodies, record["items"], strict=True):
+            units[(body["TableName"], "read", item_kind(key_of(body, item)))] += read_units(item_size(item), mode)
     elif operation == "BatchGetItem":
         for name, item in zip(record["tables"], record["items"], strict=True):
-            units[(name, "read")] += read_units(item_size(item), _mode(params["RequestItems"][name]))
+            label = item_kind(item)
+            units[(name, "read", label)] += read_units(item_size(item), _mode(params["RequestItems"][name]))
     elif operation in ("Query", "Scan"):
         place = params["TableName"] + (f"/{params['IndexName']}" if "IndexName" in params else "")
-        units[(place, "read")] += read_units(sum(item_size(i) for i in record["items"]), _mode(params))
+        label = item_kind(record["items"][0]) if record["items"] else "none found"
+        units[(place, "read", label)] += read_units(sum(item_size(i) for i in record["items"]), _mode(params))
     return dict(units)
 
 
