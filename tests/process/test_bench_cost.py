@@ -217,7 +217,7 @@ def test_the_floor_is_the_turns_events_each_once_and_a_head_per_turn_in_one_tran
     event = {**_item(1, 1500), "pk": {"S": "S#a#1"}}
     small = _item(2, 100)
     meta = {"pk": {"S": "S#a#1"}, "sk": {"S": "#M"}, "version": {"N": "3"}}
-    records = [
+    records: list[dict[str, Any]] = [
         {"function": "resume", "images": [[None, event], [None, small], [meta, meta]]},
         {"function": "resume", "images": [[None, event]]},  # a repair writing the same event again: once
         {"function": "sessions", "images": [[None, _item(3)]]},  # the test's own: not the turn's
