@@ -37,7 +37,16 @@ from typing import Any
 from .commit_bill import commit_bills
 from .common import QUICK, Figure
 from .prices import DATE, LONG_POLL_SECONDS, MODEL, PRICES, REGION
-from .units import Table, call_units, item_kind, item_size, labelled_units, transaction_units, value_size
+from .units import (
+    Table,
+    call_units,
+    item_kind,
+    item_size,
+    labelled_units,
+    read_units,
+    transaction_units,
+    value_size,
+)
 
 __all__ = ["bill", "item_size", "report", "run", "transaction_units", "value_size"]
 
@@ -282,12 +291,28 @@ def _harness_arc_run(d: Any, arc: str, sweeps: dict[str, tuple[int, int]]) -> tu
     counted["model_wait_gbs"] = waited * memory["resume"] / 1024
     counted["poll_requests"] = max(TURN_WAITS[arc], math.ceil(waited / LONG_POLL_SECONDS)) if TURN_WAITS[arc] else 0
     counted["poll_gbs"] = waited * memory["sessions"] / 1024 if TURN_WAITS[arc] else 0
+    looks = TURN_WAITS[arc] * _looks(waited / TURN_WAITS[arc]) if TURN_WAITS[arc] else 0
+    counted["poll_looks"] = looks
+    counted["poll_read_units"] = looks * read_units(1024, "strong") if looks else 0.0
     for name in d.functions:
         logged = len(d.log(name).encode()) - logs[name]
         if logged and name not in NOT_THE_TURNS:
             counted[f"logs:{name}"] = logged
             counted["log_bytes"] += logged
     return dict(counted), tenant, sid
+
+
+def _looks(seconds: float) -> int:
+    """The reads a held ``GET /events`` makes while a turn runs ``seconds``, and the one that finds it ended:
+    ``serving.http.waits.await_events`` looks after 0.1 s, then at a pause doubling to 1 s."""
+    from dormant.serving.http import waits
+
+    looks, at, pause = 0, 0.0, waits._WAIT_FIRST
+    while True:
+        at, looks = at + pause, looks + 1
+        pause = min(pause * 2, waits._WAIT_LONGEST)
+        if at >= seconds:
+            return looks
 
 
 # -- the bill ---------------------------------------------------------------------------------------------
@@ -312,7 +337,8 @@ def bill(units: dict[tuple[str, str, str], float], harness: dict[str, float], mo
         "lambda model wait": harness.get("model_wait_gbs", 0) * PRICES["lambda_gb_second"],
         "api gateway": harness.get("api_requests", 0) * PRICES["api_request"],
         "client long-poll": polls * (PRICES["api_request"] + PRICES["lambda_request"])
-        + harness.get("poll_gbs", 0) * PRICES["lambda_gb_second"],
+        + harness.get("poll_gbs", 0) * PRICES["lambda_gb_second"]
+        + harness.get("poll_read_units", 0) * PRICES["dynamodb_read_unit"],
         "step functions": harness.get("transitions", 0) * PRICES["state_transition"],
         "step functions logs": harness.get("sfn_log_bytes", 0) / 1e9 * PRICES["log_gb"],
         "logs": harness.get("log_bytes", 0) / 1e9 * PRICES["log_gb"],
@@ -337,6 +363,11 @@ def report(arcs: dict[str, Arc]) -> list[str]:
         if name in ("approval_day", "approval_timeout"):
             waited = 86_400 if name == "approval_day" else wait_s
             harness["sweeps_while_waiting"] = per_sweep * waited / (every * 60)
+        waits, floor = TURN_WAITS[name], arc.get("floor") or {}
+        if waits and floor:  # the look that finds a turn ended reads its events too (the tail)
+            harness["poll_read_units"] = harness.get("poll_read_units", 0) + waits * read_units(
+                int(floor["bytes"] / waits), "strong"
+            )
         lines.append(f"  {name} turn ({WHAT[name]}; {arc['model_calls']} model calls):")
         functions = sorted({k.split(":", 1)[1] for k in harness if k.startswith("gbs:")} | {f for f, _, _ in units})
         lines.append(
@@ -368,7 +399,10 @@ def report(arcs: dict[str, Arc]) -> list[str]:
             f"    not in the harness, added: the Run's wait on {arc['model_calls']} model calls at a stated "
             f"{MODEL['latency_seconds']} s each ({harness.get('model_wait_gbs', 0):.3f} GB-s of resume); the "
             f"client's long-poll (GET /events?wait={LONG_POLL_SECONDS}, {harness.get('poll_requests', 0):.0f} "
-            f"requests held {harness.get('poll_gbs', 0):.3f} GB-s of sessions); the state machine's log records "
+            f"requests held {harness.get('poll_gbs', 0):.3f} GB-s of sessions, {harness.get('poll_looks', 0):.0f} "
+            "looks each a strongly consistent read of the meta item, as load(after=) reads while nothing moved, and"
+            f" the last the turn's events: {harness.get('poll_read_units', 0):.0f} read units);"
+            " the state machine's log records "
             f"({harness.get('sfn_log_bytes', 0):.0f} bytes)"
         )
         if name in ("approval_day", "approval_timeout"):

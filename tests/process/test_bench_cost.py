@@ -238,6 +238,20 @@ def test_the_bill_prices_each_line_from_the_one_table() -> None:
     assert costs["dynamodb index writes"] == pytest.approx(3 * PRICES["dynamodb_write_unit"])
     assert costs["step functions"] == pytest.approx(4 * PRICES["state_transition"])
     assert costs["logs"] == pytest.approx(PRICES["log_gb"]) and costs["model"] == 0
+    # the client's long-poll: its requests, the GB-seconds it holds sessions, and the reads of its looks
+    polled = bill({}, {"poll_requests": 2, "poll_gbs": 3.0, "poll_read_units": 8.0}, 0)["client long-poll"]
+    assert polled == pytest.approx(
+        2 * (PRICES["api_request"] + PRICES["lambda_request"])
+        + 3 * PRICES["lambda_gb_second"]
+        + 8 * PRICES["dynamodb_read_unit"]
+    )
+
+
+def test_a_held_request_looks_on_await_events_schedule() -> None:
+    from bench.cost import _looks
+
+    # after 0.1 s, then pauses doubling to 1 s: looks at 0.1, 0.3, 0.7, 1.5, 2.5, 3.5 s; the last finds it ended
+    assert [_looks(s) for s in (0.0, 0.1, 0.2, 1.5, 3.0, 3.5, 3.6)] == [1, 1, 2, 4, 6, 6, 7]
 
 
 # -- against DynamoDB Local, where it reports what AWS bills -----------------------------------------------
@@ -382,6 +396,8 @@ def test_bench_cost_runs_on_the_quick_sizes_and_prints_its_table(dynamodb_endpoi
     assert re.search(r"^\s+resume\s+event\s+write\s+[1-9][\d.]* \+ index\s+0\.0; read", chat, re.M), chat
     assert re.search(r"^\s+dynamodb writes\s+\$\s*[\d,.]+ per million turns\s+floor \$[\d,.]+$", chat, re.M)
     assert re.search(r"with DynamoDB at its floor \$[\d,.]+$", chat, re.M)
+    looks = re.search(r"(\d+) looks each a strongly consistent read of the meta item.*: (\d+) read units\)", chat)
+    assert looks and int(looks[1]) >= 1 and int(looks[2]) > int(looks[1]), chat[-1500:]
     # every turn kind carries what the harness's instant model leaves out, labelled
     assert out.count("not in the harness, added: the Run's wait on") == 5
     for line in ("lambda model wait", "client long-poll", "step functions logs", "sweeps while waiting"):
