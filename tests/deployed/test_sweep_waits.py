@@ -19,6 +19,7 @@ from dormant.clock import now_ms, use_clock
 from dormant.serving.runtime import Served
 from dormant.serving.turns import claim_turn, run_to_end
 from dormant.serving.workflow import TOKEN_SCOPE, StepFunctions, end_invocation, sweep_turns, wait_record
+from dormant.stores.base import ErasableStore
 from dormant.stores.url import store_from_url
 from tests.support.fidelity.fidelity_app import build as build_fidelity
 
@@ -137,7 +138,9 @@ def test_a_wait_record_of_an_earlier_release_is_read_as_it_was(store_url: str) -
     invocation = view.sessions.require("old").projection.open_invocation
     assert invocation is not None
     flat = {"task_token": "token-0", "execution": "arn:exec:0", "wait_version": 3, "invocation": invocation}
-    view.store.save_scoped_state(view.name, TOKEN_SCOPE, "old", flat)
+    store = view.store
+    assert isinstance(store, ErasableStore)  # every built-in store: it saves a scope's state whole
+    store.save_scoped_state(view.name, TOKEN_SCOPE, "old", flat)
     assert wait_record(view, "old") == flat
     StepFunctions().park(view, "old", invocation, "token-1", execution="arn:exec:1", wait_seconds=60)
     assert wait_record(view, "old")["task_token"] == "token-1"
