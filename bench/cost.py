@@ -37,7 +37,16 @@ from typing import Any
 from .commit_bill import commit_bills
 from .common import QUICK, Figure
 from .prices import DATE, LONG_POLL_SECONDS, MODEL, PRICES, REGION
-from .units import Table, call_units, item_size, transaction_units, value_size
+from .units import (
+    Table,
+    call_units,
+    item_kind,
+    item_size,
+    labelled_units,
+    read_units,
+    transaction_units,
+    value_size,
+)
 
 __all__ = ["bill", "item_size", "report", "run", "transaction_units", "value_size"]
 
@@ -89,6 +98,8 @@ def harness_counts(endpoint: str) -> dict[str, Arc]:
                     records = deployment.lambdas.dynamodb[start:]
                     turns = records if arc == "sweep" else [r for r in records if r["function"] != "sweeper"]
                     arcs[arc]["units"] = _units(turns, tables)
+                    arcs[arc]["labelled"] = _labelled(turns, tables)
+                    arcs[arc]["floor"] = _floor(turns, TURN_WAITS.get(arc, 0))
                     arcs[arc]["model_calls"] = _model_calls(deployment, tenant, sid) if sid else 0
                     for name, (first, last) in sweeps.items():
                         arcs[arc][name] = _units(deployment.lambdas.dynamodb[first:last], tables)
@@ -159,6 +170,38 @@ def _units(records: list[dict[str, Any]], tables: dict[str, Table]) -> dict[tupl
         for (place, kind), value in call_units(record, tables).items():
             units[(record["function"], place, kind)] += value
     return dict(units)
+
+
+def _labelled(records: list[dict[str, Any]], tables: dict[str, Table]) -> dict[tuple[str, str, str, str], float]:
+    """The units of the turn's calls by (function, place, read|write, item kind): where each unit went."""
+    units: dict[tuple[str, str, str, str], float] = defaultdict(float)
+    for record in records:
+        if record["function"] == "sessions":
+            continue
+        for (place, kind, label), value in labelled_units(record, tables).items():
+            units[(record["function"], place, kind, label)] += value
+    return dict(units)
+
+
+HEAD = {"pk": {"S": "S#app#session-id"}, "sk": {"S": "#M"}, "version": {"N": "12"}, "status": {"S": "completed"}}
+"""The floor's head: what a session's head must hold (its key, version and status) and the time it moved."""
+
+
+def _floor(records: list[dict[str, Any]], turns: int) -> dict[str, float]:
+    """What the turn's writes must cost: the event items it stored (each once, at its size) and the session's
+    head, written in one transaction per turn the client waits on (at least one), 2 units per KB of each item;
+    no index entry, no id item, no touch, no token record. ``events`` and ``bytes`` say what it holds."""
+    events: dict[tuple[str, str], int] = {}
+    for record in records:
+        if record["function"] == "sessions":
+            continue
+        for _, after in record.get("images", []):
+            if after is not None and item_kind(after) == "event":
+                events[(after["pk"]["S"], after["sk"]["S"])] = item_size(after)
+    head = {**HEAD, "updated_at": {"N": str(int(time.time() * 1000))}}
+    heads = max(1, turns)
+    units = sum(transaction_units(size) for size in events.values()) + heads * transaction_units(item_size(head))
+    return {"write": float(units), "events": float(len(events)), "bytes": float(sum(events.values())), "heads": heads}
 
 
 def _model_calls(d: Any, tenant: str, sid: str) -> int:
@@ -248,12 +291,28 @@ def _harness_arc_run(d: Any, arc: str, sweeps: dict[str, tuple[int, int]]) -> tu
     counted["model_wait_gbs"] = waited * memory["resume"] / 1024
     counted["poll_requests"] = max(TURN_WAITS[arc], math.ceil(waited / LONG_POLL_SECONDS)) if TURN_WAITS[arc] else 0
     counted["poll_gbs"] = waited * memory["sessions"] / 1024 if TURN_WAITS[arc] else 0
+    looks = TURN_WAITS[arc] * _looks(waited / TURN_WAITS[arc]) if TURN_WAITS[arc] else 0
+    counted["poll_looks"] = looks
+    counted["poll_read_units"] = looks * read_units(1024, "strong") if looks else 0.0
     for name in d.functions:
         logged = len(d.log(name).encode()) - logs[name]
         if logged and name not in NOT_THE_TURNS:
             counted[f"logs:{name}"] = logged
             counted["log_bytes"] += logged
     return dict(counted), tenant, sid
+
+
+def _looks(seconds: float) -> int:
+    """The reads a held ``GET /events`` makes while a turn runs ``seconds``, and the one that finds it ended:
+    ``serving.http.waits.await_events`` looks after 0.1 s, then at a pause doubling to 1 s."""
+    from dormant.serving.http import waits
+
+    looks, at, pause = 0, 0.0, waits._WAIT_FIRST
+    while True:
+        at, looks = at + pause, looks + 1
+        pause = min(pause * 2, waits._WAIT_LONGEST)
+        if at >= seconds:
+            return looks
 
 
 # -- the bill ---------------------------------------------------------------------------------------------
@@ -278,7 +337,8 @@ def bill(units: dict[tuple[str, str, str], float], harness: dict[str, float], mo
         "lambda model wait": harness.get("model_wait_gbs", 0) * PRICES["lambda_gb_second"],
         "api gateway": harness.get("api_requests", 0) * PRICES["api_request"],
         "client long-poll": polls * (PRICES["api_request"] + PRICES["lambda_request"])
-        + harness.get("poll_gbs", 0) * PRICES["lambda_gb_second"],
+        + harness.get("poll_gbs", 0) * PRICES["lambda_gb_second"]
+        + harness.get("poll_read_units", 0) * PRICES["dynamodb_read_unit"],
         "step functions": harness.get("transitions", 0) * PRICES["state_transition"],
         "step functions logs": harness.get("sfn_log_bytes", 0) / 1e9 * PRICES["log_gb"],
         "logs": harness.get("log_bytes", 0) / 1e9 * PRICES["log_gb"],
@@ -303,6 +363,11 @@ def report(arcs: dict[str, Arc]) -> list[str]:
         if name in ("approval_day", "approval_timeout"):
             waited = 86_400 if name == "approval_day" else wait_s
             harness["sweeps_while_waiting"] = per_sweep * waited / (every * 60)
+        waits, floor = TURN_WAITS[name], arc.get("floor") or {}
+        if waits and floor:  # the look that finds a turn ended reads its events too (the tail)
+            harness["poll_read_units"] = harness.get("poll_read_units", 0) + waits * read_units(
+                int(floor["bytes"] / waits), "strong"
+            )
         lines.append(f"  {name} turn ({WHAT[name]}; {arc['model_calls']} model calls):")
         functions = sorted({k.split(":", 1)[1] for k in harness if k.startswith("gbs:")} | {f for f, _, _ in units})
         lines.append(
@@ -329,11 +394,15 @@ def report(arcs: dict[str, Arc]) -> list[str]:
             shown = ("table" if table == arc["table"] else f"table {table}") + (f" index {index}" if index else "")
             shown = f"index {index}" if index and table == arc["table"] else shown
             lines.append(f"    dynamodb {function:<8} {shown:<24} {kind:<5} {value:8.1f} units")
+        lines += _kind_lines(arc)
         lines.append(
             f"    not in the harness, added: the Run's wait on {arc['model_calls']} model calls at a stated "
             f"{MODEL['latency_seconds']} s each ({harness.get('model_wait_gbs', 0):.3f} GB-s of resume); the "
             f"client's long-poll (GET /events?wait={LONG_POLL_SECONDS}, {harness.get('poll_requests', 0):.0f} "
-            f"requests held {harness.get('poll_gbs', 0):.3f} GB-s of sessions); the state machine's log records "
+            f"requests held {harness.get('poll_gbs', 0):.3f} GB-s of sessions, {harness.get('poll_looks', 0):.0f} "
+            "looks each a strongly consistent read of the meta item, as load(after=) reads while nothing moved, and"
+            f" the last the turn's events: {harness.get('poll_read_units', 0):.0f} read units);"
+            " the state machine's log records "
             f"({harness.get('sfn_log_bytes', 0):.0f} bytes)"
         )
         if name in ("approval_day", "approval_timeout"):
@@ -347,10 +416,14 @@ def report(arcs: dict[str, Arc]) -> list[str]:
         costs = bill(units, harness, arc["model_calls"])
         aws = sum(v for k, v in costs.items() if k != "model")
         totals[name] = aws
+        floors = _floor_costs(arc)
         for line, usd in costs.items():
-            lines.append(f"    {line:<22} ${usd * 1e6:>10,.2f} per million turns")
+            beside = f"   floor ${floors[line] * 1e6:,.2f}" if line in floors else ""
+            lines.append(f"    {line:<22} ${usd * 1e6:>10,.2f} per million turns{beside}")
+        at_floor = aws - sum(costs[line] - floors[line] for line in floors)
         lines.append(
-            f"    {'AWS total':<22} ${aws * 1e6:>10,.2f} per million turns (model: ${costs['model'] * 1e6:,.2f})"
+            f"    {'AWS total':<22} ${aws * 1e6:>10,.2f} per million turns (model: ${costs['model'] * 1e6:,.2f});"
+            f" with DynamoDB at its floor ${at_floor * 1e6:,.2f}"
         )
     if totals.get("approval"):
         lines.append(
@@ -365,6 +438,43 @@ def report(arcs: dict[str, Arc]) -> list[str]:
             )
     if "sweep" in arcs:
         lines += _sweep_lines(_arc(arcs["sweep"]))
+    return lines
+
+
+def _floor_costs(arc: Arc) -> dict[str, float]:
+    """The floor's USD for the DynamoDB bill lines (``_floor``): its writes; no index entry."""
+    floor = arc.get("floor")
+    if not floor:
+        return {}
+    return {"dynamodb writes": floor["write"] * PRICES["dynamodb_write_unit"], "dynamodb index writes": 0.0}
+
+
+def _kind_lines(arc: Arc) -> list[str]:
+    """Where the arc's units went, by function and kind of item (``units.item_kind``): table writes, each index's
+    writes, reads; then the floor (``_floor``) beside the arc's write units."""
+    labelled: dict[tuple[str, str, str, str], float] = arc.get("labelled") or {}
+    if not labelled:
+        return []
+    table = arc["table"]
+    lines = ["    by kind of item: write units (table + each index), read units:"]
+    for function, label in sorted({(f, lab) for f, _, _, lab in labelled}):
+        mine = {(p, k): v for (f, p, k, lab), v in labelled.items() if f == function and lab == label}
+        written = mine.get((table, "write"), 0.0)
+        indexes = {p.partition("/")[2]: v for (p, k), v in mine.items() if k == "write" and "/" in p}
+        read = sum(v for (_, k), v in mine.items() if k == "read")
+        shown = ", ".join(f"{index} {v:.0f}" for index, v in sorted(indexes.items()))
+        lines.append(
+            f"      {function:<8} {label:<18} write {written:6.1f}"
+            f" + index {sum(indexes.values()):5.1f}{f' ({shown})' if shown else ''}; read {read:5.1f}"
+        )
+    floor = arc.get("floor")
+    if floor:
+        writes = sum(v for (_, _, k, _), v in labelled.items() if k == "write")
+        lines.append(
+            f"    floor: its {floor['events']:.0f} event items ({floor['bytes'] / 1024:.1f} KB) and the session's head,"
+            f" one transaction for each of {floor['heads']:.0f} turns: {floor['write']:.0f} write units, against"
+            f" {writes:.0f} ({writes / floor['write']:.1f}x)"
+        )
     return lines
 
 
@@ -407,7 +517,7 @@ def _sweep_lines(arc: Arc) -> list[str]:
 
 
 def _arc(arc: Arc) -> Arc:
-    return {"units": {}, "harness": {}, "model_calls": 0, "table": "", **arc}
+    return {"units": {}, "harness": {}, "model_calls": 0, "table": "", "labelled": {}, "floor": {}, **arc}
 
 
 def run() -> list[Figure]:

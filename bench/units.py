@@ -174,7 +174,7 @@ Partitions = dict[tuple[str, str, str], float]
 def call_units(record: dict[str, Any], tables: dict[str, Table]) -> Units:
     """The units one captured call (``capture.py``'s record) is billed, by place and kind."""
     units: Units = defaultdict(float)
-    for (place, _, kind), value in partition_units(record, tables).items():
+    for (place, _, kind, _), value in _billed(record, tables).items():
         units[(place, kind)] += value
     return dict(units)
 
@@ -187,20 +187,56 @@ def _partition(item: dict[str, Any] | None, keys: tuple[str, ...]) -> str:
     return str(value)
 
 
+def item_kind(item: dict[str, Any] | None) -> str:
+    """What an item of dormant's table is, from its key (``dormant.stores.dynamodb.keys``): a session's meta item,
+    event, id item, touch (its listing entry) or snapshot; scoped state (the workflow scope's: a task token
+    record), a scope binding, an idempotency record; ``other`` for the rest (the layout record, progress)."""
+    if not item or "pk" not in item:
+        return "other"
+    pk, sk = item["pk"].get("S", ""), item.get("sk", {}).get("S", "")
+    if pk.startswith("S#"):
+        return {"#M": "meta", "#S": "snapshot", "E#": "event", "I#": "id item", "T#": "touch"}.get(sk[:2], "other")
+    if pk.startswith("X#"):
+        return "token record" if pk.split("#")[2:3] == ["workflow"] else "scoped state"
+    return {"B#": "binding", "I#": "idempotency record"}.get(pk[:2], "other")
+
+
 def partition_units(record: dict[str, Any], tables: dict[str, Table]) -> Partitions:
     """The units one captured call is billed, by place, partition key and kind: a table's item by its partition
     key, an index entry by the index's partition key (a moved entry bills its old key's partition for the delete
     and its new key's for the put), a query by the partition its key condition names. AWS throttles each partition
     key at its own rate (about 1,000 write units and 3,000 read units a second)."""
     units: Partitions = defaultdict(float)
+    for (place, key, kind, _), value in _billed(record, tables).items():
+        units[(place, key, kind)] += value
+    return dict(units)
+
+
+def labelled_units(record: dict[str, Any], tables: dict[str, Table]) -> dict[tuple[str, str, str], float]:
+    """As ``call_units``, each unit also labelled with the kind of item it was billed for (``item_kind``); a
+    Query's or Scan's units with the kind of the first item it evaluated (its items are of one kind), or ``none
+    found``."""
+    units: dict[tuple[str, str, str], float] = defaultdict(float)
+    for (place, _, kind, label), value in _billed(record, tables).items():
+        units[(place, kind, label)] += value
+    return dict(units)
+
+
+def _billed(record: dict[str, Any], tables: dict[str, Table]) -> dict[tuple[str, str, str, str], float]:
+    """The one count behind the three views: (place, partition key, ``read``/``write``, item kind) -> units."""
+    units: dict[tuple[str, str, str, str], float] = defaultdict(float)
     operation, params, failed = record["operation"], record["params"], record.get("error") is not None
+
+    def key_of(body: dict[str, Any], item: Any) -> Any:
+        return item or body.get("Key") or body.get("Item")
 
     def write(table_name: str, before: Any, after: Any, factor: int) -> None:
         table = tables[table_name]
         if failed:
             after = before
+        label = item_kind(after or before)
         key = _partition(after if after is not None else before, table.keys)
-        units[(table_name, key, "write")] += factor * write_units(max(item_size(before), item_size(after)))
+        units[(table_name, key, "write", label)] += factor * write_units(max(item_size(before), item_size(after)))
         for index in table.indexes:
             cost = index_write_units(table, index, before, after)
             if not cost:
@@ -209,10 +245,10 @@ def partition_units(record: dict[str, Any], tables: dict[str, Table]) -> Partiti
             old, new = table.entry(index, before), table.entry(index, after)
             old_key, new_key = _partition(old, index.keys), _partition(new, index.keys)
             if old is not None and new is not None and old_key != new_key:
-                units[(place, old_key, "write")] += write_units(item_size(old))
-                units[(place, new_key, "write")] += write_units(item_size(new))
+                units[(place, old_key, "write", label)] += write_units(item_size(old))
+                units[(place, new_key, "write", label)] += write_units(item_size(new))
             else:
-                units[(place, new_key if new is not None else old_key, "write")] += cost
+                units[(place, new_key if new is not None else old_key, "write", label)] += cost
 
     if operation in ("PutItem", "UpdateItem", "DeleteItem"):
         ((before, after),) = record["images"]
@@ -226,25 +262,29 @@ def partition_units(record: dict[str, Any], tables: dict[str, Table]) -> Partiti
             ((action, body),) = entry.items()
             if action == "ConditionCheck":
                 key = _partition(body.get("Key"), tables[body["TableName"]].keys)
-                units[(body["TableName"], key, "read")] += read_units(item_size(before), "transactional")
+                label = item_kind(key_of(body, before))
+                units[(body["TableName"], key, "read", label)] += read_units(item_size(before), "transactional")
             else:
                 write(body["TableName"], before, after, 2)
     elif operation in ("GetItem", "TransactGetItems"):
         mode = "transactional" if operation == "TransactGetItems" else _mode(params)
-        gets = [params] if operation == "GetItem" else [e["Get"] for e in params["TransactItems"]]
-        for get, item in zip(gets, record["items"], strict=True):
-            key = _partition(get.get("Key"), tables[get["TableName"]].keys)
-            units[(get["TableName"], key, "read")] += read_units(item_size(item), mode)
+        bodies = [params] if operation == "GetItem" else [e["Get"] for e in params["TransactItems"]]
+        for body, item in zip(bodies, record["items"], strict=True):
+            key = _partition(body.get("Key"), tables[body["TableName"]].keys)
+            units[(body["TableName"], key, "read", item_kind(key_of(body, item)))] += read_units(item_size(item), mode)
     elif operation == "BatchGetItem":
         for name, item in zip(record["tables"], record["items"], strict=True):
             key = _partition(item, tables[name].keys)
-            units[(name, key, "read")] += read_units(item_size(item), _mode(params["RequestItems"][name]))
+            units[(name, key, "read", item_kind(item))] += read_units(
+                item_size(item), _mode(params["RequestItems"][name])
+            )
     elif operation in ("Query", "Scan"):
         table = tables[params["TableName"]]
         keys = table.index(params["IndexName"]).keys if "IndexName" in params else table.keys
         place = params["TableName"] + (f"/{params['IndexName']}" if "IndexName" in params else "")
         key = _queried(params, keys[0]) if operation == "Query" else ""
-        units[(place, key, "read")] += read_units(sum(item_size(i) for i in record["items"]), _mode(params))
+        label = item_kind(record["items"][0]) if record["items"] else "none found"
+        units[(place, key, "read", label)] += read_units(sum(item_size(i) for i in record["items"]), _mode(params))
     return dict(units)
 
 

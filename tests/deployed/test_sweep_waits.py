@@ -18,7 +18,8 @@ import pytest
 from dormant.clock import now_ms, use_clock
 from dormant.serving.runtime import Served
 from dormant.serving.turns import claim_turn, run_to_end
-from dormant.serving.workflow import TOKEN_SCOPE, StepFunctions, end_invocation, sweep_turns
+from dormant.serving.workflow import TOKEN_SCOPE, StepFunctions, end_invocation, sweep_turns, wait_record
+from dormant.stores.base import ErasableStore
 from dormant.stores.url import store_from_url
 from tests.support.fidelity.fidelity_app import build as build_fidelity
 
@@ -118,10 +119,31 @@ def test_park_records_the_wait_it_holds(store_url: str) -> None:
     before = now_ms()
     answer = StepFunctions().park(view, "parked", invocation, "token-1", execution="arn:exec:1", wait_seconds=60)
     assert answer == {"woke": False, "status": "awaiting_input"}
-    record = view.store.load_scoped_state(view.name, TOKEN_SCOPE, "parked")
+    record = wait_record(view, "parked")
     assert record["task_token"] == "token-1" and record["execution"] == "arn:exec:1"
     assert record["wait_version"] == view.sessions.require("parked").version
     assert before + 60_000 <= record["wait_until"] <= now_ms() + 60_000
+    assert record["invocation"] == invocation
+    # one key (one item on DynamoDB: a park writes 2 units for it, not 10): the record whole under it
+    assert view.store.load_scoped_state(view.name, TOKEN_SCOPE, "parked") == {"wait": record}
+    fidelity.app.close()
+
+
+def test_a_wait_record_of_an_earlier_release_is_read_as_it_was(store_url: str) -> None:
+    """A session parked by a release that kept a key a field (``task_token``, ``execution``...) is read the
+    same; once it parks again, its one-key record is the one read."""
+    fidelity = build_fidelity(store_from_url(store_url))
+    view = Served(fidelity.app, {fidelity.agent.name: fidelity.agent}).for_tenant("local")
+    _yielded(view, fidelity.agent, "old")
+    invocation = view.sessions.require("old").projection.open_invocation
+    assert invocation is not None
+    flat = {"task_token": "token-0", "execution": "arn:exec:0", "wait_version": 3, "invocation": invocation}
+    store = view.store
+    assert isinstance(store, ErasableStore)  # every built-in store: it saves a scope's state whole
+    store.save_scoped_state(view.name, TOKEN_SCOPE, "old", flat)
+    assert wait_record(view, "old") == flat
+    StepFunctions().park(view, "old", invocation, "token-1", execution="arn:exec:1", wait_seconds=60)
+    assert wait_record(view, "old")["task_token"] == "token-1"
     fidelity.app.close()
 
 

@@ -16,12 +16,14 @@ from typing import Any
 import pytest
 
 from bench.commit_bill import bill_commit
-from bench.cost import bill
+from bench.cost import _floor, bill
 from bench.units import (
     Table,
     call_units,
     index_write_units,
+    item_kind,
     item_size,
+    labelled_units,
     read_units,
     transaction_units,
     value_size,
@@ -175,6 +177,57 @@ def test_a_commits_bill_sums_its_calls_by_place_and_sizes_each_kind_of_item_it_w
     }
 
 
+def test_each_unit_is_labelled_with_the_kind_of_item_it_was_billed_for() -> None:
+    def key(pk: str, sk: str) -> dict[str, Any]:
+        return {"pk": {"S": pk}, "sk": {"S": sk}}
+
+    kinds = {
+        ("S#a#1", "#M"): "meta",
+        ("S#a#1", "E#0001#g#0000#0"): "event",
+        ("S#a#1", "I#ev-1"): "id item",
+        ("S#a#1", "T#0001"): "touch",
+        ("S#a#1", "#S"): "snapshot",
+        ("X#a#workflow#1", "task"): "token record",
+        ("X#a#user#u1", "k"): "scoped state",
+        ("B#a#user#u1", "1"): "binding",
+        ("I#tenant", "key"): "idempotency record",
+        ("#layout", "#layout"): "other",
+    }
+    assert {k: item_kind(key(*k)) for k in kinds} == kinds
+    # a transaction of a meta update and a touch: each item's units (and its index entries) under its kind
+    meta = {**key("S#a#1", "#M"), "version": {"N": "2"}}
+    touch = {**key("S#a#1", "T#0002"), "lpk": {"S": "L#a#0"}, "lsk": {"N": "2"}, "spk": {"S": "idle#L#a#0"}}
+    record = {
+        "operation": "TransactWriteItems",
+        "params": {"TransactItems": [{"Update": {"TableName": T}}, {"Put": {"TableName": T}}]},
+        "images": [[meta, meta], [None, touch]],
+    }
+    labelled = labelled_units(record, {T: SHAPE})
+    assert labelled == {
+        (T, "write", "meta"): 2,
+        (T, "write", "touch"): 2,
+        (f"{T}/{LISTING_INDEX}", "write", "touch"): 1,
+        (f"{T}/{STATUS_INDEX}", "write", "touch"): 1,
+    }
+    summed = call_units(record, {T: SHAPE})
+    assert summed == {(T, "write"): 4, (f"{T}/{LISTING_INDEX}", "write"): 1, (f"{T}/{STATUS_INDEX}", "write"): 1}
+
+
+def test_the_floor_is_the_turns_events_each_once_and_a_head_per_turn_in_one_transaction() -> None:
+    event = {**_item(1, 1500), "pk": {"S": "S#a#1"}}
+    small = _item(2, 100)
+    meta = {"pk": {"S": "S#a#1"}, "sk": {"S": "#M"}, "version": {"N": "3"}}
+    records: list[dict[str, Any]] = [
+        {"function": "resume", "images": [[None, event], [None, small], [meta, meta]]},
+        {"function": "resume", "images": [[None, event]]},  # a repair writing the same event again: once
+        {"function": "sessions", "images": [[None, _item(3)]]},  # the test's own: not the turn's
+    ]
+    floor = _floor(records, 2)
+    # 1.5 KB: 4 units; 0.1 KB: 2; a head under 1 KB, twice (two turns): 2 each
+    assert floor == {"write": 4 + 2 + 2 * 2, "events": 2, "bytes": item_size(event) + item_size(small), "heads": 2}
+    assert _floor(records, 0)["heads"] == 1  # a commit arc waits on no turn: it writes its head once all the same
+
+
 def test_the_bill_prices_each_line_from_the_one_table() -> None:
     from bench.prices import PRICES
 
@@ -185,6 +238,20 @@ def test_the_bill_prices_each_line_from_the_one_table() -> None:
     assert costs["dynamodb index writes"] == pytest.approx(3 * PRICES["dynamodb_write_unit"])
     assert costs["step functions"] == pytest.approx(4 * PRICES["state_transition"])
     assert costs["logs"] == pytest.approx(PRICES["log_gb"]) and costs["model"] == 0
+    # the client's long-poll: its requests, the GB-seconds it holds sessions, and the reads of its looks
+    polled = bill({}, {"poll_requests": 2, "poll_gbs": 3.0, "poll_read_units": 8.0}, 0)["client long-poll"]
+    assert polled == pytest.approx(
+        2 * (PRICES["api_request"] + PRICES["lambda_request"])
+        + 3 * PRICES["lambda_gb_second"]
+        + 8 * PRICES["dynamodb_read_unit"]
+    )
+
+
+def test_a_held_request_looks_on_await_events_schedule() -> None:
+    from bench.cost import _looks
+
+    # after 0.1 s, then pauses doubling to 1 s: looks at 0.1, 0.3, 0.7, 1.5, 2.5, 3.5 s; the last finds it ended
+    assert [_looks(s) for s in (0.0, 0.1, 0.2, 1.5, 3.0, 3.5, 3.6)] == [1, 1, 2, 4, 6, 6, 7]
 
 
 # -- against DynamoDB Local, where it reports what AWS bills -----------------------------------------------
@@ -322,6 +389,15 @@ def test_bench_cost_runs_on_the_quick_sizes_and_prints_its_table(dynamodb_endpoi
     approval, commit = approval.split("  commit turn (")
     commit, sweep = commit.split("  sweeper (")
     assert "chat turn (" in chat and out.count("per million turns (model:") == 5 and "AWS total" in sweep
+    # every turn kind: its units by kind of item, and its floor beside them (a chat turn's, within reach)
+    assert out.count("by kind of item: write units") == 5
+    floors = re.findall(r"write units, against (\d+) \(([\d.]+)x\)", out)
+    assert len(floors) == 5 and all(float(ratio) >= 1 for _, ratio in floors), floors
+    assert re.search(r"^\s+resume\s+event\s+write\s+[1-9][\d.]* \+ index\s+0\.0; read", chat, re.M), chat
+    assert re.search(r"^\s+dynamodb writes\s+\$\s*[\d,.]+ per million turns\s+floor \$[\d,.]+$", chat, re.M)
+    assert re.search(r"with DynamoDB at its floor \$[\d,.]+$", chat, re.M)
+    looks = re.search(r"(\d+) looks each a strongly consistent read of the meta item.*: (\d+) read units\)", chat)
+    assert looks and int(looks[1]) >= 1 and int(looks[2]) > int(looks[1]), chat[-1500:]
     # every turn kind carries what the harness's instant model leaves out, labelled
     assert out.count("not in the harness, added: the Run's wait on") == 5
     for line in ("lambda model wait", "client long-poll", "step functions logs", "sweeps while waiting"):

@@ -16,7 +16,7 @@ from dormant.events import InvocationEndEvent, InvocationResumeEvent, Invocation
 from dormant.projection import Projection
 from dormant.serving.runtime import Served
 from dormant.serving.turns import claim_turn, run_to_end
-from dormant.serving.workflow import TOKEN_SCOPE, WAIT_GRACE_MS, StepFunctions, sweep_turns, sweeper_handler
+from dormant.serving.workflow import WAIT_GRACE_MS, StepFunctions, sweep_turns, sweeper_handler, wait_record
 from dormant.serving.workflow.tasks import run_action
 from dormant.stores.memory import in_memory_store
 from tests.support.fidelity.fidelity_app import build as build_fidelity
@@ -94,7 +94,7 @@ def test_a_wait_the_sweeper_expires_is_the_one_its_record_was_parked_for() -> No
         assert outcome.status == "completed"
         outcome = run_to_end(view, claim_turn(view, fidelity.agent, "twice", "signoffs=2"), lambda _: fidelity.agent)
     assert outcome.status == "yielded_tool"
-    record = view.store.load_scoped_state(view.name, TOKEN_SCOPE, "twice")
+    record = wait_record(view, "twice")
     assert record["wait_version"] < view.sessions.require("twice").version  # the first wait's record
     _parked(view, fidelity.agent, "lapsed", at=day_ago, until=day_ago + 60_000, execution="arn:exec:lapsed")
 

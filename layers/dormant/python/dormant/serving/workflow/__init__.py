@@ -33,7 +33,7 @@ local stand-in for Step Functions: turns in threads of this process).
 
 from __future__ import annotations
 
-from .stepfunctions import TOKEN_SCOPE, StepFunctions, execution_name, step_functions_hooks
+from .stepfunctions import TOKEN_SCOPE, StepFunctions, execution_name, step_functions_hooks, wait_record
 from .sweeper import WAIT_GRACE_MS, running_turns, sweep_turns, sweep_waits, sweeper_handler, waiting_turns
 from .tasks import MODEL_END_RESERVE_MS, end_invocation, repair_after_lost_runner, run_action, workflow_handler
 from .threads import in_process_hooks, join_local_turns
@@ -54,6 +54,7 @@ __all__ = [
     "sweep_turns",
     "sweep_waits",
     "sweeper_handler",
+    "wait_record",
     "waiting_turns",
     "workflow_handler",
 ]

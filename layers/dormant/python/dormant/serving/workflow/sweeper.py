@@ -15,7 +15,7 @@ from ...errors import ClaimLost, InputError
 from ...stores.base import NOT_DUE, DueStore, RepairableStore, RunningSession, SweepableStore
 from ..runtime import Served, purge_tenants, served_from_env, view_of
 from ..turns import RUNNER_TURN_MS, resume_turn
-from .stepfunctions import TOKEN_SCOPE, StepFunctions
+from .stepfunctions import StepFunctions, wait_record
 from .tasks import end_invocation
 
 WAIT_GRACE_MS = 5 * 60_000
@@ -189,7 +189,7 @@ def _defer(view: App, row: RunningSession, due_at: int) -> None:
 
 def _sweep_wait(machine: StepFunctions, view: App, tenant: str, row: RunningSession, now: int) -> str | None:
     """One waiting session on AWS (see ``sweep_waits``)."""
-    record = view.store.load_scoped_state(view.name, TOKEN_SCOPE, row.session_id)
+    record = wait_record(view, row.session_id)
     parked = record.get("execution")
     until = record.get("wait_until")
     if parked and machine.status(str(parked)) == "RUNNING":

@@ -18,7 +18,7 @@ from ...session import Session
 from ...stores.base import RepairableStore
 from ..runtime import Served, served_from_env
 from ..turns import AdvanceOutcome, resume_turn
-from .stepfunctions import _ATTEMPTS, TOKEN_SCOPE, StepFunctions
+from .stepfunctions import _ATTEMPTS, StepFunctions, wait_record
 
 MODEL_END_RESERVE_MS = 10_000
 """What a run keeps of its function's time after a model call gave up: to record the error and commit."""
@@ -43,7 +43,7 @@ def end_invocation(
     ``only_waiting``, still waiting on answers; with ``holder``, an execution's ARN, only while no other
     execution holds the wait); report the session's status either way."""
     if holder is not None:
-        parked = app.store.load_scoped_state(app.name, TOKEN_SCOPE, session_id).get("execution")
+        parked = wait_record(app, session_id).get("execution")
         if parked and parked != holder:  # the sweeper gave the wait to another execution: that one ends it
             return {"status": "superseded"}
 
