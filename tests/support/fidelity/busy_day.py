@@ -14,6 +14,7 @@ import concurrent.futures
 import random
 import threading
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,9 +61,12 @@ class Client:
         self, method: str, path: str, body: Any = None, tenant: str = HOT, after_retry: int = 0, **options: Any
     ) -> tuple[int, Any]:
         """The answer, once it is not a throttle; ``after_retry``: a status taken as the answer of a retry (the
-        request an earlier attempt made landed: e.g. 409 for a turn an attempt that timed out or failed began)."""
+        request an earlier attempt made landed: e.g. 409 for a turn an attempt that timed out or failed began). A
+        POST carries one ``Idempotency-Key`` for all its attempts, as the API asks of a client that retries."""
         tries: list[tuple[int, Any]] = []
         self._local.tries = tries
+        if method == "POST":  # one key for every attempt: a retry after a 5xx whose claim landed is the same turn
+            options["headers"] = {"Idempotency-Key": uuid.uuid4().hex, **(options.get("headers") or {})}
         for _ in range(ATTEMPTS):
             status, headers, answer = self.d.api(method, path, body, tenant=tenant, timeout=GATEWAY_WAIT, **options)
             tries.append((status, answer if status >= 400 else None))

@@ -173,7 +173,7 @@ class Accountant:
                     refused = accountant.admit(body["function"], partitions)
                     answer: dict[str, Any] = {"refused": list(refused) if refused else None}
                 else:
-                    accountant.charge({tuple(p): float(u) for p, u in body["units"]})
+                    accountant.charge({tuple(p): float(u) for p, u in body.get("units", [])})  # empty: its caller died
                     answer = {}
                 data = json.dumps(answer).encode()
                 self.send_response(200)
