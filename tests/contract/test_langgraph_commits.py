@@ -4,6 +4,7 @@ of them stored); a step's task writes wait briefly for the checkpoint that follo
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -136,3 +137,14 @@ def test_a_steps_task_writes_wait_for_the_checkpoint_that_follows_them(monkeypat
     writer.join(10)
     assert not errors and time.monotonic() - started < 4  # the checkpoint ended the wait, not the clock
     assert len(store.commits) == 2 and sorted(store.commits[1]) == ["blob", "checkpoint", "writes"]
+
+
+def test_async_task_writes_do_not_wait_for_a_checkpoint_the_blocked_event_loop_could_not_put(monkeypatch: Any) -> None:
+    monkeypatch.setattr(bridge, "LINGER_SECONDS", 5.0)
+    store = _Counted(in_memory_store())
+    saver = DormantSaver(store)  # type: ignore[arg-type]
+    first = _put(saver, None, 0)
+    saver._commit_seconds = 20.0
+    started = time.monotonic()
+    asyncio.run(saver.aput_writes(first, [("n", 1)], "a"))
+    assert time.monotonic() - started < 2 and len(store.commits) == 2

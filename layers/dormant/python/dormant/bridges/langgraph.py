@@ -331,6 +331,11 @@ class DormantSaver(BaseCheckpointSaver[str]):
     ) -> None:
         """One ``writes`` event; a write at an index the task already wrote is kept once (special channels,
         at their negative index, are replaced), so a retried task writes nothing twice."""
+        self._put_writes(config, writes, task_id, task_path, linger=True)
+
+    def _put_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str, *, linger: bool
+    ) -> None:
         thread_id, ns = _where(config)
         ns = ns or ""
         checkpoint_id = get_checkpoint_id(config)
@@ -365,7 +370,7 @@ class DormantSaver(BaseCheckpointSaver[str]):
             }
             events = [*blobs, LangGraphEvent(kind="writes", checkpoint_ns=ns, data=event_data)]
             queued, _ = self._queue(key, thread, events, size)
-        self._wait(key, queued)
+        self._wait(key, queued, linger=linger)
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete the thread's session: every checkpoint and write of every namespace, from the store."""
@@ -457,7 +462,7 @@ class DormantSaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        self.put_writes(config, writes, task_id, task_path)
+        self._put_writes(config, writes, task_id, task_path, linger=False)
 
     async def adelete_thread(self, thread_id: str) -> None:
         self.delete_thread(thread_id)
@@ -491,12 +496,13 @@ class DormantSaver(BaseCheckpointSaver[str]):
             self._arrived.notify_all()
         return queued, thread
 
-    def _wait(self, key: str, queued: _Queued) -> None:
+    def _wait(self, key: str, queued: _Queued, *, linger: bool = False) -> None:
         """Return once ``queued`` is stored (committed by this call, or with others by another writer's):
         LangGraph's writes of one run arrive from several threads at once, and one commit stores them all."""
         with self._gated(key):
             while not queued.done:
-                self._linger(key)
+                if linger:  # not on an event loop's thread: the checkpoint could not arrive meanwhile
+                    self._linger(key)
                 self._flush(key)
         if queued.error is not None:
             raise queued.error
