@@ -71,6 +71,8 @@ BLOB_PART_BYTES = 512 * 1024
 """Serialized bytes of one value per ``blob`` event (its base64 fits dormant's 1 MiB event limit)."""
 CACHED_THREADS = 256
 """Threads whose parsed records a saver keeps (the store stays the truth: a read asks for the newer events)."""
+PACKED_BYTES = 64 * 1024
+"""Base64 bytes of a checkpoint's new values kept in its own event (larger: a ``blob`` event per value)."""
 BATCH_EVENTS = 24
 """Events one commit of queued writes takes at most (within DynamoDB's one-call commit)."""
 BATCH_BYTES = 1 << 20
@@ -316,6 +318,13 @@ class DormantSaver(BaseCheckpointSaver[str]):
             "checkpoint": self._encode(skeleton),
             "metadata": self._encode(dict(get_serializable_checkpoint_metadata(config, metadata))),
         }
+        if (
+            events
+            and sum(len(str(e.data["data"])) for e in events) <= PACKED_BYTES
+            and all(e.data["parts"] == 1 for e in events)
+        ):  # small values ride in the checkpoint's own event: one stored item each, not one per value
+            data["values"] = [dict(e.data) for e in events]
+            events = []
         events.append(LangGraphEvent(kind="checkpoint", checkpoint_ns=ns, data=data))
         queued, held = self._queue(thread_key(thread_id), thread, events, sum(len(v[1]) for v in full.values()))
         for channel, value in full.items():  # the serialized values written: the base of the next version's delta
@@ -755,32 +764,13 @@ def _fold(thread: _Thread, event: LangGraphEvent) -> None:
     """Apply one stored record to what a saver holds of its thread."""
     ns, data = event.checkpoint_ns, cast(dict[str, Any], event.data)
     if event.kind == "checkpoint":
+        for packed in cast(list[dict[str, Any]], data.get("values") or []):
+            _fold_blob(thread, ns, packed)
         key = (ns, str(data["id"]))
         thread.checkpoints[key] = _Record(data["checkpoint"], data["metadata"], data.get("parent"))
         thread.removed.discard(key)
     elif event.kind == "blob":
-        where = (
-            ("\x00ref", str(data["ref"]), "")
-            if "ref" in data
-            else (ns, str(data["channel"]), _version_key(data["version"]))
-        )
-        parts = int(data.get("parts", 1))
-        piece = _unb64(data["data"])
-        if parts > 1:
-            held = thread.parts.setdefault(where, [])
-            if int(data.get("part", 0)) == 0:
-                held.clear()
-            held.append(piece)
-            if len(held) < parts:
-                return
-            piece = b"".join(thread.parts.pop(where))
-        thread.blobs.pop(where, None)
-        thread.deltas.pop(where, None)
-        if "base" in data:
-            base = (ns, where[1], _version_key(data["base"]))
-            thread.deltas[where] = _Delta(str(data["type"]), base, _unb64(data["head"]), piece)
-        else:
-            thread.blobs[where] = (str(data["type"]), piece)
+        _fold_blob(thread, ns, data)
     elif event.kind == "writes":
         held_writes = thread.writes.setdefault((ns, str(data["checkpoint_id"])), {})
         task, path = str(data["task_id"]), str(data.get("task_path", ""))
@@ -797,6 +787,32 @@ def _fold(thread: _Thread, event: LangGraphEvent) -> None:
         for removed_ns, removed_id in data["checkpoints"]:
             thread.removed.add((removed_ns, removed_id))
             thread.writes.pop((removed_ns, removed_id), None)
+
+
+def _fold_blob(thread: _Thread, ns: str, data: dict[str, Any]) -> None:
+    """Apply one value as stored (a ``blob`` event's data, or one of a checkpoint's ``values``)."""
+    where = (
+        ("\x00ref", str(data["ref"]), "")
+        if "ref" in data
+        else (ns, str(data["channel"]), _version_key(data["version"]))
+    )
+    parts = int(data.get("parts", 1))
+    piece = _unb64(data["data"])
+    if parts > 1:
+        held = thread.parts.setdefault(where, [])
+        if int(data.get("part", 0)) == 0:
+            held.clear()
+        held.append(piece)
+        if len(held) < parts:
+            return
+        piece = b"".join(thread.parts.pop(where))
+    thread.blobs.pop(where, None)
+    thread.deltas.pop(where, None)
+    if "base" in data:
+        base = (ns, where[1], _version_key(data["base"]))
+        thread.deltas[where] = _Delta(str(data["type"]), base, _unb64(data["head"]), piece)
+    else:
+        thread.blobs[where] = (str(data["type"]), piece)
 
 
 def _all_but_latest(thread: _Thread) -> list[tuple[str, str]]:
