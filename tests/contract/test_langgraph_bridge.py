@@ -45,7 +45,11 @@ def _graph(saver: DormantSaver) -> Any:
 def _blobs(store: SessionStore, app: str, thread: str) -> list[dict[str, Any]]:
     loaded = store.load(app, thread_key(thread))
     assert loaded is not None
-    return [dict(e.data) for e in loaded.events if isinstance(e, LangGraphEvent) and e.kind == "blob"]
+    found: list[dict[str, Any]] = []
+    for e in loaded.events:  # a value: a blob event, or one of the values a checkpoint's event holds
+        if isinstance(e, LangGraphEvent) and e.kind in ("blob", "checkpoint"):
+            found += [dict(e.data)] if e.kind == "blob" else [dict(v) for v in e.data.get("values") or []]  # type: ignore[union-attr,arg-type]
+    return found
 
 
 def test_a_channel_value_that_did_not_change_is_written_once(tmp_path: Path) -> None:

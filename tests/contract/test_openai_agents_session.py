@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
@@ -22,8 +23,8 @@ from agents.memory import Session, SessionSettings, SQLiteSession  # noqa: E402
 
 from dormant.bridges.openai_agents import ITEM_PART_CHARS, DormantSession, session_key  # noqa: E402
 from dormant.errors import InvalidSessionId  # noqa: E402
-from dormant.events import OpenAIAgentsEvent  # noqa: E402
-from dormant.stores.base import SessionStore  # noqa: E402
+from dormant.events import Event, OpenAIAgentsEvent, ToolResultEvent  # noqa: E402
+from dormant.stores.base import SessionStore, StoredSession  # noqa: E402
 from dormant.stores.memory import in_memory_store  # noqa: E402
 from dormant.stores.sqlite import sqlite_store  # noqa: E402
 
@@ -238,3 +239,28 @@ def test_two_pops_at_once_never_pop_one_item_twice() -> None:
     popped.append(asyncio.run(mine.pop_item()))  # read [a, b], then the other popped b: this pop takes a
     assert popped == [msg("b"), msg("a")]
     assert asyncio.run(DormantSession("s", store).get_items()) == []
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_fresh_read_takes_items_from_the_stored_text_only_when_it_is_an_item_events_whole(
+    kind: str, tmp_path: Path
+) -> None:
+    """A read takes an item's JSON straight from the stored text of an item event as dormant encodes it; an item
+    event stored otherwise (with names that need escapes, an extra field) or another event holding such text in
+    its payload is read through the store's decoding: each read as its event says."""
+    store = in_memory_store() if kind == "memory" else sqlite_store(tmp_path / "d.db")
+    asyncio.run(DormantSession("s", store).add_items([msg("plain"), msg('quote " and \\ slash')]))
+    loaded = store.load("openai-agents", "s")
+    assert loaded is not None
+    lookalike = store.encode_event(OpenAIAgentsEvent(kind="item", item=msg("inside")))
+    written: list[Event] = [
+        OpenAIAgentsEvent(kind="item", item=msg("named"), agent_name='a "quoted", \\ name', invocation_id="i-1"),
+        OpenAIAgentsEvent.model_validate({"kind": "item", "item": msg("extra"), "note": "an extra field"}),
+        ToolResultEvent(call_id="c", name="t", result={"stored": lookalike, "as": json.loads(lookalike)}),
+        OpenAIAgentsEvent(kind="item", item=[1, {"k": None}, "ü"]),
+    ]
+    row = StoredSession(id="s", app_name="openai-agents", scopes={}, created_at=loaded.row.created_at)
+    assert store.commit(row, written, loaded.row.version).ok
+    items = asyncio.run(DormantSession("s", store).get_items())
+    assert items == [msg("plain"), msg('quote " and \\ slash'), msg("named"), msg("extra"), [1, {"k": None}, "ü"]]
+    store.close()

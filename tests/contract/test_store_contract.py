@@ -80,3 +80,22 @@ def test_a_commit_of_exactly_the_byte_limit_is_stored_and_one_byte_more_is_refus
         short.commit(row, events, 0)
     assert (caught.value.size, caught.value.limit) == (total, total - 1)
     assert short.load("app", "s-1") is None
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_load_encoded_is_load_before_decoding(kind: str, tmp_path: Path) -> None:
+    """``load_encoded`` hands back what ``load`` decodes: the row and each event's stored text, after a version."""
+    from dormant.events import UserEvent
+    from dormant.stores.base import BaseSessionStore, StoredSession
+
+    store = in_memory_store() if kind == "memory" else sqlite_store(tmp_path / "e.db")
+    assert isinstance(store, BaseSessionStore)
+    row = StoredSession(id="s", app_name="a", scopes={}, created_at=1)
+    assert store.commit(row, [UserEvent(text="one")], 0).ok
+    assert store.commit(row, [UserEvent(text="two"), UserEvent(text="three")], 1).ok
+    for after in (None, 1, 2):
+        loaded, encoded = store.load("a", "s", after=after), store.load_encoded("a", "s", after=after)
+        assert loaded is not None and encoded is not None
+        assert encoded[0] == loaded.row and [store.decode_event(t) for t in encoded[1]] == loaded.events
+    assert store.load_encoded("a", "missing") is None
+    store.close()

@@ -31,7 +31,7 @@ def test_the_langgraph_example_runs(
     assert out[0] == "Refund 30 EUR?"
     assert ast.literal_eval(out[1]) == {"amount": 30, "approved": True}
     kinds = ast.literal_eval(out[2])
-    assert kinds.count("checkpoint") == 3 and "blob" in kinds and "writes" in kinds
+    assert kinds.count("checkpoint") == 3 and "writes" in kinds  # small values ride in their checkpoint's event
     assert (tmp_path / "refunds.db").exists()
 
 

@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import base64
 import builtins
+import contextlib
 import json
 import random
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +71,14 @@ BLOB_PART_BYTES = 512 * 1024
 """Serialized bytes of one value per ``blob`` event (its base64 fits dormant's 1 MiB event limit)."""
 CACHED_THREADS = 256
 """Threads whose parsed records a saver keeps (the store stays the truth: a read asks for the newer events)."""
+PACKED_BYTES = 64 * 1024
+"""Base64 bytes of a checkpoint's new values kept in its own event (larger: a ``blob`` event per value)."""
+BATCH_EVENTS = 24
+"""Events one commit of queued writes takes at most (within DynamoDB's one-call commit)."""
+BATCH_BYTES = 1 << 20
+"""Serialized bytes of values one commit of queued writes takes at most (a larger write goes alone)."""
+LINGER_SECONDS = 0.005
+"""How long a commit of task writes waits at most for the checkpoint that follows them (see ``_linger``)."""
 COPY_BATCH = 64
 """Events per commit when ``copy_thread`` writes the copy."""
 
@@ -141,6 +151,24 @@ class _Thread:
         return sorted(keys, key=lambda k: k[1], reverse=True)
 
 
+@dataclass
+class _Queued:
+    """One write's events waiting for a commit; ``done`` once stored, or failed with ``error``."""
+
+    events: builtins.list[LangGraphEvent]
+    size: int
+    done: bool = False
+    error: BaseException | None = None
+
+
+class _Gate:
+    """A thread's gate, and how many hold it or wait for it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+
+
 class DormantSaver(BaseCheckpointSaver[str]):
     """LangGraph's checkpointer contract on a dormant store (memory, SQLite, Postgres, DynamoDB)."""
 
@@ -156,14 +184,20 @@ class DormantSaver(BaseCheckpointSaver[str]):
         self.app_name = check_app_key(app_name)
         self._threads: OrderedDict[str, _Thread] = OrderedDict()
         self._lock = threading.RLock()
+        self._queued: dict[str, builtins.list[_Queued]] = {}
+        self._gates: dict[str, _Gate] = {}
+        self._arrived = threading.Condition(self._lock)
+        self._commit_seconds = 0.0
 
     # -- reads -------------------------------------------------------------------------------------
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         thread_id, given_ns = _where(config)
         ns = given_ns or ""
-        with self._lock:
-            thread = self._refresh(thread_key(thread_id))
+        key = thread_key(thread_id)
+        with self._gated(key), self._lock:
+            self._flush(key)
+            thread = self._refresh(key)
             if thread is None:
                 return None
             checkpoint_id = get_checkpoint_id(config)
@@ -195,7 +229,8 @@ class DormantSaver(BaseCheckpointSaver[str]):
         below = get_checkpoint_id(before) if before is not None else None
         found: list[CheckpointTuple] = []
         for key in keys:
-            with self._lock:
+            with self._gated(key), self._lock:
+                self._flush(key)
                 thread = self._refresh(key)
                 if thread is None:
                     continue
@@ -246,12 +281,14 @@ class DormantSaver(BaseCheckpointSaver[str]):
                     events += _blob_events(ns, channel, version, (kind, tail), base=(base, head))
                 else:
                     events += _blob_events(ns, channel, version, (kind, data))
-            self._put(thread_id, checkpoint, config, metadata, skeleton, ns, events, full)
+            queued = self._put(thread_id, thread, checkpoint, config, metadata, skeleton, ns, events, full)
+        self._wait(thread_key(thread_id), queued)
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
 
     def _put(
         self,
         thread_id: str,
+        thread: _Thread | None,
         checkpoint: Checkpoint,
         config: RunnableConfig,
         metadata: CheckpointMetadata,
@@ -259,19 +296,25 @@ class DormantSaver(BaseCheckpointSaver[str]):
         ns: str,
         events: builtins.list[LangGraphEvent],
         full: dict[str, tuple[tuple[str, str, str], bytes]],
-    ) -> None:
+    ) -> _Queued:
         data: dict[str, Any] = {
             "id": checkpoint["id"],
             "parent": get_checkpoint_id(config),
             "checkpoint": self._encode(skeleton),
             "metadata": self._encode(dict(get_serializable_checkpoint_metadata(config, metadata))),
         }
+        if (
+            events
+            and sum(len(str(e.data["data"])) for e in events) <= PACKED_BYTES
+            and all(e.data["parts"] == 1 for e in events)
+        ):  # small values ride in the checkpoint's own event: one stored item each, not one per value
+            data["values"] = [dict(e.data) for e in events]
+            events = []
         events.append(LangGraphEvent(kind="checkpoint", checkpoint_ns=ns, data=data))
-        self._commit(thread_id, events)
-        thread = self._threads.get(thread_key(thread_id))
-        if thread is not None:  # the serialized values just written: the base of the next version's delta
-            for channel, held in full.items():
-                thread.last[(ns, channel)] = held
+        queued, held = self._queue(thread_key(thread_id), thread, events, sum(len(v[1]) for v in full.values()))
+        for channel, value in full.items():  # the serialized values written: the base of the next version's delta
+            held.last[(ns, channel)] = value
+        return queued
 
     def put_writes(
         self,
@@ -282,13 +325,20 @@ class DormantSaver(BaseCheckpointSaver[str]):
     ) -> None:
         """One ``writes`` event; a write at an index the task already wrote is kept once (special channels,
         at their negative index, are replaced), so a retried task writes nothing twice."""
+        self._put_writes(config, writes, task_id, task_path, linger=True)
+
+    def _put_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str, *, linger: bool
+    ) -> None:
         thread_id, ns = _where(config)
         ns = ns or ""
         checkpoint_id = get_checkpoint_id(config)
         if checkpoint_id is None:
             raise InputError("put_writes needs the config of a checkpoint (its checkpoint_id)", field="checkpoint_id")
+        key = thread_key(thread_id)
+        size = 0
         with self._lock:
-            thread = self._refresh_if_unknown(thread_key(thread_id))
+            thread = self._refresh_if_unknown(key)
             held = thread.writes.get((ns, checkpoint_id), {}) if thread is not None else {}
             rows: list[list[Any]] = []
             blobs: list[LangGraphEvent] = []
@@ -297,6 +347,7 @@ class DormantSaver(BaseCheckpointSaver[str]):
                 if idx >= 0 and (task_id, idx) in held:
                     continue
                 kind, data = self.serde.dumps_typed(value)
+                size += len(data)
                 if len(data) <= BLOB_PART_BYTES:
                     rows.append([idx, channel, kind, _b64(data)])
                 else:  # kept in blob pieces before the writes event, which names them
@@ -311,12 +362,15 @@ class DormantSaver(BaseCheckpointSaver[str]):
                 "task_path": task_path,
                 "writes": rows,
             }
-            self._commit(thread_id, [*blobs, LangGraphEvent(kind="writes", checkpoint_ns=ns, data=event_data)])
+            events = [*blobs, LangGraphEvent(kind="writes", checkpoint_ns=ns, data=event_data)]
+            queued, _ = self._queue(key, thread, events, size)
+        self._wait(key, queued, linger=linger)
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete the thread's session: every checkpoint and write of every namespace, from the store."""
         key = thread_key(thread_id)
-        with self._lock:
+        with self._gated(key), self._lock:
+            self._flush(key)
             self._threads.pop(key, None)
             self.store.delete(self.app_name, key)
 
@@ -342,7 +396,9 @@ class DormantSaver(BaseCheckpointSaver[str]):
         copies = [
             event.model_copy(update={"id": new_id()}) for event in loaded.events if isinstance(event, LangGraphEvent)
         ]
-        with self._lock:
+        target = thread_key(target_thread_id)
+        with self._gated(target), self._lock:
+            self._flush(target)
             for start in range(0, len(copies), COPY_BATCH):
                 self._commit(target_thread_id, copies[start : start + COPY_BATCH])
 
@@ -400,7 +456,7 @@ class DormantSaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        self.put_writes(config, writes, task_id, task_path)
+        self._put_writes(config, writes, task_id, task_path, linger=False)
 
     async def adelete_thread(self, thread_id: str) -> None:
         self.delete_thread(thread_id)
@@ -416,8 +472,106 @@ class DormantSaver(BaseCheckpointSaver[str]):
 
     # -- helpers -----------------------------------------------------------------------------------
 
+    def _queue(
+        self, key: str, thread: _Thread | None, events: builtins.list[LangGraphEvent], size: int
+    ) -> tuple[_Queued, _Thread]:
+        """Queue ``events`` (the caller holds the lock) and apply them to the thread as held: the writes queued
+        after them build on them (a delta's base, a task's writes already kept). Nothing reads them before
+        they are stored: a read first commits what is queued (``_flush``), and a failed commit drops the
+        thread as held along with every write queued on it."""
+        if thread is None:
+            thread = _Thread(created_at=now_ms())
+        for event in events:
+            _fold(thread, event)
+        self._remember(key, thread)
+        queued = _Queued(events, size)
+        self._queued.setdefault(key, []).append(queued)
+        if events[-1].kind == "checkpoint":
+            self._arrived.notify_all()
+        return queued, thread
+
+    def _wait(self, key: str, queued: _Queued, *, linger: bool = False) -> None:
+        """Return once ``queued`` is stored (committed by this call, or with others by another writer's):
+        LangGraph's writes of one run arrive from several threads at once, and one commit stores them all."""
+        with self._gated(key):
+            while not queued.done:
+                if linger:  # not on an event loop's thread: the checkpoint could not arrive meanwhile
+                    self._linger(key)
+                self._flush(key)
+        if queued.error is not None:
+            raise queued.error
+
+    def _linger(self, key: str) -> None:
+        """When only a step's task writes are queued, wait a little (half a commit, at most ``LINGER_SECONDS``) for
+        the checkpoint LangGraph puts after them: one commit then stores both."""
+        deadline = time.monotonic() + min(LINGER_SECONDS, self._commit_seconds / 2)
+        with self._lock:
+            while not any(q.events[-1].kind == "checkpoint" for q in self._queued.get(key, ())):
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._queued.get(key):
+                    return
+                self._arrived.wait(left)
+
+    def _flush(self, key: str) -> None:
+        """Commit the writes queued on the thread (the caller holds its gate), as few commits as fit."""
+        with self._lock:
+            waiting = self._queued.get(key)
+            if not waiting:
+                return
+            batch: builtins.list[_Queued] = []
+            count = size = 0
+            while waiting and (
+                not batch or (count + len(waiting[0].events) <= BATCH_EVENTS and size + waiting[0].size <= BATCH_BYTES)
+            ):
+                batch.append(waiting.pop(0))
+                count, size = count + len(batch[-1].events), size + batch[-1].size
+            if not waiting:
+                del self._queued[key]
+            thread = self._threads[key]  # held while writes are queued on it (_remember keeps it)
+            expected = thread.version
+        row = StoredSession(id=key, app_name=self.app_name, scopes={}, created_at=thread.created_at)
+        error: BaseException | None = None
+        started = time.monotonic()
+        try:
+            result = self.store.commit(row, [event for queued in batch for event in queued.events], expected)
+        except Exception as exc:
+            error = exc
+        else:
+            self._commit_seconds = time.monotonic() - started
+            if result.ok:
+                with self._lock:
+                    thread.version = result.version
+                for queued in batch:
+                    queued.done = True
+                return
+            error = ThreadChanged(_thread_id(key), expected_version=expected, actual_version=result.version)
+        with self._lock:  # what was queued after the batch built on it: it fails too
+            self._threads.pop(key, None)
+            batch += self._queued.pop(key, [])
+        for queued in batch:
+            queued.error, queued.done = error, True
+
+    @contextlib.contextmanager
+    def _gated(self, key: str) -> Iterator[None]:
+        """Hold the thread's gate: whoever commits to the thread or reads it does (taken before the saver's
+        lock, never after); the gate is dropped when nobody holds or waits for it and the thread is not held."""
+        with self._lock:
+            gate = self._gates.get(key)
+            if gate is None:
+                gate = self._gates[key] = _Gate()
+            gate.users += 1
+        try:
+            with gate.lock:
+                yield
+        finally:
+            with self._lock:
+                gate.users -= 1
+                if not gate.users and key not in self._threads:
+                    self._gates.pop(key, None)
+
     def _commit(self, thread_id: str, events: Sequence[LangGraphEvent]) -> None:
-        """One commit at the version this saver holds of the thread (read first if it holds none)."""
+        """One commit at the version this saver holds of the thread (read first if it holds none); the caller
+        holds the thread's gate and the lock, with nothing queued."""
         key = thread_key(thread_id)
         thread = self._refresh_if_unknown(key)
         expected = thread.version if thread is not None else 0
@@ -437,7 +591,8 @@ class DormantSaver(BaseCheckpointSaver[str]):
     def _remove(self, key: str, which: Any) -> None:
         """Append a ``removed`` event for the checkpoints ``which(thread)`` names (retried on a concurrent write)."""
         for _ in range(5):
-            with self._lock:
+            with self._gated(key), self._lock:
+                self._flush(key)
                 thread = self._refresh(key)
                 if thread is None:
                     return
@@ -476,7 +631,20 @@ class DormantSaver(BaseCheckpointSaver[str]):
         self._threads[key] = thread
         self._threads.move_to_end(key)
         while len(self._threads) > CACHED_THREADS:
+            oldest = next(iter(self._threads))
+            if self._busy(oldest):  # writes queued on it, or a commit or read under way: kept
+                self._threads.move_to_end(oldest)
+                if all(self._busy(k) for k in self._threads):
+                    return
+                continue
             self._threads.popitem(last=False)
+            gate = self._gates.get(oldest)
+            if gate is not None and not gate.users:
+                del self._gates[oldest]
+
+    def _busy(self, key: str) -> bool:
+        gate = self._gates.get(key)
+        return key in self._queued or (gate is not None and gate.users > 0)
 
     def _all(self) -> builtins.list[str]:
         keys: builtins.list[str] = []
@@ -581,32 +749,13 @@ def _fold(thread: _Thread, event: LangGraphEvent) -> None:
     """Apply one stored record to what a saver holds of its thread."""
     ns, data = event.checkpoint_ns, cast(dict[str, Any], event.data)
     if event.kind == "checkpoint":
+        for packed in cast(list[dict[str, Any]], data.get("values") or []):
+            _fold_blob(thread, ns, packed)
         key = (ns, str(data["id"]))
         thread.checkpoints[key] = _Record(data["checkpoint"], data["metadata"], data.get("parent"))
         thread.removed.discard(key)
     elif event.kind == "blob":
-        where = (
-            ("\x00ref", str(data["ref"]), "")
-            if "ref" in data
-            else (ns, str(data["channel"]), _version_key(data["version"]))
-        )
-        parts = int(data.get("parts", 1))
-        piece = _unb64(data["data"])
-        if parts > 1:
-            held = thread.parts.setdefault(where, [])
-            if int(data.get("part", 0)) == 0:
-                held.clear()
-            held.append(piece)
-            if len(held) < parts:
-                return
-            piece = b"".join(thread.parts.pop(where))
-        thread.blobs.pop(where, None)
-        thread.deltas.pop(where, None)
-        if "base" in data:
-            base = (ns, where[1], _version_key(data["base"]))
-            thread.deltas[where] = _Delta(str(data["type"]), base, _unb64(data["head"]), piece)
-        else:
-            thread.blobs[where] = (str(data["type"]), piece)
+        _fold_blob(thread, ns, data)
     elif event.kind == "writes":
         held_writes = thread.writes.setdefault((ns, str(data["checkpoint_id"])), {})
         task, path = str(data["task_id"]), str(data.get("task_path", ""))
@@ -623,6 +772,32 @@ def _fold(thread: _Thread, event: LangGraphEvent) -> None:
         for removed_ns, removed_id in data["checkpoints"]:
             thread.removed.add((removed_ns, removed_id))
             thread.writes.pop((removed_ns, removed_id), None)
+
+
+def _fold_blob(thread: _Thread, ns: str, data: dict[str, Any]) -> None:
+    """Apply one value as stored (a ``blob`` event's data, or one of a checkpoint's ``values``)."""
+    where = (
+        ("\x00ref", str(data["ref"]), "")
+        if "ref" in data
+        else (ns, str(data["channel"]), _version_key(data["version"]))
+    )
+    parts = int(data.get("parts", 1))
+    piece = _unb64(data["data"])
+    if parts > 1:
+        held = thread.parts.setdefault(where, [])
+        if int(data.get("part", 0)) == 0:
+            held.clear()
+        held.append(piece)
+        if len(held) < parts:
+            return
+        piece = b"".join(thread.parts.pop(where))
+    thread.blobs.pop(where, None)
+    thread.deltas.pop(where, None)
+    if "base" in data:
+        base = (ns, where[1], _version_key(data["base"]))
+        thread.deltas[where] = _Delta(str(data["type"]), base, _unb64(data["head"]), piece)
+    else:
+        thread.blobs[where] = (str(data["type"]), piece)
 
 
 def _all_but_latest(thread: _Thread) -> list[tuple[str, str]]:

@@ -25,6 +25,7 @@ the items it read and asks the store only for the events after the version it ho
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -36,7 +37,7 @@ from ..clock import now_ms
 from ..errors import ConfigurationError, InvalidSessionId, StoreBusy
 from ..events import OpenAIAgentsEvent
 from ..ids import check_app_key, check_id
-from ..stores.base import SessionStore, StoredSession
+from ..stores.base import BaseSessionStore, SessionStore, StoredSession
 from .inspection import Inspected
 from .inspection import inspected as _inspected
 
@@ -45,6 +46,15 @@ __all__ = ["inspected", "ITEM_PART_CHARS", "DormantSession", "session_key"]
 ITEM_PART_CHARS = 256 * 1024
 """Characters of an item's JSON (ASCII, escaped) kept in one event: larger items are kept as pieces, each well
 under dormant's 1 MiB event limit however the store escapes it again."""
+_STRING = r'"(?:[^"\\]|\\.)*"'
+_STORED_ITEM = re.compile(
+    r'\{"v":1,"id":"([^"\\]+)","created_at":-?\d+,'
+    rf'"invocation_id":(?:null|{_STRING}),"agent_name":(?:null|{_STRING}),'
+    r'"type":"openai_agents","kind":"item","item":'
+)
+_STORED_ITEM_END = ',"parts":null,"popped":null}'
+"""An ``item`` event whole as dormant's encoding stores it (its fields in order, no extra ones): the item's JSON is
+what lies between. JSON escapes every quote inside a string, so the pattern cannot match inside one."""
 ATTEMPTS = 50
 """Commits a write tries while other writers keep moving the session on, before ``StoreBusy``."""
 
@@ -145,18 +155,42 @@ class DormantSession:
         raise StoreBusy(f"session {self.session_id!r} kept moving on under {ATTEMPTS} attempts to write it")
 
     def _refresh(self) -> None:
-        loaded = self.store.load(self.app_name, self._key, after=self._version or None)
-        if loaded is not None and self._created_at is not None and loaded.row.created_at != self._created_at:
+        loaded = self._load(self._version or None)
+        if loaded is not None and self._created_at is not None and loaded[0].created_at != self._created_at:
             self._created_at, self._version, self._items, self._parts = None, 0, [], []
-            loaded = self.store.load(self.app_name, self._key)  # deleted and made again meanwhile
+            loaded = self._load(None)  # deleted and made again meanwhile
         if loaded is None:
             self._created_at, self._version, self._items, self._parts = None, 0, [], []
             return
-        self._created_at = loaded.row.created_at
-        for event in loaded.events:
-            if isinstance(event, OpenAIAgentsEvent):
+        row, events = loaded
+        self._created_at = row.created_at
+        for event in events:
+            if type(event) is tuple:
+                self._items.append(event)
+            elif isinstance(event, OpenAIAgentsEvent):
                 self._fold(event)
-        self._version = loaded.row.version
+        self._version = row.version
+
+    def _load(self, after: int | None) -> tuple[StoredSession, list[Any]] | None:
+        """The row and the events after ``after``: an item event as stored by dormant's own encoding is taken
+        as (its id, its item's JSON) straight from the stored text (no model validation, no re-encoding: a
+        long session's read is mostly these); anything else is decoded by the store."""
+        store = self.store
+        if not isinstance(store, BaseSessionStore) or type(store).decode_event is not BaseSessionStore.decode_event:
+            loaded = store.load(self.app_name, self._key, after=after)
+            return None if loaded is None else (loaded.row, list(loaded.events))
+        found = store.load_encoded(self.app_name, self._key, after=after)
+        if found is None:
+            return None
+        row, encoded = found
+        events: list[Any] = []
+        for text in encoded:
+            head = _STORED_ITEM.match(text)
+            if head is not None and text.endswith(_STORED_ITEM_END):
+                events.append((head.group(1), text[head.end() : -len(_STORED_ITEM_END)]))
+            else:
+                events.append(store.decode_event(text))
+        return row, events
 
     def _fold(self, event: OpenAIAgentsEvent) -> None:
         if event.kind == "pop":

@@ -155,6 +155,19 @@ class BaseSessionStore(ABC):
         row, data = found
         return LoadedSession(row, [self.decode_event(item) for item in data])
 
+    def load_encoded(
+        self, app_name: str, session_id: str, *, after: int | None = None
+    ) -> tuple[StoredSession, Sequence[str]] | None:
+        """``load`` without decoding: the row and each event as ``encode_event`` stored it (``decode_event`` makes
+        one an event). For a reader that recognises the stored text of its own events (a bridge reading a long
+        ledger) and decodes only the rest."""
+        check_app_key(app_name)
+        check_id(session_id)
+        if after is not None and not _is_count(after):
+            raise InputError(f"after is a version (an int >= 0), not {after!r}", field="after")
+        self._check_open()
+        return self._read(app_name, session_id, after or 0)
+
     def commit(
         self,
         session: StoredSession,

@@ -63,7 +63,7 @@ const RENDER = {
   // A LangGraph checkpointer's record (dormant.bridges.langgraph): its kind and what it names; values are serialized.
   langgraph: (e) => [
     h("p", null, h("strong", null, e.kind), " ", h("code", null, e.data.id || e.data.channel || e.data.task_id || "")),
-    e.kind === "blob" ? null : compact(e.data),
+    e.kind === "blob" ? null : compact(e.kind === "checkpoint" ? { ...e.data, values: undefined } : e.data),
   ],
   // An Agents SDK session item (dormant.bridges.openai_agents), kept whole: its role, its text, the rest compact.
   openai_agents: (e) =>
