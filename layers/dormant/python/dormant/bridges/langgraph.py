@@ -544,7 +544,7 @@ class DormantSaver(BaseCheckpointSaver[str]):
                 for queued in batch:
                     queued.done = True
                 return
-            error = ThreadChanged(_thread_id(key), expected_version=expected, actual_version=result.version)
+            error = ThreadChanged(_thread_id(key), key, expected_version=expected, actual_version=result.version)
         with self._lock:  # what was queued after the batch built on it: it fails too
             self._threads.pop(key, None)
             batch += self._queued.pop(key, [])
