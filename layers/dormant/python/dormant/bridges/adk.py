@@ -46,7 +46,7 @@ from __future__ import annotations
 import copy
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,15 +60,15 @@ from google.adk.sessions.state import State
 from pydantic import BaseModel, ConfigDict
 from pydantic_core import to_jsonable_python
 
-from ..agents.agent import Agent
 from ..app import App
 from ..clock import now_ms
 from ..errors import ConfigurationError, InvalidSessionId
 from ..events import AdkEvent, Event, StateChange, StateChangeEvent, StateSource
 from ..ids import check_id
-from ..models.base import ModelRequest, ModelResponse
 from ..state.schema import APP_SCOPE_ID
 from ..stores.base import BindingIndexStore, LoadedSession, ScopedStateChange, SessionStore, StoredSession
+from .inspection import Inspected
+from .inspection import inspected as _inspected
 
 __all__ = ["NONE", "DormantSessionService", "Inspected", "dormant_app", "inspected", "session_key", "user_key"]
 
@@ -496,34 +496,12 @@ def dormant_app(app_name: str, store: SessionStore) -> App:
     return App(name=app_name, schema={"user": _Open, "app": _Open}, store=store, snapshot_every=None)
 
 
-class _RunsElsewhere:
-    """The model adapter of ``inspected``'s agent: an ADK session is run by ADK's ``Runner``, not by dormant."""
-
-    def __init__(self, app_name: str) -> None:
-        self.app_name = app_name
-
-    def complete(self, request: ModelRequest) -> ModelResponse:
-        raise ConfigurationError(
-            f"the sessions of {self.app_name!r} are ADK sessions: send their messages through ADK's Runner"
-        )
-
-
-@dataclass(frozen=True)
-class Inspected:
-    """What ``DORMANT_APP`` names: the app, and an agent the inspector can name (it runs nothing)."""
-
-    app: App
-    agent: Agent
-
-
-def inspected(app_name: str) -> Any:
+def inspected(app_name: str) -> Callable[[SessionStore], Inspected]:
     """For ``DORMANT_APP=module:attr`` with ``attr = inspected("my_adk_app")``: ``dormant serve`` then shows
     the ADK app's sessions in the inspector, and ``dormant erase`` erases its users."""
-
-    def build(store: SessionStore) -> Inspected:
-        app = dormant_app(app_name, store)
-        app.adapters["adk"] = _RunsElsewhere(app_name)
-        agent = app.agent(name="adk", model={"provider": "adk", "name": app_name})
-        return Inspected(app, agent)
-
-    return build
+    return _inspected(
+        app_name,
+        "ADK",
+        app=lambda store: dormant_app(app_name, store),
+        how="send their messages through ADK's Runner",
+    )

@@ -22,13 +22,11 @@ __all__ = ["Inspected", "inspected"]
 class _RunsElsewhere:
     """The model adapter of ``inspected``'s agent: the framework runs these sessions, not dormant."""
 
-    def __init__(self, app_name: str, framework: str) -> None:
-        self.app_name, self.framework = app_name, framework
+    def __init__(self, app_name: str, framework: str, how: str) -> None:
+        self.app_name, self.framework, self.how = app_name, framework, how
 
     def complete(self, request: ModelRequest) -> ModelResponse:
-        raise ConfigurationError(
-            f"the sessions of {self.app_name!r} are {self.framework} sessions: run them through {self.framework}"
-        )
+        raise ConfigurationError(f"the sessions of {self.app_name!r} are {self.framework} sessions: {self.how}")
 
 
 @dataclass(frozen=True)
@@ -39,15 +37,23 @@ class Inspected:
     agent: Agent
 
 
-def inspected(app_name: str, framework: str) -> Callable[[SessionStore], Inspected]:
+def inspected(
+    app_name: str,
+    framework: str,
+    *,
+    app: Callable[[SessionStore], App] | None = None,
+    how: str | None = None,
+) -> Callable[[SessionStore], Inspected]:
     """For ``DORMANT_APP=module:attr`` with ``attr = inspected("langgraph", "LangGraph")``: ``dormant serve`` then
-    shows the sessions of the dormant app ``app_name`` in the inspector, and ``dormant erase`` finds them."""
+    shows the sessions of the dormant app ``app_name`` in the inspector, and ``dormant erase`` finds them. ``app``
+    builds the dormant app over ``store`` (default: one with untyped scopes); ``how`` says where to run them."""
     provider = framework.lower().replace(" ", "-")
+    advice = how or f"run them through {framework}"
 
     def build(store: SessionStore) -> Inspected:
-        app = App(name=app_name, schema={}, store=store, snapshot_every=None)
-        app.adapters[provider] = _RunsElsewhere(app_name, framework)
-        agent = app.agent(name=provider, model={"provider": provider, "name": app_name})
-        return Inspected(app, agent)
+        made = app(store) if app is not None else App(name=app_name, schema={}, store=store, snapshot_every=None)
+        made.adapters[provider] = _RunsElsewhere(app_name, framework, advice)
+        agent = made.agent(name=provider, model={"provider": provider, "name": app_name})
+        return Inspected(made, agent)
 
     return build
