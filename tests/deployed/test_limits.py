@@ -40,9 +40,22 @@ MODELS = {
     "openai-secret": {"model": "openai:gpt-4o-mini", "openai_secret": ARN, "openai_base_url": "https://llm.example/v1"},
     "openai-ssm": {"model": "openai:gpt-4o-mini", "openai_secret": "ssm:/dormant/openai"},
 }
+MACHINE_CLIENTS_JSON = json.dumps(
+    {
+        f"client-{n:02}": {
+            "scopes": ["sessions.read", "runs.write", "answers.write", "admin"][: 1 + n % 4],
+            "tenant": "own" if n % 3 == 0 else f"tenant-{n:030}",
+        }
+        for n in range(20)
+    }
+)
 EVERY_KEY = {
     "cors": {"cors_origins": "https://a.example,https://b.example,https://c.example"},
     "machine-clients": {"machine_clients": "billing,crm,search,reports", "client_quota": "10000"},
+    # the JSON form: an app client each with its own scopes, and the client -> tenant mapping in every API
+    # function's environment (20 clients, tenant ids of 36 characters: the mapping near synth's 2 KB bound)
+    "machine-clients-json": {"machine_clients": MACHINE_CLIENTS_JSON, "client_quota": "10000"},
+    "roles": {"admin_group": "clinic-administrators", "pitr_days": "7"},
     "alarm-topic": {"alarm_topic": "arn:aws:sns:eu-west-1:123456789012:dormant-alarms"},
     "turn-quota": {"turn_quota": "100/3600"},
     "shards": {"listing_shards": "1000", "pending_shards": "1000"},
