@@ -1629,7 +1629,9 @@ def test_zz_every_metric_is_emitted_by_the_function_whose_path_should(deployment
 @pytest.mark.backend("dynamodb")
 def test_a_caller_past_its_turn_quota_gets_429_and_runs_nothing(dynamodb_endpoint: str) -> None:
     """A deployment of its own, with ``-c turn_quota=2/3600``: the third POST /runs of a tenant in the hour is a
-    429 naming the quota; no execution starts and the session's ledger is untouched. Another tenant runs."""
+    429 naming the quota; no execution starts and the session's ledger is untouched. Runs refused before their
+    claim (409 AwaitingInput) take no turn. Another tenant runs. And an ``Idempotency-Key`` names the route as
+    the handler reads it: the same key on ``i-1`` and ``i%2D1`` runs one turn."""
     from tests.support.fidelity.deployment import Deployment
 
     d = Deployment.start(
@@ -1642,8 +1644,12 @@ def test_a_caller_past_its_turn_quota_gets_429_and_runs_nothing(dynamodb_endpoin
         tenant = fresh("quota")
         for sid in ("q-1", "q-2", "q-3"):
             create(d, sid, tenant=tenant)
-        for sid in ("q-1", "q-2"):
-            assert run(d, sid, "signoffs=0", tenant=tenant, settle=30)["status"] == "completed", evidence(d)
+        # turn 1 parks; two runs refused while it waits (409 AwaitingInput: nothing claimed) give their turn back
+        assert run(d, "q-1", "signoffs=1", tenant=tenant, settle=30)["status"] == "awaiting_input", evidence(d)
+        for _ in range(2):
+            status, _, body = d.api("POST", "/sessions/q-1/runs", {"message": "again"}, tenant=tenant)
+            assert (status, body["error"]) == (409, "AwaitingInput"), (status, body)
+        assert run(d, "q-2", "signoffs=0", tenant=tenant, settle=30)["status"] == "completed", evidence(d)
         before = ledger(d, "q-3", tenant)
         executions = len(d.executions())
         status, _, body = d.api("POST", "/sessions/q-3/runs", {"message": "signoffs=0"}, tenant=tenant)
@@ -1656,5 +1662,19 @@ def test_a_caller_past_its_turn_quota_gets_429_and_runs_nothing(dynamodb_endpoin
         other = fresh("quota")
         create(d, "q-3", tenant=other)
         assert run(d, "q-3", "signoffs=0", tenant=other, settle=30)["status"] == "completed", evidence(d)
+        # one Idempotency-Key, the id spelled two ways: API Gateway decodes the path parameter, and the record is
+        # keyed on the route as the handler reads it, so the second is the first's retry (the turn runs once)
+        keyed = fresh("quota")
+        create(d, "i-1", tenant=keyed)
+        key = {"Idempotency-Key": "k-" + keyed}
+        answers = [
+            d.api("POST", path, {"message": "signoffs=0"}, tenant=keyed, headers=key)
+            for path in ("/sessions/i-1/runs", "/sessions/i%2D1/runs")
+        ]
+        assert [status for status, _, _ in answers] == [202, 202], (answers, evidence(d))
+        assert answers[0][2] == answers[1][2]
+        d.settle(30)
+        users = [e for e in ledger(d, "i-1", keyed) if e["type"] == "user"]
+        assert len(users) == 1, users
     finally:
         d.close()
