@@ -68,6 +68,8 @@ def machine_clients() -> Mapping[str, str] | None:
 
 @functools.cache
 def parse_clients(raw: str) -> Mapping[str, str] | None:
+    """``DORMANT_MACHINE_CLIENTS`` read once per value (cached: not per request); the CLI checks
+    ``--machine-clients`` with it, so serve refuses what the deployed handlers would."""
     if not raw:
         return None
     try:
