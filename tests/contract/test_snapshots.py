@@ -716,3 +716,31 @@ def test_a_commit_whose_batch_repeats_an_id_keeps_no_snapshot(tmp_path: Path) ->
         assert store.load_snapshot("a", "s") is None
         assert store.commit(row, [UserEvent(id="e2", created_at=1, text="two")], 1, snapshot=StoredSnapshot(2, "{}")).ok
         assert store.load_snapshot("a", "s") == StoredSnapshot(2, "{}")
+
+
+def test_a_snapshot_remembers_the_last_invocations_so_a_reused_id_is_refused(tmp_path: Path) -> None:
+    """A retried request re-sends the invocation id its first attempt claimed (derived from its Idempotency-Key):
+    loaded from a snapshot that ended invocations are left out of, the session still knows the last
+    ``RECENT_INVOCATIONS`` started, so the ledger refuses that id a second start and the API finds the turn."""
+    from dormant.errors import EventOutOfOrder
+    from dormant.events import InvocationStartEvent
+    from dormant.projection import RECENT_INVOCATIONS
+
+    store = CountingWithSnapshots(sqlite_store(tmp_path / "s.db"))
+    app, agent, model = build(store, every=10, turns=2)
+    session = app.sessions.create()
+    for step in range(RECENT_INVOCATIONS + 4):
+        model.set_responses([{"text": f"turn {step}"}])
+        for _ in app.stream(agent, f"turn {step}", session=session, invocation_id=f"inv-{step}"):
+            pass
+        app.sessions.commit(session)
+    store.loads.clear()
+    loaded = app.sessions.get(session.id)
+    assert loaded is not None and store.loads and store.loads[0][0] > 0, "loaded from a snapshot and its tail"
+    projection = loaded.projection
+    assert list(projection.recent_invocations) == [f"inv-{i}" for i in range(4, RECENT_INVOCATIONS + 4)]
+    assert "inv-5" not in projection.invocations  # ended before the snapshot: only the recent list has it
+    assert projection.recent_invocations["inv-5"] == whole(app, session.id).projection.invocations["inv-5"].start_index
+    with pytest.raises(EventOutOfOrder, match="already ran"):
+        loaded.append(InvocationStartEvent(invocation_id="inv-5", agent_name=agent.name, deadline=None))
+    assert loaded.uncommitted_events == []

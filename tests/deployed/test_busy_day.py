@@ -60,13 +60,6 @@ def _ledgers(day: Day, sessions: list[tuple[str, str]]) -> dict[tuple[str, str],
 
 
 @pytest.mark.backend("dynamodb")
-@pytest.mark.xfail(
-    strict=False,
-    reason="a known defect, not the harness: a POST /runs whose function times out after its claim landed (under "
-    "load, Sandbox.Timedout) leaves Powertools' INPROGRESS idempotency record, which expires with the function's "
-    "timeout; the client's retry with the same Idempotency-Key then claims a second turn (its message twice). "
-    "The fix keys the claim on the ledger (the invocation id derived from the key), so a retry finds its turn",
-)
 def test_no_event_is_lost_or_doubled(busy_day: Day) -> None:
     """Every accepted turn's message is on its session's ledger once, every answer's result once, no event twice."""
     day = busy_day

@@ -720,6 +720,32 @@ def yielded_run(aws: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return started, client.call("get_session", session_id="s-1")[1]["yielded_tools"][0]
 
 
+def test_a_run_retried_with_its_key_after_its_record_is_gone_answers_for_its_turn(aws: Any) -> None:
+    """The idempotency record of a run whose function timed out expires with it (here: no record at all): the
+    retry with the same ``Idempotency-Key`` opens the invocation id its first attempt claimed, finds it on the
+    ledger, and answers 202 for that turn, while it runs and after it ended: no second claim, no execution."""
+    client, fake, workflow = aws
+    create(client)
+    key = {"Idempotency-Key": "k-1", "Prefer": ""}
+    first = client.call("run", session_id="s-1", headers=key)
+    assert first[0] == 202 and first[1]["status"] == "running", first
+    ledger = client.call("session_events", session_id="s-1", query={"limit": "500"})[1]["events"]
+    again = client.call("run", session_id="s-1", headers=key)  # still running
+    assert again == (202, first[1]), again
+    (started,) = fake.started
+    act(workflow, "run", started)  # the turn runs to its sign-off
+    waiting = client.call("get_session", session_id="s-1")[1]
+    assert waiting["status"] == "awaiting_input"
+    later = client.call("run", session_id="s-1", headers=key)
+    assert later[0] == 202 and later[1]["status"] == "awaiting_input", later
+    assert later[1]["after"] == first[1]["after"] and later[1]["version"] == waiting["version"]
+    events = client.call("session_events", session_id="s-1", query={"limit": "500"})[1]["events"]
+    assert events[: len(ledger)] == ledger and [e["type"] for e in events].count("user") == 1
+    assert len(fake.started) == 1
+    # another key is another request: refused while the session waits, as any run is
+    assert client.call("run", session_id="s-1", headers={"Idempotency-Key": "k-2", "Prefer": ""})[0] == 409
+
+
 def approve(client: Client, session_id: str, call_id: str, wait: bool = True) -> tuple[int, Any]:
     return client.call(
         "tools",

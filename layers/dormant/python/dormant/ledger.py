@@ -125,7 +125,8 @@ class LedgerRules:
         self.results_before_messages = results_before_messages
         self.field = field
         self.open_invocation = start.open_invocation
-        self.invocations = set(start.invocations)
+        # a snapshot keeps open invocations and the last few started: an id a retry re-sends is among those
+        self.invocations = set(start.invocations) | set(start.recent_invocations)
         self.paused = start.status in ("awaiting_input", "resumable")
         self.waiting = {call_id: call.name for call_id, call in start.pending.items()}
         """Yielded calls without an answer: call id -> tool name."""

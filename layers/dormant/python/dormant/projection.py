@@ -36,11 +36,24 @@ from .events import (
 )
 from .state.values import json_copy
 
-__all__ = ["RECENT_TURNS", "InvocationNode", "Output", "Projection", "SessionStatus", "StateSnapshot", "YieldedTool"]
+__all__ = [
+    "RECENT_INVOCATIONS",
+    "RECENT_TURNS",
+    "InvocationNode",
+    "Output",
+    "Projection",
+    "SessionStatus",
+    "StateSnapshot",
+    "YieldedTool",
+]
 
 RECENT_TURNS = 50
 """User turns whose ledger positions the fold remembers: ``history(turns=N)`` for N up to this reads only
 the tail of a long session; a wider window reads the whole ledger."""
+
+RECENT_INVOCATIONS = 16
+"""Invocations whose ids (and start positions) the fold remembers after they ended, snapshots included: a retried
+request that claimed one (its id derived from its ``Idempotency-Key``) finds it there without reading history."""
 
 _E = TypeVar("_E", ToolCallEvent, ToolInputEvent)
 _log = logging.getLogger("dormant.snapshots")
@@ -114,6 +127,7 @@ _DEFERRED = frozenset(
         "open_invocation",
         "output",
         "pending",
+        "recent_invocations",
         "recent_turns",
         "user_turns",
     }
@@ -152,6 +166,8 @@ class Projection:
         """User messages so far: each starts a turn of the conversation."""
         self.recent_turns: list[int] = []
         """Ledger positions of the last ``RECENT_TURNS`` user messages (where ``history(turns=N)`` starts)."""
+        self.recent_invocations: dict[str, int] = {}
+        """The last ``RECENT_INVOCATIONS`` invocations started: id -> the ledger position of its start."""
 
     def apply(self, event: Event) -> None:
         if self._deferred is not None:
@@ -192,6 +208,9 @@ class Projection:
         elif isinstance(event, InvocationStartEvent):
             node = InvocationNode(event.invocation_id, event.agent_name, "running", index, principal=event.principal)
             self.invocations[event.invocation_id] = node
+            self.recent_invocations[event.invocation_id] = index
+            if len(self.recent_invocations) > RECENT_INVOCATIONS:
+                del self.recent_invocations[next(iter(self.recent_invocations))]
             self.open_invocation = event.invocation_id
             self.deadline = event.deadline
             self.open_calls = {}
@@ -271,6 +290,7 @@ class Projection:
             "answered": [e.model_dump(mode="json") for e in self.answered.values()],
             "user_turns": self.user_turns,
             "recent_turns": list(self.recent_turns),
+            "recent_invocations": [[i, start] for i, start in self.recent_invocations.items()],
         }
 
     @classmethod
@@ -360,6 +380,7 @@ UNSET: dict[str, Any] = {
     "open_calls": [],
     "pending": [],
     "answered": [],
+    "recent_invocations": [],
 }
 """``export()``'s fields at their values in a fresh projection: a snapshot (format 2) leaves them out, so a load
 parses and builds less; ``restore`` and ``resume`` read an absent one as this (never mutated: copied on use)."""
@@ -389,6 +410,8 @@ def _restore_rest(data: dict[str, Any]) -> dict[str, Any]:
         "answered": {e.call_id: e for e in _events(data.get("answered", []), ToolInputEvent)},
         "user_turns": _count(data["user_turns"]),
         "recent_turns": list(recent),
+        # absent from snapshots written before it: a retry then finds only what the tail folds
+        "recent_invocations": {str(row[0]): _count(row[1]) for row in data.get("recent_invocations", ())},
     }
 
 

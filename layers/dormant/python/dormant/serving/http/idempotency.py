@@ -46,7 +46,7 @@ def once(request: Request, tenant_app: App, session_id: str, work: Callable[[], 
     record is kept with the session (``records``), so it goes when the session is deleted or erased."""
     idempotency = request.api.idempotency
     event = request.event
-    key = event.headers.get("Idempotency-Key") or event.headers.get("idempotency-key")
+    key = request.idempotency_key()
     if key and idempotency is not None:
         # The request as this handler understands it, not as it was spelt: the route with the decoded id (the
         # tenant is the partition's). Keyed on the raw path, /sessions/i%2D1/runs would run i-1's turn again.

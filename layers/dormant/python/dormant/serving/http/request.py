@@ -174,6 +174,10 @@ class Request:
             raise InputError(f"{name} is required", field=name)
         return value
 
+    def idempotency_key(self) -> str | None:
+        """The ``Idempotency-Key`` header: one request however often it is sent (``None``: none given)."""
+        return self.event.headers.get("Idempotency-Key") or self.event.headers.get("idempotency-key") or None
+
     def prefer_wait(self) -> int:
         """``Prefer: wait=N`` (RFC 7240): hold the request up to N seconds for the turn to end."""
         header = self.event.headers.get("Prefer") or self.event.headers.get("prefer") or ""

@@ -4,10 +4,16 @@
 (``Hooks``: on AWS a Step Functions execution, started before the claim; under ``dormant serve`` a thread),
 committing each step, so ``GET /sessions/{id}`` shows it ``running`` and ``GET /sessions/{id}/events?after=``
 its steps. ``Prefer: wait=N`` (N <= 25) answers 200 with the finished turn when it ends in time.
+
+With an ``Idempotency-Key``, a new turn's invocation id is derived from it (``keyed_invocation``): a retry whose
+first attempt's claim landed but whose answer was lost (its function timed out, and the idempotency record it left
+in progress expired with it) finds that invocation on the ledger and answers for it (202, the turn's ``after``),
+claiming nothing: a turn is claimed once per key, not once per attempt.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from aws_lambda_powertools.event_handler import Response
@@ -24,7 +30,7 @@ from .request import Api, Request, Routes
 from .views import finished
 from .waits import await_turn, held_for
 
-__all__ = ["routes"]
+__all__ = ["keyed_invocation", "routes"]
 
 
 def routes(api: Api) -> Routes:
@@ -42,10 +48,15 @@ def run(request: Request, session_id: str) -> Response[Any]:
     agent = served.agent(body.agent)
     run_input = {k: v for k, v in (("message", body.message), ("state", body.state)) if v is not None}
     me = request.caller()
+    key = request.idempotency_key()
+    keyed = keyed_invocation(request.tenant(), session_id, key) if key else None
 
     def work() -> dict[str, Any]:
         session = tenant_app.sessions.require(session_id)
-        invocation_id = session.projection.open_invocation or new_id("inv_")
+        projection = session.projection
+        if keyed is not None and (keyed in projection.invocations or keyed in projection.recent_invocations):
+            return _claimed_before(session, keyed)  # an earlier attempt's claim landed: this turn, not another
+        invocation_id = projection.open_invocation or keyed or new_id("inv_")
         api.logger.append_keys(invocation_id=invocation_id)
         # No execution for a claim that must fail, nor for input that opens no invocation (state set while
         # calls wait: the execution parked on them goes on waiting).
@@ -89,6 +100,24 @@ def run(request: Request, session_id: str) -> Response[Any]:
         }
 
     return once(request, tenant_app, session_id, work)
+
+
+def keyed_invocation(tenant: str, session_id: str, key: str) -> str:
+    """The invocation id a new turn claimed under ``key`` opens: the same for every attempt of one request."""
+    digest = hashlib.sha256(f"{tenant}\n{session_id}\nPOST runs\n{key}".encode()).hexdigest()[:32]
+    return f"inv_k{digest}"
+
+
+def _claimed_before(session: Session, invocation_id: str) -> dict[str, Any]:
+    """The answer to a retry whose turn is on the ledger: where it started, and where the session stands now."""
+    projection = session.projection
+    node = projection.invocations.get(invocation_id)
+    after = node.start_index if node is not None else projection.recent_invocations[invocation_id]
+    return {
+        "status": 202,
+        "body": {"status": session.status, "session_id": session.id, "version": session.version, "after": after},
+        "headers": {"Location": f"/sessions/{session.id}"},
+    }
 
 
 def _held(session: Session) -> ClaimLost:
