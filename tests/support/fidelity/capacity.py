@@ -36,15 +36,19 @@ PARTITION_READ_UNITS = 3000.0
 """Read units a second one partition key takes."""
 SFN_BUCKETS: dict[str, tuple[float, float]] = {
     "StartExecution": (1300, 300),
-    "DescribeExecution": (250, 100),
+    "DescribeExecution": (300, 15),
     "StopExecution": (1000, 200),
-    "ListExecutions": (100, 5),
+    "ListExecutions": (200, 5),
     "SendTaskSuccess": (3000, 500),
     "SendTaskFailure": (3000, 500),
     "SendTaskHeartbeat": (3000, 500),
 }
 """Step Functions (Standard) API action -> (bucket size, refill per second), per account, in the large regions
-(us-east-1, us-west-2, eu-west-1), from the service quotas page's "API action throttling" table."""
+(us-east-1, us-west-2, eu-west-1), from the developer guide's quotas page ("Quotas related to API action
+throttling" for StartExecution, "Other quotas" for the rest). DescribeExecution refills at 15 a second: a sweep that
+described every wait would be throttled past its first 300. State transitions have a bucket too (5,000, refilled
+1,500 a second), which delays a transition rather than failing it: not modelled, as a day's transitions stay
+inside one bucket (``python -m bench busy`` prints them)."""
 ACCOUNT_CONCURRENCY = 1000
 """Lambda's default concurrency limit per account and region (new accounts may start lower)."""
 
