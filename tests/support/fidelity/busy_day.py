@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .calls import evidence
+from .sleepers import park_sleepers
 
 HOT = "hot"
 TENANTS = 20
@@ -100,6 +101,8 @@ class Day:
     turn_seconds: list[float]
     """Each turn's ``POST /runs``, from the start until accepted (429s and retries included)."""
     load: Load
+    swept: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    """Units billed while the two sweeps ran (and what they started), by partition: a sweep reads no healthy wait."""
 
 
 def _tenant(i: int) -> str:
@@ -142,12 +145,10 @@ def start(dynamodb_endpoint: str) -> Any:
 
 def run_day(d: Any, turning: int, sleeping: int) -> Day:
     """The day (the module docstring) on deployment ``d``: ``sleeping`` sessions parked, ``turning`` at once."""
-    d.sfn.poll_seconds = 1.0  # thousands of parked tasks: each looks for a stop once a second
     c = Client(d)
     started = time.monotonic()
     sleepers = [(_tenant(i), f"sleep-{i}") for i in range(sleeping)]
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda who: _park(c, *who), sleepers))
+    park_sleepers(d, lambda tenant, sid: _park(c, tenant, sid), sleepers)  # most seeded, a share through the API
     d.settle(600)
     parked = time.monotonic()
     before = _marks(d, c)
@@ -181,7 +182,7 @@ def run_day(d: Any, turning: int, sleeping: int) -> Day:
             with lock:
                 answered[who] += 1
 
-    woken = sleepers[::10]
+    woken = [who for i, who in enumerate(sleepers) if i % 20 in (0, 5)]  # a tenth: parked through the API, seeded
     with concurrent.futures.ThreadPoolExecutor(turning + len(woken)) as pool:
         futures = [pool.submit(turn, i) for i in range(turning)] + [pool.submit(wake, who) for who in woken]
         for future in futures:
@@ -198,6 +199,7 @@ def run_day(d: Any, turning: int, sleeping: int) -> Day:
     d.advance(SWEEP_EVERY)
     sweeps.append(d.sweep(grace_seconds=None))
     d.settle(600)
+    swept = {p: u - load.after["units"].get(p, 0.0) for p, u in _marks(d, c)["units"].items()}
     return Day(
         d,
         c,
@@ -208,6 +210,7 @@ def run_day(d: Any, turning: int, sleeping: int) -> Day:
         {"park": parked - started, "busy": busy - parked, "sweeps": time.monotonic() - busy},
         turn_seconds,
         load,
+        {p: u for p, u in swept.items() if u > 0},
     )
 
 
