@@ -17,8 +17,10 @@ the order of the execution's start before the claim (started after the turn wait
 this process's). Each costs two sandbox invocations instead of four, and no gateway or function cold starts.
 
 Either way a sleeper ends parked: ``awaiting_input``, one execution alive in ``Park``, its token on the ledger.
-At most ``IN_FLIGHT`` seeded executions run their tasks at once: ``park`` is capped at its reserved concurrency,
-and a storm of thousands would spend its throttle retries, as a real storm of turns would.
+Sleepers are put to sleep as a steady stream, not a storm: at most the park function's reserved concurrency of
+them are between their execution's start and its park at once (the ledgers are written ahead), so ``park`` is
+never throttled by them. (A storm at its cap, with cold starts many times slower than Lambda's, spends a task's
+throttle retries in the harness's scaled time: the busy phase's to show, not the setup's.)
 """
 
 from __future__ import annotations
@@ -26,14 +28,13 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 API_SHARE = 10
 """One sleeper in this many is parked through the API; the others are seeded."""
-IN_FLIGHT = 10
-"""Seeded executions between their start and their park at once."""
 SEED_THREADS = 8
-"""Threads writing seeded ledgers in this process."""
+"""Threads writing seeded ledgers in this process, ahead of their executions."""
 
 
 def through_api(i: int) -> bool:
@@ -41,55 +42,74 @@ def through_api(i: int) -> bool:
     return i % API_SHARE == 0
 
 
-def park_sleepers(d: Any, park_through_api: Any, sleepers: list[tuple[str, str]]) -> None:
-    """Park every sleeper (``through_api`` ones with ``park_through_api(tenant, sid)``), until each is parked."""
-    api = [who for i, who in enumerate(sleepers) if through_api(i)]
-    seeded = [who for i, who in enumerate(sleepers) if not through_api(i)]
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        by_api = [pool.submit(park_through_api, *who) for who in api]
-        _seed(d, seeded)
-        for future in by_api:
-            future.result()
+def park_sleepers(d: Any, park_through_api: Callable[[str, str], None], sleepers: list[tuple[str, str]]) -> None:
+    """Park every sleeper (``through_api`` ones with ``park_through_api(tenant, sid)``); return once each is parked."""
+    from .capacity import reserved_concurrency
+
+    gate = threading.BoundedSemaphore(reserved_concurrency(d.template, d.functions).get("park", SEED_THREADS))
+    seeder = _Seeder(d)
+
+    def api(who: tuple[str, str]) -> None:
+        with gate:
+            park_through_api(*who)
+            _await_park(d, lambda: _executions_of(d, *who), who)
+
+    def seeded(who: tuple[str, str]) -> None:
+        name = seeder.write(*who)  # outside the gate: the ledgers are written ahead
+        with gate:
+            arn = seeder.start(*who, name)
+            _await_park(d, lambda: [e for e in [d.sfn.executions.get(arn)] if e is not None], who)
+
+    pool = concurrent.futures.ThreadPoolExecutor(SEED_THREADS + 8)
+    try:
+        futures = [pool.submit(api if through_api(i) else seeded, who) for i, who in enumerate(sleepers)]
+        for future in concurrent.futures.as_completed(futures):
+            future.result()  # the first failure ends the setup at once
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        seeder.close()
 
 
-def _seed(d: Any, sleepers: list[tuple[str, str]]) -> None:
-    import botocore.session
+class _Seeder:
+    """Writes a seeded sleeper's ledger with the deployment's own app and store, and starts its execution."""
 
-    from dormant.clock import now_ms
-    from dormant.serving.runtime import Served
-    from dormant.serving.turns import CLAIM_GRACE_MS, claim_turn, run_claimed
-    from dormant.serving.workflow import StepFunctions
-    from dormant.stores.url import store_from_url
+    def __init__(self, d: Any) -> None:
+        import botocore.session
 
-    from .fidelity_app import build
-    from .template import REGION
+        from dormant.serving.runtime import Served
+        from dormant.serving.workflow import StepFunctions
+        from dormant.stores.url import store_from_url
 
-    env = d.lambdas.environment(d.functions["run"])
-    store = store_from_url(
-        f"{env['DORMANT_STORE']}{'&' if '?' in env['DORMANT_STORE'] else '?'}"
-        f"endpoint={d.dynamodb_endpoint}&region={REGION}"
-    )
-    fidelity = build(store)
-    served = Served(fidelity.app, {fidelity.agent.name: fidelity.agent})
-    client = botocore.session.get_session().create_client(
-        "stepfunctions",
-        region_name=REGION,
-        endpoint_url=env["AWS_ENDPOINT_URL_SFN"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-    )
-    machine = StepFunctions(env["DORMANT_STATE_MACHINE"], client)
-    gate = threading.BoundedSemaphore(IN_FLIGHT)
+        from .fidelity_app import build
+        from .template import REGION
 
-    def seed(who: tuple[str, str]) -> None:
-        tenant, sid = who
-        view = served.for_tenant(tenant)
+        env = d.lambdas.environment(d.functions["run"])
+        url = env["DORMANT_STORE"]
+        store = store_from_url(f"{url}{'&' if '?' in url else '?'}endpoint={d.dynamodb_endpoint}&region={REGION}")
+        self.fidelity = build(store)
+        self.served = Served(self.fidelity.app, {self.fidelity.agent.name: self.fidelity.agent})
+        self.client = botocore.session.get_session().create_client(
+            "stepfunctions",
+            region_name=REGION,
+            endpoint_url=env["AWS_ENDPOINT_URL_SFN"],
+            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        )
+        self.machine = StepFunctions(env["DORMANT_STATE_MACHINE"], self.client)
+        self.executions = d.machine_arn.replace(":stateMachine:", ":execution:", 1)
+
+    def write(self, tenant: str, sid: str) -> tuple[str, int]:
+        """The session created and its turn claimed and run to its sign-off: (invocation id, version claimed from)."""
+        from dormant.clock import now_ms
+        from dormant.serving.turns import CLAIM_GRACE_MS, claim_turn, run_claimed
+
+        view = self.served.for_tenant(tenant)
         session = view.sessions.create(sid, {})
         version = session.version  # the version claimed from: the execution's name, as the run function names it
         invocation_id = f"inv_seed_{sid}"
         claim = claim_turn(
             view,
-            fidelity.agent,
+            self.fidelity.agent,
             session,
             {"message": "signoffs=1"},
             invocation_id=invocation_id,
@@ -97,33 +117,33 @@ def _seed(d: Any, sleepers: list[tuple[str, str]]) -> None:
             principal=tenant,
         )
         outcome = run_claimed(view, claim, deadline=now_ms() + 60_000)
-        assert outcome.status == "yielded_tool", (who, outcome)
-        gate.acquire()
-        try:
-            name = machine.start(tenant, sid, invocation_id, version)
-            _await_park(d, name, who)
-        finally:
-            gate.release()
+        assert outcome.status == "yielded_tool", (tenant, sid, outcome)
+        return invocation_id, version
 
-    try:
-        with concurrent.futures.ThreadPoolExecutor(SEED_THREADS + IN_FLIGHT) as pool:
-            for future in [pool.submit(seed, who) for who in sleepers]:
-                future.result()
-    finally:
-        client.close()
-        fidelity.app.close()
+    def start(self, tenant: str, sid: str, claimed: tuple[str, int]) -> str:
+        """Start the claim's execution, named and given its input as the run function does; its ARN."""
+        return f"{self.executions}:{self.machine.start(tenant, sid, *claimed)}"
+
+    def close(self) -> None:
+        self.client.close()
+        self.fidelity.app.close()
 
 
-def _await_park(d: Any, name: str, who: tuple[str, str], timeout: float = 600) -> None:
-    """Until execution ``name`` sleeps in ``Park``; it ending first is a seeding that failed."""
-    arn = d.machine_arn.replace(":stateMachine:", ":execution:", 1) + f":{name}"
+def _executions_of(d: Any, tenant: str, sid: str) -> list[Any]:
+    """The executions of one session (read from their inputs, as the run function writes them)."""
+    marks = (f'"tenant": "{tenant}"', f'"session_id": "{sid}"')
+    return [e for e in list(d.sfn.executions.values()) if all(m in e.input for m in marks)]
+
+
+def _await_park(d: Any, executions: Callable[[], list[Any]], who: tuple[str, str], timeout: float = 600) -> None:
+    """Until the sleeper's execution sleeps in ``Park`` (its park function returned); it ending first is a setup
+    that failed."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        execution = d.sfn.executions.get(arn)
-        if execution is not None:
+        for execution in executions():
             if execution.status != "RUNNING":
                 raise AssertionError(f"{who}: its execution ended {execution.status} {execution.error}")
             if execution.history and execution.history[-1]["type"] == "TaskSubmitted":
-                return  # the park function returned: the task sleeps on its token
+                return
         time.sleep(0.02)
     raise AssertionError(f"{who}: its execution did not park within {timeout} s")
