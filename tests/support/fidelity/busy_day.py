@@ -2,7 +2,7 @@
 
 ``SLEEPING`` sessions are parked on a sign-off across many tenants; then ``TURNING`` sessions post a turn at once,
 three in four of them in one hot tenant, each a chat turn (``signoffs=0``) or a turn that parks and is answered as
-soon as its sign-off shows (often while it is still parking), and a tenth of the sleepers are answered meanwhile.
+soon as its sign-off shows (often while it is still parking), and one sleeper in fifty is answered meanwhile.
 Clients behave as a careful client does: a 429 is waited out for its ``Retry-After`` and tried again, a 5xx tried
 again after a pause, and each is recorded. Then two sweeps. ``tests/deployed/test_busy_day.py`` holds the day to
 its promises; ``python -m bench busy`` prints its latencies, throttles and cost.
@@ -182,7 +182,8 @@ def run_day(d: Any, turning: int, sleeping: int) -> Day:
             with lock:
                 answered[who] += 1
 
-    woken = [who for i, who in enumerate(sleepers) if i % 20 in (0, 5)]  # a tenth: parked through the API, seeded
+    # one in fifty, half parked through the API, half seeded: answers to old waits, without doubling the turns at once
+    woken = [who for i, who in enumerate(sleepers) if i % 100 in (0, 5)]
     with concurrent.futures.ThreadPoolExecutor(turning + len(woken)) as pool:
         futures = [pool.submit(turn, i) for i in range(turning)] + [pool.submit(wake, who) for who in woken]
         for future in futures:

@@ -70,24 +70,42 @@ def park_sleepers(d: Any, park_through_api: Callable[[str, str], None], sleepers
         seeder.close()
 
 
+def stored_statuses(d: Any, sessions: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """Each session's status as stored, read in this process with the deployment's app and store."""
+    fidelity, served = _served(d)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(SEED_THREADS) as pool:
+            found = pool.map(lambda who: served.for_tenant(who[0]).sessions.require(who[1]).status, sessions)
+            return dict(zip(sessions, found, strict=True))
+    finally:
+        fidelity.app.close()
+
+
+def _served(d: Any) -> tuple[Any, Any]:
+    """The fidelity app on the deployment's own store (the run function's ``DORMANT_STORE``), served as there."""
+    from dormant.serving.runtime import Served
+    from dormant.stores.url import store_from_url
+
+    from .fidelity_app import build
+    from .template import REGION
+
+    url = d.lambdas.environment(d.functions["run"])["DORMANT_STORE"]
+    fidelity = build(store_from_url(f"{url}{'&' if '?' in url else '?'}endpoint={d.dynamodb_endpoint}&region={REGION}"))
+    return fidelity, Served(fidelity.app, {fidelity.agent.name: fidelity.agent})
+
+
 class _Seeder:
     """Writes a seeded sleeper's ledger with the deployment's own app and store, and starts its execution."""
 
     def __init__(self, d: Any) -> None:
         import botocore.session
 
-        from dormant.serving.runtime import Served
         from dormant.serving.workflow import StepFunctions
-        from dormant.stores.url import store_from_url
 
-        from .fidelity_app import build
         from .template import REGION
 
         env = d.lambdas.environment(d.functions["run"])
-        url = env["DORMANT_STORE"]
-        store = store_from_url(f"{url}{'&' if '?' in url else '?'}endpoint={d.dynamodb_endpoint}&region={REGION}")
-        self.fidelity = build(store)
-        self.served = Served(self.fidelity.app, {self.fidelity.agent.name: self.fidelity.agent})
+        self.fidelity, self.served = _served(d)
         self.client = botocore.session.get_session().create_client(
             "stepfunctions",
             region_name=REGION,
