@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -326,6 +327,39 @@ def test_the_api_speaks_to_botocore_with_aws_errors() -> None:
         assert [e["name"] for e in listed] == ["n1"]
     finally:
         sfn.close()
+
+
+def test_a_parked_task_sleeps_on_its_token_and_wakes_when_its_execution_ends() -> None:
+    """Thousands of parked tasks (the busy day's sleepers) cost nothing while they sleep: a parked task waits on its
+    token, not on a poll (its backstop look is ``poll_seconds`` away), and still ends at once when its execution is
+    stopped, or reaches Step Functions' time limit."""
+    definition = {
+        "StartAt": "Park",
+        "States": {
+            "Park": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::lambda:invoke.waitForTaskToken",
+                "Parameters": {"FunctionName": "park", "Payload": {"token.$": "$$.Task.Token"}},
+                "End": True,
+            }
+        },
+    }
+    sfn = StepFunctions(_Functions({"park": [(True, {}), (True, {})]}), max_execution_seconds=4.0)
+    assert sfn.poll_seconds >= 60
+    sfn.create_state_machine(MACHINE_ARN, definition)
+
+    def thread(name: str) -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == f"sfn-{name}"]
+
+    stopped = sfn.start_execution(MACHINE_ARN, "stopped", "{}")["executionArn"]
+    until(lambda: sfn.executions[stopped].history[-1]["type"] == "TaskSubmitted", "parked")
+    sfn.stop_execution(stopped)
+    until(lambda: not thread("stopped"), "the stopped execution's task woke and ended", timeout=2)
+    assert sfn.executions[stopped].status == "ABORTED"
+    timed = sfn.start_execution(MACHINE_ARN, "timed", "{}")["executionArn"]
+    until(lambda: sfn.executions[timed].status != "RUNNING", "the time limit ended the execution", timeout=8)
+    assert sfn.executions[timed].status == "TIMED_OUT"
+    until(lambda: not thread("timed"), "its task ended", timeout=2)
 
 
 def test_an_execution_fails_past_the_history_limit() -> None:

@@ -2,7 +2,7 @@
 
 ``SLEEPING`` sessions are parked on a sign-off across many tenants; then ``TURNING`` sessions post a turn at once,
 three in four of them in one hot tenant, each a chat turn (``signoffs=0``) or a turn that parks and is answered as
-soon as its sign-off shows (often while it is still parking), and a tenth of the sleepers are answered meanwhile.
+soon as its sign-off shows (often while it is still parking), and one sleeper in fifty is answered meanwhile.
 Clients behave as a careful client does: a 429 is waited out for its ``Retry-After`` and tried again, a 5xx tried
 again after a pause, and each is recorded. Then two sweeps. ``tests/deployed/test_busy_day.py`` holds the day to
 its promises; ``python -m bench busy`` prints its latencies, throttles and cost.
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .calls import evidence
+from .sleepers import park_sleepers
 
 HOT = "hot"
 TENANTS = 20
@@ -100,6 +101,8 @@ class Day:
     turn_seconds: list[float]
     """Each turn's ``POST /runs``, from the start until accepted (429s and retries included)."""
     load: Load
+    swept: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    """Units billed while the two sweeps ran (and what they started), by partition: a sweep reads no healthy wait."""
 
 
 def _tenant(i: int) -> str:
@@ -142,12 +145,10 @@ def start(dynamodb_endpoint: str) -> Any:
 
 def run_day(d: Any, turning: int, sleeping: int) -> Day:
     """The day (the module docstring) on deployment ``d``: ``sleeping`` sessions parked, ``turning`` at once."""
-    d.sfn.poll_seconds = 1.0  # thousands of parked tasks: each looks for a stop once a second
     c = Client(d)
     started = time.monotonic()
     sleepers = [(_tenant(i), f"sleep-{i}") for i in range(sleeping)]
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda who: _park(c, *who), sleepers))
+    park_sleepers(d, lambda tenant, sid: _park(c, tenant, sid), sleepers)  # most seeded, a share through the API
     d.settle(600)
     parked = time.monotonic()
     before = _marks(d, c)
@@ -181,7 +182,8 @@ def run_day(d: Any, turning: int, sleeping: int) -> Day:
             with lock:
                 answered[who] += 1
 
-    woken = sleepers[::10]
+    # one in fifty, half parked through the API, half seeded: answers to old waits, without doubling the turns at once
+    woken = [who for i, who in enumerate(sleepers) if i % 100 in (0, 5)]
     with concurrent.futures.ThreadPoolExecutor(turning + len(woken)) as pool:
         futures = [pool.submit(turn, i) for i in range(turning)] + [pool.submit(wake, who) for who in woken]
         for future in futures:
@@ -198,6 +200,7 @@ def run_day(d: Any, turning: int, sleeping: int) -> Day:
     d.advance(SWEEP_EVERY)
     sweeps.append(d.sweep(grace_seconds=None))
     d.settle(600)
+    swept = {p: u - load.after["units"].get(p, 0.0) for p, u in _marks(d, c)["units"].items()}
     return Day(
         d,
         c,
@@ -208,6 +211,7 @@ def run_day(d: Any, turning: int, sleeping: int) -> Day:
         {"park": parked - started, "busy": busy - parked, "sweeps": time.monotonic() - busy},
         turn_seconds,
         load,
+        {p: u for p, u in swept.items() if u > 0},
     )
 
 

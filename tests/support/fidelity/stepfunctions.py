@@ -319,6 +319,8 @@ class Execution:
     in_flight: str | None = None
     """The state whose work is running now (not a parked ``.waitForTaskToken`` wait)."""
     abort: threading.Event = field(default_factory=threading.Event)
+    parked: Any = None
+    """Its ``.waitForTaskToken`` wait (``_Wait``), woken when the execution ends: a parked task sleeps, not polls."""
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -372,8 +374,9 @@ class StepFunctions:
         self.role_calls: list[tuple[str, str, bool]] = []
         self.accountant: Any = None
         """When set (``capacity.Accountant``), each API action spends a token of its bucket or is throttled."""
-        self.poll_seconds = 0.2
-        """How often a parked task looks whether its execution was stopped (longer: fewer wake-ups for many)."""
+        self.poll_seconds = 60.0
+        """A parked task's backstop look at its execution: it is woken when the execution ends (``_finish``), so
+        thousands of parked tasks cost nothing while they sleep."""
         self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -485,6 +488,8 @@ class StepFunctions:
             execution.status = status
             execution.stopped = time.time()
             execution.in_flight = None
+            if execution.parked is not None:
+                execution.parked.done.set()  # its parked task wakes to find the execution ended
             if output is not None:
                 execution.output = json.dumps(output)
             execution.error, execution.cause = error, cause
@@ -683,6 +688,7 @@ class StepFunctions:
             wait = _Wait(execution)
             with self._lock:
                 self.waits[token] = wait
+                execution.parked = wait
         execution.in_flight = context["State"]["Name"]
         started = time.monotonic()
         try:
@@ -710,19 +716,19 @@ class StepFunctions:
     ) -> Any:
         while True:
             now = time.monotonic()
-            limits = [self.poll_seconds]
+            limits = [self.poll_seconds, execution.started + self.max_execution_seconds - time.time()]
             if timeout is not None:
                 limits.append(started + timeout - now)
             if heartbeat is not None:
                 limits.append(wait.heartbeat + heartbeat - now)
-            if wait.done.wait(max(0.0, min(limits))):
+            if wait.done.wait(max(0.0, min(limits))) and wait.outcome is not None:
                 break
             if not self._alive(execution) or execution.abort.is_set():
                 wait.closed = True
                 raise StatesError("States.Runtime", "the execution ended")
             now = time.monotonic()
             with self._lock:
-                if wait.done.is_set():
+                if wait.outcome is not None:
                     break
                 if timeout is not None and now >= started + timeout:
                     wait.closed = True

@@ -106,6 +106,8 @@ class Template:
             return self.state_machine_arn(name).rsplit(":", 1)[1]
         if kind == "AWS::SQS::Queue" and attribute == "Arn":  # the sweeper's queue of failed sweeps
             return f"arn:{PARTITION}:sqs:{REGION}:{ACCOUNT}:{self.physical_name(name)}"
+        if kind == "AWS::SQS::Queue" and attribute == "QueueName":  # its alarm's dimension
+            return self.physical_name(name)
         if kind == "AWS::ApiGateway::RestApi" and attribute == "RootResourceId":
             return f"{name}-root"
         if kind == "AWS::Cognito::UserPool" and attribute in ("Arn", "ProviderName", "ProviderURL"):
