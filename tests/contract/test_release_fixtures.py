@@ -181,7 +181,7 @@ def test_dynamodb_items_migrate_then_resume_and_commit(
         assert [listing.id for listing in store.list(APP)][:2] == [WAITING, DONE]
         assert len(store.list(APP)) == len({listing.id for listing in store.list(APP)})
         meta = ddb.get_item(TableName=new, Key={"pk": {"S": f"S#{APP}#{WAITING}"}, "sk": {"S": "#M"}})["Item"]
-        assert meta["lpk"]["S"].startswith(APP) and meta["spk"]["S"] == f"awaiting_input#{meta['lpk']['S']}"
+        assert meta["lpk"]["S"].startswith(APP) and meta["spk"]["S"] == f"{meta['status']['S']}#{meta['lpk']['S']}"
         store.close()
     finally:
         for table in (old, new):
