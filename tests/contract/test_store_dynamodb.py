@@ -505,6 +505,44 @@ def test_a_commit_moves_the_sessions_one_listing_entry_its_meta_item(
         assert store.list(app, status="done") == [] and store.list(app, status="running") == []
 
 
+def _as_the_earlier_layout(ddb: Any, table: str, app: str, sid: str) -> int:
+    """Make the session's entry what the layout before this one kept: a touch ``T#{lsk}`` carrying the listed row,
+    the meta item without ``lpk``/``spk``. Returns its ``updated_at``."""
+    key = {"pk": {"S": session_pk(app, sid)}, "sk": {"S": "#M"}}
+    meta = ddb.get_item(TableName=table, Key=key, ConsistentRead=True)["Item"]
+    touch = {
+        name: meta[name] for name in ("pk", "lpk", "lsk", "spk", "version", "status", "created_at") if name in meta
+    }
+    touch |= {"sk": {"S": f"T#{int(meta['lsk']['N']):013d}"}, "t": {"S": "0badc0de"}}
+    ddb.put_item(TableName=table, Item=touch)
+    ddb.update_item(TableName=table, Key=key, UpdateExpression="REMOVE lpk, spk, g")
+    return int(meta["lsk"]["N"])
+
+
+@pytest.mark.parametrize("single_call_items", [0, 100], ids=["gated", "one-call"])
+def test_a_session_listed_by_an_earlier_layouts_touch_moves_to_its_meta_item_at_its_next_commit(
+    ddb: Any, dynamodb_table: str, app: str, single_call_items: int
+) -> None:
+    """A session written by the layout before this one is listed by its touch until its next commit, which
+    deletes that touch in its own write (a transaction) and makes the meta item the entry: listed once throughout,
+    by status too, and no touch left behind, whichever commit path takes it."""
+    store = dynamo_store(dynamodb_table, client=ddb, single_call_items=single_call_items)
+    with frozen_clock(1_800_000_000_000) as clock:
+        assert store.commit(_row(app, status="idle"), [_event(1)], 0).ok
+        at = _as_the_earlier_layout(ddb, dynamodb_table, app, "s-1")
+        reader = dynamo_store(dynamodb_table, client=ddb)
+        assert [(s.id, s.version, s.updated_at) for s in reader.list(app)] == [("s-1", 1, at)]
+        assert [s.id for s in reader.list(app, status="idle")] == ["s-1"]
+        clock.advance(1000)
+        store.load(app, "s-1")  # the store knows the meta item as stored now: no lpk
+        assert store.commit(_row(app, status="running"), [_event(2)], 1).ok
+        assert _touches(ddb, dynamodb_table, app, "s-1") == []  # the earlier layout's entry went with the commit
+        (entry,) = _entries(ddb, dynamodb_table, app, "s-1")
+        assert entry["sk"]["S"] == "#M"
+        assert [(s.id, s.version, s.updated_at) for s in reader.list(app)] == [("s-1", 2, at + 1000)]
+        assert reader.list(app, status="idle") == [] and [s.id for s in reader.list(app, status="running")] == ["s-1"]
+
+
 def test_a_listing_shows_only_committed_rows_whatever_touches_are_left(
     ddb: Any, layout_table: Callable[..., str], app: str
 ) -> None:
@@ -614,6 +652,46 @@ def test_an_old_marker_still_needs_its_touch_to_roll_forward(ddb: Any, dynamodb_
         (report,) = store.repair_pending(older_than_s=0)
         assert (report.action, report.items_found, report.items_expected) == ("rolled_back", 24, 24)
         assert [(s.id, s.version) for s in store.list(app)] == [("s-1", 1)]
+
+
+def test_an_old_marker_with_its_touch_rolls_forward_and_the_meta_item_takes_over_the_entry(
+    ddb: Any, dynamodb_table: str, app: str
+) -> None:
+    """A marker without the flag whose writer (the layout before this one) put its touch last in its batches and
+    died before its finish: rolled forward, and the finish deletes that touch as it makes the meta item the
+    session's entry, so the session is listed once, at the rolled-forward commit."""
+    store = dynamo_store(dynamodb_table, client=ddb)
+    with frozen_clock(1_800_000_000_000) as clock:
+        assert store.commit(_row(app), [_event(1)], 0).ok
+        at = clock.advance(1000)
+        dying = local_client(ddb.meta.endpoint_url)
+        Faults(dying).die("UpdateItem", nth=2)  # the finish, after its 7 events
+        with pytest.raises(Died):
+            dynamo_store(dynamodb_table, client=dying).commit(
+                _row(app, status="done"), [_event(n) for n in range(2, 9)], 1
+            )
+        dying.close()
+        _strip_touch_flag(ddb, dynamodb_table, app, "s-1")
+        key = {"pk": {"S": session_pk(app, "s-1")}, "sk": {"S": "#M"}}
+        meta = ddb.get_item(TableName=dynamodb_table, Key=key, ConsistentRead=True)["Item"]
+        grant, lpk = meta["pending"]["M"]["t"]["S"], meta["lpk"]["S"]
+        ddb.put_item(  # what that writer put last: its touch, the commit's listing entry
+            TableName=dynamodb_table,
+            Item={
+                "pk": key["pk"],
+                "sk": {"S": f"T#{at:013d}"},
+                "lpk": {"S": lpk},
+                "lsk": {"N": str(at)},
+                "spk": {"S": f"done#{lpk}"},
+                "t": {"S": grant},
+                "version": {"N": "2"},
+                "status": {"S": "done"},
+            },
+        )
+        (report,) = store.repair_pending(older_than_s=0)
+        assert (report.action, report.items_found) == ("rolled_forward", 7)
+        assert _touches(ddb, dynamodb_table, app, "s-1") == []
+        assert [(s.id, s.version, s.status, s.updated_at) for s in store.list(app)] == [("s-1", 2, "done", at)]
 
 
 # -- the running index: what the sweeper reads, written only on a change of status into or out of running --
