@@ -98,7 +98,8 @@ class _Plan:
     stale: int | None
     """The ``updated_at`` of a superseded touch to mark expired now (the meta item's ``plsk``)."""
     previous: int | None
-    """The touch this commit supersedes (the next commit marks it): the meta item's new ``plsk``."""
+    """The touch an earlier layout listed the session by (the meta item it builds on has no ``lpk``), which
+    this commit deletes as it makes the meta item the entry."""
     expires: int | None
     """The meta item's ``expires_at`` (epoch seconds), or ``None``: kept for ever."""
     horizon: int | None
