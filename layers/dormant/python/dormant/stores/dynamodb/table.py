@@ -13,7 +13,7 @@ Key design (one table, string ``pk``/``sk``):
   Its entries are the sessions' *touch* items (``keys.touch_sk``), one per session once the index has
   caught up (a commit puts its touch and deletes the one it supersedes, atomically with the commit), and
   the index projects the row a listing shows: a listing is Queries of this index alone;
-* the status index (``STATUS_INDEX``) holds the same touches keyed by ``spk`` = ``{status}#{listing key}``
+* the status index (``STATUS_INDEX``) holds the same entries (the meta items) keyed by ``spk`` = ``{status}#{listing key}``
   (sparse: only a touch with a status carries it) and sorted by ``lsk``, projecting the same row: a
   ``list(status=)`` page is Queries of the status's shards alone, never a filter over other statuses'
   entries. It costs each commit the same as the listing index: its touch put and the superseded one deleted;
@@ -174,7 +174,7 @@ TABLE = TableShape(
             "INCLUDE",
             ("version", "status", "created_at", "forked_from", "mx", "expires_at"),
         ),
-        # The listing by status (``list(status=)``): the same touches, partitioned by ``spk``
+        # The listing by status (``list(status=)``): the same meta items, partitioned by ``spk``
         # (``{status}#{listing key}``) instead, projecting the same row. Only a touch with a status carries it.
         IndexShape(
             STATUS_INDEX,
