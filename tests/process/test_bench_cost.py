@@ -407,7 +407,7 @@ def test_bench_cost_runs_on_the_quick_sizes_and_prints_its_table(dynamodb_endpoi
     # late answers: a day late, or never (Expire at the timeout), each within 10% of the same work done at once
     # (either way: far below would be something left unbilled), the timed-out one's work named against an
     # answered one's; and the section's figures, with their targets, for --check
-    late = dict(re.findall(r"^\s+(answered after a day|reaches its timeout)\s+\$[^(]*\(([+-][\d.]+)%", out, re.M))
+    late = dict(re.findall(r"^\s+(answered after a day|reaches its timeout)\s+\$.*?\(([+-][\d.]+)%", out, re.M))
     assert set(late) == {"answered after a day", "reaches its timeout"}, out[-3000:]
     assert all(abs(float(change)) <= 10 for change in late.values()), late
     assert re.search(r"and against one answered at once \$[\d,.]+ \(-[\d.]+%\): not a cost left out", out)
