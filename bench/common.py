@@ -62,7 +62,9 @@ def timed(fn: Callable[[], object]) -> float:
 class Figure:
     """One measured ratio and its target.
 
-    ``better`` says which way is good: ``"higher"`` (ratio must be >= target) or ``"lower"`` (<= target).
+    ``better`` says which way is good: ``"higher"`` (ratio must be >= target), ``"lower"`` (<= target) or
+    ``"within"`` (``|ratio - 1| <= target``: a figure that should match its floor, where a ratio far below it
+    says as much as one above, e.g. something left unbilled).
     ``counted``: a ratio of counts (read units, bytes), the same on every run whatever the machine's load,
     so ``--check-counts`` fails on it; a time ratio swings with a shared machine, and is only printed.
     """
@@ -73,19 +75,22 @@ class Figure:
     floor: str
     ratio: float
     target: float
-    better: Literal["higher", "lower"]
+    better: Literal["higher", "lower", "within"]
     note: str = ""
     counted: bool = False
 
     @property
     def ok(self) -> bool:
+        if self.better == "within":
+            return abs(self.ratio - 1) <= self.target
         return self.ratio >= self.target if self.better == "higher" else self.ratio <= self.target
 
     def line(self) -> str:
         sign = ">=" if self.better == "higher" else "<="
+        target = f"1 ± {self.target:g}x" if self.better == "within" else f"{sign} {self.target:g}x"
         verdict = "ok  " if self.ok else "MISS"
         return (
-            f"  {verdict} {self.name:<50} {self.ratio:>9.2f}x (target {sign} {self.target:g}x)"
+            f"  {verdict} {self.name:<50} {self.ratio:>9.2f}x (target {target})"
             f"   dormant {self.ours:<18} floor {self.floor}{'   ' + self.note if self.note else ''}"
         )
 

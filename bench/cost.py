@@ -48,7 +48,7 @@ from .units import (
     value_size,
 )
 
-__all__ = ["bill", "item_size", "report", "run", "transaction_units", "value_size"]
+__all__ = ["arc_costs", "bill", "figures", "item_size", "report", "run", "transaction_units", "value_size"]
 
 CHAT = "hello"
 BOOKING = "I need physio on Tuesday afternoon, for Alex Doe"
@@ -211,8 +211,9 @@ def _model_calls(d: Any, tenant: str, sid: str) -> int:
 
 def _harness_arc(d: Any, arc: str, sweeps: dict[str, tuple[int, int]]) -> tuple[dict[str, float], str, str]:
     """One arc as a fresh caller (a Cognito ``sub``: the Bookings slots are the tenant's, each booked once).
-    ``sweeps`` gets the range of DynamoDB calls (``d.lambdas.dynamodb``) of the sweeps ``approval_day`` makes:
-    one while its session waits (its commits past any grace: as a day later) and one once it completed."""
+    ``sweeps`` gets the range of DynamoDB calls (``d.lambdas.dynamodb``) of the sweeps ``approval_day`` and
+    ``approval_timeout`` make: one while the session waits (its commits past any grace: as a day later) and one
+    once it ended; the difference is what its wait adds to each sweep of the schedule."""
     if arc == "approval_timeout":
         default = d.template.parameter("WaitTimeoutSeconds")
         d.update({"WaitTimeoutSeconds": TIMEOUT_ARC_SECONDS})
@@ -262,11 +263,13 @@ def _harness_arc_run(d: Any, arc: str, sweeps: dict[str, tuple[int, int]]) -> tu
         if arc == "approval_day":
             _swept(d, sweeps, "sweep_after")
     if arc == "approval_timeout":  # its execution sleeps to the wait's timeout, then Expire ends the turn
+        _swept(d, sweeps, "sweep_waiting")  # a sweep while it sleeps: due only at its timeout, not read
         deadline = time.monotonic() + TIMEOUT_ARC_SECONDS + 60
         while d.api("GET", f"/sessions/{sid}", tenant=tenant)[2]["status"] == "awaiting_input":
             assert time.monotonic() < deadline, "the wait never timed out"
             time.sleep(0.25)
         d.settle(60)
+        _swept(d, sweeps, "sweep_after")
     _, _, shown = d.api("GET", f"/sessions/{sid}", tenant=tenant)
     ended = "error" if arc == "approval_timeout" else "completed"
     assert shown["status"] == ended or (arc == "commit" and shown["version"] == 2), shown
@@ -356,18 +359,9 @@ def report(arcs: dict[str, Arc]) -> list[str]:
         "  DynamoDB units as AWS bills them, from the items each call wrote and read (bench/units.py)",
     ]
     totals: dict[str, float] = {}
-    per_sweep, every, wait_s = _waiting_sweep(arcs)
     for name in ARCS:
         arc = _arc(arcs[name])
-        units, harness = arc["units"], dict(arc["harness"])
-        if name in ("approval_day", "approval_timeout"):
-            waited = 86_400 if name == "approval_day" else wait_s
-            harness["sweeps_while_waiting"] = per_sweep * waited / (every * 60)
-        waits, floor = TURN_WAITS[name], arc.get("floor") or {}
-        if waits and floor:  # the look that finds a turn ended reads its events too (the tail)
-            harness["poll_read_units"] = harness.get("poll_read_units", 0) + waits * read_units(
-                int(floor["bytes"] / waits), "strong"
-            )
+        units, harness = arc["units"], _arc_harness(arcs, name)
         lines.append(f"  {name} turn ({WHAT[name]}; {arc['model_calls']} model calls):")
         functions = sorted({k.split(":", 1)[1] for k in harness if k.startswith("gbs:")} | {f for f, _, _ in units})
         lines.append(
@@ -405,16 +399,16 @@ def report(arcs: dict[str, Arc]) -> list[str]:
             " the state machine's log records "
             f"({harness.get('sfn_log_bytes', 0):.0f} bytes)"
         )
-        if name in ("approval_day", "approval_timeout"):
-            swept = (86_400 if name == "approval_day" else wait_s) / (every * 60)
+        if name in SLEEPS:
+            per_sweep, every, wait_s = _waiting_sweep(arcs, name)
+            slept = _slept(name, wait_s)
             lines.append(
-                f"    sweeps while it waits: {swept:,.0f} at rate({every} minutes) over"
-                f" {(86_400 if name == 'approval_day' else wait_s) / 86_400:g} days,"
-                f" each ${per_sweep:.2e} more than a sweep without it (the DynamoDB units of a sweep while it"
-                " waits, less one after it ended)"
+                f"    sweeps while it waits: {slept / (every * 60):,.0f} at rate({every} minutes) over"
+                f" {slept / 86_400:g} days, each ${per_sweep:.2e} more than a sweep without it (the DynamoDB units"
+                " of its own sweep while it waits, less one after it ended)"
             )
         costs = bill(units, harness, arc["model_calls"])
-        aws = sum(v for k, v in costs.items() if k != "model")
+        aws = _aws(costs)
         totals[name] = aws
         floors = _floor_costs(arc)
         for line, usd in costs.items():
@@ -426,19 +420,128 @@ def report(arcs: dict[str, Arc]) -> list[str]:
             f" with DynamoDB at its floor ${at_floor * 1e6:,.2f}"
         )
     if totals.get("approval"):
-        lines.append(
-            "  late answers, against an approval answered at once (AWS, per million turns; one that times out"
-            " runs no second turn):"
-        )
-        for name, what in (("approval_day", "answered after a day"), ("approval_timeout", "reaches its timeout")):
-            change = (totals[name] / totals["approval"] - 1) * 100
-            lines.append(
-                f"    {what:<22} ${totals[name] * 1e6:>10,.2f} against ${totals['approval'] * 1e6:,.2f}"
-                f" ({change:+.1f}%)"
-            )
+        lines += _late_lines(arcs, totals)
     if "sweep" in arcs:
         lines += _sweep_lines(_arc(arcs["sweep"]))
     return lines
+
+
+SLEEPS = ("approval_day", "approval_timeout")
+"""The arcs whose session sleeps longer on AWS than in the harness: a day, and the template's wait timeout."""
+
+
+def _slept(name: str, wait_seconds: float) -> float:
+    """How long the arc's session sleeps on AWS: a day, or the template's wait timeout (7 days by default)."""
+    return 86_400.0 if name == "approval_day" else wait_seconds
+
+
+def _aws(costs: dict[str, float]) -> float:
+    return sum(v for k, v in costs.items() if k != "model")
+
+
+def _arc_harness(arcs: dict[str, Arc], name: str, *, asleep: bool = True) -> dict[str, float]:
+    """The arc's counts with what the bench adds by rule: the sweeps of the schedule while its session sleeps
+    on AWS (``asleep``; without: its wait ends at once, as in the harness) and the long-poll's last look, which
+    reads the turn's events."""
+    arc = _arc(arcs[name])
+    harness = dict(arc["harness"])
+    if name in SLEEPS:
+        per_sweep, every, wait_s = _waiting_sweep(arcs, name)
+        harness["sweeps_while_waiting"] = per_sweep * _slept(name, wait_s) / (every * 60) if asleep else 0.0
+    waits, floor = TURN_WAITS[name], arc.get("floor") or {}
+    if waits and floor:  # the look that finds a turn ended reads its events too (the tail)
+        harness["poll_read_units"] = harness.get("poll_read_units", 0) + waits * read_units(
+            int(floor["bytes"] / waits), "strong"
+        )
+    return harness
+
+
+def arc_costs(arcs: dict[str, Arc], name: str, *, asleep: bool = True) -> dict[str, float]:
+    """USD of one arc, by bill line (``bill``), its session asleep for as long as on AWS or (not ``asleep``)
+    waking at once."""
+    arc = _arc(arcs[name])
+    return bill(arc["units"], _arc_harness(arcs, name, asleep=asleep), arc["model_calls"])
+
+
+def _late_lines(arcs: dict[str, Arc], totals: dict[str, float]) -> list[str]:
+    """Late answers, each against the same work done at once (``figures`` holds the targets): the day-late
+    answer against one answered at once; the timed-out wait against its own path ending at once, since it does
+    less work than an answered one (one turn, not two), which is named line by line beside it."""
+    at_once, day, timeout = totals["approval"], totals["approval_day"], totals["approval_timeout"]
+    ended_at_once = _aws(arc_costs(arcs, "approval_timeout", asleep=False))
+    _, _, wait_s = _waiting_sweep(arcs, "approval_timeout")
+    fewer = {
+        line: usd - arc_costs(arcs, "approval_timeout")[line]
+        for line, usd in arc_costs(arcs, "approval").items()
+        if line != "model"
+    }
+    named = ", ".join(
+        f"{line} ${usd * 1e6:,.2f}" for line, usd in sorted(fewer.items(), key=lambda kv: -kv[1]) if usd * 1e6 >= 0.5
+    )
+    return [
+        "  late answers (AWS, per million turns), each against the same work done at once:",
+        f"    {'answered after a day':<22} ${day * 1e6:>10,.2f} against ${at_once * 1e6:,.2f} answered at once"
+        f" ({(day / at_once - 1) * 100:+.1f}%)",
+        f"    {'reaches its timeout':<22} ${timeout * 1e6:>10,.2f} against ${ended_at_once * 1e6:,.2f}, its path"
+        f" (run, park, Expire) with the wait ending at once ({(timeout / ended_at_once - 1) * 100:+.1f}%;"
+        f" {wait_s / 86_400:g} days asleep)",
+        f"      and against one answered at once ${at_once * 1e6:,.2f} ({(timeout / at_once - 1) * 100:+.1f}%): not a"
+        " cost left out but work not done, one turn instead of two (no POST /tools, no second Run, its model"
+        f" calls, long-poll and transitions); what the answered one pays more: {named}",
+    ]
+
+
+def figures(arcs: dict[str, Arc]) -> list[Figure]:
+    """The section's targets (``python -m bench cost --check``): a late answer costs what one at once does,
+    within 10% (issue 34), each against the same work; a chat turn's DynamoDB write units at most 2x its floor's
+    (issue 36). The dollar ratios include measured Lambda time (it moves with the machine's load), so they are
+    not ``counted``; the write units are."""
+    out: list[Figure] = []
+    if all(name in arcs and arcs[name].get("harness") for name in ("approval", *SLEEPS)):
+        at_once = _aws(arc_costs(arcs, "approval"))
+        day = _aws(arc_costs(arcs, "approval_day"))
+        timeout = _aws(arc_costs(arcs, "approval_timeout"))
+        ended = _aws(arc_costs(arcs, "approval_timeout", asleep=False))
+        out.append(
+            Figure(
+                "cost",
+                "approval answered a day late / at once ($)",
+                f"${day * 1e6:,.2f}/M",
+                f"${at_once * 1e6:,.2f}/M",
+                day / at_once,
+                0.10,
+                "within",
+            )
+        )
+        out.append(
+            Figure(
+                "cost",
+                "approval timed out / its path ending at once ($)",
+                f"${timeout * 1e6:,.2f}/M",
+                f"${ended * 1e6:,.2f}/M",
+                timeout / ended,
+                0.10,
+                "within",
+                note=f"{(timeout / at_once - 1) * 100:+.1f}% against one answered at once: one turn, not two",
+            )
+        )
+    chat = _arc(arcs.get("chat", {}))
+    floor = chat.get("floor") or {}
+    if floor and chat["labelled"]:
+        written = sum(v for (_, _, kind, _), v in chat["labelled"].items() if kind == "write")
+        out.append(
+            Figure(
+                "cost",
+                "DynamoDB write units of a chat turn / its floor",
+                f"{written:.0f} WCU",
+                f"{floor['write']:.0f} WCU",
+                written / floor["write"],
+                2.0,
+                "lower",
+                counted=True,
+            )
+        )
+    return out
 
 
 def _floor_costs(arc: Arc) -> dict[str, float]:
@@ -478,19 +581,19 @@ def _kind_lines(arc: Arc) -> list[str]:
     return lines
 
 
-def _waiting_sweep(arcs: dict[str, Arc]) -> tuple[float, int, float]:
-    """What one waiting session adds to a sweep (USD: the DynamoDB units of ``approval_day``'s sweep while it
-    waits, less its sweep once it ended; never below 0), the schedule's minutes and the template's wait."""
-    day = arcs.get("approval_day", {})
+def _waiting_sweep(arcs: dict[str, Arc], name: str) -> tuple[float, int, float]:
+    """What the arc's waiting session adds to a sweep (USD: the DynamoDB units of its own sweep while it waits,
+    less its sweep once it ended; never below 0), the schedule's minutes and the template's wait."""
+    arc = arcs.get(name, {})
     sweep = arcs.get("sweep", {})
     every, wait_s = int(sweep.get("every_minutes", 5)), float(sweep.get("wait_seconds", 7 * 86_400))
-    if "sweep_waiting" not in day:
+    if "sweep_waiting" not in arc:
         return 0.0, every, wait_s
 
     def usd(units: dict[tuple[str, str, str], float]) -> float:
-        return sum(v for k, v in bill(units, {}, 0).items() if k != "model")
+        return _aws(bill(units, {}, 0))
 
-    return max(0.0, usd(day["sweep_waiting"]) - usd(day.get("sweep_after", {}))), every, wait_s
+    return max(0.0, usd(arc["sweep_waiting"]) - usd(arc.get("sweep_after", {}))), every, wait_s
 
 
 def _sweep_lines(arc: Arc) -> list[str]:
@@ -541,6 +644,7 @@ def run() -> list[Figure]:
         return []
     for line in report(arcs):
         print(line)
+    checked = figures(arcs)
     from .workloads import EVENTS_PER_TURN, TURNS
 
     print(f"  write units of a W1 commit ({EVENTS_PER_TURN} events of 1 KB, the last of {TURNS}), by commit path:")
@@ -552,4 +656,4 @@ def run() -> list[Figure]:
         )
     if QUICK:
         print("  (BENCH_QUICK: the arcs are the same size; only the warm-up differs)")
-    return []
+    return checked

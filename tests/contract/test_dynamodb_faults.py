@@ -191,7 +191,7 @@ def test_throttled_calls_are_retried_by_botocore(world: World) -> None:
     world.faults.throttle("BatchWriteItem", 2)
     result = world.writer.commit(world.row(), _events("t", 5), 1)
     assert result.ok and result.version == 2
-    assert world.faults.sent["UpdateItem"] - before == 3  # the gate after two throttled attempts (no finish update)
+    assert world.faults.sent["UpdateItem"] - before == 4  # the gate after two throttled attempts, the finish
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
 
 
@@ -237,8 +237,8 @@ def test_writer_dies_right_after_the_gate_and_the_next_writer_repairs_the_stale_
 
 def test_writer_dies_after_the_events_before_the_marker_is_cleared(world: World) -> None:
     _seeded(world)
-    # the finish: the meta update, the touch, the superseded one
-    _dies_at(world, "TransactWriteItems", 1, world.row(status="done"), _events("whole", 30), 1)
+    # the finish: the meta item's update (the gate was the first), which moves its listing entry
+    _dies_at(world, "UpdateItem", 2, world.row(status="done"), _events("whole", 30), 1)
     assert world.raw_event_items() == 40  # every event item is there...
     assert world.ids() == _events_ids("base", 10) and world.version() == 1  # ...and none is visible
     assert [s.version for s in world.reader.list(world.app)] == [1]
@@ -269,18 +269,21 @@ def test_a_rolled_forward_commit_lands_its_scoped_changes(world: World) -> None:
     _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("s", 3))
 
 
-# -- a commit whose touch rides in its finish (no events, or a last batch too full for it) -------------
+# -- a commit's finish moves the session's listing entry (its meta item), events or none -----------------
 
 
-def _touches(world: World) -> dict[int, str | None]:
-    """The session's touches that are not marked expired: ``updated_at`` -> the grant that wrote it."""
+def _entries(world: World) -> dict[int, str | None]:
+    """The session's listing entries (items with ``lpk``): its meta item, ``updated_at`` -> the grant of its last
+    commit, and any touch an earlier layout left (not marked expired) -> the grant that wrote it."""
     answer = world.writer_client.query(
         TableName=world.table,
-        KeyConditionExpression="pk = :pk AND begins_with(sk, :t)",
-        ExpressionAttributeValues={":pk": {"S": session_pk(world.app, world.sid)}, ":t": {"S": "T#"}},
+        KeyConditionExpression="pk = :pk",
+        ExpressionAttributeValues={":pk": {"S": session_pk(world.app, world.sid)}},
+        ProjectionExpression="sk, lpk, lsk, t, g, expires_at",
         ConsistentRead=True,
     )
-    return {int(t["lsk"]["N"]): t.get("t", {}).get("S") for t in answer["Items"] if "expires_at" not in t}
+    entries = [e for e in answer["Items"] if "lpk" in e and (e["sk"]["S"] == "#M" or "expires_at" not in e)]
+    return {int(e["lsk"]["N"]): (e.get("t") or e.get("g", {})).get("S") for e in entries}
 
 
 def _listed(world: World) -> list[tuple[str, int, str | None, int]]:
@@ -291,10 +294,10 @@ def _listed(world: World) -> list[tuple[str, int, str | None, int]]:
 def test_writer_dies_before_a_finish_carrying_the_touch_and_repair_rolls_it_forward(world: World, count: int) -> None:
     _seeded(world)
     at = world.clock.advance(1000)
-    # the events filled their batches: the touch rides here
-    _dies_at(world, "TransactWriteItems", 1, world.row(status="done"), _events("full", count), 1)
+    # the events filled their batches; the finish (the gate was the first update) would move the entry
+    _dies_at(world, "UpdateItem", 2, world.row(status="done"), _events("full", count), 1)
     assert world.raw_event_items() == 10 + count  # every event item is there...
-    assert world.ids() == _events_ids("base", 10) and at not in _touches(world)  # ...none visible, no touch
+    assert world.ids() == _events_ids("base", 10) and at not in _entries(world)  # ...none visible, not moved
     assert [row[:3] for row in _listed(world)] == [("s-1", 1, None)]
 
     world.clock.advance(1)
@@ -302,16 +305,16 @@ def test_writer_dies_before_a_finish_carrying_the_touch_and_repair_rolls_it_forw
     assert (report.action, report.items_found, report.items_expected) == ("rolled_forward", count, count)
     assert world.ids() == _events_ids("base", 10) + _events_ids("full", count)
     assert _listed(world) == [("s-1", 2, "done", at)]  # listed once, at the commit's own time
-    assert _touches(world)[at] is not None  # the roll-forward wrote the touch with the finish
+    assert _entries(world)[at] is not None  # the roll-forward moved the entry with the finish
     _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("full", count))
     assert len(_listed(world)) == 1
 
 
 @pytest.mark.parametrize("scopes", [{}, {"user": "u-1"}])
 def test_a_create_with_no_events_dying_after_its_gate_is_rolled_back(world: World, scopes: dict[str, str]) -> None:
-    # The gate is an UpdateItem, or with bound scopes a transaction with the binding entries; the finish, a
-    # transaction with the touch.
-    _dies_at(world, "TransactWriteItems", 2 if scopes else 1, world.row(scopes=scopes), [], 0)
+    # The gate is an UpdateItem, or with bound scopes a transaction with the binding entries; the finish, the
+    # meta item's update.
+    _dies_at(world, "UpdateItem", 1 if scopes else 2, world.row(scopes=scopes), [], 0)
     assert world.reader.load(world.app, world.sid) is None and _listed(world) == []
     # While its marker stands the create is in flight: an erasure of its scope finds it.
     assert world.reader.bound_sessions(world.app, "user", "u-1") == (["s-1"] if scopes else [])
@@ -319,7 +322,7 @@ def test_a_create_with_no_events_dying_after_its_gate_is_rolled_back(world: Worl
     world.clock.advance(1)
     (report,) = world.store().repair_pending(older_than_s=0)
     assert (report.action, report.items_found, report.items_expected) == ("rolled_back", 0, 0)
-    assert world.reader.load(world.app, world.sid) is None and _listed(world) == [] and _touches(world) == {}
+    assert world.reader.load(world.app, world.sid) is None and _listed(world) == [] and _entries(world) == {}
     assert world.reader.bound_sessions(world.app, "user", "u-1") == []
     assert world.store().repair_pending(older_than_s=0) == []
     created = world.store().commit(world.row(scopes=scopes), [], 0)
@@ -353,7 +356,7 @@ def test_a_sweeper_rolling_back_a_slow_writer_with_no_events_keeps_its_touch_out
     _seeded(world)
     at = world.clock.advance(1000)
     arrived, resume = threading.Event(), threading.Event()
-    world.faults.pause("TransactWriteItems", 1, arrived, resume)  # a status change: its gate, then its finish
+    world.faults.pause("UpdateItem", 2, arrived, resume)  # a status change: its gate, then its finish
     results: dict[str, Any] = {}
     slow = threading.Thread(target=lambda: results.update(r=world.writer.commit(world.row(status="x"), [], 1)))
     slow.start()
@@ -361,11 +364,11 @@ def test_a_sweeper_rolling_back_a_slow_writer_with_no_events_keeps_its_touch_out
     world.clock.advance(1)
     (report,) = world.store().repair_pending(older_than_s=0)
     assert report.action == "rolled_back"
-    resume.set()  # its finish (with the touch) is refused whole: the marker is gone
+    resume.set()  # its finish (moving the entry) is refused: the marker is gone
     slow.join(timeout=30)
     assert not slow.is_alive()
     assert (results["r"].ok, results["r"].version) == (False, 1)
-    assert [row[:3] for row in _listed(world)] == [("s-1", 1, None)] and at not in _touches(world)
+    assert [row[:3] for row in _listed(world)] == [("s-1", 1, None)] and at not in _entries(world)
     _takes_the_next_commit(world, 1, _events_ids("base", 10))
 
 
@@ -387,7 +390,7 @@ def test_a_sweeper_rolling_back_a_slow_writer_mid_events_on_the_finish_touch_pat
     assert not slow.is_alive()
     assert (results["r"].ok, results["r"].version) == (False, 2)
     assert world.ids() == _events_ids("base", 10) + _events_ids("other", 2)
-    assert [row[:2] for row in _listed(world)] == [("s-1", 2)] and slow_at not in _touches(world)
+    assert [row[:2] for row in _listed(world)] == [("s-1", 2)] and slow_at not in _entries(world)
     _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("other", 2))
 
 
@@ -403,7 +406,7 @@ def test_a_gate_meeting_a_transaction_is_resent_and_the_commit_lands_once(world:
     world.faults.error("UpdateItem", _CONFLICT, attempts=3)
     result = world.writer.commit(world.row(), _events("t", 5), 1)
     assert (result.ok, result.version, result.appended) == (True, 2, 5)
-    assert world.faults.sent["UpdateItem"] - before == 3 + 1  # three refused gates, the gate
+    assert world.faults.sent["UpdateItem"] - before == 3 + 1 + 1  # three refused gates, the gate, the finish
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
     _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("t", 5))
 
@@ -469,7 +472,7 @@ def test_a_gate_whose_answer_was_lost_finds_its_own_marker_and_commits(world: Wo
     world.faults.lose("UpdateItem")  # DynamoDB applies the gate; botocore times out and sends it again
     result = world.writer.commit(world.row(), _events("t", 5), 1)
     assert (result.ok, result.version, result.appended) == (True, 2, 5)
-    assert world.faults.sent["UpdateItem"] - before == 2  # the lost gate, its re-send
+    assert world.faults.sent["UpdateItem"] - before == 3  # the lost gate, its re-send, the finish
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
     assert world.store().repair_pending(older_than_s=0) == []
     _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("t", 5))
@@ -512,15 +515,15 @@ def test_a_finish_whose_answer_was_lost_is_a_commit_that_landed_once(
 ) -> None:
     _seeded(world)
     # DynamoDB applies the finish and its answer is lost; botocore sends it again and finds the marker gone.
-    # The finish is the commit's TransactWriteItems (the touches ride there; its re-send carries the same
-    # idempotency token).
-    world.faults.lose("TransactWriteItems", nth=1)
+    # The finish is the meta item's update (the gate was the first), or with scoped changes a TransactWriteItems
+    # (its re-send carries the same idempotency token).
+    world.faults.lose("TransactWriteItems" if changes else "UpdateItem", nth=1 if changes else 2)
     before = world.faults.sent["UpdateItem"]
     result = world.writer.commit(world.row(), _events("t", 5), 1, changes)
     assert (result.ok, result.version, result.appended) == (True, 2, 5)
     assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
     assert world.reader.load_scoped_state(world.app, "user", "u-1") == ({"name": "Ada"} if changes else {})
-    assert world.faults.sent["UpdateItem"] - before == 1  # the gate
+    assert world.faults.sent["UpdateItem"] - before == (1 if changes else 3)  # the gate (the finish, its re-send)
     assert world.store().repair_pending(older_than_s=0) == []
 
 
@@ -602,7 +605,7 @@ def test_a_rolled_back_writer_dying_after_its_late_writes_leaves_them_invisible(
     _seeded(world)
     arrived, resume = threading.Event(), threading.Event()
     world.faults.pause("BatchWriteItem", 2, arrived, resume)  # after 25 of 60 items
-    world.faults.die("TransactWriteItems", 1)  # and it dies at its finish, so it never cleans up after itself
+    world.faults.die("UpdateItem", 2)  # and it dies at its finish, so it never cleans up after itself
     died: list[BaseException] = []
 
     def slow() -> None:
@@ -648,8 +651,8 @@ def test_a_rolled_back_commit_never_lands_its_scoped_changes(world: World) -> No
 
 @pytest.mark.parametrize(
     ("finish", "nth", "count"),
-    [("TransactWriteItems", 1, 7), ("TransactWriteItems", 1, 24)],  # the finish carries the touches
-    ids=["touch-after-the-events", "touch-in-the-finish"],
+    [("UpdateItem", 2, 7), ("UpdateItem", 2, 24)],  # the finish: the gate was the first update
+    ids=["a-batch-with-room", "a-full-batch"],
 )
 def test_a_sweeper_rolling_forward_a_slow_writer_lets_the_writer_succeed(
     world: World, finish: str, nth: int, count: int
@@ -672,12 +675,12 @@ def test_a_sweeper_rolling_forward_a_slow_writer_lets_the_writer_succeed(
     assert not slow.is_alive()
     assert (results["r"].ok, results["r"].version, results["r"].appended) == (True, 2, count)
     assert world.ids() == _events_ids("base", 10) + _events_ids("slow", count)
-    assert [row[:2] for row in _listed(world)] == [("s-1", 2)] and at in _touches(world)
+    assert [row[:2] for row in _listed(world)] == [("s-1", 2)] and at in _entries(world)
 
 
 def test_two_sweepers_racing_repair_a_marker_once(world: World) -> None:
     _seeded(world)
-    _dies_at(world, "TransactWriteItems", 1, world.row(), _events("x", 4), 1)  # the finish
+    _dies_at(world, "UpdateItem", 2, world.row(), _events("x", 4), 1)  # the finish
     world.clock.advance(1)
     sweepers = [world.store() for _ in range(4)]
     barrier = threading.Barrier(len(sweepers), timeout=30)
@@ -792,7 +795,7 @@ def test_a_commit_that_fits_one_transaction_is_one_call(world: World) -> None:
     other.load("warm-up", "nothing")  # its first call reads the table's shard counts
     faults.calls.clear()
     assert other.commit(world.row(), _events("o", 2), 2).ok
-    assert dict(faults.calls) == {"UpdateItem": 1, "BatchWriteItem": 1, "TransactWriteItems": 1}
+    assert dict(faults.calls) == {"UpdateItem": 2, "BatchWriteItem": 1}
     faults.calls.clear()
     assert other.commit(world.row(), _events("p", 2), 3).ok
     assert dict(faults.calls) == {"TransactWriteItems": 1}
@@ -979,7 +982,7 @@ def test_an_id_item_of_a_rolled_back_writer_never_makes_its_event_look_stored(wo
     arrived, resume = threading.Event(), threading.Event()
     world.faults.pause("BatchWriteItem", 2, arrived, resume)  # after 25 of its 30 event items, no id item yet
     if dies:
-        world.faults.die("TransactWriteItems", 1)  # its finish: it never cleans up after itself
+        world.faults.die("UpdateItem", 2)  # its finish: it never cleans up after itself
     results: dict[str, Any] = {}
 
     def commit() -> None:

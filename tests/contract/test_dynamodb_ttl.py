@@ -156,9 +156,9 @@ def test_items_stored_without_expiry_get_one_and_lose_it_when_retention_goes(
 @pytest.mark.parametrize(
     ("count", "finish", "action"),
     [
-        (30, ("TransactWriteItems", 1), "rolled_forward"),  # 30 events: the finish carries the touches
-        (24, ("TransactWriteItems", 1), "rolled_forward"),  # the touch rides in the finish
-        (0, ("TransactWriteItems", 1), "rolled_back"),  # nothing shows it got past its gate (and refresh)
+        (30, ("UpdateItem", 2), "rolled_forward"),  # 30 events: the finish, the meta item's update (the gate first)
+        (24, ("UpdateItem", 2), "rolled_forward"),  # a full last batch: the same finish
+        (0, ("UpdateItem", 2), "rolled_back"),  # nothing shows it got past its gate (and refresh)
     ],
 )
 def test_a_commit_cut_off_during_or_after_its_refresh_never_leaves_an_item_below_the_meta_item(

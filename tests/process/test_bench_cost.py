@@ -404,10 +404,19 @@ def test_bench_cost_runs_on_the_quick_sizes_and_prints_its_table(dynamodb_endpoi
         assert len(re.findall(rf"^\s+{line}\s+\$\s*[\d,.]+ per million turns$", out, re.M)) == 5, line
     chat_wait = re.search(r"lambda model wait\s+\$\s*([\d,.]+) per million", chat)
     assert chat_wait and float(chat_wait[1].replace(",", "")) > 0  # at the stated latency
-    # late answers: a day late, or never (Expire at the timeout), each within 10% of one answered at once
-    late = dict(re.findall(r"^\s+(answered after a day|reaches its timeout)\s+\$.*\(([+-][\d.]+)%\)$", out, re.M))
+    # late answers: a day late, or never (Expire at the timeout), each within 10% of the same work done at once
+    # (either way: far below would be something left unbilled), the timed-out one's work named against an
+    # answered one's; and the section's figures, with their targets, for --check
+    late = dict(re.findall(r"^\s+(answered after a day|reaches its timeout)\s+\$.*?\(([+-][\d.]+)%", out, re.M))
     assert set(late) == {"answered after a day", "reaches its timeout"}, out[-3000:]
-    assert all(float(change) <= 10 for change in late.values()), late
+    assert all(abs(float(change)) <= 10 for change in late.values()), late
+    assert re.search(r"and against one answered at once \$[\d,.]+ \(-[\d.]+%\): not a cost left out", out)
+    checked = dict(re.findall(r"^\s+(?:ok  |MISS) (.+?)\s+([\d.]+)x \(target", out, re.M))
+    assert set(checked) == {
+        "approval answered a day late / at once ($)",
+        "approval timed out / its path ending at once ($)",
+        "DynamoDB write units of a chat turn / its floor",
+    }, out[-2000:]
     arcs = ((chat, {"run", "resume"}), (approval, {"run", "resume", "park", "tools"}), (commit, {"commit"}))
     for arc, functions in arcs:
         units = {(f, place, kind): float(v) for f, place, kind, v in LINE.findall(arc)}
@@ -432,3 +441,30 @@ def test_bench_cost_runs_on_the_quick_sizes_and_prints_its_table(dynamodb_endpoi
     # a W1 commit on each path: one call, its index entries written once each
     one_call = re.search(r"one call\s+1 calls: table (\d+), .*index listing (\d+)", sweep)
     assert one_call and int(one_call[1]) > 0 and int(one_call[2]) >= 1, sweep[-600:]
+
+
+def test_late_answers_are_checked_against_the_same_work_at_once_either_way() -> None:
+    from bench.common import Figure
+    from bench.cost import figures
+
+    def arc(units: float, transitions: int, **extra: Any) -> dict[str, Any]:
+        return {"units": {("resume", T, "write"): units}, "harness": {"transitions": transitions}, **extra}
+
+    def arcs(waiting_reads: float, chat_units: float) -> dict[str, Any]:
+        return {
+            "approval": arc(100.0, 9),
+            "approval_day": arc(100.0, 9, sweep_waiting={}, sweep_after={}),
+            # a sleeping wait read by every sweep: 2,016 sweeps over 7 days at rate(5 minutes)
+            "approval_timeout": arc(50.0, 6, sweep_waiting={("sweeper", f"{T}/due", "read"): waiting_reads}),
+            "sweep": {"every_minutes": 5, "wait_seconds": 7 * 86_400},
+            "chat": {"labelled": {("resume", T, "write", "event"): chat_units}, "floor": {"write": 20.0}},
+        }
+
+    checked = {f.name: f for f in figures(arcs(0.0, 40.0))}
+    day, timeout, chat = checked.values()
+    assert (day.ratio, timeout.ratio, chat.ratio) == (1.0, 1.0, 2.0) and all(f.ok for f in checked.values())
+    assert "against one answered at once" in timeout.note  # it does less work: said, not hidden
+    slept = {f.name: f for f in figures(arcs(0.5, 41.0))}
+    assert not slept[timeout.name].ok and slept[timeout.name].ratio > 1.1 and not slept[chat.name].ok
+    # within: a ratio far below 1 misses as one above does (something left unbilled)
+    assert not Figure("s", "n", "", "", 0.59, 0.10, "within").ok and Figure("s", "n", "", "", 0.95, 0.10, "within").ok

@@ -239,10 +239,10 @@ class _Commit(_Calls):
             )
             values[":e"] = {"N": str(expected)}
         if expected:
-            # The condition rules out a marker (``pending``, ``ppk``, ``psk``), and a meta item of this layout has
-            # no listing entry of its own (``lpk``, ``plsk``) unless the one known has: none to remove. (A create
-            # may replace an expired incarnation, whatever it held: it removes everything.)
-            gone = {"pending", "ppk", "psk", *(name for name in ("lpk", "plsk") if name not in old)}
+            # The condition rules out a marker (``pending``, ``ppk``, ``psk``), and a superseded touch of an
+            # earlier layout (``plsk``) only if the one known has it: none to remove. (A create may replace an
+            # expired incarnation, whatever it held: it removes everything.)
+            gone = {"pending", "ppk", "psk", *(name for name in ("plsk",) if name not in old)}
             removes = ", ".join(name for name in removes.split(", ") if name not in gone)
         update["UpdateExpression"] = f"SET {sets} REMOVE {removes}"
         update["ConditionExpression"] = condition
@@ -278,11 +278,12 @@ class _Commit(_Calls):
         return None
 
     def _landed(self, pk: str, plan: _Plan, grant: str) -> bool:
-        """Whether a one-call commit whose answer was lost applied: its touch is there, with its grant."""
-        touch = self._call(
-            "get_item", TableName=self._table, Key=_key(pk, plan.touch), ProjectionExpression="t", ConsistentRead=True
+        """Whether a one-call commit whose answer was lost applied: the meta item holds its grant (``g``, the
+        last commit's), as only this transaction sets it."""
+        meta = self._call(
+            "get_item", TableName=self._table, Key=_key(pk, META_SK), ProjectionExpression="g", ConsistentRead=True
         ).get("Item")
-        return touch is not None and touch.get("t", {}).get("S") == grant
+        return meta is not None and meta.get("g", {}).get("S") == grant
 
     def _remember(self, pk: str, meta: Mapping[str, Any]) -> None:
         if "pending" in meta:
@@ -310,7 +311,7 @@ class _Commit(_Calls):
             update = "SET #id = :id, created_at = :created, scopes = :so, inc = :inc, version = :zero"
             # An expired session is gone: its id may be taken again, as after a delete (a new incarnation).
             condition = "attribute_not_exists(pk) OR #x <= :now"
-            removes = ["bf", "hi", "dead", "lsk", "plsk", "xh", "#x", "#st", "lpk", "rpk", "dpk", "#du"]
+            removes = ["bf", "hi", "dead", "lsk", "plsk", "xh", "#x", "#st", "lpk", "spk", "rpk", "dpk", "#du"]
             names["#st"] = "status"
             names["#du"] = "due"
             values |= {
@@ -479,18 +480,15 @@ class _Commit(_Calls):
     def _finish(
         self, pk: str, marker: _Marker, ids: IdFilter, plan: _Plan, origin: Mapping[str, Any]
     ) -> dict[str, Any]:
-        """Make the marker's version the stored one and clear the marker; with its scoped writes and (when
-        they ride here, ``_Marker.touch_in_finish``) its touches, atomically.
-
-        It also drops a listing entry the meta item carried itself (``lpk``, written before touches):
-        from here the session's touches list it."""
+        """Make the marker's version the stored one and clear the marker (the meta item is the session's listing
+        entry: this moves it); with its scoped writes and the delete of any touch an earlier layout left as the
+        session's entry, atomically."""
         app_name = split_session_pk(pk)[0]
         update = self._commit_update(pk, marker, ids, plan)
         update["ConditionExpression"] = "pending.t = :t"
         update["ExpressionAttributeValues"][":t"] = {"S": marker.grant}
         writes = [_transact_item(self._table, app_name, ScopedWrite(*write)) for write in json.loads(marker.scoped)]
-        if marker.touch_in_finish:
-            writes += self._touches(pk, plan, marker, origin)
+        writes += self._touches(pk, plan, marker, origin)
         if not writes:
             try:
                 self._call("update_item", **update)
@@ -512,11 +510,15 @@ class _Commit(_Calls):
             ":u": {"N": str(plan.updated_at)},
             ":bf": {"B": ids.dump()},
         }
-        sets = "#v = :v, lsk = :u, bf = :bf"
+        # The meta item is the session's entry in the listing and status indexes (``lpk``/``spk`` with ``lsk``):
+        # the commit's own write moves it, no touch item to put and none to delete (``_touches``).
+        values[":lpk"] = {"S": listing_key(app_name, session_id, self._listing_shards)}
+        values[":g"] = {"S": marker.grant}
+        sets = "#v = :v, lsk = :u, lpk = :lpk, g = :g, bf = :bf"
         if ids.greatest is not None:  # "" (no event yet) too: only a meta item without it is read as unknown
             values[":hi"] = {"S": ids.greatest}
             sets += ", hi = :hi"
-        removes = "pending, ppk, psk, lpk"
+        removes = "pending, ppk, psk"
         removes += ", plsk"  # an earlier layout's superseded touch: deleted by this commit now
         for name, value in (("#x", plan.expires), ("xh", plan.horizon)):
             if value is None:
@@ -525,10 +527,11 @@ class _Commit(_Calls):
                 sets += f", {name} = :{name.lstrip('#')}"
                 values[f":{name.lstrip('#')}"] = {"N": str(value)}
         if marker.status is None:
-            removes += ", #st"
+            removes += ", #st, spk"
         else:
-            sets += ", #st = :st"
+            sets += ", #st = :st, spk = :spk"
             values[":st"] = {"S": marker.status}
+            values[":spk"] = {"S": f"{marker.status}#{values[':lpk']['S']}"}  # its entry in the status index
         # The running index's key goes with the status, in this same write: an index write only when the
         # session goes into or out of ``running`` or of waiting (the value is the same on every commit in
         # between, and for ``awaiting_input`` and ``resumable`` alike).
@@ -557,33 +560,16 @@ class _Commit(_Calls):
     def _touches(
         self, pk: str, plan: _Plan, marker: _Marker, origin: Mapping[str, Any]
     ) -> builtins.list[dict[str, Any]]:
-        """The commit's touch (its listing entry, carrying the row a listing shows) and the delete of the touch
-        it supersedes, as ``TransactWriteItems`` entries: 2 listing-index writes, and the index never holds a
-        session's superseded entry once it has caught up. ``origin`` is the meta item (or the create's row)
-        the commit keeps ``created_at`` and ``forked_from`` from."""
-        app_name, session_id = split_session_pk(pk)
-        touch: dict[str, Any] = {
-            "pk": {"S": pk},
-            "sk": {"S": plan.touch},
-            "lpk": {"S": listing_key(app_name, session_id, self._listing_shards)},
-            "lsk": {"N": str(plan.updated_at)},
-            "t": {"S": marker.grant},
-            "version": {"N": str(marker.version)},
-            "created_at": origin.get("created_at", {"N": "0"}),
-        }
-        if marker.status is not None:
-            touch["status"] = {"S": marker.status}
-            touch["spk"] = {"S": f"{marker.status}#{touch['lpk']['S']}"}  # its entry in the status index
-        if "forked_from" in origin:
-            touch["forked_from"] = origin["forked_from"]
-        if plan.expires is not None:
-            touch["mx"] = {"N": str(plan.expires)}  # the session's expiry: a listing hides it from then on
-        if plan.horizon is not None:
-            touch[TTL] = {"N": str(plan.horizon)}
-        writes: builtins.list[dict[str, Any]] = [{"Put": {"TableName": self._table, "Item": touch}}]
-        if plan.previous is not None:
-            writes.append({"Delete": {"TableName": self._table, "Key": _key(pk, touch_sk(plan.previous))}})
-        return writes
+        """The deletes, as ``TransactWriteItems`` entries, of the touches an earlier layout kept as the session's
+        listing entry: the one the meta item this commit builds on was listed by (``_Plan.previous``), and the
+        commit's own when a writer of that layout put it in its batches (a marker without ``touch_in_finish``,
+        rolled forward here). The meta item is the entry from this commit on, so a session of this layout has
+        none: no write. ``origin`` is unused (the meta item keeps ``created_at`` and ``forked_from``)."""
+        del origin
+        stale = {plan.previous} if plan.previous is not None else set()
+        if not marker.touch_in_finish:
+            stale.add(plan.updated_at)
+        return [{"Delete": {"TableName": self._table, "Key": _key(pk, touch_sk(at))}} for at in sorted(stale)]
 
     def _drop_stale_touch(self, pk: str, plan: _Plan) -> None:
         """Delete a touch an earlier layout left for the next commit to mark (``plsk``): once, best effort."""
@@ -666,7 +652,8 @@ class _Commit(_Calls):
             return appended  # a repair rolled it forward: the commit landed
         with contextlib.suppress(StoreError):  # invisible already; deleting them only saves space
             self._write_batches([{"DeleteRequest": {"Key": {"pk": i["pk"], "sk": i["sk"]}}} for i in items])
-            self._drop_touch(pk, plan, marker.grant, item)
+            if not marker.touch_in_finish:  # an earlier layout's writer put its touch in the batches
+                self._drop_touch(pk, plan, marker.grant, item)
         if item is None:
             return Refused(0)
         return _refused(item)

@@ -19,8 +19,9 @@ A session partition ``S#{app}#{session_id}`` holds, in sort-key order:
   id the meta item's filter flags is found with one consistent ``GetItem``/``BatchGetItem`` of these keys,
   without a local index (which would cap the partition at 10 GB and keep it from splitting). It sorts
   after the events, so a load (``sk < "I#"``) never reads it;
-* one small *touch* item per session, ``sk = "T#{updated_at:013d}"``: the only items the listing and
-  status indexes hold. A commit puts its touch and deletes the one it superseded, in its own transaction.
+* the meta item is the session's listing and status entry (``lpk``, ``spk``, ``lsk``), moved by each
+  commit's write of it. The layout before kept a small *touch* item per session, ``sk = "T#{updated_at:013d}"``,
+  as that entry: its next commit deletes it.
 
 Outside it, ``B#{app}#{scope}#{scope_id}`` lists the sessions bound to one person (``sk`` = session id):
 written with the gate that creates the session (one transaction), deleted with it, read by an erasure.

@@ -23,13 +23,12 @@ class _Listing(_Calls):
     ) -> builtins.list[SessionListing]:
         """The shards' entries merged newest first: Queries of the listing index only, no read of the table.
 
-        Each entry is a session's touch, written with the commit that made it (in its transaction or its
-        finish), carrying the row a listing shows (``version``, ``status``, ``created_at``, the expiry ``mx``),
-        which the index projects; the commit deletes the touch it superseded. So the index holds only
-        committed positions, and while it lags a commit it still holds the session's previous touch: a
-        listing shows every committed session, at its newest position once the index has caught up, and
-        never twice (a session's first, newest, entry wins). A meta item written by release 0.1 is its own
-        entry (it carries ``lpk`` and the same attributes) until its next commit.
+        Each entry is a session's meta item, moved by the write that lands each commit (its transaction or its
+        finish), carrying the row a listing shows (``version``, ``status``, ``created_at``, the expiry), which the
+        index projects. So the index holds only committed positions, and while it lags a commit it still
+        holds the session's previous position: a listing shows every committed session, at its newest
+        position once the index has caught up, and never twice (a session's first, newest, entry wins, while
+        an earlier layout's touch, ``mx`` its expiry, is on its way out at the session's next commit).
 
         With ``status``, the same from the status index, whose partitions hold only that status's touches: the
         shard streams read on (page after page) until the listing is full or they run out, so a page is never

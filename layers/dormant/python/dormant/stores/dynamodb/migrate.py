@@ -13,9 +13,9 @@ table of ``table.TABLE``'s shape, converting what changed:
 * every meta item is copied without the listing entry a release 0.1 meta item carried itself (``lpk``) and
   without an earlier layout's superseded touch (``plsk``), with the running index's key (``rpk``) for a
   running session, the due index's (``dpk`` + ``due``: its own, else its last commit) for a waiting one, and a
-  pending marker's key (``ppk``), for the new table's shard counts; and the session gets **one touch**, built
-  from the meta item (its listing and status index entry, with the row a listing shows). The old table's
-  touches are not copied: a session has exactly one entry in the new table, keyed for its shard counts;
+  pending marker's key (``ppk``), for the new table's shard counts; and the meta item is the session's listing
+  and status entry (``lpk``/``spk`` for the new shard counts, with the row a listing shows: ``touches`` counts
+  them). The old table's touches are not copied: a session has exactly one entry in the new table;
 * snapshots, shared-scope values (``X#``), binding entries (``B#``) and any other item (the API's
   idempotency records) are copied as they are; the old layout item is replaced by the new table's.
 
@@ -51,15 +51,12 @@ from .keys import (
     pending_key,
     running_key,
     split_session_pk,
-    touch_sk,
 )
 from .store import DEFAULT_LISTING_SHARDS, DEFAULT_PENDING_SHARDS, LAYOUT_KEY, create_table
 from .table import LAYOUT_FORMAT, TABLE
 
-__all__ = ["MIGRATED_GRANT", "MigrationReport", "migrate_table"]
+__all__ = ["MigrationReport", "migrate_table"]
 
-MIGRATED_GRANT = "00000000"
-"""The grant a touch made by the migration carries (a grant is 8 hex digits; no commit draws this one)."""
 PROGRESS_PK = "#migration"
 _BATCH = 25
 _RUNNING = "running"
@@ -83,7 +80,7 @@ class MigrationReport:
     pages: int = 0
     items_read: int = 0
     sessions: int = 0
-    """Meta items written (each with its touch, once it has a committed version)."""
+    """Meta items written (each its own listing entry, once it has a committed version)."""
     events: int = 0
     """Event items copied (chunks included)."""
     id_items: int = 0
@@ -93,7 +90,7 @@ class MigrationReport:
     bindings: int = 0
     other: int = 0
     not_copied: int = 0
-    """The old table's touches (rebuilt from the meta items), its layout and progress items."""
+    """The old table's touches (each session's entry is its meta item), its layout and progress items."""
     kept_newer: int = 0
     """Sessions the new table already held at a later version (left as they were, with their events copied)."""
     written: int = 0
@@ -255,8 +252,14 @@ class _Copier:
 
     def _meta(self, pk: str, item: dict[str, Any]) -> None:
         app_name, session_id = split_session_pk(pk)
-        meta = {name: value for name, value in item.items() if name not in ("lpk", "plsk", "rpk", "ppk", "dpk")}
+        dropped = ("lpk", "spk", "plsk", "rpk", "ppk", "dpk")
+        meta = {name: value for name, value in item.items() if name not in dropped}
         status = meta.get("status", {}).get("S")
+        if int(meta.get("version", {"N": "0"})["N"]) > 0 and "lsk" in meta:
+            # The meta item is the session's listing (and status) entry, keyed for the new shard counts.
+            meta["lpk"] = {"S": listing_key(app_name, session_id, self.listing)}
+            if status is not None:
+                meta["spk"] = {"S": f"{status}#{meta['lpk']['S']}"}
         if status == _RUNNING:
             meta["rpk"] = {"S": running_key(app_name, session_id, self.pending)}
         elif status in _WAITING:  # a wait is on the due index, as a commit puts it; due when it was (else now)
@@ -280,9 +283,8 @@ class _Copier:
             return
         self.report.written += 1
         self.report.sessions += 1
-        if int(meta["version"]["N"]) > 0 and "lsk" in meta:
-            self.report.touches += 1
-            self._put(touch_of(meta, pk, self.listing))
+        if "lpk" in meta:
+            self.report.touches += 1  # its listing entry: the meta item itself
 
     def flush(self) -> None:
         waiting = list(self.puts.values())
@@ -299,33 +301,6 @@ class _Copier:
                 time.sleep(min(1.0, 0.05 * 2**attempt))
             else:
                 raise StoreError(f"DynamoDB left {len(requests)} items unwritten in {self.table!r}: run again")
-
-
-def touch_of(meta: Mapping[str, Any], pk: str, listing_shards: int) -> dict[str, Any]:
-    """The touch a session's meta item stands for: the entry the listing and status indexes hold, with the row a
-    listing shows, as a commit writes it (``DynamoDBSessionStore._touches``)."""
-    app_name, session_id = split_session_pk(pk)
-    updated_at = int(meta["lsk"]["N"])
-    touch: dict[str, Any] = {
-        "pk": {"S": pk},
-        "sk": {"S": touch_sk(updated_at)},
-        "lpk": {"S": listing_key(app_name, session_id, listing_shards)},
-        "lsk": {"N": str(updated_at)},
-        "t": {"S": MIGRATED_GRANT},
-        "version": meta["version"],
-        "created_at": meta.get("created_at", {"N": "0"}),
-    }
-    if "status" in meta:
-        touch["status"] = meta["status"]
-        touch["spk"] = {"S": f"{meta['status']['S']}#{touch['lpk']['S']}"}
-    if "forked_from" in meta:
-        touch["forked_from"] = meta["forked_from"]
-    if "expires_at" in meta:
-        touch["mx"] = meta["expires_at"]
-    horizon = meta.get("xh", meta.get("expires_at"))
-    if horizon is not None:
-        touch["expires_at"] = horizon
-    return touch
 
 
 def _ready(client: Any, table: str, create: bool) -> bool:

@@ -98,7 +98,8 @@ class _Plan:
     stale: int | None
     """The ``updated_at`` of a superseded touch to mark expired now (the meta item's ``plsk``)."""
     previous: int | None
-    """The touch this commit supersedes (the next commit marks it): the meta item's new ``plsk``."""
+    """The touch an earlier layout listed the session by (the meta item it builds on has no ``lpk``), which
+    this commit deletes as it makes the meta item the entry."""
     expires: int | None
     """The meta item's ``expires_at`` (epoch seconds), or ``None``: kept for ever."""
     horizon: int | None
@@ -111,8 +112,9 @@ def _plan(marker: _Marker, old: Mapping[str, Any]) -> _Plan:
     was = MetaItem.from_item(old)
     old_lsk, old_previous = was.updated_at, was.previous
     updated_at = max(marker.at, old_lsk or 0)
-    # A meta item written before touches carries its own listing entry ("lpk"): no touch to supersede.
-    superseded = old_lsk is not None and old_lsk != updated_at and "lpk" not in old
+    # A meta item of this layout is its own listing entry ("lpk"): no touch to supersede. One an earlier layout
+    # wrote was listed by its touch (``T#{lsk}``), which this commit deletes.
+    superseded = old_lsk is not None and "lpk" not in old
     stale = old_previous if old_previous is not None and old_previous not in (old_lsk, updated_at) else None
     old_horizon = was.horizon
     retention = marker.retention
@@ -149,6 +151,7 @@ def _known_after(
 ) -> dict[str, Any]:
     """The attributes of a meta item a commit just landed (by ``update``) that a one-call commit after it builds on."""
     item: dict[str, Any] = {"version": {"N": str(version)}, "inc": {"S": inc}, "lsk": {"N": str(plan.updated_at)}}
+    item["lpk"] = update["ExpressionAttributeValues"][":lpk"]  # its own listing entry: no touch to supersede
     item["bf"] = update["ExpressionAttributeValues"][":bf"]
     if ids.greatest is not None:
         item["hi"] = {"S": ids.greatest}

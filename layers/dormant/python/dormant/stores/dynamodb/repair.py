@@ -121,7 +121,8 @@ class _Repair(_Commit):
         if not complete:
             with contextlib.suppress(StoreError):  # invisible already; a later repair or delete finds the rest
                 self._write_batches([{"DeleteRequest": {"Key": {"pk": i["pk"], "sk": i["sk"]}}} for i in items])
-                self._drop_touch(pk, plan, marker.grant, meta)
+                if not marker.touch_in_finish:  # an earlier layout's writer put its touch in the batches
+                    self._drop_touch(pk, plan, marker.grant, meta)
         report = RepairReport(
             app_name,
             session_id,

@@ -7,7 +7,7 @@ steps, each safe to be interrupted after, in at most ``2 + ceil(2 x events / 25)
 1. **Gate**: a conditional ``UpdateItem`` of the meta item (``attribute_not_exists`` to create, else
    ``version = expected``, the same scopes, and no marker) that records a pending marker: the version it
    grants, a random grant token, the number of event items to come, the time, what the commit will
-   set on the row and in scoped state, and where its touch goes (below). It does not touch ``version``
+   set on the row and in scoped state. It does not touch ``version``
    or any listed attribute, so it writes no listing entry. On a conflict DynamoDB returns the stored item
    (``ReturnValuesOnConditionCheckFailure``): the actual version comes without a second read. A create
    of a bound session makes it a ``TransactWriteItems`` with the session's binding entries
@@ -16,15 +16,16 @@ steps, each safe to be interrupted after, in at most ``2 + ceil(2 x events / 25)
    position in the batch. ``UnprocessedItems`` are re-sent with bounded, jittered backoff (the client's
    botocore retry configuration handles throttled calls); when that is exhausted the commit raises
    ``CommitIncomplete`` and leaves its marker for repair.
-   The commit's *touch* (``keys.touch_sk``), its listing entry, rides in the finish, never here.
-3. **Finish**: one ``TransactWriteItems`` conditional on the grant (``grant = ours``) that sets the new
-   version, ``updated_at``, status and expiry, clears the marker, puts the touch, deletes the touch it
-   supersedes, and writes the scoped changes. A commit whose marker was rolled back can therefore never
-   land scoped values or a listing entry, however late its writer wakes up.
+3. **Finish**: one write conditional on the grant (``grant = ours``) that sets the new version,
+   ``updated_at``, status and expiry and the listing keys (the meta item is the session's listing and status
+   entry: this moves it), and clears the marker; a ``TransactWriteItems`` with the scoped changes when there
+   are some (and the delete of a touch an earlier layout listed the session by). A commit whose marker was
+   rolled back can therefore never land scoped values or move its listing entry, however late its writer
+   wakes up.
 
 A commit that fits one ``TransactWriteItems`` skips all three (``_one_call``): the same writes in one call.
 
-**Listing** (``_list``): Queries of the listing index alone, which projects the row each touch carries.
+**Listing** (``_list``): Queries of the listing index alone, which projects the row each meta item carries.
 **Retention**: with ``row.retention_ms`` every item carries ``expires_at``, never
 below the meta item's (``_Plan``); an expired session is gone for readers and writers at once.
 
@@ -110,9 +111,9 @@ __all__ = [
 ]
 
 DEFAULT_LISTING_SHARDS = 4
-"""Listing-index shards per app. A commit writes one listing entry (its touch) and one index partition
-takes about 1,000 writes/s: one shard caps an app near 1,000 commits/s, four near 4,000, at the price of
-four Queries per listing page (docs/dynamodb.md)."""
+"""Listing-index shards per app. A commit moves one listing entry (its meta item's: a delete and a put) and one
+index partition takes about 1,000 writes/s: one shard caps an app near 500 commits/s, four near 2,000, at the
+price of four Queries per listing page (docs/dynamodb.md)."""
 DEFAULT_PENDING_SHARDS = 8
 """Pending-marker index shards for the whole table (a marker is put and deleted by every commit: about
 500 commits/s a shard). Every store and the sweeper on one table must use the same number."""

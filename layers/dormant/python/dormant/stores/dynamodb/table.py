@@ -6,17 +6,17 @@ Pure data, no boto3: the CDK app imports it without the AWS SDK, and a test hold
 Key design (one table, string ``pk``/``sk``):
 
 * a session partition ``pk = "S#{app}#{session_id}"`` holds the meta item, the event items, one id item per
-  event and the session's touch (``keys``);
+  event (``keys``); the meta item is the session's listing entry;
 * scoped state lives in ``pk = "X#{app}#{scope}#{scope_id}"``, one item per key;
 * the listing index (``LISTING_INDEX``) is keyed by ``lpk`` — the app name, write-sharded as
   ``{app}#{k}`` when a store lists over more than one shard — and sorted by ``lsk`` (``updated_at``).
-  Its entries are the sessions' *touch* items (``keys.touch_sk``), one per session once the index has
-  caught up (a commit puts its touch and deletes the one it supersedes, atomically with the commit), and
-  the index projects the row a listing shows: a listing is Queries of this index alone;
-* the status index (``STATUS_INDEX``) holds the same touches keyed by ``spk`` = ``{status}#{listing key}``
-  (sparse: only a touch with a status carries it) and sorted by ``lsk``, projecting the same row: a
+  Its entries are the sessions' meta items, one per session, moved by the write that lands each commit
+  (an earlier layout's *touch* item, ``keys.touch_sk``, until the session's next commit), and the index
+  projects the row a listing shows: a listing is Queries of this index alone;
+* the status index (``STATUS_INDEX``) holds the same entries keyed by ``spk`` = ``{status}#{listing key}``
+  (sparse: only a session with a status carries it) and sorted by ``lsk``, projecting the same row: a
   ``list(status=)`` page is Queries of the status's shards alone, never a filter over other statuses'
-  entries. It costs each commit the same as the listing index: its touch put and the superseded one deleted;
+  entries. It costs each commit the same as the listing index: the entry moved, a delete and a put;
 * the pending-marker index (``PENDING_INDEX``) is sparse: only a meta item with a live commit marker
   carries ``ppk``/``psk``, so the sweeper queries stale markers instead of scanning;
 * the running index (``RUNNING_INDEX``) is sparse too: only a meta item whose stored status is ``running``
@@ -164,9 +164,9 @@ table can never drop, and listing entries without the row: ``dormant migrate-tab
 
 TABLE = TableShape(
     indexes=(
-        # Projects the row a listing shows, so a listing page is Queries of this index alone: the touch carries
-        # it (a release 0.1 meta item, its own entry, carries the same attributes), and ``mx`` the session's
-        # expiry (``expires_at`` on a touch is its horizon; on a release 0.1 meta item, its expiry).
+        # Projects the row a listing shows, so a listing page is Queries of this index alone: the meta item
+        # carries it, ``expires_at`` its expiry (an earlier layout's touch carried ``mx`` for it, as its own
+        # ``expires_at`` was its horizon).
         IndexShape(
             LISTING_INDEX,
             ("lpk", "S"),
@@ -174,7 +174,7 @@ TABLE = TableShape(
             "INCLUDE",
             ("version", "status", "created_at", "forked_from", "mx", "expires_at"),
         ),
-        # The listing by status (``list(status=)``): the same touches, partitioned by ``spk``
+        # The listing by status (``list(status=)``): the same meta items, partitioned by ``spk``
         # (``{status}#{listing key}``) instead, projecting the same row. Only a touch with a status carries it.
         IndexShape(
             STATUS_INDEX,
