@@ -52,12 +52,15 @@ _TIMEOUTS = ["States.Timeout", "States.HeartbeatTimeout"]
 RETRYABLE_ERRORS = [*retryable_error_names()]
 """What the tasks retry beyond CDK's Lambda service errors and throttling: the errors that say "try again later"."""
 THROTTLED = "Lambda.TooManyRequestsException"
-THROTTLE_RETRY = {"interval": 5, "backoff": 2.0, "max_delay": 120, "attempts": 19}
-"""A task's function at its reserved concurrency (or the account's) is refused until an invocation holding it
-ends: at the latest the longest timeout of a function the workflow calls (``resume``'s 900 s). The delays
-are 5, 10, 20, 40, 80 s, then 120 s each: 1,835 s in all, and full jitter halves that on average, so the
-retries outlast one whole turn of every invocation holding the cap (about 15 minutes); Step Functions'
-history holds them easily (about 60 events of 25,000)."""
+THROTTLE_RETRY = {"interval": 2, "backoff": 2.0, "max_delay": 60, "attempts": 1440}
+"""A task's function at its reserved concurrency (or the account's) is refused until a slot frees, and with turns
+queued on the cap that lasts until the queue drains (queued turns x a turn's length / the cap), not one invocation:
+jittered retries are no queue, so one execution may lose the race many times. Sized for the longest queue the API
+lets build: an hour of ``POST .../runs`` at their method throttles (two of 1.6/s at ``account_concurrency=1000``,
+about 11,500 turns) on ``resume``'s 25 with one-minute turns drains in about 7 hours. The delays are 2, 4 ... 32 s,
+then 60 s each (a freed slot is soon taken), 1,440 attempts: about 24 hours nominal, 12 on average with full
+jitter. Each attempt writes 3 history events: about 4,300 of the 25,000 an execution holds. Each is a state
+transition: a day of them costs about $0.036 per waiting turn. Past it ``RecordFailure`` ends the turn."""
 TASK_TIMEOUT_MARGIN_S = 30
 """A Lambda task waits this much longer than its function's timeout: Step Functions never retries an
 attempt that is still running."""

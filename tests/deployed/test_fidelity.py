@@ -784,8 +784,8 @@ def test_a_model_failure_after_resume_is_recorded(deployment: Any) -> None:
 @pytest.mark.backend("dynamodb")
 def test_a_run_throttled_past_its_retries_is_recorded_by_park_not_by_resume(deployment: Any) -> None:
     """The stack's own ASL: a Run whose function stays at its reserved concurrency is retried as long as
-    ``THROTTLE_RETRY`` says (1 + 19 attempts), then ``RecordFailure`` runs on park, never on resume, whose cap
-    refused it: the turn ends on the ledger instead of staying ``running`` until the sweeper."""
+    ``THROTTLE_RETRY`` says (1 + 1,440 attempts, about a day), then ``RecordFailure`` runs on park, never on resume,
+    whose cap refused it: the turn ends on the ledger instead of staying ``running`` until the sweeper."""
     from infra.workflow import THROTTLE_RETRY
 
     d = deployment
@@ -794,7 +794,7 @@ def test_a_run_throttled_past_its_retries_is_recorded_by_park_not_by_resume(depl
     attempts = 1 + int(THROTTLE_RETRY["attempts"])
     functions = _Functions({resume: [throttled] * attempts, park: [(True, {"status": "error"})]})
     given = {"tenant": "t", "session_id": "s", "invocation_id": "inv_1", "name": "n", "loop": 0}
-    ended = _run(d.definition, functions, given, time_scale=0.0005)
+    ended = _run(d.definition, functions, given, time_scale=0.00002)  # a day of retries in about 2 s
     assert ended.status == "FAILED" and ended.states == ["Run", "RecordFailure", "Failed"], ended.states
     assert [f for f, _ in functions.seen] == [resume] * attempts + [park]
     recorded = functions.seen[-1][1]

@@ -643,10 +643,14 @@ def test_every_task_retries_transient_errors_with_backoff_and_nothing_else(synth
         # a throttle lasts until an invocation holding the cap ends: retried for longer than the longest one
         throttled = retries.pop(("Lambda.TooManyRequestsException",))
         delays = [
-            min(throttled["IntervalSeconds"] * throttled["BackoffRate"] ** n, throttled["MaxDelaySeconds"])
+            min(throttled["IntervalSeconds"] * throttled["BackoffRate"] ** min(n, 64), throttled["MaxDelaySeconds"])
             for n in range(throttled["MaxAttempts"])
         ]
-        assert throttled["JitterStrategy"] == "FULL" and sum(delays) / 2 > max(timeouts.values()), delays
+        # longer than a queue of turns on the cap drains (hours: THROTTLE_RETRY), on average with full jitter
+        assert throttled["JitterStrategy"] == "FULL" and sum(delays) / 2 > 8 * 3600, sum(delays)
+        assert sum(delays) / 2 > max(timeouts.values())
+        # three history events an attempt: a Run handed on several times can meet it again under 25,000
+        assert 3 * (1 + throttled["MaxAttempts"]) * 5 < 25_000, throttled["MaxAttempts"]
         if name == "Run":  # a runner that timed out or died: the next attempt goes on from its committed steps
             ours = retries.pop((*RETRYABLE_ERRORS, *RUNNER_LOST))
             claim = retries.pop(("TurnNotClaimed",))  # the claim lands just after the execution starts

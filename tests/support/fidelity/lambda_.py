@@ -356,7 +356,9 @@ class LambdaService:
         """Move dormant's clock on by ``seconds`` in every sandbox, now and to come (``worker._moved_clock``)."""
         path = self.workdir / "clock"
         moved = float(path.read_text()) if path.exists() else 0.0
-        path.write_text(str(moved + seconds))
+        written = path.with_name("clock.next")
+        written.write_text(str(moved + seconds))
+        os.replace(written, path)  # whole or not at all: a sandbox never reads a half-written (empty) offset
 
     def busy(self, name: str) -> int:
         with self._lock:

@@ -651,7 +651,8 @@ class StepFunctions:
                     raise
                 attempts[retrier] = count + 1
                 context["State"]["RetryCount"] = sum(attempts.values())
-                delay = rule.get("IntervalSeconds", 1) * rule.get("BackoffRate", 2.0) ** count
+                # the exponent bounded: past 64 doublings a delay is at any MaxDelaySeconds (a float would overflow)
+                delay = rule.get("IntervalSeconds", 1) * rule.get("BackoffRate", 2.0) ** min(count, 64)
                 if "MaxDelaySeconds" in rule:
                     delay = min(delay, rule["MaxDelaySeconds"])
                 if rule.get("JitterStrategy") == "FULL":

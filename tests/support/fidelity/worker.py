@@ -76,6 +76,10 @@ def main(config_path: str, fd: int) -> None:
         send({"kind": "result", "ok": True, "payload": body})
 
 
+_HELD: list[Any] = []
+"""What must outlive the call that made it: the moved clock's context manager."""
+
+
 def _moved_clock(config: dict[str, Any]) -> None:
     """dormant's clock, moved on by the seconds the harness wrote in its clock file (``Deployment.advance``): time
     that would really pass (a claim's deadline, a wait's grace) passes for the functions without waiting for it."""
@@ -90,7 +94,8 @@ def _moved_clock(config: dict[str, Any]) -> None:
 
     def offset() -> int:
         try:
-            stamp = os.stat(clock_file).st_mtime_ns
+            found = os.stat(clock_file)
+            stamp = (found.st_ino, found.st_mtime_ns)  # a new file each advance (``LambdaService.advance``)
         except OSError:
             return 0
         if stamp != read[0]:
@@ -98,7 +103,11 @@ def _moved_clock(config: dict[str, Any]) -> None:
                 read[:] = [stamp, int(float(f.read().strip() or 0) * 1000)]
         return int(read[1])
 
-    clock.use_clock(lambda: clock.system_ms() + offset()).__enter__()  # for the sandbox's life
+    moved = clock.use_clock(lambda: clock.system_ms() + offset())
+    moved.__enter__()
+    # Held for the sandbox's life: a context manager dropped after ``__enter__`` is collected at once, and closing
+    # its generator runs its ``finally``, which put the system clock back (``d.advance`` then moved nothing).
+    _HELD.append(moved)
 
 
 def _flush() -> None:
