@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import random
+import re
 import threading
 import time
 import uuid
@@ -37,6 +38,12 @@ GATEWAY_WAIT = 300.0
 """How long the gateway waits on a function here: the sandboxes run many times slower than Lambda on a shared
 2-core machine (cold starts in a storm most of all), so API Gateway's 29 s would time out what AWS answers in one;
 the 29 s limit itself is held in ``test_fidelity``."""
+FUNCTION_WAIT = 240.0
+"""The API functions' timeout here, for the same reason, under ``GATEWAY_WAIT`` as their 24 s is under API Gateway's
+29 s. At their template's 24 s, a loaded 2-core machine timed out hundreds of invocations (a fresh sandbox's first
+request builds its SDK clients, which takes Lambda a few hundred milliseconds and took here more than 20 s): each a
+502 to its client, a discarded sandbox and a cold start more, which made the next time out too. Lambda's own
+time limits are held in ``test_fidelity`` and ``test_limits``."""
 
 
 @dataclass
@@ -47,6 +54,8 @@ class Client:
     statuses: Counter[int] = field(default_factory=Counter)
     throttles: list[tuple[int, dict[str, str], Any]] = field(default_factory=list)
     """Every answer that refused for load (429, or a 500/502/503/504): status, headers, body."""
+    refusals: Counter[tuple[int, str, str]] = field(default_factory=Counter)
+    """(status, method, route) -> how many of ``throttles`` it answered."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     _local: threading.local = field(default_factory=threading.local)
     refused_answers: list[tuple[str, str, int, Any, str, str]] = field(default_factory=list)
@@ -74,6 +83,7 @@ class Client:
                 self.statuses[status] += 1
                 if status == 429 or status >= 500:
                     self.throttles.append((status, headers, answer))
+                    self.refusals[(status, method, re.sub(r"/sessions/[^/]+", "/sessions/{id}", path))] += 1
             if status == 429 or status >= 500:  # waited out: Retry-After, at least an exponential backoff
                 given = headers.get("Retry-After") or headers.get("retry-after")
                 backoff = random.uniform(0, min(BACKOFF_CAP, BACKOFF * 2 ** (len(tries) - 1)))
@@ -125,7 +135,10 @@ def _answer(c: Client, tenant: str, sid: str, settle: float = 120) -> bool:
 
 
 def start(dynamodb_endpoint: str) -> Any:
-    """The stack with the fidelity app, synthesized with the account's concurrency declared, capacity enforced."""
+    """The stack with the fidelity app, synthesized with the account's concurrency declared, capacity enforced; the
+    API functions' timeouts at the harness's pace (``FUNCTION_WAIT``)."""
+    from dormant.serving.routes import ROUTES
+
     from .calls import APP_PACKAGE
     from .capacity import Capacity
     from .deployment import Deployment
@@ -137,6 +150,7 @@ def start(dynamodb_endpoint: str) -> Any:
         time_scale=TIME_SCALE,
         context={"account_concurrency": "1000"},
         capacity=Capacity(),
+        timeouts={function: FUNCTION_WAIT for _, _, function in ROUTES},
     )
 
 
