@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 import uuid
 from typing import Any
 
@@ -64,3 +65,30 @@ def test_a_table_throttled_past_the_retries_is_a_429_with_retry_after(
     assert served.for_tenant(TENANT_A).sessions.require(sid).version == 1  # the claim did not land: nothing ran
     status, _, answer = _answer(handler, name, sid, body)
     assert status in (200, 202), (status, answer)
+
+
+def test_an_idempotency_record_throttled_past_the_retries_is_store_throttled() -> None:
+    """Powertools wraps a throttled record's ``ClientError`` in its persistence error: the request is refused as
+    the table's throttle (429), not as a store fault (500), and ``work`` never ran."""
+    from botocore.exceptions import ClientError
+
+    from dormant.errors import StoreThrottled, http_status
+    from dormant.serving.idempotency import MemoryIdempotency, MemoryPersistenceLayer
+
+    class Throttled(MemoryPersistenceLayer):
+        def _put_record(self, data_record: Any) -> None:
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "slow down"}}, "PutItem")
+
+    class ThrottledRecords(MemoryIdempotency):
+        def layer(self, partition: str) -> Any:
+            return Throttled({}, threading.Lock(), partition)
+
+    ran: list[bool] = []
+
+    def work() -> dict[str, Any]:
+        ran.append(True)
+        return {}
+
+    with pytest.raises(StoreThrottled) as info:
+        ThrottledRecords().once("p", "key-1", "POST /sessions/s-1/runs", work, LambdaContext())
+    assert http_status(info.value) == 429 and not ran
