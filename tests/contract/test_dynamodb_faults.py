@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("boto3")
 
 from dormant.clock import FrozenClock, frozen_clock
-from dormant.errors import CommitIncomplete, StoreBusy, StoreError, StoreUnavailable
+from dormant.errors import CommitIncomplete, StoreBusy, StoreError, StoreThrottled, StoreUnavailable, http_status
 from dormant.events import UserEvent
 from dormant.stores.base import ScopedStateChange, StoredSession
 from dormant.stores.dynamodb import DynamoDBSessionStore
@@ -200,8 +200,9 @@ def test_a_gate_throttled_past_the_retries_is_store_busy_and_writes_nothing(worl
     store = world.store(world._client(retries={"mode": "standard", "max_attempts": 2}))
     faults = Faults(store._client)
     faults.throttle("UpdateItem", 5)
-    with pytest.raises(StoreBusy, match="throttled"):
+    with pytest.raises(StoreThrottled, match="throttled") as info:  # a StoreBusy, answered 429 over HTTP
         store.commit(world.row(), _events("t", 5), 1)
+    assert isinstance(info.value, StoreBusy) and http_status(info.value) == 429
     _untouched_and_unmarked(world)
 
 

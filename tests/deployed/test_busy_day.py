@@ -128,26 +128,32 @@ def test_every_turn_and_every_answer_completes(busy_day: Day) -> None:
 @pytest.mark.backend("dynamodb")
 @pytest.mark.xfail(
     strict=False,
-    reason="open (issue 34): under load, an answer to the call a session shows as waiting (awaiting_input) is "
-    "sometimes refused 409 UnknownCallId; cause not yet found",
+    reason="open (issue 34), cause found: a Park task that exhausts its Retry of Lambda.TooManyRequestsException "
+    "at park's cap (5) in the harness's scaled time goes to RecordParkFailure, which ends the waiting turn in error "
+    "(execution states Park, RecordParkFailure, Failed): the answer to the call the session showed waiting a moment "
+    "before is then 409 UnknownCallId, 'no call is waiting'. The Park's retry and what RecordParkFailure ends (a "
+    "wait whose token was never stored could be left to the sweeper) are the workflow's to change",
 )
 def test_an_answer_to_the_call_a_session_shows_waiting_is_taken(busy_day: Day) -> None:
-    refused = busy_day.client.refused_answers
+    day = busy_day
+    refused = day.client.refused_answers
     assert not refused, (
         len(refused),
-        [(sid, status, str(body), shown) for _, sid, status, body, shown, _ in refused[:3]],
+        [
+            (sid, status, str(body), shown, [(e.status, e.error, e.states[-3:]) for e in day.d.executions_of(t, sid)])
+            for t, sid, status, body, shown, _ in refused[:3]
+        ],
     )
 
 
 @pytest.mark.backend("dynamodb")
-@pytest.mark.xfail(
-    strict=False,
-    reason="open (issue 34): a function at its reserved concurrency answers API Gateway 500 (a proxy "
-    "integration's throttle) when the held routes' method throttles do not cover it; still so on main",
-)
 def test_every_throttle_is_a_429_with_retry_after(busy_day: Day) -> None:
-    refused = busy_day.client.throttles
-    assert not [s for s, _, _ in refused if s >= 500], Counter(s for s, _, _ in refused)
+    """No 5xx (a throttled function behind a proxy integration is API Gateway's 500, a timed-out one its 502 or 504):
+    every refusal for load is a 429 with ``Retry-After``; counted by route, and the failed invocations by function."""
+    client, d = busy_day.client, busy_day.d
+    refused = client.throttles
+    failed = Counter((f, kind) for f, kind, _ in d.errors() if f in ("sessions", "run", "tools", "commit"))
+    assert not [s for s, _, _ in refused if s >= 500], (client.refusals, failed)
     assert all(s == 429 and {k.lower() for k in h} >= {"retry-after"} for s, h, _ in refused), refused[:3]
 
 

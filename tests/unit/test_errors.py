@@ -199,12 +199,17 @@ def test_retryable_failures_are_classes_of_their_own() -> None:
         "ModelUnavailable",
         "OpenAIModelUnavailable",
         "StoreBusy",
+        "StoreThrottled",
         "StoreUnavailable",
     ]
     assert errors.BedrockModelUnavailable("throttled").retryable
     assert not errors.BedrockModelError("validation").retryable
     assert not ModelProviderError("x").retryable
-    assert all(http_status(getattr(errors, name)("x")) == 503 for name in retryable_error_names())
+    # "retry later": 503, or a throttle's 429 (with Retry-After over HTTP)
+    assert all(
+        http_status(getattr(errors, name)("x")) == (429 if name == "StoreThrottled" else 503)
+        for name in retryable_error_names()
+    )
 
 
 @pytest.mark.parametrize("name", sorted(error_classes()))
@@ -280,6 +285,7 @@ FROZEN_STATUSES = {
     "StateValidationError": 422,
     "StoreBusy": 503,
     "StoreClosed": 500,
+    "StoreThrottled": 429,
     "StoreError": 500,
     "StoreUnavailable": 503,
     "TempOutsideInvocation": 400,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import random
+import re
 import threading
 import time
 import uuid
@@ -34,10 +35,18 @@ SWEEP_EVERY = 5 * 60.0
 BACKOFF, BACKOFF_CAP = 0.2, 8.0
 """A refused request's pause (seconds): full jitter over ``BACKOFF * 2**retry``, at most ``BACKOFF_CAP``, as AWS's
 SDKs back off (in the harness's time: its functions run many times slower than Lambda)."""
-GATEWAY_WAIT = 300.0
-"""How long the gateway waits on a function here: the sandboxes run many times slower than Lambda on a shared
-2-core machine (cold starts in a storm most of all), so API Gateway's 29 s would time out what AWS answers in one;
-the 29 s limit itself is held in ``test_fidelity``."""
+FUNCTION_WAIT = 240.0
+"""The API functions' timeout here: the sandboxes run many times slower than Lambda on a shared 2-core machine. At
+their template's 24 s, a loaded machine timed out hundreds of invocations (a fresh sandbox's first request builds
+its SDK clients, which takes Lambda a few hundred milliseconds and took here more than 20 s): each a 502 to its
+client, a discarded sandbox and one more cold start, which made the next time out too. A cold start's init gets as
+long (``init_wait``): in a storm of them some took more than the harness's usual minute, each another 502. Lambda's
+own time limits are held in ``test_fidelity`` and ``test_limits``."""
+GATEWAY_WAIT = 2 * FUNCTION_WAIT + 60.0
+"""How long the gateway waits on a function here (its request's turn in the harness's pool included): a cold
+start's init and the whole timeout, with room, as API Gateway's 29 s holds the API functions' 4 s cold start and
+24 s; the 29 s limit itself is held in ``test_fidelity``. At 300 s, a day on a machine at a load of 200 answered
+a few 504s."""
 
 
 @dataclass
@@ -48,6 +57,8 @@ class Client:
     statuses: Counter[int] = field(default_factory=Counter)
     throttles: list[tuple[int, dict[str, str], Any]] = field(default_factory=list)
     """Every answer that refused for load (429, or a 500/502/503/504): status, headers, body."""
+    refusals: Counter[tuple[int, str, str]] = field(default_factory=Counter)
+    """(status, method, route) -> how many of ``throttles`` it answered."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     _local: threading.local = field(default_factory=threading.local)
     refused_answers: list[tuple[str, str, int, Any, str, str]] = field(default_factory=list)
@@ -75,6 +86,7 @@ class Client:
                 self.statuses[status] += 1
                 if status == 429 or status >= 500:
                     self.throttles.append((status, headers, answer))
+                    self.refusals[(status, method, re.sub(r"/sessions/[^/]+", "/sessions/{id}", path))] += 1
             if status == 429 or status >= 500:  # waited out: Retry-After, at least an exponential backoff
                 given = headers.get("Retry-After") or headers.get("retry-after")
                 backoff = random.uniform(0, min(BACKOFF_CAP, BACKOFF * 2 ** (len(tries) - 1)))
@@ -128,7 +140,10 @@ def _answer(c: Client, tenant: str, sid: str, settle: float = 120) -> bool:
 
 
 def start(dynamodb_endpoint: str) -> Any:
-    """The stack with the fidelity app, synthesized with the account's concurrency declared, capacity enforced."""
+    """The stack with the fidelity app, synthesized with the account's concurrency declared, capacity enforced; the
+    API functions' timeouts at the harness's pace (``FUNCTION_WAIT``)."""
+    from dormant.serving.routes import ROUTES
+
     from .calls import APP_PACKAGE
     from .capacity import Capacity
     from .deployment import Deployment
@@ -140,11 +155,13 @@ def start(dynamodb_endpoint: str) -> Any:
         time_scale=TIME_SCALE,
         context={"account_concurrency": "1000"},
         capacity=Capacity(),
+        timeouts={function: FUNCTION_WAIT for _, _, function in ROUTES},
     )
 
 
 def run_day(d: Any, turning: int, sleeping: int) -> Day:
     """The day (the module docstring) on deployment ``d``: ``sleeping`` sessions parked, ``turning`` at once."""
+    d.lambdas.init_wait = FUNCTION_WAIT  # a cold start in a storm of them took more than a minute here
     c = Client(d)
     started = time.monotonic()
     sleepers = [(_tenant(i), f"sleep-{i}") for i in range(sleeping)]

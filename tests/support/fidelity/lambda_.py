@@ -26,6 +26,9 @@ from .template import REGION, Function
 HERE = Path(__file__).resolve().parent
 MAX_RESPONSE_BYTES = 6 * 1024 * 1024
 """Lambda's limit on a synchronous invocation's response payload."""
+INIT_WAIT = 60.0
+"""How long a cold start's init may take here before the sandbox counts as dead (Lambda allows 10 s; a shared
+machine is slower). A test at the harness's pace may give it more (``LambdaService.init_wait``)."""
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "dormantlocal", "AWS_SECRET_ACCESS_KEY": "dormantlocal", "AWS_SESSION_TOKEN": "x"}
 
 
@@ -92,6 +95,7 @@ class LambdaService:
         """When given, Lambda's concurrency is enforced (``capacity``): one invocation past a cap is throttled."""
         self._capacity_config = capacity_config or {}
         self._running: dict[str, int] = {name: 0 for name in functions}
+        self.init_wait = INIT_WAIT
         self.layer_dirs = layer_dirs
         self.endpoints = endpoints
         self.workdir = workdir
@@ -251,7 +255,7 @@ class LambdaService:
         started = time.monotonic()
         sandbox = self._take(name)
         # Lambda's timeout covers the invocation, not the cold start's init (which has its own 10 s).
-        ready = self._next(sandbox, started + 60)
+        ready = self._next(sandbox, started + self.init_wait)
         if ready is None or ready.get("kind") != "ready":
             self._discard(name, sandbox)
             return self._record(Invocation(name, False, error_type="Runtime.ExitError", error_message="init died"))

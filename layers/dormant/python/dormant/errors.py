@@ -62,6 +62,7 @@ The tree, with the HTTP status a handler answers each class with. The status is 
         │   └── ThreadChanged                     409  another process wrote the LangGraph thread; nothing written
         ├── SessionNotFound                       404  ``app.sessions.require`` of an id that is not stored
         ├── StoreBusy                             503  locked, overloaded or contended past its limit: retry later
+        │   └── StoreThrottled                    429  the store throttled it past the retries (``retry_after``)
         ├── StoreUnavailable                      503  the store cannot be reached: retry later
         ├── CommitIncomplete                      503  a commit passed its gate, not all its writes landed: retry
         └── StoreClosed                           500  the store was used after ``close()``
@@ -125,6 +126,7 @@ __all__ = [
     "StateMigrationError",
     "StateValidationError",
     "StoreBusy",
+    "StoreThrottled",
     "StoreClosed",
     "TurnNotClaimed",
     "TurnQuotaExceeded",
@@ -620,6 +622,15 @@ class StoreBusy(StoreError):
         super().__init__(message)
         self.session_id = session_id
         """The session whose writes kept losing the race (``None``: the store as a whole was busy)."""
+
+
+class StoreThrottled(StoreBusy):
+    """The store refused the request for its rate (DynamoDB: a partition, an index's back-pressure or the table
+    over its throughput) past the client's retries; nothing of it was applied. A throttle, so over HTTP a 429
+    with ``Retry-After``: ``retry_after`` seconds (a partition's rate is per second)."""
+
+    http_status: ClassVar[int] = 429
+    retry_after: ClassVar[int] = 1
 
 
 class StoreUnavailable(StoreError):

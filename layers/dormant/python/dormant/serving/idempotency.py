@@ -37,7 +37,7 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
 )
 from aws_lambda_powertools.utilities.idempotency.persistence.datarecord import DataRecord
 
-from ..errors import DormantError, InputError, RequestInProgress, StoreError
+from ..errors import DormantError, InputError, RequestInProgress, StoreError, StoreThrottled
 from ..stores.base import SessionStore
 
 __all__ = [
@@ -106,8 +106,21 @@ class Idempotency(ABC):
             cause = next((a for a in exc.args if isinstance(a, DormantError)), None) or exc.__cause__
             if isinstance(cause, DormantError):
                 raise cause from None
+            if _throttled(exc):  # DynamoDB refused the record for its rate: a throttle, not a fault (429)
+                raise StoreThrottled(f"the idempotency records were throttled: {exc}") from exc
             raise StoreError(f"the idempotency records could not be read or written: {exc}") from exc
         return result
+
+
+_THROTTLES = frozenset({"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"})
+"""DynamoDB's error codes for a request refused for its rate (botocore retried them already)."""
+
+
+def _throttled(exc: BaseException) -> bool:
+    """Whether Powertools' persistence error carries a DynamoDB throttle (a botocore ``ClientError``)."""
+    causes = [*exc.args, exc.__cause__]
+    codes = {getattr(c, "response", {}).get("Error", {}).get("Code") for c in causes if c is not None}
+    return bool(codes & _THROTTLES)
 
 
 class DynamoDBIdempotency(Idempotency):

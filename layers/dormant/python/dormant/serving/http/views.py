@@ -173,7 +173,10 @@ def answer_errors(resolver: APIGatewayRestResolver, logger: Logger) -> None:
         field = getattr(exc, "field", None)
         if field is None and isinstance(exc, SessionNotFound):  # the path's id, named as a body names it
             field = "session_id"
-        return error(status, type(exc).__name__, str(exc), field, **extra)
+        answer = error(status, type(exc).__name__, str(exc), field, **extra)
+        if status == 429:  # a throttle or a quota says when to come back, as API Gateway's own 429s do
+            answer.headers["Retry-After"] = str(getattr(exc, "retry_after", None) or 1)
+        return answer
 
     def unexpected(exc: Exception) -> Response[Any]:
         logger.exception("unexpected error")

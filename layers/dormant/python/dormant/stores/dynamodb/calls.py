@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from ...errors import StoreBusy, StoreError, StoreUnavailable
+from ...errors import StoreBusy, StoreError, StoreThrottled, StoreUnavailable
 from ..base import BaseSessionStore
 from .items import _BATCH
 
@@ -172,10 +172,10 @@ class _Calls(BaseSessionStore):
                 if "TransactionConflict" in codes:
                     raise _Conflict(f"cancellation reasons {codes}") from None
                 if _THROTTLED_REASONS.intersection(codes):
-                    raise StoreBusy(f"DynamoDB throttled {operation}: cancellation reasons {codes}") from exc
+                    raise StoreThrottled(f"DynamoDB throttled {operation}: cancellation reasons {codes}") from exc
                 raise StoreError(f"DynamoDB cancelled the transaction: {codes}: {message}") from exc
             if code in _THROTTLED:
-                raise StoreBusy(f"DynamoDB throttled {operation} past the client's retries: {message}") from exc
+                raise StoreThrottled(f"DynamoDB throttled {operation} past the client's retries: {message}") from exc
             if code == "ResourceNotFoundException":
                 raise StoreError(
                     f"DynamoDB table {self._table!r} (or an index of it) does not exist: create it with "
