@@ -878,6 +878,34 @@ def test_a_run_retried_after_its_answer_was_lost_past_its_claim_claims_no_second
     assert show(d, sid)["status"] == "completed", evidence(d)
 
 
+@pytest.mark.backend("dynamodb")
+def test_answers_retried_after_their_wake_up_failed_wake_the_parked_turn(deployment: Any) -> None:
+    """The tools function stores the answers, then waking the parked execution fails (a 5xx to the caller; the
+    idempotency record goes with the failure). The client's retry with the same ``Idempotency-Key`` finds its
+    answers on the ledger: it writes nothing again and wakes the execution, so the turn completes now, not after
+    the sweeper's grace. Without the key, the same answers are another request: a 409, the call answered."""
+    d, sid = deployment, fresh("rewake")
+    shown, execution = yielded_and_parked(d, sid, "signoffs=1")
+    call = shown["yielded_tools"][0]["call_id"]
+    body = {"answers": [{"call_id": call, "input": {"approved": True}}]}
+    key = {"Idempotency-Key": f"k-{sid}"}
+    d.lambdas.fail_next("tools", "SendTaskSuccess", [], {"__type": "InvalidOutput", "message": "harness fault"})
+    status, _, failed = d.api("POST", f"/sessions/{sid}/tools", body, headers=key)
+    assert status >= 500 and not d.lambdas.fault_armed("tools"), (status, failed, evidence(d))
+    d.settle()
+    assert show(d, sid)["status"] == "resumable" and execution.status == "RUNNING", evidence(d)  # answered, asleep
+    stored = ledger(d, sid)
+    status, _, again = d.api("POST", f"/sessions/{sid}/tools", body)
+    assert status == 409 and again["error"] == "UnknownCallId", (status, again)  # keyless: another request
+    status, _, again = d.api("POST", f"/sessions/{sid}/tools", body, headers=key)
+    assert status == 202 and again.get("woke") is True, (status, again, evidence(d))
+    d.settle()
+    events = ledger(d, sid)
+    assert events[: len(stored)] == stored and [e["type"] for e in events].count("tool_input") == 1, events
+    assert show(d, sid)["status"] == "completed", evidence(d)
+    assert ended(d, execution).status == "SUCCEEDED", (execution.states, evidence(d))
+
+
 # -- the claim grace: the execution starts just before the API's claim lands -------------------------------------
 
 _READS = {"dynamodb:GetItem", "dynamodb:Query", "dynamodb:BatchGetItem", "dynamodb:Scan"}

@@ -3,6 +3,12 @@ wakes what waits on them (``Hooks.on_answers``: on AWS, the waiting execution).
 
 An answer the tool's ``answerable_by`` refuses this caller is a 403 (``AnswerRefused``) and writes nothing;
 a machine client needs ``dormant/answers.write``.
+
+Answers retried with their ``Idempotency-Key`` after the first attempt stored them but lost its answer (its
+function timed out, or waking the execution failed, after the commit; the idempotency record then expires or is
+dropped) are found on the ledger, each call answered by this caller with this input and its tool not run yet:
+nothing is written again, and what waits on them is woken again (a wake is idempotent), so a lost wake-up is
+mended by the client's retry, not left for the sweeper.
 """
 
 from __future__ import annotations
@@ -38,8 +44,11 @@ def answer(request: Request, session_id: str) -> Response[Any]:
     answers = [a.model_dump() for a in body.answers]
     me = request.caller()
     hooks = request.api.hooks
+    retried = request.idempotency_key() is not None
 
     def store(session: Session) -> None:
+        if retried and _stored_before(session, answers, me.principal):
+            return  # this request's answers landed before: nothing to write; what waits is woken below
         try:  # errors are served as raised (their class, their status), named in this body: answers.N
             # the audit says who answered; the tool's answerable_by must admit them (403, nothing written)
             session.input.answers(answers, principal=me.principal, groups=me.groups)
@@ -60,3 +69,14 @@ def answer(request: Request, session_id: str) -> Response[Any]:
         return {"status": 202, "body": answered}
 
     return once(request, tenant_app, session_id, work)
+
+
+def _stored_before(session: Session, answers: list[dict[str, Any]], principal: str | None) -> bool:
+    """Whether every one of ``answers`` is on the ledger as given by ``principal``, its tool not run yet."""
+    answered = session.projection.answered
+    return all(
+        (stored := answered.get(a["call_id"])) is not None
+        and stored.principal == principal
+        and stored.input == a["input"]
+        for a in answers
+    )
