@@ -126,14 +126,6 @@ def test_every_turn_and_every_answer_completes(busy_day: Day) -> None:
 
 
 @pytest.mark.backend("dynamodb")
-@pytest.mark.xfail(
-    strict=False,
-    reason="open (issue 34), cause found: a Park task that exhausts its Retry of Lambda.TooManyRequestsException "
-    "at park's cap (5) in the harness's scaled time goes to RecordParkFailure, which ends the waiting turn in error "
-    "(execution states Park, RecordParkFailure, Failed): the answer to the call the session showed waiting a moment "
-    "before is then 409 UnknownCallId, 'no call is waiting'. The Park's retry and what RecordParkFailure ends (a "
-    "wait whose token was never stored could be left to the sweeper) are the workflow's to change",
-)
 def test_an_answer_to_the_call_a_session_shows_waiting_is_taken(busy_day: Day) -> None:
     day = busy_day
     refused = day.client.refused_answers

@@ -897,6 +897,9 @@ def test_answers_retried_after_their_wake_up_failed_wake_the_parked_turn(deploym
     stored = ledger(d, sid)
     status, _, again = d.api("POST", f"/sessions/{sid}/tools", body)
     assert status == 409 and again["error"] == "UnknownCallId", (status, again)  # keyless: another request
+    changed = {"answers": [{"call_id": call, "input": {"approved": False}}]}
+    status, _, again = d.api("POST", f"/sessions/{sid}/tools", changed, headers=key)
+    assert status == 409 and again["error"] == "UnknownCallId", (status, again)  # not what landed: not its retry
     status, _, again = d.api("POST", f"/sessions/{sid}/tools", body, headers=key)
     assert status == 202 and again.get("woke") is True, (status, again, evidence(d))
     d.settle()
