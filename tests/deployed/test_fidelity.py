@@ -22,7 +22,18 @@ from urllib.parse import quote
 import pytest
 
 from tests.support.fidelity import iam
-from tests.support.fidelity.calls import APP_PACKAGE, TENANT, answer, create, evidence, fresh, ledger, run, show
+from tests.support.fidelity.calls import (
+    APP_PACKAGE,
+    TENANT,
+    answer,
+    create,
+    evidence,
+    fidelity_stack,
+    fresh,
+    ledger,
+    run,
+    show,
+)
 from tests.support.fidelity.stepfunctions import ApiError, StatesError, StepFunctions, fill, intrinsic, path_set
 from tests.support.fidelity.template import Names, Template
 
@@ -536,21 +547,9 @@ MACHINE_CLIENTS = {
 @pytest.fixture(scope="module")
 def deployment(dynamodb_endpoint: str) -> Iterator[Any]:
     """The stack with the fidelity app, started once for the module (synthesis takes a while)."""
-    pytest.importorskip("aws_cdk", reason="the harness synthesizes the CDK app (the infra extra)")
-    pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambda extra")
-    from tests.support.fidelity.deployment import Deployment
-
-    started = Deployment.start(
-        dynamodb_endpoint=dynamodb_endpoint,
-        app="fidelity_app:build",
-        app_packages=[APP_PACKAGE],
-        time_scale=0.01,
-        context={"cors_origins": BROWSER_APP, "machine_clients": json.dumps(MACHINE_CLIENTS)},
-    )
-    try:
+    context = {"cors_origins": BROWSER_APP, "machine_clients": json.dumps(MACHINE_CLIENTS)}
+    with fidelity_stack(dynamodb_endpoint, time_scale=0.01, context=context) as started:
         yield started
-    finally:
-        started.close()
 
 
 def ended(d: Any, execution: Any, timeout: float = 120) -> Any:

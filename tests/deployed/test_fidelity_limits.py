@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.fidelity.calls import APP_PACKAGE, TENANT, evidence, fresh
+from tests.support.fidelity.calls import TENANT, evidence, fidelity_stack, fresh
 
 RUN_TIMEOUT = 12.0
 RATE_SCALE = 0.05
@@ -32,23 +32,12 @@ RATE_SCALE = 0.05
 
 @pytest.fixture(scope="module")
 def deployment(dynamodb_endpoint: str) -> Iterator[Any]:
-    pytest.importorskip("aws_cdk", reason="the harness synthesizes the CDK app (the infra extra)")
-    pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambda extra")
     from tests.support.fidelity.capacity import Capacity
-    from tests.support.fidelity.deployment import Deployment
 
-    started = Deployment.start(
-        dynamodb_endpoint=dynamodb_endpoint,
-        app="fidelity_app:build",
-        app_packages=[APP_PACKAGE],
-        time_scale=0.01,
-        timeouts={"run": RUN_TIMEOUT},
-        capacity=Capacity(rate_scale=RATE_SCALE),
-    )
-    try:
+    with fidelity_stack(
+        dynamodb_endpoint, time_scale=0.01, timeouts={"run": RUN_TIMEOUT}, capacity=Capacity(rate_scale=RATE_SCALE)
+    ) as started:
         yield started
-    finally:
-        started.close()
 
 
 def _call(d: Any, method: str, path: str, body: Any = None, **options: Any) -> tuple[int, dict[str, str], Any]:

@@ -3,11 +3,32 @@ the ledger; each failed step's message carries the deployment's evidence (functi
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 TENANT = "tenant-a"
 APP_PACKAGE = "tests/support/fidelity/fidelity_app"
+
+
+@contextlib.contextmanager
+def fidelity_stack(dynamodb_endpoint: str, **options: Any) -> Iterator[Any]:
+    """The stack with the fidelity app (``Deployment.start``'s ``options``: context, timeouts, capacity...), closed
+    on the way out; skipped without the extras the harness needs."""
+    import pytest
+
+    pytest.importorskip("aws_cdk", reason="the harness synthesizes the CDK app (the infra extra)")
+    pytest.importorskip("aws_lambda_powertools", reason="the handlers need the lambda extra")
+    from .deployment import Deployment
+
+    started = Deployment.start(
+        dynamodb_endpoint=dynamodb_endpoint, app="fidelity_app:build", app_packages=[APP_PACKAGE], **options
+    )
+    try:
+        yield started
+    finally:
+        started.close()
 
 
 def fresh(prefix: str) -> str:
