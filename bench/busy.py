@@ -74,7 +74,9 @@ def report(day: Any) -> list[str]:
         + (", ".join(f"{what} {n}" for what, n in sorted((others + partitions).items())) or "none")
         + f"; client answers: {dict(sorted(day.client.statuses.items()))}"
     )
-    units = {("all", place, kind): u for (place, _, kind), u in load.units().items()}
+    units: Counter[tuple[str, str, str]] = Counter()
+    for (place, _, kind), billed in load.units().items():  # every partition's units, summed by place and kind
+        units[("all", place, kind)] += billed
     harness = {
         **gbs,
         "lambda_requests": float(len(invocations)),

@@ -47,8 +47,10 @@ def test_bench_busy_prints_each_functions_latency_throttles_and_the_cost_per_tur
         assert p99 >= p50 >= 0 and (calls > 0 or rows[name][3] > 0), (name, rows[name])
     assert rows["run"][0] >= 20  # each posted turn ran once at least
     assert re.search(r"^\s+throttles: .+; client answers: \{", out, re.M), out
-    cost = re.search(r"AWS cost per turn at load: \$([\d,]+) per million turns \(dynamodb writes \$[\d,]+", out)
+    cost = re.search(r"AWS cost per turn at load: \$([\d,]+) per million turns \(dynamodb writes \$([\d,]+)", out)
     assert cost and float(cost[1].replace(",", "")) > 0, out
+    # every partition's units summed: a turn writes at least its events and head (about 20 units: $12.50 a million)
+    assert float(cost[2].replace(",", "")) >= 10, out
 
 
 ROW = re.compile(r"^\s+(\w+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$", re.M)
