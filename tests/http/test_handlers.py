@@ -861,6 +861,33 @@ def test_a_run_task_waits_out_a_claim_landing_just_after_its_execution_started(
     assert len(reads) == 2
 
 
+def test_a_wake_up_throttled_by_step_functions_is_a_429_and_the_keyed_retry_wakes(aws: Any) -> None:
+    """Waking the parked execution is refused for Step Functions' rate past the SDK's retries: the answers are
+    stored, the caller gets a 429 with ``Retry-After`` (a throttle, not a 500), and its retry with the same
+    ``Idempotency-Key`` finds the answers on the ledger, writes nothing and wakes the execution."""
+    from botocore.exceptions import ClientError
+
+    client, fake, workflow = aws
+    started, call = yielded_run(aws)
+    assert act(workflow, "park", started, token="token-1")["woke"] is False
+    woke = fake.send_task_success
+
+    def throttled(taskToken: str, output: str) -> None:
+        raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "SendTaskSuccess")
+
+    fake.send_task_success = throttled  # type: ignore[method-assign]
+    body = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
+    key = {"Idempotency-Key": "k-1", "Prefer": ""}
+    status, refused = client.call("tools", session_id="s-1", body=body, headers=key)
+    assert (status, refused["error"], client.headers.get("Retry-After")) == (429, "Throttled", "1"), (status, refused)
+    assert "ThrottlingException" in refused["message"] and fake.sent == []
+    ledger = client.call("session_events", session_id="s-1", query={"limit": "500"})[1]["events"]
+    fake.send_task_success = woke  # type: ignore[method-assign]
+    status, answered = client.call("tools", session_id="s-1", body=body, headers=key)
+    assert status == 202 and answered["woke"] is True and fake.sent == ["token-1"], answered
+    assert client.call("session_events", session_id="s-1", query={"limit": "500"})[1]["events"] == ledger
+
+
 def test_park_then_answers_wakes_the_execution_once(aws: Any) -> None:
     client, fake, workflow = aws
     started, call = yielded_run(aws)

@@ -32,6 +32,8 @@ def load_event(path: str) -> dict[str, Any]:
 class Client:
     def __init__(self, handler: Callable[[dict[str, Any], Any], Any]) -> None:
         self.handler = handler
+        self.headers: dict[str, str] = {}
+        """The last answer's headers."""
 
     def call(
         self,
@@ -66,6 +68,8 @@ class Client:
             event["queryStringParameters"] = query
             event["multiValueQueryStringParameters"] = {k: [v] for k, v in query.items()}
         response = self.handler(event, LambdaContext())
+        multi = response.get("multiValueHeaders") or {}  # the REST resolver's, as API Gateway passes them on
+        self.headers = {**(response.get("headers") or {}), **{k: v[-1] for k, v in multi.items() if v}}
         text = response.get("body") or ""
         return response["statusCode"], json.loads(text) if text else None
 

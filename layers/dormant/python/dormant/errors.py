@@ -624,6 +624,20 @@ class StoreBusy(StoreError):
         """The session whose writes kept losing the race (``None``: the store as a whole was busy)."""
 
 
+THROTTLE_CODES = frozenset(
+    {"ProvisionedThroughputExceededException", "RequestLimitExceeded", "Throttling", "ThrottlingException"}
+    | {"TooManyRequestsException"}
+)
+"""AWS error codes of a request refused for its rate (DynamoDB, Step Functions, Lambda), past botocore's retries."""
+
+
+def throttle_code(exc: BaseException | None) -> str | None:
+    """The code of an AWS SDK error (a botocore ``ClientError``, read by shape: no import) refused for its rate."""
+    response = getattr(exc, "response", None)
+    code = response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+    return code if code in THROTTLE_CODES else None
+
+
 class StoreThrottled(StoreBusy):
     """The store refused the request for its rate (DynamoDB: a partition, an index's back-pressure or the table
     over its throughput) past the client's retries; nothing of it was applied. A throttle, so over HTTP a 429

@@ -37,7 +37,7 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
 )
 from aws_lambda_powertools.utilities.idempotency.persistence.datarecord import DataRecord
 
-from ..errors import DormantError, InputError, RequestInProgress, StoreError, StoreThrottled
+from ..errors import DormantError, InputError, RequestInProgress, StoreError, StoreThrottled, throttle_code
 from ..stores.base import SessionStore
 
 __all__ = [
@@ -112,15 +112,9 @@ class Idempotency(ABC):
         return result
 
 
-_THROTTLES = frozenset({"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"})
-"""DynamoDB's error codes for a request refused for its rate (botocore retried them already)."""
-
-
 def _throttled(exc: BaseException) -> bool:
     """Whether Powertools' persistence error carries a DynamoDB throttle (a botocore ``ClientError``)."""
-    causes = [*exc.args, exc.__cause__]
-    codes = {getattr(c, "response", {}).get("Error", {}).get("Code") for c in causes if c is not None}
-    return bool(codes & _THROTTLES)
+    return any(throttle_code(c) for c in (*exc.args, exc.__cause__) if isinstance(c, BaseException))
 
 
 class DynamoDBIdempotency(Idempotency):

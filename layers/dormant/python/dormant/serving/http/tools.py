@@ -18,7 +18,7 @@ from typing import Any
 from aws_lambda_powertools.event_handler import Response
 
 from ... import metrics
-from ...errors import UnknownCallId
+from ...errors import ToolInputError, UnknownCallId
 from ...session import Session
 from ..bodies import ToolsBody
 from .idempotency import once
@@ -72,11 +72,17 @@ def answer(request: Request, session_id: str) -> Response[Any]:
 
 
 def _stored_before(session: Session, answers: list[dict[str, Any]], principal: str | None) -> bool:
-    """Whether every one of ``answers`` is on the ledger as given by ``principal``, its tool not run yet."""
+    """Whether every one of ``answers`` is on the ledger as given by ``principal``, its tool not run yet: its input
+    as the tool checks it (``check_input``, which stored the first attempt's) equal to what is stored."""
     answered = session.projection.answered
-    return all(
-        (stored := answered.get(a["call_id"])) is not None
-        and stored.principal == principal
-        and stored.input == a["input"]
-        for a in answers
-    )
+    for position, given in enumerate(answers):
+        stored = answered.get(given["call_id"])
+        tool = session.runtime.tool_named(stored.name) if stored is not None else None
+        if stored is None or tool is None or stored.principal != principal:
+            return False
+        try:
+            if tool.check_input(stored.call_id, given["input"], position) != stored.input:
+                return False
+        except ToolInputError:
+            return False  # not what was stored: the answers' usual errors say why
+    return True

@@ -16,7 +16,15 @@ from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 
 from ...app import App
 from ...audit import state_diff
-from ...errors import DormantError, EventIndexError, SessionNotFound, UnknownCallId, VersionConflict, http_status
+from ...errors import (
+    DormantError,
+    EventIndexError,
+    SessionNotFound,
+    UnknownCallId,
+    VersionConflict,
+    http_status,
+    throttle_code,
+)
 from ...events import Event, ToolInputEvent
 from ...people import Caller, may_answer
 from ...projection import Projection
@@ -179,6 +187,12 @@ def answer_errors(resolver: APIGatewayRestResolver, logger: Logger) -> None:
         return answer
 
     def unexpected(exc: Exception) -> Response[Any]:
+        code = throttle_code(exc)
+        if code is not None:  # an AWS service (Step Functions waking a wait, ...) refused us for its rate: a 429
+            logger.warning("throttled by an AWS service: %s", code)
+            answer = error(429, "Throttled", f"an AWS service refused the request for its rate ({code}); try again")
+            answer.headers["Retry-After"] = "1"
+            return answer
         logger.exception("unexpected error")
         return error(500, "InternalError", "the request failed; see the logs for its request id")
 
