@@ -4,12 +4,14 @@ python -m bench                 # every section whose backend is available
 python -m bench ledger sqlite   # some sections
 python -m bench --check         # exit 1 if a figure misses its target
 python -m bench long --check-counts   # exit 1 if a count (read units, bytes) misses; times are printed only
+python -m bench cost --write-docs     # also rewrite the docs' tables generated from the run (docs/operating.md)
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
 
@@ -40,7 +42,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="exit 1 when a counted figure (read units, bytes: not a time) misses its target; for CI",
     )
+    parser.add_argument(
+        "--write-docs", action="store_true", help="rewrite the docs' tables from this run (cost: docs/operating.md)"
+    )
     args = parser.parse_args(argv)
+    if args.write_docs:
+        os.environ["BENCH_WRITE_DOCS"] = "1"
     figures: list[Figure] = []
     print(f"dormant benchmarks{' (BENCH_QUICK: smoke sizes, figures not meaningful)' if QUICK else ''}")
     for name in args.sections:

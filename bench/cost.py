@@ -28,14 +28,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
 import uuid
 from collections import defaultdict
 from typing import Any
 
+from . import cost_docs
 from .commit_bill import commit_bills
 from .common import QUICK, Figure
+from .cost_docs import aws_total
 from .prices import DATE, LONG_POLL_SECONDS, MODEL, PRICES, REGION
 from .units import (
     Table,
@@ -408,13 +411,13 @@ def report(arcs: dict[str, Arc]) -> list[str]:
                 " of its own sweep while it waits, less one after it ended)"
             )
         costs = bill(units, harness, arc["model_calls"])
-        aws = _aws(costs)
+        aws = aws_total(costs)
         totals[name] = aws
         floors = _floor_costs(arc)
         for line, usd in costs.items():
             beside = f"   floor ${floors[line] * 1e6:,.2f}" if line in floors else ""
             lines.append(f"    {line:<22} ${usd * 1e6:>10,.2f} per million turns{beside}")
-        at_floor = aws - sum(costs[line] - floors[line] for line in floors)
+        at_floor = cost_docs.at_floor(costs, floors)
         lines.append(
             f"    {'AWS total':<22} ${aws * 1e6:>10,.2f} per million turns (model: ${costs['model'] * 1e6:,.2f});"
             f" with DynamoDB at its floor ${at_floor * 1e6:,.2f}"
@@ -433,10 +436,6 @@ SLEEPS = ("approval_day", "approval_timeout")
 def _slept(name: str, wait_seconds: float) -> float:
     """How long the arc's session sleeps on AWS: a day, or the template's wait timeout (7 days by default)."""
     return 86_400.0 if name == "approval_day" else wait_seconds
-
-
-def _aws(costs: dict[str, float]) -> float:
-    return sum(v for k, v in costs.items() if k != "model")
 
 
 def _arc_harness(arcs: dict[str, Arc], name: str, *, asleep: bool = True) -> dict[str, float]:
@@ -468,7 +467,7 @@ def _late_lines(arcs: dict[str, Arc], totals: dict[str, float]) -> list[str]:
     answer against one answered at once; the timed-out wait against its own path ending at once, since it does
     less work than an answered one (one turn, not two), which is named line by line beside it."""
     at_once, day, timeout = totals["approval"], totals["approval_day"], totals["approval_timeout"]
-    ended_at_once = _aws(arc_costs(arcs, "approval_timeout", asleep=False))
+    ended_at_once = aws_total(arc_costs(arcs, "approval_timeout", asleep=False))
     _, _, wait_s = _waiting_sweep(arcs, "approval_timeout")
     fewer = {
         line: usd - arc_costs(arcs, "approval_timeout")[line]
@@ -498,10 +497,10 @@ def figures(arcs: dict[str, Arc]) -> list[Figure]:
     not ``counted``; the write units are."""
     out: list[Figure] = []
     if all(name in arcs and arcs[name].get("harness") for name in ("approval", *SLEEPS)):
-        at_once = _aws(arc_costs(arcs, "approval"))
-        day = _aws(arc_costs(arcs, "approval_day"))
-        timeout = _aws(arc_costs(arcs, "approval_timeout"))
-        ended = _aws(arc_costs(arcs, "approval_timeout", asleep=False))
+        at_once = aws_total(arc_costs(arcs, "approval"))
+        day = aws_total(arc_costs(arcs, "approval_day"))
+        timeout = aws_total(arc_costs(arcs, "approval_timeout"))
+        ended = aws_total(arc_costs(arcs, "approval_timeout", asleep=False))
         out.append(
             Figure(
                 "cost",
@@ -525,6 +524,7 @@ def figures(arcs: dict[str, Arc]) -> list[Figure]:
                 note=f"{(timeout / at_once - 1) * 100:+.1f}% against one answered at once: one turn, not two",
             )
         )
+    out += cost_docs.target_figures(bills(arcs))
     chat = _arc(arcs.get("chat", {}))
     floor = chat.get("floor") or {}
     if floor and chat["labelled"]:
@@ -542,6 +542,29 @@ def figures(arcs: dict[str, Arc]) -> list[Figure]:
             )
         )
     return out
+
+
+def bills(arcs: dict[str, Arc]) -> dict[str, tuple[dict[str, float], dict[str, float]]]:
+    """Per measured arc, its bill (``arc_costs``) and its floor's DynamoDB lines (``_floor_costs``)."""
+    return {
+        name: (arc_costs(arcs, name), _floor_costs(_arc(arcs[name])))
+        for name in ARCS
+        if name in arcs and arcs[name].get("harness")
+    }
+
+
+def docs_table(arcs: dict[str, Arc]) -> list[str]:
+    """docs/operating.md's cost table from this run (``cost_docs.table``)."""
+    facts: dict[str, dict[str, Any]] = {}
+    for name in ARCS:
+        arc = _arc(arcs.get(name, {}))
+        facts[name] = {
+            "written": sum(v for (_, _, kind, _), v in arc["labelled"].items() if kind == "write"),
+            "floor": (arc.get("floor") or {}).get("write", 0.0),
+        }
+    if arcs.get("approval_timeout", {}).get("harness"):
+        facts["approval_timeout"]["ended_at_once"] = aws_total(arc_costs(arcs, "approval_timeout", asleep=False))
+    return cost_docs.table(facts, bills(arcs))
 
 
 def _floor_costs(arc: Arc) -> dict[str, float]:
@@ -591,7 +614,7 @@ def _waiting_sweep(arcs: dict[str, Arc], name: str) -> tuple[float, int, float]:
         return 0.0, every, wait_s
 
     def usd(units: dict[tuple[str, str, str], float]) -> float:
-        return _aws(bill(units, {}, 0))
+        return aws_total(bill(units, {}, 0))
 
     return max(0.0, usd(arc["sweep_waiting"]) - usd(arc.get("sweep_after", {}))), every, wait_s
 
@@ -656,4 +679,7 @@ def run() -> list[Figure]:
         )
     if QUICK:
         print("  (BENCH_QUICK: the arcs are the same size; only the warm-up differs)")
+    if os.environ.get("BENCH_WRITE_DOCS") == "1":
+        cost_docs.write(docs_table(arcs))
+        print(f"  wrote the cost table of {cost_docs.DOCS.relative_to(cost_docs.DOCS.parents[1])}")
     return checked

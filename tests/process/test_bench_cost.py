@@ -247,6 +247,53 @@ def test_the_bill_prices_each_line_from_the_one_table() -> None:
     )
 
 
+def _a_bill(**usd_per_million: float) -> dict[str, float]:
+    lines = ["dynamodb writes", "dynamodb index writes", "dynamodb reads", "lambda", "lambda model wait"]
+    lines += ["api gateway", "client long-poll", "step functions", "step functions logs", "logs", "model"]
+    return {line: usd_per_million.get(line.replace(" ", "_").replace("-", "_"), 0.0) / 1e6 for line in lines}
+
+
+def test_the_dollar_targets_put_each_turns_aws_bill_against_its_target_with_its_floor_beside() -> None:
+    from bench.cost_docs import TARGETS, target_figures
+
+    floors = {"dynamodb writes": 5 / 1e6, "dynamodb index writes": 0.0}
+    chat = _a_bill(dynamodb_writes=12, dynamodb_index_writes=4, lambda_model_wait=10, step_functions=3, model=8000)
+    over = _a_bill(dynamodb_writes=100, api_gateway=30)
+    figures = {f.name: f for f in target_figures({"chat": (chat, floors), "approval": (over, floors)})}
+    chat_figure = figures[f"AWS bill of a chat turn / ${TARGETS['chat']:g} per million"]
+    assert chat_figure.ours == "$29.00/M" and chat_figure.ok  # the model's $8,000 is beside the bill, not in it
+    assert chat_figure.floor == "$18.00/M with DynamoDB at its floor"  # 12 + 4 of DynamoDB down to its floor's 5
+    approval = figures[f"AWS bill of an approval turn / ${TARGETS['approval']:g} per million"]
+    assert not approval.ok and approval.ratio == pytest.approx(130 / TARGETS["approval"])
+    assert target_figures({}) == []  # an arc not measured is no figure
+
+
+def test_the_docs_cost_table_is_written_between_its_markers_from_the_run(tmp_path: Path) -> None:
+    from bench.cost_docs import BEGIN, DOCS, END, HEADER, table, write
+
+    floors = {"dynamodb writes": 12.5 / 1e6, "dynamodb index writes": 0.0}
+    bills = {
+        "chat": (_a_bill(dynamodb_writes=20, dynamodb_index_writes=5, dynamodb_reads=1, api_gateway=3.5), floors),
+        "commit": (_a_bill(dynamodb_writes=6, api_gateway=3.5), {"dynamodb writes": 3.75 / 1e6}),
+    }
+    facts = {"chat": {"written": 40.0, "floor": 20.0}, "commit": {"written": 10.0, "floor": 6.0}}
+    rows = table(facts, bills)
+    assert rows[0] == HEADER and len(rows) == 4  # the header, its rule, a row per measured arc
+    assert rows[2].startswith("| chat (1 model call) | $26.00 ($5.00) | $13.50 | 40 / 20 (2.0x) |")
+    assert "**$29.50** (target $30)" in rows[2] and "| $17.00 |" in rows[2]  # the total, and at the floor
+    assert "the runner's own" in rows[3]
+    page = tmp_path / "operating.md"
+    page.write_text(f"before\n{BEGIN}\nold table\n{END}\nafter\n")
+    write(rows, page)
+    assert page.read_text() == "\n".join(["before", BEGIN, *rows, END, "after"]) + "\n"
+    page.write_text("no markers\n")
+    with pytest.raises(ValueError, match="markers"):
+        write(rows, page)
+    # the page the docs serve carries the generated table, not a copy of it
+    served = DOCS.read_text()
+    assert f"{BEGIN}\n{HEADER}\n" in served and END in served
+
+
 def test_a_held_request_looks_on_await_events_schedule() -> None:
     from bench.cost import _looks
 
@@ -460,7 +507,7 @@ def test_late_answers_are_checked_against_the_same_work_at_once_either_way() -> 
             "chat": {"labelled": {("resume", T, "write", "event"): chat_units}, "floor": {"write": 20.0}},
         }
 
-    checked = {f.name: f for f in figures(arcs(0.0, 40.0))}
+    checked = {f.name: f for f in figures(arcs(0.0, 40.0)) if "AWS bill of" not in f.name}  # those: their own test
     day, timeout, chat = checked.values()
     assert (day.ratio, timeout.ratio, chat.ratio) == (1.0, 1.0, 2.0) and all(f.ok for f in checked.values())
     assert "against one answered at once" in timeout.note  # it does less work: said, not hidden
