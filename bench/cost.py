@@ -33,6 +33,7 @@ import re
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from . import cost_docs
@@ -120,12 +121,29 @@ def _transitions(execution: Any) -> int:
     return len(execution.states) + max(0, retries)
 
 
-def _sfn_log_bytes(execution: Any) -> int:
-    """What the state machine's log group ingests for an execution: one record per history event (level ALL,
-    without execution data), as Step Functions writes them (id, type, details without input or output, the
-    previous event's id, the timestamp, the execution's ARN, the redrive count)."""
+LOGGED: dict[str, Callable[[str], bool]] = {
+    "ALL": lambda kind: True,
+    "ERROR": lambda kind: kind.endswith(("Failed", "TimedOut", "Aborted")) or kind == "FailStateEntered",
+    "FATAL": lambda kind: kind in ("ExecutionFailed", "ExecutionAborted", "ExecutionTimedOut"),
+    "OFF": lambda kind: False,
+}
+"""Which history events each of the state machine's log levels sends to its log group, by event type."""
+
+
+def _log_level(d: Any) -> str:
+    """The state machine's log level, from the template (``LoggingConfiguration``; none: ``OFF``)."""
+    ((_, machine),) = d.template.of_type("AWS::StepFunctions::StateMachine").items()
+    return str(machine["Properties"].get("LoggingConfiguration", {}).get("Level", "OFF"))
+
+
+def _sfn_log_bytes(execution: Any, level: str = "ALL") -> int:
+    """What the state machine's log group ingests for an execution at its log ``level``: one record per history
+    event the level logs (``LOGGED``; without execution data), as Step Functions writes them (id, type, details
+    without input or output, the previous event's id, the timestamp, the execution's ARN, the redrive count)."""
     total = 0
     for event in execution.history:
+        if not LOGGED[level](event["type"]):
+            continue
         details = event.get("details") if isinstance(event.get("details"), dict) else {}
         kept = {k: v for k, v in (details or {}).items() if k in ("resource", "error", "name")}
         kept["inputDetails" if "Entered" in event["type"] else "outputDetails"] = {"truncated": False}
@@ -289,7 +307,8 @@ def _harness_arc_run(d: Any, arc: str, sweeps: dict[str, tuple[int, int]]) -> tu
     counted["api_requests"] = requests
     fresh = [e for e in d.executions() if e.arn not in executions]
     counted["transitions"] = sum(_transitions(e) for e in fresh)
-    counted["sfn_log_bytes"] = sum(_sfn_log_bytes(e) for e in fresh)
+    level = _log_level(d)
+    counted["sfn_log_bytes"] = sum(_sfn_log_bytes(e, level) for e in fresh)
     # What the harness's instant model leaves out: the Run's wait on each call, and the client's long-poll
     # (GET /events?wait=25 on ``sessions``) held while the turn runs, a request per 25 s of it.
     calls = _model_calls(d, tenant, sid) if arc != "commit" else 0

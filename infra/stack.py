@@ -61,7 +61,7 @@ from .wiring import (
     TURN_QUOTA,
     state_machine_name,
 )
-from .workflow import MAX_WAIT_SECONDS, ResumeWorkflow
+from .workflow import MAX_WAIT_SECONDS, ResumeWorkflow, log_level
 
 DEFAULT_APP = "bookings:build"
 DEFAULT_APP_PACKAGES = "samples/bookings"
@@ -125,6 +125,7 @@ class DormantStack(Stack):
         machine_clients = parse_machine_clients(context("machine_clients"))
         admin_group = _admin_group(context)
         pitr_days = recovery_days(context)
+        workflow_log_level = log_level(context)
         table = SessionTable(
             self,
             "Sessions",
@@ -235,6 +236,7 @@ class DormantStack(Stack):
             log_retention_days=retention.value_as_number,
             tracing=tracing,
             state_machine_name=machine_name,
+            log_level=workflow_log_level,
         )
         machine = workflow.state_machine
         # Continue-as-new: the execution starts its successor (a states:startExecution task of this machine).

@@ -37,6 +37,8 @@ never left ``running`` by a failed execution. Each Lambda task's timeout outlast
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Stack, Validations
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
@@ -67,6 +69,19 @@ attempt that is still running."""
 RUNNER_LOST = ["Sandbox.Timedout", "Runtime.ExitError", "Lambda.Unknown"]
 """A ``Run`` whose function timed out or died: retried, the next attempt goes on from the last committed step."""
 NOT_CLAIMED = "TurnNotClaimed"
+LOG_LEVELS = ("ERROR", "ALL", "FATAL", "OFF")
+"""``-c workflow_log_level``, the first the default. ``ERROR``: the state machine's log group gets the events of a
+failure (a task failed or timed out, an execution failed, aborted or timed out), not a record of every one of a
+turn's history events at $0.50 a GB: a Standard execution keeps its whole history itself, 90 days, in the console
+and ``GetExecutionHistory``. ``ALL`` for a deployment whose log searches must see every step."""
+
+
+def log_level(context: Callable[[str], object]) -> sfn.LogLevel:
+    """``-c workflow_log_level`` (one of ``LOG_LEVELS``), else a ``ValueError`` naming it."""
+    value = str(context("workflow_log_level") or LOG_LEVELS[0]).upper()
+    if value not in LOG_LEVELS:
+        raise ValueError(f"-c workflow_log_level= is one of {', '.join(LOG_LEVELS)}, not {value!r}")
+    return sfn.LogLevel[value]
 
 
 def _retry_transient(task: sfn.TaskStateBase, errors: list[str] = RETRYABLE_ERRORS) -> None:
@@ -120,6 +135,7 @@ class ResumeWorkflow(Construct):
         log_retention_days: float,
         tracing: bool,
         state_machine_name: str,
+        log_level: sfn.LogLevel = sfn.LogLevel.ERROR,
     ) -> None:
         super().__init__(scope, id)
         stack = Stack.of(self)
@@ -257,7 +273,7 @@ class ResumeWorkflow(Construct):
             "StateMachine",
             definition_body=sfn.DefinitionBody.from_chainable(run),
             state_machine_type=sfn.StateMachineType.STANDARD,
-            logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=False),
+            logs=sfn.LogOptions(destination=log_group, level=log_level, include_execution_data=False),
             tracing_enabled=tracing,
             # A fixed name, so the stack can write the ARN without referencing this resource (the run function's
             # environment, the machine's own right to start its successor).
@@ -278,6 +294,15 @@ class ResumeWorkflow(Construct):
                 "like), which accept no resource narrower than *.",
             )
         )
+        if log_level != sfn.LogLevel.ALL:
+            acks.append(
+                Acknowledgment(
+                    id="AwsSolutions::AwsSolutions-SF1",
+                    reason="A Standard execution keeps its whole history in Step Functions for 90 days; the log group "
+                    "gets its failures (ERROR), not a record per state at a cost per turn; -c workflow_log_level=ALL "
+                    "logs every event.",
+                )
+            )
         if not tracing:
             acks.append(
                 Acknowledgment(

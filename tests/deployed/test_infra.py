@@ -709,6 +709,7 @@ def test_cdk_nag_passes_with_only_the_acknowledged_findings(synth: Synth) -> Non
         # the sweeper's DescribeExecution: on this machine's executions, whose names are made per turn
         f"AwsSolutions-IAM5[Resource::{machine_arn(synth).replace(':stateMachine:', ':execution:')}:*]",
         "AwsSolutions-L1",
+        "AwsSolutions-SF1",  # the state machine logs its failures; a Standard execution keeps its history
         "AwsSolutions-SF2",
         "AwsSolutions-COG8",
         "AwsSolutions-APIG2",
@@ -743,6 +744,21 @@ def test_shard_counts_are_context_with_defaults_and_checked() -> None:
     for bad in ("0", "x", "1001"):
         with pytest.raises(ValueError, match="listing_shards"):
             _shard_count({"listing_shards": bad}.get, "listing_shards", 1)
+
+
+def test_the_state_machine_logs_its_failures_unless_told_to_log_every_event(synth: Synth) -> None:
+    """A Standard execution keeps its own history: the log group gets failures, not a record per state a turn."""
+    from aws_cdk import aws_stepfunctions as sfn
+
+    from infra.workflow import log_level
+
+    _, machine = synth.one("AWS::StepFunctions::StateMachine")
+    logging = machine["Properties"]["LoggingConfiguration"]
+    assert logging["Level"] == "ERROR" and logging["IncludeExecutionData"] is False
+    assert log_level({}.get) == sfn.LogLevel.ERROR
+    assert log_level({"workflow_log_level": "all"}.get) == sfn.LogLevel.ALL
+    with pytest.raises(ValueError, match="workflow_log_level"):
+        log_level({"workflow_log_level": "DEBUG"}.get)
 
 
 def test_the_execution_log_group_is_the_stacks_with_a_retention(synth: Synth) -> None:

@@ -294,6 +294,22 @@ def test_the_docs_cost_table_is_written_between_its_markers_from_the_run(tmp_pat
     assert f"{BEGIN}\n{HEADER}\n" in served and END in served
 
 
+def test_the_state_machines_log_bytes_are_the_events_its_level_logs() -> None:
+    from types import SimpleNamespace
+
+    from bench.cost import _sfn_log_bytes
+
+    def execution(*kinds: str) -> Any:
+        history = [{"id": n + 1, "type": kind, "timestamp": 1.0} for n, kind in enumerate(kinds)]
+        return SimpleNamespace(arn="arn:aws:states:eu-west-1:1:execution:m:e", history=history)
+
+    ok = execution("ExecutionStarted", "TaskStateEntered", "TaskScheduled", "TaskSucceeded", "ExecutionSucceeded")
+    assert _sfn_log_bytes(ok, "ALL") > 0 and _sfn_log_bytes(ok, "ERROR") == 0 == _sfn_log_bytes(ok, "OFF")
+    failed = execution("ExecutionStarted", "TaskStateEntered", "TaskFailed", "ExecutionFailed")
+    errors, fatal, every = (_sfn_log_bytes(failed, level) for level in ("ERROR", "FATAL", "ALL"))
+    assert 0 < fatal < errors < every  # ERROR: the task's failure and the execution's; FATAL: the execution's
+
+
 def test_a_held_request_looks_on_await_events_schedule() -> None:
     from bench.cost import _looks
 
