@@ -411,6 +411,13 @@ def handler(event, context):
         return "x" * (6 * 1024 * 1024 + 1)
     if kind == "raise":
         raise LookupError("no such thing")
+    if kind == "allocate":  # touched, so resident; kept until the end of the invocation unless dropped
+        held = "x" * (event["mb"] * 1024 * 1024)
+        if event.get("drop"):
+            del held
+        if not event.get("then_aws"):
+            return {"allocated": event["mb"]}
+        kind = "aws"
     if kind == "aws":
         import botocore.session
         client = botocore.session.get_session().create_client("dynamodb")
