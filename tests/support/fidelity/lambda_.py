@@ -32,6 +32,9 @@ MAX_RESPONSE_BYTES = 6 * 1024 * 1024
 INIT_WAIT = 60.0
 """How long a cold start's init may take here before the sandbox counts as dead (Lambda allows 10 s; a shared
 machine is slower). A test at the harness's pace may give it more (``LambdaService.init_wait``)."""
+PEAKS_FILE = "DORMANT_FIDELITY_PEAKS"
+"""An environment variable naming a JSON file: when set, each deployment's functions' peak memory is merged into
+it as the deployment closes (``record_peaks``)."""
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "dormantlocal", "AWS_SECRET_ACCESS_KEY": "dormantlocal", "AWS_SESSION_TOKEN": "x"}
 
 
@@ -112,6 +115,8 @@ class LambdaService:
         """Function -> how many sandboxes were started for it (each a cold start: its init ran once)."""
         self.peaks: dict[str, int] = {}
         """Function -> the highest peak memory (MB) any of its sandboxes reached, as Lambda reports Max Memory Used."""
+        self.init_peaks: dict[str, int] = {}
+        """Function -> the highest peak memory (MB) a sandbox of it reached by the end of its init (its imports)."""
         self._idle: dict[str, list[_Sandbox]] = {name: [] for name in functions}
         self._busy: dict[str, list[_Sandbox]] = {name: [] for name in functions}
         self._lock = threading.Lock()
@@ -270,7 +275,7 @@ class LambdaService:
         if ready is None or ready.get("kind") != "ready":
             self._discard(name, sandbox)
             return self._record(Invocation(name, False, error_type="Runtime.ExitError", error_message="init died"))
-        self._peaked(name, ready)
+        self._peaked(name, ready, init=True)
         deadline = time.time() + function.timeout
         request = {"event": event, "request_id": request_id, "deadline": deadline}
         try:
@@ -310,11 +315,23 @@ class LambdaService:
             return self._record(Invocation(name, False, error_type="Function.ResponseSizeTooLarge", error_message=text))
         return self._record(Invocation(name, True, payload=json.loads(body), seconds=seconds, peak_mb=peak))
 
-    def _peaked(self, name: str, message: dict[str, Any]) -> int:
+    def _peaked(self, name: str, message: dict[str, Any], *, init: bool = False) -> int:
         peak = int(message.get("peak_mb", 0))
         with self._lock:
             self.peaks[name] = max(self.peaks.get(name, 0), peak)
+            if init:
+                self.init_peaks[name] = max(self.init_peaks.get(name, 0), peak)
         return peak
+
+    def resize(self, name: str, memory_mb: int) -> None:
+        """Give ``name`` another memory size, as ``UpdateFunctionConfiguration`` would: its idle sandboxes are
+        retired, so the next invocation cold-starts at the new size (a busy one ends at the size it started with)."""
+        with self._lock:
+            self.functions[name].memory = memory_mb
+            self._configs[name] = self._write_config(self.functions[name])
+            idle, self._idle[name] = self._idle[name], []
+        for sandbox in idle:
+            _end(sandbox)
 
     def _out_of_memory(self, name: str, request_id: str, message: dict[str, Any], seconds: float = 0.0) -> Invocation:
         """What Lambda answers for a sandbox that passed its memory size (killed by the kernel, discarded), with its
@@ -411,6 +428,23 @@ class LambdaService:
             sandboxes = [s for group in (*self._idle.values(), *self._busy.values()) for s in group]
         for sandbox in sandboxes:
             _end(sandbox)
+        if os.environ.get(PEAKS_FILE):
+            record_peaks(
+                Path(os.environ[PEAKS_FILE]), {**self.peaks, **{f"{n}.init": p for n, p in self.init_peaks.items()}}
+            )
+
+
+def record_peaks(path: Path, peaks: dict[str, int]) -> None:
+    """Merge ``peaks`` into the JSON file at ``path`` (function -> the highest peak MB seen), under a lock: how
+    each function's peak over the fidelity arcs is measured (``PEAKS_FILE``; docs/deploying.md)."""
+    import fcntl
+
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        seen = json.loads(path.read_text()) if path.exists() else {}
+        for name, peak in peaks.items():
+            seen[name] = max(int(seen.get(name, 0)), peak)
+        path.write_text(json.dumps(seen, indent=1, sort_keys=True) + "\n")
 
 
 def _end(sandbox: _Sandbox) -> None:

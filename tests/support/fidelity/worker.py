@@ -10,10 +10,10 @@ Invocations arrive as JSON lines on stdin; results and call records go out as JS
 named by the second argument (stdout and stderr are the function's log, as on Lambda).
 
 The function's ``MemorySize`` is enforced as Lambda enforces it, on the sandbox's peak resident memory (runtime,
-init and every invocation so far: ``ru_maxrss``, the kernel's high-water mark, one ``getrusage`` a look). It is
-looked at after init, before every AWS call and at the end of every invocation; a sandbox past its size is
-killed (``SIGKILL``) after telling the harness, which reports ``Runtime.OutOfMemory`` (``_Memory``). Between two
-looks a hard ``RLIMIT_DATA`` stops a runaway allocation (``_Memory.limit``).
+init and every invocation so far: ``VmHWM``, the kernel's high-water mark, one read of ``/proc/self/status`` a
+look). It is looked at after init, before every AWS call and at the end of every invocation; a sandbox past its
+size is killed (``SIGKILL``) after telling the harness, which reports ``Runtime.OutOfMemory`` (``_Memory``).
+Between two looks a hard ``RLIMIT_DATA`` stops a runaway allocation (``_Memory.limit``).
 """
 
 from __future__ import annotations
@@ -119,10 +119,14 @@ class _Memory:
         resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
 
     def peak(self) -> int:
-        """The sandbox's peak resident memory so far, in MB (rounded up), runtime and init included."""
-        import resource
-
-        return -(-resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)  # KB on Linux
+        """The sandbox's peak resident memory so far, in MB (rounded up), runtime and init included: ``VmHWM``, the
+        kernel's high-water mark of this process's memory. Not ``ru_maxrss``: Linux carries it over ``execve``
+        from the process that forked (with ``vfork``, the harness's whole pytest), so it reports the parent's."""
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return -(-int(line.split()[1]) // 1024)  # kB
+        raise RuntimeError("no VmHWM in /proc/self/status: the harness measures memory on Linux")
 
     def check(self) -> None:
         if self.peak() > self.size_mb:
