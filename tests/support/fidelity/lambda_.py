@@ -52,6 +52,8 @@ class Invocation:
     """Refused by Lambda before it ran: the function was at its concurrency (``TooManyRequestsException``)."""
     peak_mb: int = 0
     """The sandbox's peak memory by the invocation's end (Max Memory Used): runtime, init and invocations so far."""
+    init_mb: int | None = None
+    """A cold start's: the sandbox's peak memory by the end of its init (None when the sandbox was warm)."""
 
     def error(self) -> dict[str, Any]:
         return {"errorType": self.error_type, "errorMessage": self.error_message}
@@ -275,7 +277,7 @@ class LambdaService:
         if ready is None or ready.get("kind") != "ready":
             self._discard(name, sandbox)
             return self._record(Invocation(name, False, error_type="Runtime.ExitError", error_message="init died"))
-        self._peaked(name, ready, init=True)
+        init_mb = self._peaked(name, ready, init=True) if "peak_mb" in ready else None
         deadline = time.time() + function.timeout
         request = {"event": event, "request_id": request_id, "deadline": deadline}
         try:
@@ -306,14 +308,21 @@ class LambdaService:
         if not message["ok"]:
             return self._record(
                 Invocation(
-                    name, False, error_type=message["errorType"], error_message=message["errorMessage"], peak_mb=peak
+                    name,
+                    False,
+                    error_type=message["errorType"],
+                    error_message=message["errorMessage"],
+                    peak_mb=peak,
+                    init_mb=init_mb,
                 )
             )
         body = message["payload"]
         if len(body.encode()) > MAX_RESPONSE_BYTES:
             text = f"Response payload size ({len(body.encode())} bytes) exceeded maximum allowed payload size"
             return self._record(Invocation(name, False, error_type="Function.ResponseSizeTooLarge", error_message=text))
-        return self._record(Invocation(name, True, payload=json.loads(body), seconds=seconds, peak_mb=peak))
+        return self._record(
+            Invocation(name, True, payload=json.loads(body), seconds=seconds, peak_mb=peak, init_mb=init_mb)
+        )
 
     def _peaked(self, name: str, message: dict[str, Any], *, init: bool = False) -> int:
         peak = int(message.get("peak_mb", 0))
