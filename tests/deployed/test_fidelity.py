@@ -1377,6 +1377,29 @@ def test_a_snapshot_is_written_after_enough_events(deployment: Any) -> None:
     assert item is not None, f"no snapshot item after {len(ledger(d, sid))} events; {evidence(d)}"
 
 
+@pytest.mark.backend("dynamodb")
+def test_a_long_conversation_runs_and_pages_within_each_functions_memory(deployment: Any) -> None:
+    """What a function holds grows with the session's data: a conversation of ``BIG_TURNS`` turns of
+    ``BIG_MESSAGE`` bytes each (near the API's 256 KB body) is run turn by turn (``resume`` loads the history and
+    hands the model all of it) and read back as one page (``sessions``, up to ``MAX_EVENTS_PAGE_BYTES``), every
+    function within its ``MemorySize`` (the harness kills a sandbox past it). Its peaks are among those the stack
+    is sized by (``infra.functions.PEAK_MB``)."""
+    d, sid = deployment, fresh("long")
+    create(d, sid)
+    for turn in range(BIG_TURNS):
+        shown = run(d, sid, f"signoffs=0 turn {turn} " + "x" * BIG_MESSAGE)
+        assert shown["status"] == "completed", (turn, shown["status"], evidence(d))
+    status, _, page = d.api("GET", f"/sessions/{sid}/events", query={"limit": "1000"})
+    assert status == 200, (status, evidence(d))
+    users = [e for e in page["events"] if e["type"] == "user"]
+    assert 10 <= len(users) <= BIG_TURNS and sum(len(json.dumps(e)) for e in page["events"]) > 2_500_000, len(users)
+    assert not [e for e in d.errors() if e[1] == "Runtime.OutOfMemory"], d.errors()[-3:]
+
+
+BIG_TURNS, BIG_MESSAGE = 20, 240_000
+"""The long conversation: 20 turns of 240 KB messages, about 4.8 MB of history (a page is at most 5 MB)."""
+
+
 @pytest.mark.slow
 @pytest.mark.backend("dynamodb")
 def test_a_sixty_second_turn_completes(deployment: Any) -> None:
