@@ -1385,6 +1385,7 @@ def test_a_long_conversation_runs_and_pages_within_each_functions_memory(deploym
     function within its ``MemorySize`` (the harness kills a sandbox past it). Its peaks are among those the stack
     is sized by (``infra.functions.PEAK_MB``)."""
     d, sid = deployment, fresh("long")
+    before = len(d.lambdas.invocations)
     create(d, sid)
     for turn in range(BIG_TURNS):
         shown = run(d, sid, f"signoffs=0 turn {turn} " + "x" * BIG_MESSAGE)
@@ -1393,7 +1394,8 @@ def test_a_long_conversation_runs_and_pages_within_each_functions_memory(deploym
     assert status == 200, (status, evidence(d))
     users = [e for e in page["events"] if e["type"] == "user"]
     assert 10 <= len(users) <= BIG_TURNS and sum(len(json.dumps(e)) for e in page["events"]) > 2_500_000, len(users)
-    assert not [e for e in d.errors() if e[1] == "Runtime.OutOfMemory"], d.errors()[-3:]
+    killed = [i for i in d.lambdas.invocations[before:] if i.error_type == "Runtime.OutOfMemory"]
+    assert not killed, killed
 
 
 BIG_TURNS, BIG_MESSAGE = 20, 240_000
