@@ -2,11 +2,13 @@
 
 Every role starts empty; the stack grants each function exactly what its handler touches (``infra.wiring``:
 the table, and for some the state machine). No managed policies: logging is granted on the function's own
-log group. Each function gets only its own environment variables (``infra.wiring.ENVIRONMENT``).
+log group. Each function gets only its own environment variables (``infra.wiring.ENVIRONMENT``), and the
+memory its work was measured to need (``Handler.memory_mb``; ``-c function_memory=`` overrides it).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,27 +25,103 @@ from .limits import COLD_START_S, INTEGRATION_TIMEOUT_S
 FUNCTIONS_DIR = Path(__file__).resolve().parents[1] / "functions"
 
 
+MEMORY_MIN_MB, MEMORY_MAX_MB = 128, 10_240
+"""Lambda's range for a function's memory."""
+HEADROOM = 1.5
+MEMORY_STEP_MB = 64
+PEAK_MB = {"sessions": 103, "run": 93, "tools": 85, "commit": 65, "park": 59, "resume": 93, "sweeper": 68}
+"""Each function's peak memory (MB, Lambda's Max Memory Used: runtime, init and invocations) over the fidelity arcs
+(``tests/deployed/test_fidelity*.py``, 2026-12-06: the highest of three full runs, the first with every function
+at 128 MB, all arcs green each time), as the harness measures and enforces it (``DORMANT_FIDELITY_PEAKS``;
+docs/deploying.md). Init alone is 43-47 MB (Python, boto3 and the handler's imports); a 4.8 MB conversation run
+and paged on its own reaches ``resume`` 83, ``sessions`` 85: what a function holds is mostly its code, not the
+session's data. A warm sandbox that served many requests peaks higher (``sessions`` 85, 98 and 103 in the three
+runs)."""
+
+
+def size_for(peak_mb: int) -> int:
+    """A function's memory: its measured peak x ``HEADROOM``, rounded up to ``MEMORY_STEP_MB``, at least Lambda's
+    minimum. Headroom because an app's agent, a longer ledger or a bigger page holds more than the arcs did, and
+    the harness's process is not Lambda's runtime to the megabyte."""
+    stepped = math.ceil(peak_mb * HEADROOM / MEMORY_STEP_MB) * MEMORY_STEP_MB
+    return min(max(stepped, MEMORY_MIN_MB), MEMORY_MAX_MB)
+
+
 @dataclass(frozen=True)
 class Handler:
     name: str
     description: str
     timeout_seconds: int
+    memory_mb: int
+    """Its ``MemorySize`` (``size_for`` its measured peak): Lambda bills memory x time, and these functions mostly
+    wait (on the model, DynamoDB, a long-poll), where memory buys nothing; CPU is proportional to it."""
 
 
 API = INTEGRATION_TIMEOUT_S - COLD_START_S - 1
 """API functions: a cold start and the whole timeout end before API Gateway's 29 s, so no request is answered
 504 after its work landed (a held wait ends ``WAIT_MARGIN`` before the function's deadline: 21 s)."""
+TURNS_MB = size_for(max(PEAK_MB["resume"], PEAK_MB["run"]))
+"""``resume`` runs turns, and ``run`` will run the turns whose caller waits (issue 36, ``Prefer: wait``): both get
+what a turn needs, so ``run`` is never sized lower than ``resume`` (``memory_sizes`` refuses it)."""
 HANDLERS = (
-    Handler("sessions", "Create, list, show and delete sessions; page a session's ledger; erase a person", API),
-    Handler("run", "Claim a turn and start the workflow that runs it (answers 202)", API),
-    Handler("tools", "Store answers to yielded tools and wake the workflow waiting on them", API),
-    Handler("commit", "Commit events from a runner that runs agents elsewhere", API),
+    Handler(
+        "sessions",
+        "Create, list, show and delete sessions; page a session's ledger; erase a person",
+        API,
+        size_for(PEAK_MB["sessions"]),
+    ),
+    Handler("run", "Claim a turn and start the workflow that runs it (answers 202)", API, TURNS_MB),
+    Handler(
+        "tools", "Store answers to yielded tools and wake the workflow waiting on them", API, size_for(PEAK_MB["tools"])
+    ),
+    Handler("commit", "Commit events from a runner that runs agents elsewhere", API, size_for(PEAK_MB["commit"])),
     # Longer than the store's 10 s wait on another writer's live commit marker, with room to retry it.
-    Handler("park", "Store the workflow's task token with a session that waits for answers", 60),
+    Handler(
+        "park", "Store the workflow's task token with a session that waits for answers", 60, size_for(PEAK_MB["park"])
+    ),
     # Runs whole turns in the workflow: Lambda's maximum; a longer turn continues in the next invocation.
-    Handler("resume", "Run a session's turn in the workflow; record an expired wait or a failure", 900),
-    Handler("sweeper", "Repair pending commits; end or hand on dead runners' turns; restart missing executions", 120),
+    Handler("resume", "Run a session's turn in the workflow; record an expired wait or a failure", 900, TURNS_MB),
+    Handler(
+        "sweeper",
+        "Repair pending commits; end or hand on dead runners' turns; restart missing executions",
+        120,
+        size_for(PEAK_MB["sweeper"]),
+    ),
 )
+
+
+def memory_sizes(value: object) -> dict[str, int]:
+    """Each function's memory: ``HANDLERS``' own, unless ``-c function_memory=`` gives one size for all (``=1024``)
+    or some functions theirs (``=resume=1024,run=1024``). Refused: a size outside Lambda's range, an unknown
+    function, and ``run`` below ``resume`` (``TURNS_MB``)."""
+    sizes = {h.name: h.memory_mb for h in HANDLERS}
+    text = "" if value is None else str(value).strip()
+    if not text:
+        return sizes
+    given = {name: text for name in sizes} if "=" not in text else dict(_pair(p) for p in text.split(",") if p)
+    for name, size in given.items():
+        if name not in sizes:
+            raise ValueError(f"context function_memory names {name!r}, not one of {', '.join(sizes)}")
+        try:
+            sizes[name] = int(size)
+        except ValueError:
+            sizes[name] = 0
+        if not MEMORY_MIN_MB <= sizes[name] <= MEMORY_MAX_MB:
+            raise ValueError(
+                f"context function_memory: {name}'s is a whole number of MB from {MEMORY_MIN_MB} to "
+                f"{MEMORY_MAX_MB}, not {size!r}"
+            )
+    if sizes["run"] < sizes["resume"]:
+        raise ValueError(
+            f"context function_memory: run ({sizes['run']} MB) runs turns as resume does ({sizes['resume']} MB): "
+            "give it at least as much"
+        )
+    return sizes
+
+
+def _pair(part: str) -> tuple[str, str]:
+    name, _, size = part.partition("=")
+    return name.strip(), size.strip()
 
 
 class Functions(Construct):
@@ -56,8 +134,10 @@ class Functions(Construct):
         environment: Mapping[str, Mapping[str, str]],
         log_retention_days: float,
         tracing: bool,
+        memory: Mapping[str, int] | None = None,
     ) -> None:
         super().__init__(scope, id)
+        sizes = memory_sizes(None) if memory is None else memory
         self.by_name: dict[str, lambda_.Function] = {}
         for handler in HANDLERS:
             scope_ = Construct(self, handler.name.capitalize())
@@ -88,7 +168,7 @@ class Functions(Construct):
                 runtime=RUNTIME,
                 architecture=ARCHITECTURE,
                 layers=layers,
-                memory_size=512,
+                memory_size=sizes[handler.name],
                 timeout=Duration.seconds(handler.timeout_seconds),
                 role=role,
                 log_group=log_group,

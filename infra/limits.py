@@ -42,9 +42,10 @@ INTEGRATION_TIMEOUT_S = 29
 """API Gateway's default integration timeout (a REST API method's ``TimeoutInMillis`` may lower it)."""
 COLD_START_S = 4
 """The cold start a synchronous route must leave room for: a Python 3.12 function with dormant's layers
-initializes in about 1 s at 512 MB (docs/benchmarks.md, "Cold start": its imports cost about 1.3x boto3's);
-4 s covers a slow sandbox, a layer fetched cold and a first TLS handshake. Init does not count against the
-function's timeout, but it does against API Gateway's."""
+initializes in about 1 s at 512 MB (docs/benchmarks.md, "Cold start": its imports cost about 1.3x boto3's, 144-211
+ms of CPU); at 128 MB (``tools``, ``commit``: ``infra.functions``), if Lambda throttles init as it does invocations
+(7% of a vCPU), about 3 s. 4 s covers that, a layer fetched cold and a first TLS handshake. Init does not count
+against the function's timeout, but it does against API Gateway's."""
 
 
 @dataclass(frozen=True)

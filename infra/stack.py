@@ -36,7 +36,7 @@ from .api import Api
 from .bundle import ROOT
 from .clients import mapping_environment, parse_machine_clients
 from .dashboard import Dashboard
-from .functions import API, Functions
+from .functions import API, Functions, memory_sizes
 from .guardrails import Guardrails, MachineClientPlans, RateLimitedWebAcl
 from .layer import Layers
 from .model import ModelAccess, model_choice
@@ -192,6 +192,7 @@ class DormantStack(Stack):
             },
             log_retention_days=retention.value_as_number,
             tracing=tracing,
+            memory=memory_sizes(context("function_memory")),
         )
         for name, function in functions.by_name.items():
             _grant_table(function, table, name)

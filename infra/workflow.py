@@ -66,8 +66,9 @@ transition: a day of them costs about $0.036 per waiting turn. Past it ``RecordF
 TASK_TIMEOUT_MARGIN_S = 30
 """A Lambda task waits this much longer than its function's timeout: Step Functions never retries an
 attempt that is still running."""
-RUNNER_LOST = ["Sandbox.Timedout", "Runtime.ExitError", "Lambda.Unknown"]
-"""A ``Run`` whose function timed out or died: retried, the next attempt goes on from the last committed step."""
+RUNNER_LOST = ["Sandbox.Timedout", "Runtime.ExitError", "Runtime.OutOfMemory", "Lambda.Unknown"]
+"""A ``Run`` whose function timed out, died or passed its memory size (``Runtime.OutOfMemory``: Lambda kills the
+sandbox, the retry gets a fresh one): retried, the next attempt goes on from the last committed step."""
 NOT_CLAIMED = "TurnNotClaimed"
 LOG_LEVELS = ("ERROR", "ALL", "FATAL", "OFF")
 """``-c workflow_log_level``, the first the default. ``ERROR``: the state machine's log group gets the events of a

@@ -411,6 +411,13 @@ def handler(event, context):
         return "x" * (6 * 1024 * 1024 + 1)
     if kind == "raise":
         raise LookupError("no such thing")
+    if kind == "allocate":  # touched, so resident; kept until the end of the invocation unless dropped
+        held = "x" * (event["mb"] * 1024 * 1024)
+        if event.get("drop"):
+            del held
+        if not event.get("then_aws"):
+            return {"allocated": event["mb"]}
+        kind = "aws"
     if kind == "aws":
         import botocore.session
         client = botocore.session.get_session().create_client("dynamodb")
@@ -524,6 +531,35 @@ def test_a_sandbox_enforces_the_role_timeouts_crashes_and_the_response_limit(san
     assert sandboxes.kill("probe") == 1
     worker.join()
     assert (killed[0].ok, killed[0].error_type) == (False, "Runtime.ExitError")
+
+
+def test_a_sandbox_past_its_memory_size_is_killed_as_lambda_kills_it(sandboxes: Any) -> None:
+    # the probe is sized 256 MB: its peak (runtime, init, invocations) is Lambda's Max Memory Used
+    fits = sandboxes.invoke("probe", {"kind": "allocate", "mb": 64})
+    assert fits.ok and 64 < fits.peak_mb < 256, fits
+    # the sandbox's own: its init (the runtime, and botocore for the harness's guard) is tens of MB, not the
+    # harness's process that started it (whose high-water mark Linux carries over exec in ru_maxrss)
+    assert fits.init_mb is not None and 8 < fits.init_mb < 64 and fits.peak_mb - fits.init_mb >= 64, fits
+    assert sandboxes.peaks["probe"] == fits.peak_mb and sandboxes.cold_starts["probe"] == 1
+
+    over = sandboxes.invoke("probe", {"kind": "allocate", "mb": 300})
+    assert (over.ok, over.error_type) == (False, "Runtime.OutOfMemory"), over
+    assert over.error_message.endswith("Error: Runtime exited with error: signal: killed")
+    assert sandboxes.peaks["probe"] > 256  # recorded, as Lambda's REPORT line shows it
+    assert sandboxes.invoke("probe", {"kind": "allocate", "mb": 1}).ok  # a fresh sandbox: a cold start
+    assert sandboxes.cold_starts["probe"] == 2
+
+    # a peak that came and went within the invocation still killed it (the kernel's high-water mark)
+    gone = sandboxes.invoke("probe", {"kind": "allocate", "mb": 300, "drop": True})
+    assert gone.error_type == "Runtime.OutOfMemory", gone
+    # past its size, the sandbox makes no further AWS call: Lambda would have killed it first
+    calls = len(sandboxes.calls)
+    stopped = sandboxes.invoke("probe", {"kind": "allocate", "mb": 300, "then_aws": True, "table": "allowed"})
+    assert stopped.error_type == "Runtime.OutOfMemory" and len(sandboxes.calls) == calls, sandboxes.calls[calls:]
+    # a runaway is stopped by the hard limit before it takes the machine, and fails the same way
+    runaway = sandboxes.invoke("probe", {"kind": "allocate", "mb": 2048})
+    assert runaway.error_type == "Runtime.OutOfMemory" and runaway.peak_mb < 2 * 256, runaway  # never got there
+    assert sandboxes.invoke("probe", {"kind": "allocate", "mb": 1}).ok
 
 
 # -- the deployment --------------------------------------------------------------------------------------------
@@ -798,6 +834,47 @@ def test_a_run_throttled_past_its_retries_is_recorded_by_park_not_by_resume(depl
     assert [f for f, _ in functions.seen] == [resume] * attempts + [park]
     recorded = functions.seen[-1][1]
     assert recorded["action"] == "fail" and recorded["error"]["Error"] == "Lambda.TooManyRequestsException"
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_function_sized_below_what_it_needs_fails_as_lambda_fails_it(deployment: Any) -> None:
+    """A function whose sandbox passes its ``MemorySize`` is killed (``Runtime.OutOfMemory``), its sandbox discarded:
+    behind the API, API Gateway answers 502; as the workflow's ``Run``, Step Functions retries it (each attempt a
+    cold start, killed again), then ``RecordFailure`` ends the turn on the ledger naming the error: not stuck."""
+    from infra.workflow import RUNNER_LOST
+
+    d = deployment
+    sized = {name: d.functions[name].memory for name in ("sessions", "resume")}
+    d.lambdas.resize("sessions", 16)  # below what its runtime and imports take
+    try:
+        status, _, body = d.api("GET", "/sessions")
+    finally:
+        d.lambdas.resize("sessions", sized["sessions"])
+    assert status == 502 and body["message"] == "Internal server error", (status, body)
+    assert d.errors("sessions")[-1][1] == "Runtime.OutOfMemory", d.errors("sessions")[-1]
+
+    # what a turn takes a cold resume sandbox to, by its init and by the turn's end: sized between the two, the
+    # sandbox starts, and the turn takes it past its size
+    sid = fresh("sized")
+    create(d, sid)
+    d.lambdas.resize("resume", sized["resume"])  # its idle sandboxes retired: the turn's starts cold
+    assert run(d, sid, "signoffs=0")["status"] == "completed"
+    turn = next(i for i in reversed(d.lambdas.invocations) if i.function == "resume" and i.init_mb is not None)
+    assert turn.ok and turn.init_mb is not None and turn.peak_mb - turn.init_mb >= 4, turn
+    small, cold = (turn.init_mb + turn.peak_mb) // 2, d.lambdas.cold_starts["resume"]
+    sid = fresh("small")
+    create(d, sid)
+    d.lambdas.resize("resume", small)
+    try:
+        ended = run(d, sid, "signoffs=0")
+    finally:
+        d.lambdas.resize("resume", sized["resume"])
+    killed = [e for e in d.errors("resume")[-5:] if e[1] == "Runtime.OutOfMemory"]
+    assert "Runtime.OutOfMemory" in RUNNER_LOST and len(killed) == 5, (small, d.errors("resume")[-6:])  # 1 + 4 retries
+    assert d.lambdas.cold_starts["resume"] - cold == 5  # each attempt in a fresh sandbox
+    assert ended["status"] != "running", ended
+    end = ledger(d, sid)[-1]
+    assert end["type"] == "invocation_end" and end["error_type"] == "Runtime.OutOfMemory", end
 
 
 @pytest.mark.backend("dynamodb")
@@ -1298,6 +1375,31 @@ def test_a_snapshot_is_written_after_enough_events(deployment: Any) -> None:
     assert shown["status"] == "completed", (shown["status"], evidence(d))
     item = d.item({"pk": {"S": f"S#fidelity@{TENANT}#{sid}"}, "sk": {"S": "#S"}})
     assert item is not None, f"no snapshot item after {len(ledger(d, sid))} events; {evidence(d)}"
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_long_conversation_runs_and_pages_within_each_functions_memory(deployment: Any) -> None:
+    """What a function holds grows with the session's data: a conversation of ``BIG_TURNS`` turns of
+    ``BIG_MESSAGE`` bytes each (near the API's 256 KB body) is run turn by turn (``resume`` loads the history and
+    hands the model all of it) and read back as one page (``sessions``, up to ``MAX_EVENTS_PAGE_BYTES``), every
+    function within its ``MemorySize`` (the harness kills a sandbox past it). Its peaks are among those the stack
+    is sized by (``infra.functions.PEAK_MB``)."""
+    d, sid = deployment, fresh("long")
+    before = len(d.lambdas.invocations)
+    create(d, sid)
+    for turn in range(BIG_TURNS):
+        shown = run(d, sid, f"signoffs=0 turn {turn} " + "x" * BIG_MESSAGE)
+        assert shown["status"] == "completed", (turn, shown["status"], evidence(d))
+    status, _, page = d.api("GET", f"/sessions/{sid}/events", query={"limit": "1000"})
+    assert status == 200, (status, evidence(d))
+    users = [e for e in page["events"] if e["type"] == "user"]
+    assert 10 <= len(users) <= BIG_TURNS and sum(len(json.dumps(e)) for e in page["events"]) > 2_500_000, len(users)
+    killed = [i for i in d.lambdas.invocations[before:] if i.error_type == "Runtime.OutOfMemory"]
+    assert not killed, killed
+
+
+BIG_TURNS, BIG_MESSAGE = 20, 240_000
+"""The long conversation: 20 turns of 240 KB messages, about 4.8 MB of history (a page is at most 5 MB)."""
 
 
 @pytest.mark.slow

@@ -474,6 +474,43 @@ def test_timeouts_fit_what_each_function_does(synth: Synth) -> None:
 # -- the API -------------------------------------------------------------------------------------
 
 
+def test_each_function_is_sized_by_its_measured_peak_with_headroom(synth: Synth) -> None:
+    """Lambda bills memory x time: each function gets its peak over the fidelity arcs x 1.5, on a 64 MB step, at
+    least Lambda's 128 (``infra.functions.PEAK_MB``, measured by the harness, which enforces the size). ``run``
+    runs turns as ``resume`` does (issue 36): never sized lower."""
+    from infra.functions import MEMORY_MIN_MB, PEAK_MB, size_for
+
+    sizes = {h.name: function_of(synth, h.name)[1]["Properties"]["MemorySize"] for h in HANDLERS}
+    assert sizes == {h.name: h.memory_mb for h in HANDLERS}
+    for name, size in sizes.items():
+        assert 0 < PEAK_MB[name] * 1.5 <= size and size % 64 == 0 and size >= MEMORY_MIN_MB, (name, size)
+        assert size >= size_for(PEAK_MB[name]), name
+    assert sizes["run"] >= sizes["resume"]
+    assert max(sizes.values()) < 512  # the size every function had before it was measured
+
+
+def test_function_memory_is_context_one_size_or_each_functions_and_checked(tmp_path: Path) -> None:
+    from infra.functions import memory_sizes
+
+    own = {h.name: h.memory_mb for h in HANDLERS}
+    assert memory_sizes(None) == memory_sizes("") == own
+    assert memory_sizes("1024") == dict.fromkeys(own, 1024)
+    assert memory_sizes("resume=1024, run=1536") == {**own, "resume": 1024, "run": 1536}
+    for bad, named in (
+        ("resume=1024", "run"),  # run below resume
+        ("tools=64", "tools"),
+        ("tools=10241", "tools"),
+        ("tools=lots", "tools"),
+        ("nope=256", "nope"),
+        ("127", "sessions"),
+    ):
+        with pytest.raises(ValueError, match=named):
+            memory_sizes(bad)
+    synthesized = synthesize(tmp_path / "memory", {"function_memory": "sessions=256,resume=640,run=640"})
+    sizes = {h.name: function_of(synthesized, h.name)[1]["Properties"]["MemorySize"] for h in HANDLERS}
+    assert sizes == {**own, "sessions": 256, "resume": 640, "run": 640}
+
+
 def test_the_stack_leaves_the_account_api_gateway_logging_role_alone(synth: Synth) -> None:
     assert synth.of_type("AWS::ApiGateway::Account") == {}
     for role in synth.of_type("AWS::IAM::Role").values():

@@ -3,10 +3,12 @@
 * ``template``: the CloudFormation template read back, every reference resolved to a concrete fake value.
 * ``iam``: each AWS call mapped to the IAM actions and resources AWS authorizes it by, checked against a
   function's policy statements.
-* ``lambda_``: one worker process per function (a warm sandbox) with exactly its template environment; a
-  sandbox can be killed before a call (``crash_before``), paused after one (``hold_after``), or refused one
-  (``fail_next``).
-* ``worker``: the bootstrap that runs inside such a process (the IAM check wraps botocore there).
+* ``lambda_``: one worker process per function (a warm sandbox) with exactly its template environment, its
+  timeout and its ``MemorySize`` (a sandbox past it is killed: ``Runtime.OutOfMemory``; each function's peak
+  in ``peaks``); a sandbox can be killed before a call (``crash_before``), paused after one (``hold_after``),
+  or refused one (``fail_next``), and a function resized (``resize``).
+* ``worker``: the bootstrap that runs inside such a process (the IAM check wraps botocore there, and the
+  memory size is looked at: ``_Memory``).
 * ``capture``: while turned on (``LambdaService.capture``), what each DynamoDB call touched, for ``bench cost``.
 * ``stepfunctions``: an ASL interpreter served over HTTP, which the functions reach with their own botocore.
 * ``deployment``: API Gateway's routing and limits, and the ``Deployment`` the tests drive.

@@ -1,8 +1,11 @@
 """Lambda, locally: each function in worker processes of its own (warm sandboxes), with exactly the
-environment its template gives it plus what Lambda sets, its timeout and its response limit enforced.
+environment its template gives it plus what Lambda sets, its timeout, its memory size and its response limit
+enforced.
 
 A sandbox serves one invocation at a time; concurrent invocations of a function get more sandboxes, as
-Lambda scales out. A sandbox that times out or dies is discarded (the next invocation cold-starts).
+Lambda scales out. A sandbox that times out, dies or passes its memory size is discarded (the next invocation
+cold-starts). Each function's peak memory, as Lambda's REPORT line gives it (Max Memory Used), is kept in
+``peaks`` (``worker._Memory``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ MAX_RESPONSE_BYTES = 6 * 1024 * 1024
 INIT_WAIT = 60.0
 """How long a cold start's init may take here before the sandbox counts as dead (Lambda allows 10 s; a shared
 machine is slower). A test at the harness's pace may give it more (``LambdaService.init_wait``)."""
+PEAKS_FILE = "DORMANT_FIDELITY_PEAKS"
+"""An environment variable naming a JSON file: when set, each deployment's functions' peak memory is merged into
+it as the deployment closes (``record_peaks``)."""
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "dormantlocal", "AWS_SECRET_ACCESS_KEY": "dormantlocal", "AWS_SESSION_TOKEN": "x"}
 
 
@@ -44,6 +50,10 @@ class Invocation:
     seconds: float = 0.0
     throttled: bool = False
     """Refused by Lambda before it ran: the function was at its concurrency (``TooManyRequestsException``)."""
+    peak_mb: int = 0
+    """The sandbox's peak memory by the invocation's end (Max Memory Used): runtime, init and invocations so far."""
+    init_mb: int | None = None
+    """A cold start's: the sandbox's peak memory by the end of its init (None when the sandbox was warm)."""
 
     def error(self) -> dict[str, Any]:
         return {"errorType": self.error_type, "errorMessage": self.error_message}
@@ -105,6 +115,10 @@ class LambdaService:
         self.invocations: list[Invocation] = []
         self.cold_starts: dict[str, int] = {}
         """Function -> how many sandboxes were started for it (each a cold start: its init ran once)."""
+        self.peaks: dict[str, int] = {}
+        """Function -> the highest peak memory (MB) any of its sandboxes reached, as Lambda reports Max Memory Used."""
+        self.init_peaks: dict[str, int] = {}
+        """Function -> the highest peak memory (MB) a sandbox of it reached by the end of its init (its imports)."""
         self._idle: dict[str, list[_Sandbox]] = {name: [] for name in functions}
         self._busy: dict[str, list[_Sandbox]] = {name: [] for name in functions}
         self._lock = threading.Lock()
@@ -253,14 +267,19 @@ class LambdaService:
     def _invoke(self, name: str, event: Any) -> Invocation:
         function = self.functions[name]
         started = time.monotonic()
+        request_id = str(uuid.uuid4())
         sandbox = self._take(name)
         # Lambda's timeout covers the invocation, not the cold start's init (which has its own 10 s).
         ready = self._next(sandbox, started + self.init_wait)
+        if ready is not None and ready.get("kind") == "oom":
+            self._discard(name, sandbox)
+            return self._record(self._out_of_memory(name, request_id, ready))
         if ready is None or ready.get("kind") != "ready":
             self._discard(name, sandbox)
             return self._record(Invocation(name, False, error_type="Runtime.ExitError", error_message="init died"))
+        init_mb = self._peaked(name, ready, init=True) if "peak_mb" in ready else None
         deadline = time.time() + function.timeout
-        request = {"event": event, "request_id": str(uuid.uuid4()), "deadline": deadline}
+        request = {"event": event, "request_id": request_id, "deadline": deadline}
         try:
             assert sandbox.process.stdin is not None
             sandbox.process.stdin.write((json.dumps(request) + "\n").encode())
@@ -271,6 +290,9 @@ class LambdaService:
         until = time.monotonic() + function.timeout
         message = self._next(sandbox, until)
         seconds = time.monotonic() - started
+        if message is not None and message.get("kind") == "oom":
+            self._discard(name, sandbox)
+            return self._record(self._out_of_memory(name, request_id, message, seconds))
         if message is None:
             # None before the deadline: the process closed its end (it died). Asking the process instead
             # races with the kernel, which closes a killed process's files before it can be reaped.
@@ -279,18 +301,60 @@ class LambdaService:
             if timed_out:
                 text = f"Task timed out after {function.timeout:.2f} seconds"
                 return self._record(Invocation(name, False, error_type="Sandbox.Timedout", error_message=text))
-            text = f"RequestId: {request['request_id']} Error: Runtime exited with error: signal: killed"
+            text = f"RequestId: {request_id} Error: Runtime exited with error: signal: killed"
             return self._record(Invocation(name, False, error_type="Runtime.ExitError", error_message=text))
         self._release(name, sandbox)
+        peak = self._peaked(name, message)
         if not message["ok"]:
             return self._record(
-                Invocation(name, False, error_type=message["errorType"], error_message=message["errorMessage"])
+                Invocation(
+                    name,
+                    False,
+                    error_type=message["errorType"],
+                    error_message=message["errorMessage"],
+                    peak_mb=peak,
+                    init_mb=init_mb,
+                )
             )
         body = message["payload"]
         if len(body.encode()) > MAX_RESPONSE_BYTES:
             text = f"Response payload size ({len(body.encode())} bytes) exceeded maximum allowed payload size"
             return self._record(Invocation(name, False, error_type="Function.ResponseSizeTooLarge", error_message=text))
-        return self._record(Invocation(name, True, payload=json.loads(body), seconds=seconds))
+        return self._record(
+            Invocation(name, True, payload=json.loads(body), seconds=seconds, peak_mb=peak, init_mb=init_mb)
+        )
+
+    def _peaked(self, name: str, message: dict[str, Any], *, init: bool = False) -> int:
+        peak = int(message.get("peak_mb", 0))
+        with self._lock:
+            self.peaks[name] = max(self.peaks.get(name, 0), peak)
+            if init:
+                self.init_peaks[name] = max(self.init_peaks.get(name, 0), peak)
+        return peak
+
+    def resize(self, name: str, memory_mb: int) -> None:
+        """Give ``name`` another memory size, as ``UpdateFunctionConfiguration`` would: its idle sandboxes are
+        retired, so the next invocation cold-starts at the new size (a busy one ends at the size it started with)."""
+        with self._lock:
+            self.functions[name].memory = memory_mb
+            self._configs[name] = self._write_config(self.functions[name])
+            idle, self._idle[name] = self._idle[name], []
+        for sandbox in idle:
+            _end(sandbox)
+
+    def _out_of_memory(self, name: str, request_id: str, message: dict[str, Any], seconds: float = 0.0) -> Invocation:
+        """What Lambda answers for a sandbox that passed its memory size (killed by the kernel, discarded), with its
+        peak recorded as Lambda's REPORT line would show it (Max Memory Used at the size)."""
+        self._peaked(name, message)
+        text = f"RequestId: {request_id} Error: Runtime exited with error: signal: killed"
+        return Invocation(
+            name,
+            False,
+            error_type="Runtime.OutOfMemory",
+            error_message=text,
+            seconds=seconds,
+            peak_mb=int(message.get("peak_mb", 0)),
+        )
 
     def _next(self, sandbox: _Sandbox, until: float) -> dict[str, Any] | None:
         try:
@@ -373,6 +437,23 @@ class LambdaService:
             sandboxes = [s for group in (*self._idle.values(), *self._busy.values()) for s in group]
         for sandbox in sandboxes:
             _end(sandbox)
+        if os.environ.get(PEAKS_FILE):
+            record_peaks(
+                Path(os.environ[PEAKS_FILE]), {**self.peaks, **{f"{n}.init": p for n, p in self.init_peaks.items()}}
+            )
+
+
+def record_peaks(path: Path, peaks: dict[str, int]) -> None:
+    """Merge ``peaks`` into the JSON file at ``path`` (function -> the highest peak MB seen), under a lock: how
+    each function's peak over the fidelity arcs is measured (``PEAKS_FILE``; docs/deploying.md)."""
+    import fcntl
+
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        seen = json.loads(path.read_text()) if path.exists() else {}
+        for name, peak in peaks.items():
+            seen[name] = max(int(seen.get(name, 0)), peak)
+        path.write_text(json.dumps(seen, indent=1, sort_keys=True) + "\n")
 
 
 def _end(sandbox: _Sandbox) -> None:

@@ -8,6 +8,12 @@ or a library's) is authorized against the function's policy statements (``iam``)
 
 Invocations arrive as JSON lines on stdin; results and call records go out as JSON lines on the descriptor
 named by the second argument (stdout and stderr are the function's log, as on Lambda).
+
+The function's ``MemorySize`` is enforced as Lambda enforces it, on the sandbox's peak resident memory (runtime,
+init and every invocation so far: ``VmHWM``, the kernel's high-water mark, one read of ``/proc/self/status`` a
+look). It is looked at after init, before every AWS call and at the end of every invocation; a sandbox past its
+size is killed (``SIGKILL``) after telling the harness, which reports ``Runtime.OutOfMemory`` (``_Memory``).
+Between two looks a hard ``RLIMIT_DATA`` stops a runaway allocation (``_Memory.limit``).
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from typing import Any
 
 HOLD_LIMIT_S = 60.0
 """The longest a sandbox stays held after a call (``hold_after``) when the harness never lets go."""
+HARD_LIMIT_FACTOR = 2
+"""The hard limit on a sandbox's writable memory, as a multiple of its size (``_Memory.limit``)."""
 
 
 def main(config_path: str, fd: int) -> None:
@@ -42,7 +50,9 @@ def main(config_path: str, fd: int) -> None:
         out.write(json.dumps(message, default=str) + "\n")
         out.flush()
 
-    _guard_botocore(config, iam, send)
+    memory = _Memory(int(config["memory"]), send)
+    memory.limit()
+    _guard_botocore(config, iam, send, memory)
     os.chdir(config["code_dir"])
     module_name, _, attr = config["handler"].rpartition(".")
     handler: Any = None
@@ -51,12 +61,15 @@ def main(config_path: str, fd: int) -> None:
         import importlib
 
         handler = getattr(importlib.import_module(module_name), attr)
+    except MemoryError:
+        memory.exceeded()
     except ImportError as exc:
         init_error = _error(exc, "Runtime.ImportModuleError")
     except Exception as exc:
         init_error = _error(exc, type(exc).__name__)
     _moved_clock(config)
-    send({"kind": "ready", "init_error": init_error})
+    memory.check()  # init counts: a sandbox whose imports pass its size never serves
+    send({"kind": "ready", "init_error": init_error, "peak_mb": memory.peak()})
 
     for line in sys.stdin:
         request = json.loads(line)
@@ -67,13 +80,62 @@ def main(config_path: str, fd: int) -> None:
         try:
             payload = handler(request["event"], context)
             body = json.dumps(payload)
+        except MemoryError:  # the hard limit refused an allocation: past its size, as Lambda would have killed it
+            memory.exceeded()
         except Exception as exc:
             failed = _error(exc, type(exc).__name__)
             _flush()
-            send({"kind": "result", "ok": False, **failed})
+            memory.check()
+            send({"kind": "result", "ok": False, "peak_mb": memory.peak(), **failed})
             continue
         _flush()  # an invocation's log lines reach CloudWatch Logs by the time it ends, as on Lambda
-        send({"kind": "result", "ok": True, "payload": body})
+        memory.check()
+        send({"kind": "result", "ok": True, "payload": body, "peak_mb": memory.peak()})
+
+
+class _Memory:
+    """The function's ``MemorySize`` over the sandbox's peak resident memory, as Lambda counts it (Max Memory Used).
+
+    Lambda's sandbox is a cgroup: the kernel kills it the moment it passes its size. Here the peak (the kernel's
+    high-water RSS, kept by the kernel itself, so nothing is polled) is looked at where it matters: after init,
+    before each AWS call (so a sandbox past its size makes no further write, as on Lambda) and at the end of each
+    invocation (so a peak that came and went is caught). A sandbox past its size tells the harness and dies.
+    """
+
+    def __init__(self, size_mb: int, send: Any) -> None:
+        self.size_mb = size_mb
+        self._send = send
+
+    def limit(self) -> None:
+        """A hard stop between two looks: ``RLIMIT_DATA`` (the heap and private writable mappings, which hold
+        everything the process can dirty but its code) at ``HARD_LIMIT_FACTOR`` x the size. Not ``RLIMIT_RSS``
+        (Linux ignores it) nor ``RLIMIT_AS`` (address space: glibc reserves 64 MB an arena and 8 MB a thread's
+        stack that are never touched, so a healthy sandbox's would pass its size long before its memory does).
+        Not at the size itself: untouched writable reservations (thread stacks) count in it, and a sandbox must
+        not fail here where Lambda would not. An allocation it refuses is a ``MemoryError``: past its size."""
+        import resource
+
+        hard = self.size_mb * HARD_LIMIT_FACTOR * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+
+    def peak(self) -> int:
+        """The sandbox's peak resident memory so far, in MB (rounded up), runtime and init included: ``VmHWM``, the
+        kernel's high-water mark of this process's memory. Not ``ru_maxrss``: Linux carries it over ``execve``
+        from the process that forked (with ``vfork``, the harness's whole pytest), so it reports the parent's."""
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return -(-int(line.split()[1]) // 1024)  # kB
+        raise RuntimeError("no VmHWM in /proc/self/status: the harness measures memory on Linux")
+
+    def check(self) -> None:
+        if self.peak() > self.size_mb:
+            self.exceeded()
+
+    def exceeded(self) -> None:
+        """Die as Lambda kills a sandbox past its size (``SIGKILL``), once the harness knows why."""
+        self._send({"kind": "oom", "peak_mb": self.peak(), "size_mb": self.size_mb})
+        os.kill(os.getpid(), 9)
 
 
 _HELD: list[Any] = []
@@ -152,7 +214,7 @@ def _capture(config: dict[str, Any]) -> Any:
     return sys.modules["_harness_capture"]
 
 
-def _guard_botocore(config: dict[str, Any], iam: Any, send: Any) -> None:
+def _guard_botocore(config: dict[str, Any], iam: Any, send: Any, memory: _Memory) -> None:
     """Authorize every botocore API call against the function's statements, as AWS would; while the harness
     captures (its capture file exists), record what each DynamoDB call touched (``capture.py``)."""
     import base64
@@ -256,6 +318,7 @@ def _guard_botocore(config: dict[str, Any], iam: Any, send: Any) -> None:
         self: Any, operation_name: str, api_params: dict[str, Any], service: str, required: list[tuple[str, str]]
     ) -> Any:
         """The call, once the role allows each of its actions (and any fault or capture the harness armed)."""
+        memory.check()  # a sandbox past its size is dead before its next call: the call is never made
         for action, resource in required:
             crash_before(action)
             granted = iam.allowed(statements, action, resource)
