@@ -35,7 +35,7 @@ API = INTEGRATION_TIMEOUT_S - COLD_START_S - 1
 504 after its work landed (a held wait ends ``WAIT_MARGIN`` before the function's deadline: 21 s)."""
 HANDLERS = (
     Handler("sessions", "Create, list, show and delete sessions; page a session's ledger; erase a person", API),
-    Handler("run", "Claim a turn and start the workflow that runs it (answers 202)", API),
+    Handler("run", "Claim a turn; run it if the caller waits, else (or if it parks) start the workflow", API),
     Handler("tools", "Store answers to yielded tools and wake the workflow waiting on them", API),
     Handler("commit", "Commit events from a runner that runs agents elsewhere", API),
     # Longer than the store's 10 s wait on another writer's live commit marker, with room to retry it.
