@@ -1,15 +1,15 @@
 """The agent app the fidelity harness deploys (``-c app=fidelity_app:build``, its package as ``app_packages``).
 
-A sign-off agent whose scripted model reads its orders from the user's messages, so one warm
-function serves many sessions, each with its own script: ``signoffs=N`` (yielding tool calls before the
-final answer, default 1), ``sleep=S`` (seconds each model call takes), ``fail=model`` (the model raises a
-non-retryable error on its call after the first sign-off; a call that would outlast the handler's
-``calls_end_by`` gives up at it with ``ModelUnavailable``, as the shipped adapters do), ``steps=K`` (plain tool steps first: events
-enough for a snapshot; with ``keys=N`` each step also writes N session state keys, so its commit holds more
-items than one transaction takes and goes the gated way), ``tool=approve`` (the sign-offs are calls of
-``approve``, answerable by group ``approvers`` only) or ``tool=review`` (of ``review``: anyone but who
-started the run, four eyes). Deployed with a model (``-c model=...``) its agent uses that model instead: the
-harness's loopback model server then plays the script.
+A sign-off agent whose scripted model reads its orders from the user's messages, so one warm function serves many
+sessions, each with its own script: ``signoffs=N`` (yielding tool calls before the final answer, default 1),
+``sleep=S`` (seconds each model call takes), ``fail=model`` (the model raises a non-retryable error on its call
+after the first sign-off; a call that would outlast the handler's ``calls_end_by`` gives up at it with
+``ModelUnavailable``, as the shipped adapters do), ``steps=K`` (plain tool steps first: events enough for a
+snapshot; with ``keys=N`` each step also writes N session state keys, so its commit holds more items than one
+transaction takes and goes the gated way), ``tool=approve`` (the sign-offs are calls of ``approve``, answerable by
+group ``approvers`` only) or ``tool=review`` (of ``review``: anyone but who started the run, four eyes). Deployed
+with a model (``-c model=...``) its agent uses that model instead: the harness's loopback model server then plays
+the script.
 """
 
 from __future__ import annotations
