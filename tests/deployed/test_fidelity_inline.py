@@ -116,6 +116,7 @@ def test_a_hold_that_runs_short_hands_the_turn_on_from_its_last_step(deployment:
     steps = [e["result"] for e in events if e["type"] == "tool_result"]
     assert steps == [{"noted": n} for n in range(1, 9)], steps  # each step once, in order: none lost, none doubled
     assert [e["type"] for e in events].count("invocation_resume") == 1  # the execution took it on where it stood
+    assert f"outlasted the hold of {sid}" not in d.log("run"), "the run stopped by a call's timeout, not its hold"
     assert not [e for e in events if e["type"] == "model_end" and e.get("error")], evidence(d)
 
 
@@ -137,6 +138,7 @@ def test_a_model_call_that_would_outlast_the_hold_is_dropped_and_made_again_by_t
     types = [e["type"] for e in events]
     assert types.count("model_start") == 1 and types.count("model_end") == 1, types  # the dropped call left nothing
     assert len(d.executions_of(TENANT, sid)) == 1
+    assert f"a model call outlasted the hold of {sid}" in d.log("run"), d.log("run")[-2000:]
 
 
 @pytest.mark.backend("dynamodb")

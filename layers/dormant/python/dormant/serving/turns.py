@@ -241,6 +241,8 @@ def run_held(app: App, claim: Claim, *, until: int, hand_on: Callable[[int], obj
         outcome = None
     if outcome is not None and outcome.status not in ("yielded_tool", "handed_on"):
         return outcome
+    if outcome is not None and outcome.status == "handed_on" and outcome.error is not None:
+        _logger.warning("dormant: a model call outlasted the hold of %s; made again: %s", claim.session.id, outcome.error)
     version = claim.session.version if outcome is None else outcome.version
     try:
         hand_on(version)
@@ -296,6 +298,7 @@ def _finish(
             commit_status="skipped",
             version=session.version,
             session=session,
+            error=result.error,  # the call's, for the log: not on the ledger
         )
     if claimed:
         metrics.count("turn_ms", (time.perf_counter() - started) * 1000, agent=agent)
