@@ -242,7 +242,9 @@ def run_held(app: App, claim: Claim, *, until: int, hand_on: Callable[[int], obj
     if outcome is not None and outcome.status not in ("yielded_tool", "handed_on"):
         return outcome
     if outcome is not None and outcome.status == "handed_on" and outcome.error is not None:
-        _logger.warning("dormant: a model call outlasted the hold of %s; made again: %s", claim.session.id, outcome.error)
+        _logger.warning(
+            "dormant: a model call outlasted the hold of %s; made again: %s", claim.session.id, outcome.error
+        )
     version = claim.session.version if outcome is None else outcome.version
     try:
         hand_on(version)
