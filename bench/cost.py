@@ -258,21 +258,26 @@ def _harness_arc_run(d: Any, arc: str, sweeps: dict[str, tuple[int, int]]) -> tu
     requests = 0
     counted: dict[str, float] = defaultdict(float)
 
-    def api(method: str, path: str, body: Any = None) -> Any:
+    def api(method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> tuple[int, Any]:
         nonlocal requests
         requests += 1
         counted[f"api:{d._route(method, path)[1]}"] += 1  # the function the route invokes
-        status, _, answer = d.api(method, path, body, tenant=tenant)
+        status, _, answer = d.api(method, path, body, tenant=tenant, headers=headers)
         assert status < 300, (status, answer)
-        return answer
+        return status, answer
 
     sid = f"cost-{uuid.uuid4().hex[:10]}"
     d.api("POST", "/sessions", {"session_id": sid, "scopes": {}}, tenant=tenant)  # not the turn's
+    inline_calls = 0
     if arc == "commit":  # the runner's own compute and model are not on this bill
         events = [{"type": "user", "text": BOOKING}, {"type": "user", "text": CHAT}]
         api("POST", f"/sessions/{sid}/commit", {"expected_version": 1, "events": events})
-    else:
-        api("POST", f"/sessions/{sid}/runs", {"message": CHAT if arc == "chat" else BOOKING})
+        inline = 0
+    else:  # the client waits for the turn anyway: it asks the run function to hold (and so to run it)
+        held = {"Prefer": f"wait={LONG_POLL_SECONDS}"}
+        status, _ = api("POST", f"/sessions/{sid}/runs", {"message": CHAT if arc == "chat" else BOOKING}, held)
+        inline = 1 if status == 200 else 0  # answered with the turn (ended or parked): no long-poll for it
+        inline_calls = _model_calls(d, tenant, sid) if inline else 0  # the calls the run function made
     d.settle(60)
     if arc in ("approval", "approval_day"):
         _, _, shown = d.api("GET", f"/sessions/{sid}", tenant=tenant)
@@ -309,14 +314,19 @@ def _harness_arc_run(d: Any, arc: str, sweeps: dict[str, tuple[int, int]]) -> tu
     counted["transitions"] = sum(_transitions(e) for e in fresh)
     level = _log_level(d)
     counted["sfn_log_bytes"] = sum(_sfn_log_bytes(e, level) for e in fresh)
-    # What the harness's instant model leaves out: the Run's wait on each call, and the client's long-poll
-    # (GET /events?wait=25 on ``sessions``) held while the turn runs, a request per 25 s of it.
+    # What the harness's instant model leaves out: the wait on each call in the function that made it (run for
+    # a turn it ran inline, resume for the rest), and the client's long-poll (GET /events?wait=25 on
+    # ``sessions``) held while a turn it was not answered with runs, a request per 25 s of it.
     calls = _model_calls(d, tenant, sid) if arc != "commit" else 0
-    waited = calls * float(MODEL["latency_seconds"])
-    counted["model_wait_gbs"] = waited * memory["resume"] / 1024
-    counted["poll_requests"] = max(TURN_WAITS[arc], math.ceil(waited / LONG_POLL_SECONDS)) if TURN_WAITS[arc] else 0
-    counted["poll_gbs"] = waited * memory["sessions"] / 1024 if TURN_WAITS[arc] else 0
-    looks = TURN_WAITS[arc] * _looks(waited / TURN_WAITS[arc]) if TURN_WAITS[arc] else 0
+    latency = float(MODEL["latency_seconds"])
+    waited = (calls - inline_calls) * latency
+    counted["model_calls:run"], counted["model_calls:resume"] = inline_calls, calls - inline_calls
+    counted["model_wait_gbs"] = (inline_calls * latency * memory["run"] + waited * memory["resume"]) / 1024
+    polled = TURN_WAITS[arc] - inline
+    counted["poll_turns"] = polled
+    counted["poll_requests"] = max(polled, math.ceil(waited / LONG_POLL_SECONDS)) if polled else 0
+    counted["poll_gbs"] = waited * memory["sessions"] / 1024 if polled else 0
+    looks = polled * _looks(waited / polled) if polled else 0
     counted["poll_looks"] = looks
     counted["poll_read_units"] = looks * read_units(1024, "strong") if looks else 0.0
     for name in d.functions:
@@ -412,9 +422,12 @@ def report(arcs: dict[str, Arc]) -> list[str]:
             lines.append(f"    dynamodb {function:<8} {shown:<24} {kind:<5} {value:8.1f} units")
         lines += _kind_lines(arc)
         lines.append(
-            f"    not in the harness, added: the Run's wait on {arc['model_calls']} model calls at a stated "
-            f"{MODEL['latency_seconds']} s each ({harness.get('model_wait_gbs', 0):.3f} GB-s of resume); the "
-            f"client's long-poll (GET /events?wait={LONG_POLL_SECONDS}, {harness.get('poll_requests', 0):.0f} "
+            f"    not in the harness, added: the wait on {arc['model_calls']} model calls at a stated "
+            f"{MODEL['latency_seconds']} s each ({harness.get('model_wait_gbs', 0):.3f} GB-s: "
+            f"{harness.get('model_calls:run', 0):.0f} in run, a turn it ran inline, "
+            f"{harness.get('model_calls:resume', 0):.0f} in resume); the client's long-poll of the "
+            f"{harness.get('poll_turns', 0):.0f} turns not answered inline "
+            f"(GET /events?wait={LONG_POLL_SECONDS}, {harness.get('poll_requests', 0):.0f} "
             f"requests held {harness.get('poll_gbs', 0):.3f} GB-s of sessions, {harness.get('poll_looks', 0):.0f} "
             "looks each a strongly consistent read of the meta item, as load(after=) reads while nothing moved, and"
             f" the last the turn's events: {harness.get('poll_read_units', 0):.0f} read units);"
@@ -467,8 +480,9 @@ def _arc_harness(arcs: dict[str, Arc], name: str, *, asleep: bool = True) -> dic
         per_sweep, every, wait_s = _waiting_sweep(arcs, name)
         harness["sweeps_while_waiting"] = per_sweep * _slept(name, wait_s) / (every * 60) if asleep else 0.0
     waits, floor = TURN_WAITS[name], arc.get("floor") or {}
-    if waits and floor:  # the look that finds a turn ended reads its events too (the tail)
-        harness["poll_read_units"] = harness.get("poll_read_units", 0) + waits * read_units(
+    polled = int(harness.get("poll_turns", waits))  # the turns a long-poll followed (not answered inline)
+    if polled and floor:  # the look that finds a turn ended reads its events too (the tail)
+        harness["poll_read_units"] = harness.get("poll_read_units", 0) + polled * read_units(
             int(floor["bytes"] / waits), "strong"
         )
     return harness

@@ -61,7 +61,7 @@ API = INTEGRATION_TIMEOUT_S - COLD_START_S - 1
 """API functions: a cold start and the whole timeout end before API Gateway's 29 s, so no request is answered
 504 after its work landed (a held wait ends ``WAIT_MARGIN`` before the function's deadline: 21 s)."""
 TURNS_MB = size_for(max(PEAK_MB["resume"], PEAK_MB["run"]))
-"""``resume`` runs turns, and ``run`` will run the turns whose caller waits (issue 36, ``Prefer: wait``): both get
+"""``resume`` runs turns, and ``run`` the turns whose caller waits (issue 36, ``Prefer: wait``): both get
 what a turn needs, so ``run`` is never sized lower than ``resume`` (``memory_sizes`` refuses it)."""
 HANDLERS = (
     Handler(
@@ -70,7 +70,7 @@ HANDLERS = (
         API,
         size_for(PEAK_MB["sessions"]),
     ),
-    Handler("run", "Claim a turn and start the workflow that runs it (answers 202)", API, TURNS_MB),
+    Handler("run", "Claim a turn; run it if the caller waits, else (or if it parks) start the workflow", API, TURNS_MB),
     Handler(
         "tools", "Store answers to yielded tools and wake the workflow waiting on them", API, size_for(PEAK_MB["tools"])
     ),

@@ -53,7 +53,8 @@ ENVIRONMENT: Mapping[str, frozenset[str]] = MappingProxyType(
         # answer browsers of the allowed origins (sessions answers their preflights too), and read the turn
         # quota (only POST /runs, in run, takes from it)
         "sessions": COMMON_ENVIRONMENT | CALLER_ENVIRONMENT | {IDEMPOTENCY_TABLE, CORS_ORIGINS, TURN_QUOTA},
-        # starts the execution that runs the turn it is about to claim (before the claim: every claim has a runner)
+        # starts the execution that runs the turn it is about to claim (before the claim: every claim has a runner),
+        # or, for a caller that waits, runs the turn and starts an execution only if it parks or outlasts the hold
         "run": COMMON_ENVIRONMENT | CALLER_ENVIRONMENT | {IDEMPOTENCY_TABLE, STATE_MACHINE, CORS_ORIGINS, TURN_QUOTA},
         # wakes a waiting execution with the task token stored on the session: no ARN needed
         "tools": COMMON_ENVIRONMENT | CALLER_ENVIRONMENT | {IDEMPOTENCY_TABLE, CORS_ORIGINS, TURN_QUOTA},
@@ -72,10 +73,10 @@ MODEL_ENVIRONMENT = frozenset({MODEL, OPENAI_BASE_URL, OPENAI_SECRET})
 served app, whose factory is given the deployment's model. They name the model, a server and *where* its key is
 kept; no function's environment holds a key."""
 
-MODEL_FUNCTIONS = frozenset({"resume"})
+MODEL_FUNCTIONS = frozenset({"resume", "run"})
 """The functions that call the model, the only ones granted ``bedrock:InvokeModel`` on the chosen model or read
-on its key: ``resume`` runs turns in the workflow. ``run`` only claims a turn (the execution it starts runs it)
-and reads the key nowhere: the key is read on the first model call, not when the app is built."""
+on its key: ``resume`` runs turns in the workflow, ``run`` the turns whose caller waits (``Prefer: wait``) until
+they park or the hold ends. The key is read on the first model call, not when the app is built."""
 
 MODEL_ACTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {

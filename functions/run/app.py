@@ -1,7 +1,9 @@
-"""Lambda: claim one turn (POST /sessions/{id}/runs) and start the Step Functions execution that runs it.
+"""Lambda: claim one turn (POST /sessions/{id}/runs); run it here if the caller waits, else start its execution.
 
-The execution is started before the claim is committed, so every claim that lands has a runner; the API
-answers 202 (or, with ``Prefer: wait=N``, the finished turn). It needs the state machine's ARN.
+Without ``Prefer: wait`` the execution is started before the claim is committed, so every claim that lands has a
+runner; the API answers 202. With it, this function runs the turn until the hold ends and answers 200 with it;
+an execution is started only if the turn parks or outlasts the hold (a lost start: the sweeper's). It needs the
+state machine's ARN, and the model's grant (``infra.wiring.MODEL_FUNCTIONS``).
 """
 
 import os

@@ -54,8 +54,10 @@ def _call(d: Any, method: str, path: str, body: Any = None, **options: Any) -> t
 def test_a_wait_longer_than_the_run_functions_time_answers_202_before_its_deadline(deployment: Any) -> None:
     """``Prefer: wait=25`` on a turn whose model takes 20 s, with the run function's 12 s: the hold ends
     ``WAIT_MARGIN`` before the function's deadline and answers 202 (the turn runs on in its execution), never a
-    timed-out function's 502 (nor, past API Gateway's 29 s, a 504) after the claim landed. The turn then completes
-    once: its message on the ledger once."""
+    timed-out function's 502 (nor, past API Gateway's 29 s, a 504) after the claim landed. The run function runs
+    the turn itself (its caller waits) until the hold ends: the 20 s call would outlast it, so it is dropped and
+    made again in the execution it hands the turn to. The turn then completes once: its message on the ledger
+    once, no model error on it."""
     d, sid = deployment, fresh("held")
     assert _call(d, "POST", "/sessions", {"session_id": sid, "scopes": {}})[0] == 201
     began = time.monotonic()
@@ -76,6 +78,7 @@ def test_a_wait_longer_than_the_run_functions_time_answers_202_before_its_deadli
     assert shown["status"] == "completed", (shown.get("status"), evidence(d))
     events = _call(d, "GET", f"/sessions/{sid}/events", query={"limit": "1000"})[2]["events"]
     assert [e["type"] for e in events].count("user") == 1, [e["type"] for e in events]
+    assert not [e for e in events if e["type"] == "model_end" and e.get("error")], events
 
 
 @pytest.mark.backend("dynamodb")

@@ -3,9 +3,9 @@ Manager: the synthesized stack run by the harness (``tests/support/fidelity``), 
 provider (``tests/support/fake_model_server.py``), and moto's Secrets Manager reached over HTTP the way the functions
 reach DynamoDB Local and the Step Functions stand-in (``AWS_ENDPOINT_URL_SECRETS_MANAGER``).
 
-What it proves: the functions that call the model (``resume``; ``run`` only claims) read the key once per cold
-start through their own role, send it to the model server and hold no other secret; a model server slower than
-the function's remaining time ends the step with a typed error on the ledger, not a killed function.
+What it proves: the functions that call the model (``resume``, and ``run`` for a turn whose caller waits) read the
+key once per cold start through their own role, send it to the model server and hold no other secret; a model server
+slower than the function's remaining time ends the step with a typed error on the ledger, not a killed function.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.fake_model_server import FakeModelServer, Received, Reply
 from tests.support.fidelity import iam
-from tests.support.fidelity.calls import APP_PACKAGE, answer, create, evidence, fresh, ledger, run
+from tests.support.fidelity.calls import APP_PACKAGE, answer, create, evidence, fresh, ledger, run, show
 
 MODEL = "fidelity-gpt"
 RESUME_TIMEOUT = 30.0
@@ -145,18 +145,38 @@ def test_resume_calls_the_deployed_model_with_its_key_read_once_per_cold_start(s
     assert len(mine) == 2 and all(r.json["model"] == MODEL for r in mine), [r.json for r in mine]
     assert {r.headers.get("authorization") for r in mine} == {f"Bearer {served.key}"}
 
-    # the key is read by resume only, once per cold start, through its own role; run only claims and reads none
-    reads = _secret_calls(d)
+    # the key is read by resume once per cold start, through its own role (run, which only claimed, reads none
+    # for a run that does not wait)
+    reads = _secret_calls(d, "resume")
     resumes = [i for i in d.lambdas.invocations if i.function == "resume"]
-    assert {c.function for c in reads} == {"resume"}, reads
     assert all(c.action == "secretsmanager:GetSecretValue" and c.resource == served.arn for c in reads), reads
     assert len(reads) == d.lambdas.cold_starts["resume"] < len(resumes), (len(reads), d.lambdas.cold_starts, resumes)
-    assert served.secrets.count("GetSecretValue") == len(reads)
+    assert served.secrets.count("GetSecretValue") == len(reads) + len(_secret_calls(d, "run"))
     assert not d.denied(), evidence(d)
 
 
 @pytest.mark.backend("dynamodb")
-def test_no_function_holds_the_key_and_only_resume_may_read_it(served: Served) -> None:
+def test_run_calls_the_deployed_model_for_a_turn_whose_caller_waits(served: Served) -> None:
+    """``Prefer: wait``: the run function runs the turn, calling the deployed model with the key it read through
+    its own role (once per cold start); the turn parks, and the answered turn runs in the execution."""
+    d, sid = served.d, fresh("inline")
+    create(d, sid)
+    body = {"message": f"signoffs=1 for {sid}"}
+    status, _, turn = d.api("POST", f"/sessions/{sid}/runs", body, headers={"Prefer": "wait=20"})
+    assert status == 200 and turn["status"] == "yielded_tool", (status, turn, evidence(d))
+    mine = [r for r in served.server.requests if sid in r.raw.decode()]
+    assert len(mine) == 1 and {r.headers.get("authorization") for r in mine} == {f"Bearer {served.key}"}
+    reads = _secret_calls(d, "run")
+    assert reads and all(c.action == "secretsmanager:GetSecretValue" and c.resource == served.arn for c in reads)
+    assert 1 <= len(reads) <= d.lambdas.cold_starts["run"], (len(reads), d.lambdas.cold_starts)  # once a sandbox
+    d.settle()
+    shown = answer(d, sid, {"yielded_tools": turn["yielded_tools"]})
+    assert shown["status"] == "completed", (shown["status"], evidence(d))
+    assert not d.denied(), evidence(d)
+
+
+@pytest.mark.backend("dynamodb")
+def test_no_function_holds_the_key_and_only_the_model_functions_may_read_it(served: Served) -> None:
     d = served.d
     for name, function in d.functions.items():
         environment = d.lambdas.environment(function)
@@ -166,7 +186,7 @@ def test_no_function_holds_the_key_and_only_resume_may_read_it(served: Served) -
         readable = {g for g in iam.grants(function.statements) if g[0].split(":")[0] in ("secretsmanager", "ssm")}
         model = {g for g in iam.grants(function.statements) if g[0].startswith("bedrock:")}
         assert not model, (name, model)  # an OpenAI model: no Bedrock grant anywhere
-        if name == "resume":
+        if name in ("resume", "run"):
             assert readable == {("secretsmanager:GetSecretValue", served.arn)}, readable
             assert environment["DORMANT_OPENAI_SECRET"] == served.arn  # where the key is, not the key
         else:
@@ -235,17 +255,21 @@ def bedrock_served(dynamodb_endpoint: str) -> Iterator[Any]:
 
 
 @pytest.mark.backend("dynamodb")
-def test_resume_calls_bedrock_through_the_profile_with_exactly_its_grants(bedrock_served: Any) -> None:
+def test_run_and_resume_call_bedrock_through_the_profile_with_exactly_their_grants(bedrock_served: Any) -> None:
     d, server = bedrock_served
     sid = fresh("bedrock")
     create(d, sid)
-    shown = run(d, sid, "signoffs=1")
+    # the caller waits: run makes the first call (the turn parks), resume the answered turn's
+    status, _, turn = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=1"}, headers={"Prefer": "wait=20"})
+    assert status == 200, (status, turn, evidence(d))
+    d.settle()
+    shown = show(d, sid)
     assert shown["status"] == "awaiting_input", (shown["status"], json.dumps(ledger(d, sid)[-1]), evidence(d))
     assert answer(d, sid, shown)["status"] == "completed", evidence(d)
     assert {r.path for r in server.requests} == {f"/model/{PROFILE.replace(':', '%3A')}/converse"}
-    # each call authorized on the profile and on the model in the region it routed to, by resume's role only
+    # each call authorized on the profile and on the model in the region it routed to, by its function's own role
     calls = [c for c in d.calls() if c.action.startswith("bedrock:")]
-    assert {c.function for c in calls} == {"resume"} and all(c.allowed for c in calls), calls
+    assert {c.function for c in calls} == {"run", "resume"} and all(c.allowed for c in calls), calls
     assert {c.resource for c in calls} == {
         f"arn:aws:bedrock:eu-west-1:123456789012:inference-profile/{PROFILE}",
         "arn:aws:bedrock:eu-west-1::foundation-model/anthropic.claude-fidelity-v1:0",

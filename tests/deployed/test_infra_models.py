@@ -78,7 +78,7 @@ def test_an_inference_profile_is_granted_with_its_model_in_every_region_to_resum
         environment = _environment(bedrock_synth, handler.name)
         assert environment["DORMANT_MODEL"] == f"bedrock:{PROFILE}"
         assert set(environment) == ENVIRONMENT[handler.name] | {"DORMANT_MODEL"}
-    assert {"resume"} == MODEL_FUNCTIONS  # run only claims turns: its execution's resume runs them
+    assert {"resume", "run"} == MODEL_FUNCTIONS  # run runs the turns whose caller waits (Prefer: wait)
 
 
 def test_a_model_id_is_granted_on_that_model_and_an_unknown_form_is_refused_at_synth() -> None:
@@ -114,7 +114,7 @@ def test_an_openai_model_without_its_keys_secret_is_refused_at_synth(tmp_path: P
         ("ssm:/dormant/openai", "ssm:/dormant/openai", f"arn:aws:ssm:eu-west-1:{ACCOUNT}:parameter/dormant/openai"),
     ],
 )
-def test_a_referenced_secret_or_parameter_is_the_one_thing_resume_may_read(
+def test_a_referenced_secret_or_parameter_is_the_one_thing_the_model_functions_may_read(
     tmp_path: Path, secret: str, variable: str, grant: str
 ) -> None:
     context = {"model": "openai:m", "openai_secret": secret, "openai_base_url": "https://llm.example/v1"}
@@ -127,7 +127,8 @@ def test_a_referenced_secret_or_parameter_is_the_one_thing_resume_may_read(
     )
     action = "ssm:GetParameter" if secret.startswith("ssm:") else "secretsmanager:GetSecretValue"
     assert _model_grants(synth, "resume") == {(action, grant)}
-    assert _model_grants(synth, "run") == set()
+    assert _model_grants(synth, "run") == {(action, grant)}  # it runs the turns whose caller waits
+    assert _model_grants(synth, "park") == set()
     layers = {r["Properties"]["Description"] for r in synth.of_type("AWS::Lambda::LayerVersion").values()}
     assert any("openai>=" in d for d in layers), layers  # the SDK reaches Lambda in the app layer
 

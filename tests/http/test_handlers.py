@@ -746,6 +746,27 @@ def test_a_run_retried_with_its_key_after_its_record_is_gone_answers_for_its_tur
     assert client.call("run", session_id="s-1", headers={"Idempotency-Key": "k-2", "Prefer": ""})[0] == 409
 
 
+def test_a_run_that_waits_is_run_by_the_request_and_its_execution_started_only_when_it_parks(aws: Any) -> None:
+    """``Prefer: wait`` on AWS's hooks: the run function claims the turn and runs it itself (no execution before the
+    claim); it parks, so its execution is started then, and its Run finds it waiting. A retry with the same key
+    (its record gone) answers for that turn: one claim, one execution."""
+    client, fake, workflow = aws
+    create(client)
+    key = {"Idempotency-Key": "k-1", "Prefer": "wait=25"}
+    first = client.call("run", session_id="s-1", headers=key)
+    assert first[0] == 200 and first[1]["status"] == "yielded_tool", first
+    (started,) = fake.started  # after the park, not before the claim
+    events = client.call("session_events", session_id="s-1", query={"limit": "500"})[1]["events"]
+    types = [e["type"] for e in events]
+    assert types.count("user") == 1 and "invocation_resume" not in types and types[-1] == "invocation_yield", types
+    assert json.loads(started["input"])["invocation_id"] == events[-1]["invocation_id"]
+    assert act(workflow, "run", started) == {"status": "yielded_tool", "version": first[1]["version"]}
+    again = client.call("run", session_id="s-1", headers=key)
+    assert again[0] in (200, 202) and again[1]["status"] in ("yielded_tool", "awaiting_input"), again
+    assert [e["type"] for e in client.call("session_events", session_id="s-1")[1]["events"]].count("user") == 1
+    assert len(fake.started) == 1
+
+
 def approve(client: Client, session_id: str, call_id: str, wait: bool = True) -> tuple[int, Any]:
     return client.call(
         "tools",
@@ -788,8 +809,10 @@ class _Ending(LambdaContext):
 
 @pytest.mark.parametrize("route", ["run", "tools"])
 def test_prefer_wait_holds_no_longer_than_the_functions_remaining_time(aws: Any, route: str) -> None:
-    """``Prefer: wait=25`` with 4 s left answers 202 within them (the claim, the answers, landed), not a 504 at
-    API Gateway: the wait is capped by the function's remaining time less ``WAIT_MARGIN``."""
+    """``Prefer: wait=25`` with 4 s left answers within them (the claim, the answers, landed), not a 504 at
+    API Gateway: the wait is capped by the function's remaining time less ``WAIT_MARGIN``. A run is run by the
+    request itself (it waits) and parks within the hold: 200, its execution started after the park; the answers'
+    turn runs in the execution: 202."""
     client, fake, _workflow = aws
     if route == "run":
         create(client)
@@ -804,11 +827,11 @@ def test_prefer_wait_holds_no_longer_than_the_functions_remaining_time(aws: Any,
     event["path"] = event["resource"].replace("{id}", "s-1")
     event["requestContext"]["authorizer"]["claims"]["sub"] = TENANT_A
     started = time.monotonic()
-    response = client.handler(event, _Ending())  # the turn runs in no execution here: it never ends
+    response = client.handler(event, _Ending())  # a turn in an execution runs in no execution here: it never ends
     held = time.monotonic() - started
-    assert response["statusCode"] == 202, response
+    assert response["statusCode"] == (200 if route == "run" else 202), response
     assert held < 4, held  # inside the function's time
-    assert len(fake.started) == 1  # the run's execution started (the turn is the workflow's, not lost)
+    assert len(fake.started) == 1  # the turn's execution started (it waits in the workflow, not lost)
 
 
 def test_a_retried_run_task_takes_its_invocation_over_and_a_finished_one_ends(aws: Any, served: Served) -> None:

@@ -456,13 +456,19 @@ def test_bench_cost_runs_on_the_quick_sizes_and_prints_its_table(dynamodb_endpoi
     assert out.count("by kind of item: write units") == 5
     floors = re.findall(r"write units, against (\d+) \(([\d.]+)x\)", out)
     assert len(floors) == 5 and all(float(ratio) >= 1 for _, ratio in floors), floors
-    assert re.search(r"^\s+resume\s+event\s+write\s+[1-9][\d.]* \+ index\s+0\.0; read", chat, re.M), chat
+    # a chat turn whose client waits is run by the run function: its events are run's writes
+    assert re.search(r"^\s+run\s+event\s+write\s+[1-9][\d.]* \+ index\s+0\.0; read", chat, re.M), chat
     assert re.search(r"^\s+dynamodb writes\s+\$\s*[\d,.]+ per million turns\s+floor \$[\d,.]+$", chat, re.M)
     assert re.search(r"with DynamoDB at its floor \$[\d,.]+$", chat, re.M)
+    # the chat turn was answered inline (no long-poll); the approval's answered turn is long-polled
     looks = re.search(r"(\d+) looks each a strongly consistent read of the meta item.*: (\d+) read units\)", chat)
-    assert looks and int(looks[1]) >= 1 and int(looks[2]) > int(looks[1]), chat[-1500:]
+    assert looks and int(looks[1]) == 0 and int(looks[2]) == 0, chat[-1500:]
+    assert re.search(r"1 in run, a turn it ran inline, 0 in resume\); the client's long-poll of the 0 turns", chat)
+    looks = re.search(r"(\d+) looks each a strongly consistent read of the meta item.*: (\d+) read units\)", approval)
+    assert looks and int(looks[1]) >= 1 and int(looks[2]) > int(looks[1]), approval[-1500:]
+    assert re.search(r"the client's long-poll of the 1 turns not answered inline", approval), approval[-1500:]
     # every turn kind carries what the harness's instant model leaves out, labelled
-    assert out.count("not in the harness, added: the Run's wait on") == 5
+    assert out.count("not in the harness, added: the wait on") == 5
     for line in ("lambda model wait", "client long-poll", "step functions logs", "sweeps while waiting"):
         assert len(re.findall(rf"^\s+{line}\s+\$\s*[\d,.]+ per million turns$", out, re.M)) == 5, line
     chat_wait = re.search(r"lambda model wait\s+\$\s*([\d,.]+) per million", chat)
@@ -480,10 +486,15 @@ def test_bench_cost_runs_on_the_quick_sizes_and_prints_its_table(dynamodb_endpoi
         "approval timed out / its path ending at once ($)",
         "DynamoDB write units of a chat turn / its floor",
     }, out[-2000:]
-    arcs = ((chat, {"run", "resume"}), (approval, {"run", "resume", "park", "tools"}), (commit, {"commit"}))
-    for arc, functions in arcs:
+    arcs = (
+        (chat, {"run"}, "run"),
+        (approval, {"run", "resume", "park", "tools"}, "resume"),
+        (commit, {"commit"}, "commit"),
+    )
+    for arc, functions, committer in arcs:
         units = {(f, place, kind): float(v) for f, place, kind, v in LINE.findall(arc)}
-        # booked under the function that made the calls as deployed: the turn's commits are resume's
+        # booked under the function that made the calls as deployed: a chat turn's commits are run's (inline),
+        # an approval's answered turn's resume's
         assert {f for f, _, _ in units} == functions, units
         for function in functions:
             assert units[(function, "table", "write")] > 0, function
@@ -491,10 +502,10 @@ def test_bench_cost_runs_on_the_quick_sizes_and_prints_its_table(dynamodb_endpoi
             assert row and int(row[1]) >= 1 and float(row[2]) > 0, (function, "GB-seconds")
         # every commit puts the session's touch in the listing and status indexes
         for index in (LISTING_INDEX, STATUS_INDEX):
-            committer = "commit" if arc is commit else "resume"
             assert units[(committer, f"index {index}", "write")] > 0, index
-        # the turns Step Functions runs enter its states; a remote runner's commit starts no execution
-        transitions = r"state machine: 0 " if arc is commit else r"state machine: [1-9]\d* state transitions"
+        # the turns Step Functions runs enter its states; a chat turn run inline and a remote runner's commit start
+        # no execution
+        transitions = r"state machine: 0 " if arc is not approval else r"state machine: [1-9]\d* state transitions"
         assert re.search(transitions, arc)
     # the sweeper, per sweep and per month at the template's schedule: its queries of the sparse indexes
     swept = {(f, place, kind): float(v) for f, place, kind, v in LINE.findall(sweep)}

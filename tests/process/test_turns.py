@@ -122,6 +122,45 @@ def test_a_runner_near_its_deadline_hands_on_and_the_next_goes_on_without_rerunn
     app.close()
 
 
+@pytest.mark.parametrize("fails", ["unavailable", "provider"])
+def test_a_held_run_hands_on_a_model_call_that_ran_out_of_time_and_records_any_other_error(
+    tmp_path: Path, fails: str
+) -> None:
+    """``run_held`` (a request that waits runs its turn): a model call that ends ``ModelUnavailable`` (its time ran
+    out) is dropped uncommitted and the turn handed on at its last committed step; any other model error is the
+    turn's, on the ledger as a runner with more time would record it, and nothing is handed on."""
+    from dormant.errors import ModelUnavailable
+    from dormant.events import ModelEndEvent
+    from dormant.models.base import ModelRequest, ModelResponse
+    from dormant.serving.turns import run_held
+
+    turns = build(store_from_url(f"sqlite:///{tmp_path / 'turns.db'}"), tmp_path)
+    app, agent = turns.app, turns.agent
+    session = app.sessions.create()
+    claim = claim_turn(app, agent, session, "go", deadline=now_ms() + 20_000)
+    turns.model.set_responses([])
+
+    def failing(request: ModelRequest) -> ModelResponse:
+        raise (
+            ModelUnavailable("timed out (the function's remaining time)")
+            if fails == "unavailable"
+            else ValueError("the provider refused the request")
+        )
+
+    turns.model.complete = failing  # type: ignore[method-assign]
+    handed: list[int] = []
+    outcome = run_held(app, claim, until=now_ms() + 20_000, hand_on=handed.append)
+    stored = app.sessions.require(session.id)
+    if fails == "unavailable":
+        assert outcome is not None and outcome.status == "handed_on" and handed == [claim.version], (outcome, handed)
+        assert stored.version == claim.version and stored.status == "running"  # nothing of the call committed
+    else:
+        assert outcome is not None and outcome.status == "error" and handed == [], (outcome, handed)
+        ends = [e for e in stored.events if isinstance(e, ModelEndEvent)]
+        assert stored.status == "error" and ends and ends[-1].error_type == "ValueError"
+    app.close()
+
+
 @pytest.mark.slow
 def test_a_sixty_second_turn_completes_through_dormant_serve(store_url: str, tmp_path: Path) -> None:
     """The scripted model takes 60 s (past API Gateway's 29 s): the run answers 202 at once, the session shows

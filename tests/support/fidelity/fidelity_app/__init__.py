@@ -1,14 +1,15 @@
 """The agent app the fidelity harness deploys (``-c app=fidelity_app:build``, its package as ``app_packages``).
 
-A sign-off agent whose scripted model reads its orders from the user's messages, so one warm
-function serves many sessions, each with its own script: ``signoffs=N`` (yielding tool calls before the
-final answer, default 1), ``sleep=S`` (seconds each model call takes), ``fail=model`` (the model raises a
-non-retryable error on its call after the first sign-off), ``steps=K`` (plain tool steps first: events
-enough for a snapshot; with ``keys=N`` each step also writes N session state keys, so its commit holds more
-items than one transaction takes and goes the gated way), ``tool=approve`` (the sign-offs are calls of
-``approve``, answerable by group ``approvers`` only) or ``tool=review`` (of ``review``: anyone but who
-started the run, four eyes). Deployed with a model (``-c model=...``) its agent uses that model instead: the
-harness's loopback model server then plays the script.
+A sign-off agent whose scripted model reads its orders from the user's messages, so one warm function serves many
+sessions, each with its own script: ``signoffs=N`` (yielding tool calls before the final answer, default 1),
+``sleep=S`` (seconds each model call takes), ``fail=model`` (the model raises a non-retryable error on its call
+after the first sign-off; a call that would outlast the handler's ``calls_end_by`` gives up at it with
+``ModelUnavailable``, as the shipped adapters do), ``steps=K`` (plain tool steps first: events enough for a
+snapshot; with ``keys=N`` each step also writes N session state keys, so its commit holds more items than one
+transaction takes and goes the gated way), ``tool=approve`` (the sign-offs are calls of ``approve``, answerable by
+group ``approvers`` only) or ``tool=review`` (of ``review``: anyone but who started the run, four eyes). Deployed
+with a model (``-c model=...``) its agent uses that model instead: the harness's loopback model server then plays
+the script.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pydantic import BaseModel
 from dormant import App, adk
 from dormant.agents.agent import Agent
 from dormant.agents.tools import ToolContext
-from dormant.models.base import ModelRequest, ModelResponse, ModelSpec
+from dormant.errors import ModelUnavailable
+from dormant.models.base import ModelRequest, ModelResponse, ModelSpec, time_left
 from dormant.stores.base import SessionStore
 
 
@@ -46,6 +48,10 @@ class ScriptedFailure(RuntimeError):
     """The scripted model's provider crashed (not a retryable error)."""
 
 
+class ScriptedTimeout(ModelUnavailable):
+    """The scripted model did not answer by the deadline (what ``OpenAIModelUnavailable`` says for a timeout)."""
+
+
 def _orders(request: ModelRequest) -> dict[str, str]:
     said = " ".join(m.content or "" for m in request.messages if m.role == "user")
     return dict(re.findall(r"\b(signoffs|sleep|fail|steps|tool|keys)=(\w+)", said))
@@ -56,7 +62,11 @@ class OrderedModel:
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         orders = _orders(request)
-        time.sleep(float(orders.get("sleep", 0)))
+        sleep, left = float(orders.get("sleep", 0)), time_left()
+        if left is not None and sleep > left:  # the provider answers too late: the adapter's timeout, at the deadline
+            time.sleep(left)
+            raise ScriptedTimeout(f"the scripted model takes {sleep} s; {left:.1f} s were left")
+        time.sleep(sleep)
         answered = [m for m in request.messages if m.role == "tool"]
         steps = int(orders.get("steps", 0))
         signoffs = int(orders.get("signoffs", 1))

@@ -4,7 +4,9 @@ The API claims turns and stores answers; a ``Hooks`` says what happens around th
 
 * on AWS (``serving.workflow.step_functions_hooks``) a Step Functions execution runs the turn: it is
   started *before* the claim is committed (its name is derived from the invocation it will run), so a
-  claim that landed always has an execution responsible for it; answers wake the waiting execution;
+  claim that landed always has an execution responsible for it; answers wake the waiting execution. A turn
+  whose caller waits for it (``Prefer: wait``) is run by the request itself, and an execution is started
+  (``hand_on``) only if it parks or cannot end within the hold;
 * under ``dormant serve`` (``serving.workflow.in_process_hooks``) a thread of the serving process runs it;
 * with no hooks the request runs the turn itself (tests, ``make invoke``): the old, synchronous behaviour.
 """
@@ -37,8 +39,12 @@ class Hooks:
     claimed (AWS: start its execution). ``run(tenant, app, claim)``: run a claimed turn outside the request
     (``None``: the request runs it); it may return a ``Started`` the request can wait on (``Prefer: wait``).
     ``on_answers(tenant, app, session)``: answers were stored (wake the waiting execution); what it returns is
-    merged into the ``POST /tools`` answer. ``None`` for any: nothing."""
+    merged into the ``POST /tools`` answer. ``hand_on(tenant, session_id, invocation_id, version)``: start the
+    runner of a claimed turn that a waiting request ran first and could not end (it parked, or its hold ran
+    short); given, a request that waits runs its turn itself, and ``before_claim`` is not called for it.
+    ``None`` for any: nothing."""
 
     before_claim: Callable[[str, str, str, int], None] | None = None
+    hand_on: Callable[[str, str, str, int], object] | None = None
     run: Callable[[str, App, Claim], Started | None] | None = None
     on_answers: Callable[[str, App, Session], dict[str, Any] | None] | None = None

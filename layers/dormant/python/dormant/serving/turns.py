@@ -7,11 +7,12 @@ acts, which ``advance`` joins for callers that can wait:
   optimistic concurrency: the *claim*. Of two callers racing on one session, one claim lands; the other
   gets ``ClaimLost`` with nothing run or written. The claim records a ``deadline`` by which a runner must
   have taken the turn on.
-* ``run_claimed`` (the same process, the claim's own run) or ``resume_turn`` (any process, later: the
-  workflow's ``Run`` task) runs the turn, committing before every model call and tool execution, so a
-  runner killed half way loses at most the step in flight. A runner records its own deadline when it takes
-  the invocation on, and stops taking steps a little before it (status ``handed_on``): the next runner goes
-  on from the last committed step without re-running completed tool calls.
+* ``run_claimed`` (the same process, the claim's own run; ``run_held``: the request that waits for it) or
+  ``resume_turn`` (any process, later: the workflow's ``Run`` task) runs the turn, committing before every
+  model call and tool execution, so a runner killed half way loses at most the step in flight. A runner
+  records its own deadline when it takes the invocation on, and stops taking steps a little before it
+  (status ``handed_on``): the next runner goes on from the last committed step without re-running
+  completed tool calls.
 
 A runner whose commit meets another writer stops at once (``ClaimLost``): another runner holds the turn.
 Its own last events go through ``serving.commit``'s merge-or-fork at the end, so nothing is lost.
@@ -19,6 +20,7 @@ Its own last events go through ``serving.commit``'s merge-or-fork at the end, so
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -26,9 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from .. import metrics
 from ..clock import now_ms
-from ..errors import ClaimLost, VersionConflict
-from ..events import InvocationResumeEvent, InvocationStartEvent
+from ..errors import ClaimLost, ModelUnavailable, VersionConflict
+from ..events import InvocationResumeEvent, InvocationStartEvent, ModelEndEvent
 from ..ids import new_id
+from ..models.base import calls_end_by
 from ..projection import Output, YieldedTool
 from ..session import Session
 from .commit import CommitStatus, commit
@@ -47,6 +50,7 @@ __all__ = [
     "claim_turn",
     "resume_turn",
     "run_claimed",
+    "run_held",
     "run_to_end",
 ]
 
@@ -55,6 +59,8 @@ RUNNER_TURN_MS = 2 * 60_000
 itself: the deadline it records, so a runner that died is found within minutes."""
 CLAIM_GRACE_MS = 5 * 60_000
 """The deadline a claim records: its runner must have taken the turn on by then (else the sweeper does)."""
+
+_logger = logging.getLogger("dormant.serving")
 
 STEP_RESERVE_MS = 60_000
 """A runner takes no new step with less than this (or a fifth of its time, if less) left before its
@@ -174,14 +180,26 @@ def claim_turn(
     return Claim(session, None, _claim(app, session), after, wrote, stream)
 
 
-def run_claimed(app: App, claim: Claim, *, deadline: int | None = None) -> AdvanceOutcome:
-    """Run a turn this process claimed, on from its claim, committing before every step."""
+def run_claimed(
+    app: App, claim: Claim, *, deadline: int | None = None, hand_on_unavailable: bool = False
+) -> AdvanceOutcome:
+    """Run a turn this process claimed, on from its claim, committing before every step. With
+    ``hand_on_unavailable``, a model call that ends ``ModelUnavailable`` (its time ran out) is not committed:
+    the run stops ``handed_on`` at its last committed step, for a runner with more time to make the call again."""
     assert claim.stream is not None, "a claim is run once"
     stream, checkpoint, claim.stream = claim.stream, claim.checkpoint, None
     if checkpoint is not None:
         checkpoint.stop_at = _stop_at(deadline)
     claimed = claim.invocation_id is not None
-    outcome = _finish(app, claim.session, stream, checkpoint, claimed=claimed, agent=claim.session.current_agent_name)
+    outcome = _finish(
+        app,
+        claim.session,
+        stream,
+        checkpoint,
+        claimed=claimed,
+        agent=claim.session.current_agent_name,
+        hand_on_unavailable=hand_on_unavailable,
+    )
     if not claimed and claim.wrote:
         return replace(outcome, commit_status="committed", version=claim.version)
     return outcome
@@ -199,6 +217,39 @@ def run_to_end(
         if not isinstance(resumed, AdvanceOutcome):
             break
         outcome = resumed
+    return outcome
+
+
+def run_held(app: App, claim: Claim, *, until: int, hand_on: Callable[[int], object]) -> AdvanceOutcome | None:
+    """Run a claimed turn in the request that waits for it, until ``until`` (ms since the epoch: the end of the
+    request's hold, which the claim records as its deadline), and hand it on where it cannot end here.
+
+    ``hand_on(version)`` starts the runner that carries the turn on (on AWS: a Step Functions execution): when it
+    parks (its execution waits for the answers), when the hold runs short (``handed_on``: the next runner goes on
+    from the last committed step), when a model call would outlast the hold (that step is dropped uncommitted and
+    the call is made again by the next runner: its tokens are paid twice), and when the run fails here in any
+    other way (``None``: the caller answers with what is on the ledger). A ``hand_on`` that fails is logged and
+    left to the sweeper: a running turn past its deadline is handed on, a wait with no execution gets one.
+    """
+    try:
+        with calls_end_by(until / 1000):
+            outcome: AdvanceOutcome | None = run_claimed(app, claim, deadline=until, hand_on_unavailable=True)
+    except ClaimLost:
+        return None  # another runner took the turn on (a sweep, a takeover): it carries it on
+    except Exception as exc:  # a store's refusal mid-turn: the steps committed stand, the next runner goes on
+        _logger.warning("dormant: the held run of %s stopped: %s: %s", claim.session.id, type(exc).__name__, exc)
+        outcome = None
+    if outcome is not None and outcome.status not in ("yielded_tool", "handed_on"):
+        return outcome
+    if outcome is not None and outcome.status == "handed_on" and outcome.error is not None:
+        _logger.warning(
+            "dormant: a model call outlasted the hold of %s; made again: %s", claim.session.id, outcome.error
+        )
+    version = claim.session.version if outcome is None else outcome.version
+    try:
+        hand_on(version)
+    except Exception as exc:  # throttled, refused: the sweeper repairs it (the claim's deadline is the hold's end)
+        _logger.warning("dormant: %s was not handed on: %s: %s", claim.session.id, type(exc).__name__, exc)
     return outcome
 
 
@@ -235,9 +286,22 @@ def _finish(
     *,
     claimed: bool,
     agent: str | None = None,
+    hand_on_unavailable: bool = False,
 ) -> AdvanceOutcome:
     started = time.perf_counter()
     result = stream.finish()
+    if hand_on_unavailable and claimed and result.status == "error" and _unavailable(session):
+        # Nothing of the failed call is committed: the ledger stands at the last step, still running.
+        return AdvanceOutcome(
+            status="handed_on",
+            session_id=session.id,
+            output=session.output,
+            yielded_tools=[],
+            commit_status="skipped",
+            version=session.version,
+            session=session,
+            error=result.error,  # the call's, for the log: not on the ledger
+        )
     if claimed:
         metrics.count("turn_ms", (time.perf_counter() - started) * 1000, agent=agent)
         if result.status == "yielded_tool":
@@ -268,6 +332,24 @@ def _finish(
         error=result.error,
         session=session,
     )
+
+
+def _unavailable(session: Session) -> bool:
+    """Whether the run's last model call, uncommitted, ended ``ModelUnavailable`` (an adapter's subclass of it)."""
+    for event in reversed(session.uncommitted_events):
+        if isinstance(event, ModelEndEvent):
+            return event.error_type is not None and event.error_type in _names(ModelUnavailable)
+    return False
+
+
+def _names(kind: type) -> set[str]:
+    """The names of ``kind`` and of its subclasses loaded (an adapter that raised one has loaded it)."""
+    names, todo = set(), [kind]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return names
 
 
 def _claim(app: App, session: Session) -> int:

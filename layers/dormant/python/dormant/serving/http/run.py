@@ -5,6 +5,11 @@
 committing each step, so ``GET /sessions/{id}`` shows it ``running`` and ``GET /sessions/{id}/events?after=``
 its steps. ``Prefer: wait=N`` (N <= 25) answers 200 with the finished turn when it ends in time.
 
+On AWS a request with ``Prefer: wait`` runs its turn itself (``Hooks.hand_on``): no execution is started before
+the claim, and none at all for a turn that ends within the hold. The claim's deadline is the hold's end; a turn
+that parks, runs past the hold or meets a model call that would outlast it is handed to an execution then
+(``run_held``); a run function that dies mid-turn leaves it to the sweeper, once that deadline passed.
+
 With an ``Idempotency-Key``, a new turn's invocation id is derived from it (``keyed_invocation``): a retry whose
 first attempt's claim landed but whose answer was lost (its function timed out, and the idempotency record it left
 in progress expired with it) finds that invocation on the ledger and answers for it (202, the turn's ``after``),
@@ -24,7 +29,7 @@ from ...errors import ClaimLost, DormantError
 from ...ids import new_id
 from ...session import Session
 from ..bodies import RunBody
-from ..turns import CLAIM_GRACE_MS, AdvanceOutcome, claim_turn, run_to_end
+from ..turns import CLAIM_GRACE_MS, AdvanceOutcome, claim_turn, run_held, run_to_end
 from .idempotency import once
 from .request import Api, Request, Routes
 from .views import finished
@@ -58,9 +63,12 @@ def run(request: Request, session_id: str) -> Response[Any]:
             return _claimed_before(session, keyed)  # an earlier attempt's claim landed: this turn, not another
         invocation_id = projection.open_invocation or keyed or new_id("inv_")
         api.logger.append_keys(invocation_id=invocation_id)
+        # A caller that waits has its turn run here, until the hold ends: its claim's deadline (the sweeper's cue).
+        held = wait > 0 and hooks.hand_on is not None
+        until = now_ms() + int(held_for(wait, request.context) * 1000) if held else None
         # No execution for a claim that must fail, nor for input that opens no invocation (state set while
-        # calls wait: the execution parked on them goes on waiting).
-        starts = hooks.before_claim is not None and session.status != "awaiting_input"
+        # calls wait: the execution parked on them goes on waiting), nor yet for a turn run here.
+        starts = hooks.before_claim is not None and session.status != "awaiting_input" and not held
         if starts and session.status == "running" and not body.takeover:
             raise _held(session)
         # Before anything is started or claimed: past it, a 429 and nothing run. A claim refused after it
@@ -76,7 +84,7 @@ def run(request: Request, session_id: str) -> Response[Any]:
                 run_input or None,
                 takeover=body.takeover,
                 invocation_id=invocation_id,
-                deadline=now_ms() + CLAIM_GRACE_MS,
+                deadline=until or now_ms() + CLAIM_GRACE_MS,
                 principal=me.principal,  # who started it: the ledger says so, and the starter rules read it
                 groups=me.groups,
             )
@@ -87,6 +95,13 @@ def run(request: Request, session_id: str) -> Response[Any]:
         metrics.count("turns", agent=agent.name)
         if claim.invocation_id is None or (hooks.run is None and hooks.before_claim is None):
             outcome: AdvanceOutcome | None = run_to_end(tenant_app, claim, served.agent)  # this request runs it
+        elif until is not None and hooks.hand_on is not None:
+            tenant, invocation, hand_on = request.tenant(), claim.invocation_id, hooks.hand_on
+            outcome = run_held(
+                tenant_app, claim, until=until, hand_on=lambda at: hand_on(tenant, session_id, invocation, at)
+            )
+            if outcome is not None and outcome.status == "handed_on":
+                outcome = None  # it runs on in its execution: 202
         else:
             started = hooks.run(request.tenant(), tenant_app, claim) if hooks.run is not None else None
             # never past the function's deadline: the claim landed, the answer must too (a 202 if it runs on)

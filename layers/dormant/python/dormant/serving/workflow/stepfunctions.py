@@ -167,9 +167,11 @@ class StepFunctions:
 
 
 def step_functions_hooks(machine: StepFunctions) -> Hooks:
-    """On AWS: the execution that runs a turn is started before the turn is claimed; answers wake it."""
+    """On AWS: the execution that runs a turn is started before the turn is claimed; answers wake it. A turn
+    whose caller waits runs in the request, and its execution is started after (``hand_on``) only if it parks or
+    runs past the hold: its ``Run`` finds the turn waiting (and parks) or goes on from the last committed step."""
 
     def before_claim(tenant: str, session_id: str, invocation_id: str, version: int) -> None:
         machine.start(tenant, session_id, invocation_id, version)
 
-    return Hooks(before_claim=before_claim, on_answers=machine.on_answers)
+    return Hooks(before_claim=before_claim, hand_on=machine.start, on_answers=machine.on_answers)

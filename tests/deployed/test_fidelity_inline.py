@@ -1,0 +1,211 @@
+"""Deployment fidelity of a turn whose caller waits (``POST /runs`` with ``Prefer: wait``): the run function runs it
+itself, and Step Functions is started only when the turn parks or cannot end within the hold.
+
+* A chat turn: 200 with the finished turn, no execution, ``resume`` never invoked, two commits (the claim, the end).
+* A turn that parks: 200 with the parked view, then one execution (started after the park) asleep in ``Park``; the
+  answer wakes it and the turn ends, the answer's result on the ledger once.
+* A hold that runs short: the run function stops taking steps, starts the execution, answers 202; the execution
+  goes on from the last committed step (each step once).
+* A model call that would outlast the hold: dropped uncommitted (no error on the ledger), handed on, made again
+  by the execution.
+* The run function killed mid-turn (no execution exists): the sweeper hands the turn on once the claim's deadline
+  (the hold's end) passed; the steps committed are kept, none is run twice.
+* ``StartExecution`` refused after the park: the client still gets the parked turn (never a 500), and the sweeper
+  gives the wait an execution.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.fidelity.calls import TENANT, answer, create, evidence, fidelity_stack, fresh, ledger, show
+
+WAIT = {"Prefer": "wait=20"}
+
+
+@pytest.fixture(scope="module")
+def deployment(dynamodb_endpoint: str) -> Iterator[Any]:
+    with fidelity_stack(dynamodb_endpoint, time_scale=0.01) as started:
+        yield started
+
+
+def _invocations(d: Any, function: str) -> int:
+    return sum(1 for i in d.lambdas.invocations if i.function == function)
+
+
+def _started(d: Any) -> int:
+    """How many ``StartExecution`` calls the run function made so far."""
+    return sum(1 for c in d.calls("run") if c.action == "states:StartExecution")
+
+
+def _types(d: Any, sid: str) -> list[str]:
+    return [e["type"] for e in ledger(d, sid)]
+
+
+def _until(condition: Any, what: str, d: Any, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s; {evidence(d)}")
+        time.sleep(0.05)
+
+
+def _swept(result: dict[str, Any], sid: str) -> list[str]:
+    return [line for line in result["turns"] if line.startswith(f"{sid}@") or line.startswith(f"{sid}:")]
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_chat_turn_whose_caller_waits_runs_in_the_run_function(deployment: Any) -> None:
+    d, sid = deployment, fresh("inline")
+    create(d, sid)
+    created = show(d, sid)["version"]
+    resumed, started = _invocations(d, "resume"), _started(d)
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=0"}, headers=WAIT)
+    assert status == 200, (status, body, evidence(d))
+    assert body["status"] == "completed" and body["output"]["text"] == "All steps signed off.", body
+    assert not d.executions_of(TENANT, sid) and _started(d) == started, "an execution was started for it"
+    assert _invocations(d, "resume") == resumed, "resume was invoked"
+    types = _types(d, sid)
+    assert types.count("user") == 1 and types.count("invocation_start") == 1, types
+    assert "invocation_resume" not in types, types  # no runner took it on: the claim's runner ran it
+    assert body["version"] - created == 2, (body["version"], created)  # the claim and the end, no take-on commit
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_turn_that_parks_is_handed_to_an_execution_that_parks_and_the_answer_wakes(deployment: Any) -> None:
+    d, sid = deployment, fresh("inpark")
+    create(d, sid)
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=1"}, headers=WAIT)
+    assert status == 200 and body["status"] == "yielded_tool", (status, body, evidence(d))
+    assert len(body["yielded_tools"]) == 1, body
+    d.settle()
+    (execution,) = d.executions_of(TENANT, sid)
+    assert execution.status == "RUNNING" and (execution.states[0], execution.states[-1]) == ("Run", "Park"), (
+        execution.states,
+        evidence(d),
+    )
+    shown = show(d, sid)
+    assert shown["status"] == "awaiting_input", shown
+    done = answer(d, sid, shown)
+    assert done["status"] == "completed", (done["status"], evidence(d))
+    types = _types(d, sid)
+    assert types.count("tool_result") == 1 and types.count("user") == 1, types
+    assert not [e for e in ledger(d, sid) if e["type"] == "model_end" and e.get("error")], evidence(d)
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_hold_that_runs_short_hands_the_turn_on_from_its_last_step(deployment: Any) -> None:
+    d, sid = deployment, fresh("inshort")
+    create(d, sid)
+    began = time.monotonic()
+    status, _, body = d.api(
+        "POST", f"/sessions/{sid}/runs", {"message": "steps=8 sleep=1 signoffs=0"}, headers={"Prefer": "wait=6"}
+    )
+    took = time.monotonic() - began
+    assert status == 202 and body["status"] == "running", (status, body, evidence(d))
+    assert took < 9, took  # the hold's 6 s and the hand-on, not the turn's 9 model calls
+    assert len(d.executions_of(TENANT, sid)) == 1, evidence(d)
+    d.settle()
+    assert show(d, sid)["status"] == "completed", evidence(d)
+    events = ledger(d, sid)
+    steps = [e["result"] for e in events if e["type"] == "tool_result"]
+    assert steps == [{"noted": n} for n in range(1, 9)], steps  # each step once, in order: none lost, none doubled
+    assert [e["type"] for e in events].count("invocation_resume") == 1  # the execution took it on where it stood
+    assert f"outlasted the hold of {sid}" not in d.log("run"), "the run stopped by a call's timeout, not its hold"
+    assert not [e for e in events if e["type"] == "model_end" and e.get("error")], evidence(d)
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_model_call_that_would_outlast_the_hold_is_dropped_and_made_again_by_the_execution(
+    deployment: Any,
+) -> None:
+    d, sid = deployment, fresh("inslow")
+    create(d, sid)
+    status, _, body = d.api(
+        "POST", f"/sessions/{sid}/runs", {"message": "signoffs=0 sleep=5"}, headers={"Prefer": "wait=2"}
+    )
+    assert status == 202 and body["status"] == "running", (status, body, evidence(d))
+    d.settle()
+    shown = show(d, sid)
+    assert shown["status"] == "completed", (shown["status"], evidence(d))
+    events = ledger(d, sid)
+    assert not [e for e in events if e["type"] == "model_end" and e.get("error")], events  # no error the SFN path lacks
+    types = [e["type"] for e in events]
+    assert types.count("model_start") == 1 and types.count("model_end") == 1, types  # the dropped call left nothing
+    assert len(d.executions_of(TENANT, sid)) == 1
+    assert f"a model call outlasted the hold of {sid}" in d.log("run"), d.log("run")[-2000:]
+
+
+@pytest.mark.backend("dynamodb")
+def test_startexecution_refused_after_a_park_answers_the_park_and_the_sweeper_repairs(deployment: Any) -> None:
+    d, sid = deployment, fresh("inrefused")
+    create(d, sid)
+    d.lambdas.fail_next("run", "StartExecution", [sid], {"__type": "ThrottlingException", "message": "Rate exceeded"})
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=1"}, headers=WAIT)
+    assert not d.lambdas.fault_armed("run"), "no StartExecution met the fault"
+    assert status == 200 and body["status"] == "yielded_tool", (status, body, evidence(d))
+    d.settle()
+    assert not d.executions_of(TENANT, sid), "an execution was started although StartExecution was refused"
+    lines = _swept(d.sweep(), sid)
+    assert len(lines) == 1 and "restarted (execution" in lines[0], (lines, evidence(d))
+    d.settle()
+    (execution,) = d.executions_of(TENANT, sid)
+    assert execution.status == "RUNNING" and execution.states[-1] == "Park", (execution.states, evidence(d))
+    assert answer(d, sid, show(d, sid))["status"] == "completed", evidence(d)
+    assert _types(d, sid).count("tool_result") == 1
+
+
+@pytest.mark.backend("dynamodb")
+def test_zz_the_run_function_killed_mid_turn_leaves_it_to_the_sweeper_after_the_holds_end(deployment: Any) -> None:
+    """Last in the module: it moves dormant's clock on (past the hold) in every sandbox."""
+    d, sid = deployment, fresh("inkilled")
+    create(d, sid)
+    answers: list[Any] = []
+    message = {"message": "steps=4 sleep=1 signoffs=0"}
+    request = threading.Thread(
+        target=lambda: answers.append(d.api("POST", f"/sessions/{sid}/runs", message, headers=WAIT))
+    )
+    request.start()
+    _until(lambda: _types(d, sid).count("tool_result") >= 1, "a first step committed", d)
+    assert d.kill("run") == 1, "no run function was running the turn"
+    request.join(30)
+    assert answers and answers[0][0] == 502, answers
+    assert not d.executions_of(TENANT, sid) and show(d, sid)["status"] == "running"
+    assert not _swept(d.sweep(), sid), "handed on before the hold's end: its runner may be alive"
+    d.advance(30)  # past the claim's deadline, the end of the 20 s hold
+    lines = _swept(d.sweep(), sid)
+    assert len(lines) == 1 and "handed on (execution" in lines[0], (lines, evidence(d))
+    d.settle()
+    assert show(d, sid)["status"] == "completed", evidence(d)
+    events = ledger(d, sid)
+    steps = [e["result"] for e in events if e["type"] == "tool_result"]
+    assert steps == [{"noted": n} for n in range(1, 5)], steps  # the committed steps kept, none run twice
+    assert [e["type"] for e in events].count("user") == 1
+
+
+@pytest.mark.backend("dynamodb")
+def test_startexecution_refused_at_a_hand_on_leaves_the_turn_to_the_sweeper(deployment: Any) -> None:
+    """The hold runs short and the hand-on's ``StartExecution`` is refused (throttled past the SDK's retries): the
+    client gets 202 (never a 500), the turn stays ``running`` with the hold's end as its deadline, and the sweeper
+    hands it on once that passed by its grace (here: an operator's sweep with none); each step once."""
+    d, sid = deployment, fresh("inhandon")
+    create(d, sid)
+    d.lambdas.fail_next("run", "StartExecution", [sid], {"__type": "ThrottlingException", "message": "Rate exceeded"})
+    message = {"message": "steps=8 sleep=1 signoffs=0"}
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", message, headers={"Prefer": "wait=6"})
+    assert not d.lambdas.fault_armed("run"), "no StartExecution met the fault"
+    assert status == 202 and body["status"] == "running", (status, body, evidence(d))
+    d.settle()
+    assert not d.executions_of(TENANT, sid) and show(d, sid)["status"] == "running", evidence(d)
+    assert not _swept(d.sweep(grace_seconds=None), sid), "handed on within the sweeper's grace"
+    lines = _swept(d.sweep(), sid)
+    assert len(lines) == 1 and "handed on (execution" in lines[0], (lines, evidence(d))
+    d.settle()
+    assert show(d, sid)["status"] == "completed", evidence(d)
+    steps = [e["result"] for e in ledger(d, sid) if e["type"] == "tool_result"]
+    assert steps == [{"noted": n} for n in range(1, 9)], steps
