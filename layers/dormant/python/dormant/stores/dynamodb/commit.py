@@ -445,10 +445,15 @@ class _Commit(_Calls):
             if since <= version and self._held_from(pk, event_id, since, version, inc, dead):
                 stored.add(event_id)
         start = self._in_order_since(meta)
-        if start is not None:
-            for event_id in event_ids:
-                if event_id not in stored and self._stored_in_order(pk, event_id, start, version, inc, dead):
-                    stored.add(event_id)
+        commits: dict[int, set[str]] = {}  # the ids of each commit a search ended at, read once
+        for event_id in event_ids if start is not None else ():
+            if event_id in stored:
+                continue
+            at = self._in_order_commit(pk, event_id, start or 1, version, inc, dead)
+            if at is not None and at not in commits:
+                commits[at] = self._held_in(pk, at, inc, dead)
+            if at is not None and event_id in commits[at]:
+                stored.add(event_id)
         return stored
 
     def _held_from(self, pk: str, event_id: str, since: int, version: int, inc: str, dead: frozenset[str]) -> bool:
@@ -482,17 +487,18 @@ class _Commit(_Calls):
         inc, version = meta["hv"]["S"].split("#")
         return int(version) if inc == meta["inc"]["S"] else 1
 
-    def _stored_in_order(
+    def _in_order_commit(
         self, pk: str, event_id: str, start: int, version: int, inc: str, dead: frozenset[str]
-    ) -> bool:
-        """Whether ``event_id`` was stored in order (greater than every id before it, so with no id item).
+    ) -> int | None:
+        """The version of the commit that holds ``event_id`` if it was stored in order (greater than every id
+        before it, so with no id item); ``None``: no commit could.
 
         Each live event item of this layout carries ``hi``, the greatest id stored once its commit landed:
         non-decreasing along the session's live events. An id stored in order is in the first commit whose
         ``hi`` reaches it (every commit before it stored smaller ids only), so a binary search over versions
         ``start`` to ``version`` finds that commit — ``log2(versions)`` consistent Queries of one item each —
-        and one Query of its items says whether the id is among them. Paid only by re-sent ids and the
-        filter's false positives; a turn of new ids never gets here."""
+        and one read of its items (``_held_in``) says whether the id is among them. Paid only by re-sent ids
+        and the filter's false positives; a turn of new ids never gets here."""
         end = event_prefix(version) + "~"
         low, high, found = start, version, None
         while low <= high:
@@ -503,7 +509,22 @@ class _Commit(_Calls):
                 high = middle - 1
             else:
                 low = probe[0] + 1
-        return found is not None and self._held_from(pk, event_id, found, found, inc, dead)
+        return found
+
+    def _held_in(self, pk: str, version: int, inc: str, dead: frozenset[str]) -> set[str]:
+        """The ids of the live event items of ``version`` (one consistent Query of that commit's items)."""
+        held = set()
+        for item in self._query(
+            TableName=self._table,
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :v)",
+            ExpressionAttributeValues={":pk": {"S": pk}, ":v": {"S": event_prefix(version)}},
+            ProjectionExpression="sk, inc, eid",
+            ConsistentRead=True,
+        ):
+            key = parse_event_sk(item["sk"]["S"])
+            if key is not None and "eid" in item and item["inc"]["S"] == inc and f"{version}#{key.grant}" not in dead:
+                held.add(item["eid"]["S"])
+        return held
 
     def _first_commit_from(
         self, pk: str, start: str, end: str, inc: str, dead: frozenset[str]
