@@ -249,9 +249,12 @@ def test_a_repair_rolling_forward_puts_id_items_for_the_ids_not_in_order_only(se
     assert session.ids() == ["m-000", *ids, "z"]
 
 
-def _as_an_earlier_layout_wrote_it(session: Session) -> None:
-    """What the layout before this one left: an id item for every event, no ``hi`` on event items, no ``hv``."""
+def _as_an_earlier_layout_wrote_it(session: Session, *versions: int) -> None:
+    """What the layout before this one left: an id item for every event, no ``hi`` on event items, no ``hv``
+    (the events of ``versions`` only, when given: an earlier release's commits between this one's)."""
     for item in session.items("E#"):
+        if versions and int(item["sk"]["S"].split("#")[1]) not in versions:
+            continue
         if "eid" in item:
             session.raw.put_item(
                 TableName=session.table,
@@ -266,9 +269,10 @@ def _as_an_earlier_layout_wrote_it(session: Session) -> None:
             session.raw.update_item(
                 TableName=session.table, Key={"pk": item["pk"], "sk": item["sk"]}, UpdateExpression="REMOVE hi"
             )
-    session.raw.update_item(
-        TableName=session.table, Key={"pk": {"S": session.pk}, "sk": {"S": "#M"}}, UpdateExpression="REMOVE hv"
-    )
+    if not versions:
+        session.raw.update_item(
+            TableName=session.table, Key={"pk": {"S": session.pk}, "sk": {"S": "#M"}}, UpdateExpression="REMOVE hv"
+        )
 
 
 def test_a_session_an_earlier_layout_wrote_keeps_finding_its_ids_and_the_new_ones(session: Session) -> None:
@@ -281,21 +285,51 @@ def test_a_session_an_earlier_layout_wrote_keeps_finding_its_ids_and_the_new_one
     _commit(store, session, new[:3], 4)
     _commit(store, session, new[3:], 5)
     assert session.id_items() == set(old)  # the new ids, in order, have none
-    # An earlier release writing between (a rollback, then forward again): its items have no ``hi``.
-    _commit(store, session, ["q-000"], 6)
-    _as_an_earlier_layout_wrote_it(session)
-    session.raw.update_item(
-        TableName=session.table,
-        Key={"pk": {"S": session.pk}, "sk": {"S": "#M"}},
-        UpdateExpression="SET hv = :hv",
-        ExpressionAttributeValues={":hv": {"S": f"{session.items('#M')[0]['inc']['S']}#5"}},
-    )
-    _commit(store, session, ["r-000", "r-001"], 7)
     session.saturate()
-    everything = [*old, *new, "q-000", "r-000", "r-001"]
-    again = session.store(single_call_items=0).commit(session.row(), _events([*everything, "s-000"]), 8)
+    again = session.store(single_call_items=0).commit(session.row(), _events([*old, *new, "p-100"]), 6)
     assert (again.ok, again.appended) == (True, 1)
-    assert session.ids() == [*everything, "s-000"]
+    assert session.ids() == [*old, *new, "p-100"]
+
+
+def test_an_earlier_releases_commits_between_this_ones_are_stepped_over(session: Session) -> None:
+    """A rollback, then forward again: the earlier release's commits (items without ``hi``, every id with its
+    item) sit between this release's. The search steps over them, not reading them as below every id."""
+    store = session.store(single_call_items=0)
+    _commit(store, session, ["p-000", "p-001", "p-002"], 0)
+    for version, prefix in enumerate("qrstu", start=1):
+        _commit(store, session, [f"{prefix}-000"], version)
+    _as_an_earlier_layout_wrote_it(session, 3)  # version 3 ("r-000"): where the search's first probe lands
+    session.saturate()
+    everything = ["p-000", "p-001", "p-002", "q-000", "r-000", "s-000", "t-000", "u-000"]
+    again = session.store(single_call_items=0).commit(session.row(), _events([*everything, "v-000"]), 6)
+    assert (again.ok, again.appended) == (True, 1)
+    assert session.ids() == [*everything, "v-000"]
+
+
+def test_a_repair_of_an_earlier_releases_marker_puts_every_id_item(session: Session) -> None:
+    """A writer of the layout before died at its finish (its event items without ``hi``, some of its id items
+    missing): the repair puts an id item for every event, as that writer would have."""
+    with frozen_clock(1_800_000_000_000) as clock:
+        writer_client = session._client()
+        faults = Faults(writer_client)
+        writer = session.store(writer_client, single_call_items=0)
+        _commit(writer, session, ["m-000"], 0)
+        faults.die("UpdateItem", nth=2)
+        ids = [f"n-{n:03d}" for n in range(5)]
+        with pytest.raises(Died):
+            writer.commit(session.row(), _events(ids), 1)
+        for item in session.items("E#000000000002"):
+            session.raw.update_item(
+                TableName=session.table, Key={"pk": item["pk"], "sk": item["sk"]}, UpdateExpression="REMOVE hi"
+            )
+        clock.advance(1)
+        (report,) = session.store().repair_pending(older_than_s=0)
+        assert report.action == "rolled_forward"
+    assert session.id_items() == set(ids)
+    session.saturate()
+    again = session.store(single_call_items=0).commit(session.row(), _events(["m-000", *ids, "z"]), 2)
+    assert (again.ok, again.appended) == (True, 1)
+    assert session.ids() == ["m-000", *ids, "z"]
 
 
 def test_a_version_mark_of_another_incarnation_searches_from_the_first_commit(session: Session) -> None:
@@ -325,3 +359,38 @@ def test_a_re_created_session_searches_its_own_incarnation_only(session: Session
     again = session.store(single_call_items=0).commit(session.row(), _events(["n-0", "n-1", "n-2", "z"]), 1)
     assert (again.ok, again.appended) == (True, 2)  # n-0 and n-2 were the earlier incarnation's only
     assert session.ids() == ["n-1", "z", "n-0", "n-2"]
+
+
+@pytest.mark.parametrize("whose", ["rolled-back", "another-incarnation"])
+def test_event_items_not_live_are_stepped_over_by_the_search(session: Session, whose: str) -> None:
+    """A rolled-back writer's items (its grant in ``dead``), or an earlier incarnation's left behind, at a
+    version the live commit also holds, sorting first and with an ``hi`` above the live one: were the search to
+    read their ``hi``, an id stored in order at a later version would look like it belonged there."""
+    store = session.store(single_call_items=0)
+    _commit(store, session, ["base"], 0)
+    _commit(store, session, ["s-000", "s-001"], 1)  # version 2, the live grant
+    _commit(store, session, ["t-005"], 2)  # version 3: above "s-001", in order
+    (meta,) = session.items("#M")
+    inc = meta["inc"]["S"] if whose == "rolled-back" else "another"
+    session.raw.put_item(
+        TableName=session.table,
+        Item={
+            "pk": {"S": session.pk},
+            "sk": {"S": "E#000000000002#00000000#00000"},  # before the live grant's items
+            "inc": {"S": inc},
+            "d": {"B": b'{"id":"t-000"}'},
+            "eid": {"S": "t-000"},
+            "hi": {"S": "t-029"},
+        },
+    )
+    if whose == "rolled-back":
+        session.raw.update_item(
+            TableName=session.table,
+            Key={"pk": {"S": session.pk}, "sk": {"S": "#M"}},
+            UpdateExpression="ADD dead :d",
+            ExpressionAttributeValues={":d": {"SS": ["2#00000000"]}},
+        )
+    session.saturate()
+    again = session.store(single_call_items=0).commit(session.row(), _events(["t-005", "s-001", "t-000"]), 3)
+    assert (again.ok, again.appended) == (True, 1)  # "t-000" was never stored live: new
+    assert session.ids() == ["base", "s-000", "s-001", "t-005", "t-000"]
