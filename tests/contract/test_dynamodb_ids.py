@@ -62,12 +62,13 @@ class Session:
         return [] if loaded is None else [e.id for e in loaded.events]
 
     def items(self, prefix: str) -> list[dict[str, Any]]:
-        return self.raw.query(
+        items: list[dict[str, Any]] = self.raw.query(
             TableName=self.table,
             KeyConditionExpression="pk = :pk AND begins_with(sk, :p)",
             ExpressionAttributeValues={":pk": {"S": self.pk}, ":p": {"S": prefix}},
             ConsistentRead=True,
         )["Items"]
+        return items
 
     def id_items(self) -> set[str]:
         return {item["sk"]["S"][2:] for item in self.items("I#")}
