@@ -395,3 +395,23 @@ def test_event_items_not_live_are_stepped_over_by_the_search(session: Session, w
     again = session.store(single_call_items=0).commit(session.row(), _events(["t-005", "s-001", "t-000"]), 3)
     assert (again.ok, again.appended) == (True, 1)  # "t-000" was never stored live: new
     assert session.ids() == ["base", "s-000", "s-001", "t-005", "t-000"]
+
+
+def test_a_re_sent_id_costs_a_logarithmic_number_of_one_item_reads(session: Session) -> None:
+    """64 commits of one in-order id each: a re-sent id is found in at most log2(64) + 1 probes of one item each
+    and one read of its commit, never a read of the history."""
+    store = session.store(single_call_items=100)
+    ids = [f"n-{n:03d}" for n in range(64)]
+    for version, event_id in enumerate(ids):
+        _commit(store, session, [event_id], version)
+    session.saturate()
+    for version, resent in enumerate((ids[0], ids[21], ids[63]), start=64):
+        reader = session.store(single_call_items=0)
+        faults = Faults(reader._client)
+        again = reader.commit(session.row(), _events([resent]), version)
+        assert again.ok and again.appended == 0
+        queries = [params for op, params in faults.params if op == "Query"]
+        probes = [q for q in queries if q.get("Limit") == 1]
+        assert len(probes) <= 7 and len(queries) == len(probes) + 1, resent
+        (commit_read,) = [q for q in queries if "Limit" not in q]
+        assert commit_read["KeyConditionExpression"] == "pk = :pk AND begins_with(sk, :v)"  # one commit's items
