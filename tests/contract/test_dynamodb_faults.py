@@ -917,60 +917,68 @@ def _id_items(world: World) -> dict[str, dict[str, Any]]:
     return {item["sk"]["S"][2:]: item for item in answer["Items"]}
 
 
+@pytest.mark.parametrize("in_order", [True, False], ids=["in-order", "not-in-order"])
 @pytest.mark.parametrize("first", ["one-call", "gated"])
-def test_an_id_stored_by_either_path_is_found_when_re_sent_on_the_other(world: World, first: str) -> None:
+def test_an_id_stored_by_either_path_is_found_when_re_sent_on_the_other(
+    world: World, first: str, in_order: bool
+) -> None:
+    """Ids stored in order have no id item (found by the search of the event items' ``hi``); "a" after "b" are
+    not in order: each has its id item."""
     paths = {"one-call": world.store(single_call_items=100), "gated": world.store(single_call_items=0)}
     storing, resending = paths[first], paths["gated" if first == "one-call" else "one-call"]
-    assert storing.commit(world.row(), _events("a", 5), 0).ok
-    assert storing.commit(world.row(), _events("b", 5), 1).ok
-    assert set(_id_items(world)) == set(_events_ids("a", 5) + _events_ids("b", 5))  # one id item per event
+    one, two = ("a", "b") if in_order else ("b", "a")
+    assert storing.commit(world.row(), _events(one, 5), 0).ok
+    assert storing.commit(world.row(), _events(two, 5), 1).ok
+    assert set(_id_items(world)) == (set() if in_order else set(_events_ids("a", 5)))
     resending.load(world.app, world.sid)  # the one-call store knows the session: only its filter sends it gated
     again = resending.commit(world.row(), [*_events("a", 5)[1:3], *_events("b", 5)[4:], *_events("c", 2)], 2)
     assert (again.ok, again.appended) == (True, 2)
-    assert world.ids() == _events_ids("a", 5) + _events_ids("b", 5) + _events_ids("c", 2)
+    assert world.ids() == _events_ids(one, 5) + _events_ids(two, 5) + _events_ids("c", 2)
     _takes_the_next_commit(world, 3, world.ids())
 
 
 def test_a_repair_rolling_forward_puts_the_id_items_the_writer_never_wrote(world: World) -> None:
     _seeded(world)
-    # 30 events: their 30 items, then their 30 id items, in batches of 25: the third batch holds the last 10 id items
-    _dies_at(world, "BatchWriteItem", 3, world.row(), _events("w", 30), 1)
+    # 30 events below "base-009" (not in order: each gets an id item): their 30 items, then their 30 id items, in
+    # batches of 25: the third batch holds the last 10 id items
+    _dies_at(world, "BatchWriteItem", 3, world.row(), _events("a", 30), 1)
     assert world.raw_event_items() == 40
-    assert len([i for i in _id_items(world) if i.startswith("w-")]) == 20  # ten id items missing
+    assert len([i for i in _id_items(world) if i.startswith("a-")]) == 20  # ten id items missing
     world.clock.advance(1)
     (report,) = world.store().repair_pending(older_than_s=0)
     assert report.action == "rolled_forward"
-    assert len([i for i in _id_items(world) if i.startswith("w-")]) == 30
-    again = world.store().commit(world.row(), _events("w", 30), 2)  # the writer's retry: every id is known
+    assert len([i for i in _id_items(world) if i.startswith("a-")]) == 30
+    again = world.store().commit(world.row(), _events("a", 30), 2)  # the writer's retry: every id is known
     assert (again.ok, again.appended) == (True, 0)
-    assert world.ids() == _events_ids("base", 10) + _events_ids("w", 30)
+    assert world.ids() == _events_ids("base", 10) + _events_ids("a", 30)
 
 
 def test_a_rolled_back_writer_putting_its_id_items_late_does_not_hide_the_live_ones(world: World) -> None:
     """A writer rolled back while paused, whose retry (the same events) lands first: when it wakes, it puts its
-    id items (a batch: no condition) over the live commit's. A re-send must still find every id."""
+    id items (a batch: no condition) over the live commit's. A re-send must still find every id. (Ids below
+    "base-009", not in order, so each has an id item; test_dynamodb_ids has the in-order case.)"""
     _seeded(world)
     arrived, resume = threading.Event(), threading.Event()
     world.faults.pause("BatchWriteItem", 2, arrived, resume)  # after 25 of its 30 event items
     results: dict[str, Any] = {}
-    slow = threading.Thread(target=lambda: results.update(r=world.writer.commit(world.row(), _events("t", 30), 1)))
+    slow = threading.Thread(target=lambda: results.update(r=world.writer.commit(world.row(), _events("a", 30), 1)))
     slow.start()
     assert arrived.wait(timeout=30)
     world.clock.advance(1)
     assert [r.action for r in world.store().repair_pending(older_than_s=0)] == ["rolled_back"]
-    retry = world.store().commit(world.row(), _events("t", 30), 1)  # the turn again, as a retried run sends it
+    retry = world.store().commit(world.row(), _events("a", 30), 1)  # the turn again, as a retried run sends it
     assert (retry.ok, retry.version, retry.appended) == (True, 2, 30)
     live = _id_items(world)
     resume.set()
     slow.join(timeout=30)
     assert not slow.is_alive() and (results["r"].ok, results["r"].version) == (False, 2)
     late = _id_items(world)
-    assert any(late[i]["t"] != live[i]["t"] for i in late if i.startswith("t-"))  # the dead grant's, over the live
+    assert any(late[i]["t"] != live[i]["t"] for i in late if i.startswith("a-"))  # the dead grant's, over the live
     for version, store in enumerate((world.store(single_call_items=0), world.store(single_call_items=100)), start=2):
         store.load(world.app, world.sid)
-        again = store.commit(world.row(), _events("t", 30), version)
+        again = store.commit(world.row(), _events("a", 30), version)
         assert (again.ok, again.appended) == (True, 0)  # found by reading the events from the dead grant's version
-    assert world.ids() == _events_ids("base", 10) + _events_ids("t", 30)
+    assert world.ids() == _events_ids("base", 10) + _events_ids("a", 30)
 
 
 @pytest.mark.parametrize("dies", [False, True], ids=["cleans-up", "dies-at-its-finish"])

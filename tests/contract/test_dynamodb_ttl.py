@@ -112,7 +112,7 @@ def test_an_expired_session_is_hidden_refused_and_its_id_free_before_aws_deletes
         assert store.load(app.name, "s-old") is None and store.load(app.name, "s-old", after=1) is None
         assert [s.id for s in store.list(app.name)] == ["s-keep"]
         stored = _items(ddb, dynamodb_table, app.name, "s-old")
-        assert len(stored) >= 3
+        assert len(stored) >= 2  # the meta item and an event (an id minted in order has no id item)
         # A writer holding it from before cannot bring it back: it is gone, as if deleted (nothing written).
         late = store.commit(StoredSession(id="s-old", app_name=app.name, created_at=T0), [], 2)
         assert (late.ok, late.version) == (False, 0)
@@ -143,7 +143,7 @@ def test_items_stored_without_expiry_get_one_and_lose_it_when_retention_goes(
         later.input.message("under retention")
         kept.sessions.commit(later)
         meta, others = _expiries(ddb, dynamodb_table, name, "s-1", clock())
-        assert meta is not None and len(others) >= 3 and all(e is not None and e >= meta for e in others.values())
+        assert meta is not None and len(others) >= 2 and all(e is not None and e >= meta for e in others.values())
 
         clock.advance(1000)
         last = forever.sessions.require("s-1")
@@ -257,7 +257,7 @@ def test_a_shorter_retention_pulls_every_items_expiry_in_at_the_next_commit(
         short.sessions.commit(again)
         meta, others = _expiries(ddb, dynamodb_table, name, "s-1", clock())
         assert meta == (clock() + DAY_MS) // 1000
-        assert len(others) >= 3 and all(e is not None and meta <= e <= meta + 86_400 for e in others.values())
+        assert len(others) >= 2 and all(e is not None and meta <= e <= meta + 86_400 for e in others.values())
 
 
 def test_a_bound_sessions_binding_entries_expire_with_it(ddb: Any, dynamodb_table: str, store: Any) -> None:

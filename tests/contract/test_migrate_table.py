@@ -225,12 +225,14 @@ LAYOUTS = [RELEASE, "this release"]
 def test_a_table_of_this_release_is_copied_once_a_key_and_a_second_pass_puts_the_same_keys(
     ddb: Any, tables: list[str]
 ) -> None:
-    """A table of this layout holds an id item per event already: copied as it is, none derived next to it
+    """A table of this layout holds its id items already (an id stored in order has none: its event item's
+    ``hi`` and the meta item's ``hv`` find it, copied with them): copied as they are, none derived next to them
     (which put two items of one key in one batch: "Provided list of item keys contains duplicates")."""
     old, new = _current(ddb, tables), _new(tables)
+    id_items = [key for key in _items(ddb, old) if key[1].startswith("I#")]
     faults = Faults(ddb)
     report = migrate_table(ddb, old, new, page_size=7)
-    assert report.pages > 2 and report.events == report.id_items == 27
+    assert report.pages > 2 and report.events == 27 and report.id_items == len(id_items) < 27
     first = _puts(faults, new)
     copied = _items(ddb, new)
     assert max(first.values()) == 1  # no key put twice in the run

@@ -60,6 +60,7 @@ from .plan import (
     MAX_SCOPED_KEYS,
     _event_items,
     _id_items,
+    _itemised,
     _known_after,
     _Marker,
     _MarkerGone,
@@ -126,9 +127,9 @@ class _Commit(_Calls):
         origin = old if "created_at" in old else _origin(row)
         ids = IdFilter.of(old)
         flagged = [e.id for e in commit.events if ids.may_hold(e.id)]
-        stored = self._stored_ids(pk, flagged, inc, commit.expected_version, _dead(old)) if flagged else set()
+        stored = self._stored_ids(pk, flagged, old, commit.expected_version) if flagged else set()
         fresh = commit.fresh(stored)
-        items = _event_items(pk, marker, inc, [(e.id, data[e.id]) for e in fresh], plan.horizon)
+        items = _event_items(pk, marker, inc, [(e.id, data[e.id]) for e in fresh], plan.horizon, ids.greatest)
         if len(items) != marker.items:  # re-sent ids were skipped: the marker must count what is written
             recounted = dataclasses.replace(marker, items=len(items))
             try:
@@ -136,9 +137,9 @@ class _Commit(_Calls):
             except _MarkerGone as gone:
                 return self._after_lost_marker(pk, marker, inc, gone.item, len(fresh), items, plan)
             marker = recounted
-        # The id items follow the event items: a repair rolling the commit forward (every event item there)
-        # puts them again, so a crash among them leaves no stored event without its id item.
-        writes = items + _id_items(pk, marker, inc, [e.id for e in fresh], plan.horizon)
+        # The id items (of the ids not in order) follow the event items: a repair rolling the commit forward
+        # (every event item there) puts them again, so a crash among them leaves no such event without its item.
+        writes = items + _id_items(pk, marker, inc, _itemised(ids.greatest, [e.id for e in fresh]), plan.horizon)
         try:
             if plan.refresh:
                 self._refresh(pk, plan.horizon, row.scopes)
@@ -152,7 +153,7 @@ class _Commit(_Calls):
             ) from exc
         ids.add(e.id for e in fresh)
         try:
-            finish = self._finish(pk, marker, ids, plan, origin)
+            finish = self._finish(pk, marker, inc, ids, plan, origin)
         except _MarkerGone as gone:
             return self._after_lost_marker(pk, marker, inc, gone.item, len(fresh), items, plan)
         except StoreError as exc:
@@ -193,8 +194,8 @@ class _Commit(_Calls):
         ids = IdFilter.of(old)
         if plan.refresh or any(ids.may_hold(e.id) for e in commit.events):
             return None
-        items = _event_items(pk, marker, inc, [(e.id, data[e.id]) for e in commit.events], plan.horizon)
-        items += _id_items(pk, marker, inc, [e.id for e in commit.events], plan.horizon)
+        items = _event_items(pk, marker, inc, [(e.id, data[e.id]) for e in commit.events], plan.horizon, ids.greatest)
+        items += _id_items(pk, marker, inc, _itemised(ids.greatest, [e.id for e in commit.events]), plan.horizon)
         app_name, session_id = row.app_name, row.id
         if expected == 0:
             items += [_expiring(key, plan.horizon) for key in _binding_keys(app_name, session_id, row.scopes)]
@@ -210,7 +211,7 @@ class _Commit(_Calls):
         if size + bound > MAX_TRANSACT_BYTES and size + sum(map(item_bytes, items)) > MAX_TRANSACT_BYTES:
             return None
         ids.add(e.id for e in commit.events)
-        update = self._commit_update(pk, marker, ids, plan)
+        update = self._commit_update(pk, marker, inc, ids, plan)
         names, values = update["ExpressionAttributeNames"], update["ExpressionAttributeValues"]
         sets, removes = update["UpdateExpression"].removeprefix("SET ").split(" REMOVE ")
         now = now_ms()
@@ -311,7 +312,7 @@ class _Commit(_Calls):
             update = "SET #id = :id, created_at = :created, scopes = :so, inc = :inc, version = :zero"
             # An expired session is gone: its id may be taken again, as after a delete (a new incarnation).
             condition = "attribute_not_exists(pk) OR #x <= :now"
-            removes = ["bf", "hi", "dead", "lsk", "plsk", "xh", "#x", "#st", "lpk", "spk", "rpk", "dpk", "#du"]
+            removes = ["bf", "hi", "hv", "dead", "lsk", "plsk", "xh", "#x", "#st", "lpk", "spk", "rpk", "dpk", "#du"]
             names["#st"] = "status"
             names["#du"] = "due"
             values |= {
@@ -417,15 +418,18 @@ class _Commit(_Calls):
             _backoff(polls, base=0.005, cap=0.2)
             polls += 1
 
-    def _stored_ids(self, pk: str, event_ids: Sequence[str], inc: str, version: int, dead: frozenset[str]) -> set[str]:
-        """Which of these ids a committed event of this session holds: their id items (``keys.id_sk``), read by
-        key in consistent ``BatchGetItem`` calls of 100 — one call for a whole re-sent turn.
+    def _stored_ids(self, pk: str, event_ids: Sequence[str], meta: Mapping[str, Any], version: int) -> set[str]:
+        """Which of these ids a committed event of this session holds (``meta``: its meta item before this
+        commit, at ``version``).
 
-        An id item counts when its incarnation is the session's, its version committed and its grant not
-        rolled back. No item: the id was never stored (every event is written with its id item, and a repair
-        rolling a commit forward puts them again). An item that does not count is not the last word: a
-        rolled-back writer waking late may have put it over the live one (a batch cannot be conditional), so
-        the events from its version on (from the first, for another incarnation's) are read for the id."""
+        First their id items (``keys.id_sk``), read by key in consistent ``BatchGetItem`` calls of 100 — one call
+        for a whole re-sent turn. An id item counts when its incarnation is the session's, its version committed
+        and its grant not rolled back. An item that does not count is not the last word: a rolled-back writer
+        waking late may have put it over the live one (a batch cannot be conditional), so the events from its
+        version on (from the first, for another incarnation's) are read for the id. An id with no item that
+        counts may have been stored *in order*, with no item (``plan._in_order``): a binary search of the event
+        items finds it (``_stored_in_order``)."""
+        inc, dead = meta["inc"]["S"], _dead(meta)
         stored: set[str] = set()
         unsure: builtins.list[tuple[str, int]] = []
         for found in self._get_items([_key(pk, id_sk(event_id)) for event_id in event_ids], "sk, inc, v, t"):
@@ -438,25 +442,114 @@ class _Commit(_Calls):
             else:
                 unsure.append((event_id, written_at))
         for event_id, since in unsure:
-            if since > version:
-                continue  # nothing committed from there on
-            for item in self._query(
+            if since <= version and self._held_from(pk, event_id, since, version, inc, dead):
+                stored.add(event_id)
+        start = self._in_order_since(meta)
+        commits: dict[int, set[str]] = {}  # the ids of each commit a search ended at, read once
+        for event_id in event_ids if start is not None else ():
+            if event_id in stored:
+                continue
+            at = self._in_order_commit(pk, event_id, start or 1, version, inc, dead)
+            if at is not None and at not in commits:
+                commits[at] = self._held_in(pk, at, inc, dead)
+            if at is not None and event_id in commits[at]:
+                stored.add(event_id)
+        return stored
+
+    def _held_from(self, pk: str, event_id: str, since: int, version: int, inc: str, dead: frozenset[str]) -> bool:
+        """Whether a live event item of versions ``since`` to ``version`` holds ``event_id`` (a consistent Query
+        of that range, filtered on the id)."""
+        for item in self._query(
+            TableName=self._table,
+            KeyConditionExpression="pk = :pk AND sk BETWEEN :from AND :to",
+            FilterExpression="eid = :eid",
+            ExpressionAttributeValues={
+                ":pk": {"S": pk},
+                ":from": {"S": event_prefix(since)},
+                ":to": {"S": event_prefix(version) + "~"},
+                ":eid": {"S": event_id},
+            },
+            ProjectionExpression="sk, inc",
+            ConsistentRead=True,
+        ):
+            key = parse_event_sk(item["sk"]["S"])
+            if key is not None and item["inc"]["S"] == inc and f"{key.version}#{key.grant}" not in dead:
+                return True
+        return False
+
+    @staticmethod
+    def _in_order_since(meta: Mapping[str, Any]) -> int | None:
+        """The version from which this incarnation may hold in-order ids without id items (``hv``), 1 when an
+        earlier release re-created the session over an incarnation that set it; ``None``: none (every id stored
+        has its item)."""
+        if "hv" not in meta:
+            return None
+        inc, version = meta["hv"]["S"].split("#")
+        return int(version) if inc == meta["inc"]["S"] else 1
+
+    def _in_order_commit(
+        self, pk: str, event_id: str, start: int, version: int, inc: str, dead: frozenset[str]
+    ) -> int | None:
+        """The version of the commit that holds ``event_id`` if it was stored in order (greater than every id
+        before it, so with no id item); ``None``: no commit could.
+
+        Each live event item of this layout carries ``hi``, the greatest id stored once its commit landed:
+        non-decreasing along the session's live events. An id stored in order is in the first commit whose
+        ``hi`` reaches it (every commit before it stored smaller ids only), so a binary search over versions
+        ``start`` to ``version`` finds that commit — ``log2(versions)`` consistent Queries of one item each —
+        and one read of its items (``_held_in``) says whether the id is among them. Paid only by re-sent ids
+        and the filter's false positives; a turn of new ids never gets here."""
+        end = event_prefix(version) + "~"
+        low, high, found = start, version, None
+        while low <= high:
+            middle = (low + high) // 2
+            probe = self._first_commit_from(pk, event_prefix(middle), end, inc, dead)
+            if probe is None or probe[1] >= event_id:
+                found = found if probe is None else probe[0]
+                high = middle - 1
+            else:
+                low = probe[0] + 1
+        return found
+
+    def _held_in(self, pk: str, version: int, inc: str, dead: frozenset[str]) -> set[str]:
+        """The ids of the live event items of ``version`` (one consistent Query of that commit's items)."""
+        held = set()
+        for item in self._query(
+            TableName=self._table,
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :v)",
+            ExpressionAttributeValues={":pk": {"S": pk}, ":v": {"S": event_prefix(version)}},
+            ProjectionExpression="sk, inc, eid",
+            ConsistentRead=True,
+        ):
+            key = parse_event_sk(item["sk"]["S"])
+            if key is not None and "eid" in item and item["inc"]["S"] == inc and f"{version}#{key.grant}" not in dead:
+                held.add(item["eid"]["S"])
+        return held
+
+    def _first_commit_from(
+        self, pk: str, start: str, end: str, inc: str, dead: frozenset[str]
+    ) -> tuple[int, str] | None:
+        """The version and ``hi`` of the first live event item of this layout from ``start`` to ``end``. A grant
+        not live (rolled back, another incarnation's) or of an earlier layout (no ``hi``) is stepped over whole."""
+        while start <= end:
+            page = self._call(
+                "query",
                 TableName=self._table,
                 KeyConditionExpression="pk = :pk AND sk BETWEEN :from AND :to",
-                FilterExpression="eid = :eid",
-                ExpressionAttributeValues={
-                    ":pk": {"S": pk},
-                    ":from": {"S": event_prefix(since)},
-                    ":to": {"S": event_prefix(version) + "~"},
-                    ":eid": {"S": event_id},
-                },
-                ProjectionExpression="sk, inc",
+                ExpressionAttributeValues={":pk": {"S": pk}, ":from": {"S": start}, ":to": {"S": end}},
+                ProjectionExpression="sk, inc, hi",
                 ConsistentRead=True,
-            ):
-                key = parse_event_sk(item["sk"]["S"])
-                if key is not None and item["inc"]["S"] == inc and f"{key.version}#{key.grant}" not in dead:
-                    stored.add(event_id)
-        return stored
+                Limit=1,
+            )
+            items = page.get("Items", [])
+            key = parse_event_sk(items[0]["sk"]["S"]) if items else None
+            if key is None:
+                return None
+            item = items[0]
+            if item["inc"]["S"] == inc and f"{key.version}#{key.grant}" not in dead and "hi" in item:
+                return key.version, item["hi"]["S"]
+            start = event_prefix(key.version, key.grant) + "~"
+        return None
 
     def _recount(self, pk: str, marker: _Marker, recounted: _Marker) -> None:
         """Record the marker's corrected item count (and where its touch goes, which depends on it)."""
@@ -478,13 +571,13 @@ class _Commit(_Calls):
             raise _MarkerGone(failed.item) from None
 
     def _finish(
-        self, pk: str, marker: _Marker, ids: IdFilter, plan: _Plan, origin: Mapping[str, Any]
+        self, pk: str, marker: _Marker, inc: str, ids: IdFilter, plan: _Plan, origin: Mapping[str, Any]
     ) -> dict[str, Any]:
         """Make the marker's version the stored one and clear the marker (the meta item is the session's listing
         entry: this moves it); with its scoped writes and the delete of any touch an earlier layout left as the
         session's entry, atomically."""
         app_name = split_session_pk(pk)[0]
-        update = self._commit_update(pk, marker, ids, plan)
+        update = self._commit_update(pk, marker, inc, ids, plan)
         update["ConditionExpression"] = "pending.t = :t"
         update["ExpressionAttributeValues"][":t"] = {"S": marker.grant}
         writes = [_transact_item(self._table, app_name, ScopedWrite(*write)) for write in json.loads(marker.scoped)]
@@ -501,7 +594,7 @@ class _Commit(_Calls):
             raise _MarkerGone(cancelled.items[0]) from None
         return update
 
-    def _commit_update(self, pk: str, marker: _Marker, ids: IdFilter, plan: _Plan) -> dict[str, Any]:
+    def _commit_update(self, pk: str, marker: _Marker, inc: str, ids: IdFilter, plan: _Plan) -> dict[str, Any]:
         """The meta item's update that lands a commit (no condition): what the finish and the one-call
         transaction both write, so the two paths leave the same item."""
         app_name, session_id = split_session_pk(pk)
@@ -518,6 +611,11 @@ class _Commit(_Calls):
         if ids.greatest is not None:  # "" (no event yet) too: only a meta item without it is read as unknown
             values[":hi"] = {"S": ids.greatest}
             sets += ", hi = :hi"
+            # Where this incarnation's in-order ids (no id item, ``plan._in_order``) may start: its first commit
+            # with a known ``hi`` (the session's create, for a session of this layout). ``_stored_in_order``
+            # searches from there; the events before it (an earlier layout's) all have their id items.
+            values[":hv"] = {"S": f"{inc}#{marker.version}"}
+            sets += ", hv = :hv" if marker.version == 1 else ", hv = if_not_exists(hv, :hv)"
         removes = "pending, ppk, psk"
         removes += ", plsk"  # an earlier layout's superseded touch: deleted by this commit now
         for name, value in (("#x", plan.expires), ("xh", plan.horizon)):

@@ -14,11 +14,13 @@ A session partition ``S#{app}#{session_id}`` holds, in sort-key order:
   version next: the meta item lists rolled-back grants in ``dead`` and readers skip their items.
 * the chunks of an event larger than one item, ``sk = "{event sk}#{chunk:03d}"`` (chunk 0 is the event
   item itself, which carries the id and the chunk count);
-* one small *id* item per event, ``sk = "I#{event id}"`` (``id_sk``), written with the event (in the same
+* one small *id* item per event whose id is not in order (not above every id stored before it:
+  ``plan._in_order``), ``sk = "I#{event id}"`` (``id_sk``), written with the event (in the same
   transaction, or the same batches before the finish): its incarnation, version and grant, so a re-sent
   id the meta item's filter flags is found with one consistent ``GetItem``/``BatchGetItem`` of these keys,
   without a local index (which would cap the partition at 10 GB and keep it from splitting). It sorts
-  after the events, so a load (``sk < "I#"``) never reads it;
+  after the events, so a load (``sk < "I#"``) never reads it. An id in order has none: its event item's
+  ``hi`` (the greatest id once its commit landed) lets a binary search find it;
 * the meta item is the session's listing and status entry (``lpk``, ``spk``, ``lsk``), moved by each
   commit's write of it. The layout before kept a small *touch* item per session, ``sk = "T#{updated_at:013d}"``,
   as that entry: its next commit deletes it.
@@ -214,7 +216,8 @@ class IdFilter:
     events of a turn pass on that comparison alone, however long the session. Other ids (re-sent ones,
     ids from a process whose clock is behind, ids a caller chose) ask the filter, which answers
     "certainly not stored" for nearly every new one; only ids it flags (re-sent ones, and false
-    positives) cost a consistent read of their id items (``id_sk``). 16,384 bits and 7 hashes: a new id
+    positives) cost a consistent read of their id items (``id_sk``), and, when they have none, a binary search
+    of the event items' ``hi`` (``_Commit._in_order_commit``). 16,384 bits and 7 hashes: a new id
     is flagged about 1 time in 1,600 at 1,000 stored events, 1 in 50 at 2,000, 1 in 10 at 3,000, 2 in 5
     at 5,000 (docs/dynamodb.md).
     Stored zlib-compressed, so the filter of a short session costs a few hundred bytes of the meta item

@@ -164,9 +164,39 @@ def _known_after(
     return item
 
 
+def _in_order(greatest: str | None, event_ids: Sequence[str]) -> list[bool]:
+    """Which of a commit's ids are *in order*: each greater than every id stored before it (the meta item's
+    ``hi``, then the commit's own ids before it). Such an id needs no id item: a lookup finds it by a binary
+    search of the event items' ``hi`` (``_Commit._stored_in_order``). ``greatest`` is the meta item's ``hi``
+    before the commit; ``None`` (a meta item written before ``hi`` was kept): none is, every id gets its item.
+    The writer and a repair rolling its commit forward reach the same answer from the same meta item."""
+    if greatest is None:
+        return [False] * len(event_ids)
+    flags = []
+    for event_id in event_ids:
+        flags.append(event_id > greatest)
+        greatest = max(greatest, event_id)
+    return flags
+
+
+def _itemised(greatest: str | None, event_ids: Sequence[str]) -> list[str]:
+    """The ids of a commit that get an id item: those not in order (``_in_order``)."""
+    flags = _in_order(greatest, event_ids)
+    return [event_id for event_id, in_order in zip(event_ids, flags, strict=True) if not in_order]
+
+
 def _event_items(
-    pk: str, marker: _Marker, inc: str, events: Sequence[tuple[str, bytes]], expires: int | None
+    pk: str,
+    marker: _Marker,
+    inc: str,
+    events: Sequence[tuple[str, bytes]],
+    expires: int | None,
+    greatest: str | None = None,
 ) -> list[dict[str, Any]]:
+    """The commit's event items. With the meta item's ``hi`` before the commit (``greatest``), each event's
+    first item carries ``hi``: the greatest id stored once this commit lands, non-decreasing along the
+    session's live events (what ``_Commit._stored_in_order`` searches)."""
+    after = None if greatest is None else max([greatest, *(event_id for event_id, _ in events)])
     items: list[dict[str, Any]] = []
     for seq, (event_id, data) in enumerate(events):
         pieces = chunks(data)
@@ -181,6 +211,8 @@ def _event_items(
                 item["eid"] = {"S": event_id}
                 if len(pieces) > 1:
                     item["c"] = {"N": str(len(pieces))}
+                if after is not None:
+                    item["hi"] = {"S": after}
             if expires is not None:
                 item[TTL] = {"N": str(expires)}
             items.append(item)
@@ -190,8 +222,9 @@ def _event_items(
 def _id_items(
     pk: str, marker: _Marker, inc: str, event_ids: Sequence[str], expires: int | None
 ) -> list[dict[str, Any]]:
-    """One item per event id (``keys.id_sk``): which incarnation, version and grant stored it — what a lookup
-    of a re-sent id needs to tell a live event from a rolled-back or deleted one. About 100 bytes: 1 write unit."""
+    """One item per event id given (``keys.id_sk``; the ids not in order, ``_in_order``): which incarnation,
+    version and grant stored it — what a lookup of a re-sent id needs to tell a live event from a rolled-back
+    or deleted one. About 100 bytes: 1 write unit (2 in a transaction)."""
     version = {"N": str(marker.version)}
     grant, incarnation = {"S": marker.grant}, {"S": inc}
     items: list[dict[str, Any]] = []

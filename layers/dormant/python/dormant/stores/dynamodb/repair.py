@@ -17,6 +17,7 @@ from .items import MetaItem, _key
 from .keys import META_SK, IdFilter, event_prefix, session_pk, split_session_pk
 from .plan import (
     _id_items,
+    _itemised,
     _Marker,
     _MarkerGone,
     _plan,
@@ -82,7 +83,7 @@ class _Repair(_Commit):
             TableName=self._table,
             KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
             ExpressionAttributeValues={":pk": {"S": pk}, ":prefix": {"S": event_prefix(marker.version, marker.grant)}},
-            ProjectionExpression="pk, sk, eid",
+            ProjectionExpression="pk, sk, eid, hi",
             ConsistentRead=True,
         )
         plan = _plan(marker, meta)
@@ -105,15 +106,20 @@ class _Repair(_Commit):
         app_name, session_id = split_session_pk(pk)
         try:
             if complete:
-                event_ids = [i["eid"]["S"] for i in items if "eid" in i]
-                # The writer put its id items after its event items: put them again, as some may be missing.
+                firsts = [i for i in items if "eid" in i]
+                event_ids = [i["eid"]["S"] for i in firsts]
+                # The writer put its id items after its event items: put them again, as some may be missing. Its
+                # ids in order have none (``_in_order``, from the same meta item); an earlier layout's writer
+                # (event items without ``hi``) gave every id its item.
+                greatest = IdFilter.of(meta).greatest
+                itemised = _itemised(greatest, event_ids) if all("hi" in i for i in firsts) else event_ids
                 try:
-                    ids_of = _id_items(pk, marker, meta["inc"]["S"], event_ids, plan.horizon)
+                    ids_of = _id_items(pk, marker, meta["inc"]["S"], itemised, plan.horizon)
                     self._write_batches([{"PutRequest": {"Item": item}} for item in ids_of])
                 except _Exhausted as exc:
                     raise StoreBusy(f"repair of session {split_session_pk(pk)[1]!r}: {exc}; try again") from None
                 ids = IdFilter.of(meta).add(event_ids)
-                self._finish(pk, marker, ids, plan, meta)
+                self._finish(pk, marker, meta["inc"]["S"], ids, plan, meta)
             else:
                 self._roll_back(pk, marker, create=MetaItem.from_item(meta).version == 0)
         except _MarkerGone:

@@ -40,10 +40,11 @@ The checks, encoding, limits and the ``CommitResult``/``ScopeMismatch`` bookkeep
 **Idempotency by event id** without reading history: the meta item carries the greatest stored id and
 a Bloom filter of the stored ids (``keys.IdFilter``), which the gate returns (``ReturnValues=ALL_OLD``)
 at no extra call. An id above the greatest (``new_id`` mints them in order), or one the filter rules
-out, is new. The ids it flags are looked up by key: every event is written with an id item
-(``keys.id_sk``: its incarnation, version and grant), read with one strongly consistent ``BatchGetItem``
-(``_stored_ids``). Only re-sent ids and rare false positives pay that read. The table has no local index,
-so no item collection is capped at 10 GB.
+out, is new. The ids it flags are looked up by key: every event whose id is not in order is written with an
+id item (``keys.id_sk``: its incarnation, version and grant), read with one strongly consistent
+``BatchGetItem`` (``_stored_ids``); an id stored in order has none, and is found by a binary search of the
+event items' ``hi`` (``_in_order_commit``). Only re-sent ids and rare false positives pay those reads. The
+table has no local index, so no item collection is capped at 10 GB.
 
 **Repair** (``repair_pending``; and a writer that meets a stale marker runs the same code first): a
 marker's version is rolled forward when all of its event items are present — with its touch, written

@@ -34,7 +34,8 @@ Key design (one table, string ``pk``/``sk``):
   that are due, never the healthy ones. A table made before it gets the index in place (``UpdateTable``; the
   stack adds it on deploy);
 * no local secondary index: a re-sent event id is found through the session's id items
-  (``keys.id_sk``), read by key. A local index would cap every partition key's item collection (a
+  (``keys.id_sk``), read by key, or (an id stored in order, which has none) by a binary search of its event
+  items' ``hi``. A local index would cap every partition key's item collection (a
   session, a scope id's shared state, its binding entries) at 10 GB and keep its partition from splitting;
 * ``TTL_ATTRIBUTE`` holds an epoch-seconds expiry for retention.
 """
