@@ -485,6 +485,8 @@ def test_bench_cost_runs_on_the_quick_sizes_and_prints_its_table(dynamodb_endpoi
         "approval answered a day late / at once ($)",
         "approval timed out / its path ending at once ($)",
         "DynamoDB write units of a chat turn / its floor",
+        "AWS bill of a chat turn / $30 per million",
+        "AWS bill of an approval turn / $120 per million",
     }, out[-2000:]
     arcs = (
         (chat, {"run"}, "run"),
