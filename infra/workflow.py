@@ -4,7 +4,7 @@
 commits the turn's claim, so every claimed turn has an execution responsible for it::
 
     Run ──yielded──> Park ──(answers: SendTaskSuccess)──> Continue ──> a fresh execution (Run ...)
-     │ ^                │
+     │ ^                ├─ answered "inline" (POST /tools runs the turn on itself) ──> Went on inline
      │ └─handed on──┘   ├─ wait timed out ──> Expire ──answered meanwhile?──yes──> Continue
      │                  │                            └─no──> Expired
      ├─ anything else ──> Done
@@ -255,7 +255,18 @@ class ResumeWorkflow(Construct):
         wait.add_catch(expire, errors=_TIMEOUTS, result_path="$.error")
         wait.add_catch(record_park_failure, errors=["States.ALL"], result_path="$.error")
         expire.add_catch(record_failure, errors=["States.ALL"], result_path="$.error")
-        wait.next(next_loop)
+        # An answer whose caller waited ran the turn on in the tools function (or a runner took it on before park
+        # stored its token): the task token says ``inline`` and this execution ends; no Continue, no second Run.
+        wait.next(
+            sfn.Choice(self, "Went on?")
+            .when(
+                sfn.Condition.and_(
+                    sfn.Condition.is_present("$.answer.inline"), sfn.Condition.boolean_equals("$.answer.inline", True)
+                ),
+                sfn.Succeed(self, "Went on inline", comment="the answered turn runs in the request that answered"),
+            )
+            .otherwise(next_loop)
+        )
         expire.next(
             sfn.Choice(self, "Answered as it expired?")
             .when(sfn.Condition.string_equals("$.expired.status", "resumable"), next_loop)

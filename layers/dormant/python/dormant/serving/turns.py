@@ -52,6 +52,7 @@ __all__ = [
     "run_claimed",
     "run_held",
     "run_to_end",
+    "take_on",
 ]
 
 RUNNER_TURN_MS = 2 * 60_000
@@ -276,6 +277,27 @@ def resume_turn(
             _claim(app, session)
             break
     return _finish(app, session, stream, checkpoint, claimed=True, agent=agent.name)
+
+
+def take_on(
+    app: App, agent_for: Callable[[str | None], Agent], session: Session, invocation_id: str, *, deadline: int
+) -> Claim | None:
+    """Take invocation ``invocation_id`` of ``session`` (loaded) on as ``resume_turn`` does, committing its take-on
+    with ``deadline`` (ms since the epoch: the sweeper's cue), and return it as a claim ``run_held`` runs, not yet
+    run. ``None`` when there is nothing to run (the invocation ended or still waits for answers); ``ClaimLost``
+    when another writer moved the session first (another runner took it on)."""
+    if session.projection.open_invocation != invocation_id or session.status == "awaiting_input":
+        return None
+    after = len(session.events)
+    checkpoint = _Checkpoint(app, session)
+    agent = agent_for(session.current_agent_name)
+    if session.status == "resumable":
+        metrics.count("resumes", agent=agent.name)
+    stream = app.stream(agent, None, session=session, deadline=deadline, checkpoint=checkpoint)
+    for event in stream:
+        if isinstance(event, InvocationResumeEvent):
+            return Claim(session, invocation_id, _claim(app, session), after, True, stream, checkpoint)
+    return None
 
 
 def _finish(
