@@ -626,7 +626,7 @@ def yielded_and_parked(d: Any, sid: str, message: str) -> tuple[dict[str, Any], 
 def test_create_run_park_answer_resume_complete(deployment: Any) -> None:
     d, sid = deployment, fresh("park")
     shown, execution = yielded_and_parked(d, sid, "signoffs=1")
-    assert execution.states[0] == "Run"  # the turn ran in the workflow, not in the API's request
+    assert execution.states[:2] == ["Parked?", "Run"]  # the turn ran in the workflow, not in the API's request
     done = answer(d, sid, shown)
     assert done["status"] == "completed", (done["status"], evidence(d))
     assert ended(d, execution).status == "SUCCEEDED", (execution.states, execution.error, execution.cause)
@@ -1073,7 +1073,8 @@ def test_a_claim_landing_just_after_the_run_read_the_session_runs_on_the_first_a
     attempts = run_attempts(execution)
     assert [outcome for _, outcome in attempts] == ["ok"], (attempts, evidence(d))  # one attempt, no retry
     assert invocations(d, "resume") - invoked == 1  # and one invocation of the function, as Lambda counts them
-    assert execution.states == ["Run", "After the run", "Done"], execution.states  # no transition more
+    # no transition more (the first Choice every execution pays: a parked turn's starts at Park, issue 36)
+    assert execution.states == ["Parked?", "Run", "After the run", "Done"], execution.states
     assert not [e for e in d.errors("resume") if sid in e[2]], d.errors("resume")
     shown = show(d, sid)
     assert shown["status"] == "completed", (shown, evidence(d))
@@ -1496,7 +1497,7 @@ def test_the_sweeper_hands_a_turn_whose_runner_died_to_a_fresh_execution(
     d.settle()
     assert show(d, sid)["status"] == "completed", evidence(d)
     (execution,) = chain(d, sid)
-    assert execution.states[0] == "Run" and execution.states[-1] == "Done", execution.states
+    assert execution.states[:2] == ["Parked?", "Run"] and execution.states[-1] == "Done", execution.states
 
 
 def swept(result: dict[str, Any], sid: str) -> list[str]:

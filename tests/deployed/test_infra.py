@@ -591,8 +591,9 @@ def test_people_sign_in_without_oauth_and_machines_by_client_credentials(synth: 
 def test_the_workflow_runs_parks_continues_as_new_and_ends_cleanly(synth: Synth) -> None:
     asl = definition_of(synth)
     states = asl["States"]
-    assert asl["StartAt"] == "Run"
+    assert asl["StartAt"] == "Parked?"
     assert set(states) == {
+        "Parked?",
         "Run",
         "After the run",
         "Park",
@@ -610,6 +611,15 @@ def test_the_workflow_runs_parks_continues_as_new_and_ends_cleanly(synth: Synth)
         "RecordParkFailure",
         "Failed",
     }
+    # a turn a waiting request ran to its park (hand_on, input "parked") starts at the wait; any other at Run
+    first = states["Parked?"]
+    assert first["Choices"] == [
+        {
+            "And": [{"Variable": "$.parked", "IsPresent": True}, {"Variable": "$.parked", "BooleanEquals": True}],
+            "Next": "Park",
+        }
+    ]
+    assert first["Default"] == "Run"
     run = states["Run"]
     assert run["Parameters"]["Payload"]["action"] == "run"
     assert run["Parameters"]["Payload"]["retry.$"] == "$$.State.RetryCount"  # a retry repairs a dead runner's commit

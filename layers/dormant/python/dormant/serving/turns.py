@@ -221,16 +221,16 @@ def run_to_end(
     return outcome
 
 
-def run_held(app: App, claim: Claim, *, until: int, hand_on: Callable[[int], object]) -> AdvanceOutcome | None:
+def run_held(app: App, claim: Claim, *, until: int, hand_on: Callable[[int, bool], object]) -> AdvanceOutcome | None:
     """Run a claimed turn in the request that waits for it, until ``until`` (ms since the epoch: the end of the
     request's hold, which the claim records as its deadline), and hand it on where it cannot end here.
 
-    ``hand_on(version)`` starts the runner that carries the turn on (on AWS: a Step Functions execution): when it
-    parks (its execution waits for the answers), when the hold runs short (``handed_on``: the next runner goes on
-    from the last committed step), when a model call would outlast the hold (that step is dropped uncommitted and
-    the call is made again by the next runner: its tokens are paid twice), and when the run fails here in any
-    other way (``None``: the caller answers with what is on the ledger). A ``hand_on`` that fails is logged and
-    left to the sweeper: a running turn past its deadline is handed on, a wait with no execution gets one.
+    ``hand_on(version, parked)`` starts the runner that carries the turn on (on AWS: a Step Functions execution):
+    when it parks (``parked``: its execution starts at the wait), when the hold runs short (``handed_on``: the next
+    runner goes on from the last committed step), when a model call would outlast the hold (that step is dropped
+    uncommitted and the call is made again by the next runner: its tokens are paid twice), and when the run fails
+    here in any other way (``None``: the caller answers with what is on the ledger). A ``hand_on`` that fails is
+    logged and left to the sweeper: a running turn past its deadline is handed on, a wait with no execution gets one.
     """
     try:
         with calls_end_by(until / 1000):
@@ -247,8 +247,9 @@ def run_held(app: App, claim: Claim, *, until: int, hand_on: Callable[[int], obj
             "dormant: a model call outlasted the hold of %s; made again: %s", claim.session.id, outcome.error
         )
     version = claim.session.version if outcome is None else outcome.version
+    parked = outcome is not None and outcome.status == "yielded_tool"  # its runner starts at the wait (Park)
     try:
-        hand_on(version)
+        hand_on(version, parked)
     except Exception as exc:  # throttled, refused: the sweeper repairs it (the claim's deadline is the hold's end)
         _logger.warning("dormant: %s was not handed on: %s: %s", claim.session.id, type(exc).__name__, exc)
     return outcome

@@ -22,6 +22,7 @@ ends nothing (the turn is not waiting). A take-on that loses (another runner has
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 from aws_lambda_powertools.event_handler import Response
@@ -100,9 +101,7 @@ def answer(request: Request, session_id: str) -> Response[Any]:
             end_wait(tenant, tenant_app, claim.session)
         except Exception as exc:  # throttled, refused: it stays parked until its timeout, and its Expire ends nothing
             _logger.warning("dormant: the wait of %s was not ended: %s: %s", session_id, type(exc).__name__, exc)
-        outcome = run_held(
-            tenant_app, claim, until=until, hand_on=lambda at: hand_on(tenant, session_id, invocation, at)
-        )
+        outcome = run_held(tenant_app, claim, until=until, hand_on=partial(hand_on, tenant, session_id, invocation))
         if outcome is None or outcome.status == "handed_on":
             return {"status": 202, "body": {"version": claim.session.version, "status": "running", "woke": False}}
         return {"status": 200, "body": finished(tenant_app, outcome, me)}

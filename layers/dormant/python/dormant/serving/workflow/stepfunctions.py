@@ -61,11 +61,13 @@ class StepFunctions:
             self._client = botocore.session.get_session().create_client("stepfunctions")
         return self._client
 
-    def start(self, tenant: str, session_id: str, invocation_id: str, version: int) -> str:
-        """Start the execution that will run this claim (the same claim's retry finds it started)."""
+    def start(self, tenant: str, session_id: str, invocation_id: str, version: int, parked: bool = False) -> str:
+        """Start the execution that will run this claim (the same claim's retry finds it started). ``parked``: the
+        turn waits for answers at ``version`` (a waiting request ran it to its park): the execution starts at
+        ``Park``, with no ``Run`` to find that out."""
         name = execution_name(tenant, session_id, invocation_id, version)
         with contextlib.suppress(self.client.exceptions.ExecutionAlreadyExists):
-            self._start(tenant, session_id, invocation_id, name)
+            self._start(tenant, session_id, invocation_id, name, parked=parked)
         return name
 
     def restart(self, tenant: str, session_id: str, invocation_id: str, version: int) -> str:
@@ -85,11 +87,19 @@ class StepFunctions:
             return name
         raise ConfigurationError(f"{_RESTARTS} executions for session {session_id!r} at version {version} ended")
 
-    def _start(self, tenant: str, session_id: str, invocation_id: str, name: str) -> None:
+    def _start(self, tenant: str, session_id: str, invocation_id: str, name: str, *, parked: bool = False) -> None:
         if self.state_machine_arn is None:
             # a wiring mistake (a 500 naming it), not the caller's: no request can mend it
             raise ConfigurationError("StepFunctions was built without the state machine's ARN: it cannot start one")
-        payload = {"tenant": tenant, "session_id": session_id, "invocation_id": invocation_id, "name": name, "loop": 0}
+        payload: dict[str, Any] = {
+            "tenant": tenant,
+            "session_id": session_id,
+            "invocation_id": invocation_id,
+            "name": name,
+            "loop": 0,
+        }
+        if parked:
+            payload["parked"] = True  # the state machine's first Choice: straight to Park
         self.client.start_execution(stateMachineArn=self.state_machine_arn, name=name, input=json.dumps(payload))
 
     def status(self, execution: str) -> str | None:
@@ -191,6 +201,7 @@ def step_functions_hooks(machine: StepFunctions) -> Hooks:
     def before_claim(tenant: str, session_id: str, invocation_id: str, version: int) -> None:
         machine.start(tenant, session_id, invocation_id, version)
 
-    return Hooks(
-        before_claim=before_claim, hand_on=machine.start, on_answers=machine.on_answers, end_wait=machine.end_wait
-    )
+    def hand_on(tenant: str, session_id: str, invocation_id: str, version: int, parked: bool) -> str:
+        return machine.start(tenant, session_id, invocation_id, version, parked=parked)
+
+    return Hooks(before_claim=before_claim, hand_on=hand_on, on_answers=machine.on_answers, end_wait=machine.end_wait)
