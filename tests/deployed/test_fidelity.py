@@ -830,7 +830,7 @@ def test_a_run_throttled_past_its_retries_is_recorded_by_park_not_by_resume(depl
     functions = _Functions({resume: [throttled] * attempts, park: [(True, {"status": "error"})]})
     given = {"tenant": "t", "session_id": "s", "invocation_id": "inv_1", "name": "n", "loop": 0}
     ended = _run(d.definition, functions, given, time_scale=0.00002)  # a day of retries in about 2 s
-    assert ended.status == "FAILED" and ended.states == ["Run", "RecordFailure", "Failed"], ended.states
+    assert ended.status == "FAILED" and ended.states == ["Parked?", "Run", "RecordFailure", "Failed"], ended.states
     assert [f for f, _ in functions.seen] == [resume] * attempts + [park]
     recorded = functions.seen[-1][1]
     assert recorded["action"] == "fail" and recorded["error"]["Error"] == "Lambda.TooManyRequestsException"
@@ -1746,6 +1746,26 @@ REACHED_RARELY = {
 }
 """Granted actions the scenarios may leave unexercised: the commit path's rare branches. Nothing else."""
 RARE_BY_FUNCTION = {"park": {"states:SendTaskSuccess"}}  # answers that landed before park stored its token
+
+
+@pytest.mark.backend("dynamodb")
+def test_an_answer_whose_caller_waits_runs_on_in_tools_and_hands_a_second_wait_on(deployment: Any) -> None:
+    """Issue 36 on the full deployment (test_fidelity_answers.py has its crash points): the answered turn runs in
+    the tools function and, parking again, is handed to one execution by it (its ``StartExecution`` grant)."""
+    d, sid = deployment, fresh("answait")
+    create(d, sid)
+    wait = {"Prefer": "wait=20"}
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=2"}, headers=wait)
+    assert status == 200 and body["status"] == "yielded_tool", (status, body, evidence(d))
+    d.settle()
+    for ends in ("yielded_tool", "completed"):
+        (call,) = show(d, sid)["yielded_tools"]
+        answers = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
+        status, _, body = d.api("POST", f"/sessions/{sid}/tools", answers, headers=wait)
+        assert status == 200 and body["status"] == ends, (status, body, evidence(d))
+        d.settle()
+    executions = d.executions_of(TENANT, sid)
+    assert len(executions) == 2 and all(e.states[-1] == "Went on inline" for e in executions), evidence(d)
 
 
 @pytest.mark.backend("dynamodb")
