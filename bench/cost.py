@@ -68,7 +68,8 @@ NOT_THE_TURNS = {"sessions", "sweeper"}
 """Functions whose calls in an arc are not the turn's: the test's own (the session's create, the reads of the
 outcome); the sweeps an arc makes while its session waits are billed as their difference (``sweeps_while_waiting``)."""
 TURN_WAITS = {"chat": 1, "approval": 2, "approval_day": 2, "approval_timeout": 1, "commit": 0}
-"""Turns a client waits on in each arc (a long-poll each): an approval's run and its resume; not the Expire."""
+"""Turns a client waits on in each arc (a long-poll each unless answered inline: ``POST /runs`` and ``POST /tools``
+with ``Prefer: wait``): an approval's run and the rest after its answer; not the Expire."""
 TIMEOUT_ARC_SECONDS = 8
 """The harness's wait for the timeout arc (the template's default is 7 days: its sweeps are billed at that)."""
 
@@ -268,7 +269,7 @@ def _harness_arc_run(d: Any, arc: str, sweeps: dict[str, tuple[int, int]]) -> tu
 
     sid = f"cost-{uuid.uuid4().hex[:10]}"
     d.api("POST", "/sessions", {"session_id": sid, "scopes": {}}, tenant=tenant)  # not the turn's
-    inline_calls = 0
+    inline_calls = tools_calls = 0
     if arc == "commit":  # the runner's own compute and model are not on this bill
         events = [{"type": "user", "text": BOOKING}, {"type": "user", "text": CHAT}]
         api("POST", f"/sessions/{sid}/commit", {"expected_version": 1, "events": events})
@@ -284,7 +285,13 @@ def _harness_arc_run(d: Any, arc: str, sweeps: dict[str, tuple[int, int]]) -> tu
         (call,) = shown["yielded_tools"]
         if arc == "approval_day":
             _swept(d, sweeps, "sweep_waiting")
-        api("POST", f"/sessions/{sid}/tools", {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]})
+        before = _model_calls(d, tenant, sid)
+        # the client waits for the rest of the turn too: the tools function runs it (issue 36)
+        answers = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
+        status, _ = api("POST", f"/sessions/{sid}/tools", answers, {"Prefer": f"wait={LONG_POLL_SECONDS}"})
+        if status == 200:  # answered with the finished turn: no long-poll for it
+            inline += 1
+            tools_calls = _model_calls(d, tenant, sid) - before
         d.settle(60)
         if arc == "approval_day":
             _swept(d, sweeps, "sweep_after")
@@ -319,9 +326,11 @@ def _harness_arc_run(d: Any, arc: str, sweeps: dict[str, tuple[int, int]]) -> tu
     # ``sessions``) held while a turn it was not answered with runs, a request per 25 s of it.
     calls = _model_calls(d, tenant, sid) if arc != "commit" else 0
     latency = float(MODEL["latency_seconds"])
-    waited = (calls - inline_calls) * latency
-    counted["model_calls:run"], counted["model_calls:resume"] = inline_calls, calls - inline_calls
-    counted["model_wait_gbs"] = (inline_calls * latency * memory["run"] + waited * memory["resume"]) / 1024
+    waited = (calls - inline_calls - tools_calls) * latency
+    counted["model_calls:run"], counted["model_calls:tools"] = inline_calls, tools_calls
+    counted["model_calls:resume"] = calls - inline_calls - tools_calls
+    held = inline_calls * memory["run"] + tools_calls * memory["tools"]
+    counted["model_wait_gbs"] = (held * latency + waited * memory["resume"]) / 1024
     polled = TURN_WAITS[arc] - inline
     counted["poll_turns"] = polled
     counted["poll_requests"] = max(polled, math.ceil(waited / LONG_POLL_SECONDS)) if polled else 0
@@ -425,6 +434,7 @@ def report(arcs: dict[str, Arc]) -> list[str]:
             f"    not in the harness, added: the wait on {arc['model_calls']} model calls at a stated "
             f"{MODEL['latency_seconds']} s each ({harness.get('model_wait_gbs', 0):.3f} GB-s: "
             f"{harness.get('model_calls:run', 0):.0f} in run, a turn it ran inline, "
+            f"{harness.get('model_calls:tools', 0):.0f} in tools, an answered turn it ran inline, "
             f"{harness.get('model_calls:resume', 0):.0f} in resume); the client's long-poll of the "
             f"{harness.get('poll_turns', 0):.0f} turns not answered inline "
             f"(GET /events?wait={LONG_POLL_SECONDS}, {harness.get('poll_requests', 0):.0f} "

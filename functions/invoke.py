@@ -3,8 +3,8 @@
 * ``make invoke FUNCTION=sessions EVENT=events/api/get_session.json`` (``python functions/invoke.py FUNCTION
   EVENT.json``): one handler on one event. The handler is loaded from ``functions/<name>/app.py`` exactly as
   Lambda would load it, and serves ``DORMANT_APP`` on ``DORMANT_STORE`` (default: the Bookings sample on
-  ``data/dormant.db``). ``run`` is wired to Step Functions: it needs ``DORMANT_STATE_MACHINE`` (a deployed
-  state machine's ARN), and says so without it.
+  ``data/dormant.db``). ``run`` and ``tools`` are wired to Step Functions: they need ``DORMANT_STATE_MACHINE`` (a
+  deployed state machine's ARN), and say so without it.
 * ``make invoke`` (``python functions/invoke.py --all``): every sample event, in the order a session meets
   them, as a fresh caller (tenant) on sessions with fresh ids (so it runs again on the same store, the sample
   user's slots all free), each event given the ids the
@@ -87,9 +87,10 @@ def load(name: str) -> ModuleType | None:
 
 
 NEEDS_MACHINE = (
-    "the {name} function starts Step Functions executions (run: one for every turn; sweeper: one for a turn whose"
-    " runner died): it needs DORMANT_STATE_MACHINE, a deployed state machine's ARN. Here, `make invoke`"
-    " (functions/invoke.py --all) runs run's route with the turn in the request, and the sweeper in this process."
+    "the {name} function starts Step Functions executions (run: one for every turn; tools: one for an answered turn"
+    " it ran that parks again; sweeper: one for a turn whose runner died): it needs DORMANT_STATE_MACHINE, a"
+    " deployed state machine's ARN. Here, `make invoke` (functions/invoke.py --all) runs run's and tools' routes"
+    " with the turn in the request, and the sweeper in this process."
 )
 
 
@@ -100,7 +101,7 @@ def main(argv: list[str]) -> int:
         print("usage: python functions/invoke.py FUNCTION EVENT.json | --all", file=sys.stderr)
         return 2
     name, event_path = argv
-    if name in ("run", "sweeper") and not os.environ.get("DORMANT_STATE_MACHINE"):
+    if name in ("run", "tools", "sweeper") and not os.environ.get("DORMANT_STATE_MACHINE"):
         print(f"invoke: {NEEDS_MACHINE.format(name=name)}", file=sys.stderr)
         return 2
     module = load(name)
@@ -123,7 +124,11 @@ def run_all() -> int:
     from dormant.serving.workflow import sweeper_handler
 
     # No Step Functions here: run's turn runs in the request, and the sweeper hands turns on in this process.
-    handlers: dict[str, Handler] = {"run": api_handler(function="run"), "sweeper": sweeper_handler()}
+    handlers: dict[str, Handler] = {
+        "run": api_handler(function="run"),
+        "tools": api_handler(function="tools"),
+        "sweeper": sweeper_handler(),
+    }
     tenant = str(uuid.uuid4())  # a caller of its own: the sample user's slots and sessions start empty each time
     ids: dict[str, dict[str, str]] = {}
     versions: dict[str, int] = {}

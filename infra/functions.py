@@ -60,9 +60,10 @@ class Handler:
 API = INTEGRATION_TIMEOUT_S - COLD_START_S - 1
 """API functions: a cold start and the whole timeout end before API Gateway's 29 s, so no request is answered
 504 after its work landed (a held wait ends ``WAIT_MARGIN`` before the function's deadline: 21 s)."""
-TURNS_MB = size_for(max(PEAK_MB["resume"], PEAK_MB["run"]))
-"""``resume`` runs turns, and ``run`` the turns whose caller waits (issue 36, ``Prefer: wait``): both get
-what a turn needs, so ``run`` is never sized lower than ``resume`` (``memory_sizes`` refuses it)."""
+TURNS_MB = size_for(max(PEAK_MB["resume"], PEAK_MB["run"], PEAK_MB["tools"]))
+"""``resume`` runs turns, ``run`` the turns whose caller waits (issue 36, ``Prefer: wait``) and ``tools`` the rest
+of an answered turn whose caller waits: all get what a turn needs, so neither ``run`` nor ``tools`` is ever sized
+lower than ``resume`` (``memory_sizes`` refuses it)."""
 HANDLERS = (
     Handler(
         "sessions",
@@ -71,9 +72,7 @@ HANDLERS = (
         size_for(PEAK_MB["sessions"]),
     ),
     Handler("run", "Claim a turn; run it if the caller waits, else (or if it parks) start the workflow", API, TURNS_MB),
-    Handler(
-        "tools", "Store answers to yielded tools and wake the workflow waiting on them", API, size_for(PEAK_MB["tools"])
-    ),
+    Handler("tools", "Store answers to yielded tools; run the turn on if the caller waits, else wake", API, TURNS_MB),
     Handler("commit", "Commit events from a runner that runs agents elsewhere", API, size_for(PEAK_MB["commit"])),
     # Longer than the store's 10 s wait on another writer's live commit marker, with room to retry it.
     Handler(
@@ -111,11 +110,12 @@ def memory_sizes(value: object) -> dict[str, int]:
                 f"context function_memory: {name}'s is a whole number of MB from {MEMORY_MIN_MB} to "
                 f"{MEMORY_MAX_MB}, not {size!r}"
             )
-    if sizes["run"] < sizes["resume"]:
-        raise ValueError(
-            f"context function_memory: run ({sizes['run']} MB) runs turns as resume does ({sizes['resume']} MB): "
-            "give it at least as much"
-        )
+    for turns in ("run", "tools"):
+        if sizes[turns] < sizes["resume"]:
+            raise ValueError(
+                f"context function_memory: {turns} ({sizes[turns]} MB) runs turns as resume does "
+                f"({sizes['resume']} MB): give it at least as much"
+            )
     return sizes
 
 

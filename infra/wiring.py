@@ -56,8 +56,9 @@ ENVIRONMENT: Mapping[str, frozenset[str]] = MappingProxyType(
         # starts the execution that runs the turn it is about to claim (before the claim: every claim has a runner),
         # or, for a caller that waits, runs the turn and starts an execution only if it parks or outlasts the hold
         "run": COMMON_ENVIRONMENT | CALLER_ENVIRONMENT | {IDEMPOTENCY_TABLE, STATE_MACHINE, CORS_ORIGINS, TURN_QUOTA},
-        # wakes a waiting execution with the task token stored on the session: no ARN needed
-        "tools": COMMON_ENVIRONMENT | CALLER_ENVIRONMENT | {IDEMPOTENCY_TABLE, CORS_ORIGINS, TURN_QUOTA},
+        # wakes a waiting execution with the task token stored on the session; for a caller that waits, runs the
+        # answered turn and starts an execution only if it parks again or outlasts the hold
+        "tools": COMMON_ENVIRONMENT | CALLER_ENVIRONMENT | {IDEMPOTENCY_TABLE, STATE_MACHINE, CORS_ORIGINS, TURN_QUOTA},
         "commit": COMMON_ENVIRONMENT | CALLER_ENVIRONMENT | {IDEMPOTENCY_TABLE, CORS_ORIGINS, TURN_QUOTA},
         # answers its own task token (park) or runs in the execution (resume): no ARN needed
         "park": COMMON_ENVIRONMENT,
@@ -73,10 +74,11 @@ MODEL_ENVIRONMENT = frozenset({MODEL, OPENAI_BASE_URL, OPENAI_SECRET})
 served app, whose factory is given the deployment's model. They name the model, a server and *where* its key is
 kept; no function's environment holds a key."""
 
-MODEL_FUNCTIONS = frozenset({"resume", "run"})
+MODEL_FUNCTIONS = frozenset({"resume", "run", "tools"})
 """The functions that call the model, the only ones granted ``bedrock:InvokeModel`` on the chosen model or read
 on its key: ``resume`` runs turns in the workflow, ``run`` the turns whose caller waits (``Prefer: wait``) until
-they park or the hold ends. The key is read on the first model call, not when the app is built."""
+they park or the hold ends, ``tools`` the rest of an answered turn whose caller waits (issue 36).
+The key is read on the first model call, not when the app is built."""
 
 MODEL_ACTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
@@ -152,7 +154,8 @@ STATES_ACCESS: Mapping[str, Mapping[str, str]] = MappingProxyType(
         },
         # A task token is authorized against the state machine whose execution issued it. Only success is sent:
         # a failure is the workflow's own (RecordFailure), never a token answered with an error.
-        "tools": {"states:SendTaskSuccess": MACHINE},
+        # ... and starts the execution of an answered turn it ran that parked again or outlasted the hold
+        "tools": {"states:SendTaskSuccess": MACHINE, "states:StartExecution": MACHINE},
         "park": {"states:SendTaskSuccess": MACHINE},
     }
 )

@@ -1,10 +1,12 @@
 """The Step Functions state machine that runs turns and wakes sleeping sessions.
 
 ``POST /runs`` starts an execution with ``{tenant, session_id, invocation_id, name, loop}`` just before it
-commits the turn's claim, so every claimed turn has an execution responsible for it::
+commits the turn's claim, so every claimed turn has an execution responsible for it. A turn that a waiting request
+(``Prefer: wait``) ran to its park is handed on with ``parked: true``: the first state, ``Parked?``, sends it
+straight to ``Park``; every other execution to ``Run``::
 
     Run ──yielded──> Park ──(answers: SendTaskSuccess)──> Continue ──> a fresh execution (Run ...)
-     │ ^                │
+     │ ^                ├─ answered "inline" (POST /tools runs the turn on itself) ──> Went on inline
      │ └─handed on──┘   ├─ wait timed out ──> Expire ──answered meanwhile?──yes──> Continue
      │                  │                            └─no──> Expired
      ├─ anything else ──> Done
@@ -255,7 +257,18 @@ class ResumeWorkflow(Construct):
         wait.add_catch(expire, errors=_TIMEOUTS, result_path="$.error")
         wait.add_catch(record_park_failure, errors=["States.ALL"], result_path="$.error")
         expire.add_catch(record_failure, errors=["States.ALL"], result_path="$.error")
-        wait.next(next_loop)
+        # An answer whose caller waited ran the turn on in the tools function (or a runner took it on before park
+        # stored its token): the task token says ``inline`` and this execution ends; no Continue, no second Run.
+        wait.next(
+            sfn.Choice(self, "Went on?")
+            .when(
+                sfn.Condition.and_(
+                    sfn.Condition.is_present("$.answer.inline"), sfn.Condition.boolean_equals("$.answer.inline", True)
+                ),
+                sfn.Succeed(self, "Went on inline", comment="the answered turn runs in the request that answered"),
+            )
+            .otherwise(next_loop)
+        )
         expire.next(
             sfn.Choice(self, "Answered as it expired?")
             .when(sfn.Condition.string_equals("$.expired.status", "resumable"), next_loop)
@@ -267,12 +280,24 @@ class ResumeWorkflow(Construct):
             .when(sfn.Condition.string_equals("$.turn.status", "handed_on"), run)
             .otherwise(sfn.Succeed(self, "Done"))
         )
+        # A turn a waiting request ran to its park (``hand_on``, input ``parked``) starts at the wait: no Run to find
+        # it waiting, no After the run. Every execution pays this Choice (a transition); an approval saves two.
+        start = (
+            sfn.Choice(self, "Parked?")
+            .when(
+                sfn.Condition.and_(
+                    sfn.Condition.is_present("$.parked"), sfn.Condition.boolean_equals("$.parked", True)
+                ),
+                wait,
+            )
+            .otherwise(run)
+        )
         log_group = logs.LogGroup(self, "Logs", removal_policy=RemovalPolicy.DESTROY)
         log_group.node.default_child.add_property_override("RetentionInDays", log_retention_days)  # type: ignore[union-attr]
         self.state_machine = sfn.StateMachine(
             self,
             "StateMachine",
-            definition_body=sfn.DefinitionBody.from_chainable(run),
+            definition_body=sfn.DefinitionBody.from_chainable(start),
             state_machine_type=sfn.StateMachineType.STANDARD,
             logs=sfn.LogOptions(destination=log_group, level=log_level, include_execution_data=False),
             tracing_enabled=tracing,

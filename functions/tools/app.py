@@ -1,10 +1,13 @@
 """Lambda: store answers to yielded tools (POST /sessions/{id}/tools), then wake the execution waiting on them.
 
-Waking answers a task token: no state machine ARN is needed.
+Answers whose caller waits (``Prefer: wait``) and that leave the turn ready to go on are run on here: the waiting
+execution is ended (its task token) and one is started only if the turn parks again or outlasts the hold. It needs
+the state machine's ARN (to start one) and the model's grant (``infra.wiring.MODEL_FUNCTIONS``).
 """
 
-from dormant.serving.api import api_handler
-from dormant.serving.hooks import Hooks
-from dormant.serving.workflow import StepFunctions
+import os
 
-handler = api_handler(Hooks(on_answers=StepFunctions().on_answers), function="tools")
+from dormant.serving.api import api_handler
+from dormant.serving.workflow import StepFunctions, step_functions_hooks
+
+handler = api_handler(step_functions_hooks(StepFunctions(os.environ["DORMANT_STATE_MACHINE"])), function="tools")

@@ -626,7 +626,7 @@ def yielded_and_parked(d: Any, sid: str, message: str) -> tuple[dict[str, Any], 
 def test_create_run_park_answer_resume_complete(deployment: Any) -> None:
     d, sid = deployment, fresh("park")
     shown, execution = yielded_and_parked(d, sid, "signoffs=1")
-    assert execution.states[0] == "Run"  # the turn ran in the workflow, not in the API's request
+    assert execution.states[:2] == ["Parked?", "Run"]  # the turn ran in the workflow, not in the API's request
     done = answer(d, sid, shown)
     assert done["status"] == "completed", (done["status"], evidence(d))
     assert ended(d, execution).status == "SUCCEEDED", (execution.states, execution.error, execution.cause)
@@ -830,7 +830,7 @@ def test_a_run_throttled_past_its_retries_is_recorded_by_park_not_by_resume(depl
     functions = _Functions({resume: [throttled] * attempts, park: [(True, {"status": "error"})]})
     given = {"tenant": "t", "session_id": "s", "invocation_id": "inv_1", "name": "n", "loop": 0}
     ended = _run(d.definition, functions, given, time_scale=0.00002)  # a day of retries in about 2 s
-    assert ended.status == "FAILED" and ended.states == ["Run", "RecordFailure", "Failed"], ended.states
+    assert ended.status == "FAILED" and ended.states == ["Parked?", "Run", "RecordFailure", "Failed"], ended.states
     assert [f for f, _ in functions.seen] == [resume] * attempts + [park]
     recorded = functions.seen[-1][1]
     assert recorded["action"] == "fail" and recorded["error"]["Error"] == "Lambda.TooManyRequestsException"
@@ -1073,7 +1073,8 @@ def test_a_claim_landing_just_after_the_run_read_the_session_runs_on_the_first_a
     attempts = run_attempts(execution)
     assert [outcome for _, outcome in attempts] == ["ok"], (attempts, evidence(d))  # one attempt, no retry
     assert invocations(d, "resume") - invoked == 1  # and one invocation of the function, as Lambda counts them
-    assert execution.states == ["Run", "After the run", "Done"], execution.states  # no transition more
+    # no transition more (the first Choice every execution pays: a parked turn's starts at Park, issue 36)
+    assert execution.states == ["Parked?", "Run", "After the run", "Done"], execution.states
     assert not [e for e in d.errors("resume") if sid in e[2]], d.errors("resume")
     shown = show(d, sid)
     assert shown["status"] == "completed", (shown, evidence(d))
@@ -1496,7 +1497,7 @@ def test_the_sweeper_hands_a_turn_whose_runner_died_to_a_fresh_execution(
     d.settle()
     assert show(d, sid)["status"] == "completed", evidence(d)
     (execution,) = chain(d, sid)
-    assert execution.states[0] == "Run" and execution.states[-1] == "Done", execution.states
+    assert execution.states[:2] == ["Parked?", "Run"] and execution.states[-1] == "Done", execution.states
 
 
 def swept(result: dict[str, Any], sid: str) -> list[str]:
@@ -1745,6 +1746,26 @@ REACHED_RARELY = {
 }
 """Granted actions the scenarios may leave unexercised: the commit path's rare branches. Nothing else."""
 RARE_BY_FUNCTION = {"park": {"states:SendTaskSuccess"}}  # answers that landed before park stored its token
+
+
+@pytest.mark.backend("dynamodb")
+def test_an_answer_whose_caller_waits_runs_on_in_tools_and_hands_a_second_wait_on(deployment: Any) -> None:
+    """Issue 36 on the full deployment (test_fidelity_answers.py has its crash points): the answered turn runs in
+    the tools function and, parking again, is handed to one execution by it (its ``StartExecution`` grant)."""
+    d, sid = deployment, fresh("answait")
+    create(d, sid)
+    wait = {"Prefer": "wait=20"}
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=2"}, headers=wait)
+    assert status == 200 and body["status"] == "yielded_tool", (status, body, evidence(d))
+    d.settle()
+    for ends in ("yielded_tool", "completed"):
+        (call,) = show(d, sid)["yielded_tools"]
+        answers = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
+        status, _, body = d.api("POST", f"/sessions/{sid}/tools", answers, headers=wait)
+        assert status == 200 and body["status"] == ends, (status, body, evidence(d))
+        d.settle()
+    executions = d.executions_of(TENANT, sid)
+    assert len(executions) == 2 and all(e.states[-1] == "Went on inline" for e in executions), evidence(d)
 
 
 @pytest.mark.backend("dynamodb")

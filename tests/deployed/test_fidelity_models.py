@@ -151,14 +151,17 @@ def test_resume_calls_the_deployed_model_with_its_key_read_once_per_cold_start(s
     resumes = [i for i in d.lambdas.invocations if i.function == "resume"]
     assert all(c.action == "secretsmanager:GetSecretValue" and c.resource == served.arn for c in reads), reads
     assert len(reads) == d.lambdas.cold_starts["resume"] < len(resumes), (len(reads), d.lambdas.cold_starts, resumes)
-    assert served.secrets.count("GetSecretValue") == len(reads) + len(_secret_calls(d, "run"))
+    assert served.secrets.count("GetSecretValue") == len(reads) + len(_secret_calls(d, "run")) + len(
+        _secret_calls(d, "tools")
+    )
     assert not d.denied(), evidence(d)
 
 
 @pytest.mark.backend("dynamodb")
 def test_run_calls_the_deployed_model_for_a_turn_whose_caller_waits(served: Served) -> None:
     """``Prefer: wait``: the run function runs the turn, calling the deployed model with the key it read through
-    its own role (once per cold start); the turn parks, and the answered turn runs in the execution."""
+    its own role (once per cold start); the turn parks, and the answer, whose caller waits too, runs the rest in the
+    tools function, calling the model with the key it read through its own role (issue 36)."""
     d, sid = served.d, fresh("inline")
     create(d, sid)
     body = {"message": f"signoffs=1 for {sid}"}
@@ -170,8 +173,14 @@ def test_run_calls_the_deployed_model_for_a_turn_whose_caller_waits(served: Serv
     assert reads and all(c.action == "secretsmanager:GetSecretValue" and c.resource == served.arn for c in reads)
     assert 1 <= len(reads) <= d.lambdas.cold_starts["run"], (len(reads), d.lambdas.cold_starts)  # once a sandbox
     d.settle()
-    shown = answer(d, sid, {"yielded_tools": turn["yielded_tools"]})
-    assert shown["status"] == "completed", (shown["status"], evidence(d))
+    (call,) = turn["yielded_tools"]
+    answers = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
+    status, _, done = d.api("POST", f"/sessions/{sid}/tools", answers, headers={"Prefer": "wait=20"})
+    assert status == 200 and done["status"] == "completed", (status, done, evidence(d))
+    mine = [r for r in served.server.requests if sid in r.raw.decode()]
+    assert len(mine) == 2 and {r.headers.get("authorization") for r in mine} == {f"Bearer {served.key}"}
+    reads = _secret_calls(d, "tools")
+    assert reads and all(c.action == "secretsmanager:GetSecretValue" and c.resource == served.arn for c in reads)
     assert not d.denied(), evidence(d)
 
 
@@ -186,7 +195,7 @@ def test_no_function_holds_the_key_and_only_the_model_functions_may_read_it(serv
         readable = {g for g in iam.grants(function.statements) if g[0].split(":")[0] in ("secretsmanager", "ssm")}
         model = {g for g in iam.grants(function.statements) if g[0].startswith("bedrock:")}
         assert not model, (name, model)  # an OpenAI model: no Bedrock grant anywhere
-        if name in ("resume", "run"):
+        if name in ("resume", "run", "tools"):
             assert readable == {("secretsmanager:GetSecretValue", served.arn)}, readable
             assert environment["DORMANT_OPENAI_SECRET"] == served.arn  # where the key is, not the key
         else:
@@ -255,21 +264,33 @@ def bedrock_served(dynamodb_endpoint: str) -> Iterator[Any]:
 
 
 @pytest.mark.backend("dynamodb")
-def test_run_and_resume_call_bedrock_through_the_profile_with_exactly_their_grants(bedrock_served: Any) -> None:
+def test_run_resume_and_tools_call_bedrock_through_the_profile_with_exactly_their_grants(bedrock_served: Any) -> None:
     d, server = bedrock_served
     sid = fresh("bedrock")
     create(d, sid)
-    # the caller waits: run makes the first call (the turn parks), resume the answered turn's
-    status, _, turn = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=1"}, headers={"Prefer": "wait=20"})
-    assert status == 200, (status, turn, evidence(d))
-    d.settle()
-    shown = show(d, sid)
-    assert shown["status"] == "awaiting_input", (shown["status"], json.dumps(ledger(d, sid)[-1]), evidence(d))
-    assert answer(d, sid, shown)["status"] == "completed", evidence(d)
+    # the caller waits: run makes the first call (the turn parks); an answer that does not wait, resume the
+    # answered turn's; in a second session an answer that waits, the tools function (issue 36)
+    for session, waits in ((sid, False), (fresh("bedrock"), True)):
+        if waits:
+            create(d, session)
+        status, _, turn = d.api(
+            "POST", f"/sessions/{session}/runs", {"message": "signoffs=1"}, headers={"Prefer": "wait=20"}
+        )
+        assert status == 200, (status, turn, evidence(d))
+        d.settle()
+        shown = show(d, session)
+        assert shown["status"] == "awaiting_input", (shown["status"], json.dumps(ledger(d, session)[-1]), evidence(d))
+        if not waits:
+            assert answer(d, session, shown)["status"] == "completed", evidence(d)
+            continue
+        (call,) = shown["yielded_tools"]
+        answers = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
+        status, _, done = d.api("POST", f"/sessions/{session}/tools", answers, headers={"Prefer": "wait=20"})
+        assert status == 200 and done["status"] == "completed", (status, done, evidence(d))
     assert {r.path for r in server.requests} == {f"/model/{PROFILE.replace(':', '%3A')}/converse"}
     # each call authorized on the profile and on the model in the region it routed to, by its function's own role
     calls = [c for c in d.calls() if c.action.startswith("bedrock:")]
-    assert {c.function for c in calls} == {"run", "resume"} and all(c.allowed for c in calls), calls
+    assert {c.function for c in calls} == {"run", "resume", "tools"} and all(c.allowed for c in calls), calls
     assert {c.resource for c in calls} == {
         f"arn:aws:bedrock:eu-west-1:123456789012:inference-profile/{PROFILE}",
         "arn:aws:bedrock:eu-west-1::foundation-model/anthropic.claude-fidelity-v1:0",

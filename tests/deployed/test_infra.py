@@ -155,7 +155,9 @@ CONTRACT_ENV = {
     "run": COMMON_ENV
     | CALLER_ENV
     | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_STATE_MACHINE", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
-    "tools": COMMON_ENV | CALLER_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
+    "tools": COMMON_ENV
+    | CALLER_ENV
+    | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_STATE_MACHINE", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
     "commit": COMMON_ENV | CALLER_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
     "park": COMMON_ENV,
     "resume": COMMON_ENV,
@@ -414,7 +416,7 @@ CONTRACT_STATES = {
         "states:DescribeExecution": "executions",
         "states:SendTaskSuccess": "machine",
     },
-    "tools": {"states:SendTaskSuccess": "machine"},
+    "tools": {"states:SendTaskSuccess": "machine", "states:StartExecution": "machine"},
     "park": {"states:SendTaskSuccess": "machine"},
 }
 
@@ -477,7 +479,7 @@ def test_timeouts_fit_what_each_function_does(synth: Synth) -> None:
 def test_each_function_is_sized_by_its_measured_peak_with_headroom(synth: Synth) -> None:
     """Lambda bills memory x time: each function gets its peak over the fidelity arcs x 1.5, on a 64 MB step, at
     least Lambda's 128 (``infra.functions.PEAK_MB``, measured by the harness, which enforces the size). ``run``
-    runs turns as ``resume`` does (issue 36): never sized lower."""
+    and ``tools`` run turns as ``resume`` does (issue 36): never sized lower."""
     from infra.functions import MEMORY_MIN_MB, PEAK_MB, size_for
 
     sizes = {h.name: function_of(synth, h.name)[1]["Properties"]["MemorySize"] for h in HANDLERS}
@@ -485,7 +487,7 @@ def test_each_function_is_sized_by_its_measured_peak_with_headroom(synth: Synth)
     for name, size in sizes.items():
         assert 0 < PEAK_MB[name] * 1.5 <= size and size % 64 == 0 and size >= MEMORY_MIN_MB, (name, size)
         assert size >= size_for(PEAK_MB[name]), name
-    assert sizes["run"] >= sizes["resume"]
+    assert sizes["run"] >= sizes["resume"] and sizes["tools"] >= sizes["resume"]
     assert max(sizes.values()) < 512  # the size every function had before it was measured
 
 
@@ -495,9 +497,11 @@ def test_function_memory_is_context_one_size_or_each_functions_and_checked(tmp_p
     own = {h.name: h.memory_mb for h in HANDLERS}
     assert memory_sizes(None) == memory_sizes("") == own
     assert memory_sizes("1024") == dict.fromkeys(own, 1024)
-    assert memory_sizes("resume=1024, run=1536") == {**own, "resume": 1024, "run": 1536}
+    want = {**own, "resume": 1024, "run": 1536, "tools": 1024}
+    assert memory_sizes("resume=1024, run=1536, tools=1024") == want
     for bad, named in (
         ("resume=1024", "run"),  # run below resume
+        ("resume=1024,run=1024", "tools"),  # tools below resume
         ("tools=64", "tools"),
         ("tools=10241", "tools"),
         ("tools=lots", "tools"),
@@ -506,9 +510,9 @@ def test_function_memory_is_context_one_size_or_each_functions_and_checked(tmp_p
     ):
         with pytest.raises(ValueError, match=named):
             memory_sizes(bad)
-    synthesized = synthesize(tmp_path / "memory", {"function_memory": "sessions=256,resume=640,run=640"})
+    synthesized = synthesize(tmp_path / "memory", {"function_memory": "sessions=256,resume=640,run=640,tools=640"})
     sizes = {h.name: function_of(synthesized, h.name)[1]["Properties"]["MemorySize"] for h in HANDLERS}
-    assert sizes == {**own, "sessions": 256, "resume": 640, "run": 640}
+    assert sizes == {**own, "sessions": 256, "resume": 640, "run": 640, "tools": 640}
 
 
 def test_the_stack_leaves_the_account_api_gateway_logging_role_alone(synth: Synth) -> None:
@@ -587,11 +591,14 @@ def test_people_sign_in_without_oauth_and_machines_by_client_credentials(synth: 
 def test_the_workflow_runs_parks_continues_as_new_and_ends_cleanly(synth: Synth) -> None:
     asl = definition_of(synth)
     states = asl["States"]
-    assert asl["StartAt"] == "Run"
+    assert asl["StartAt"] == "Parked?"
     assert set(states) == {
+        "Parked?",
         "Run",
         "After the run",
         "Park",
+        "Went on?",
+        "Went on inline",
         "Next loop",
         "Continue",
         "Continued",
@@ -604,6 +611,15 @@ def test_the_workflow_runs_parks_continues_as_new_and_ends_cleanly(synth: Synth)
         "RecordParkFailure",
         "Failed",
     }
+    # a turn a waiting request ran to its park (hand_on, input "parked") starts at the wait; any other at Run
+    first = states["Parked?"]
+    assert first["Choices"] == [
+        {
+            "And": [{"Variable": "$.parked", "IsPresent": True}, {"Variable": "$.parked", "BooleanEquals": True}],
+            "Next": "Park",
+        }
+    ]
+    assert first["Default"] == "Run"
     run = states["Run"]
     assert run["Parameters"]["Payload"]["action"] == "run"
     assert run["Parameters"]["Payload"]["retry.$"] == "$$.State.RetryCount"  # a retry repairs a dead runner's commit
@@ -628,7 +644,19 @@ def test_the_workflow_runs_parks_continues_as_new_and_ends_cleanly(synth: Synth)
     catches = {tuple(c["ErrorEquals"]): c["Next"] for c in park["Catch"]}
     assert catches[("States.Timeout", "States.HeartbeatTimeout")] == "Expire"
     assert catches[("States.ALL",)] == "RecordParkFailure"  # recorded by resume: park may be what failed
-    assert park["Next"] == "Next loop"  # every wait ends its execution: one wait per execution
+    # every wait ends its execution (one wait per execution): at once when the answer's request ran the turn on
+    assert park["Next"] == "Went on?"
+    went = states["Went on?"]
+    assert went["Choices"] == [
+        {
+            "And": [
+                {"Variable": "$.answer.inline", "IsPresent": True},
+                {"Variable": "$.answer.inline", "BooleanEquals": True},
+            ],
+            "Next": "Went on inline",
+        }
+    ]
+    assert went["Default"] == "Next loop" and states["Went on inline"]["Type"] == "Succeed"
 
     # continue as new: the same machine, the same turn, a deterministic name per loop
     assert states["Next loop"]["Parameters"]["loop.$"] == "States.MathAdd($.loop, 1)"

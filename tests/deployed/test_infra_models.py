@@ -78,7 +78,8 @@ def test_an_inference_profile_is_granted_with_its_model_in_every_region_to_resum
         environment = _environment(bedrock_synth, handler.name)
         assert environment["DORMANT_MODEL"] == f"bedrock:{PROFILE}"
         assert set(environment) == ENVIRONMENT[handler.name] | {"DORMANT_MODEL"}
-    assert {"resume", "run"} == MODEL_FUNCTIONS  # run runs the turns whose caller waits (Prefer: wait)
+    # run runs the turns whose caller waits (Prefer: wait), tools the rest of an answered one
+    assert {"resume", "run", "tools"} == MODEL_FUNCTIONS
 
 
 def test_a_model_id_is_granted_on_that_model_and_an_unknown_form_is_refused_at_synth() -> None:

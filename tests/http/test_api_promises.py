@@ -6,6 +6,7 @@ turn of the quota. Each test here went red when its behaviour was broken on purp
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import threading
 from collections.abc import Iterator
@@ -68,13 +69,20 @@ def open_served(url: str, opened: list[Served]) -> Served:
     return served
 
 
-def deployed(url: str, opened: list[Served]) -> tuple[Client, FakeStepFunctions, Any, Served]:
+def deployed(
+    url: str, opened: list[Served], *, answers_inline: bool = True
+) -> tuple[Client, FakeStepFunctions, Any, Served]:
     """The API as deployed (a run starts an execution; answers wake it) on a store of its own, and the workflow
-    function on another: the state machine's tasks, run by the test. Also the API's ``Served``."""
+    function on another: the state machine's tasks, run by the test. Also the API's ``Served``. Without
+    ``answers_inline`` an answer whose caller waits is not run on by the tools function (``Hooks.end_wait``): it
+    wakes the execution and waits for its turn, as before issue 36 (and as when its take-on loses)."""
     fake = FakeStepFunctions()
     machine = StepFunctions("arn:aws:states:eu-west-1:123456789012:stateMachine:resume", client=fake)
     api = open_served(url, opened)
-    client = Client(api_handler(step_functions_hooks(machine), api, function=None))
+    hooks = step_functions_hooks(machine)
+    if not answers_inline:
+        hooks = dataclasses.replace(hooks, end_wait=None)
+    client = Client(api_handler(hooks, api, function=None))
     return client, fake, workflow_handler(open_served(url, opened), StepFunctions(client=fake)), api
 
 
@@ -96,8 +104,9 @@ def test_an_answer_that_waits_is_answered_with_the_resumed_turn_not_with_resumab
     """Answers land before the execution parks (no token to wake yet): the answer's ``Prefer: wait`` holds. A
     state change then lands (a client's direct write): a newer version, still ``resumable``, and no turn has
     run. The wait must hold on through it and answer with the turn the execution then runs (``completed``); a
-    wait that took any newer version not ``running`` as the end answered ``yielded_tool``, the turn still to run."""
-    client, fake, workflow, api = deployed(url, opened)
+    wait that took any newer version not ``running`` as the end answered ``yielded_tool``, the turn still to run.
+    (The answer's turn run in the execution, not by the tools function: ``answers_inline=False``.)"""
+    client, fake, workflow, api = deployed(url, opened, answers_inline=False)
     create(client)
     client.call("run", session_id="s-1", headers={"Prefer": ""})
     [started] = fake.started

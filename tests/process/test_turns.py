@@ -149,7 +149,7 @@ def test_a_held_run_hands_on_a_model_call_that_ran_out_of_time_and_records_any_o
 
     turns.model.complete = failing  # type: ignore[method-assign]
     handed: list[int] = []
-    outcome = run_held(app, claim, until=now_ms() + 20_000, hand_on=handed.append)
+    outcome = run_held(app, claim, until=now_ms() + 20_000, hand_on=lambda at, parked: handed.append(at))
     stored = app.sessions.require(session.id)
     if fails == "unavailable":
         assert outcome is not None and outcome.status == "handed_on" and handed == [claim.version], (outcome, handed)

@@ -28,9 +28,10 @@ SERVICE = "dormant"
 
 _API = frozenset({"sessions", "run", "tools", "commit"})
 _COMMITTERS = frozenset({*_API, "park", "resume", "sweeper"})
-_RUNNERS = frozenset({"run", "resume", "sweeper"})
-"""Functions that may run an agent step: ``run`` (a turn with no hooks, or one opened without input), ``resume``
-(the workflow's Run) and the sweeper (a turn handed on in-process)."""
+_RUNNERS = frozenset({"run", "tools", "resume", "sweeper"})
+"""Functions that may run an agent step: ``run`` (a turn with no hooks, one opened without input, or one whose
+caller waits), ``tools`` (an answered turn whose caller waits), ``resume`` (the workflow's Run) and the sweeper (a
+turn handed on in-process)."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ METRICS: Mapping[str, Metric] = MappingProxyType(
         "turn_ms": _m(MS, True, _RUNNERS, "one runner's stretch of a turn, from its claim or resume to its end"),
         "yields": _m(COUNT, True, _RUNNERS, "turns that ended waiting for answers to yielded tools"),
         "answers": _m(COUNT, False, frozenset({"tools"}), "answers to yielded tools stored by POST /tools"),
-        "resumes": _m(COUNT, True, frozenset({"resume", "sweeper"}), "answered turns taken on again"),
+        "resumes": _m(COUNT, True, frozenset({"resume", "tools", "sweeper"}), "answered turns taken on again"),
         "expiries": _m(COUNT, False, frozenset({"resume", "sweeper"}), "waits ended as SessionExpired"),
         # park too: the workflow's RecordFailure runs on park (resume, at its cap, cannot record its own failure)
         "failures": _m(COUNT, False, frozenset({*_RUNNERS, "park"}), "turns ended as an error"),

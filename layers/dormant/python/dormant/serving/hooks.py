@@ -39,12 +39,16 @@ class Hooks:
     claimed (AWS: start its execution). ``run(tenant, app, claim)``: run a claimed turn outside the request
     (``None``: the request runs it); it may return a ``Started`` the request can wait on (``Prefer: wait``).
     ``on_answers(tenant, app, session)``: answers were stored (wake the waiting execution); what it returns is
-    merged into the ``POST /tools`` answer. ``hand_on(tenant, session_id, invocation_id, version)``: start the
-    runner of a claimed turn that a waiting request ran first and could not end (it parked, or its hold ran
-    short); given, a request that waits runs its turn itself, and ``before_claim`` is not called for it.
-    ``None`` for any: nothing."""
+    merged into the ``POST /tools`` answer. ``hand_on(tenant, session_id, invocation_id, version, parked)``: start
+    the runner of a claimed turn that a waiting request ran first and could not end (it ``parked``: its runner
+    starts at the wait; or its hold ran short); given, a request that waits runs its turn itself, and
+    ``before_claim`` is not called for it.
+    ``end_wait(tenant, app, session)``: the answers' turn was taken on by the request that stored them (it waits,
+    and ``hand_on`` is given): end the waiting execution without a runner of its own (``False``: none was
+    waiting, or it ended already). ``None`` for any: nothing."""
 
     before_claim: Callable[[str, str, str, int], None] | None = None
-    hand_on: Callable[[str, str, str, int], object] | None = None
+    hand_on: Callable[[str, str, str, int, bool], object] | None = None
     run: Callable[[str, App, Claim], Started | None] | None = None
     on_answers: Callable[[str, App, Session], dict[str, Any] | None] | None = None
+    end_wait: Callable[[str, App, Session], bool] | None = None

@@ -52,6 +52,7 @@ __all__ = [
     "run_claimed",
     "run_held",
     "run_to_end",
+    "take_on",
 ]
 
 RUNNER_TURN_MS = 2 * 60_000
@@ -220,16 +221,16 @@ def run_to_end(
     return outcome
 
 
-def run_held(app: App, claim: Claim, *, until: int, hand_on: Callable[[int], object]) -> AdvanceOutcome | None:
+def run_held(app: App, claim: Claim, *, until: int, hand_on: Callable[[int, bool], object]) -> AdvanceOutcome | None:
     """Run a claimed turn in the request that waits for it, until ``until`` (ms since the epoch: the end of the
     request's hold, which the claim records as its deadline), and hand it on where it cannot end here.
 
-    ``hand_on(version)`` starts the runner that carries the turn on (on AWS: a Step Functions execution): when it
-    parks (its execution waits for the answers), when the hold runs short (``handed_on``: the next runner goes on
-    from the last committed step), when a model call would outlast the hold (that step is dropped uncommitted and
-    the call is made again by the next runner: its tokens are paid twice), and when the run fails here in any
-    other way (``None``: the caller answers with what is on the ledger). A ``hand_on`` that fails is logged and
-    left to the sweeper: a running turn past its deadline is handed on, a wait with no execution gets one.
+    ``hand_on(version, parked)`` starts the runner that carries the turn on (on AWS: a Step Functions execution):
+    when it parks (``parked``: its execution starts at the wait), when the hold runs short (``handed_on``: the next
+    runner goes on from the last committed step), when a model call would outlast the hold (that step is dropped
+    uncommitted and the call is made again by the next runner: its tokens are paid twice), and when the run fails
+    here in any other way (``None``: the caller answers with what is on the ledger). A ``hand_on`` that fails is
+    logged and left to the sweeper: a running turn past its deadline is handed on, a wait with no execution gets one.
     """
     try:
         with calls_end_by(until / 1000):
@@ -246,8 +247,9 @@ def run_held(app: App, claim: Claim, *, until: int, hand_on: Callable[[int], obj
             "dormant: a model call outlasted the hold of %s; made again: %s", claim.session.id, outcome.error
         )
     version = claim.session.version if outcome is None else outcome.version
+    parked = outcome is not None and outcome.status == "yielded_tool"  # its runner starts at the wait (Park)
     try:
-        hand_on(version)
+        hand_on(version, parked)
     except Exception as exc:  # throttled, refused: the sweeper repairs it (the claim's deadline is the hold's end)
         _logger.warning("dormant: %s was not handed on: %s: %s", claim.session.id, type(exc).__name__, exc)
     return outcome
@@ -276,6 +278,27 @@ def resume_turn(
             _claim(app, session)
             break
     return _finish(app, session, stream, checkpoint, claimed=True, agent=agent.name)
+
+
+def take_on(
+    app: App, agent_for: Callable[[str | None], Agent], session: Session, invocation_id: str, *, deadline: int
+) -> Claim | None:
+    """Take invocation ``invocation_id`` of ``session`` (loaded) on as ``resume_turn`` does, committing its take-on
+    with ``deadline`` (ms since the epoch: the sweeper's cue), and return it as a claim ``run_held`` runs, not yet
+    run. ``None`` when there is nothing to run (the invocation ended or still waits for answers); ``ClaimLost``
+    when another writer moved the session first (another runner took it on)."""
+    if session.projection.open_invocation != invocation_id or session.status == "awaiting_input":
+        return None
+    after = len(session.events)
+    checkpoint = _Checkpoint(app, session)
+    agent = agent_for(session.current_agent_name)
+    if session.status == "resumable":
+        metrics.count("resumes", agent=agent.name)
+    stream = app.stream(agent, None, session=session, deadline=deadline, checkpoint=checkpoint)
+    for event in stream:
+        if isinstance(event, InvocationResumeEvent):
+            return Claim(session, invocation_id, _claim(app, session), after, True, stream, checkpoint)
+    return None
 
 
 def _finish(

@@ -19,6 +19,7 @@ claiming nothing: a turn is claimed once per key, not once per attempt.
 from __future__ import annotations
 
 import hashlib
+from functools import partial
 from typing import Any
 
 from aws_lambda_powertools.event_handler import Response
@@ -97,9 +98,7 @@ def run(request: Request, session_id: str) -> Response[Any]:
             outcome: AdvanceOutcome | None = run_to_end(tenant_app, claim, served.agent)  # this request runs it
         elif until is not None and hooks.hand_on is not None:
             tenant, invocation, hand_on = request.tenant(), claim.invocation_id, hooks.hand_on
-            outcome = run_held(
-                tenant_app, claim, until=until, hand_on=lambda at: hand_on(tenant, session_id, invocation, at)
-            )
+            outcome = run_held(tenant_app, claim, until=until, hand_on=partial(hand_on, tenant, session_id, invocation))
             if outcome is not None and outcome.status == "handed_on":
                 outcome = None  # it runs on in its execution: 202
         else:

@@ -9,18 +9,30 @@ function timed out, or waking the execution failed, after the commit; the idempo
 dropped) are found on the ledger, each call answered by this caller with this input and its tool not run yet:
 nothing is written again, and what waits on them is woken again (a wake is idempotent), so a lost wake-up is
 mended by the client's retry, not left for the sweeper.
+
+On AWS, answers whose caller waits (``Prefer: wait``) and that leave the turn ready to go on (nothing else pending)
+are run on here (``Hooks.hand_on``, ``Hooks.end_wait``): this function takes the invocation on (its take-on's
+deadline the hold's end), then ends the parked execution (its task token answered ``inline``: the state machine
+ends it at once, no second execution), then runs the turn as ``POST /runs`` does (``run_held``: an execution only
+if it parks again or outlasts the hold) and answers 200 with it. Take-on first: killed after it, the turn is
+``running`` past its deadline and the sweeper's; the parked execution, never ended, times out and its ``Expire``
+ends nothing (the turn is not waiting). A take-on that loses (another runner has it) answers as without the hold.
 """
 
 from __future__ import annotations
 
+import logging
+from functools import partial
 from typing import Any
 
 from aws_lambda_powertools.event_handler import Response
 
 from ... import metrics
-from ...errors import ToolInputError, UnknownCallId
+from ...clock import now_ms
+from ...errors import ClaimLost, ToolInputError, UnknownCallId
 from ...session import Session
 from ..bodies import ToolsBody
+from ..turns import run_held, take_on
 from .idempotency import once
 from .request import Api, Request, Routes
 from .views import finished, unknown_call
@@ -29,6 +41,7 @@ from .waits import await_turn, held_for
 __all__ = ["routes"]
 
 _ATTEMPTS = 5
+_logger = logging.getLogger("dormant.serving")
 
 
 def routes(api: Api) -> Routes:
@@ -59,6 +72,10 @@ def answer(request: Request, session_id: str) -> Response[Any]:
         # A version moved by park storing its token is no reason to fail: the answers go on a fresh load.
         session = tenant_app.sessions.write(session_id, store, on_conflict="retry", attempts=_ATTEMPTS).session
         metrics.count("answers", len(answers))
+        if wait and session.status == "resumable" and hooks.hand_on is not None and hooks.end_wait is not None:
+            went_on = go_on(session)
+            if went_on is not None:
+                return went_on
         woke = hooks.on_answers(request.tenant(), tenant_app, session) if hooks.on_answers is not None else None
         answered = {"version": session.version, "status": session.status, **(woke or {})}
         if wait and answered["status"] in ("resumable", "running"):
@@ -67,6 +84,27 @@ def answer(request: Request, session_id: str) -> Response[Any]:
             if outcome is not None:
                 return {"status": 200, "body": finished(tenant_app, outcome, me)}
         return {"status": 202, "body": answered}
+
+    def go_on(session: Session) -> dict[str, Any] | None:
+        """Run the answered turn here (see the module docstring); ``None``: another runner has it."""
+        tenant, invocation = request.tenant(), session.projection.open_invocation
+        assert hooks.hand_on is not None and hooks.end_wait is not None and invocation is not None
+        hand_on, end_wait = hooks.hand_on, hooks.end_wait
+        until = now_ms() + int(held_for(wait, request.context) * 1000)
+        try:
+            claim = take_on(tenant_app, request.api.served.agent, session, invocation, deadline=until)
+        except ClaimLost:
+            return None  # another runner took it on first: it carries the turn on
+        if claim is None:
+            return None
+        try:  # the parked execution ends at once: this function runs the turn
+            end_wait(tenant, tenant_app, claim.session)
+        except Exception as exc:  # throttled, refused: it stays parked until its timeout, and its Expire ends nothing
+            _logger.warning("dormant: the wait of %s was not ended: %s: %s", session_id, type(exc).__name__, exc)
+        outcome = run_held(tenant_app, claim, until=until, hand_on=partial(hand_on, tenant, session_id, invocation))
+        if outcome is None or outcome.status == "handed_on":
+            return {"status": 202, "body": {"version": claim.session.version, "status": "running", "woke": False}}
+        return {"status": 200, "body": finished(tenant_app, outcome, me)}
 
     return once(request, tenant_app, session_id, work)
 

@@ -61,11 +61,13 @@ class StepFunctions:
             self._client = botocore.session.get_session().create_client("stepfunctions")
         return self._client
 
-    def start(self, tenant: str, session_id: str, invocation_id: str, version: int) -> str:
-        """Start the execution that will run this claim (the same claim's retry finds it started)."""
+    def start(self, tenant: str, session_id: str, invocation_id: str, version: int, parked: bool = False) -> str:
+        """Start the execution that will run this claim (the same claim's retry finds it started). ``parked``: the
+        turn waits for answers at ``version`` (a waiting request ran it to its park): the execution starts at
+        ``Park``, with no ``Run`` to find that out."""
         name = execution_name(tenant, session_id, invocation_id, version)
         with contextlib.suppress(self.client.exceptions.ExecutionAlreadyExists):
-            self._start(tenant, session_id, invocation_id, name)
+            self._start(tenant, session_id, invocation_id, name, parked=parked)
         return name
 
     def restart(self, tenant: str, session_id: str, invocation_id: str, version: int) -> str:
@@ -85,11 +87,19 @@ class StepFunctions:
             return name
         raise ConfigurationError(f"{_RESTARTS} executions for session {session_id!r} at version {version} ended")
 
-    def _start(self, tenant: str, session_id: str, invocation_id: str, name: str) -> None:
+    def _start(self, tenant: str, session_id: str, invocation_id: str, name: str, *, parked: bool = False) -> None:
         if self.state_machine_arn is None:
             # a wiring mistake (a 500 naming it), not the caller's: no request can mend it
             raise ConfigurationError("StepFunctions was built without the state machine's ARN: it cannot start one")
-        payload = {"tenant": tenant, "session_id": session_id, "invocation_id": invocation_id, "name": name, "loop": 0}
+        payload: dict[str, Any] = {
+            "tenant": tenant,
+            "session_id": session_id,
+            "invocation_id": invocation_id,
+            "name": name,
+            "loop": 0,
+        }
+        if parked:
+            payload["parked"] = True  # the state machine's first Choice: straight to Park
         self.client.start_execution(stateMachineArn=self.state_machine_arn, name=name, input=json.dumps(payload))
 
     def status(self, execution: str) -> str | None:
@@ -114,10 +124,20 @@ class StepFunctions:
         # parks after these answers landed and wakes itself.
         return {"woke": self.wake(token)}
 
-    def wake(self, token: str) -> bool:
-        """Send the answers' arrival to the waiting task; ``False`` when it was woken already or ended."""
+    def end_wait(self, tenant: str, app: App, session: Session) -> bool:
+        """End the execution waiting on ``session``'s answers without a runner of its own: the request that stored
+        them runs the turn (``POST /tools`` with ``Prefer: wait``). ``False`` when no token is stored yet (park
+        finds the turn taken on and ends its execution itself) or the wait ended already."""
+        token = wait_record(app, session.id).get("task_token")
+        return bool(token) and self.wake(str(token), inline=True)
+
+    def wake(self, token: str, *, inline: bool = False) -> bool:
+        """Send the answers' arrival to the waiting task; ``False`` when it was woken already or ended. ``inline``:
+        the turn went on in the request that answered (or another runner holds it): the execution ends at once
+        (the state machine's ``Went on?``), no ``Continue``, no ``Run``."""
+        output = {"answered": True, "inline": True} if inline else {"answered": True}
         try:
-            self.client.send_task_success(taskToken=token, output=json.dumps({"answered": True}))
+            self.client.send_task_success(taskToken=token, output=json.dumps(output))
         except self.client.exceptions.ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in _GONE:
                 return False
@@ -141,6 +161,9 @@ class StepFunctions:
         def waiting(session: Session) -> bool:
             return session.status == "awaiting_input" and session.projection.open_invocation == invocation_id
 
+        def needs_runner(session: Session) -> bool:  # answered, and no runner has taken the turn on yet
+            return session.status == "resumable" and session.projection.open_invocation == invocation_id
+
         parked_until: list[int | None] = [None]  # the last attempt's (the one that landed)
 
         def token_while_waiting(session: Session) -> list[ScopedStateChange]:
@@ -163,7 +186,11 @@ class StepFunctions:
                 with contextlib.suppress(StoreError):  # lost, the wait is looked at once after a grace instead
                     app.store.set_due(app.name, session_id, written.version, NOT_DUE if until is None else until)
             return {"woke": False, "status": written.session.status}
-        return {"woke": self.wake(token), "status": written.session.status}
+        # Answered before the token was stored. Only a turn no runner holds yet goes on in the next execution; one
+        # some runner took on since (POST /tools with Prefer: wait; its take-on has a deadline: the sweeper's if that
+        # runner dies), or that ended, is not run by this execution too: it ends at once (no Continue, no Run).
+        inline = not needs_runner(written.session)
+        return {"woke": self.wake(token, inline=inline), "status": written.session.status}
 
 
 def step_functions_hooks(machine: StepFunctions) -> Hooks:
@@ -174,4 +201,7 @@ def step_functions_hooks(machine: StepFunctions) -> Hooks:
     def before_claim(tenant: str, session_id: str, invocation_id: str, version: int) -> None:
         machine.start(tenant, session_id, invocation_id, version)
 
-    return Hooks(before_claim=before_claim, hand_on=machine.start, on_answers=machine.on_answers)
+    def hand_on(tenant: str, session_id: str, invocation_id: str, version: int, parked: bool) -> str:
+        return machine.start(tenant, session_id, invocation_id, version, parked=parked)
+
+    return Hooks(before_claim=before_claim, hand_on=hand_on, on_answers=machine.on_answers, end_wait=machine.end_wait)

@@ -1,0 +1,208 @@
+"""Deployment fidelity of an answer whose caller waits (``POST /tools`` with ``Prefer: wait``, issue 36): the tools
+function takes the answered turn on, ends the parked execution (its token answered ``inline``) and runs the rest
+of the turn itself; Step Functions again only if it parks or outlasts the hold.
+
+* The rest of the turn: 200 with the finished turn; the parked execution ends at ``Went on inline`` (no
+  ``Continue``, no second execution, ``resume`` not invoked).
+* It parks again: 200 with the parked view; the tools function starts the one execution that waits.
+* ``SendTaskSuccess`` refused, and the wait timing out while the inline run goes on: the turn still ends here,
+  and the parked execution's ``Expire`` ends nothing (the turn is not waiting).
+* Park's token not stored yet when the answer arrives: park finds the turn taken on and ends its execution.
+* A refused answer (the tool's ``answerable_by``) runs nothing.
+* The tools function killed after its take-on: the turn is the sweeper's once the hold's end passed; the parked
+  execution, never ended, ends nothing when it times out.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.fidelity.calls import TENANT, create, evidence, fidelity_stack, fresh, ledger, show
+
+WAIT = {"Prefer": "wait=20"}
+
+
+@pytest.fixture(scope="module")
+def deployment(dynamodb_endpoint: str) -> Iterator[Any]:
+    with fidelity_stack(dynamodb_endpoint, time_scale=0.01) as started:
+        yield started
+
+
+def _invocations(d: Any, function: str) -> int:
+    return sum(1 for i in d.lambdas.invocations if i.function == function)
+
+
+def _types(d: Any, sid: str) -> list[str]:
+    return [e["type"] for e in ledger(d, sid)]
+
+
+def _until(condition: Any, what: str, d: Any, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s; {evidence(d)}")
+        time.sleep(0.05)
+
+
+def _parked(d: Any, sid: str, message: str) -> dict[str, Any]:
+    """Run ``message`` inline until it parks; its execution asleep in ``Park``; the session as shown."""
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": message}, headers=WAIT)
+    assert status == 200 and body["status"] == "yielded_tool", (status, body, evidence(d))
+    d.settle()
+    (execution,) = d.executions_of(TENANT, sid)
+    assert execution.status == "RUNNING" and execution.states[-1] == "Park", (execution.states, evidence(d))
+    return show(d, sid)
+
+
+def _answers(shown: dict[str, Any]) -> dict[str, Any]:
+    (call,) = shown["yielded_tools"]
+    return {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
+
+
+@pytest.mark.backend("dynamodb")
+def test_an_answer_whose_caller_waits_runs_the_rest_of_the_turn_in_the_tools_function(deployment: Any) -> None:
+    d, sid = deployment, fresh("ansinline")
+    create(d, sid)
+    shown = _parked(d, sid, "signoffs=1")
+    resumed = _invocations(d, "resume")
+    status, _, body = d.api("POST", f"/sessions/{sid}/tools", _answers(shown), headers=WAIT)
+    assert status == 200 and body["status"] == "completed", (status, body, evidence(d))
+    assert body["output"]["text"] == "All steps signed off.", body
+    d.settle()
+    (execution,) = d.executions_of(TENANT, sid)  # no second execution
+    # started at the wait (issue 36 step 2) and ended at once by the answer: 4 transitions, where 9 were
+    assert execution.status == "SUCCEEDED" and execution.states == ["Parked?", "Park", "Went on?", "Went on inline"], (
+        execution.states,
+        evidence(d),
+    )
+    assert _invocations(d, "resume") == resumed, "resume ran the answered turn"
+    types = _types(d, sid)
+    assert types.count("tool_result") == 1 and types.count("invocation_resume") == 1, types  # the tools' take-on
+    assert show(d, sid)["status"] == "completed"
+
+
+@pytest.mark.backend("dynamodb")
+def test_an_answered_turn_that_parks_again_is_handed_to_one_execution_by_the_tools_function(deployment: Any) -> None:
+    d, sid = deployment, fresh("ansagain")
+    create(d, sid)
+    shown = _parked(d, sid, "signoffs=2")
+    status, _, body = d.api("POST", f"/sessions/{sid}/tools", _answers(shown), headers=WAIT)
+    assert status == 200 and body["status"] == "yielded_tool", (status, body, evidence(d))
+    assert sum(1 for c in d.calls("tools") if c.action == "states:StartExecution") >= 1, evidence(d)
+    d.settle()
+    first, second = sorted(d.executions_of(TENANT, sid), key=lambda e: e.status)
+    assert first.status == "RUNNING" and second.status == "SUCCEEDED", (first.states, second.states)
+    assert first.states[-1] == "Park" and second.states[-1] == "Went on inline", (first.states, second.states)
+    status, _, body = d.api("POST", f"/sessions/{sid}/tools", _answers(show(d, sid)), headers=WAIT)
+    assert status == 200 and body["status"] == "completed", (status, body, evidence(d))
+    d.settle()
+    executions = d.executions_of(TENANT, sid)
+    assert len(executions) == 2 and all(e.status == "SUCCEEDED" for e in executions), evidence(d)
+    assert _types(d, sid).count("tool_result") == 2
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_refused_answer_runs_nothing_inline_and_an_approvers_runs_the_turn(deployment: Any) -> None:
+    """A colleague in the same tenant whom the tool's ``answerable_by`` refuses: 403, nothing written, nothing
+    taken on, the execution still parked. An approver's answer then runs the turn inline, recorded as theirs."""
+    from tests.support.fidelity.deployment import Token
+
+    d, sid = deployment, fresh("ansrefused")
+    carol = Token.person(fresh("carol"), TENANT)
+    bob = Token.person(fresh("bob"), TENANT, groups=["approvers"])
+    create(d, sid)
+    shown = _parked(d, sid, "signoffs=1 tool=approve")
+    before = shown["version"]
+    status, _, body = d.api("POST", f"/sessions/{sid}/tools", _answers(shown), headers=WAIT, token=carol)
+    assert status == 403 and body["error"] == "AnswerRefused", (status, body, evidence(d))
+    assert show(d, sid)["version"] == before and show(d, sid)["status"] == "awaiting_input"
+    assert "invocation_resume" not in _types(d, sid) and "tool_input" not in _types(d, sid)
+    (execution,) = d.executions_of(TENANT, sid)
+    assert execution.status == "RUNNING" and execution.states[-1] == "Park", execution.states
+    status, _, body = d.api("POST", f"/sessions/{sid}/tools", _answers(shown), headers=WAIT, token=bob)
+    assert status == 200 and body["status"] == "completed", (status, body, evidence(d))
+    (answered,) = [e for e in ledger(d, sid) if e["type"] == "tool_input"]
+    assert answered["principal"] == bob.sub
+
+
+@pytest.mark.backend("dynamodb")
+def test_sendtasksuccess_refused_and_the_wait_timing_out_mid_run_leave_the_turn_to_the_tools_function(
+    deployment: Any,
+) -> None:
+    d, sid = deployment, fresh("ansexpire")
+    default = d.template.parameter("WaitTimeoutSeconds")
+    d.update({"WaitTimeoutSeconds": 3})
+    try:
+        create(d, sid)
+        shown = _parked(d, sid, "signoffs=1 sleep=5")
+        d.lambdas.fail_next(
+            "tools", "SendTaskSuccess", ["inline"], {"__type": "ThrottlingException", "message": "Rate exceeded"}
+        )
+        status, _, body = d.api("POST", f"/sessions/{sid}/tools", _answers(shown), headers=WAIT)
+        assert not d.lambdas.fault_armed("tools"), "no SendTaskSuccess met the fault"
+        assert status == 200 and body["status"] == "completed", (status, body, evidence(d))
+        d.settle()
+    finally:
+        d.update({"WaitTimeoutSeconds": default})
+    (execution,) = d.executions_of(TENANT, sid)
+    assert execution.status == "SUCCEEDED" and execution.states[-4:] == [
+        "Park",
+        "Expire",
+        "Answered as it expired?",
+        "Expired",
+    ], (execution.states, evidence(d))
+    shown = show(d, sid)
+    assert shown["status"] == "completed", shown  # the timed-out wait did not end the turn that went on
+    events = ledger(d, sid)
+    assert not [e for e in events if e["type"] == "invocation_end" and e.get("error_type")], events
+    assert [e["type"] for e in events].count("tool_result") == 1
+
+
+@pytest.mark.backend("dynamodb")
+def test_an_answer_before_parks_token_is_stored_is_run_inline_and_park_ends_its_execution(deployment: Any) -> None:
+    d, sid = deployment, fresh("ansearly")
+    create(d, sid)
+    d.lambdas.hold_after("park", "dynamodb:Query")  # park has read the session, not yet stored its token
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=1 sleep=2"}, headers=WAIT)
+    assert status == 200 and body["status"] == "yielded_tool", (status, body, evidence(d))
+    _until(lambda: d.lambdas.holding("park"), "park held before its token's write", d)
+    answers: list[Any] = []
+    request = threading.Thread(
+        target=lambda: answers.append(d.api("POST", f"/sessions/{sid}/tools", _answers(show(d, sid)), headers=WAIT))
+    )
+    request.start()
+    _until(lambda: "invocation_resume" in _types(d, sid), "the tools function took the turn on", d)
+    d.lambdas.release("park")  # park now finds the turn running: taken on by the tools function
+    request.join(30)
+    assert answers and answers[0][0] == 200 and answers[0][2]["status"] == "completed", (answers, evidence(d))
+    d.settle()
+    (execution,) = d.executions_of(TENANT, sid)  # park started no second runner
+    assert execution.status == "SUCCEEDED" and execution.states[-1] == "Went on inline", (execution.states, evidence(d))
+    types = _types(d, sid)
+    assert types.count("tool_result") == 1 and types.count("invocation_resume") == 1, types
+
+
+@pytest.mark.backend("dynamodb")
+def test_zz_the_tools_function_killed_after_its_take_on_leaves_the_turn_to_the_sweeper(deployment: Any) -> None:
+    """Last in the module: it moves dormant's clock on (past the hold) in every sandbox."""
+    d, sid = deployment, fresh("anskilled")
+    create(d, sid)
+    shown = _parked(d, sid, "signoffs=1")
+    d.lambdas.crash_before("tools", "states:SendTaskSuccess")  # after the take-on, before the execution is ended
+    status, _, body = d.api("POST", f"/sessions/{sid}/tools", _answers(shown), headers=WAIT)
+    assert status == 502, (status, body, evidence(d))
+    assert show(d, sid)["status"] == "running" and "invocation_resume" in _types(d, sid)
+    assert not [line for line in d.sweep()["turns"] if sid in line], "handed on before the hold's end"
+    d.advance(30)  # past the take-on's deadline, the end of the 20 s hold
+    lines = [line for line in d.sweep()["turns"] if sid in line]
+    assert len(lines) == 1 and "handed on (execution" in lines[0], (lines, evidence(d))
+    d.settle()
+    assert show(d, sid)["status"] == "completed", evidence(d)
+    assert _types(d, sid).count("tool_result") == 1
+    parked = [e for e in d.executions_of(TENANT, sid) if e.states[-1] == "Park"]
+    assert len(parked) == 1 and parked[0].status == "RUNNING", "the parked execution, never ended, still waits"
