@@ -20,7 +20,8 @@ def _imports() -> list[tuple[str, int, str, str]]:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if not isinstance(node, ast.ImportFrom):
                 continue
-            module = f"bench.{node.module}" if node.level == 1 else (node.module or "")
+            # ``from .units import x``, and ``from . import cost_docs`` (a module of the package itself)
+            module = "bench" + (f".{node.module}" if node.module else "") if node.level == 1 else (node.module or "")
             if module.split(".")[0] in OURS:
                 found += [(path.name, node.lineno, module, alias.name) for alias in node.names]
     return found
