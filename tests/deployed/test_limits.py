@@ -65,6 +65,7 @@ EVERY_KEY = {
     "waf": {"waf_rate_limit": "2000"},
     "tracing": {"tracing": "true"},
     "ses": {"ses_from": "no-reply@a.example", "ses_name": "Dormant", "ses_domain": "a.example"},
+    "sizes": {"function_memory": "resume=1024,run=1024,tools=1024,sessions=512", "workflow_log_level": "ALL"},
     "names": {"tenant_claim": "custom:organisation", "auth_domain": "dormant-login-x", "removal": "destroy"},
 }
 EVERYTHING = {
