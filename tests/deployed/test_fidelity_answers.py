@@ -16,13 +16,23 @@ of the turn itself; Step Functions again only if it parks or outlasts the hold.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.support.fidelity.calls import TENANT, create, evidence, fidelity_stack, fresh, ledger, show
+from tests.support.fidelity.calls import (
+    TENANT,
+    create,
+    event_types,
+    evidence,
+    fidelity_stack,
+    fresh,
+    invocations,
+    ledger,
+    show,
+    until,
+)
 
 WAIT = {"Prefer": "wait=20"}
 
@@ -31,22 +41,6 @@ WAIT = {"Prefer": "wait=20"}
 def deployment(dynamodb_endpoint: str) -> Iterator[Any]:
     with fidelity_stack(dynamodb_endpoint, time_scale=0.01) as started:
         yield started
-
-
-def _invocations(d: Any, function: str) -> int:
-    return sum(1 for i in d.lambdas.invocations if i.function == function)
-
-
-def _types(d: Any, sid: str) -> list[str]:
-    return [e["type"] for e in ledger(d, sid)]
-
-
-def _until(condition: Any, what: str, d: Any, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s; {evidence(d)}")
-        time.sleep(0.05)
 
 
 def _parked(d: Any, sid: str, message: str) -> dict[str, Any]:
@@ -69,7 +63,7 @@ def test_an_answer_whose_caller_waits_runs_the_rest_of_the_turn_in_the_tools_fun
     d, sid = deployment, fresh("ansinline")
     create(d, sid)
     shown = _parked(d, sid, "signoffs=1")
-    resumed = _invocations(d, "resume")
+    resumed = invocations(d, "resume")
     status, _, body = d.api("POST", f"/sessions/{sid}/tools", _answers(shown), headers=WAIT)
     assert status == 200 and body["status"] == "completed", (status, body, evidence(d))
     assert body["output"]["text"] == "All steps signed off.", body
@@ -80,8 +74,8 @@ def test_an_answer_whose_caller_waits_runs_the_rest_of_the_turn_in_the_tools_fun
         execution.states,
         evidence(d),
     )
-    assert _invocations(d, "resume") == resumed, "resume ran the answered turn"
-    types = _types(d, sid)
+    assert invocations(d, "resume") == resumed, "resume ran the answered turn"
+    types = event_types(d, sid)
     assert types.count("tool_result") == 1 and types.count("invocation_resume") == 1, types  # the tools' take-on
     assert show(d, sid)["status"] == "completed"
 
@@ -103,7 +97,7 @@ def test_an_answered_turn_that_parks_again_is_handed_to_one_execution_by_the_too
     d.settle()
     executions = d.executions_of(TENANT, sid)
     assert len(executions) == 2 and all(e.status == "SUCCEEDED" for e in executions), evidence(d)
-    assert _types(d, sid).count("tool_result") == 2
+    assert event_types(d, sid).count("tool_result") == 2
 
 
 @pytest.mark.backend("dynamodb")
@@ -121,7 +115,7 @@ def test_a_refused_answer_runs_nothing_inline_and_an_approvers_runs_the_turn(dep
     status, _, body = d.api("POST", f"/sessions/{sid}/tools", _answers(shown), headers=WAIT, token=carol)
     assert status == 403 and body["error"] == "AnswerRefused", (status, body, evidence(d))
     assert show(d, sid)["version"] == before and show(d, sid)["status"] == "awaiting_input"
-    assert "invocation_resume" not in _types(d, sid) and "tool_input" not in _types(d, sid)
+    assert "invocation_resume" not in event_types(d, sid) and "tool_input" not in event_types(d, sid)
     (execution,) = d.executions_of(TENANT, sid)
     assert execution.status == "RUNNING" and execution.states[-1] == "Park", execution.states
     status, _, body = d.api("POST", f"/sessions/{sid}/tools", _answers(shown), headers=WAIT, token=bob)
@@ -170,20 +164,20 @@ def test_an_answer_before_parks_token_is_stored_is_run_inline_and_park_ends_its_
     d.lambdas.hold_after("park", "dynamodb:Query")  # park has read the session, not yet stored its token
     status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=1 sleep=2"}, headers=WAIT)
     assert status == 200 and body["status"] == "yielded_tool", (status, body, evidence(d))
-    _until(lambda: d.lambdas.holding("park"), "park held before its token's write", d)
+    until(lambda: d.lambdas.holding("park"), "park held before its token's write", d)
     answers: list[Any] = []
     request = threading.Thread(
         target=lambda: answers.append(d.api("POST", f"/sessions/{sid}/tools", _answers(show(d, sid)), headers=WAIT))
     )
     request.start()
-    _until(lambda: "invocation_resume" in _types(d, sid), "the tools function took the turn on", d)
+    until(lambda: "invocation_resume" in event_types(d, sid), "the tools function took the turn on", d)
     d.lambdas.release("park")  # park now finds the turn running: taken on by the tools function
     request.join(30)
     assert answers and answers[0][0] == 200 and answers[0][2]["status"] == "completed", (answers, evidence(d))
     d.settle()
     (execution,) = d.executions_of(TENANT, sid)  # park started no second runner
     assert execution.status == "SUCCEEDED" and execution.states[-1] == "Went on inline", (execution.states, evidence(d))
-    types = _types(d, sid)
+    types = event_types(d, sid)
     assert types.count("tool_result") == 1 and types.count("invocation_resume") == 1, types
 
 
@@ -196,13 +190,13 @@ def test_zz_the_tools_function_killed_after_its_take_on_leaves_the_turn_to_the_s
     d.lambdas.crash_before("tools", "states:SendTaskSuccess")  # after the take-on, before the execution is ended
     status, _, body = d.api("POST", f"/sessions/{sid}/tools", _answers(shown), headers=WAIT)
     assert status == 502, (status, body, evidence(d))
-    assert show(d, sid)["status"] == "running" and "invocation_resume" in _types(d, sid)
+    assert show(d, sid)["status"] == "running" and "invocation_resume" in event_types(d, sid)
     assert not [line for line in d.sweep()["turns"] if sid in line], "handed on before the hold's end"
     d.advance(30)  # past the take-on's deadline, the end of the 20 s hold
     lines = [line for line in d.sweep()["turns"] if sid in line]
     assert len(lines) == 1 and "handed on (execution" in lines[0], (lines, evidence(d))
     d.settle()
     assert show(d, sid)["status"] == "completed", evidence(d)
-    assert _types(d, sid).count("tool_result") == 1
+    assert event_types(d, sid).count("tool_result") == 1
     parked = [e for e in d.executions_of(TENANT, sid) if e.states[-1] == "Park"]
     assert len(parked) == 1 and parked[0].status == "RUNNING", "the parked execution, never ended, still waits"

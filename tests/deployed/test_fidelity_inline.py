@@ -23,7 +23,19 @@ from typing import Any
 
 import pytest
 
-from tests.support.fidelity.calls import TENANT, answer, create, evidence, fidelity_stack, fresh, ledger, show
+from tests.support.fidelity.calls import (
+    TENANT,
+    answer,
+    create,
+    event_types,
+    evidence,
+    fidelity_stack,
+    fresh,
+    invocations,
+    ledger,
+    show,
+    until,
+)
 
 WAIT = {"Prefer": "wait=20"}
 
@@ -34,25 +46,9 @@ def deployment(dynamodb_endpoint: str) -> Iterator[Any]:
         yield started
 
 
-def _invocations(d: Any, function: str) -> int:
-    return sum(1 for i in d.lambdas.invocations if i.function == function)
-
-
 def _started(d: Any) -> int:
     """How many ``StartExecution`` calls the run function made so far."""
     return sum(1 for c in d.calls("run") if c.action == "states:StartExecution")
-
-
-def _types(d: Any, sid: str) -> list[str]:
-    return [e["type"] for e in ledger(d, sid)]
-
-
-def _until(condition: Any, what: str, d: Any, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s; {evidence(d)}")
-        time.sleep(0.05)
 
 
 def _swept(result: dict[str, Any], sid: str) -> list[str]:
@@ -64,13 +60,13 @@ def test_a_chat_turn_whose_caller_waits_runs_in_the_run_function(deployment: Any
     d, sid = deployment, fresh("inline")
     create(d, sid)
     created = show(d, sid)["version"]
-    resumed, started = _invocations(d, "resume"), _started(d)
+    resumed, started = invocations(d, "resume"), _started(d)
     status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=0"}, headers=WAIT)
     assert status == 200, (status, body, evidence(d))
     assert body["status"] == "completed" and body["output"]["text"] == "All steps signed off.", body
     assert not d.executions_of(TENANT, sid) and _started(d) == started, "an execution was started for it"
-    assert _invocations(d, "resume") == resumed, "resume was invoked"
-    types = _types(d, sid)
+    assert invocations(d, "resume") == resumed, "resume was invoked"
+    types = event_types(d, sid)
     assert types.count("user") == 1 and types.count("invocation_start") == 1, types
     assert "invocation_resume" not in types, types  # no runner took it on: the claim's runner ran it
     assert body["version"] - created == 2, (body["version"], created)  # the claim and the end, no take-on commit
@@ -91,7 +87,7 @@ def test_a_turn_that_parks_is_handed_to_an_execution_that_parks_and_the_answer_w
     assert shown["status"] == "awaiting_input", shown
     done = answer(d, sid, shown)
     assert done["status"] == "completed", (done["status"], evidence(d))
-    types = _types(d, sid)
+    types = event_types(d, sid)
     assert types.count("tool_result") == 1 and types.count("user") == 1, types
     assert not [e for e in ledger(d, sid) if e["type"] == "model_end" and e.get("error")], evidence(d)
 
@@ -155,7 +151,7 @@ def test_startexecution_refused_after_a_park_answers_the_park_and_the_sweeper_re
     (execution,) = d.executions_of(TENANT, sid)
     assert execution.status == "RUNNING" and execution.states[-1] == "Park", (execution.states, evidence(d))
     assert answer(d, sid, show(d, sid))["status"] == "completed", evidence(d)
-    assert _types(d, sid).count("tool_result") == 1
+    assert event_types(d, sid).count("tool_result") == 1
 
 
 @pytest.mark.backend("dynamodb")
@@ -169,7 +165,7 @@ def test_zz_the_run_function_killed_mid_turn_leaves_it_to_the_sweeper_after_the_
         target=lambda: answers.append(d.api("POST", f"/sessions/{sid}/runs", message, headers=WAIT))
     )
     request.start()
-    _until(lambda: _types(d, sid).count("tool_result") >= 1, "a first step committed", d)
+    until(lambda: event_types(d, sid).count("tool_result") >= 1, "a first step committed", d)
     assert d.kill("run") == 1, "no run function was running the turn"
     request.join(30)
     assert answers and answers[0][0] == 502, answers

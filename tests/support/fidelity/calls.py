@@ -4,6 +4,7 @@ the ledger; each failed step's message carries the deployment's evidence (functi
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -73,3 +74,22 @@ def answer(d: Any, sid: str, shown: dict[str, Any], tenant: str = TENANT) -> dic
     assert status == 202, (status, answered, evidence(d))
     d.settle()
     return show(d, sid, tenant)
+
+
+def invocations(d: Any, function: str) -> int:
+    """How many times ``function`` was invoked so far."""
+    return sum(1 for i in d.lambdas.invocations if i.function == function)
+
+
+def event_types(d: Any, sid: str, tenant: str = TENANT) -> list[str]:
+    """The types of the session's events, in order."""
+    return [e["type"] for e in ledger(d, sid, tenant)]
+
+
+def until(condition: Any, what: str, d: Any, timeout: float = 60) -> None:
+    """Wait for ``condition()``, failing with the deployment's evidence after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s; {evidence(d)}")
+        time.sleep(0.05)
