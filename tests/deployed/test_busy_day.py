@@ -5,7 +5,8 @@ concurrency, API Gateway's stage throttle, Step Functions' API token buckets and
 The day (``busy_day``): ``SLEEPING`` sessions are parked on a sign-off across many tenants; then ``TURNING``
 sessions post a turn at once, most of them in one hot tenant, each a chat turn (``signoffs=0``) or a turn that
 parks and is answered as soon as its sign-off shows (often while it is still parking), and one sleeper in fifty
-is answered meanwhile. Clients behave as a well-written client does: a 429 is retried after its ``Retry-After``,
+is answered meanwhile; one turning client in three waits for its turn (``Prefer: wait``: run inline by ``run`` and
+``tools``). Clients behave as a well-written client does: a 429 is retried after its ``Retry-After``,
 anything else is recorded. Then two sweeps. The day is scaled by ``DORMANT_BUSY_DAY_TURNING`` and
 ``DORMANT_BUSY_DAY_SLEEPING`` (the issue's 200 and 2,000 by default). A tenth of the sleepers are parked through the
 API, the others seeded as what a parked session is (``tests/support/fidelity/sleepers.py`` says what a seeded
@@ -45,7 +46,10 @@ def busy_day(dynamodb_endpoint: str) -> Iterator[Day]:
     d = start(dynamodb_endpoint)
     try:
         day = run_day(d, TURNING, SLEEPING)
-        print(f"busy day: {TURNING} turning, {SLEEPING} sleeping; phases {day.seconds}; answers {day.client.statuses}")
+        print(
+            f"busy day: {TURNING} turning, {SLEEPING} sleeping; phases {day.seconds}; answers {day.client.statuses};"
+            f" held (Prefer: wait) {day.held}"
+        )
         yield day
     finally:
         d.close()
@@ -136,6 +140,22 @@ def test_an_answer_to_the_call_a_session_shows_waiting_is_taken(busy_day: Day) -
             for t, sid, status, body, shown, _ in refused[:3]
         ],
     )
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_client_that_waits_gets_its_turn_inline_or_handed_on(busy_day: Day) -> None:
+    """The clients that wait (``Prefer: wait``) were each answered 200 (the turn run inline: ended or parked) or 202
+    (handed on), and a session whose held requests were all answered 200 ran its turn in ``run`` and ``tools``, not
+    in the workflow: none of its executions entered ``Run``. Some did, on both routes, so the day's other tests held
+    the inline paths to the same promises at the held routes' throttles."""
+    day, d = busy_day, busy_day.d
+    statuses = Counter(answer for answers in day.held.values() for answer in answers)
+    assert {status for _, status in statuses} <= {200, 202, 409}, statuses
+    inline = [who for who, answers in day.held.items() if all(status == 200 for _, status in answers)]
+    ran = {who: [e.states for e in d.executions_of(*who) if "Run" in e.states] for who in inline}
+    assert not any(ran.values()), [(who, states) for who, states in ran.items() if states][:3]
+    answered_inline = [who for who in inline if ("tools", 200) in day.held[who]]
+    assert len(inline) > len(answered_inline) > 0, (statuses, len(inline), len(answered_inline))
 
 
 @pytest.mark.backend("dynamodb")

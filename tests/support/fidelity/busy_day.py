@@ -2,7 +2,9 @@
 
 ``SLEEPING`` sessions are parked on a sign-off across many tenants; then ``TURNING`` sessions post a turn at once,
 three in four of them in one hot tenant, each a chat turn (``signoffs=0``) or a turn that parks and is answered as
-soon as its sign-off shows (often while it is still parking), and one sleeper in fifty is answered meanwhile.
+soon as its sign-off shows (often while it is still parking), and one sleeper in fifty is answered meanwhile. One
+turning client in three waits for its turn (``Prefer: wait`` on ``POST /runs`` and on its answer's ``POST /tools``):
+the turn runs inline in the function the request holds, at the held routes' method throttles.
 Clients behave as a careful client does: a 429 is waited out for its ``Retry-After`` and tried again, a 5xx tried
 again after a pause, and each is recorded. Then two sweeps. ``tests/deployed/test_busy_day.py`` holds the day to
 its promises; ``python -m bench busy`` prints its latencies, throttles and cost.
@@ -110,6 +112,9 @@ class Day:
     sweeps: list[dict[str, Any]]
     seconds: dict[str, float]
     """Wall time of each phase: ``park`` (the sleepers), ``busy`` (the turns at once), ``sweeps``."""
+    held: dict[tuple[str, str], list[tuple[str, int]]]
+    """(tenant, session) of each client that waited (``HOLD``) -> the route (``runs``, ``tools``) and status of each
+    of its held requests: 200 answered with the turn (run inline: ended or parked), 202 handed on."""
     turn_seconds: list[float]
     """Each turn's ``POST /runs``, from the start until accepted (429s and retries included)."""
     load: Load
@@ -121,16 +126,25 @@ def _tenant(i: int) -> str:
     return f"t{i % TENANTS}"
 
 
-def _answer(c: Client, tenant: str, sid: str, settle: float = 120) -> bool:
-    """Answer the session's sign-off once it shows one (False: it never did within ``settle`` s)."""
+HOLD = {"Prefer": "wait=25"}
+"""What a client that waits for its turn sends: the request holds its function up to 25 s and runs the turn inline."""
+
+
+def _answer(c: Client, tenant: str, sid: str, settle: float = 120, held: list[tuple[str, int]] | None = None) -> bool:
+    """Answer the session's sign-off once it shows one (False: it never did within ``settle`` s); ``held``: the
+    client waits for the rest of the turn (``HOLD``), and its answer's status is counted there."""
     deadline = time.monotonic() + settle
     while time.monotonic() < deadline:
         status, shown = c.call("GET", f"/sessions/{sid}", tenant=tenant)
         calls = (shown or {}).get("yielded_tools") or []
         if status == 200 and calls:
             body = {"answers": [{"call_id": calls[0]["call_id"], "input": {"approved": True}}]}
-            status, answer = c.call("POST", f"/sessions/{sid}/tools", body, tenant=tenant, after_retry=409)
-            if status == 202 or (status == 409 and c.retried()):  # a 409 on a retry: the earlier attempt landed
+            options = {"headers": dict(HOLD)} if held is not None else {}
+            status, answer = c.call("POST", f"/sessions/{sid}/tools", body, tenant=tenant, after_retry=409, **options)
+            if held is not None:
+                with c.lock:
+                    held.append(("tools", status))
+            if status in (200, 202) or (status == 409 and c.retried()):  # a 409 on a retry: the earlier attempt landed
                 return True
             with c.lock:  # refused: the session stays waiting, its execution parked (the tests look at both)
                 c.refused_answers.append((tenant, sid, status, answer, shown["status"], calls[0]["call_id"]))
@@ -176,21 +190,25 @@ def run_day(d: Any, turning: int, sleeping: int) -> Day:
     turned: Counter[tuple[str, str]] = Counter()
     answered: Counter[tuple[str, str]] = Counter()
     turn_seconds: list[float] = []
+    held: dict[tuple[str, str], list[tuple[str, int]]] = {}
     lock = threading.Lock()
     go = threading.Barrier(turning)
 
     def turn(i: int) -> None:
         tenant, sid = turners[i]
-        parks = i % 2 == 1
+        parks, waits = i % 2 == 1, i % 3 == 0
         go.wait()  # all at once
         began = time.monotonic()
         message = {"message": f"signoffs={int(parks)}"}
-        status, _ = c.call("POST", f"/sessions/{sid}/runs", message, tenant=tenant, after_retry=409)
+        options = {"headers": dict(HOLD)} if waits else {}
+        status, _ = c.call("POST", f"/sessions/{sid}/runs", message, tenant=tenant, after_retry=409, **options)
         assert status in (200, 202, 409), status  # 409 only on a retry: an earlier attempt began the turn
         with lock:
             turned[(tenant, sid)] += 1
             turn_seconds.append(time.monotonic() - began)
-        if parks and _answer(c, tenant, sid):
+            if waits:
+                held[(tenant, sid)] = [("runs", status)]
+        if parks and _answer(c, tenant, sid, held=held[(tenant, sid)] if waits else None):
             with lock:
                 answered[(tenant, sid)] += 1
 
@@ -226,6 +244,7 @@ def run_day(d: Any, turning: int, sleeping: int) -> Day:
         sleepers,
         sweeps,
         {"park": parked - started, "busy": busy - parked, "sweeps": time.monotonic() - busy},
+        held,
         turn_seconds,
         load,
         {p: u for p, u in swept.items() if u > 0},
