@@ -10,6 +10,8 @@ itself, and Step Functions is started only when the turn parks or cannot end wit
   by the execution.
 * The run function killed mid-turn (no execution exists): the sweeper hands the turn on once the claim's deadline
   (the hold's end) passed; the steps committed are kept, none is run twice.
+* A step's commit throttled by the table mid-turn: handed on (202), the execution goes on from the last committed
+  step, each step once.
 * ``StartExecution`` refused after the park: the client still gets the parked turn (never a 500), and the sweeper
   gives the wait an execution.
 """
@@ -152,6 +154,64 @@ def test_startexecution_refused_after_a_park_answers_the_park_and_the_sweeper_re
     assert execution.status == "RUNNING" and execution.states[-1] == "Park", (execution.states, evidence(d))
     assert answer(d, sid, show(d, sid))["status"] == "completed", evidence(d)
     assert event_types(d, sid).count("tool_result") == 1
+
+
+THROTTLED_INDEX = {
+    "__type": "com.amazonaws.dynamodb.v20120810#TransactionCanceledException",
+    "message": "Transaction cancelled, please refer cancellation reasons for specific reasons [None, ThrottlingError]",
+    "CancellationReasons": [
+        {"Code": "None"},
+        {
+            "Code": "ThrottlingError",
+            "Message": "Throughput exceeds the current capacity for one or more global "
+            "secondary indexes. DynamoDB is automatically scaling your index so please be patient.",
+        },
+    ],
+}
+"""What DynamoDB answers a transaction whose index partition is over its rate: no SDK retry re-sends it."""
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_table_throttle_mid_turn_hands_the_turn_on_from_its_last_committed_step(deployment: Any) -> None:
+    """A step's commit in the run function is throttled by the table (``StoreThrottled``: an index partition's
+    back-pressure cancels the transaction, which no SDK retry re-sends): the held run stops there as at its deadline,
+    hands the turn on and answers 202 (never a 500, never the turn ended in error); the execution goes on, and the
+    ledger has each step once, no error, and the caller's message once."""
+    d, sid = deployment, fresh("inthrottled")
+    create(d, sid)
+    d.lambdas.fail_next("run", "TransactWriteItems", [sid, '\\"noted\\":2'], THROTTLED_INDEX)
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "steps=3 sleep=0 signoffs=0"}, headers=WAIT)
+    assert not d.lambdas.fault_armed("run"), "no commit met the throttle"
+    assert status == 202 and body["status"] == "running", (status, body, evidence(d))
+    assert f"a step's commit of {sid} was refused (StoreThrottled" in d.log("run"), d.log("run")[-2000:]
+    d.settle()
+    assert show(d, sid)["status"] == "completed", evidence(d)
+    (execution,) = d.executions_of(TENANT, sid)
+    assert "Run" in execution.states, execution.states
+    events = ledger(d, sid)
+    steps = [e["result"] for e in events if e["type"] == "tool_result"]
+    assert steps == [{"noted": n} for n in range(1, 4)], steps
+    assert not [e for e in events if e.get("error")], events
+    assert [e["type"] for e in events].count("user") == 1
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_table_throttle_mid_turn_in_the_workflow_runs_it_on_in_the_next_run(deployment: Any) -> None:
+    """The same throttle in the workflow's ``Run`` (the resume function; the caller does not wait): the run stops
+    there, comes back ``handed_on`` and the execution's next ``Run`` goes on; each step once, no error."""
+    d, sid = deployment, fresh("inthrottledrun")
+    create(d, sid)
+    d.lambdas.fail_next("resume", "TransactWriteItems", [sid, '\\"noted\\":2'], THROTTLED_INDEX)
+    status, _, _ = d.api("POST", f"/sessions/{sid}/runs", {"message": "steps=3 sleep=0 signoffs=0"})
+    assert status == 202, status
+    d.settle()
+    assert not d.lambdas.fault_armed("resume"), "no commit met the throttle"
+    assert show(d, sid)["status"] == "completed", evidence(d)
+    (execution,) = d.executions_of(TENANT, sid)
+    assert execution.states.count("Run") == 2, execution.states
+    events = ledger(d, sid)
+    assert [e["result"] for e in events if e["type"] == "tool_result"] == [{"noted": n} for n in range(1, 4)]
+    assert not [e for e in events if e.get("error")], events
 
 
 @pytest.mark.backend("dynamodb")

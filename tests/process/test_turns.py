@@ -161,6 +161,54 @@ def test_a_held_run_hands_on_a_model_call_that_ran_out_of_time_and_records_any_o
     app.close()
 
 
+@pytest.mark.parametrize("refusal", ["StoreThrottled", "StoreUnavailable", "CommitIncomplete"])
+@pytest.mark.parametrize("runner", ["held", "resumed"])
+def test_a_steps_commit_refused_by_the_store_hands_the_turn_on_with_the_step_kept(
+    tmp_path: Path, refusal: str, runner: str
+) -> None:
+    """The store refuses a step's commit for now (a throttle past the client's retries, a lost connection, a partial
+    write): the runner stops there and hands the turn on, as at its deadline, instead of ending the turn in error;
+    the step is committed by the runner's last write, so its tool is not run again. Held (``run_held``: handed on)
+    and resumed (``resume_turn``: a workflow's Run, which runs again)."""
+    from dormant import errors
+    from dormant.serving.turns import run_held
+
+    folder = tmp_path / "files"
+    folder.mkdir()
+    (folder / "release").touch()
+    turns = build(store_from_url(f"sqlite:///{tmp_path / 'turns.db'}"), folder)
+    app, agent = turns.app, turns.agent
+    session = app.sessions.create()
+    claim = claim_turn(app, agent, session, "go", deadline=now_ms() + 60_000)
+    write, refused = app.sessions.write, []
+
+    def refusing(**kwargs: object) -> object:
+        held = kwargs["session"].uncommitted_events  # type: ignore[attr-defined]
+        if not refused and any(isinstance(e, ToolResultEvent) for e in held):
+            refused.append(1)
+            raise getattr(errors, refusal)("refused for now")
+        return write(**kwargs)  # type: ignore[arg-type]
+
+    app.sessions.write = refusing  # type: ignore[method-assign]
+    handed: list[int] = []
+    if runner == "held":
+        outcome = run_held(app, claim, until=now_ms() + 60_000, hand_on=lambda at, parked: handed.append(at))
+        assert outcome is not None and outcome.status == "handed_on" and len(handed) == 1, (outcome, handed)
+    else:
+        assert claim.invocation_id is not None
+        resumed = resume_turn(app, lambda name: agent, session.id, claim.invocation_id, deadline=now_ms() + 60_000)
+        assert not isinstance(resumed, type(session)) and resumed.status == "handed_on", resumed
+    assert refused, "no step's commit met the refusal"
+    stored = app.sessions.require(session.id)
+    assert stored.status == "running" and not any(getattr(e, "error", None) for e in stored.events), stored.events
+    assert any(isinstance(e, ToolResultEvent) for e in stored.events)  # the step, kept by the runner's last write
+    assert claim.invocation_id is not None
+    last = resume_turn(app, lambda name: agent, session.id, claim.invocation_id, deadline=now_ms() + 60_000)
+    assert not isinstance(last, type(session)) and last.status == "completed", last
+    assert (folder / "log").read_text().split() == ["note", "slow"]  # each tool once across the runners
+    app.close()
+
+
 @pytest.mark.slow
 def test_a_sixty_second_turn_completes_through_dormant_serve(store_url: str, tmp_path: Path) -> None:
     """The scripted model takes 60 s (past API Gateway's 29 s): the run answers 202 at once, the session shows

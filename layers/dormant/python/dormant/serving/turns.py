@@ -28,7 +28,15 @@ from typing import TYPE_CHECKING, Any
 
 from .. import metrics
 from ..clock import now_ms
-from ..errors import ClaimLost, ModelUnavailable, VersionConflict
+from ..errors import (
+    ClaimLost,
+    CommitIncomplete,
+    ModelUnavailable,
+    StoreBusy,
+    StoreError,
+    StoreUnavailable,
+    VersionConflict,
+)
 from ..events import InvocationResumeEvent, InvocationStartEvent, ModelEndEvent
 from ..ids import new_id
 from ..models.base import calls_end_by
@@ -75,13 +83,20 @@ def _stop_at(deadline: int | None) -> int | None:
     return deadline - min(STEP_RESERVE_MS, max(0, deadline - now_ms()) // 5)
 
 
+_STORE_REFUSALS: tuple[type[StoreError], ...] = (StoreBusy, StoreUnavailable, CommitIncomplete)
+"""A store's transient refusals of a step's commit (a throttle, a lock, a lost connection, a partial write): the
+runner stops there, as at its deadline, instead of ending the turn in error; the step stays uncommitted."""
+
+
 class _Checkpoint:
-    """The run's checkpoint: commit what the run holds; stop near the deadline or once another writer won."""
+    """The run's checkpoint: commit what the run holds; stop near the deadline, once another writer won, or when the
+    store refused the step's commit for now (``refused``)."""
 
     def __init__(self, app: App, session: Session) -> None:
         self.app, self.session = app, session
         self.stop_at: int | None = None
         self.lost: VersionConflict | None = None
+        self.refused: StoreError | None = None
 
     def __call__(self) -> bool:
         if self.session.uncommitted_events:
@@ -89,6 +104,9 @@ class _Checkpoint:
                 self.app.sessions.write(session=self.session, change=_as_run, on_conflict="fail")
             except VersionConflict as conflict:
                 self.lost = conflict
+                return False
+            except _STORE_REFUSALS as exc:  # the step stays the run's; the runner hands the turn on
+                self.refused = exc
                 return False
         return self.stop_at is None or now_ms() < self.stop_at
 
@@ -331,6 +349,14 @@ def _finish(
             metrics.count("yields", agent=agent)
         elif result.status == "error":
             metrics.count("failures")
+    if checkpoint is not None and checkpoint.refused is not None:  # its step's commit is tried once more, below
+        refused = checkpoint.refused
+        _logger.warning(
+            "dormant: a step's commit of %s was refused (%s: %s): the turn is handed on from it",
+            session.id,
+            type(refused).__name__,
+            refused,
+        )
     if checkpoint is not None and checkpoint.lost is not None:
         lost = checkpoint.lost
         raise ClaimLost(
