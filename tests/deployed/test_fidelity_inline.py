@@ -215,6 +215,28 @@ def test_a_table_throttle_mid_turn_in_the_workflow_runs_it_on_in_the_next_run(de
 
 
 @pytest.mark.backend("dynamodb")
+def test_an_answers_take_on_throttled_leaves_the_turn_to_its_parked_execution(deployment: Any) -> None:
+    """``POST /tools`` with ``Prefer: wait`` stored the answers, then its take-on is throttled by the table: the
+    request does not answer 429 (its answers are stored) and does not leave the parked execution asleep until its
+    timeout: the execution is woken and carries the turn on, as for a caller that does not wait."""
+    d, sid = deployment, fresh("intakeon")
+    create(d, sid)
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=1"}, headers=WAIT)
+    assert status == 200 and body["status"] == "yielded_tool", (status, body, evidence(d))
+    d.settle()
+    (call,) = show(d, sid)["yielded_tools"]
+    d.lambdas.fail_next("tools", "TransactWriteItems", [sid, "invocation_resume"], THROTTLED_INDEX)
+    answers = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
+    status, _, body = d.api("POST", f"/sessions/{sid}/tools", answers, headers=WAIT)
+    assert not d.lambdas.fault_armed("tools"), "no take-on met the throttle"
+    assert status in (200, 202), (status, body, evidence(d))
+    d.settle()
+    assert show(d, sid)["status"] == "completed", evidence(d)
+    assert event_types(d, sid).count("tool_result") == 1
+    assert f"the answered turn of {sid} was not taken on here" in d.log("tools"), d.log("tools")[-2000:]
+
+
+@pytest.mark.backend("dynamodb")
 def test_zz_the_run_function_killed_mid_turn_leaves_it_to_the_sweeper_after_the_holds_end(deployment: Any) -> None:
     """Last in the module: it moves dormant's clock on (past the hold) in every sandbox."""
     d, sid = deployment, fresh("inkilled")

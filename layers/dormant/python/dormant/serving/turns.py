@@ -53,6 +53,7 @@ __all__ = [
     "CLAIM_GRACE_MS",
     "RUNNER_TURN_MS",
     "STEP_RESERVE_MS",
+    "STORE_REFUSALS",
     "AdvanceOutcome",
     "Claim",
     "claim_turn",
@@ -83,7 +84,7 @@ def _stop_at(deadline: int | None) -> int | None:
     return deadline - min(STEP_RESERVE_MS, max(0, deadline - now_ms()) // 5)
 
 
-_STORE_REFUSALS: tuple[type[StoreError], ...] = (StoreBusy, StoreUnavailable, CommitIncomplete)
+STORE_REFUSALS: tuple[type[StoreError], ...] = (StoreBusy, StoreUnavailable, CommitIncomplete)
 """A store's transient refusals of a step's commit (a throttle, a lock, a lost connection, a partial write): the
 runner stops there, as at its deadline, instead of ending the turn in error; the step stays uncommitted."""
 
@@ -105,7 +106,7 @@ class _Checkpoint:
             except VersionConflict as conflict:
                 self.lost = conflict
                 return False
-            except _STORE_REFUSALS as exc:  # the step stays the run's; the runner hands the turn on
+            except STORE_REFUSALS as exc:  # the step stays the run's; the runner hands the turn on
                 self.refused = exc
                 return False
         return self.stop_at is None or now_ms() < self.stop_at

@@ -32,7 +32,7 @@ from ...clock import now_ms
 from ...errors import ClaimLost, ToolInputError, UnknownCallId
 from ...session import Session
 from ..bodies import ToolsBody
-from ..turns import run_held, take_on
+from ..turns import STORE_REFUSALS, run_held, take_on
 from .idempotency import once
 from .request import Api, Request, Routes
 from .views import finished, unknown_call
@@ -95,6 +95,11 @@ def answer(request: Request, session_id: str) -> Response[Any]:
             claim = take_on(tenant_app, request.api.served.agent, session, invocation, deadline=until)
         except ClaimLost:
             return None  # another runner took it on first: it carries the turn on
+        except STORE_REFUSALS as exc:  # the answers are stored: the parked execution is woken and carries it on
+            _logger.warning(
+                "dormant: the answered turn of %s was not taken on here: %s: %s", session_id, type(exc).__name__, exc
+            )
+            return None
         if claim is None:
             return None
         try:  # the parked execution ends at once: this function runs the turn
