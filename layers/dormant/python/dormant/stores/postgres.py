@@ -325,7 +325,13 @@ class PostgresSessionStore(BaseSessionStore):
     def _set_due(
         self, app_name: str, session_id: str, version: int, due_at: int, writes: Sequence[ScopedWrite] = ()
     ) -> bool:
-        with self._connection() as conn, _atomic(conn):
+        if not writes:
+            with self._connection() as conn, _atomic(conn):
+                done = conn.cursor().execute(SET_DUE.format(mark="%s"), (due_at, app_name, session_id, version))
+            return done.rowcount == 1
+        # The writes only if the due time was set: a plain transaction, whose rowcount is known before them (a
+        # pipelined one's is not).
+        with self._connection() as conn, conn.transaction():
             done = conn.cursor().execute(SET_DUE.format(mark="%s"), (due_at, app_name, session_id, version))
             if done.rowcount != 1:
                 return False
