@@ -281,12 +281,21 @@ def resume_turn(
 
 
 def take_on(
-    app: App, agent_for: Callable[[str | None], Agent], session: Session, invocation_id: str, *, deadline: int
+    app: App,
+    agent_for: Callable[[str | None], Agent],
+    session: Session,
+    invocation_id: str,
+    *,
+    deadline: int,
+    commit: bool = True,
 ) -> Claim | None:
     """Take invocation ``invocation_id`` of ``session`` (loaded) on as ``resume_turn`` does, committing its take-on
     with ``deadline`` (ms since the epoch: the sweeper's cue), and return it as a claim ``run_held`` runs, not yet
     run. ``None`` when there is nothing to run (the invocation ended or still waits for answers); ``ClaimLost``
-    when another writer moved the session first (another runner took it on)."""
+    when another writer moved the session first (another runner took it on).
+
+    ``commit=False``: the take-on is appended to ``session`` and not committed; the caller commits it with what it
+    appended before (``POST /tools``: the answers, one commit for both) and sets the claim's ``version``."""
     if session.projection.open_invocation != invocation_id or session.status == "awaiting_input":
         return None
     after = len(session.events)
@@ -297,7 +306,8 @@ def take_on(
     stream = app.stream(agent, None, session=session, deadline=deadline, checkpoint=checkpoint)
     for event in stream:
         if isinstance(event, InvocationResumeEvent):
-            return Claim(session, invocation_id, _claim(app, session), after, True, stream, checkpoint)
+            version = _claim(app, session) if commit else session.version
+            return Claim(session, invocation_id, version, after, True, stream, checkpoint)
     return None
 
 
