@@ -29,7 +29,7 @@ def _captured(ddb: Any, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]
     original = ddb._make_api_call
 
     def observed(operation: str, params: dict[str, Any]) -> Any:
-        return capture.observe(lambda op, p: original(op, p), operation, params, records.append)
+        return capture.observe(original, operation, params, records.append)
 
     monkeypatch.setattr(ddb, "_make_api_call", observed)
     return records
