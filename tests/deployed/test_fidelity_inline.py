@@ -215,10 +215,10 @@ def test_a_table_throttle_mid_turn_in_the_workflow_runs_it_on_in_the_next_run(de
 
 
 @pytest.mark.backend("dynamodb")
-def test_an_answers_take_on_throttled_leaves_the_turn_to_its_parked_execution(deployment: Any) -> None:
-    """``POST /tools`` with ``Prefer: wait`` stored the answers, then its take-on is throttled by the table: the
-    request does not answer 429 (its answers are stored) and does not leave the parked execution asleep until its
-    timeout: the execution is woken and carries the turn on, as for a caller that does not wait."""
+def test_an_answers_commit_throttled_writes_nothing_and_its_retry_runs_the_turn(deployment: Any) -> None:
+    """``POST /tools`` with ``Prefer: wait`` commits its answers and its take-on together: that commit throttled by
+    the table is a 429 with nothing written (no answer stored, the execution still parked, nothing taken on), and the
+    client's retry with the same ``Idempotency-Key`` stores them and runs the turn; the tool once."""
     d, sid = deployment, fresh("intakeon")
     create(d, sid)
     status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=1"}, headers=WAIT)
@@ -227,13 +227,18 @@ def test_an_answers_take_on_throttled_leaves_the_turn_to_its_parked_execution(de
     (call,) = show(d, sid)["yielded_tools"]
     d.lambdas.fail_next("tools", "TransactWriteItems", [sid, "invocation_resume"], THROTTLED_INDEX)
     answers = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
-    status, _, body = d.api("POST", f"/sessions/{sid}/tools", answers, headers=WAIT)
-    assert not d.lambdas.fault_armed("tools"), "no take-on met the throttle"
-    assert status in (200, 202), (status, body, evidence(d))
+    headers = {**WAIT, "Idempotency-Key": f"{sid}-answer"}
+    status, _, body = d.api("POST", f"/sessions/{sid}/tools", answers, headers=headers)
+    assert not d.lambdas.fault_armed("tools"), "no commit met the throttle"
+    assert status == 429 and body["error"] == "StoreThrottled", (status, body, evidence(d))
+    shown = show(d, sid)
+    assert shown["status"] == "awaiting_input" and shown["yielded_tools"], shown
+    (parked,) = d.executions_of(TENANT, sid)
+    assert parked.status == "RUNNING" and parked.states[-1] == "Park", parked.states
+    status, _, body = d.api("POST", f"/sessions/{sid}/tools", answers, headers=headers)
+    assert status == 200 and body["status"] == "completed", (status, body, evidence(d))
     d.settle()
-    assert show(d, sid)["status"] == "completed", evidence(d)
     assert event_types(d, sid).count("tool_result") == 1
-    assert f"the answered turn of {sid} was not taken on here" in d.log("tools"), d.log("tools")[-2000:]
 
 
 @pytest.mark.backend("dynamodb")

@@ -200,3 +200,35 @@ def test_a_run_refused_because_a_live_run_holds_the_session_takes_no_turn_of_the
     assert status == 202 and len(fake.started) == 2, ran
     status, over = client.call("run", session_id="s-2", headers={"Prefer": ""})  # held too: 409, not a turn
     assert status == 409, over
+
+
+# -- An answer whose caller waits: taken on in the answers' own commit ----------------------------------------
+
+
+def test_an_answer_run_on_here_is_taken_on_in_the_answers_own_commit(url: str, opened: list[Served]) -> None:
+    """``POST /tools`` with ``Prefer: wait`` that leaves the turn ready to go on: the answers and the take-on (the
+    ``invocation_resume`` with the hold's deadline) land in one commit, so the session never stands ``resumable``
+    with no runner, and the answer's commit pays the meta item's write and its index entries once, not twice."""
+    client, fake, workflow, api = deployed(url, opened)
+    create(client)
+    client.call("run", session_id="s-1", headers={"Prefer": ""})
+    [started] = fake.started
+    assert act(workflow, "run", started)["status"] == "yielded_tool"
+    assert act(workflow, "park", started, token="token-1") == {"woke": False, "status": "awaiting_input"}
+    shown = client.call("get_session", session_id="s-1")[1]
+    [call] = shown["yielded_tools"]
+    answers = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
+    status, body = client.call("tools", session_id="s-1", body=answers, headers={"Prefer": "wait=25"})
+    assert status == 200 and body["status"] == "completed", body
+    assert fake.sent == ["token-1"]  # the parked execution ended (inline), not woken to run it too
+    store, name = api.app.store, api.for_tenant(TENANT_A).name
+    wait = shown["version"]
+
+    def commit(version: int) -> list[str]:
+        """The types of the events the commit of ``version`` stored."""
+        since, later = store.load(name, "s-1", after=version - 1), store.load(name, "s-1", after=version)
+        assert since is not None and later is not None
+        return [e.type for e in since.events[: len(since.events) - len(later.events)]]
+
+    assert commit(wait + 1) == ["tool_input", "invocation_resume"], commit(wait + 1)
+    assert "invocation_resume" not in commit(wait + 2), commit(wait + 2)

@@ -512,6 +512,14 @@ def test_bench_cost_runs_on_the_quick_sizes_and_prints_its_table(dynamodb_endpoi
         # no execution
         transitions = r"state machine: 0 " if arc is not approval else r"state machine: [1-9]\d* state transitions"
         assert re.search(transitions, arc)
+    # park is no commit: its wait record and one move of the due entry (2 units), no listing or status entry; the
+    # answered turn's take-on rides in the answers' commit: tools removes the due entry once and never moves it
+    approved = {
+        (f, place, kind): float(v) for f, place, kind, v in LINE.findall(approval.split("approval_day turn (")[0])
+    }
+    parked = {(place, kind): v for (f, place, kind), v in approved.items() if f == "park" and kind == "write"}
+    assert parked == {("table", "write"): 4, ("index due", "write"): 2}, parked
+    assert approved[("tools", "index due", "write")] == 1, approved
     # the sweeper, per sweep and per month at the template's schedule: its queries of the sparse indexes
     swept = {(f, place, kind): float(v) for f, place, kind, v in LINE.findall(sweep)}
     assert {f for f, _, _ in swept} == {"sweeper"} and re.search(r"sweeper 0\.\d*[1-9]\d* GB-s", sweep), sweep

@@ -53,7 +53,6 @@ __all__ = [
     "CLAIM_GRACE_MS",
     "RUNNER_TURN_MS",
     "STEP_RESERVE_MS",
-    "STORE_REFUSALS",
     "AdvanceOutcome",
     "Claim",
     "claim_turn",
@@ -84,7 +83,7 @@ def _stop_at(deadline: int | None) -> int | None:
     return deadline - min(STEP_RESERVE_MS, max(0, deadline - now_ms()) // 5)
 
 
-STORE_REFUSALS: tuple[type[StoreError], ...] = (StoreBusy, StoreUnavailable, CommitIncomplete)
+_STORE_REFUSALS: tuple[type[StoreError], ...] = (StoreBusy, StoreUnavailable, CommitIncomplete)
 """A store's transient refusals of a step's commit (a throttle, a lock, a lost connection, a partial write): the
 runner stops there, as at its deadline, instead of ending the turn in error; the step stays uncommitted."""
 
@@ -106,7 +105,7 @@ class _Checkpoint:
             except VersionConflict as conflict:
                 self.lost = conflict
                 return False
-            except STORE_REFUSALS as exc:  # the step stays the run's; the runner hands the turn on
+            except _STORE_REFUSALS as exc:  # the step stays the run's; the runner hands the turn on
                 self.refused = exc
                 return False
         return self.stop_at is None or now_ms() < self.stop_at
@@ -300,12 +299,21 @@ def resume_turn(
 
 
 def take_on(
-    app: App, agent_for: Callable[[str | None], Agent], session: Session, invocation_id: str, *, deadline: int
+    app: App,
+    agent_for: Callable[[str | None], Agent],
+    session: Session,
+    invocation_id: str,
+    *,
+    deadline: int,
+    commit: bool = True,
 ) -> Claim | None:
     """Take invocation ``invocation_id`` of ``session`` (loaded) on as ``resume_turn`` does, committing its take-on
     with ``deadline`` (ms since the epoch: the sweeper's cue), and return it as a claim ``run_held`` runs, not yet
     run. ``None`` when there is nothing to run (the invocation ended or still waits for answers); ``ClaimLost``
-    when another writer moved the session first (another runner took it on)."""
+    when another writer moved the session first (another runner took it on).
+
+    ``commit=False``: the take-on is appended to ``session`` and not committed; the caller commits it with what it
+    appended before (``POST /tools``: the answers, one commit for both) and sets the claim's ``version``."""
     if session.projection.open_invocation != invocation_id or session.status == "awaiting_input":
         return None
     after = len(session.events)
@@ -316,7 +324,8 @@ def take_on(
     stream = app.stream(agent, None, session=session, deadline=deadline, checkpoint=checkpoint)
     for event in stream:
         if isinstance(event, InvocationResumeEvent):
-            return Claim(session, invocation_id, _claim(app, session), after, True, stream, checkpoint)
+            version = _claim(app, session) if commit else session.version
+            return Claim(session, invocation_id, version, after, True, stream, checkpoint)
     return None
 
 

@@ -286,16 +286,31 @@ class BaseSessionStore(ABC):
         self._check_open()
         return self._due(before, limit, after)
 
-    def set_due(self, app_name: str, session_id: str, version: int, due_at: int) -> bool:
+    def set_due(
+        self,
+        app_name: str,
+        session_id: str,
+        version: int,
+        due_at: int,
+        *,
+        scoped_changes: Sequence[ScopedStateChange] = (),
+    ) -> bool:
         """When the sweeper is next to look at this waiting session (epoch ms; ``NOT_DUE``: only after its next
-        commit), if it still waits at ``version``: a later commit set its own. True when set."""
+        commit), if it still waits at ``version``: a later commit set its own. True when set.
+
+        ``scoped_changes`` are written in the same atomic write, and only if it sets the due time: park's wait
+        record, gated on the wait without a commit of its own (the session's version, ``updated_at`` and listing
+        entry stay as they are). A store that keeps no due times sets nothing and writes nothing (False)."""
         check_app_key(app_name)
         check_id(session_id)
         if not _is_count(version) or version < 1:
             raise InputError(f"version is an int >= 1, not {version!r}", field="version")
         if not _is_count(due_at) or due_at > NOT_DUE:
             raise InputError(f"due_at is a time in epoch ms up to NOT_DUE, not {due_at!r}", field="due_at")
+        writes = self._scoped_writes(list(scoped_changes)) if scoped_changes else ()
         self._check_open()
+        if writes:
+            return self._set_due(app_name, session_id, version, due_at, writes)
         return self._set_due(app_name, session_id, version, due_at)
 
     def list(
@@ -430,8 +445,10 @@ class BaseSessionStore(ABC):
         ]
         return sorted(rows, key=_due_key)[:limit]
 
-    def _set_due(self, app_name: str, session_id: str, version: int, due_at: int) -> bool:
-        """The default keeps no due times: nothing is set."""
+    def _set_due(
+        self, app_name: str, session_id: str, version: int, due_at: int, writes: Sequence[ScopedWrite] = ()
+    ) -> bool:
+        """The default keeps no due times: nothing is set (nor ``writes`` written)."""
         return False
 
     @abstractmethod

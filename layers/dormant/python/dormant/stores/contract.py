@@ -191,7 +191,15 @@ class DueStore(Protocol):
         self, before: int, *, limit: int = 100, after: RunningSession | None = None
     ) -> builtins.list[RunningSession]: ...
 
-    def set_due(self, app_name: str, session_id: str, version: int, due_at: int) -> bool: ...
+    def set_due(
+        self,
+        app_name: str,
+        session_id: str,
+        version: int,
+        due_at: int,
+        *,
+        scoped_changes: Sequence[ScopedStateChange] = (),
+    ) -> bool: ...
 
 
 @runtime_checkable

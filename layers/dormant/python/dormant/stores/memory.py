@@ -157,12 +157,15 @@ class MemorySessionStore(BaseSessionStore):
         due.sort(key=lambda r: (r.due_at or 0, r.app_name, r.session_id))
         return due[:limit]
 
-    def _set_due(self, app_name: str, session_id: str, version: int, due_at: int) -> bool:
+    def _set_due(
+        self, app_name: str, session_id: str, version: int, due_at: int, writes: Sequence[ScopedWrite] = ()
+    ) -> bool:
         with self._lock:
             entry = self._sessions.get((app_name, session_id))
             if entry is None or entry.due is None or entry.row.version != version:
                 return False
             entry.due = due_at
+            self._merge(app_name, writes)
             return True
 
     def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:

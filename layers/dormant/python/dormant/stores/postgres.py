@@ -322,10 +322,22 @@ class PostgresSessionStore(BaseSessionStore):
             rows = conn.cursor(row_factory=tuple_row).execute(query, (before, *start, limit)).fetchall()
         return [RunningSession(*row) for row in rows]
 
-    def _set_due(self, app_name: str, session_id: str, version: int, due_at: int) -> bool:
-        with self._connection() as conn, _atomic(conn):
+    def _set_due(
+        self, app_name: str, session_id: str, version: int, due_at: int, writes: Sequence[ScopedWrite] = ()
+    ) -> bool:
+        if not writes:
+            with self._connection() as conn, _atomic(conn):
+                done = conn.cursor().execute(SET_DUE.format(mark="%s"), (due_at, app_name, session_id, version))
+            return done.rowcount == 1
+        # The writes only if the due time was set: a plain transaction, whose rowcount is known before them (a
+        # pipelined one's is not).
+        with self._connection() as conn, conn.transaction():
             done = conn.cursor().execute(SET_DUE.format(mark="%s"), (due_at, app_name, session_id, version))
-        return done.rowcount == 1
+            if done.rowcount != 1:
+                return False
+            for statement, params in _scoped_statements(app_name, writes):
+                conn.execute(statement, params)
+        return True
 
     def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
         # No ORDER BY: it could tempt the planner into the primary key's order instead of the binding index.

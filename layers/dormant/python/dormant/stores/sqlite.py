@@ -398,9 +398,14 @@ class SQLiteSessionStore(BaseSessionStore):
             rows = self._conn.execute(DUE_QUERY.format(mark="?"), (before, *start, limit)).fetchall()
         return [RunningSession(*row) for row in rows]
 
-    def _set_due(self, app_name: str, session_id: str, version: int, due_at: int) -> bool:
+    def _set_due(
+        self, app_name: str, session_id: str, version: int, due_at: int, writes: Sequence[ScopedWrite] = ()
+    ) -> bool:
         with self._use(), self._transaction():
-            return self._conn.execute(SET_DUE.format(mark="?"), (due_at, app_name, session_id, version)).rowcount == 1
+            if self._conn.execute(SET_DUE.format(mark="?"), (due_at, app_name, session_id, version)).rowcount != 1:
+                return False
+            self._merge(app_name, writes)
+            return True
 
     def _bound(self, app_name: str, scope: str, scope_id: str) -> builtins.list[str]:
         # No ORDER BY: with one, the planner walks the app's rows in primary-key order instead of the index.

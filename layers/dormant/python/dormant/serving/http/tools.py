@@ -11,12 +11,15 @@ nothing is written again, and what waits on them is woken again (a wake is idemp
 mended by the client's retry, not left for the sweeper.
 
 On AWS, answers whose caller waits (``Prefer: wait``) and that leave the turn ready to go on (nothing else pending)
-are run on here (``Hooks.hand_on``, ``Hooks.end_wait``): this function takes the invocation on (its take-on's
-deadline the hold's end), then ends the parked execution (its task token answered ``inline``: the state machine
-ends it at once, no second execution), then runs the turn as ``POST /runs`` does (``run_held``: an execution only
-if it parks again or outlasts the hold) and answers 200 with it. Take-on first: killed after it, the turn is
-``running`` past its deadline and the sweeper's; the parked execution, never ended, times out and its ``Expire``
-ends nothing (the turn is not waiting). A take-on that loses (another runner has it) answers as without the hold.
+are run on here (``Hooks.hand_on``, ``Hooks.end_wait``): this function takes the invocation on in the answers' own
+commit (the take-on appended after them, its deadline the hold's end: one conditional commit, after every answer
+rule ran, so a refused answer writes and runs nothing), then ends the parked execution (its task token answered
+``inline``: the state machine ends it at once, no second execution), then runs the turn as ``POST /runs`` does
+(``run_held``: an execution only if it parks again or outlasts the hold) and answers 200 with it. Take-on first:
+killed after it, the turn is ``running`` past its deadline and the sweeper's; the parked execution, never ended,
+times out and its ``Expire`` ends nothing (the turn is not waiting). The commit that loses a race (another answerer,
+the wait's end) is made again on a fresh load, rules and all, as the answers alone were; a turn whose agent is not
+served here is stored answered and woken, as without the hold.
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ from aws_lambda_powertools.event_handler import Response
 
 from ... import metrics
 from ...clock import now_ms
-from ...errors import ClaimLost, ToolInputError, UnknownCallId
+from ...errors import InputError, ToolInputError, UnknownCallId
 from ...session import Session
 from ..bodies import ToolsBody
-from ..turns import STORE_REFUSALS, run_held, take_on
+from ..turns import Claim, run_held, take_on
 from .idempotency import once
 from .request import Api, Request, Routes
 from .views import finished, unknown_call
@@ -58,24 +61,41 @@ def answer(request: Request, session_id: str) -> Response[Any]:
     me = request.caller()
     hooks = request.api.hooks
     retried = request.idempotency_key() is not None
+    runs_here = bool(wait) and hooks.hand_on is not None and hooks.end_wait is not None
+    until = now_ms() + int(held_for(wait, request.context) * 1000) if runs_here else 0
+    taken: list[Claim | None] = [None]  # the take-on of the attempt that landed
 
     def store(session: Session) -> None:
-        if retried and _stored_before(session, answers, me.principal):
-            return  # this request's answers landed before: nothing to write; what waits is woken below
-        try:  # errors are served as raised (their class, their status), named in this body: answers.N
-            # the audit says who answered; the tool's answerable_by must admit them (403, nothing written)
-            session.input.answers(answers, principal=me.principal, groups=me.groups)
-        except UnknownCallId as exc:
-            raise unknown_call(session, exc) from None
+        taken[0] = None
+        if not (retried and _stored_before(session, answers, me.principal)):
+            # (stored before: this request's answers landed; nothing to write, what waits is woken below)
+            try:  # errors are served as raised (their class, their status), named in this body: answers.N
+                # the audit says who answered; the tool's answerable_by must admit them (403, nothing written)
+                session.input.answers(answers, principal=me.principal, groups=me.groups)
+            except UnknownCallId as exc:
+                raise unknown_call(session, exc) from None
+        if runs_here and session.status == "resumable":
+            taken[0] = _take_on(session)  # appended after the answers, committed with them
+
+    def _take_on(session: Session) -> Claim | None:
+        invocation = session.projection.open_invocation
+        try:
+            agent = request.api.served.agent(session.current_agent_name)
+        except InputError:
+            return None  # no agent here to run it: the answers are stored alone, and what waits is woken
+        assert invocation is not None
+        return take_on(tenant_app, lambda _: agent, session, invocation, deadline=until, commit=False)
 
     def work() -> dict[str, Any]:
-        # A version moved by park storing its token is no reason to fail: the answers go on a fresh load.
-        session = tenant_app.sessions.write(session_id, store, on_conflict="retry", attempts=_ATTEMPTS).session
+        # One commit for the answers and, when this request runs the turn on, its take-on: a version moved by
+        # another writer (another answerer, the wait's end) is no reason to fail: both go on a fresh load.
+        written = tenant_app.sessions.write(session_id, store, on_conflict="retry", attempts=_ATTEMPTS)
+        session = written.session
         metrics.count("answers", len(answers))
-        if wait and session.status == "resumable" and hooks.hand_on is not None and hooks.end_wait is not None:
-            went_on = go_on(session)
-            if went_on is not None:
-                return went_on
+        claim = taken[0]
+        if claim is not None:
+            claim.version = written.version
+            return go_on(claim)
         woke = hooks.on_answers(request.tenant(), tenant_app, session) if hooks.on_answers is not None else None
         answered = {"version": session.version, "status": session.status, **(woke or {})}
         if wait and answered["status"] in ("resumable", "running"):
@@ -85,23 +105,11 @@ def answer(request: Request, session_id: str) -> Response[Any]:
                 return {"status": 200, "body": finished(tenant_app, outcome, me)}
         return {"status": 202, "body": answered}
 
-    def go_on(session: Session) -> dict[str, Any] | None:
-        """Run the answered turn here (see the module docstring); ``None``: another runner has it."""
-        tenant, invocation = request.tenant(), session.projection.open_invocation
+    def go_on(claim: Claim) -> dict[str, Any]:
+        """Run the answered turn here, taken on with its answers (see the module docstring)."""
+        tenant, invocation = request.tenant(), claim.invocation_id
         assert hooks.hand_on is not None and hooks.end_wait is not None and invocation is not None
         hand_on, end_wait = hooks.hand_on, hooks.end_wait
-        until = now_ms() + int(held_for(wait, request.context) * 1000)
-        try:
-            claim = take_on(tenant_app, request.api.served.agent, session, invocation, deadline=until)
-        except ClaimLost:
-            return None  # another runner took it on first: it carries the turn on
-        except STORE_REFUSALS as exc:  # the answers are stored: the parked execution is woken and carries it on
-            _logger.warning(
-                "dormant: the answered turn of %s was not taken on here: %s: %s", session_id, type(exc).__name__, exc
-            )
-            return None
-        if claim is None:
-            return None
         try:  # the parked execution ends at once: this function runs the turn
             end_wait(tenant, tenant_app, claim.session)
         except Exception as exc:  # throttled, refused: it stays parked until its timeout, and its Expire ends nothing

@@ -16,9 +16,10 @@ invocation_id}``; each action works on that one invocation, never on "whatever i
 * ``park`` (a ``.waitForTaskToken`` task) stores the task token with the session, gated on the version at
   which the invocation still awaited answers, and with it the wait's record: which execution parked
   (``execution``), at which version (``wait_version``) and until when it waits (``wait_until``); the sweeper
-  reads it to tell a live wait from a lost one. Answers that arrived first moved the version: park sees them
-  and wakes the execution itself, so they are not lost. ``POST /tools`` commits the answers (merging past a
-  token commit), then reads the token and wakes the execution. Whichever lands second sees the other.
+  reads it to tell a live wait from a lost one. It is no commit: the record is written with the wait's due time
+  (``set_due(scoped_changes=)``), so the session's version stays the yield's. Answers that arrived first moved
+  the version: park sees them and wakes the execution itself, so they are not lost. ``POST /tools`` commits the
+  answers, then reads the token and wakes the execution. Whichever lands second sees the other.
 * ``expire`` (the wait timed out) ends the invocation with ``SessionExpired`` only while it still waits on
   answers, and only if this execution holds the wait (the record names it, or none does): an execution the
   sweeper superseded never expires the wait its successor holds. Answers that landed as the wait timed out

@@ -9,7 +9,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ...clock import now_ms
-from ...errors import ConfigurationError, StoreError
+from ...errors import ConfigurationError, SessionNotFound, StoreBusy
 from ...session import Session
 from ...stores.base import NOT_DUE, DueStore, ScopedStateChange
 from ..hooks import Hooks
@@ -156,41 +156,92 @@ class StepFunctions:
     ) -> dict[str, Any]:
         """Store ``token`` with the session while it waits on ``invocation_id``; if answers arrived first (or
         the wait is over), send the token back at once, so the execution goes on. With it goes the wait's
-        record: the parked ``execution`` (its ARN), the version this commit stores and when the wait times out."""
+        record: the parked ``execution`` (its ARN), the version it waits at and when the wait times out.
 
-        def waiting(session: Session) -> bool:
-            return session.status == "awaiting_input" and session.projection.open_invocation == invocation_id
+        Not a commit: the record is written with the wait's due time (``set_due(scoped_changes=)``), gated on the
+        version at which the invocation awaits answers, so the session's version, ``updated_at`` and listing entry
+        stay as the commit into the wait left them (on DynamoDB: the token record and one move of the due entry,
+        no listing or status entry). Answers that land first move the version: the gate refuses, and the next
+        look finds them. A store that keeps no due times gets the record in a commit, as before."""
+        store = app.store
+        refused_at: int | None = None  # the version a gated write was last refused at
+        for _ in range(_ATTEMPTS):
+            session = app.sessions.get(session_id)
+            if session is None:
+                raise SessionNotFound(session_id)
+            if not _waiting(session, invocation_id):
+                return self._answered_first(session, invocation_id, token)
+            if not isinstance(store, DueStore) or session.version == refused_at:
+                break  # refused with nothing moved: the store keeps no due times (the commit below)
+            until = _until(wait_seconds)
+            record = _record(session_id, token, execution, session.version, until, invocation_id)
+            due = NOT_DUE if until is None else until
+            if store.set_due(app.name, session_id, session.version, due, scoped_changes=[record]):
+                return {"woke": False, "status": session.status}
+            refused_at = session.version
+        else:
+            raise StoreBusy(
+                f"session {session_id!r} kept moving: {_ATTEMPTS} attempts to park its wait lost the race",
+                session_id=session_id,
+            )
+        return self._park_in_commit(app, session_id, invocation_id, token, execution, wait_seconds)
 
-        def needs_runner(session: Session) -> bool:  # answered, and no runner has taken the turn on yet
-            return session.status == "resumable" and session.projection.open_invocation == invocation_id
-
-        parked_until: list[int | None] = [None]  # the last attempt's (the one that landed)
+    def _park_in_commit(
+        self,
+        app: App,
+        session_id: str,
+        invocation_id: str,
+        token: str,
+        execution: str | None,
+        wait_seconds: float | None,
+    ) -> dict[str, Any]:
+        """``park`` on a store without due times: the record in a commit of its own (a version of its own)."""
 
         def token_while_waiting(session: Session) -> list[ScopedStateChange]:
-            if not waiting(session):
+            if not _waiting(session, invocation_id):
                 return []
-            until = None if wait_seconds is None else now_ms() + int(float(wait_seconds) * 1000)
-            parked_until[0] = until
-            record = {"task_token": token, "execution": execution, "wait_version": session.version + 1}
-            record["wait_until"] = until
-            record["invocation"] = invocation_id
-            return [ScopedStateChange(TOKEN_SCOPE, session_id, WAIT_KEY, record)]
+            return [_record(session_id, token, execution, session.version + 1, _until(wait_seconds), invocation_id)]
 
         written = app.sessions.write(
-            session_id, waiting, on_conflict="retry", scoped_changes=token_while_waiting, attempts=_ATTEMPTS
+            session_id,
+            lambda session: _waiting(session, invocation_id),
+            on_conflict="retry",
+            scoped_changes=token_while_waiting,
+            attempts=_ATTEMPTS,
         )
         if written.value:
-            # Parked: the sweeper need not look at this wait before it times out (lost, it looks after a grace).
-            if isinstance(app.store, DueStore):
-                until = parked_until[0]
-                with contextlib.suppress(StoreError):  # lost, the wait is looked at once after a grace instead
-                    app.store.set_due(app.name, session_id, written.version, NOT_DUE if until is None else until)
             return {"woke": False, "status": written.session.status}
-        # Answered before the token was stored. Only a turn no runner holds yet goes on in the next execution; one
-        # some runner took on since (POST /tools with Prefer: wait; its take-on has a deadline: the sweeper's if that
-        # runner dies), or that ended, is not run by this execution too: it ends at once (no Continue, no Run).
-        inline = not needs_runner(written.session)
-        return {"woke": self.wake(token, inline=inline), "status": written.session.status}
+        return self._answered_first(written.session, invocation_id, token)
+
+    def _answered_first(self, session: Session, invocation_id: str, token: str) -> dict[str, Any]:
+        """Answered before the token was stored. Only a turn no runner holds yet goes on in the next execution; one
+        some runner took on since (POST /tools with Prefer: wait; its take-on has a deadline: the sweeper's if that
+        runner dies), or that ended, is not run by this execution too: it ends at once (no Continue, no Run)."""
+        needs_runner = session.status == "resumable" and session.projection.open_invocation == invocation_id
+        return {"woke": self.wake(token, inline=not needs_runner), "status": session.status}
+
+
+def _waiting(session: Session, invocation_id: str) -> bool:
+    return session.status == "awaiting_input" and session.projection.open_invocation == invocation_id
+
+
+def _until(wait_seconds: float | None) -> int | None:
+    """When a wait parked now times out (epoch ms), or ``None``: it never does."""
+    return None if wait_seconds is None else now_ms() + int(float(wait_seconds) * 1000)
+
+
+def _record(
+    session_id: str, token: str, execution: str | None, version: int, until: int | None, invocation_id: str
+) -> ScopedStateChange:
+    """The wait's record (``wait_record``), as the write that stores it."""
+    record = {
+        "task_token": token,
+        "execution": execution,
+        "wait_version": version,
+        "wait_until": until,
+        "invocation": invocation_id,
+    }
+    return ScopedStateChange(TOKEN_SCOPE, session_id, WAIT_KEY, record)
 
 
 def step_functions_hooks(machine: StepFunctions) -> Hooks:

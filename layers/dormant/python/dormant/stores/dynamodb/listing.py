@@ -8,9 +8,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...clock import now_ms
-from ..base import NOT_DUE, RUNNING_STATUS, WAITING_STATUSES, RunningSession, SessionListing
-from .calls import _Calls, _ConditionFailed
-from .items import TTL, MetaItem, _expired, _key
+from ..base import NOT_DUE, RUNNING_STATUS, WAITING_STATUSES, RunningSession, ScopedWrite, SessionListing
+from .calls import _Calls, _Cancelled, _ConditionFailed
+from .items import TTL, MetaItem, _expired, _key, _transact_item
 from .keys import META_SK, listing_keys, running_key, running_keys, session_pk, split_session_pk
 from .table import DUE_INDEX, LISTING_INDEX, RUNNING_INDEX, STATUS_INDEX
 
@@ -133,25 +133,35 @@ class _Listing(_Calls):
                 taken, last = taken + 1, due
                 yield item
 
-    def _set_due(self, app_name: str, session_id: str, version: int, due_at: int) -> bool:
+    def _set_due(
+        self, app_name: str, session_id: str, version: int, due_at: int, writes: Sequence[ScopedWrite] = ()
+    ) -> bool:
         """Move the wait's ``due`` (one conditional update of its meta item); an earlier release's wait leaves the
-        running index for the due index here."""
+        running index for the due index here. With ``writes`` (park's wait record), one ``TransactWriteItems`` of
+        that update and their items: the meta item's ``due`` is all it changes of the session (no version, no
+        ``lsk``: its listing and status entries stay), so the due entry moves once and nothing else is indexed."""
+        update = {
+            "TableName": self._table,
+            "Key": _key(session_pk(app_name, session_id), META_SK),
+            "UpdateExpression": "SET #du = :du, dpk = :dpk REMOVE rpk",
+            "ConditionExpression": "#v = :v AND #st IN (:aw, :rs)",
+            "ExpressionAttributeNames": {"#du": "due", "#v": "version", "#st": "status"},
+            "ExpressionAttributeValues": {
+                ":du": {"N": str(due_at)},
+                ":dpk": {"S": running_key(app_name, session_id, self._pending_shards, waiting=True)},
+                ":v": {"N": str(version)},
+                ":aw": {"S": WAITING_STATUSES[0]},
+                ":rs": {"S": WAITING_STATUSES[1]},
+            },
+        }
+        if writes:
+            try:
+                self._transact([{"Update": update}, *(_transact_item(self._table, app_name, w) for w in writes)])
+            except _Cancelled:
+                return False
+            return True
         try:
-            self._call(
-                "update_item",
-                TableName=self._table,
-                Key=_key(session_pk(app_name, session_id), META_SK),
-                UpdateExpression="SET #du = :du, dpk = :dpk REMOVE rpk",
-                ConditionExpression="#v = :v AND #st IN (:aw, :rs)",
-                ExpressionAttributeNames={"#du": "due", "#v": "version", "#st": "status"},
-                ExpressionAttributeValues={
-                    ":du": {"N": str(due_at)},
-                    ":dpk": {"S": running_key(app_name, session_id, self._pending_shards, waiting=True)},
-                    ":v": {"N": str(version)},
-                    ":aw": {"S": WAITING_STATUSES[0]},
-                    ":rs": {"S": WAITING_STATUSES[1]},
-                },
-            )
+            self._call("update_item", **update)
         except _ConditionFailed:
             return False
         return True

@@ -22,6 +22,7 @@ from ...stores.base import (
     DueStore,
     ErasableStore,
     RunningSession,
+    ScopedStateChange,
     SessionStore,
     SweepableStore,
 )
@@ -385,3 +386,40 @@ class ListingContract(ContractBase):
             for owner, sid in set(made):
                 store.delete(owner, sid)
         assert due(NOT_DUE, limit=100) == []
+
+    def test_set_due_with_scoped_changes_writes_them_with_it_and_moves_nothing_else(
+        self, store: SessionStore, app: str
+    ) -> None:
+        """``set_due(scoped_changes=)`` (park's wait record): the shared-scope writes land with the due time, in
+        one atomic write, and only when it is set (a stale version, a session that does not wait: neither). The
+        session is not committed: its version, ``updated_at``, listing row and place in the list stay."""
+        if not isinstance(store, DueStore):
+            pytest.skip("set_due is part of DueStore, which this store is not")
+        t = 1_000_000_000
+        record = {"task_token": "t-1", "wait_version": 1}
+        try:
+            with frozen_clock(t) as clock:
+                assert store.commit(self.row(app, "s-waits", status="awaiting_input"), [_event(1)], 0).ok
+                clock.advance(1)
+                assert store.commit(self.row(app, "s-later", status="idle"), [_event(1)], 0).ok
+                listed = [(r.id, r.version, r.updated_at, r.status) for r in store.list(app)]
+                assert listed == [("s-later", 1, t + 1, "idle"), ("s-waits", 1, t, "awaiting_input")]
+                clock.advance(5)
+                wait = [ScopedStateChange("workflow", "s-waits", "wait", record)]
+                assert not store.set_due(app, "s-waits", 2, t + 9_000, scoped_changes=wait)  # a stale version
+                assert not store.set_due(app, "s-later", 1, t + 9_000, scoped_changes=wait)  # does not wait
+                assert store.load_scoped_state(app, "workflow", "s-waits") == {}
+                assert store.set_due(app, "s-waits", 1, t + 9_000, scoped_changes=wait)
+                assert store.load_scoped_state(app, "workflow", "s-waits") == {"wait": record}
+                assert [(r.id, r.version, r.updated_at, r.status) for r in store.list(app)] == listed
+                assert [r.id for r in store.list(app, status="awaiting_input")] == ["s-waits"]
+                loaded = store.load(app, "s-waits")
+                assert loaded is not None and (loaded.row.version, loaded.row.updated_at) == (1, t)
+                waits = [(r.session_id, r.due_at, r.version) for r in store.due_waits(t + 9_000) if r.app_name == app]
+                assert waits == [("s-waits", t + 9_000, 1)] and store.due_waits(t + 8_999) == []
+                clock.advance(1)
+                assert store.commit(self.row(app, "s-waits", status="resumable"), [_event(2)], 1).ok  # answered
+                assert not store.set_due(app, "s-waits", 1, NOT_DUE, scoped_changes=wait)  # its commit moved it
+        finally:
+            for sid in ("s-waits", "s-later"):
+                store.delete(app, sid)
