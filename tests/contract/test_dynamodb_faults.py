@@ -827,6 +827,36 @@ def test_a_one_call_commit_that_raises_leaves_nothing_and_needs_no_repair(world:
     _takes_the_next_commit(world, 1, _events_ids("base", 10))
 
 
+def test_a_one_call_commit_cancelled_for_throttling_is_resent_and_lands_once(world: World) -> None:
+    """A transaction cancelled ``ThrottlingError`` (an index's back-pressure) was not applied and botocore does not
+    retry it: the store re-sends it with a throttle's backoff, as its client retries a throttled call."""
+    one = world.store(world.writer_client, single_call_items=100)
+    assert one.commit(world.row(), _events("base", 10), 0).ok
+    world.faults.calls.clear()
+    world.faults.error("TransactWriteItems", _CANCELLED, attempts=3, reasons=["None", "ThrottlingError"])
+    result = one.commit(world.row(), _events("t", 5), 1)
+    assert (result.ok, result.version, result.appended) == (True, 2, 5)
+    assert dict(world.faults.calls) == {"TransactWriteItems": 4}  # three cancelled, the fourth landed
+    assert world.ids() == _events_ids("base", 10) + _events_ids("t", 5)
+    _takes_the_next_commit(world, 2, _events_ids("base", 10) + _events_ids("t", 5))
+
+
+def test_a_one_call_commit_throttled_past_the_clients_retries_is_store_throttled_and_writes_nothing(
+    world: World,
+) -> None:
+    """Re-sent as often as the client retries (here 2), then ``StoreThrottled`` (a 429 over HTTP), nothing written."""
+    client = world._client(retries={"mode": "standard", "max_attempts": 2})
+    one, faults = world.store(client, single_call_items=100), Faults(client)
+    assert one.commit(world.row(), _events("base", 10), 0).ok
+    faults.calls.clear()
+    faults.error("TransactWriteItems", _CANCELLED, attempts=10, reasons=["None", "ThrottlingError"])
+    with pytest.raises(StoreThrottled, match="3 times") as info:
+        one.commit(world.row(), _events("x", 5), 1)
+    assert http_status(info.value) == 429
+    assert dict(faults.calls) == {"TransactWriteItems": 3}
+    assert world.ids() == _events_ids("base", 10) and _pending_markers(world) == 0
+
+
 def test_a_one_call_commit_whose_answer_was_lost_lands_once(world: World) -> None:
     one = world.store(world.writer_client, single_call_items=100)
     assert one.commit(world.row(), _events("base", 10), 0).ok

@@ -24,6 +24,7 @@ import pytest
 from tests.support.fidelity import iam
 from tests.support.fidelity.calls import (
     APP_PACKAGE,
+    STORE_RESENDS,
     TENANT,
     answer,
     create,
@@ -1720,7 +1721,8 @@ def test_a_snapshot_the_table_throttles_is_counted_and_the_turn_stands(deploymen
     create(d, sid)
     failures = emitted(d, "resume", "snapshot_write_failures")
     where = [pk, '"sk": {"S": "#S"}']  # the transaction that puts the session's snapshot item, and no commit
-    d.fail_next("resume", "TransactWriteItems", where, "TransactionCanceledException", ["None", "ThrottlingError"])
+    reasons = ["None", "ThrottlingError"]  # past the store's re-sends of a throttled transaction
+    d.fail_next("resume", "TransactWriteItems", where, "TransactionCanceledException", reasons, 1 + STORE_RESENDS)
     shown = run(d, sid, "steps=8 signoffs=0")
     assert not d.lambdas.fault_armed("resume"), f"no snapshot write met the fault; {evidence(d)}"
     assert shown["status"] == "completed", (shown["status"], evidence(d))

@@ -10,8 +10,9 @@ itself, and Step Functions is started only when the turn parks or cannot end wit
   by the execution.
 * The run function killed mid-turn (no execution exists): the sweeper hands the turn on once the claim's deadline
   (the hold's end) passed; the steps committed are kept, none is run twice.
-* A step's commit throttled by the table mid-turn: handed on (202), the execution goes on from the last committed
-  step, each step once.
+* A step's transaction throttled by the table mid-turn: re-sent by the store; past its re-sends, handed on (202) and
+  the execution goes on from the last committed step (and in the workflow, the next ``Run``), each step once. An
+  answers' commit throttled past them: 429, nothing written, the retry runs the turn.
 * ``StartExecution`` refused after the park: the client still gets the parked turn (never a 500), and the sweeper
   gives the wait an execution.
 """
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 
 from tests.support.fidelity.calls import (
+    STORE_RESENDS,
     TENANT,
     answer,
     create,
@@ -168,7 +170,22 @@ THROTTLED_INDEX = {
         },
     ],
 }
-"""What DynamoDB answers a transaction whose index partition is over its rate: no SDK retry re-sends it."""
+"""What DynamoDB answers a transaction whose index partition is over its rate: botocore does not retry it, the store
+re-sends it as often as its client retries a throttle (``STORE_RESENDS``)."""
+
+
+@pytest.mark.backend("dynamodb")
+def test_a_brief_index_throttle_mid_turn_is_resent_and_the_turn_ends_in_the_request(deployment: Any) -> None:
+    """A step's transaction cancelled for throttling three times: the store re-sends it and the turn ends inline
+    (200, no execution); each step once."""
+    d, sid = deployment, fresh("inbrief")
+    create(d, sid)
+    d.lambdas.fail_next("run", "TransactWriteItems", [sid, '\\"noted\\":2'], THROTTLED_INDEX, 3)
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "steps=3 sleep=0 signoffs=0"}, headers=WAIT)
+    assert not d.lambdas.fault_armed("run"), "the throttle did not meet three calls"
+    assert status == 200 and body["status"] == "completed", (status, body, evidence(d))
+    assert not d.executions_of(TENANT, sid)
+    assert [e["result"] for e in ledger(d, sid) if e["type"] == "tool_result"] == [{"noted": n} for n in range(1, 4)]
 
 
 @pytest.mark.backend("dynamodb")
@@ -179,7 +196,7 @@ def test_a_table_throttle_mid_turn_hands_the_turn_on_from_its_last_committed_ste
     ledger has each step once, no error, and the caller's message once."""
     d, sid = deployment, fresh("inthrottled")
     create(d, sid)
-    d.lambdas.fail_next("run", "TransactWriteItems", [sid, '\\"noted\\":2'], THROTTLED_INDEX)
+    d.lambdas.fail_next("run", "TransactWriteItems", [sid, '\\"noted\\":2'], THROTTLED_INDEX, 1 + STORE_RESENDS)
     status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "steps=3 sleep=0 signoffs=0"}, headers=WAIT)
     assert not d.lambdas.fault_armed("run"), "no commit met the throttle"
     assert status == 202 and body["status"] == "running", (status, body, evidence(d))
@@ -201,7 +218,7 @@ def test_a_table_throttle_mid_turn_in_the_workflow_runs_it_on_in_the_next_run(de
     there, comes back ``handed_on`` and the execution's next ``Run`` goes on; each step once, no error."""
     d, sid = deployment, fresh("inthrottledrun")
     create(d, sid)
-    d.lambdas.fail_next("resume", "TransactWriteItems", [sid, '\\"noted\\":2'], THROTTLED_INDEX)
+    d.lambdas.fail_next("resume", "TransactWriteItems", [sid, '\\"noted\\":2'], THROTTLED_INDEX, 1 + STORE_RESENDS)
     status, _, _ = d.api("POST", f"/sessions/{sid}/runs", {"message": "steps=3 sleep=0 signoffs=0"})
     assert status == 202, status
     d.settle()
@@ -225,7 +242,7 @@ def test_an_answers_commit_throttled_writes_nothing_and_its_retry_runs_the_turn(
     assert status == 200 and body["status"] == "yielded_tool", (status, body, evidence(d))
     d.settle()
     (call,) = show(d, sid)["yielded_tools"]
-    d.lambdas.fail_next("tools", "TransactWriteItems", [sid, "invocation_resume"], THROTTLED_INDEX)
+    d.lambdas.fail_next("tools", "TransactWriteItems", [sid, "invocation_resume"], THROTTLED_INDEX, 1 + STORE_RESENDS)
     answers = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
     headers = {**WAIT, "Idempotency-Key": f"{sid}-answer"}
     status, _, body = d.api("POST", f"/sessions/{sid}/tools", answers, headers=headers)

@@ -9,6 +9,9 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+STORE_RESENDS = 8
+"""A transaction DynamoDB cancels for throttling is re-sent by the deployed store as often as its client retries a
+throttled call (8: ``dormant.stores.url``): a throttle that outlasts them meets the first call and its 8 re-sends."""
 TENANT = "tenant-a"
 APP_PACKAGE = "tests/support/fidelity/fidelity_app"
 

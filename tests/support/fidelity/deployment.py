@@ -484,15 +484,16 @@ class Deployment:
         self.lambdas.release(function)
 
     def fail_next(
-        self, function: str, operation: str, where: list[str], code: str, reasons: Sequence[str] = ()
+        self, function: str, operation: str, where: list[str], code: str, reasons: Sequence[str] = (), times: int = 1
     ) -> None:
-        """AWS answers ``function``'s next ``operation`` call whose parameters hold each of ``where`` with error
-        ``code`` (a DynamoDB ``TransactionCanceledException`` with these cancellation ``reasons``): a throttle or a
-        refusal of one request, as the service returns it; nothing of the call is applied."""
+        """AWS answers ``function``'s next ``operation`` call whose parameters hold each of ``where`` (and the
+        ``times - 1`` like it after it) with error ``code`` (a DynamoDB ``TransactionCanceledException`` with these
+        cancellation ``reasons``): a throttle or a refusal of one request, as the service returns it; nothing of the
+        call is applied."""
         answer: dict[str, Any] = {"__type": f"com.amazonaws.dynamodb.v20120810#{code}", "message": "harness fault"}
         if reasons:
             answer["CancellationReasons"] = [{"Code": reason} for reason in reasons]
-        self.lambdas.fail_next(function, operation, where, answer)
+        self.lambdas.fail_next(function, operation, where, answer, times)
 
     def stop(self, execution: Execution) -> None:
         """``StopExecution``, as an operator would from the console (the execution ends ``ABORTED``)."""

@@ -401,10 +401,11 @@ class LambdaService:
         for path in (self.workdir / f"{name}.hold", self.workdir / f"{name}.hold.held"):
             path.unlink(missing_ok=True)
 
-    def fail_next(self, name: str, operation: str, where: list[str], answer: dict[str, Any]) -> None:
-        """The next ``operation`` call by ``name`` whose parameters (as JSON) hold each of ``where`` is answered
-        by the service with a 400 of ``answer`` (its error body) instead of reaching it."""
-        fault = {"operation": operation, "where": where, "answer": answer}
+    def fail_next(self, name: str, operation: str, where: list[str], answer: dict[str, Any], times: int = 1) -> None:
+        """The next ``operation`` call by ``name`` whose parameters (as JSON) hold each of ``where`` (and the
+        ``times - 1`` like it after it: a caller's own re-sends) is answered by the service with a 400 of ``answer``
+        (its error body) instead of reaching it."""
+        fault = {"operation": operation, "where": where, "answer": answer, "times": times}
         (self.workdir / f"{name}.fault").write_text(json.dumps(fault))
 
     def fault_armed(self, name: str) -> bool:

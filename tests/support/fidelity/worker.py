@@ -272,7 +272,7 @@ def _guard_botocore(config: dict[str, Any], iam: Any, send: Any, memory: _Memory
     fault_file = config["fault_file"]
 
     def fault_for(operation_name: str, api_params: dict[str, Any]) -> dict[str, Any] | None:
-        """The error AWS answers this call with, when the harness armed one for a call like it (once)."""
+        """The error AWS answers this call with, when the harness armed one for a call like it (its ``times``)."""
         try:
             with open(fault_file, encoding="utf-8") as f:
                 fault = json.load(f)
@@ -281,10 +281,15 @@ def _guard_botocore(config: dict[str, Any], iam: Any, send: Any, memory: _Memory
         text = json.dumps(api_params, sort_keys=True, default=str)
         if fault["operation"] != operation_name or not all(part in text for part in fault["where"]):
             return None
+        claimed = f"{fault_file}.{os.getpid()}"
         try:
-            os.rename(fault_file, f"{fault_file}.{os.getpid()}")  # one call claims it
+            os.rename(fault_file, claimed)  # one call claims it
         except OSError:
             return None
+        if int(fault.get("times", 1)) > 1:  # armed for more calls like it: the next one's, put back
+            with open(f"{claimed}.next", "w", encoding="utf-8") as f:
+                json.dump({**fault, "times": int(fault["times"]) - 1}, f)
+            os.replace(f"{claimed}.next", fault_file)
         return fault["answer"]  # type: ignore[no-any-return]
 
     def answered(self: Any, operation_name: str, api_params: dict[str, Any], answer: dict[str, Any]) -> Any:

@@ -4,7 +4,6 @@ batches and queries built on it."""
 from __future__ import annotations
 
 import builtins
-import itertools
 import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -46,6 +45,20 @@ class _Cancelled(Exception):
 
 class _Conflict(Exception):
     """DynamoDB refused the request, unapplied, because another request's transaction held one of its items."""
+
+
+class _Throttled(Exception):
+    """A ``TransactWriteItems`` cancelled, unapplied, because an item's partition or an index was over its rate."""
+
+
+def _resends(client: Any) -> int:
+    """How often a throttled transaction is re-sent: the client's own retry budget (botocore's ``retries``, which
+    counts retries in ``max_attempts`` and the first try too in ``total_max_attempts``), as botocore re-sends any
+    other throttled call; its default (2) when the client sets none."""
+    retries = getattr(getattr(getattr(client, "meta", None), "config", None), "retries", None) or {}
+    if "total_max_attempts" in retries:
+        return max(0, int(retries["total_max_attempts"]) - 1)
+    return max(0, int(retries.get("max_attempts", 2)))
 
 
 def _backoff(attempt: int, base: float = 0.025, cap: float = 1.0) -> None:
@@ -131,19 +144,28 @@ class _Calls(BaseSessionStore):
 
         A request that met another request's transaction (``TransactionConflictException``, or a
         ``TransactWriteItems`` cancelled for ``TransactionConflict``) was not applied, and botocore does not
-        retry it: it is re-sent here with backoff, and past ``conflict_retries`` it is ``StoreBusy``.
+        retry it: it is re-sent here with backoff, and past ``conflict_retries`` it is ``StoreBusy``. Nor does it
+        retry a transaction cancelled for ``ThrottlingError`` (an index's back-pressure, a hot partition): re-sent
+        here with a throttle's backoff as often as the client retries a throttled call (``_resends``), then
+        ``StoreThrottled``.
         """
-        for attempt in itertools.count():
+        conflicts = throttled = 0
+        while True:
             try:
                 return self._send(operation, kwargs)
             except _Conflict as conflict:
-                if attempt >= self._conflict_retries:
+                if conflicts >= self._conflict_retries:
                     raise StoreBusy(
-                        f"DynamoDB {operation} met another request's transaction {attempt + 1} times; "
+                        f"DynamoDB {operation} met another request's transaction {conflicts + 1} times; "
                         f"nothing of it was applied, try again ({conflict})"
                     ) from None
-            _backoff(attempt)
-        raise StoreBusy(f"DynamoDB {operation}: no attempt left")  # pragma: no cover (the loop returns or raises)
+                _backoff(conflicts)
+                conflicts += 1
+            except _Throttled as refused:
+                if throttled >= _resends(self._client):
+                    raise StoreThrottled(f"DynamoDB throttled {operation} {throttled + 1} times: {refused}") from None
+                _backoff(throttled, base=0.05, cap=2.0)  # a partition's rate is per second
+                throttled += 1
 
     def _send(self, operation: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         self._check_open()
@@ -172,7 +194,7 @@ class _Calls(BaseSessionStore):
                 if "TransactionConflict" in codes:
                     raise _Conflict(f"cancellation reasons {codes}") from None
                 if _THROTTLED_REASONS.intersection(codes):
-                    raise StoreThrottled(f"DynamoDB throttled {operation}: cancellation reasons {codes}") from exc
+                    raise _Throttled(f"cancellation reasons {codes}") from None
                 raise StoreError(f"DynamoDB cancelled the transaction: {codes}: {message}") from exc
             if code in _THROTTLED:
                 raise StoreThrottled(f"DynamoDB throttled {operation} past the client's retries: {message}") from exc
