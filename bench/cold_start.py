@@ -46,7 +46,7 @@ socket.socket.connect = socket.socket.connect_ex = socket.getaddrinfo = socket.c
 """
 SERVE = """
 import json, types
-context = types.SimpleNamespace(function_name="bench", memory_limit_in_mb=512, aws_request_id="bench",
+context = types.SimpleNamespace(function_name="bench", memory_limit_in_mb=int(sys.argv[3]), aws_request_id="bench",
                                 invoked_function_arn="arn:aws:lambda:eu-west-1:123456789012:function:bench")
 answer = handler(json.loads(open(sys.argv[2]).read()), context)
 assert answer["statusCode"] < 500, answer
@@ -57,12 +57,14 @@ FIRST_REQUESTS = {"sessions": "create_session.json", "commit": "commit.json"}
 
 @dataclass(frozen=True)
 class Function:
-    """One function as deployed: its handler, its staged code (the working directory) and its environment."""
+    """One function as deployed: its handler, its staged code (the working directory), its environment and its
+    ``MemorySize`` (what its context's ``memory_limit_in_mb`` says)."""
 
     name: str
     handler: str
     code_dir: Path
     env: dict[str, str]
+    memory_mb: int
 
 
 def fresh_interpreter(args: list[str], function: Function) -> float:
@@ -122,7 +124,7 @@ def deployed(scratch: Path) -> dict[str, Function]:
         env = service.environment(function)
         env["PYTHONPATH"] = ":".join([str(function.code_dir), *(str(layers[logical]) for logical in function.layers)])
         env["PYTHONPYCACHEPREFIX"] = str(scratch / "pycache")
-        found[name] = Function(name, function.handler, function.code_dir, env)
+        found[name] = Function(name, function.handler, function.code_dir, env, function.memory)
     return found
 
 
@@ -176,7 +178,7 @@ def on_sqlite(function: Function, db: Path) -> Function:
     """``function`` serving a SQLite file instead of the template's table (no Idempotency-Key in these events)."""
     env = {**function.env, "DORMANT_STORE": f"sqlite:///{db}"}
     env.pop("DORMANT_IDEMPOTENCY_TABLE", None)
-    return Function(function.name, function.handler, function.code_dir, env)
+    return Function(function.name, function.handler, function.code_dir, env, function.memory_mb)
 
 
 def first_request(function: Function, sessions: Function, runs: int, scratch: Path) -> None:
@@ -207,4 +209,5 @@ def first_request(function: Function, sessions: Function, runs: int, scratch: Pa
 
 
 def serve(function: Function, event: str) -> float:
-    return fresh_interpreter(["-c", LOAD + SERVE, function.handler, str(ROOT / "events" / "api" / event)], function)
+    event_path = str(ROOT / "events" / "api" / event)
+    return fresh_interpreter(["-c", LOAD + SERVE, function.handler, event_path, str(function.memory_mb)], function)

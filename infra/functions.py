@@ -29,14 +29,16 @@ MEMORY_MIN_MB, MEMORY_MAX_MB = 128, 10_240
 """Lambda's range for a function's memory."""
 HEADROOM = 1.5
 MEMORY_STEP_MB = 64
-PEAK_MB = {"sessions": 103, "run": 93, "tools": 85, "commit": 65, "park": 59, "resume": 93, "sweeper": 68}
+PEAK_MB = {"sessions": 89, "run": 89, "tools": 90, "commit": 65, "park": 60, "resume": 86, "sweeper": 60}
 """Each function's peak memory (MB, Lambda's Max Memory Used: runtime, init and invocations) over the fidelity arcs
-(``tests/deployed/test_fidelity*.py``, 2026-12-06: the highest of three full runs, the first with every function
-at 128 MB, all arcs green each time), as the harness measures and enforces it (``DORMANT_FIDELITY_PEAKS``;
-docs/deploying.md). Init alone is 43-47 MB (Python, boto3 and the handler's imports); a 4.8 MB conversation run
-and paged on its own reaches ``resume`` 83, ``sessions`` 85: what a function holds is mostly its code, not the
-session's data. A warm sandbox that served many requests peaks higher (``sessions`` 85, 98 and 103 in the three
-runs)."""
+(``tests/deployed/test_fidelity*.py``, 2026-12-06, every AWS client from one botocore session (``dormant.aws``):
+the highest of three full runs, every function at its size, all arcs green each time), as the harness measures and
+enforces it (``DORMANT_FIDELITY_PEAKS``; docs/deploying.md). Init alone is 43-48 MB (Python and the handler's
+imports; botocore's about 23 of it). What a turn function adds: its first AWS client 12 MB (botocore's endpoints
+7, DynamoDB's model 4), each further one about 1; the OpenAI SDK 28 MB (``-c model=openai``: ``run`` 89, ``tools``
+90, ``resume`` 86, the highest of every arc); with Bedrock or the scripted model 66-68; a 4.8 MB conversation run
+turn by turn ``run`` 80, ``resume`` 85 (it grows with the history the turn loads). ``sessions`` 89: that
+conversation read back as one page. Before the shared session: ``run`` 93, ``sessions`` 98-103."""
 
 
 def size_for(peak_mb: int) -> int:

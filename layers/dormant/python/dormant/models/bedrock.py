@@ -46,6 +46,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from .. import aws
 from ..errors import (
     ConfigurationError,
     ModelError,
@@ -278,26 +279,30 @@ class BedrockAdapter:
             return self._client
 
     def _build_client(self, config: Any = None) -> Any:
+        """A ``bedrock-runtime`` client: from the process's shared botocore session (``dormant.aws``), unless a
+        ``profile_name`` asks for a session of its own (then boto3's)."""
         try:
-            import boto3
             from botocore.exceptions import BotoCoreError
         except ImportError as exc:
             raise ConfigurationError(
                 f"the Bedrock adapter needs boto3: pip install 'dormant[bedrock]' ({exc})"
             ) from exc
-        session_options = {
+        options: dict[str, Any] = {
             k: self.client_options[k]
-            for k in ("profile_name", "aws_access_key_id", "aws_secret_access_key", "aws_session_token", "region_name")
+            for k in ("aws_access_key_id", "aws_secret_access_key", "aws_session_token", "region_name")
             if k in self.client_options
         }
+        options.update(endpoint_url=self.client_options.get("endpoint_url"), config=config or self.client_config())
         try:
+            if "profile_name" not in self.client_options:
+                return aws.client("bedrock-runtime", **options)
             if self._session is None:
-                self._session = boto3.session.Session(**session_options)
-            return self._session.client(
-                "bedrock-runtime",
-                endpoint_url=self.client_options.get("endpoint_url"),
-                config=config or self.client_config(),
-            )
+                try:
+                    import boto3
+                except ImportError as exc:
+                    raise ConfigurationError(f"a Bedrock profile_name needs boto3: pip install boto3 ({exc})") from exc
+                self._session = boto3.session.Session(profile_name=self.client_options["profile_name"])
+            return self._session.client("bedrock-runtime", **options)
         except BotoCoreError as exc:  # no region, unknown profile...
             raise ConfigurationError(
                 f"could not build the bedrock-runtime client: {exc} (set AWS_REGION or pass bedrock(model_id, "

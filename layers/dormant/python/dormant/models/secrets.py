@@ -9,6 +9,7 @@ an environment variable, the template, a log or the ledger (``repr`` shows the r
 
 from __future__ import annotations
 
+from .. import aws
 from ..errors import ConfigurationError
 
 __all__ = ["SECRET_MAX_AGE_SECONDS", "Secret"]
@@ -37,6 +38,7 @@ class Secret:
         """The secret's current value (Powertools' cache: at most one read per ``max_age`` per process)."""
         from aws_lambda_powertools.utilities import parameters
 
+        _providers(self.kind)
         if self.kind == "ssm":
             got: object = parameters.get_parameter(self.name, decrypt=True, max_age=self.max_age)
         else:
@@ -54,3 +56,16 @@ class Secret:
 
     def __hash__(self) -> int:
         return hash(("Secret", self.ref))
+
+
+def _providers(kind: str) -> None:
+    """Powertools' default provider of ``kind`` (its cache, which ``get_secret``/``get_parameter`` use), made on a
+    client of the process's shared botocore session (``dormant.aws``) unless one is there already: its own would
+    be a boto3 session of its own, which loads botocore's endpoints and models again (about 8 MB)."""
+    from aws_lambda_powertools.utilities import parameters
+    from aws_lambda_powertools.utilities.parameters.constants import DEFAULT_PROVIDERS
+
+    if kind == "ssm" and "ssm" not in DEFAULT_PROVIDERS:
+        DEFAULT_PROVIDERS["ssm"] = parameters.SSMProvider(boto3_client=aws.client("ssm"))
+    elif kind == "secretsmanager" and "secrets" not in DEFAULT_PROVIDERS:
+        DEFAULT_PROVIDERS["secrets"] = parameters.SecretsProvider(boto3_client=aws.client("secretsmanager"))

@@ -37,6 +37,7 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
 )
 from aws_lambda_powertools.utilities.idempotency.persistence.datarecord import DataRecord
 
+from .. import aws
 from ..errors import DormantError, InputError, RequestInProgress, StoreError, StoreThrottled, throttle_code
 from ..stores.base import SessionStore
 
@@ -162,10 +163,8 @@ class DynamoDBIdempotency(Idempotency):
             query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     def _boto(self) -> Any:
-        if self._client is None:
-            import boto3
-
-            self._client = boto3.client("dynamodb")
+        if self._client is None:  # from the shared session: the store's client loaded DynamoDB's model there
+            self._client = aws.client("dynamodb")
         return self._client
 
 

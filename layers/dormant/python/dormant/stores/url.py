@@ -21,6 +21,7 @@ import ipaddress
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from .. import aws
 from ..errors import ConfigurationError
 from .base import SessionStore
 
@@ -132,7 +133,6 @@ def _local_client(endpoint: str, region: str | None) -> Any:
     configures them, else ``LOCAL_ACCESS_KEY`` and ``LOCAL_REGION`` (so ``dormant serve --store
     'dynamodb://t?endpoint=http://127.0.0.1:8001'`` works alone); the store's retry and timeout settings."""
     try:
-        import botocore.session
         from botocore.config import Config
     except ImportError as exc:
         raise ConfigurationError("the DynamoDB store needs boto3: pip install 'dormant[dynamodb]'") from exc
@@ -140,11 +140,11 @@ def _local_client(endpoint: str, region: str | None) -> Any:
         retries={"mode": "standard", "max_attempts": 8}, connect_timeout=5, read_timeout=20, tcp_keepalive=True
     )
     try:
-        session = botocore.session.get_session()
+        session = aws.session()
         keys = {}
         if session.get_credentials() is None:
             keys = {"aws_access_key_id": LOCAL_ACCESS_KEY, "aws_secret_access_key": LOCAL_ACCESS_KEY}
         region = region or session.get_config_variable("region") or LOCAL_REGION
-        return session.create_client("dynamodb", endpoint_url=endpoint, region_name=region, config=config, **keys)
+        return aws.client("dynamodb", endpoint_url=endpoint, region_name=region, config=config, **keys)
     except Exception as exc:  # botocore says what is wrong
         raise ConfigurationError(f"cannot build a DynamoDB client for {endpoint}: {exc}") from exc

@@ -8,6 +8,7 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
+from ... import aws
 from ...clock import now_ms
 from ...errors import ConfigurationError, SessionNotFound, StoreBusy
 from ...session import Session
@@ -56,9 +57,7 @@ class StepFunctions:
     @property
     def client(self) -> Any:
         if self._client is None:
-            import botocore.session
-
-            self._client = botocore.session.get_session().create_client("stepfunctions")
+            self._client = aws.client("stepfunctions")  # the process's one session (dormant.aws)
         return self._client
 
     def start(self, tenant: str, session_id: str, invocation_id: str, version: int, parked: bool = False) -> str:

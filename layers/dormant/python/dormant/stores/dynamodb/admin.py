@@ -8,6 +8,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from ... import aws
 from ...errors import ConfigurationError, DormantError, StoreError
 from .calls import _Calls, _ConditionFailed
 from .table import LAYOUT_FORMAT, TABLE
@@ -18,9 +19,8 @@ LAYOUT_KEY = {"pk": {"S": "#layout"}, "sk": {"S": "#layout"}}
 
 def _client(endpoint_url: str | None, region: str | None) -> Any:
     # botocore's own session, not boto3's: the same client without importing boto3 (and s3transfer),
-    # which a Lambda cold start would otherwise pay for nothing.
+    # which a Lambda cold start would otherwise pay for nothing; the process's one (``dormant.aws``).
     try:
-        import botocore.session
         from botocore.config import Config
     except ImportError as exc:
         raise ConfigurationError("the DynamoDB store needs boto3: pip install 'dormant[dynamodb]'") from exc
@@ -31,8 +31,7 @@ def _client(endpoint_url: str | None, region: str | None) -> Any:
         tcp_keepalive=True,
     )
     try:
-        session = botocore.session.get_session()
-        return session.create_client("dynamodb", endpoint_url=endpoint_url, region_name=region, config=config)
+        return aws.client("dynamodb", endpoint_url=endpoint_url, region_name=region, config=config)
     except Exception as exc:  # botocore says what is missing (a region, usually)
         raise ConfigurationError(f"cannot build a DynamoDB client: {exc}") from exc
 
