@@ -259,6 +259,31 @@ def test_an_answers_commit_throttled_writes_nothing_and_its_retry_runs_the_turn(
 
 
 @pytest.mark.backend("dynamodb")
+def test_startexecution_refused_at_a_hand_on_leaves_the_turn_to_the_sweeper(deployment: Any) -> None:
+    """The hold runs short and the hand-on's ``StartExecution`` is refused (throttled past the SDK's retries): the
+    client gets 202 (never a 500), the turn stays ``running`` with the hold's end as its deadline, and the sweeper
+    hands it on once that passed by its grace (here: an operator's sweep with none); each step once."""
+    d, sid = deployment, fresh("inhandon")
+    create(d, sid)
+    d.lambdas.fail_next("run", "StartExecution", [sid], {"__type": "ThrottlingException", "message": "Rate exceeded"})
+    message = {"message": "steps=8 sleep=1 signoffs=0"}
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", message, headers={"Prefer": "wait=6"})
+    assert not d.lambdas.fault_armed("run"), "no StartExecution met the fault"
+    assert status == 202 and body["status"] == "running", (status, body, evidence(d))
+    d.settle()
+    assert not d.executions_of(TENANT, sid) and show(d, sid)["status"] == "running", evidence(d)
+    assert not _swept(d.sweep(grace_seconds=None), sid), "handed on within the sweeper's grace"
+    (deadline,) = [e["deadline"] for e in ledger(d, sid) if e["type"] == "invocation_start"]
+    time.sleep(max(0.0, deadline / 1000 - time.time()) + 0.2)  # the hold's end, recorded as the claim's deadline
+    lines = _swept(d.sweep(), sid)
+    assert len(lines) == 1 and "handed on (execution" in lines[0], (lines, evidence(d))
+    d.settle()
+    assert show(d, sid)["status"] == "completed", evidence(d)
+    steps = [e["result"] for e in ledger(d, sid) if e["type"] == "tool_result"]
+    assert steps == [{"noted": n} for n in range(1, 9)], steps
+
+
+@pytest.mark.backend("dynamodb")
 def test_zz_the_run_function_killed_mid_turn_leaves_it_to_the_sweeper_after_the_holds_end(deployment: Any) -> None:
     """Last in the module: it moves dormant's clock on (past the hold) in every sandbox."""
     d, sid = deployment, fresh("inkilled")
@@ -284,26 +309,3 @@ def test_zz_the_run_function_killed_mid_turn_leaves_it_to_the_sweeper_after_the_
     steps = [e["result"] for e in events if e["type"] == "tool_result"]
     assert steps == [{"noted": n} for n in range(1, 5)], steps  # the committed steps kept, none run twice
     assert [e["type"] for e in events].count("user") == 1
-
-
-@pytest.mark.backend("dynamodb")
-def test_startexecution_refused_at_a_hand_on_leaves_the_turn_to_the_sweeper(deployment: Any) -> None:
-    """The hold runs short and the hand-on's ``StartExecution`` is refused (throttled past the SDK's retries): the
-    client gets 202 (never a 500), the turn stays ``running`` with the hold's end as its deadline, and the sweeper
-    hands it on once that passed by its grace (here: an operator's sweep with none); each step once."""
-    d, sid = deployment, fresh("inhandon")
-    create(d, sid)
-    d.lambdas.fail_next("run", "StartExecution", [sid], {"__type": "ThrottlingException", "message": "Rate exceeded"})
-    message = {"message": "steps=8 sleep=1 signoffs=0"}
-    status, _, body = d.api("POST", f"/sessions/{sid}/runs", message, headers={"Prefer": "wait=6"})
-    assert not d.lambdas.fault_armed("run"), "no StartExecution met the fault"
-    assert status == 202 and body["status"] == "running", (status, body, evidence(d))
-    d.settle()
-    assert not d.executions_of(TENANT, sid) and show(d, sid)["status"] == "running", evidence(d)
-    assert not _swept(d.sweep(grace_seconds=None), sid), "handed on within the sweeper's grace"
-    lines = _swept(d.sweep(), sid)
-    assert len(lines) == 1 and "handed on (execution" in lines[0], (lines, evidence(d))
-    d.settle()
-    assert show(d, sid)["status"] == "completed", evidence(d)
-    steps = [e["result"] for e in ledger(d, sid) if e["type"] == "tool_result"]
-    assert steps == [{"noted": n} for n in range(1, 9)], steps

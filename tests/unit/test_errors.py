@@ -41,6 +41,7 @@ PRIVATE_CLASSES = {
     "dormant.stores.dynamodb.calls._Cancelled",
     "dormant.stores.dynamodb.plan._MarkerGone",
     "dormant.stores.dynamodb.calls._Conflict",  # a request another transaction held: re-sent by _call
+    "dormant.stores.dynamodb.calls._Throttled",  # a transaction cancelled for throttling: re-sent by _call
     "dormant.stores.dynamodb.calls._Exhausted",
     # Powertools' persistence-layer protocol: raised by dormant's layers to Powertools, which catches them.
     "aws_lambda_powertools.utilities.idempotency.exceptions.IdempotencyItemAlreadyExistsError",
