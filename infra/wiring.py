@@ -146,17 +146,24 @@ STATES_ACCESS: Mapping[str, Mapping[str, str]] = MappingProxyType(
     {
         "run": {"states:StartExecution": MACHINE},
         # hands a dead runner's turn or a lost wait to a fresh execution; asks whether a wait's execution lives
-        # (DescribeExecution, authorized on the execution); sends the wake-up POST /tools lost (SendTaskSuccess)
+        # (DescribeExecution, authorized on the execution); sends the wake-up POST /tools lost (SendTaskFailure,
+        # the machine's Answered; SendTaskSuccess to a wait an earlier machine parked)
         "sweeper": {
             "states:StartExecution": MACHINE,
             "states:DescribeExecution": EXECUTIONS,
             "states:SendTaskSuccess": MACHINE,
+            "states:SendTaskFailure": MACHINE,
         },
-        # A task token is authorized against the state machine whose execution issued it. Only success is sent:
-        # a failure is the workflow's own (RecordFailure), never a token answered with an error.
+        # A task token is authorized against the state machine whose execution issued it. Success ends the
+        # execution (the answered turn runs in the request); failure with Answered sends it to Continue (the turn
+        # goes on in the next execution). A failure of the workflow's own is RecordFailure's, never a token's.
         # ... and starts the execution of an answered turn it ran that parked again or outlasted the hold
-        "tools": {"states:SendTaskSuccess": MACHINE, "states:StartExecution": MACHINE},
-        "park": {"states:SendTaskSuccess": MACHINE},
+        "tools": {
+            "states:SendTaskSuccess": MACHINE,
+            "states:SendTaskFailure": MACHINE,
+            "states:StartExecution": MACHINE,
+        },
+        "park": {"states:SendTaskSuccess": MACHINE, "states:SendTaskFailure": MACHINE},
     }
 )
 """Function -> action -> what it acts on (the state machine, ``MACHINE``, or its executions, ``EXECUTIONS``).

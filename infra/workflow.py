@@ -5,9 +5,10 @@ commits the turn's claim, so every claimed turn has an execution responsible for
 (``Prefer: wait``) ran to its park is handed on with ``parked: true``: the first state, ``Parked?``, sends it
 straight to ``Park``; every other execution to ``Run``::
 
-    Run ──yielded──> Park ──(answers: SendTaskSuccess)──> Continue ──> a fresh execution (Run ...)
-     │ ^                ├─ answered "inline" (POST /tools runs the turn on itself) ──> Went on inline
-     │ └─handed on──┘   ├─ wait timed out ──> Expire ──answered meanwhile?──yes──> Continue
+    Run ──yielded──> Park ──answered, the turn run on by the request that answered (SendTaskSuccess)──> (end)
+     │ ^                ├─ answered, the turn left to the workflow (SendTaskFailure Answered) ──> Continue
+     │ └─handed on──┘   │                                         ──> a fresh execution (Run ...)
+     │                  ├─ wait timed out ──> Expire ──answered meanwhile?──yes──> Continue
      │                  │                            └─no──> Expired
      ├─ anything else ──> Done
      ├─ claim never landed ──> NotClaimed
@@ -21,13 +22,21 @@ yet raises ``TurnNotClaimed``, retried for about a minute and then dropped (``No
 ``Park`` is a ``.waitForTaskToken`` task: the park function stores the token with the session (and which
 execution parked, until when: the sweeper finds a wait whose execution is gone and gives it a fresh one; an
 ``Expire`` of an execution it superseded ends nothing) and the execution sleeps, at no cost, until
-``POST /tools`` sends the answers or the wait times out. Every wait ends its execution: the turn goes on in a fresh
-execution (``Continue``, "continue as new"), so one execution holds at most one wait, its history stays short
+``POST /tools`` sends the answers or the wait times out. An answer whose request runs the turn on itself
+(``Prefer: wait``) makes the task succeed, and the execution ends there: ``Park`` is an end state (2 transitions
+for a parked approval, issue 36). An answer left to the workflow (``POST /tools`` without ``Prefer: wait``, the
+sweeper's lost wake-up, park finding the answers in before its token was stored) fails the task with
+``Answered`` (``dormant.serving.workflow.stepfunctions.ANSWERED``, named in Park's payload and kept with the
+token), caught before ``States.ALL`` and matched by no retrier (a retried wait would park again), into
+``Continue``. Every wait ends its execution: the turn goes on in a fresh execution (``Continue``, "continue as
+new"), so one execution holds at most one wait, its history stays short
 (tens of events, never near 25,000) and its life stays under Step Functions' one year (the wait timeout is at
 most ``MAX_WAIT_SECONDS``). The next execution's name is the first's with ``-<loop>``: a retried ``Continue``
 finds it started (``ExecutionAlreadyExists``). The machine has a fixed name
 (``infra.wiring.state_machine_name``), so the stack grants its role ``StartExecution`` on its own ARN without
-a circular reference.
+a circular reference. A caught ``Answered`` is a ``TaskFailed`` event in the history, so the log group (level
+``ERROR``) gets a record of it (a few hundred bytes, as many as answers left to the workflow); the execution
+succeeds, and the alarms (``ExecutionsFailed``, ``ExecutionsTimedOut``) do not count it.
 
 Every task retries, with backoff and jitter, what may pass by itself: dormant's retryable errors
 (``dormant.errors.retryable_error_names()``), Lambda throttling (for as long as a throttle can last,
@@ -49,6 +58,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from dormant.errors import retryable_error_names
+from dormant.serving.workflow.stepfunctions import ANSWERED
 
 MAX_WAIT_SECONDS = 360 * 24 * 3600
 """The longest a session waits for answers: under Step Functions' one year, with room for the turn's runs."""
@@ -164,6 +174,7 @@ class ResumeWorkflow(Construct):
                 token=sfn.JsonPath.task_token,
                 execution=sfn.JsonPath.string_at("$$.Execution.Id"),
                 wait_seconds=wait_timeout_seconds,
+                answer_error=ANSWERED,  # what an answer that leaves the turn to this machine fails the task with
             ),
             task_timeout=sfn.Timeout.duration(Duration.seconds(wait_timeout_seconds)),
             result_path="$.answer",
@@ -255,20 +266,13 @@ class ResumeWorkflow(Construct):
         run.add_catch(sfn.Succeed(self, "NotClaimed", comment="the claim never landed"), errors=[NOT_CLAIMED])
         run.add_catch(record_failure, errors=["States.ALL"], result_path="$.error")
         wait.add_catch(expire, errors=_TIMEOUTS, result_path="$.error")
+        # Answers that leave the turn to the workflow (POST /tools without Prefer: wait, the sweeper's wake-up, park
+        # finding them first) fail the task with ANSWERED: caught before States.ALL, matched by no retrier (a
+        # retried wait would park again), the turn goes on in a fresh execution. An answer whose caller ran the
+        # turn on (SendTaskSuccess) ends the execution at Park: no Choice, no Succeed state after it.
+        wait.add_catch(next_loop, errors=[ANSWERED], result_path=sfn.JsonPath.DISCARD)
         wait.add_catch(record_park_failure, errors=["States.ALL"], result_path="$.error")
         expire.add_catch(record_failure, errors=["States.ALL"], result_path="$.error")
-        # An answer whose caller waited ran the turn on in the tools function (or a runner took it on before park
-        # stored its token): the task token says ``inline`` and this execution ends; no Continue, no second Run.
-        wait.next(
-            sfn.Choice(self, "Went on?")
-            .when(
-                sfn.Condition.and_(
-                    sfn.Condition.is_present("$.answer.inline"), sfn.Condition.boolean_equals("$.answer.inline", True)
-                ),
-                sfn.Succeed(self, "Went on inline", comment="the answered turn runs in the request that answered"),
-            )
-            .otherwise(next_loop)
-        )
         expire.next(
             sfn.Choice(self, "Answered as it expired?")
             .when(sfn.Condition.string_equals("$.expired.status", "resumable"), next_loop)

@@ -1,13 +1,14 @@
 """Deployment fidelity of an answer whose caller waits (``POST /tools`` with ``Prefer: wait``, issue 36): the tools
-function takes the answered turn on, ends the parked execution (its token answered ``inline``) and runs the rest
-of the turn itself; Step Functions again only if it parks or outlasts the hold.
+function takes the answered turn on, ends the parked execution (its task succeeds: it ends at ``Park``) and runs
+the rest of the turn itself; Step Functions again only if it parks or outlasts the hold.
 
-* The rest of the turn: 200 with the finished turn; the parked execution ends at ``Went on inline`` (no
+* The rest of the turn: 200 with the finished turn; the parked execution ends at ``Park`` (no
   ``Continue``, no second execution, ``resume`` not invoked).
 * It parks again: 200 with the parked view; the tools function starts the one execution that waits.
 * ``SendTaskSuccess`` refused, and the wait timing out while the inline run goes on: the turn still ends here,
   and the parked execution's ``Expire`` ends nothing (the turn is not waiting).
-* Park's token not stored yet when the answer arrives: park finds the turn taken on and ends its execution.
+* Park's token not stored yet when the answer arrives: park finds the turn taken on and ends its execution; an
+  answer without ``Prefer: wait`` in the same race: park fails its task with ``Answered``, the turn continues.
 * A refused answer (the tool's ``answerable_by``) runs nothing.
 * The tools function killed after its take-on: the turn is the sweeper's once the hold's end passed; the parked
   execution, never ended, ends nothing when it times out.
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from bench.cost import _transitions
 from tests.support.fidelity.calls import (
     TENANT,
     create,
@@ -69,11 +71,11 @@ def test_an_answer_whose_caller_waits_runs_the_rest_of_the_turn_in_the_tools_fun
     assert body["output"]["text"] == "All steps signed off.", body
     d.settle()
     (execution,) = d.executions_of(TENANT, sid)  # no second execution
-    # started at the wait (issue 36 step 2) and ended at once by the answer: 4 transitions, where 9 were
-    assert execution.status == "SUCCEEDED" and execution.states == ["Parked?", "Park", "Went on?", "Went on inline"], (
-        execution.states,
-        evidence(d),
-    )
+    # started at the wait (issue 36) and ended by the answer at Park itself: 2 transitions, where 9 were
+    assert execution.status == "SUCCEEDED" and execution.states == ["Parked?", "Park"], (execution.states, evidence(d))
+    assert _transitions(execution) == 2, execution.history
+    kinds = [e["type"] for e in execution.history]
+    assert "TaskSucceeded" in kinds and "TaskFailed" not in kinds, kinds  # SendTaskSuccess: Park's success ends it
     assert invocations(d, "resume") == resumed, "resume ran the answered turn"
     types = event_types(d, sid)
     assert types.count("tool_result") == 1 and types.count("invocation_resume") == 1, types  # the tools' take-on
@@ -91,7 +93,7 @@ def test_an_answered_turn_that_parks_again_is_handed_to_one_execution_by_the_too
     d.settle()
     first, second = sorted(d.executions_of(TENANT, sid), key=lambda e: e.status)
     assert first.status == "RUNNING" and second.status == "SUCCEEDED", (first.states, second.states)
-    assert first.states[-1] == "Park" and second.states[-1] == "Went on inline", (first.states, second.states)
+    assert first.states[-1] == "Park" and second.states[-1] == "Park", (first.states, second.states)
     status, _, body = d.api("POST", f"/sessions/{sid}/tools", _answers(show(d, sid)), headers=WAIT)
     assert status == 200 and body["status"] == "completed", (status, body, evidence(d))
     d.settle()
@@ -176,9 +178,38 @@ def test_an_answer_before_parks_token_is_stored_is_run_inline_and_park_ends_its_
     assert answers and answers[0][0] == 200 and answers[0][2]["status"] == "completed", (answers, evidence(d))
     d.settle()
     (execution,) = d.executions_of(TENANT, sid)  # park started no second runner
-    assert execution.status == "SUCCEEDED" and execution.states[-1] == "Went on inline", (execution.states, evidence(d))
+    assert execution.status == "SUCCEEDED" and execution.states[-1] == "Park", (execution.states, evidence(d))
     types = event_types(d, sid)
     assert types.count("tool_result") == 1 and types.count("invocation_resume") == 1, types
+
+
+@pytest.mark.backend("dynamodb")
+def test_an_answer_left_to_the_workflow_before_parks_token_is_stored_continues_in_a_fresh_execution(
+    deployment: Any,
+) -> None:
+    """The same race without ``Prefer: wait``: nobody takes the answered turn on, so park fails its own task with
+    ``Answered`` (``SendTaskFailure``), caught into ``Continue``: the turn runs on in the next execution, once."""
+    d, sid = deployment, fresh("ansearlyq")
+    create(d, sid)
+    d.lambdas.hold_after("park", "dynamodb:Query")  # park has read the session, not yet stored its token
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "signoffs=1"}, headers=WAIT)
+    assert status == 200 and body["status"] == "yielded_tool", (status, body, evidence(d))
+    until(lambda: d.lambdas.holding("park"), "park held before its token's write", d)
+    status, _, body = d.api("POST", f"/sessions/{sid}/tools", _answers(show(d, sid)))
+    assert status == 202 and body["woke"] is False, (status, body, evidence(d))  # no token to wake yet
+    d.lambdas.release("park")  # park finds the answers in, no runner: the turn goes on in the next execution
+    d.settle()
+    assert show(d, sid)["status"] == "completed", evidence(d)
+    first, then = sorted(d.executions_of(TENANT, sid), key=lambda e: e.started)
+    assert first.status == "SUCCEEDED" and first.states == ["Parked?", "Park", "Next loop", "Continue", "Continued"], (
+        first.states,
+        evidence(d),
+    )
+    failed = [e["details"] for e in first.history if e["type"] == "TaskFailed"]
+    assert [f["error"] for f in failed] == ["Answered"], first.history  # one failure, not retried
+    assert then.status == "SUCCEEDED" and then.states[-1] == "Done", then.states
+    assert any(c.action == "states:SendTaskFailure" for c in d.calls("park")), evidence(d)
+    assert event_types(d, sid).count("tool_result") == 1
 
 
 @pytest.mark.backend("dynamodb")

@@ -26,11 +26,13 @@ pytest.importorskip("cdk_nag", reason="the infra tests need cdk-nag (the infra e
 
 import dormant  # noqa: E402
 from dormant.serving.routes import CLIENT_PREFIX, ROUTES, SCOPES, scope_of  # noqa: E402
+from dormant.serving.workflow.stepfunctions import ANSWERED  # noqa: E402
 from dormant.stores.dynamodb import TABLE  # noqa: E402
 from infra.functions import FUNCTIONS_DIR, HANDLERS  # noqa: E402
 from infra.wiring import ENVIRONMENT, MODEL_ENVIRONMENT  # noqa: E402
 from infra.workflow import MAX_WAIT_SECONDS, RETRYABLE_ERRORS, RUNNER_LOST  # noqa: E402
 from tests.support.cdk_template import STACK, Synth, definition_of, function_of, synthesize  # noqa: E402
+from tests.support.fidelity.stepfunctions import error_matches  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -415,9 +417,14 @@ CONTRACT_STATES = {
         "states:StartExecution": "machine",
         "states:DescribeExecution": "executions",
         "states:SendTaskSuccess": "machine",
+        "states:SendTaskFailure": "machine",
     },
-    "tools": {"states:SendTaskSuccess": "machine", "states:StartExecution": "machine"},
-    "park": {"states:SendTaskSuccess": "machine"},
+    "tools": {
+        "states:SendTaskSuccess": "machine",
+        "states:SendTaskFailure": "machine",
+        "states:StartExecution": "machine",
+    },
+    "park": {"states:SendTaskSuccess": "machine", "states:SendTaskFailure": "machine"},
 }
 
 
@@ -597,8 +604,6 @@ def test_the_workflow_runs_parks_continues_as_new_and_ends_cleanly(synth: Synth)
         "Run",
         "After the run",
         "Park",
-        "Went on?",
-        "Went on inline",
         "Next loop",
         "Continue",
         "Continued",
@@ -641,22 +646,19 @@ def test_the_workflow_runs_parks_continues_as_new_and_ends_cleanly(synth: Synth)
     assert park["Parameters"]["Payload"]["wait_seconds"] == "<WaitTimeoutSeconds>"
     assert park["ResultPath"] == "$.answer"  # the callback's output must not replace the session's ids
     assert park["TimeoutSeconds"] == "<WaitTimeoutSeconds>"
-    catches = {tuple(c["ErrorEquals"]): c["Next"] for c in park["Catch"]}
-    assert catches[("States.Timeout", "States.HeartbeatTimeout")] == "Expire"
-    assert catches[("States.ALL",)] == "RecordParkFailure"  # recorded by resume: park may be what failed
-    # every wait ends its execution (one wait per execution): at once when the answer's request ran the turn on
-    assert park["Next"] == "Went on?"
-    went = states["Went on?"]
-    assert went["Choices"] == [
-        {
-            "And": [
-                {"Variable": "$.answer.inline", "IsPresent": True},
-                {"Variable": "$.answer.inline", "BooleanEquals": True},
-            ],
-            "Next": "Went on inline",
-        }
+    assert park["Parameters"]["Payload"]["answer_error"] == ANSWERED  # stored with the token: how to wake it
+    # in order: a timeout expires the wait; an answer left to the workflow (Answered) continues it, caught before
+    # States.ALL would record it as the turn's failure, and retried by nothing (a retry would park again)
+    assert [(c["ErrorEquals"], c["Next"]) for c in park["Catch"]] == [
+        (["States.Timeout", "States.HeartbeatTimeout"], "Expire"),
+        ([ANSWERED], "Next loop"),
+        (["States.ALL"], "RecordParkFailure"),  # recorded by resume: park may be what failed
     ]
-    assert went["Default"] == "Next loop" and states["Went on inline"]["Type"] == "Succeed"
+    assert park["Catch"][1]["ResultPath"] is None  # the failure's error and cause are not the next loop's input
+    assert not [r for r in park["Retry"] if error_matches(r["ErrorEquals"], ANSWERED)], park["Retry"]
+    # every wait ends its execution (one wait per execution): an answer whose request ran the turn on ends it at
+    # Park itself (SendTaskSuccess), no state after it
+    assert park["End"] is True and "Next" not in park
 
     # continue as new: the same machine, the same turn, a deterministic name per loop
     assert states["Next loop"]["Parameters"]["loop.$"] == "States.MathAdd($.loop, 1)"

@@ -24,6 +24,12 @@ _RESTARTS = 5
 """Names the sweeper tries for one wait's fresh execution (``-r1``...): a name whose execution ended is not reused."""
 
 
+ANSWERED = "Answered"
+"""The error a wait's task is failed with (``SendTaskFailure``) when answers came and no runner took the turn on:
+the state machine catches it on ``Park`` into ``Continue`` (the turn goes on in a fresh execution). A task's
+success (``SendTaskSuccess``) ends the execution: the turn went on in the request that answered (issue 36)."""
+ANSWERED_CAUSE = "the answers are stored; the turn goes on in the next execution"
+
 WAIT_KEY = "wait"
 """The key of a wait's record (``park``'s) in the session's ``TOKEN_SCOPE`` state: one item, not one a field."""
 
@@ -117,12 +123,13 @@ class StepFunctions:
         return str(described["status"])
 
     def on_answers(self, tenant: str, app: App, session: Session) -> dict[str, Any]:
-        token = wait_record(app, session.id).get("task_token")
+        record = wait_record(app, session.id)
+        token = record.get("task_token")
         if not token:
             return {"woke": False}  # park has not stored its token yet: it will find the answers itself
         # A token left by an earlier wait is refused by Step Functions (ignored); that wait's successor
         # parks after these answers landed and wakes itself.
-        return {"woke": self.wake(token)}
+        return {"woke": self.wake(str(token), error=answer_error(record))}
 
     def end_wait(self, tenant: str, app: App, session: Session) -> bool:
         """End the execution waiting on ``session``'s answers without a runner of its own: the request that stored
@@ -131,13 +138,20 @@ class StepFunctions:
         token = wait_record(app, session.id).get("task_token")
         return bool(token) and self.wake(str(token), inline=True)
 
-    def wake(self, token: str, *, inline: bool = False) -> bool:
-        """Send the answers' arrival to the waiting task; ``False`` when it was woken already or ended. ``inline``:
-        the turn went on in the request that answered (or another runner holds it): the execution ends at once
-        (the state machine's ``Went on?``), no ``Continue``, no ``Run``."""
-        output = {"answered": True, "inline": True} if inline else {"answered": True}
+    def wake(self, token: str, *, inline: bool = False, error: str | None = None) -> bool:
+        """Send the answers' arrival to the waiting task; ``False`` when it was woken already or ended.
+
+        ``inline``: the turn went on in the request that answered (or another runner holds it): the task succeeds
+        and the execution ends there, no ``Continue``, no ``Run``. Otherwise the turn goes on in a fresh execution:
+        the task fails with ``error`` (``ANSWERED``, which the machine catches into ``Continue``; the wait's record
+        says so, ``answer_error``). A wait parked by an earlier machine (no ``error``) is sent a success without
+        ``inline``: its ``Went on?`` continues it."""
         try:
-            self.client.send_task_success(taskToken=token, output=json.dumps(output))
+            if inline or error is None:
+                output = {"answered": True, "inline": True} if inline else {"answered": True}
+                self.client.send_task_success(taskToken=token, output=json.dumps(output))
+            else:
+                self.client.send_task_failure(taskToken=token, error=error, cause=ANSWERED_CAUSE)
         except self.client.exceptions.ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in _GONE:
                 return False
@@ -153,10 +167,12 @@ class StepFunctions:
         *,
         execution: str | None = None,
         wait_seconds: float | None = None,
+        answer_error: str | None = None,
     ) -> dict[str, Any]:
         """Store ``token`` with the session while it waits on ``invocation_id``; if answers arrived first (or
         the wait is over), send the token back at once, so the execution goes on. With it goes the wait's
-        record: the parked ``execution`` (its ARN), the version this commit stores and when the wait times out."""
+        record: the parked ``execution`` (its ARN), the version this commit stores, when the wait times out and
+        ``answer_error``, the error the machine catches into ``Continue`` (its Park's payload names it)."""
 
         def waiting(session: Session) -> bool:
             return session.status == "awaiting_input" and session.projection.open_invocation == invocation_id
@@ -174,6 +190,8 @@ class StepFunctions:
             record = {"task_token": token, "execution": execution, "wait_version": session.version + 1}
             record["wait_until"] = until
             record["invocation"] = invocation_id
+            if answer_error is not None:
+                record["answer_error"] = answer_error
             return [ScopedStateChange(TOKEN_SCOPE, session_id, WAIT_KEY, record)]
 
         written = app.sessions.write(
@@ -190,7 +208,13 @@ class StepFunctions:
         # some runner took on since (POST /tools with Prefer: wait; its take-on has a deadline: the sweeper's if that
         # runner dies), or that ended, is not run by this execution too: it ends at once (no Continue, no Run).
         inline = not needs_runner(written.session)
-        return {"woke": self.wake(token, inline=inline), "status": written.session.status}
+        return {"woke": self.wake(token, inline=inline, error=answer_error), "status": written.session.status}
+
+
+def answer_error(record: dict[str, Any]) -> str | None:
+    """The error a wait's record says its machine catches into ``Continue`` (``None``: a record from before)."""
+    error = record.get("answer_error")
+    return str(error) if error else None
 
 
 def step_functions_hooks(machine: StepFunctions) -> Hooks:
