@@ -626,7 +626,7 @@ def yielded_and_parked(d: Any, sid: str, message: str) -> tuple[dict[str, Any], 
 def test_create_run_park_answer_resume_complete(deployment: Any) -> None:
     d, sid = deployment, fresh("park")
     shown, execution = yielded_and_parked(d, sid, "signoffs=1")
-    assert execution.states[:2] == ["Parked?", "Run"]  # the turn ran in the workflow, not in the API's request
+    assert execution.states[:1] == ["Run"]  # the turn ran in the workflow, not in the API's request
     done = answer(d, sid, shown)
     assert done["status"] == "completed", (done["status"], evidence(d))
     assert ended(d, execution).status == "SUCCEEDED", (execution.states, execution.error, execution.cause)
@@ -832,7 +832,7 @@ def test_a_run_throttled_past_its_retries_is_recorded_by_park_not_by_resume(depl
     functions = _Functions({resume: [throttled] * attempts, park: [(True, {"status": "error"})]})
     given = {"tenant": "t", "session_id": "s", "invocation_id": "inv_1", "name": "n", "loop": 0}
     ended = _run(d.definition, functions, given, time_scale=0.00002)  # a day of retries in about 2 s
-    assert ended.status == "FAILED" and ended.states == ["Parked?", "Run", "RecordFailure", "Failed"], ended.states
+    assert ended.status == "FAILED" and ended.states == ["Run", "RecordFailure", "Failed"], ended.states
     assert [f for f, _ in functions.seen] == [resume] * attempts + [park]
     recorded = functions.seen[-1][1]
     assert recorded["action"] == "fail" and recorded["error"]["Error"] == "Lambda.TooManyRequestsException"
@@ -1077,7 +1077,7 @@ def test_a_claim_landing_just_after_the_run_read_the_session_runs_on_the_first_a
     assert [outcome for _, outcome in attempts] == ["ok"], (attempts, evidence(d))  # one attempt, no retry
     assert invocations(d, "resume") - invoked == 1  # and one invocation of the function, as Lambda counts them
     # no transition more (the first Choice every execution pays: a parked turn's starts at Park, issue 36)
-    assert execution.states == ["Parked?", "Run", "After the run", "Done"], execution.states
+    assert execution.states == ["Run", "After the run", "Done"], execution.states
     assert not [e for e in d.errors("resume") if sid in e[2]], d.errors("resume")
     shown = show(d, sid)
     assert shown["status"] == "completed", (shown, evidence(d))
@@ -1500,7 +1500,7 @@ def test_the_sweeper_hands_a_turn_whose_runner_died_to_a_fresh_execution(
     d.settle()
     assert show(d, sid)["status"] == "completed", evidence(d)
     (execution,) = chain(d, sid)
-    assert execution.states[:2] == ["Parked?", "Run"] and execution.states[-1] == "Done", execution.states
+    assert execution.states[:1] == ["Run"] and execution.states[-1] == "Done", execution.states
 
 
 def swept(result: dict[str, Any], sid: str) -> list[str]:
@@ -1535,6 +1535,11 @@ def test_the_sweeper_gives_a_wait_whose_execution_is_gone_a_fresh_one(deployment
     assert show(d, sid)["status"] == "completed", evidence(d)
     assert [e["type"] for e in ledger(d, sid)].count("tool_result") == 1
     assert not swept(d.sweep(), sid)  # ended: nothing to do
+    # the restart is the waits machine's: it starts at Park, which finds the answers in and continues (Answered)
+    _, restarted, then = chain(d, sid)
+    assert restarted.machine_arn == d.wait_machine_arn and restarted.name.endswith("-r0"), evidence(d)
+    assert restarted.states == ["Park", "Next loop", "Continue", "Continued"], restarted.states
+    assert then.machine_arn == d.machine_arn and then.states[-1] == "Done", then.states  # Continue: the sessions one
 
 
 @pytest.mark.backend("dynamodb")
@@ -1559,7 +1564,9 @@ def test_the_sweeper_starts_an_execution_for_a_wait_that_never_had_one(
     lines = swept(d.sweep(), sid)
     assert len(lines) == 1 and "restarted (execution" in lines[0], (lines, evidence(d))
     d.settle()
-    parked(d, sid)
+    restarted = parked(d, sid)
+    # a lost wait restarts at Park (the waits machine): no Run to find it waiting, no After the run
+    assert restarted.machine_arn == d.wait_machine_arn and restarted.states == ["Park"], restarted.states
     assert answer(d, sid, shown)["status"] == "completed", evidence(d)
 
 

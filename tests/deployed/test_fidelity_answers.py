@@ -16,6 +16,8 @@ the rest of the turn itself; Step Functions again only if it parks or outlasts t
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -71,9 +73,9 @@ def test_an_answer_whose_caller_waits_runs_the_rest_of_the_turn_in_the_tools_fun
     assert body["output"]["text"] == "All steps signed off.", body
     d.settle()
     (execution,) = d.executions_of(TENANT, sid)  # no second execution
-    # started at the wait (issue 36) and ended by the answer at Park itself: 2 transitions, where 9 were
-    assert execution.status == "SUCCEEDED" and execution.states == ["Parked?", "Park"], (execution.states, evidence(d))
-    assert _transitions(execution) == 2, execution.history
+    # started at the wait (the waits machine) and ended by the answer at Park itself: 1 transition, where 9 were
+    assert execution.status == "SUCCEEDED" and execution.states == ["Park"], (execution.states, evidence(d))
+    assert execution.machine_arn == d.wait_machine_arn and _transitions(execution) == 1, execution.history
     kinds = [e["type"] for e in execution.history]
     assert "TaskSucceeded" in kinds and "TaskFailed" not in kinds, kinds  # SendTaskSuccess: Park's success ends it
     assert invocations(d, "resume") == resumed, "resume ran the answered turn"
@@ -201,10 +203,11 @@ def test_an_answer_left_to_the_workflow_before_parks_token_is_stored_continues_i
     d.settle()
     assert show(d, sid)["status"] == "completed", evidence(d)
     first, then = sorted(d.executions_of(TENANT, sid), key=lambda e: e.started)
-    assert first.status == "SUCCEEDED" and first.states == ["Parked?", "Park", "Next loop", "Continue", "Continued"], (
+    assert first.status == "SUCCEEDED" and first.states == ["Park", "Next loop", "Continue", "Continued"], (
         first.states,
         evidence(d),
     )
+    assert (first.machine_arn, then.machine_arn) == (d.wait_machine_arn, d.machine_arn)  # Continue: sessions
     failed = [e["details"] for e in first.history if e["type"] == "TaskFailed"]
     assert [f["error"] for f in failed] == ["Answered"], first.history  # one failure, not retried
     assert then.status == "SUCCEEDED" and then.states[-1] == "Done", then.states
@@ -231,3 +234,31 @@ def test_zz_the_tools_function_killed_after_its_take_on_leaves_the_turn_to_the_s
     assert event_types(d, sid).count("tool_result") == 1
     parked = [e for e in d.executions_of(TENANT, sid) if e.states[-1] == "Park"]
     assert len(parked) == 1 and parked[0].status == "RUNNING", "the parked execution, never ended, still waits"
+
+
+def test_only_the_granted_functions_reach_the_waits_machine(deployment: Any) -> None:
+    """A waits machine's task token is authorized against the waits machine: park, tools and the sweeper may fail it
+    (``Answered``), park and tools succeed it, and run, tools and the sweeper start its executions; any other
+    function is refused, as AWS would (the harness checks every call a function makes on the same statements).
+    The waits machine's own role starts only the sessions machine (its ``Continue``)."""
+    from tests.support.fidelity import iam
+
+    d = deployment
+    waits_token = base64.urlsafe_b64encode(json.dumps({"m": d.wait_machine_arn, "t": "x"}).encode()).decode()
+    may = {}
+    for action, params in (
+        ("SendTaskFailure", {"taskToken": waits_token}),
+        ("SendTaskSuccess", {"taskToken": waits_token}),
+        ("StartExecution", {"stateMachineArn": d.wait_machine_arn}),
+    ):
+        ((needed, resource),) = iam.required("states", action, params, token_owner=d.sfn.token_owner)
+        assert resource == d.wait_machine_arn, resource
+        may[action] = {name for name, f in d.functions.items() if iam.allowed(f.statements, needed, resource)}
+    assert may == {
+        "SendTaskFailure": {"park", "tools", "sweeper"},
+        "SendTaskSuccess": {"park", "tools"},
+        "StartExecution": {"run", "tools", "sweeper"},
+    }, may
+    role = d.sfn.roles[d.wait_machine_arn]
+    assert iam.allowed(role, "states:StartExecution", d.machine_arn)
+    assert not iam.allowed(role, "states:StartExecution", d.wait_machine_arn)

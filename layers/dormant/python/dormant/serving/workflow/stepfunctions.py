@@ -52,11 +52,16 @@ def execution_name(tenant: str, session_id: str, invocation_id: str, version: in
 class StepFunctions:
     """Start executions and answer task tokens (the AWS SDK is imported on first use only).
 
-    Answering a token needs no state machine ARN: ``park`` and ``tools`` are built without one. Starting an
-    execution (``run``, the sweeper) needs it."""
+    Answering a token needs no state machine ARN: ``park`` is built without one. Starting an execution (``run``,
+    ``tools``, the sweeper) needs the sessions machine's (``state_machine_arn``: a turn starts at ``Run``) and the
+    waits machine's (``wait_machine_arn``: a wait starts at ``Park``; without it a wait is started in the sessions
+    machine, whose ``Run`` finds the turn waiting and parks: 2 transitions and an invocation more)."""
 
-    def __init__(self, state_machine_arn: str | None = None, client: Any = None) -> None:
+    def __init__(
+        self, state_machine_arn: str | None = None, client: Any = None, *, wait_machine_arn: str | None = None
+    ) -> None:
         self.state_machine_arn = state_machine_arn
+        self.wait_machine_arn = wait_machine_arn
         self._client = client
 
     @property
@@ -69,53 +74,53 @@ class StepFunctions:
 
     def start(self, tenant: str, session_id: str, invocation_id: str, version: int, parked: bool = False) -> str:
         """Start the execution that will run this claim (the same claim's retry finds it started). ``parked``: the
-        turn waits for answers at ``version`` (a waiting request ran it to its park): the execution starts at
-        ``Park``, with no ``Run`` to find that out."""
+        turn waits for answers at ``version`` (a waiting request ran it to its park): the execution is the waits
+        machine's, which starts at ``Park``, with no ``Run`` (and no Choice) to find that out."""
         name = execution_name(tenant, session_id, invocation_id, version)
         with contextlib.suppress(self.client.exceptions.ExecutionAlreadyExists):
-            self._start(tenant, session_id, invocation_id, name, parked=parked)
+            self._start(self._machine(parked), tenant, session_id, invocation_id, name)
         return name
 
     def restart(self, tenant: str, session_id: str, invocation_id: str, version: int) -> str:
-        """Start a fresh execution for a wait whose own is gone (the sweeper). Named after the session's version
+        """Start a fresh execution for a wait whose own is gone (the sweeper), in the waits machine: it parks again
+        (or, answered meanwhile, continues into the sessions machine). Named after the session's version
         (``<claim's name>-r0``: a claim's own execution is never taken for it), so two sweeps of the same wait
         start one execution; a name whose execution already ended (a restart that died before it parked) is not
         reused: the next (``-r1``, ``-r2``...) is tried."""
         base = execution_name(tenant, session_id, invocation_id, version)
+        machine = self._machine(parked=True)
         for attempt in range(_RESTARTS):
             name = f"{base}-r{attempt}"
             try:
-                self._start(tenant, session_id, invocation_id, name)
+                self._start(machine, tenant, session_id, invocation_id, name)
             except self.client.exceptions.ExecutionAlreadyExists:
-                if self.status(name) == "RUNNING":
+                if self.status(name, machine) == "RUNNING":
                     return name  # another sweep started it: it is the wait's execution
                 continue
             return name
         raise ConfigurationError(f"{_RESTARTS} executions for session {session_id!r} at version {version} ended")
 
-    def _start(self, tenant: str, session_id: str, invocation_id: str, name: str, *, parked: bool = False) -> None:
-        if self.state_machine_arn is None:
+    def _machine(self, parked: bool) -> str:
+        """The waits machine for a wait (``parked``) if this was given one, else the sessions machine."""
+        arn = (self.wait_machine_arn if parked else None) or self.state_machine_arn
+        if arn is None:
             # a wiring mistake (a 500 naming it), not the caller's: no request can mend it
             raise ConfigurationError("StepFunctions was built without the state machine's ARN: it cannot start one")
-        payload: dict[str, Any] = {
-            "tenant": tenant,
-            "session_id": session_id,
-            "invocation_id": invocation_id,
-            "name": name,
-            "loop": 0,
-        }
-        if parked:
-            payload["parked"] = True  # the state machine's first Choice: straight to Park
-        self.client.start_execution(stateMachineArn=self.state_machine_arn, name=name, input=json.dumps(payload))
+        return arn
 
-    def status(self, execution: str) -> str | None:
-        """An execution's status (``RUNNING``, ``SUCCEEDED``, ``ABORTED``...) by ARN or by name (this machine's);
-        ``None`` when there is no such execution."""
+    def _start(self, machine: str, tenant: str, session_id: str, invocation_id: str, name: str) -> None:
+        payload = {"tenant": tenant, "session_id": session_id, "invocation_id": invocation_id, "name": name, "loop": 0}
+        self.client.start_execution(stateMachineArn=machine, name=name, input=json.dumps(payload))
+
+    def status(self, execution: str, machine: str | None = None) -> str | None:
+        """An execution's status (``RUNNING``, ``SUCCEEDED``, ``ABORTED``...) by ARN or by name (of ``machine``,
+        by default the sessions machine); ``None`` when there is no such execution."""
         arn = execution
         if not arn.startswith("arn:"):
-            if self.state_machine_arn is None:
+            machine = machine or self.state_machine_arn
+            if machine is None:
                 raise ConfigurationError("StepFunctions was built without the state machine's ARN")
-            arn = f"{self.state_machine_arn.replace(':stateMachine:', ':execution:', 1)}:{execution}"
+            arn = f"{machine.replace(':stateMachine:', ':execution:', 1)}:{execution}"
         try:
             described = self.client.describe_execution(executionArn=arn)
         except self.client.exceptions.ExecutionDoesNotExist:
