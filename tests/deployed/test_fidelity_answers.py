@@ -262,3 +262,17 @@ def test_only_the_granted_functions_reach_the_waits_machine(deployment: Any) -> 
     role = d.sfn.roles[d.wait_machine_arn]
     assert iam.allowed(role, "states:StartExecution", d.machine_arn)
     assert not iam.allowed(role, "states:StartExecution", d.wait_machine_arn)
+
+
+def test_each_machine_acts_with_its_own_role_in_the_harness(deployment: Any) -> None:
+    """The harness checks a machine's task calls on that machine's role: a machine with the waits machine's role
+    may not start an execution of the waits machine (only the sessions machine's, its Continue)."""
+    d = deployment
+    arn = d.wait_machine_arn + "-probe"
+    start = {"Type": "Task", "Resource": "arn:aws:states:::states:startExecution", "End": True}
+    start["Parameters"] = {"StateMachineArn": d.wait_machine_arn, "Input": {}}
+    d.sfn.create_state_machine(arn, {"StartAt": "Start", "States": {"Start": start}}, d.sfn.roles[d.wait_machine_arn])
+    started = d.sfn.start_execution(arn, fresh("probe"), "{}")["executionArn"]
+    until(lambda: d.sfn.executions[started].status != "RUNNING", "the probe ended", d)
+    probe = d.sfn.executions[started]
+    assert probe.status == "FAILED" and "AccessDenied" in (probe.cause or ""), (probe.error, probe.cause)
