@@ -132,9 +132,11 @@ LOGGED: dict[str, Callable[[str], bool]] = {
 
 
 def _log_level(d: Any) -> str:
-    """The state machine's log level, from the template (``LoggingConfiguration``; none: ``OFF``)."""
-    ((_, machine),) = d.template.of_type("AWS::StepFunctions::StateMachine").items()
-    return str(machine["Properties"].get("LoggingConfiguration", {}).get("Level", "OFF"))
+    """The state machines' log level, from the template (``LoggingConfiguration``; none: ``OFF``): the sessions
+    machine and the waits machine log at one level (``-c workflow_log_level``)."""
+    machines = d.template.of_type("AWS::StepFunctions::StateMachine").values()
+    (level,) = {str(m["Properties"].get("LoggingConfiguration", {}).get("Level", "OFF")) for m in machines}
+    return level
 
 
 def _sfn_log_bytes(execution: Any, level: str = "ALL") -> int:

@@ -59,7 +59,7 @@ class Alarms(Construct):
         id: str,
         *,
         functions: Mapping[str, lambda_.Function],
-        state_machine: sfn.StateMachine,
+        state_machines: Mapping[str, sfn.StateMachine],
         table: dynamodb.Table,
         indexes: Sequence[str],
         stage: apigw.Stage,
@@ -73,8 +73,10 @@ class Alarms(Construct):
         for name, function in sorted(functions.items()):
             self._above(f"{name}-errors", function.metric_errors(period=FIVE_MINUTES), f"the {name} function failed")
             self._above(f"{name}-throttles", function.metric_throttles(period=FIVE_MINUTES), f"{name} was throttled")
-        self._above("executions-failed", state_machine.metric_failed(period=FIVE_MINUTES), "executions failed")
-        self._above("executions-timed-out", state_machine.metric_timed_out(period=FIVE_MINUTES), "executions timed out")
+        for prefix, machine in state_machines.items():  # "": the sessions machine; "wait-": the waits machine
+            self._above(f"{prefix}executions-failed", machine.metric_failed(period=FIVE_MINUTES), "executions failed")
+            timed_out = machine.metric_timed_out(period=FIVE_MINUTES)
+            self._above(f"{prefix}executions-timed-out", timed_out, "executions timed out")
         self._above("table-throttled", _throttles(table.table_name, None), "the session table throttled requests")
         for index in indexes:
             self._above(f"index-{index}-throttled", _throttles(table.table_name, index), f"index {index} throttled")

@@ -59,7 +59,11 @@ from .wiring import (
     TABLE_ACCESS,
     TENANT_CLAIM,
     TURN_QUOTA,
+    WAIT_EXECUTIONS,
+    WAIT_MACHINE,
+    WAITS,
     state_machine_name,
+    wait_machine_name,
 )
 from .workflow import MAX_WAIT_SECONDS, ResumeWorkflow, log_level
 
@@ -144,21 +148,21 @@ class DormantStack(Stack):
 
         # The state machine's name is fixed, so its ARN is known before it exists: the functions it invokes hold
         # that ARN (and grants on it) without depending on it, which would be a circular dependency.
-        machine_name = state_machine_name(self.stack_name)
-        arns = {
-            MACHINE: self.format_arn(
-                service="states",
-                resource="stateMachine",
-                resource_name=machine_name,
-                arn_format=ArnFormat.COLON_RESOURCE_NAME,
-            ),
-            EXECUTIONS: self.format_arn(
+        machine_name, waits_name = state_machine_name(self.stack_name), wait_machine_name(self.stack_name)
+        arns = {}
+        for machine_key, executions_key, name in (
+            (MACHINE, EXECUTIONS, machine_name),
+            (WAITS, WAIT_EXECUTIONS, waits_name),
+        ):
+            arns[machine_key] = self.format_arn(
+                service="states", resource="stateMachine", resource_name=name, arn_format=ArnFormat.COLON_RESOURCE_NAME
+            )
+            arns[executions_key] = self.format_arn(
                 service="states",
                 resource="execution",
-                resource_name=f"{machine_name}:*",
+                resource_name=f"{name}:*",
                 arn_format=ArnFormat.COLON_RESOURCE_NAME,
-            ),
-        }
+            )
         values = {
             STORE: (
                 f"dynamodb://{table.table_name}?shards={shards['listing_shards']}"
@@ -167,6 +171,7 @@ class DormantStack(Stack):
             APP: str(context("app") or DEFAULT_APP),
             IDEMPOTENCY_TABLE: table.table_name,  # idempotency records share the session table
             STATE_MACHINE: arns[MACHINE],
+            WAIT_MACHINE: arns[WAITS],
             TURN_QUOTA: guardrails.turn_quota,
             TENANT_CLAIM: str(context("tenant_claim") or DEFAULT_TENANT_CLAIM),
             ADMIN_GROUP: admin_group,
@@ -211,15 +216,17 @@ class DormantStack(Stack):
                     roles=[function.role],  # type: ignore[list-item]
                     statements=[
                         iam.PolicyStatement(
-                            actions=sorted(a for a, on in states.items() if on == target), resources=[arns[target]]
+                            actions=sorted(a for a, on in states.items() if target in on), resources=[arns[target]]
                         )
-                        for target in (MACHINE, EXECUTIONS)
-                        if target in states.values()
+                        for target in (MACHINE, EXECUTIONS, WAITS, WAIT_EXECUTIONS)
+                        if any(target in on for on in states.values())
                     ],
                 )
-                if EXECUTIONS in states.values():
-                    region, account = (v if not Token.is_unresolved(v) else f"<AWS::{k}>" for k, v in _nag_env(self))
-                    arn = f"arn:<AWS::Partition>:states:{region}:{account}:execution:{machine_name}:*"
+                region, account = (v if not Token.is_unresolved(v) else f"<AWS::{k}>" for k, v in _nag_env(self))
+                for target, named in ((EXECUTIONS, machine_name), (WAIT_EXECUTIONS, waits_name)):
+                    if not any(target in on for on in states.values()):
+                        continue
+                    arn = f"arn:<AWS::Partition>:states:{region}:{account}:execution:{named}:*"
                     Validations.of(policy).acknowledge(
                         Acknowledgment(
                             id=f"AwsSolutions::AwsSolutions-IAM5[Resource::{arn}]",
@@ -237,11 +244,13 @@ class DormantStack(Stack):
             log_retention_days=retention.value_as_number,
             tracing=tracing,
             state_machine_name=machine_name,
+            wait_machine_name=waits_name,
             log_level=workflow_log_level,
         )
         machine = workflow.state_machine
-        # Continue-as-new: the execution starts its successor (a states:startExecution task of this machine).
-        machine.add_to_role_policy(iam.PolicyStatement(actions=["states:StartExecution"], resources=[arns[MACHINE]]))
+        # Continue-as-new: either machine's execution starts its successor in the sessions machine.
+        for each in (machine, workflow.wait_machine):
+            each.add_to_role_policy(iam.PolicyStatement(actions=["states:StartExecution"], resources=[arns[MACHINE]]))
 
         guardrails.reserve(functions.by_name)
         api = Api(
@@ -272,7 +281,7 @@ class DormantStack(Stack):
             self,
             "Alarms",
             functions=functions.by_name,
-            state_machine=machine,
+            state_machines={"": machine, "wait-": workflow.wait_machine},
             table=table,
             indexes=[index.name for index in TABLE.indexes if not index.local],
             stage=stage,
@@ -291,6 +300,7 @@ class DormantStack(Stack):
         CfnOutput(self, "TokenUrl", value=f"{api.domain.base_url()}/oauth2/token")
         CfnOutput(self, "TableName", value=table.table_name)
         CfnOutput(self, "StateMachineArn", value=machine.state_machine_arn)
+        CfnOutput(self, "WaitMachineArn", value=workflow.wait_machine.state_machine_arn)
 
 
 def _admin_group(context: Any) -> str:

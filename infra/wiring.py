@@ -22,6 +22,7 @@ STORE = "DORMANT_STORE"
 APP = "DORMANT_APP"
 IDEMPOTENCY_TABLE = "DORMANT_IDEMPOTENCY_TABLE"
 STATE_MACHINE = "DORMANT_STATE_MACHINE"
+WAIT_MACHINE = "DORMANT_WAIT_MACHINE"  # the waits machine (starts at Park): a parked hand-on, a lost wait's restart
 TENANT_CLAIM = "DORMANT_TENANT_CLAIM"
 CORS_ORIGINS = "DORMANT_CORS_ORIGINS"  # serving.api.CORS_ORIGINS: -c cors_origins=, empty (no origin) by default
 TURN_QUOTA = "DORMANT_TURN_QUOTA"  # -c turn_quota=N/SECONDS; empty: none (dormant.serving.quota)
@@ -55,16 +56,20 @@ ENVIRONMENT: Mapping[str, frozenset[str]] = MappingProxyType(
         "sessions": COMMON_ENVIRONMENT | CALLER_ENVIRONMENT | {IDEMPOTENCY_TABLE, CORS_ORIGINS, TURN_QUOTA},
         # starts the execution that runs the turn it is about to claim (before the claim: every claim has a runner),
         # or, for a caller that waits, runs the turn and starts an execution only if it parks or outlasts the hold
-        "run": COMMON_ENVIRONMENT | CALLER_ENVIRONMENT | {IDEMPOTENCY_TABLE, STATE_MACHINE, CORS_ORIGINS, TURN_QUOTA},
+        "run": COMMON_ENVIRONMENT
+        | CALLER_ENVIRONMENT
+        | {IDEMPOTENCY_TABLE, STATE_MACHINE, WAIT_MACHINE, CORS_ORIGINS, TURN_QUOTA},
         # wakes a waiting execution with the task token stored on the session; for a caller that waits, runs the
         # answered turn and starts an execution only if it parks again or outlasts the hold
-        "tools": COMMON_ENVIRONMENT | CALLER_ENVIRONMENT | {IDEMPOTENCY_TABLE, STATE_MACHINE, CORS_ORIGINS, TURN_QUOTA},
+        "tools": COMMON_ENVIRONMENT
+        | CALLER_ENVIRONMENT
+        | {IDEMPOTENCY_TABLE, STATE_MACHINE, WAIT_MACHINE, CORS_ORIGINS, TURN_QUOTA},
         "commit": COMMON_ENVIRONMENT | CALLER_ENVIRONMENT | {IDEMPOTENCY_TABLE, CORS_ORIGINS, TURN_QUOTA},
         # answers its own task token (park) or runs in the execution (resume): no ARN needed
         "park": COMMON_ENVIRONMENT,
         "resume": COMMON_ENVIRONMENT,
-        # repairs, purges, and hands a turn whose runner died to a fresh execution
-        "sweeper": COMMON_ENVIRONMENT | {STATE_MACHINE},
+        # repairs, purges, and hands a turn whose runner died (or a lost wait: WAIT_MACHINE) to a fresh execution
+        "sweeper": COMMON_ENVIRONMENT | {STATE_MACHINE, WAIT_MACHINE},
     }
 )
 """Function -> the names of its environment variables (the values are the stack's)."""
@@ -142,25 +147,34 @@ listing reads ``LISTING_INDEX`` and ``STATUS_INDEX``, and only the sweeper ``PEN
 
 MACHINE = "machine"
 EXECUTIONS = "executions"
-STATES_ACCESS: Mapping[str, Mapping[str, str]] = MappingProxyType(
+WAITS = "wait_machine"
+WAIT_EXECUTIONS = "wait_executions"
+BOTH = (MACHINE, WAITS)
+STATES_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType(
     {
-        "run": {"states:StartExecution": MACHINE},
-        # hands a dead runner's turn or a lost wait to a fresh execution; asks whether a wait's execution lives
-        # (DescribeExecution, authorized on the execution); sends the wake-up POST /tools lost (SendTaskSuccess)
+        # the execution of a turn it claims (the sessions machine), or of a turn it ran to its park (the waits one)
+        "run": {"states:StartExecution": BOTH},
+        # hands a dead runner's turn (sessions) or a lost wait (waits) to a fresh execution; asks whether a wait's
+        # execution lives (DescribeExecution, authorized on the execution, of either machine); sends the wake-up
+        # POST /tools lost (SendTaskFailure, Answered; SendTaskSuccess only to a wait the sessions machine parked
+        # before Answered, whose record names no answer_error: the waits machine's records all do)
         "sweeper": {
-            "states:StartExecution": MACHINE,
-            "states:DescribeExecution": EXECUTIONS,
-            "states:SendTaskSuccess": MACHINE,
+            "states:StartExecution": BOTH,
+            "states:DescribeExecution": (EXECUTIONS, WAIT_EXECUTIONS),
+            "states:SendTaskSuccess": (MACHINE,),
+            "states:SendTaskFailure": BOTH,
         },
-        # A task token is authorized against the state machine whose execution issued it. Only success is sent:
-        # a failure is the workflow's own (RecordFailure), never a token answered with an error.
-        # ... and starts the execution of an answered turn it ran that parked again or outlasted the hold
-        "tools": {"states:SendTaskSuccess": MACHINE, "states:StartExecution": MACHINE},
-        "park": {"states:SendTaskSuccess": MACHINE},
+        # A task token is authorized against the state machine whose execution issued it (either parks). Success
+        # ends the execution (the answered turn runs in the request); failure with Answered sends it to Continue
+        # (the turn goes on in the next execution). A failure of the workflow's own is RecordFailure's.
+        # ... and starts the execution of an answered turn it ran that parked again (waits) or outlasted the hold
+        "tools": {"states:SendTaskSuccess": BOTH, "states:SendTaskFailure": BOTH, "states:StartExecution": BOTH},
+        "park": {"states:SendTaskSuccess": BOTH, "states:SendTaskFailure": BOTH},
     }
 )
-"""Function -> action -> what it acts on (the state machine, ``MACHINE``, or its executions, ``EXECUTIONS``).
-Functions not named here make no Step Functions call: ``resume`` runs in the execution."""
+"""Function -> action -> what it acts on: the sessions machine (``MACHINE``) or its executions (``EXECUTIONS``),
+the waits machine (``WAITS``) or its executions (``WAIT_EXECUTIONS``). Functions not named here make no Step
+Functions call: ``resume`` runs in the execution."""
 
 
 def state_machine_name(stack_name: str) -> str:
@@ -168,4 +182,10 @@ def state_machine_name(stack_name: str) -> str:
     functions it invokes can hold that ARN (and grants on it) without a circular dependency. At most 80
     characters, as Step Functions requires (a stack name has at most 128)."""
     suffix = "-sessions"
+    return stack_name[: 80 - len(suffix)] + suffix
+
+
+def wait_machine_name(stack_name: str) -> str:
+    """The waits machine's fixed name (``state_machine_name``'s reasons), at most 80 characters."""
+    suffix = "-waits"
     return stack_name[: 80 - len(suffix)] + suffix

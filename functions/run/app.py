@@ -11,4 +11,9 @@ import os
 from dormant.serving.api import api_handler
 from dormant.serving.workflow import StepFunctions, step_functions_hooks
 
-handler = api_handler(step_functions_hooks(StepFunctions(os.environ["DORMANT_STATE_MACHINE"])), function="run")
+handler = api_handler(
+    step_functions_hooks(
+        StepFunctions(os.environ["DORMANT_STATE_MACHINE"], wait_machine_arn=os.environ.get("DORMANT_WAIT_MACHINE"))
+    ),
+    function="run",
+)

@@ -5,4 +5,8 @@ import os
 
 from dormant.serving.workflow import StepFunctions, sweeper_handler
 
-handler = sweeper_handler(step_functions=StepFunctions(os.environ["DORMANT_STATE_MACHINE"]))
+handler = sweeper_handler(
+    step_functions=StepFunctions(
+        os.environ["DORMANT_STATE_MACHINE"], wait_machine_arn=os.environ.get("DORMANT_WAIT_MACHINE")
+    )
+)

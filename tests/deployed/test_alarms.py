@@ -18,7 +18,7 @@ pytest.importorskip("cdk_nag", reason="the infra tests need cdk-nag (the infra e
 from dormant import metrics
 from dormant.stores.dynamodb import TABLE
 from infra.functions import HANDLERS
-from tests.support.cdk_template import Synth, alarms, function_of, synthesize, watched
+from tests.support.cdk_template import Synth, alarms, function_of, machine_of, synthesize, watched
 
 TOPIC = "arn:aws:sns:eu-west-1:123456789012:ops"
 
@@ -57,12 +57,13 @@ def test_aws_metrics_name_the_stacks_own_resources(synth: Synth) -> None:
                 "name": metric_name,
                 "dimensions": {"FunctionName": {"Ref": function_id}},
             }
-    machine_id, _ = synth.one("AWS::StepFunctions::StateMachine")
-    states = (("executions-failed", "ExecutionsFailed"), ("executions-timed-out", "ExecutionsTimedOut"))
-    for name, metric_name in states:
-        (metric,) = watched(found[name])
-        assert (metric["namespace"], metric["name"]) == ("AWS/States", metric_name)
-        assert metric["dimensions"] == {"StateMachineArn": {"Ref": machine_id}}
+    for prefix, which in (("", "sessions"), ("wait-", "waits")):  # each machine's failed and timed-out executions
+        machine_id, _ = machine_of(synth, which)
+        states = (("executions-failed", "ExecutionsFailed"), ("executions-timed-out", "ExecutionsTimedOut"))
+        for name, metric_name in states:
+            (metric,) = watched(found[prefix + name])
+            assert (metric["namespace"], metric["name"]) == ("AWS/States", metric_name)
+            assert metric["dimensions"] == {"StateMachineArn": {"Ref": machine_id}}
     table_id, _ = synth.one("AWS::DynamoDB::Table")
     global_indexes = [i.name for i in TABLE.indexes if not i.local]
     assert global_indexes

@@ -627,13 +627,15 @@ def yielded_and_parked(d: Any, sid: str, message: str) -> tuple[dict[str, Any], 
 def test_create_run_park_answer_resume_complete(deployment: Any) -> None:
     d, sid = deployment, fresh("park")
     shown, execution = yielded_and_parked(d, sid, "signoffs=1")
-    assert execution.states[:2] == ["Parked?", "Run"]  # the turn ran in the workflow, not in the API's request
+    assert execution.states[:1] == ["Run"]  # the turn ran in the workflow, not in the API's request
     done = answer(d, sid, shown)
     assert done["status"] == "completed", (done["status"], evidence(d))
     assert ended(d, execution).status == "SUCCEEDED", (execution.states, execution.error, execution.cause)
     # the wait ended its execution; the rest of the turn ran in the next one, which ended Done
     first, then = chain(d, sid)
-    assert first is execution and execution.states[-1] == "Continued"
+    # an answer left to the workflow fails the wait with Answered (SendTaskFailure), caught into Continue
+    assert first is execution and execution.states[-4:] == ["Park", "Next loop", "Continue", "Continued"]
+    assert [e["details"]["error"] for e in execution.history if e["type"] == "TaskFailed"] == ["Answered"]
     assert then.name == f"{execution.name}-1" and ended(d, then).status == "SUCCEEDED" and then.states[-1] == "Done"
 
 
@@ -831,7 +833,7 @@ def test_a_run_throttled_past_its_retries_is_recorded_by_park_not_by_resume(depl
     functions = _Functions({resume: [throttled] * attempts, park: [(True, {"status": "error"})]})
     given = {"tenant": "t", "session_id": "s", "invocation_id": "inv_1", "name": "n", "loop": 0}
     ended = _run(d.definition, functions, given, time_scale=0.00002)  # a day of retries in about 2 s
-    assert ended.status == "FAILED" and ended.states == ["Parked?", "Run", "RecordFailure", "Failed"], ended.states
+    assert ended.status == "FAILED" and ended.states == ["Run", "RecordFailure", "Failed"], ended.states
     assert [f for f, _ in functions.seen] == [resume] * attempts + [park]
     recorded = functions.seen[-1][1]
     assert recorded["action"] == "fail" and recorded["error"]["Error"] == "Lambda.TooManyRequestsException"
@@ -966,7 +968,8 @@ def test_answers_retried_after_their_wake_up_failed_wake_the_parked_turn(deploym
     call = shown["yielded_tools"][0]["call_id"]
     body = {"answers": [{"call_id": call, "input": {"approved": True}}]}
     key = {"Idempotency-Key": f"k-{sid}"}
-    d.lambdas.fail_next("tools", "SendTaskSuccess", [], {"__type": "InvalidOutput", "message": "harness fault"})
+    # an answer left to the workflow wakes it with Answered (SendTaskFailure)
+    d.lambdas.fail_next("tools", "SendTaskFailure", [], {"__type": "ValidationException", "message": "harness fault"})
     status, _, failed = d.api("POST", f"/sessions/{sid}/tools", body, headers=key)
     assert status >= 500 and not d.lambdas.fault_armed("tools"), (status, failed, evidence(d))
     d.settle()
@@ -1075,7 +1078,7 @@ def test_a_claim_landing_just_after_the_run_read_the_session_runs_on_the_first_a
     assert [outcome for _, outcome in attempts] == ["ok"], (attempts, evidence(d))  # one attempt, no retry
     assert invocations(d, "resume") - invoked == 1  # and one invocation of the function, as Lambda counts them
     # no transition more (the first Choice every execution pays: a parked turn's starts at Park, issue 36)
-    assert execution.states == ["Parked?", "Run", "After the run", "Done"], execution.states
+    assert execution.states == ["Run", "After the run", "Done"], execution.states
     assert not [e for e in d.errors("resume") if sid in e[2]], d.errors("resume")
     shown = show(d, sid)
     assert shown["status"] == "completed", (shown, evidence(d))
@@ -1498,7 +1501,7 @@ def test_the_sweeper_hands_a_turn_whose_runner_died_to_a_fresh_execution(
     d.settle()
     assert show(d, sid)["status"] == "completed", evidence(d)
     (execution,) = chain(d, sid)
-    assert execution.states[:2] == ["Parked?", "Run"] and execution.states[-1] == "Done", execution.states
+    assert execution.states[:1] == ["Run"] and execution.states[-1] == "Done", execution.states
 
 
 def swept(result: dict[str, Any], sid: str) -> list[str]:
@@ -1533,6 +1536,11 @@ def test_the_sweeper_gives_a_wait_whose_execution_is_gone_a_fresh_one(deployment
     assert show(d, sid)["status"] == "completed", evidence(d)
     assert [e["type"] for e in ledger(d, sid)].count("tool_result") == 1
     assert not swept(d.sweep(), sid)  # ended: nothing to do
+    # the restart is the waits machine's: it starts at Park, which finds the answers in and continues (Answered)
+    _, restarted, then = chain(d, sid)
+    assert restarted.machine_arn == d.wait_machine_arn and restarted.name.endswith("-r0"), evidence(d)
+    assert restarted.states == ["Park", "Next loop", "Continue", "Continued"], restarted.states
+    assert then.machine_arn == d.machine_arn and then.states[-1] == "Done", then.states  # Continue: the sessions one
 
 
 @pytest.mark.backend("dynamodb")
@@ -1557,13 +1565,15 @@ def test_the_sweeper_starts_an_execution_for_a_wait_that_never_had_one(
     lines = swept(d.sweep(), sid)
     assert len(lines) == 1 and "restarted (execution" in lines[0], (lines, evidence(d))
     d.settle()
-    parked(d, sid)
+    restarted = parked(d, sid)
+    # a lost wait restarts at Park (the waits machine): no Run to find it waiting, no After the run
+    assert restarted.machine_arn == d.wait_machine_arn and restarted.states == ["Park"], restarted.states
     assert answer(d, sid, shown)["status"] == "completed", evidence(d)
 
 
 @pytest.mark.backend("dynamodb")
 def test_the_sweeper_wakes_an_answered_wait_whose_wake_up_was_lost(deployment: Any) -> None:
-    """``tools`` dies after storing the answers and before ``SendTaskSuccess``: the session is ``resumable``
+    """``tools`` dies after storing the answers and before ``SendTaskFailure``: the session is ``resumable``
     and its execution sleeps on. The sweeper sends the stored token (the wake-up that was lost) and the turn
     completes, the answered tool's result recorded once. Answered while its execution is gone too: a fresh
     execution runs it."""
@@ -1575,7 +1585,7 @@ def test_the_sweeper_wakes_an_answered_wait_whose_wake_up_was_lost(deployment: A
     assert (shown["status"], shown_other["status"]) == ("awaiting_input", "awaiting_input"), evidence(d)
     execution, gone = parked(d, sid), parked(d, other)
     for session, seen in ((sid, shown), (other, shown_other)):
-        d.crash_before("tools", "states:SendTaskSuccess")
+        d.crash_before("tools", "states:SendTaskFailure")  # the wake-up: Answered, caught into Continue
         (call,) = seen["yielded_tools"]
         body = {"answers": [{"call_id": call["call_id"], "input": {"approved": True}}]}
         status, _, answered = d.api("POST", f"/sessions/{session}/tools", body)
@@ -1747,7 +1757,11 @@ REACHED_RARELY = {
     "dynamodb:DescribeTable",
 }
 """Granted actions the scenarios may leave unexercised: the commit path's rare branches. Nothing else."""
-RARE_BY_FUNCTION = {"park": {"states:SendTaskSuccess"}}  # answers that landed before park stored its token
+RARE_BY_FUNCTION = {  # answers that landed before park stored its token: inline (success) or left to the workflow
+    "park": {"states:SendTaskSuccess", "states:SendTaskFailure"},
+    # a lost wake-up of a wait parked by the machine before Answered (its record names no answer_error)
+    "sweeper": {"states:SendTaskSuccess"},
+}
 
 
 @pytest.mark.backend("dynamodb")
@@ -1767,7 +1781,8 @@ def test_an_answer_whose_caller_waits_runs_on_in_tools_and_hands_a_second_wait_o
         assert status == 200 and body["status"] == ends, (status, body, evidence(d))
         d.settle()
     executions = d.executions_of(TENANT, sid)
-    assert len(executions) == 2 and all(e.states[-1] == "Went on inline" for e in executions), evidence(d)
+    assert len(executions) == 2 and all(e.states[-1] == "Park" for e in executions), evidence(d)
+    assert all(e.status == "SUCCEEDED" for e in executions), evidence(d)
 
 
 @pytest.mark.backend("dynamodb")

@@ -86,7 +86,8 @@ def test_a_turn_that_parks_is_handed_to_an_execution_that_parks_and_the_answer_w
     d.settle()
     (execution,) = d.executions_of(TENANT, sid)
     # started at the wait: no Run to find it parked (issue 36)
-    assert execution.status == "RUNNING" and execution.states == ["Parked?", "Park"], (execution.states, evidence(d))
+    assert execution.status == "RUNNING" and execution.states == ["Park"], (execution.states, evidence(d))
+    assert execution.machine_arn == d.wait_machine_arn, execution.machine_arn  # the waits machine: Park first
     shown = show(d, sid)
     assert shown["status"] == "awaiting_input", shown
     done = answer(d, sid, shown)

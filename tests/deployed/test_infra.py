@@ -26,11 +26,20 @@ pytest.importorskip("cdk_nag", reason="the infra tests need cdk-nag (the infra e
 
 import dormant  # noqa: E402
 from dormant.serving.routes import CLIENT_PREFIX, ROUTES, SCOPES, scope_of  # noqa: E402
+from dormant.serving.workflow.stepfunctions import ANSWERED  # noqa: E402
 from dormant.stores.dynamodb import TABLE  # noqa: E402
 from infra.functions import FUNCTIONS_DIR, HANDLERS  # noqa: E402
 from infra.wiring import ENVIRONMENT, MODEL_ENVIRONMENT  # noqa: E402
 from infra.workflow import MAX_WAIT_SECONDS, RETRYABLE_ERRORS, RUNNER_LOST  # noqa: E402
-from tests.support.cdk_template import STACK, Synth, definition_of, function_of, synthesize  # noqa: E402
+from tests.support.cdk_template import (  # noqa: E402
+    STACK,
+    Synth,
+    definition_of,
+    function_of,
+    machine_of,
+    synthesize,
+)
+from tests.support.fidelity.stepfunctions import error_matches  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +73,8 @@ def text(value: Any) -> str:
     raise AssertionError(f"not a string: {value}")
 
 
-def machine_arn(synth: Synth) -> str:
-    _, machine = synth.one("AWS::StepFunctions::StateMachine")
+def machine_arn(synth: Synth, which: str = "sessions") -> str:
+    _, machine = machine_of(synth, which)
     name = machine["Properties"]["StateMachineName"]
     return f"arn:<AWS::Partition>:states:eu-west-1:123456789012:stateMachine:{name}"
 
@@ -154,14 +163,16 @@ CONTRACT_ENV = {
     "sessions": COMMON_ENV | CALLER_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
     "run": COMMON_ENV
     | CALLER_ENV
-    | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_STATE_MACHINE", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
+    | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_STATE_MACHINE", "DORMANT_WAIT_MACHINE", "DORMANT_CORS_ORIGINS"}
+    | {"DORMANT_TURN_QUOTA"},
     "tools": COMMON_ENV
     | CALLER_ENV
-    | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_STATE_MACHINE", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
+    | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_STATE_MACHINE", "DORMANT_WAIT_MACHINE", "DORMANT_CORS_ORIGINS"}
+    | {"DORMANT_TURN_QUOTA"},
     "commit": COMMON_ENV | CALLER_ENV | {"DORMANT_IDEMPOTENCY_TABLE", "DORMANT_CORS_ORIGINS", "DORMANT_TURN_QUOTA"},
     "park": COMMON_ENV,
     "resume": COMMON_ENV,
-    "sweeper": COMMON_ENV | {"DORMANT_STATE_MACHINE"},
+    "sweeper": COMMON_ENV | {"DORMANT_STATE_MACHINE", "DORMANT_WAIT_MACHINE"},
 }
 
 
@@ -173,14 +184,16 @@ def test_each_function_gets_exactly_its_own_environment(synth: Synth, name: str)
     assert keys == CONTRACT_ENV[name]  # ... which is the contract
 
 
-def test_the_state_machine_has_a_fixed_name_so_its_arn_needs_no_reference(synth: Synth) -> None:
-    machine_id, machine = synth.one("AWS::StepFunctions::StateMachine")
-    assert machine["Properties"]["StateMachineName"] == f"{STACK}-sessions"
-    for name in ("run", "sweeper"):
-        _, fn = function_of(synth, name)
-        value = fn["Properties"]["Environment"]["Variables"]["DORMANT_STATE_MACHINE"]
-        assert machine_id not in json.dumps(value)  # written, not referenced: no dependency on the machine
-        assert text(value) == machine_arn(synth)
+def test_the_state_machines_have_fixed_names_so_their_arns_need_no_reference(synth: Synth) -> None:
+    assert len(synth.of_type("AWS::StepFunctions::StateMachine")) == 2  # sessions (Run first) and waits (Park)
+    for which, variable in (("sessions", "DORMANT_STATE_MACHINE"), ("waits", "DORMANT_WAIT_MACHINE")):
+        machine_id, machine = machine_of(synth, which)
+        assert machine["Properties"]["StateMachineName"] == f"{STACK}-{which}"
+        for name in ("run", "tools", "sweeper"):
+            _, fn = function_of(synth, name)
+            value = fn["Properties"]["Environment"]["Variables"][variable]
+            assert machine_id not in json.dumps(value)  # written, not referenced: no dependency on the machine
+            assert text(value) == machine_arn(synth, which)
 
 
 # -- what each function's code reads -------------------------------------------------------------
@@ -371,13 +384,13 @@ def _allowed_resources(synth: Synth, name: str) -> dict[str, set[str]]:
         for key, r in synth.of_type("AWS::Logs::LogGroup").items()
         if r["Metadata"]["aws:cdk:path"] == f"{STACK}/Functions/{name.capitalize()}/Logs/Resource"
     ]
-    machine = machine_arn(synth)
+    machines = [machine_arn(synth, which) for which in ("sessions", "waits")]
     queues = {f"<{key}.Arn>" for key in synth.of_type("AWS::SQS::Queue")} if name == "sweeper" else set()
     return {
         **({"sqs": queues} if queues else {}),  # the sweeper's failed sweeps: its on-failure destination
         "logs": {f"<{log_id}.Arn>"},
         "dynamodb": {f"<{table_id}.Arn>", *(f"<{table_id}.Arn>/index/{index.name}" for index in TABLE.indexes)},
-        "states": {machine, machine.replace(":stateMachine:", ":execution:") + ":*"},
+        "states": {*machines, *(machine.replace(":stateMachine:", ":execution:") + ":*" for machine in machines)},
     }
 
 
@@ -410,14 +423,19 @@ def test_each_function_may_touch_only_its_logs_this_table_and_this_state_machine
 # contracts.md: which functions call Step Functions, and on what (a task token is authorized against the
 # state machine whose execution issued it; DescribeExecution against the execution).
 CONTRACT_STATES = {
-    "run": {"states:StartExecution": "machine"},
+    "run": {"states:StartExecution": {"sessions", "waits"}},
     "sweeper": {
-        "states:StartExecution": "machine",
-        "states:DescribeExecution": "executions",
-        "states:SendTaskSuccess": "machine",
+        "states:StartExecution": {"sessions", "waits"},
+        "states:DescribeExecution": {"sessions executions", "waits executions"},
+        "states:SendTaskSuccess": {"sessions"},  # a wait parked before Answered: the sessions machine's only
+        "states:SendTaskFailure": {"sessions", "waits"},
     },
-    "tools": {"states:SendTaskSuccess": "machine", "states:StartExecution": "machine"},
-    "park": {"states:SendTaskSuccess": "machine"},
+    "tools": {
+        "states:SendTaskSuccess": {"sessions", "waits"},
+        "states:SendTaskFailure": {"sessions", "waits"},
+        "states:StartExecution": {"sessions", "waits"},
+    },
+    "park": {"states:SendTaskSuccess": {"sessions", "waits"}, "states:SendTaskFailure": {"sessions", "waits"}},
 }
 
 
@@ -425,9 +443,12 @@ CONTRACT_STATES = {
 def test_step_functions_grants_follow_the_contract_in_policies_of_their_own(synth: Synth, name: str) -> None:
     _, fn = function_of(synth, name)
     role_id = fn["Properties"]["Role"]["Fn::GetAtt"][0]
-    machine = machine_arn(synth)
-    on = {machine: "machine", machine.replace(":stateMachine:", ":execution:") + ":*": "executions"}
-    granted: dict[str, str] = {}
+    on = {}
+    for which in ("sessions", "waits"):
+        machine = machine_arn(synth, which)
+        on[machine] = which
+        on[machine.replace(":stateMachine:", ":execution:") + ":*"] = f"{which} executions"
+    granted: dict[str, set[str]] = {}
     for key, policy in synth.of_type("AWS::IAM::Policy").items():
         if {"Ref": role_id} not in policy["Properties"]["Roles"]:
             continue
@@ -437,19 +458,22 @@ def test_step_functions_grants_follow_the_contract_in_policies_of_their_own(synt
                     # not in the default policy the function depends on: the machine depends on park and resume
                     assert "DefaultPolicy" not in policy["Metadata"]["aws:cdk:path"], key
                     (resource,) = as_list(statement["Resource"])
-                    granted[action] = on[text(resource)]
+                    granted.setdefault(action, set()).add(on[text(resource)])
     assert granted == CONTRACT_STATES.get(name, {})
 
 
-def test_the_state_machine_may_invoke_only_park_and_resume_and_start_only_itself(synth: Synth) -> None:
-    _, machine = synth.one("AWS::StepFunctions::StateMachine")
+@pytest.mark.parametrize("which", ["sessions", "waits"])
+def test_each_state_machine_may_invoke_only_park_and_resume_and_start_only_the_sessions_machine(
+    synth: Synth, which: str
+) -> None:
+    _, machine = machine_of(synth, which)
     role_id = machine["Properties"]["RoleArn"]["Fn::GetAtt"][0]
     invoked = set()
     started = []
     for statement in statements_of_role(synth, role_id):
         if statement["Action"] == "lambda:InvokeFunction":
             invoked |= {json.dumps(r) for r in as_list(statement["Resource"])}
-        elif statement["Action"] == "states:StartExecution":  # continue-as-new: its own successor
+        elif statement["Action"] == "states:StartExecution":  # continue-as-new: into the sessions machine
             started += [text(r) for r in as_list(statement["Resource"])]
         else:  # log delivery, which takes no resource narrower than *
             assert all(action.startswith("logs:") for action in as_list(statement["Action"])), statement
@@ -591,14 +615,11 @@ def test_people_sign_in_without_oauth_and_machines_by_client_credentials(synth: 
 def test_the_workflow_runs_parks_continues_as_new_and_ends_cleanly(synth: Synth) -> None:
     asl = definition_of(synth)
     states = asl["States"]
-    assert asl["StartAt"] == "Parked?"
+    assert asl["StartAt"] == "Run"  # no Choice first: a turn run in the workflow starts at its Run
     assert set(states) == {
-        "Parked?",
         "Run",
         "After the run",
         "Park",
-        "Went on?",
-        "Went on inline",
         "Next loop",
         "Continue",
         "Continued",
@@ -611,15 +632,12 @@ def test_the_workflow_runs_parks_continues_as_new_and_ends_cleanly(synth: Synth)
         "RecordParkFailure",
         "Failed",
     }
-    # a turn a waiting request ran to its park (hand_on, input "parked") starts at the wait; any other at Run
-    first = states["Parked?"]
-    assert first["Choices"] == [
-        {
-            "And": [{"Variable": "$.parked", "IsPresent": True}, {"Variable": "$.parked", "BooleanEquals": True}],
-            "Next": "Park",
-        }
-    ]
-    assert first["Default"] == "Run"
+    # the waits machine (a turn a waiting request ran to its park, a lost wait's restart) starts at Park, with
+    # the very states that follow the sessions machine's Park (one function builds both)
+    waits = definition_of(synth, which="waits")
+    assert waits["StartAt"] == "Park"
+    assert set(waits["States"]) == set(states) - {"Run", "After the run", "Done", "NotClaimed"}
+    assert waits["States"] == {name: states[name] for name in waits["States"]}
     run = states["Run"]
     assert run["Parameters"]["Payload"]["action"] == "run"
     assert run["Parameters"]["Payload"]["retry.$"] == "$$.State.RetryCount"  # a retry repairs a dead runner's commit
@@ -641,29 +659,28 @@ def test_the_workflow_runs_parks_continues_as_new_and_ends_cleanly(synth: Synth)
     assert park["Parameters"]["Payload"]["wait_seconds"] == "<WaitTimeoutSeconds>"
     assert park["ResultPath"] == "$.answer"  # the callback's output must not replace the session's ids
     assert park["TimeoutSeconds"] == "<WaitTimeoutSeconds>"
-    catches = {tuple(c["ErrorEquals"]): c["Next"] for c in park["Catch"]}
-    assert catches[("States.Timeout", "States.HeartbeatTimeout")] == "Expire"
-    assert catches[("States.ALL",)] == "RecordParkFailure"  # recorded by resume: park may be what failed
-    # every wait ends its execution (one wait per execution): at once when the answer's request ran the turn on
-    assert park["Next"] == "Went on?"
-    went = states["Went on?"]
-    assert went["Choices"] == [
-        {
-            "And": [
-                {"Variable": "$.answer.inline", "IsPresent": True},
-                {"Variable": "$.answer.inline", "BooleanEquals": True},
-            ],
-            "Next": "Went on inline",
-        }
+    assert park["Parameters"]["Payload"]["answer_error"] == ANSWERED  # stored with the token: how to wake it
+    # in order: a timeout expires the wait; an answer left to the workflow (Answered) continues it, caught before
+    # States.ALL would record it as the turn's failure, and retried by nothing (a retry would park again)
+    assert [(c["ErrorEquals"], c["Next"]) for c in park["Catch"]] == [
+        (["States.Timeout", "States.HeartbeatTimeout"], "Expire"),
+        ([ANSWERED], "Next loop"),
+        (["States.ALL"], "RecordParkFailure"),  # recorded by resume: park may be what failed
     ]
-    assert went["Default"] == "Next loop" and states["Went on inline"]["Type"] == "Succeed"
+    assert park["Catch"][1]["ResultPath"] is None  # the failure's error and cause are not the next loop's input
+    assert not [r for r in park["Retry"] if error_matches(r["ErrorEquals"], ANSWERED)], park["Retry"]
+    # every wait ends its execution (one wait per execution): an answer whose request ran the turn on ends it at
+    # Park itself (SendTaskSuccess), no state after it
+    assert park["End"] is True and "Next" not in park
 
-    # continue as new: the same machine, the same turn, a deterministic name per loop
+    # continue as new: the sessions machine, the same turn, a deterministic name per loop
     assert states["Next loop"]["Parameters"]["loop.$"] == "States.MathAdd($.loop, 1)"
     assert states["Next loop"]["Next"] == "Continue"
     cont = states["Continue"]
     assert cont["Resource"].endswith(":states:::states:startExecution")
-    assert cont["Parameters"]["StateMachineArn.$"] == "$$.StateMachine.Id"
+    # always the sessions machine (from the waits machine too): the next loop starts at Run
+    assert cont["Parameters"]["StateMachineArn"] == machine_arn(synth)
+    assert "StateMachineArn.$" not in cont["Parameters"]
     assert cont["Parameters"]["Name.$"] == "States.Format('{}-{}', $.name, $.loop)"
     assert {k: v for k, v in cont["Parameters"]["Input"].items() if not k.startswith("AWS_")} == {
         "tenant.$": "$.tenant",
@@ -771,8 +788,9 @@ def test_cdk_nag_passes_with_only_the_acknowledged_findings(synth: Synth) -> Non
         f"AwsSolutions-IAM5[Resource::<{park_id}.Arn>:*]",
         f"AwsSolutions-IAM5[Resource::<{resume_id}.Arn>:*]",
         "AwsSolutions-IAM5[Resource::*]",
-        # the sweeper's DescribeExecution: on this machine's executions, whose names are made per turn
+        # the sweeper's DescribeExecution: on each machine's executions, whose names are made per turn
         f"AwsSolutions-IAM5[Resource::{machine_arn(synth).replace(':stateMachine:', ':execution:')}:*]",
+        f"AwsSolutions-IAM5[Resource::{machine_arn(synth, 'waits').replace(':stateMachine:', ':execution:')}:*]",
         "AwsSolutions-L1",
         "AwsSolutions-SF1",  # the state machine logs its failures; a Standard execution keeps its history
         "AwsSolutions-SF2",
@@ -817,9 +835,10 @@ def test_the_state_machine_logs_its_failures_unless_told_to_log_every_event(synt
 
     from infra.workflow import log_level
 
-    _, machine = synth.one("AWS::StepFunctions::StateMachine")
-    logging = machine["Properties"]["LoggingConfiguration"]
-    assert logging["Level"] == "ERROR" and logging["IncludeExecutionData"] is False
+    for which in ("sessions", "waits"):
+        _, machine = machine_of(synth, which)
+        logging = machine["Properties"]["LoggingConfiguration"]
+        assert logging["Level"] == "ERROR" and logging["IncludeExecutionData"] is False
     assert log_level({}.get) == sfn.LogLevel.ERROR
     assert log_level({"workflow_log_level": "all"}.get) == sfn.LogLevel.ALL
     with pytest.raises(ValueError, match="workflow_log_level"):

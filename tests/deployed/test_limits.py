@@ -294,7 +294,11 @@ def test_a_long_poll_its_function_cannot_hold_is_red(base: Synth) -> None:
 
 def test_a_task_that_gives_up_before_its_function_is_red(base: Synth) -> None:
     template = _template(base)
-    (machine,) = [k for k, r in template["Resources"].items() if r["Type"] == "AWS::StepFunctions::StateMachine"]
+    (machine,) = [
+        k
+        for k, r in template["Resources"].items()
+        if r["Type"] == "AWS::StepFunctions::StateMachine" and r["Properties"]["StateMachineName"].endswith("-sessions")
+    ]
     tasks = limits.state_machine_tasks(template)
     assert tasks[f"{machine}/Run"]["timeout"] == 930 and tasks[f"{machine}/RecordFailure"]["timeout"] == 90
     definition = template["Resources"][machine]["Properties"]["DefinitionString"]["Fn::Join"][1]

@@ -117,13 +117,16 @@ def test_park_records_the_wait_it_holds(store_url: str) -> None:
     invocation = view.sessions.require("parked").projection.open_invocation
     assert invocation is not None
     before = now_ms()
-    answer = StepFunctions().park(view, "parked", invocation, "token-1", execution="arn:exec:1", wait_seconds=60)
+    answer = StepFunctions().park(
+        view, "parked", invocation, "token-1", execution="arn:exec:1", wait_seconds=60, answer_error="Answered"
+    )
     assert answer == {"woke": False, "status": "awaiting_input"}
     record = wait_record(view, "parked")
     assert record["task_token"] == "token-1" and record["execution"] == "arn:exec:1"
     assert record["wait_version"] == view.sessions.require("parked").version
     assert before + 60_000 <= record["wait_until"] <= now_ms() + 60_000
     assert record["invocation"] == invocation
+    assert record["answer_error"] == "Answered"  # how an answer left to the workflow wakes this machine's wait
     # one key (one item on DynamoDB: a park writes 2 units for it, not 10): the record whole under it
     assert view.store.load_scoped_state(view.name, TOKEN_SCOPE, "parked") == {"wait": record}
     fidelity.app.close()
@@ -176,6 +179,67 @@ def test_a_restart_never_reuses_an_ended_executions_name(monkeypatch: pytest.Mon
         second = sfn.restart("t", "s", "inv", 3)
         assert second == first[:-1] + "1" and sfn.status(second) == "RUNNING"
         assert len(interpreter.executions) == 2
+    finally:
+        interpreter.close()
+
+
+def test_a_wake_fails_the_wait_with_its_machines_error_and_answers_an_earlier_machines_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Answers left to the workflow fail the wait's task with the error its record names (``Answered``: the machine
+    catches it into ``Continue``); an inline answer, and any answer to a wait whose record names none (parked by
+    the machine before ``Answered``, whose ``Went on?`` continues on a plain success), are sent as a success."""
+    import json
+    import time
+
+    import botocore.session
+
+    from dormant.serving.workflow.stepfunctions import ANSWERED
+    from tests.support.fidelity.stepfunctions import StepFunctions as Interpreter
+    from tests.support.fidelity.template import ACCOUNT, REGION
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    tokens: dict[str, str] = {}
+
+    def park(function: str, payload: Any) -> tuple[bool, Any]:
+        tokens[payload["name"]] = payload["token"]
+        return True, {}
+
+    interpreter = Interpreter(park)
+    machine = f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:sessions"
+    wait = {
+        "Type": "Task",
+        "Resource": "arn:aws:states:::lambda:invoke.waitForTaskToken",
+        "Parameters": {"FunctionName": "park", "Payload": {"name.$": "$$.Execution.Name", "token.$": "$$.Task.Token"}},
+        "Catch": [{"ErrorEquals": [ANSWERED], "Next": "Continued"}, {"ErrorEquals": ["States.ALL"], "Next": "Failed"}],
+        "End": True,
+    }
+    states = {"Park": wait, "Continued": {"Type": "Succeed"}, "Failed": {"Type": "Fail", "Error": "Recorded"}}
+    interpreter.create_state_machine(machine, {"StartAt": "Park", "States": states})
+    endpoint = interpreter.serve()
+    try:
+        client = botocore.session.get_session().create_client(
+            "stepfunctions", region_name=REGION, endpoint_url=endpoint
+        )
+        sfn = StepFunctions(machine, client)
+        for name in ("left", "inline", "earlier"):
+            interpreter.start_execution(machine, name, "{}")
+        deadline = now_ms() + 10_000
+        while len(tokens) < 3 and now_ms() < deadline:
+            time.sleep(0.01)
+        assert sfn.wake(tokens["left"], error=ANSWERED) and sfn.wake(tokens["inline"], inline=True, error=ANSWERED)
+        assert sfn.wake(tokens["earlier"])
+        assert not sfn.wake(tokens["left"], error=ANSWERED)  # spent: woken already
+        ended = {}
+        for name in ("left", "inline", "earlier"):
+            execution = interpreter.executions[f"arn:aws:states:{REGION}:{ACCOUNT}:execution:sessions:{name}"]
+            while execution.status == "RUNNING" and now_ms() < deadline:
+                time.sleep(0.01)
+            ended[name] = (execution.status, execution.states, json.loads(execution.output or "null"))
+        assert ended["left"][:2] == ("SUCCEEDED", ["Park", "Continued"]), ended  # caught: the turn continues
+        assert ended["inline"] == ("SUCCEEDED", ["Park"], {"answered": True, "inline": True}), ended
+        assert ended["earlier"] == ("SUCCEEDED", ["Park"], {"answered": True}), ended
     finally:
         interpreter.close()
 

@@ -48,8 +48,8 @@ class _Machine(StepFunctions):
         self._throttle("DescribeExecution", execution)
         return "RUNNING" if execution in self.alive else "ABORTED"
 
-    def wake(self, token: str) -> bool:
-        self._throttle("SendTaskSuccess", token)
+    def wake(self, token: str, *, inline: bool = False, error: str | None = None) -> bool:
+        self._throttle("SendTaskSuccess" if inline or error is None else "SendTaskFailure", token)
         return True
 
     def restart(self, tenant: str, session_id: str, invocation_id: str, version: int) -> str:

@@ -71,10 +71,20 @@ def function_of(synth: Synth, name: str) -> tuple[str, dict[str, Any]]:
     return matches[0]
 
 
-def definition_of(synth: Synth, substitutions: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The state machine's ASL, each CloudFormation reference (``Ref``, ``Id.Arn``) replaced by its value in
-    ``substitutions``, else by a ``<Ref>``/``<Id.Arn>`` placeholder."""
-    _, machine = synth.one("AWS::StepFunctions::StateMachine")
+def machine_of(synth: Synth, which: str = "sessions") -> tuple[str, dict[str, Any]]:
+    """(logical id, resource) of the state machine named ``<stack>-<which>``: ``sessions`` or ``waits``."""
+    (found,) = [
+        (key, r)
+        for key, r in synth.of_type("AWS::StepFunctions::StateMachine").items()
+        if r["Properties"]["StateMachineName"].endswith(f"-{which}")
+    ]
+    return found
+
+
+def definition_of(synth: Synth, substitutions: dict[str, Any] | None = None, which: str = "sessions") -> dict[str, Any]:
+    """A state machine's ASL (``machine_of``'s ``which``), each CloudFormation reference (``Ref``, ``Id.Arn``)
+    replaced by its value in ``substitutions``, else by a ``<Ref>``/``<Id.Arn>`` placeholder."""
+    _, machine = machine_of(synth, which)
     parts = machine["Properties"]["DefinitionString"]["Fn::Join"][1]
     text = ""
     for part in parts:

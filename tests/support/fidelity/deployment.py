@@ -106,14 +106,15 @@ class Deployment:
         self.functions = template.functions()
         for name, seconds in (timeouts or {}).items():  # as if deployed with another timeout
             self.functions[name].timeout = seconds
-        self.machine_arn, self.definition = template.state_machine()
+        machines = template.state_machines()
+        self.machine_arn, self.definition, _ = machines["sessions"]
+        self.wait_machine_arn, self.wait_definition, _ = machines["waits"]
         self.table_name = template.table()["TableName"]
         self.dynamodb_endpoint = dynamodb_endpoint
         self._create_table()
-        self.sfn = StepFunctions(
-            self._invoke_for_states, time_scale=time_scale, machine_role=template.state_machine_role()
-        )
-        self.sfn.create_state_machine(self.machine_arn, self.definition)
+        self.sfn = StepFunctions(self._invoke_for_states, time_scale=time_scale)
+        for arn, definition, role in machines.values():  # the sessions machine (Run first) and the waits (Park)
+            self.sfn.create_state_machine(arn, definition, role)
         self.accountant: Accountant | None = None
         """With ``capacity``: the ledger of AWS's capacity (throttles, units per partition), ``capacity.py``."""
         self._stage_bucket: TokenBucket | None = None
@@ -236,8 +237,11 @@ class Deployment:
         self.template.names.parameters.update(parameters)
         if any(f.environment != self.template.functions()[n].environment for n, f in self.functions.items()):
             raise ValueError(f"{sorted(parameters)} change a function's environment: start a new Deployment")
-        self.machine_arn, self.definition = self.template.state_machine()
-        self.sfn.create_state_machine(self.machine_arn, self.definition)
+        machines = self.template.state_machines()
+        self.machine_arn, self.definition, _ = machines["sessions"]
+        self.wait_machine_arn, self.wait_definition, _ = machines["waits"]
+        for arn, definition, role in machines.values():
+            self.sfn.create_state_machine(arn, definition, role)
 
     def close(self) -> None:
         if self.accountant is not None:

@@ -2,7 +2,7 @@
 (awsJson1_0, ``X-Amz-Target: AWSStepFunctions.<Op>``) so the functions reach it with their own botocore.
 
 Standard workflows only. Task resources: ``arn:aws:states:::lambda:invoke`` (and ``.waitForTaskToken``),
-dispatched to the Lambda stand-in, and ``arn:aws:states:::states:startExecution`` (continue-as-new). The
+dispatched to the Lambda stand-in, and ``arn:aws:states:::states:startExecution`` (continue-as-new). Each
 state machine's own role is checked (``lambda:InvokeFunction``, ``states:StartExecution``) like a function's.
 
 ``time_scale`` multiplies Retry intervals and Wait states (not task timeouts, which the tests set through
@@ -368,6 +368,9 @@ class StepFunctions:
         self.time_scale = time_scale
         self.max_execution_seconds = max_execution_seconds
         self.machine_role = machine_role
+        """The role a machine created without one of its own acts with (``None``: nothing is checked)."""
+        self.roles: dict[str, list[dict[str, Any]]] = {}
+        """Each machine's own role (``create_state_machine(role=)``): the calls its tasks make are checked on it."""
         self.machines: dict[str, dict[str, Any]] = {}
         self.executions: dict[str, Execution] = {}
         self.waits: dict[str, _Wait] = {}
@@ -382,8 +385,12 @@ class StepFunctions:
 
     # -- the API ---------------------------------------------------------------------------------------------
 
-    def create_state_machine(self, arn: str, definition: dict[str, Any]) -> None:
+    def create_state_machine(
+        self, arn: str, definition: dict[str, Any], role: list[dict[str, Any]] | None = None
+    ) -> None:
         self.machines[arn] = definition
+        if role is not None:
+            self.roles[arn] = role
 
     def start_execution(self, machine_arn: str, name: str | None = None, input: str | None = None) -> dict[str, Any]:
         if machine_arn not in self.machines:
@@ -694,9 +701,9 @@ class StepFunctions:
         started = time.monotonic()
         try:
             if base.endswith(":states:::lambda:invoke"):
-                result = self._lambda(parameters, timeout)
+                result = self._lambda(execution, parameters, timeout)
             elif base.endswith(":states:::states:startExecution"):
-                result = self._start_child(parameters)
+                result = self._start_child(execution, parameters)
             else:
                 raise StatesError("States.Runtime", f"the harness does not run {resource}")
         except StatesError as error:
@@ -747,10 +754,11 @@ class StepFunctions:
         self._event(execution, "TaskFailed", value)
         raise StatesError(value.get("error") or "", value.get("cause") or "")
 
-    def _authorize(self, action: str, resource: str) -> None:
-        if self.machine_role is None:
+    def _authorize(self, execution: Execution, action: str, resource: str) -> None:
+        role = self.roles.get(execution.machine_arn, self.machine_role)
+        if role is None:
             return
-        granted = iam.allowed(self.machine_role, action, resource)
+        granted = iam.allowed(role, action, resource)
         with self._lock:
             self.role_calls.append((action, resource, granted))
         if not granted:
@@ -758,10 +766,10 @@ class StepFunctions:
                 "States.TaskFailed", f"AccessDeniedException: the state machine's role may not {action} on {resource}"
             )
 
-    def _lambda(self, parameters: dict[str, Any], timeout: float | None) -> Any:
+    def _lambda(self, execution: Execution, parameters: dict[str, Any], timeout: float | None) -> Any:
         function = str(parameters["FunctionName"])
         arn = function if function.startswith("arn:") else f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{function}"
-        self._authorize("lambda:InvokeFunction", arn)
+        self._authorize(execution, "lambda:InvokeFunction", arn)
         ok, value = self.invoke(function, parameters.get("Payload", {}))
         if not ok:
             raise StatesError(str(value.get("errorType") or "Lambda.Unknown"), json.dumps(value))
@@ -773,9 +781,9 @@ class StepFunctions:
             "StatusCode": 200,
         }
 
-    def _start_child(self, parameters: dict[str, Any]) -> Any:
+    def _start_child(self, execution: Execution, parameters: dict[str, Any]) -> Any:
         machine = str(parameters["StateMachineArn"])
-        self._authorize("states:StartExecution", machine)
+        self._authorize(execution, "states:StartExecution", machine)
         given = parameters.get("Input", {})
         text = given if isinstance(given, str) else json.dumps(given)
         try:

@@ -297,15 +297,24 @@ class Template:
         props = self.resources[logical]["Properties"]
         return self._path_of(props["ParentId"]) + "/" + props["PathPart"]
 
-    def state_machine(self) -> tuple[str, dict[str, Any]]:
-        """(ARN, the ASL with references resolved) of the only state machine."""
-        ((logical, machine),) = self.of_type("AWS::StepFunctions::StateMachine").items()
-        definition = self.resolve(machine["Properties"]["DefinitionString"])
-        return self.state_machine_arn(logical), json.loads(definition)
+    def state_machines(self) -> dict[str, tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+        """Each state machine by its name's last word (``sessions``, ``waits``): its ARN, its ASL with references
+        resolved and its role's statements."""
+        machines = {}
+        for logical, machine in self.of_type("AWS::StepFunctions::StateMachine").items():
+            arn = self.state_machine_arn(logical)
+            definition = json.loads(self.resolve(machine["Properties"]["DefinitionString"]))
+            role = self.role_statements(machine["Properties"]["RoleArn"]["Fn::GetAtt"][0])
+            machines[arn.rsplit("-", 1)[-1]] = (arn, definition, role)
+        return machines
 
-    def state_machine_role(self) -> list[dict[str, Any]]:
-        ((_, machine),) = self.of_type("AWS::StepFunctions::StateMachine").items()
-        return self.role_statements(machine["Properties"]["RoleArn"]["Fn::GetAtt"][0])
+    def state_machine(self, which: str = "sessions") -> tuple[str, dict[str, Any]]:
+        """(ARN, the ASL with references resolved) of the ``sessions`` machine (or ``waits``)."""
+        arn, definition, _ = self.state_machines()[which]
+        return arn, definition
+
+    def state_machine_role(self, which: str = "sessions") -> list[dict[str, Any]]:
+        return self.state_machines()[which][2]
 
     def table(self) -> dict[str, Any]:
         """The ``CreateTable`` request for the only table, from its template definition."""

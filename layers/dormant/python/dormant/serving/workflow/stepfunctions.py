@@ -25,6 +25,12 @@ _RESTARTS = 5
 """Names the sweeper tries for one wait's fresh execution (``-r1``...): a name whose execution ended is not reused."""
 
 
+ANSWERED = "Answered"
+"""The error a wait's task is failed with (``SendTaskFailure``) when answers came and no runner took the turn on:
+the state machine catches it on ``Park`` into ``Continue`` (the turn goes on in a fresh execution). A task's
+success (``SendTaskSuccess``) ends the execution: the turn went on in the request that answered (issue 36)."""
+ANSWERED_CAUSE = "the answers are stored; the turn goes on in the next execution"
+
 WAIT_KEY = "wait"
 """The key of a wait's record (``park``'s) in the session's ``TOKEN_SCOPE`` state: one item, not one a field."""
 
@@ -47,11 +53,16 @@ def execution_name(tenant: str, session_id: str, invocation_id: str, version: in
 class StepFunctions:
     """Start executions and answer task tokens (the AWS SDK is imported on first use only).
 
-    Answering a token needs no state machine ARN: ``park`` and ``tools`` are built without one. Starting an
-    execution (``run``, the sweeper) needs it."""
+    Answering a token needs no state machine ARN: ``park`` is built without one. Starting an execution (``run``,
+    ``tools``, the sweeper) needs the sessions machine's (``state_machine_arn``: a turn starts at ``Run``) and the
+    waits machine's (``wait_machine_arn``: a wait starts at ``Park``; without it a wait is started in the sessions
+    machine, whose ``Run`` finds the turn waiting and parks: 2 transitions and an invocation more)."""
 
-    def __init__(self, state_machine_arn: str | None = None, client: Any = None) -> None:
+    def __init__(
+        self, state_machine_arn: str | None = None, client: Any = None, *, wait_machine_arn: str | None = None
+    ) -> None:
         self.state_machine_arn = state_machine_arn
+        self.wait_machine_arn = wait_machine_arn
         self._client = client
 
     @property
@@ -62,53 +73,53 @@ class StepFunctions:
 
     def start(self, tenant: str, session_id: str, invocation_id: str, version: int, parked: bool = False) -> str:
         """Start the execution that will run this claim (the same claim's retry finds it started). ``parked``: the
-        turn waits for answers at ``version`` (a waiting request ran it to its park): the execution starts at
-        ``Park``, with no ``Run`` to find that out."""
+        turn waits for answers at ``version`` (a waiting request ran it to its park): the execution is the waits
+        machine's, which starts at ``Park``, with no ``Run`` (and no Choice) to find that out."""
         name = execution_name(tenant, session_id, invocation_id, version)
         with contextlib.suppress(self.client.exceptions.ExecutionAlreadyExists):
-            self._start(tenant, session_id, invocation_id, name, parked=parked)
+            self._start(self._machine(parked), tenant, session_id, invocation_id, name)
         return name
 
     def restart(self, tenant: str, session_id: str, invocation_id: str, version: int) -> str:
-        """Start a fresh execution for a wait whose own is gone (the sweeper). Named after the session's version
+        """Start a fresh execution for a wait whose own is gone (the sweeper), in the waits machine: it parks again
+        (or, answered meanwhile, continues into the sessions machine). Named after the session's version
         (``<claim's name>-r0``: a claim's own execution is never taken for it), so two sweeps of the same wait
         start one execution; a name whose execution already ended (a restart that died before it parked) is not
         reused: the next (``-r1``, ``-r2``...) is tried."""
         base = execution_name(tenant, session_id, invocation_id, version)
+        machine = self._machine(parked=True)
         for attempt in range(_RESTARTS):
             name = f"{base}-r{attempt}"
             try:
-                self._start(tenant, session_id, invocation_id, name)
+                self._start(machine, tenant, session_id, invocation_id, name)
             except self.client.exceptions.ExecutionAlreadyExists:
-                if self.status(name) == "RUNNING":
+                if self.status(name, machine) == "RUNNING":
                     return name  # another sweep started it: it is the wait's execution
                 continue
             return name
         raise ConfigurationError(f"{_RESTARTS} executions for session {session_id!r} at version {version} ended")
 
-    def _start(self, tenant: str, session_id: str, invocation_id: str, name: str, *, parked: bool = False) -> None:
-        if self.state_machine_arn is None:
+    def _machine(self, parked: bool) -> str:
+        """The waits machine for a wait (``parked``) if this was given one, else the sessions machine."""
+        arn = (self.wait_machine_arn if parked else None) or self.state_machine_arn
+        if arn is None:
             # a wiring mistake (a 500 naming it), not the caller's: no request can mend it
             raise ConfigurationError("StepFunctions was built without the state machine's ARN: it cannot start one")
-        payload: dict[str, Any] = {
-            "tenant": tenant,
-            "session_id": session_id,
-            "invocation_id": invocation_id,
-            "name": name,
-            "loop": 0,
-        }
-        if parked:
-            payload["parked"] = True  # the state machine's first Choice: straight to Park
-        self.client.start_execution(stateMachineArn=self.state_machine_arn, name=name, input=json.dumps(payload))
+        return arn
 
-    def status(self, execution: str) -> str | None:
-        """An execution's status (``RUNNING``, ``SUCCEEDED``, ``ABORTED``...) by ARN or by name (this machine's);
-        ``None`` when there is no such execution."""
+    def _start(self, machine: str, tenant: str, session_id: str, invocation_id: str, name: str) -> None:
+        payload = {"tenant": tenant, "session_id": session_id, "invocation_id": invocation_id, "name": name, "loop": 0}
+        self.client.start_execution(stateMachineArn=machine, name=name, input=json.dumps(payload))
+
+    def status(self, execution: str, machine: str | None = None) -> str | None:
+        """An execution's status (``RUNNING``, ``SUCCEEDED``, ``ABORTED``...) by ARN or by name (of ``machine``,
+        by default the sessions machine); ``None`` when there is no such execution."""
         arn = execution
         if not arn.startswith("arn:"):
-            if self.state_machine_arn is None:
+            machine = machine or self.state_machine_arn
+            if machine is None:
                 raise ConfigurationError("StepFunctions was built without the state machine's ARN")
-            arn = f"{self.state_machine_arn.replace(':stateMachine:', ':execution:', 1)}:{execution}"
+            arn = f"{machine.replace(':stateMachine:', ':execution:', 1)}:{execution}"
         try:
             described = self.client.describe_execution(executionArn=arn)
         except self.client.exceptions.ExecutionDoesNotExist:
@@ -116,12 +127,13 @@ class StepFunctions:
         return str(described["status"])
 
     def on_answers(self, tenant: str, app: App, session: Session) -> dict[str, Any]:
-        token = wait_record(app, session.id).get("task_token")
+        record = wait_record(app, session.id)
+        token = record.get("task_token")
         if not token:
             return {"woke": False}  # park has not stored its token yet: it will find the answers itself
         # A token left by an earlier wait is refused by Step Functions (ignored); that wait's successor
         # parks after these answers landed and wakes itself.
-        return {"woke": self.wake(token)}
+        return {"woke": self.wake(str(token), error=answer_error(record))}
 
     def end_wait(self, tenant: str, app: App, session: Session) -> bool:
         """End the execution waiting on ``session``'s answers without a runner of its own: the request that stored
@@ -130,13 +142,20 @@ class StepFunctions:
         token = wait_record(app, session.id).get("task_token")
         return bool(token) and self.wake(str(token), inline=True)
 
-    def wake(self, token: str, *, inline: bool = False) -> bool:
-        """Send the answers' arrival to the waiting task; ``False`` when it was woken already or ended. ``inline``:
-        the turn went on in the request that answered (or another runner holds it): the execution ends at once
-        (the state machine's ``Went on?``), no ``Continue``, no ``Run``."""
-        output = {"answered": True, "inline": True} if inline else {"answered": True}
+    def wake(self, token: str, *, inline: bool = False, error: str | None = None) -> bool:
+        """Send the answers' arrival to the waiting task; ``False`` when it was woken already or ended.
+
+        ``inline``: the turn went on in the request that answered (or another runner holds it): the task succeeds
+        and the execution ends there, no ``Continue``, no ``Run``. Otherwise the turn goes on in a fresh execution:
+        the task fails with ``error`` (``ANSWERED``, which the machine catches into ``Continue``; the wait's record
+        says so, ``answer_error``). A wait parked by an earlier machine (no ``error``) is sent a success without
+        ``inline``: its ``Went on?`` continues it."""
         try:
-            self.client.send_task_success(taskToken=token, output=json.dumps(output))
+            if inline or error is None:
+                output = {"answered": True, "inline": True} if inline else {"answered": True}
+                self.client.send_task_success(taskToken=token, output=json.dumps(output))
+            else:
+                self.client.send_task_failure(taskToken=token, error=error, cause=ANSWERED_CAUSE)
         except self.client.exceptions.ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in _GONE:
                 return False
@@ -152,10 +171,12 @@ class StepFunctions:
         *,
         execution: str | None = None,
         wait_seconds: float | None = None,
+        answer_error: str | None = None,
     ) -> dict[str, Any]:
         """Store ``token`` with the session while it waits on ``invocation_id``; if answers arrived first (or
         the wait is over), send the token back at once, so the execution goes on. With it goes the wait's
-        record: the parked ``execution`` (its ARN), the version it waits at and when the wait times out.
+        record: the parked ``execution`` (its ARN), the version it waits at, when the wait times out and
+        ``answer_error``, the error the machine catches into ``Continue`` (its Park's payload names it).
 
         Not a commit: the record is written with the wait's due time (``set_due(scoped_changes=)``), gated on the
         version at which the invocation awaits answers, so the session's version, ``updated_at`` and listing entry
@@ -169,11 +190,11 @@ class StepFunctions:
             if session is None:
                 raise SessionNotFound(session_id)
             if not _waiting(session, invocation_id):
-                return self._answered_first(session, invocation_id, token)
+                return self._answered_first(session, invocation_id, token, answer_error)
             if not isinstance(store, DueStore) or session.version == refused_at:
                 break  # refused with nothing moved: the store keeps no due times (the commit below)
             until = _until(wait_seconds)
-            record = _record(session_id, token, execution, session.version, until, invocation_id)
+            record = _record(session_id, token, execution, session.version, until, invocation_id, answer_error)
             due = NOT_DUE if until is None else until
             if store.set_due(app.name, session_id, session.version, due, scoped_changes=[record]):
                 return {"woke": False, "status": session.status}
@@ -183,7 +204,7 @@ class StepFunctions:
                 f"session {session_id!r} kept moving: {_ATTEMPTS} attempts to park its wait lost the race",
                 session_id=session_id,
             )
-        return self._park_in_commit(app, session_id, invocation_id, token, execution, wait_seconds)
+        return self._park_in_commit(app, session_id, invocation_id, token, execution, wait_seconds, answer_error)
 
     def _park_in_commit(
         self,
@@ -193,13 +214,15 @@ class StepFunctions:
         token: str,
         execution: str | None,
         wait_seconds: float | None,
+        answer_error: str | None,
     ) -> dict[str, Any]:
         """``park`` on a store without due times: the record in a commit of its own (a version of its own)."""
 
         def token_while_waiting(session: Session) -> list[ScopedStateChange]:
             if not _waiting(session, invocation_id):
                 return []
-            return [_record(session_id, token, execution, session.version + 1, _until(wait_seconds), invocation_id)]
+            until = _until(wait_seconds)
+            return [_record(session_id, token, execution, session.version + 1, until, invocation_id, answer_error)]
 
         written = app.sessions.write(
             session_id,
@@ -210,14 +233,16 @@ class StepFunctions:
         )
         if written.value:
             return {"woke": False, "status": written.session.status}
-        return self._answered_first(written.session, invocation_id, token)
+        return self._answered_first(written.session, invocation_id, token, answer_error)
 
-    def _answered_first(self, session: Session, invocation_id: str, token: str) -> dict[str, Any]:
+    def _answered_first(
+        self, session: Session, invocation_id: str, token: str, answer_error: str | None
+    ) -> dict[str, Any]:
         """Answered before the token was stored. Only a turn no runner holds yet goes on in the next execution; one
         some runner took on since (POST /tools with Prefer: wait; its take-on has a deadline: the sweeper's if that
         runner dies), or that ended, is not run by this execution too: it ends at once (no Continue, no Run)."""
         needs_runner = session.status == "resumable" and session.projection.open_invocation == invocation_id
-        return {"woke": self.wake(token, inline=not needs_runner), "status": session.status}
+        return {"woke": self.wake(token, inline=not needs_runner, error=answer_error), "status": session.status}
 
 
 def _waiting(session: Session, invocation_id: str) -> bool:
@@ -230,7 +255,13 @@ def _until(wait_seconds: float | None) -> int | None:
 
 
 def _record(
-    session_id: str, token: str, execution: str | None, version: int, until: int | None, invocation_id: str
+    session_id: str,
+    token: str,
+    execution: str | None,
+    version: int,
+    until: int | None,
+    invocation_id: str,
+    answer_error: str | None,
 ) -> ScopedStateChange:
     """The wait's record (``wait_record``), as the write that stores it."""
     record = {
@@ -240,7 +271,15 @@ def _record(
         "wait_until": until,
         "invocation": invocation_id,
     }
+    if answer_error is not None:
+        record["answer_error"] = answer_error
     return ScopedStateChange(TOKEN_SCOPE, session_id, WAIT_KEY, record)
+
+
+def answer_error(record: dict[str, Any]) -> str | None:
+    """The error a wait's record says its machine catches into ``Continue`` (``None``: a record from before)."""
+    error = record.get("answer_error")
+    return str(error) if error else None
 
 
 def step_functions_hooks(machine: StepFunctions) -> Hooks:

@@ -15,7 +15,7 @@ from ...errors import ClaimLost, InputError
 from ...stores.base import NOT_DUE, DueStore, RepairableStore, RunningSession, SweepableStore
 from ..runtime import Served, purge_tenants, served_from_env, view_of
 from ..turns import RUNNER_TURN_MS, resume_turn
-from .stepfunctions import StepFunctions, wait_record
+from .stepfunctions import StepFunctions, answer_error, wait_record
 from .tasks import end_invocation
 
 WAIT_GRACE_MS = 5 * 60_000
@@ -194,7 +194,7 @@ def _sweep_wait(machine: StepFunctions, view: App, tenant: str, row: RunningSess
     until = record.get("wait_until")
     if parked and machine.status(str(parked)) == "RUNNING":
         token = record.get("task_token")
-        if row.status == "resumable" and token and machine.wake(str(token)):
+        if row.status == "resumable" and token and machine.wake(str(token), error=answer_error(record)):
             metrics.count("orphaned_waits_restarted")
             _defer(view, row, now)  # looked at again after a grace if the woken run never commits
             return f"{row.session_id}: woken (execution {str(parked).rsplit(':', 1)[-1]})"

@@ -148,7 +148,7 @@ def workflow_handler(
         if action == "park":
             if step_functions is None:
                 raise InputError("this function is not wired to answer task tokens", field="action")
-            execution, wait = event.get("execution"), event.get("wait_seconds")
+            execution, wait, error = event.get("execution"), event.get("wait_seconds"), event.get("answer_error")
             return step_functions.park(
                 app,
                 session_id,
@@ -156,6 +156,7 @@ def workflow_handler(
                 str(event["token"]),
                 execution=None if execution is None else str(execution),
                 wait_seconds=None if wait is None else float(wait),
+                answer_error=None if error is None else str(error),
             )
         if action == "expire":
             holder = event.get("execution")
