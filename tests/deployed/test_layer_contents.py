@@ -40,6 +40,7 @@ SHIPPED = {
     "agents",
     "app.py",
     "audit.py",
+    "aws.py",  # the process's one botocore session and its clients
     "bridges",  # dormant.bridges.adk: an ADK agent on Lambda brings google-adk itself
     "clock.py",
     "committed.py",
