@@ -522,6 +522,17 @@ def _late_lines(arcs: dict[str, Arc], totals: dict[str, float]) -> list[str]:
     named = ", ".join(
         f"{line} ${usd * 1e6:,.2f}" for line, usd in sorted(fewer.items(), key=lambda kv: -kv[1]) if usd * 1e6 >= 0.5
     )
+    more = ", ".join(
+        f"{line} ${-usd * 1e6:,.2f}" for line, usd in sorted(fewer.items(), key=lambda kv: kv[1]) if -usd * 1e6 >= 0.5
+    )
+    why = (
+        "not a cost left out but work not done, one turn instead of two (no POST /tools, no second Run, its model"
+        f" calls, long-poll and transitions); what the answered one pays more: {named}"
+        if timeout < at_once
+        else "less work at a higher bill: its Expire runs in the workflow (a resume invocation and the transitions"
+        f" after Park), where the answered turn ran inline on one transition; what it pays more: {more}; what the"
+        f" answered one pays more: {named}"
+    )
     return [
         "  late answers (AWS, per million turns), each against the same work done at once:",
         f"    {'answered after a day':<22} ${day * 1e6:>10,.2f} against ${at_once * 1e6:,.2f} answered at once"
@@ -529,9 +540,7 @@ def _late_lines(arcs: dict[str, Arc], totals: dict[str, float]) -> list[str]:
         f"    {'reaches its timeout':<22} ${timeout * 1e6:>10,.2f} against ${ended_at_once * 1e6:,.2f}, its path"
         f" (run, park, Expire) with the wait ending at once ({(timeout / ended_at_once - 1) * 100:+.1f}%;"
         f" {wait_s / 86_400:g} days asleep)",
-        f"      and against one answered at once ${at_once * 1e6:,.2f} ({(timeout / at_once - 1) * 100:+.1f}%): not a"
-        " cost left out but work not done, one turn instead of two (no POST /tools, no second Run, its model"
-        f" calls, long-poll and transitions); what the answered one pays more: {named}",
+        f"      and against one answered at once ${at_once * 1e6:,.2f} ({(timeout / at_once - 1) * 100:+.1f}%): {why}",
     ]
 
 

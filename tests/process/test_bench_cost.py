@@ -482,7 +482,11 @@ def test_bench_cost_runs_on_the_quick_sizes_and_prints_its_table(dynamodb_endpoi
     late = dict(re.findall(r"^\s+(answered after a day|reaches its timeout)\s+\$.*?\(([+-][\d.]+)%", out, re.M))
     assert set(late) == {"answered after a day", "reaches its timeout"}, out[-3000:]
     assert all(abs(float(change)) <= 10 for change in late.values()), late
-    assert re.search(r"and against one answered at once \$[\d,.]+ \(-[\d.]+%\): not a cost left out", out)
+    against = re.search(r"and against one answered at once \$[\d,.]+ \(([+-])[\d.]+%\): (.*)$", out, re.M)
+    assert against, out[-3000:]  # lower: work not done; higher: named, line by line
+    assert against[2].startswith(
+        "not a cost left out" if against[1] == "-" else "less work at a higher bill: its Expire"
+    )
     checked = dict(re.findall(r"^\s+(?:ok  |MISS) (.+?)\s+([\d.]+)x \(target", out, re.M))
     assert set(checked) == {
         "approval answered a day late / at once ($)",

@@ -144,10 +144,14 @@ def test_invoking_run_alone_says_it_needs_the_state_machine(tmp_path: Path) -> N
 
 @pytest.fixture
 def no_aws_configuration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No AWS_* variable and no ~/.aws: a machine that never configured AWS."""
+    """No AWS_* variable and no ~/.aws: a machine that never configured AWS, in a process that made no AWS client
+    yet (the process's one botocore session, ``dormant.aws``, resolves credentials and region once)."""
+    from dormant import aws
+
     for name in [name for name in os.environ if name.startswith("AWS_")]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(aws, "_session", [])
 
 
 @pytest.mark.parametrize(
