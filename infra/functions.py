@@ -29,16 +29,18 @@ MEMORY_MIN_MB, MEMORY_MAX_MB = 128, 10_240
 """Lambda's range for a function's memory."""
 HEADROOM = 1.5
 MEMORY_STEP_MB = 64
-PEAK_MB = {"sessions": 89, "run": 89, "tools": 90, "commit": 65, "park": 60, "resume": 86, "sweeper": 60}
+PEAK_MB = {"sessions": 89, "run": 80, "tools": 68, "commit": 65, "park": 60, "resume": 85, "sweeper": 60}
 """Each function's peak memory (MB, Lambda's Max Memory Used: runtime, init and invocations) over the fidelity arcs
-(``tests/deployed/test_fidelity*.py``, 2026-12-06, every AWS client from one botocore session (``dormant.aws``):
-the highest of three full runs, every function at its size, all arcs green each time), as the harness measures and
-enforces it (``DORMANT_FIDELITY_PEAKS``; docs/deploying.md). Init alone is 43-48 MB (Python and the handler's
-imports; botocore's about 23 of it). What a turn function adds: its first AWS client 12 MB (botocore's endpoints
-7, DynamoDB's model 4), each further one about 1; the OpenAI SDK 28 MB (``-c model=openai``: ``run`` 89, ``tools``
-90, ``resume`` 86, the highest of every arc); with Bedrock or the scripted model 66-68; a 4.8 MB conversation run
-turn by turn ``run`` 80, ``resume`` 85 (it grows with the history the turn loads). ``sessions`` 89: that
-conversation read back as one page. Before the shared session: ``run`` 93, ``sessions`` 98-103."""
+(``tests/deployed/test_fidelity*.py``) of a deployment whose turns load no model SDK of dormant's beyond botocore
+(the app's own models, or ``-c model=bedrock:...``), as the harness measures and enforces it
+(``DORMANT_FIDELITY_PEAKS``; docs/deploying.md): 2026-12-06, every AWS client from one botocore session
+(``dormant.aws``), the highest of three full runs. Init alone is 43-48 MB (Python and the handler's imports;
+botocore's about 23 of it); a turn function's first AWS client adds 12 MB (botocore's endpoints 7, DynamoDB's model
+4), each further one about 1; with Bedrock or the scripted model 66-68; a 4.8 MB conversation run turn by turn takes
+``run`` to 80 and ``resume`` to 85 (it grows with the history the turn loads). ``sessions`` 89: that conversation
+read back as one page. Before the shared session: ``run`` 93, ``sessions`` 98-103."""
+OPENAI_PEAK_MB = {"run": 89, "tools": 90, "resume": 86}
+"""The turn functions' peaks with ``-c model=openai:...``: the OpenAI SDK adds 28 MB (its import 20, its client 8)."""
 
 
 def size_for(peak_mb: int) -> int:
@@ -62,10 +64,20 @@ class Handler:
 API = INTEGRATION_TIMEOUT_S - COLD_START_S - 1
 """API functions: a cold start and the whole timeout end before API Gateway's 29 s, so no request is answered
 504 after its work landed (a held wait ends ``WAIT_MARGIN`` before the function's deadline: 21 s)."""
-TURNS_MB = size_for(max(PEAK_MB["resume"], PEAK_MB["run"], PEAK_MB["tools"]))
+TURNS = ("run", "tools", "resume")
 """``resume`` runs turns, ``run`` the turns whose caller waits (issue 36, ``Prefer: wait``) and ``tools`` the rest
-of an answered turn whose caller waits: all get what a turn needs, so neither ``run`` nor ``tools`` is ever sized
-lower than ``resume`` (``memory_sizes`` refuses it)."""
+of an answered turn whose caller waits: all get what a turn needs (``turns_mb``), so neither ``run`` nor ``tools``
+is ever sized lower than ``resume`` (``memory_sizes`` refuses it)."""
+
+
+def turns_mb(model_sdk: bool = False) -> int:
+    """The turn functions' one size: the highest of their peaks, with the OpenAI SDK's (``model_sdk``,
+    ``-c model=openai``) or without (``OPENAI_PEAK_MB``, ``PEAK_MB``)."""
+    peaks = OPENAI_PEAK_MB if model_sdk else PEAK_MB
+    return size_for(max(peaks[name] for name in TURNS))
+
+
+TURNS_MB = turns_mb()
 HANDLERS = (
     Handler(
         "sessions",
@@ -91,11 +103,13 @@ HANDLERS = (
 )
 
 
-def memory_sizes(value: object) -> dict[str, int]:
-    """Each function's memory: ``HANDLERS``' own, unless ``-c function_memory=`` gives one size for all (``=1024``)
-    or some functions theirs (``=resume=1024,run=1024``). Refused: a size outside Lambda's range, an unknown
-    function, and ``run`` below ``resume`` (``TURNS_MB``)."""
+def memory_sizes(value: object, *, model_sdk: bool = False) -> dict[str, int]:
+    """Each function's memory: ``HANDLERS``' own (the turn functions' with the OpenAI SDK when ``model_sdk``:
+    ``-c model=openai``), unless ``-c function_memory=`` gives one size for all (``=1024``) or some functions theirs
+    (``=resume=1024,run=1024``). Refused: a size outside Lambda's range, an unknown function, and ``run`` or
+    ``tools`` below ``resume`` (``TURNS``)."""
     sizes = {h.name: h.memory_mb for h in HANDLERS}
+    sizes.update(dict.fromkeys(TURNS, turns_mb(model_sdk)))
     text = "" if value is None else str(value).strip()
     if not text:
         return sizes

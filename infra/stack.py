@@ -197,7 +197,10 @@ class DormantStack(Stack):
             },
             log_retention_days=retention.value_as_number,
             tracing=tracing,
-            memory=memory_sizes(context("function_memory")),
+            # the turn functions load the model's SDK: the OpenAI SDK is 28 MB more (infra.functions.OPENAI_PEAK_MB)
+            memory=memory_sizes(
+                context("function_memory"), model_sdk=choice is not None and choice.provider == "openai"
+            ),
         )
         for name, function in functions.by_name.items():
             _grant_table(function, table, name)

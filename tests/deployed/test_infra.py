@@ -515,6 +515,24 @@ def test_each_function_is_sized_by_its_measured_peak_with_headroom(synth: Synth)
     assert max(sizes.values()) < 512  # the size every function had before it was measured
 
 
+def test_with_the_openai_sdk_the_turn_functions_are_sized_by_its_peaks(tmp_path: Path) -> None:
+    """``-c model=openai:...`` loads the OpenAI SDK in the turn functions (28 MB): they are sized by their peaks with
+    it (``OPENAI_PEAK_MB``), the others as without; ``-c model=bedrock:...`` loads none beyond botocore."""
+    from infra.functions import OPENAI_PEAK_MB, TURNS, size_for
+
+    secret = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:dormant/openai-Ab12Cd"
+    with_sdk = synthesize(tmp_path / "openai", {"model": "openai:m", "openai_secret": secret})
+    sizes = {h.name: function_of(with_sdk, h.name)[1]["Properties"]["MemorySize"] for h in HANDLERS}
+    turns = size_for(max(OPENAI_PEAK_MB.values()))
+    assert turns > min(h.memory_mb for h in HANDLERS if h.name in TURNS), "the SDK's peaks size no higher"
+    assert sizes == {h.name: turns if h.name in TURNS else h.memory_mb for h in HANDLERS}, sizes
+    for name in TURNS:
+        assert OPENAI_PEAK_MB[name] * 1.5 <= sizes[name], name
+    bedrock = synthesize(tmp_path / "bedrock", {"model": "bedrock:eu.amazon.nova-pro-v1:0"})
+    sizes = {h.name: function_of(bedrock, h.name)[1]["Properties"]["MemorySize"] for h in HANDLERS}
+    assert sizes == {h.name: h.memory_mb for h in HANDLERS}, sizes
+
+
 def test_function_memory_is_context_one_size_or_each_functions_and_checked(tmp_path: Path) -> None:
     from infra.functions import memory_sizes
 
