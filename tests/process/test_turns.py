@@ -22,7 +22,7 @@ from dormant.serving.runtime import Served
 from dormant.serving.turns import RUNNER_TURN_MS, claim_turn, resume_turn, run_claimed
 from dormant.serving.workflow import sweep_turns
 from dormant.stores.url import store_from_url
-from tests.support.turns_app import build
+from tests.support.turns_app import Turns, build
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,11 +80,16 @@ def test_a_runner_killed_half_way_is_handed_on_by_the_sweep_with_its_steps_kept(
     app.close()
 
 
-def test_a_runner_near_its_deadline_hands_on_and_the_next_goes_on_without_rerunning_tools(tmp_path: Path) -> None:
+def _released(tmp_path: Path) -> tuple[Path, Turns]:
+    """The turns app on a SQLite file, its ``slow`` tool released at once; its folder, where the tools log."""
     folder = tmp_path / "files"
     folder.mkdir()
     (folder / "release").touch()
-    turns = build(store_from_url(f"sqlite:///{tmp_path / 'turns.db'}"), folder)
+    return folder, build(store_from_url(f"sqlite:///{tmp_path / 'turns.db'}"), folder)
+
+
+def test_a_runner_near_its_deadline_hands_on_and_the_next_goes_on_without_rerunning_tools(tmp_path: Path) -> None:
+    folder, turns = _released(tmp_path)
     app, agent = turns.app, turns.agent
     session = app.sessions.create()
     with frozen_clock(now_ms()) as clock:
@@ -173,10 +178,7 @@ def test_a_steps_commit_refused_by_the_store_hands_the_turn_on_with_the_step_kep
     from dormant import errors
     from dormant.serving.turns import run_held
 
-    folder = tmp_path / "files"
-    folder.mkdir()
-    (folder / "release").touch()
-    turns = build(store_from_url(f"sqlite:///{tmp_path / 'turns.db'}"), folder)
+    folder, turns = _released(tmp_path)
     app, agent = turns.app, turns.agent
     session = app.sessions.create()
     claim = claim_turn(app, agent, session, "go", deadline=now_ms() + 60_000)
