@@ -9,9 +9,11 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-STORE_RESENDS = 8
+from dormant.stores.dynamodb.calls import CLIENT_RETRIES
+
+STORE_RESENDS = CLIENT_RETRIES
 """A transaction DynamoDB cancels for throttling is re-sent by the deployed store as often as its client retries a
-throttled call (8: ``dormant.stores.url``): a throttle that outlasts them meets the first call and its 8 re-sends."""
+throttled call: a throttle that outlasts them meets the first call and every re-send."""
 TENANT = "tenant-a"
 APP_PACKAGE = "tests/support/fidelity/fidelity_app"
 

@@ -10,7 +10,7 @@ from botocore.exceptions import ClientError
 
 from ... import aws
 from ...errors import ConfigurationError, DormantError, StoreError
-from .calls import _Calls, _ConditionFailed
+from .calls import CLIENT_RETRIES, _Calls, _ConditionFailed
 from .table import LAYOUT_FORMAT, TABLE
 
 LAYOUT_KEY = {"pk": {"S": "#layout"}, "sk": {"S": "#layout"}}
@@ -25,7 +25,7 @@ def _client(endpoint_url: str | None, region: str | None) -> Any:
     except ImportError as exc:
         raise ConfigurationError("the DynamoDB store needs boto3: pip install 'dormant[dynamodb]'") from exc
     config = Config(
-        retries={"mode": "standard", "max_attempts": 8},
+        retries={"mode": "standard", "max_attempts": CLIENT_RETRIES},
         connect_timeout=5,
         read_timeout=20,
         tcp_keepalive=True,

@@ -47,6 +47,11 @@ class _Conflict(Exception):
     """DynamoDB refused the request, unapplied, because another request's transaction held one of its items."""
 
 
+CLIENT_RETRIES = 8
+"""Retries of a throttled call on the clients the store builds (botocore's standard mode, ``max_attempts``); a
+transaction cancelled for throttling is re-sent as often (``_resends``)."""
+
+
 class _Throttled(Exception):
     """A ``TransactWriteItems`` cancelled, unapplied, because an item's partition or an index was over its rate."""
 
