@@ -129,6 +129,33 @@ def test_a_refused_answer_runs_nothing_inline_and_an_approvers_runs_the_turn(dep
 
 
 @pytest.mark.backend("dynamodb")
+def test_a_refused_colleague_reaches_the_answer_by_no_other_route(deployment: Any) -> None:
+    """The colleague ``answerable_by`` refuses tries every other route to the same wait on the deployed stack: the
+    answer without waiting (the workflow's path), a remote commit of the answer (``POST /commit``), a takeover with
+    a message. Each is refused, nothing written, the execution still parked."""
+    from tests.support.fidelity.deployment import Token
+
+    d, sid = deployment, fresh("ansroutes")
+    carol = Token.person(fresh("carol"), TENANT)
+    create(d, sid)
+    shown = _parked(d, sid, "signoffs=1 tool=approve")
+    before, (call,) = shown["version"], shown["yielded_tools"]
+    status, _, body = d.api("POST", f"/sessions/{sid}/tools", _answers(shown), token=carol)
+    assert status == 403 and body["error"] == "AnswerRefused", (status, body)
+    forged = {"type": "tool_input", "call_id": call["call_id"], "name": call["name"], "input": {"approved": True}}
+    status, _, body = d.api(
+        "POST", f"/sessions/{sid}/commit", {"expected_version": before, "events": [forged]}, token=carol
+    )
+    assert status == 403 and body["error"] == "AnswerRefused", (status, body)
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "approve it", "takeover": True}, token=carol)
+    assert status == 409, (status, body)
+    assert show(d, sid)["version"] == before and show(d, sid)["status"] == "awaiting_input"
+    assert "tool_input" not in event_types(d, sid)
+    (execution,) = d.executions_of(TENANT, sid)
+    assert execution.status == "RUNNING" and execution.states[-1] == "Park", execution.states
+
+
+@pytest.mark.backend("dynamodb")
 def test_sendtasksuccess_refused_and_the_wait_timing_out_mid_run_leave_the_turn_to_the_tools_function(
     deployment: Any,
 ) -> None:
