@@ -18,7 +18,7 @@ from dormant.clock import frozen_clock
 from dormant.errors import ConfigurationError, EventTooLarge, InputError, StoreClosed, StoreError, StoreUnavailable
 from dormant.events import UserEvent
 from dormant.ids import new_id
-from dormant.stores.base import ScopedStateChange, SessionStore, StoredSession
+from dormant.stores.base import ScopedStateChange, SessionStore, StoredSession, StoredSnapshot
 from dormant.stores.dynamodb import TABLE, DynamoDBSessionStore, create_table, dynamo_store
 from dormant.stores.dynamodb.keys import CHUNK_BYTES, IdFilter, listing_keys, session_pk
 from dormant.stores.dynamodb.store import _touch_in_finish
@@ -490,23 +490,69 @@ def test_a_commit_moves_the_sessions_one_listing_entry_its_meta_item(
     ddb: Any, dynamodb_table: str, app: str, single_call_items: int
 ) -> None:
     """The meta item is the session's listing (and status) entry, carrying the row a listing shows: each commit
-    moves it with its own write (the index's delete and put), no touch item put or deleted beside it."""
+    moves it with its own write (the index's delete and put), no touch item put or deleted beside it. A running
+    turn's step (``running`` after ``running``) moves the head alone: the entry stays as the claim wrote it, no
+    index written, while a load has the step; the next commit that is no step moves the entry."""
     store = _warm(dynamo_store(dynamodb_table, client=ddb, single_call_items=single_call_items))
     units = _Units(ddb)
     with frozen_clock(1_800_000_000_000) as clock:
-        statuses = ["idle", "running", "running", "waiting", "running", "done", "done", "late"]
+        statuses = ["idle", "running", "running", "running", "waiting", "running", "done", "done", "late"]
+        listed = 0
         for version, status in enumerate(statuses):
             assert store.commit(_row(app, status=status), [_event(version)], version).ok
-            assert units.take("listing") > 0, version  # moved (DynamoDB Local's figure; bench/units.py bills AWS's)
+            step = status == "running" and statuses[version - 1] == "running"
+            listed = listed if step else version + 1
+            # DynamoDB Local's figures (bench/units.py bills AWS's): a move, or for a step nothing in any index
+            moved = {index: units.take(index) for index in ("listing", "status", "running", "due")}
+            assert (moved == dict.fromkeys(moved, 0.0)) if step else moved["listing"] > 0, (version, moved)
             (entry,) = _entries(ddb, dynamodb_table, app, "s-1")
             assert entry["sk"]["S"] == "#M" and _touches(ddb, dynamodb_table, app, "s-1") == []
-            assert (entry["version"]["N"], entry["status"]["S"]) == (str(version + 1), status)
+            assert (entry["version"]["N"], entry["status"]["S"]) == (str(listed), status)
             assert entry["spk"]["S"] == f"{status}#{entry['lpk']['S']}"
-            assert [(s.id, s.version) for s in store.list(app, status=status)] == [("s-1", version + 1)]
+            assert [(s.id, s.version) for s in store.list(app, status=status)] == [("s-1", listed)]
+            loaded = store.load(app, "s-1")
+            assert loaded is not None and loaded.row.version == version + 1 and len(loaded.events) == version + 1
             clock.advance(1000)
-        (listed,) = store.list(app)
-        assert (listed.version, listed.status, listed.updated_at) == (8, "late", int(entry["lsk"]["N"]))
+        (shown,) = store.list(app)
+        assert (shown.version, shown.status, shown.updated_at) == (9, "late", int(entry["lsk"]["N"]))
         assert store.list(app, status="done") == [] and store.list(app, status="running") == []
+
+
+@pytest.mark.parametrize("single_call_items", [0, 100], ids=["gated", "one-call"])
+def test_after_a_step_every_condition_is_on_the_head_not_the_listed_version(
+    ddb: Any, dynamodb_table: str, app: str, single_call_items: int
+) -> None:
+    """A step leaves ``version`` at the claim's and keeps the head in ``sv``: a writer still at the claim's version is
+    refused (by a store that knows the item and by one that does not), the head's writer lands, a snapshot is
+    checked against the head, the running index reads the head's time, and a delete conditioned on the head
+    goes through."""
+    store = _warm(dynamo_store(dynamodb_table, client=ddb, single_call_items=single_call_items))
+    with frozen_clock(1_800_000_000_000) as clock:
+        assert store.commit(_row(app, status="running"), [_event(0)], 0).ok  # the claim: listed at version 1
+        clock.advance(1000)
+        assert store.commit(_row(app, status="running"), [_event(1)], 1).ok  # a step: the head is 2
+        clock.advance(1000)
+        stale = store.commit(_row(app, status="running"), [_event("stale")], 1)
+        other = _warm(dynamo_store(dynamodb_table, client=ddb, single_call_items=single_call_items))
+        unknown = other.commit(_row(app, status="running"), [_event("stale-2")], 1)
+        assert (stale.ok, stale.version, unknown.ok, unknown.version) == (False, 2, False, 2)
+        assert store.commit(_row(app, status="running"), [_event(2)], 2).ok  # the head's writer: a step, head 3
+        (entry,) = _entries(ddb, dynamodb_table, app, "s-1")
+        assert (entry["version"]["N"], entry["sv"]["N"]) == ("1", "3")
+        assert store.save_snapshot(app, "s-1", StoredSnapshot(3, "{}"))
+        assert not store.save_snapshot(app, "s-1", StoredSnapshot(4, "{}"))
+        (running,) = [r for r in store.running_sessions() if r.session_id == "s-1" and r.app_name == app]
+        assert running.updated_at == 1_800_000_002_000  # the head's, not the claim's
+        loaded = store.load(app, "s-1")
+        assert loaded is not None and [e.id for e in loaded.events] == ["evt-0", "evt-1", "evt-2"]
+        assert store.commit(_row(app, status="idle"), [_event(3)], 3).ok  # the turn's end: listed again
+        (entry,) = _entries(ddb, dynamodb_table, app, "s-1")
+        assert entry["version"]["N"] == "4" and "sv" not in entry and "su" not in entry
+        assert [(r.id, r.version) for r in store.list(app)] == [("s-1", 4)]
+        assert store.commit(_row(app, status="running"), [_event(4)], 4).ok
+        assert store.commit(_row(app, status="running"), [_event(5)], 5).ok
+        store.delete(app, "s-1")
+        assert store.load(app, "s-1") is None and store.list(app) == []
 
 
 def _as_the_earlier_layout(ddb: Any, table: str, app: str, sid: str) -> int:

@@ -37,7 +37,10 @@ The contract (``SessionStore``; ``dormant.testing.StoreContract`` checks every p
 * ``updated_at`` never goes backwards: a commit stores ``max(now, previous)``, so listings keep their
   order when clocks of several writers disagree.
 * ``list`` returns an app's sessions (never another app's), most recently updated first, a page at a
-  time: pass ``cursor=`` the last listing's ``cursor`` to continue.
+  time: pass ``cursor=`` the last listing's ``cursor`` to continue. A running turn's steps (commits that
+  leave a ``running`` session ``running``) may leave its row as the turn's claim listed it (its version and
+  ``updated_at``) until the next commit that is no step; a load always has the head. DynamoDB does so, as
+  a step written there moves no index entry; the SQL and memory stores list every commit.
 * ``close`` releases what the store owns; calling it twice is harmless.
 
 Snapshots (``SnapshotStore``, optional): a store may also keep one derived snapshot per session — the
@@ -124,7 +127,8 @@ class SessionStore(Protocol):
     ) -> builtins.list[SessionListing]:
         """The app's sessions, most recently updated first; ``cursor`` continues after a listing. With ``status``,
         only the sessions whose stored status is that one, read from an index of (app, status, updated_at): a
-        page is full unless no more match, and its last row's cursor goes on within the same status."""
+        page is full unless no more match, and its last row's cursor goes on within the same status. A running
+        turn's steps may be listed as its claim left the row (see the module's rules)."""
         ...
 
     def close(self) -> None: ...

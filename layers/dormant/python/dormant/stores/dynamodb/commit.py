@@ -23,6 +23,8 @@ from ..base import RUNNING_STATUS, WAITING_STATUSES, PreparedCommit, Refused, Sc
 from .calls import _backoff, _Calls, _Cancelled, _ConditionFailed, _Exhausted
 from .items import (
     MAX_TRANSACT_BYTES,
+    STEP_UPDATED_AT,
+    STEP_VERSION,
     TTL,
     MetaItem,
     _binding_keys,
@@ -33,6 +35,7 @@ from .items import (
     _origin,
     _refused,
     _transact_item,
+    head_is,
 )
 from .keys import (
     GRANT_LENGTH,
@@ -235,17 +238,18 @@ class _Commit(_Calls):
             condition = "attribute_not_exists(pk) OR #x <= :now"
         else:
             condition = (
-                "#v = :e AND inc = :inc AND attribute_not_exists(pending) AND scopes = :so"
+                f"{head_is(':e')} AND inc = :inc AND attribute_not_exists(pending) AND scopes = :so"
                 " AND (attribute_not_exists(#x) OR #x > :now)"
             )
             values[":e"] = {"N": str(expected)}
+            names["#v"] = "version"
         if expected:
             # The condition rules out a marker (``pending``, ``ppk``, ``psk``), and a superseded touch of an
             # earlier layout (``plsk``) only if the one known has it: none to remove. (A create may replace an
             # expired incarnation, whatever it held: it removes everything.)
             gone = {"pending", "ppk", "psk", *(name for name in ("plsk",) if name not in old)}
             removes = ", ".join(name for name in removes.split(", ") if name not in gone)
-        update["UpdateExpression"] = f"SET {sets} REMOVE {removes}"
+        update["UpdateExpression"] = f"SET {sets} REMOVE {removes}" if removes else f"SET {sets}"
         update["ConditionExpression"] = condition
         request = [{"Update": update}, *({"Put": {"TableName": self._table, "Item": i}} for i in items), *others]
         try:
@@ -337,7 +341,7 @@ class _Commit(_Calls):
             # Nor may a grant a repair already rolled back open it again: a re-sent gate (its first answer lost
             # for longer than a marker takes to go stale) would land events its ``dead`` entry hides.
             condition = (
-                "version = :e AND attribute_not_exists(pending) AND scopes = :so"
+                f"{head_is(':e', 'version')} AND attribute_not_exists(pending) AND scopes = :so"
                 " AND (attribute_not_exists(#x) OR #x > :now) AND NOT contains(dead, :vg)"
             )
             values |= {
@@ -596,18 +600,28 @@ class _Commit(_Calls):
 
     def _commit_update(self, pk: str, marker: _Marker, inc: str, ids: IdFilter, plan: _Plan) -> dict[str, Any]:
         """The meta item's update that lands a commit (no condition): what the finish and the one-call
-        transaction both write, so the two paths leave the same item."""
+        transaction both write, so the two paths leave the same item. Only the attribute names its expression
+        uses are given (DynamoDB refuses others); a caller adding a condition adds its own."""
         app_name, session_id = split_session_pk(pk)
         values: dict[str, Any] = {
             ":v": {"N": str(marker.version)},
             ":u": {"N": str(plan.updated_at)},
+            ":g": {"S": marker.grant},
             ":bf": {"B": ids.dump()},
         }
-        # The meta item is the session's entry in the listing and status indexes (``lpk``/``spk`` with ``lsk``):
-        # the commit's own write moves it, no touch item to put and none to delete (``_touches``).
-        values[":lpk"] = {"S": listing_key(app_name, session_id, self._listing_shards)}
-        values[":g"] = {"S": marker.grant}
-        sets = "#v = :v, lsk = :u, lpk = :lpk, g = :g, bf = :bf"
+        removes = "pending, ppk, psk"
+        removes += ", plsk"  # an earlier layout's superseded touch: deleted by this commit now
+        if plan.step:
+            # A running turn's step moves the head alone (``sv``, ``su``): the session's listing, status, running and
+            # due entries (``version``, ``lsk``, the status, the expiry: ``_plan``) stay as its claim wrote them, so a
+            # step writes no index entry. Readers take the head from ``MetaItem``.
+            sets = f"{STEP_VERSION} = :v, {STEP_UPDATED_AT} = :u, g = :g, bf = :bf"
+        else:
+            # The meta item is the session's entry in the listing and status indexes (``lpk``/``spk`` with ``lsk``):
+            # the commit's own write moves it, no touch item to put and none to delete (``_touches``).
+            values[":lpk"] = {"S": listing_key(app_name, session_id, self._listing_shards)}
+            sets = "#v = :v, lsk = :u, lpk = :lpk, g = :g, bf = :bf"
+            removes += f", {STEP_VERSION}, {STEP_UPDATED_AT}"
         if ids.greatest is not None:  # "" (no event yet) too: only a meta item without it is read as unknown
             values[":hi"] = {"S": ids.greatest}
             sets += ", hi = :hi"
@@ -616,44 +630,54 @@ class _Commit(_Calls):
             # searches from there; the events before it (an earlier layout's) all have their id items.
             values[":hv"] = {"S": f"{inc}#{marker.version}"}
             sets += ", hv = :hv" if marker.version == 1 else ", hv = if_not_exists(hv, :hv)"
-        removes = "pending, ppk, psk"
-        removes += ", plsk"  # an earlier layout's superseded touch: deleted by this commit now
         for name, value in (("#x", plan.expires), ("xh", plan.horizon)):
             if value is None:
                 removes += f", {name}"
             else:
                 sets += f", {name} = :{name.lstrip('#')}"
                 values[f":{name.lstrip('#')}"] = {"N": str(value)}
-        if marker.status is None:
+        if not plan.step:  # a step is running before and after: its status and index keys are unchanged
+            more_sets, more_removes = self._status_keys(pk, marker.status, plan.updated_at, values)
+            sets, removes = sets + more_sets, removes + more_removes
+        expression = f"SET {sets} REMOVE {removes}"
+        names = {"#v": "version", "#st": "status", "#x": TTL, "#du": "due"}
+        return {
+            "TableName": self._table,
+            "Key": _key(pk, META_SK),
+            "UpdateExpression": expression,
+            "ExpressionAttributeNames": {alias: name for alias, name in names.items() if alias in expression},
+            "ExpressionAttributeValues": values,
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+
+    def _status_keys(self, pk: str, status: str | None, updated_at: int, values: dict[str, Any]) -> tuple[str, str]:
+        """What a commit that is no step adds to its update for its status and the index keys that go with it:
+        ``(", sets", ", removes")``, their values added to ``values``."""
+        app_name, session_id = split_session_pk(pk)
+        sets = removes = ""
+        if status is None:
             removes += ", #st, spk"
         else:
             sets += ", #st = :st, spk = :spk"
-            values[":st"] = {"S": marker.status}
-            values[":spk"] = {"S": f"{marker.status}#{values[':lpk']['S']}"}  # its entry in the status index
+            values[":st"] = {"S": status}
+            values[":spk"] = {"S": f"{status}#{values[':lpk']['S']}"}  # its entry in the status index
         # The running index's key goes with the status, in this same write: an index write only when the
         # session goes into or out of ``running`` or of waiting (the value is the same on every commit in
         # between, and for ``awaiting_input`` and ``resumable`` alike).
         # A wait goes into the due index instead, due from this commit (``DueStore``): an index write on every
         # commit while it waits (its ``due`` moves), and the sweeper reads none of the healthy ones.
-        if marker.status == RUNNING_STATUS:
+        if status == RUNNING_STATUS:
             sets += ", rpk = :rpk"
             values[":rpk"] = {"S": running_key(app_name, session_id, self._pending_shards)}
             removes += ", dpk, #du"
-        elif marker.status in WAITING_STATUSES:
+        elif status in WAITING_STATUSES:
             sets += ", dpk = :dpk, #du = :du"
             values[":dpk"] = {"S": running_key(app_name, session_id, self._pending_shards, waiting=True)}
-            values[":du"] = {"N": str(plan.updated_at)}
+            values[":du"] = {"N": str(updated_at)}
             removes += ", rpk"
         else:
             removes += ", rpk, dpk, #du"
-        return {
-            "TableName": self._table,
-            "Key": _key(pk, META_SK),
-            "UpdateExpression": f"SET {sets} REMOVE {removes}",
-            "ExpressionAttributeNames": {"#v": "version", "#st": "status", "#x": TTL, "#du": "due"},
-            "ExpressionAttributeValues": values,
-            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-        }
+        return sets, removes
 
     def _touches(
         self, pk: str, plan: _Plan, marker: _Marker, origin: Mapping[str, Any]

@@ -22,16 +22,30 @@ def _number(item: Mapping[str, Any], name: str) -> int | None:
     return int(item[name]["N"]) if name in item else None
 
 
+STEP_VERSION = "sv"
+"""The meta item's attribute holding the head while a running turn's steps commit (``STEP_UPDATED_AT`` its
+``updated_at``): a step leaves ``version`` and ``lsk``, which the listing and status indexes key and project,
+as the turn's claim wrote them, so it writes no index entry. The next commit that is no step removes both."""
+STEP_UPDATED_AT = "su"
+
+
+def head_is(value: str, version: str = "#v") -> str:
+    """A condition: the session's head (``sv`` after a running turn's step, else ``version``) is ``value`` (a
+    placeholder). ``version`` is how the expression names the ``version`` attribute (an alias, or the name)."""
+    return f"({STEP_VERSION} = {value} OR (attribute_not_exists({STEP_VERSION}) AND {version} = {value}))"
+
+
 class MetaItem(NamedTuple):
     """The numbers and the incarnation of a session's meta item (``sk = #M``), read once, by name: the
     attribute names (``lsk``, ``plsk``, ``xh``) are the table's, these are what they mean."""
 
     version: int
-    """The last landed version (0: a session deleted, or none); a pending version is on the marker."""
+    """The last landed version, its head (0: a session deleted, or none); a pending version is on the marker."""
     inc: str | None
     """The session's incarnation: items of an earlier one (a deleted session's) are not its own."""
     updated_at: int | None
-    """``lsk``: the ``updated_at`` of its last commit, which its touch (listing entry) is keyed by."""
+    """The ``updated_at`` of its last commit: ``lsk``, which its listing entry is keyed by, unless a running
+    turn's steps committed since (``su``)."""
     previous: int | None
     """``plsk``: the superseded touch the next commit marks expired."""
     horizon: int | None
@@ -43,9 +57,9 @@ class MetaItem(NamedTuple):
     def from_item(cls, item: Mapping[str, Any]) -> MetaItem:
         """``item`` may be ``{}`` (no meta item yet: version 0)."""
         return cls(
-            _number(item, "version") or 0,
+            _number(item, STEP_VERSION) or _number(item, "version") or 0,
             item["inc"]["S"] if "inc" in item else None,
-            _number(item, "lsk"),
+            _number(item, STEP_UPDATED_AT) or _number(item, "lsk"),
             _number(item, "plsk"),
             _number(item, "xh"),
             _number(item, TTL),

@@ -10,7 +10,7 @@ from typing import Any
 from ...clock import now_ms
 from ..base import NOT_DUE, RUNNING_STATUS, WAITING_STATUSES, RunningSession, ScopedWrite, SessionListing
 from .calls import _Calls, _Cancelled, _ConditionFailed
-from .items import TTL, MetaItem, _expired, _key, _transact_item
+from .items import STEP_UPDATED_AT, STEP_VERSION, TTL, MetaItem, _expired, _key, _transact_item, head_is
 from .keys import META_SK, listing_keys, running_key, running_keys, session_pk, split_session_pk
 from .table import DUE_INDEX, LISTING_INDEX, RUNNING_INDEX, STATUS_INDEX
 
@@ -144,7 +144,7 @@ class _Listing(_Calls):
             "TableName": self._table,
             "Key": _key(session_pk(app_name, session_id), META_SK),
             "UpdateExpression": "SET #du = :du, dpk = :dpk REMOVE rpk",
-            "ConditionExpression": "#v = :v AND #st IN (:aw, :rs)",
+            "ConditionExpression": f"{head_is(':v')} AND #st IN (:aw, :rs)",
             "ExpressionAttributeNames": {"#du": "due", "#v": "version", "#st": "status"},
             "ExpressionAttributeValues": {
                 ":du": {"N": str(due_at)},
@@ -204,7 +204,8 @@ class _Listing(_Calls):
         """The listed attributes of these sessions' meta items (``None``: no item), by ``BatchGetItem``."""
         found: dict[str, dict[str, Any] | None] = dict.fromkeys(pks)
         keys = [_key(pk, META_SK) for pk in found]
-        projection, names = "pk, version, created_at, lsk, #st, #x", {"#st": "status", "#x": TTL}
+        projection = f"pk, version, created_at, lsk, {STEP_VERSION}, {STEP_UPDATED_AT}, #st, #x"
+        names = {"#st": "status", "#x": TTL}
         for item in self._get_items(keys, projection, names=names, consistent=consistent, what="meta items"):
             found[item["pk"]["S"]] = item
         return found

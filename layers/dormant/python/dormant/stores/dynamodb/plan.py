@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .items import _BATCH, TTL, MetaItem
+from ..base import RUNNING_STATUS
+from .items import _BATCH, STEP_UPDATED_AT, STEP_VERSION, TTL, MetaItem
 from .keys import IdFilter, chunks, event_sk, id_sk, touch_sk
 
 MAX_SCOPED_KEYS = 97
@@ -105,6 +106,9 @@ class _Plan:
     horizon: int | None
     refresh: bool
     """Items stored before this commit carry an expiry below ``horizon`` (or one that must go)."""
+    step: bool = False
+    """A step of a running turn (``running`` before and after): it moves the head (``sv``, ``su``) and leaves the
+    listing and status entries (``version``, ``lsk``, the status) as the turn's claim wrote them."""
 
 
 def _plan(marker: _Marker, old: Mapping[str, Any]) -> _Plan:
@@ -112,6 +116,12 @@ def _plan(marker: _Marker, old: Mapping[str, Any]) -> _Plan:
     was = MetaItem.from_item(old)
     old_lsk, old_previous = was.updated_at, was.previous
     updated_at = max(marker.at, old_lsk or 0)
+    step = (
+        marker.status == RUNNING_STATUS
+        and old.get("status", {}).get("S") == RUNNING_STATUS
+        and "lpk" in old
+        and was.version > 0
+    )
     # A meta item of this layout is its own listing entry ("lpk"): no touch to supersede. One an earlier layout
     # wrote was listed by its touch (``T#{lsk}``), which this commit deletes.
     superseded = old_lsk is not None and "lpk" not in old
@@ -124,6 +134,10 @@ def _plan(marker: _Marker, old: Mapping[str, Any]) -> _Plan:
     else:
         expires = (updated_at + retention) // 1000  # rounded down: gone no later than the app says
         slack = -(-retention // 2000)
+        if step and was.expires is not None and 0 <= expires - was.expires < slack:
+            # A step keeps the expiry its claim set (projected by the listing indexes: moving it would write their
+            # entries); the turn's next commit that is no step moves it. Half a retention at most behind.
+            expires = was.expires
         if old_horizon is not None and expires <= old_horizon <= expires + 2 * slack:
             horizon, refresh = old_horizon, False
         else:  # past the horizon, never given one, or a retention cut short: rewrite the items' expiry
@@ -136,6 +150,7 @@ def _plan(marker: _Marker, old: Mapping[str, Any]) -> _Plan:
         expires,
         horizon,
         refresh,
+        step,
     )
 
 
@@ -149,9 +164,17 @@ class _MarkerGone(Exception):
 def _known_after(
     inc: str, version: int, ids: IdFilter, plan: _Plan, update: Mapping[str, Any], origin: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """The attributes of a meta item a commit just landed (by ``update``) that a one-call commit after it builds on."""
-    item: dict[str, Any] = {"version": {"N": str(version)}, "inc": {"S": inc}, "lsk": {"N": str(plan.updated_at)}}
-    item["lpk"] = update["ExpressionAttributeValues"][":lpk"]  # its own listing entry: no touch to supersede
+    """The attributes of a meta item a commit just landed (by ``update``) that a one-call commit after it builds on:
+    its head (``version`` and ``lsk``, or a step's ``sv`` and ``su``), its status, its own listing entry."""
+    values = update["ExpressionAttributeValues"]
+    head = {"N": str(version)}, {"N": str(plan.updated_at)}
+    # Its own listing entry (a step leaves ``lpk`` as it was: only its presence is read), so no touch to supersede.
+    item: dict[str, Any] = {"inc": {"S": inc}, "lpk": values.get(":lpk", {"S": ""})}
+    item.update(zip((STEP_VERSION, STEP_UPDATED_AT) if plan.step else ("version", "lsk"), head, strict=True))
+    if plan.step:
+        item["status"] = {"S": RUNNING_STATUS}
+    elif ":st" in values:
+        item["status"] = values[":st"]
     item["bf"] = update["ExpressionAttributeValues"][":bf"]
     if ids.greatest is not None:
         item["hi"] = {"S": ids.greatest}

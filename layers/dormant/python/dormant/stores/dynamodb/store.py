@@ -75,6 +75,7 @@ from .admin import LAYOUT_KEY, _Admin, _client, create_table
 from .calls import _Cancelled
 from .items import (
     MAX_TRANSACT_ITEMS,
+    STEP_VERSION,
     TTL,
     MetaItem,
     _binding_keys,
@@ -83,6 +84,7 @@ from .items import (
     _row_of,
     _transact_item,
     _visible_events,
+    head_is,
 )
 from .keys import (
     ID_PREFIX,
@@ -242,7 +244,7 @@ class DynamoDBSessionStore(_Repair, _Listing, _Admin):
                 TableName=self._table,
                 KeyConditionExpression="pk = :pk",
                 ExpressionAttributeValues={":pk": {"S": pk}},
-                ProjectionExpression="pk, sk, version, scopes",
+                ProjectionExpression=f"pk, sk, version, {STEP_VERSION}, scopes",
                 ConsistentRead=True,
             )
             keys = [{"pk": i["pk"], "sk": i["sk"]} for i in items]
@@ -253,7 +255,8 @@ class DynamoDBSessionStore(_Repair, _Listing, _Admin):
             condition: dict[str, Any] = {"ConditionExpression": "attribute_not_exists(#v)"}
             condition["ExpressionAttributeNames"] = {"#v": "version"}
             if "version" in meta:
-                condition |= {"ConditionExpression": "#v = :v", "ExpressionAttributeValues": {":v": meta["version"]}}
+                head = {"N": str(MetaItem.from_item(meta).version)}
+                condition |= {"ConditionExpression": head_is(":v"), "ExpressionAttributeValues": {":v": head}}
             try:
                 self._transact(
                     [
@@ -330,10 +333,11 @@ class DynamoDBSessionStore(_Repair, _Listing, _Admin):
         if meta is None:
             return False
         item = {**_key(pk, SNAPSHOT_SK), "ver": version[":v"], "d": {"S": snapshot.data}}
-        check, check_values = "version >= :v AND attribute_not_exists(xh)", dict(version)
+        at_or_after = f"(version >= :v OR {STEP_VERSION} >= :v)"  # the head: a step's ``sv`` is above ``version``
+        check, check_values = f"{at_or_after} AND attribute_not_exists(xh)", dict(version)
         if "xh" in meta:
             item[TTL] = meta["xh"]
-            check, check_values = "version >= :v AND xh = :h", {**version, ":h": meta["xh"]}
+            check, check_values = f"{at_or_after} AND xh = :h", {**version, ":h": meta["xh"]}
         try:
             self._transact(
                 [
