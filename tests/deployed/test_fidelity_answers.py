@@ -132,7 +132,8 @@ def test_a_refused_answer_runs_nothing_inline_and_an_approvers_runs_the_turn(dep
 def test_a_refused_colleague_reaches_the_answer_by_no_other_route(deployment: Any) -> None:
     """The colleague ``answerable_by`` refuses tries every other route to the same wait on the deployed stack: the
     answer without waiting (the workflow's path), a remote commit of the answer (``POST /commit``), a takeover with
-    a message. Each is refused, nothing written, the execution still parked."""
+    a message, and a fork of the waiting session answered there (the fork copies the pending call, and the rule
+    with it). Each is refused, nothing written, the execution still parked."""
     from tests.support.fidelity.deployment import Token
 
     d, sid = deployment, fresh("ansroutes")
@@ -149,6 +150,19 @@ def test_a_refused_colleague_reaches_the_answer_by_no_other_route(deployment: An
     assert status == 403 and body["error"] == "AnswerRefused", (status, body)
     status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "approve it", "takeover": True}, token=carol)
     assert status == 409, (status, body)
+    at = len(event_types(d, sid)) - 1
+    status, _, fork = d.api("POST", f"/sessions/{sid}/forks", {"at": at, "reason": "mine now"}, token=carol)
+    assert status == 201 and fork["status"] == "awaiting_input", (status, fork)
+    copy, (copied,) = fork["id"], fork["yielded_tools"]
+    assert copied["call_id"] == call["call_id"]
+    status, _, body = d.api("POST", f"/sessions/{copy}/tools", _answers(fork), token=carol, headers=WAIT)
+    assert status == 403 and body["error"] == "AnswerRefused", (status, body)
+    status, _, body = d.api(
+        "POST", f"/sessions/{copy}/commit", {"expected_version": fork["version"], "events": [forged]}, token=carol
+    )
+    assert status == 403 and body["error"] == "AnswerRefused", (status, body)
+    assert show(d, copy)["version"] == fork["version"] and "tool_input" not in event_types(d, copy)
+    assert d.executions_of(TENANT, copy) == []
     assert show(d, sid)["version"] == before and show(d, sid)["status"] == "awaiting_input"
     assert "tool_input" not in event_types(d, sid)
     (execution,) = d.executions_of(TENANT, sid)
