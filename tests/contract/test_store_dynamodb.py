@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("boto3")
 
@@ -553,6 +555,47 @@ def test_after_a_step_every_condition_is_on_the_head_not_the_listed_version(
         assert store.commit(_row(app, status="running"), [_event(5)], 5).ok
         store.delete(app, "s-1")
         assert store.load(app, "s-1") is None and store.list(app) == []
+
+
+_STATUSES = st.sampled_from(["running", "running", "idle", "awaiting_input", None])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(statuses=st.lists(_STATUSES, min_size=1, max_size=8), gated=st.lists(st.booleans(), min_size=8, max_size=8))
+def test_steps_keep_the_listed_row_and_the_head_moves_on_every_commit(
+    ddb: Any, dynamodb_table: str, statuses: list[str | None], gated: list[bool]
+) -> None:
+    """Any sequence of statuses, each commit on either path by a store that read the session (or one that did
+    not): the head moves on every commit (a load has every event, the running index its time); the listed row
+    moves on every commit but a step (``running`` after ``running``); a writer one version behind the head is
+    refused whatever the listed version says."""
+    app = f"app-{uuid.uuid4().hex[:12]}"
+    stores = {True: dynamo_store(dynamodb_table, client=ddb, single_call_items=0)}
+    stores[False] = dynamo_store(dynamodb_table, client=ddb, single_call_items=100)
+    # Writers that read the session just before each commit and commit on what they read after it: one that
+    # builds on the item it read (one call), one that goes through the gate.
+    late = [dynamo_store(dynamodb_table, client=ddb, single_call_items=n) for n in (100, 0)]
+    listed = None
+    with frozen_clock(1_800_000_000_000) as clock:
+        for version, status in enumerate(statuses):
+            for writer in late:
+                writer.load(app, "s-1")
+            store = stores[gated[version]]
+            assert store.commit(_row(app, status=status), [_event(version)], version).ok, (version, status)
+            step = version > 0 and status == "running" and statuses[version - 1] == "running"
+            listed = listed if step else (version + 1, clock.ms)
+            for writer in late if version else ():
+                stale = writer.commit(_row(app, status=status), [_event("stale")], version)
+                assert (stale.ok, stale.version) == (False, version + 1)
+            loaded = store.load(app, "s-1")
+            assert loaded is not None and loaded.row.version == version + 1
+            assert [e.id for e in loaded.events] == [f"evt-{n}" for n in range(version + 1)]
+            assert loaded.row.updated_at == clock.ms
+            (shown,) = store.list(app)
+            assert (shown.version, shown.updated_at, shown.status) == (*listed, status)
+            running = [r for r in store.running_sessions() if r.app_name == app]
+            assert [r.updated_at for r in running] == ([clock.ms] if status == "running" else [])
+            clock.advance(1000)
 
 
 def _as_the_earlier_layout(ddb: Any, table: str, app: str, sid: str) -> int:
