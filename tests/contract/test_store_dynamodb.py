@@ -557,6 +557,42 @@ def test_after_a_step_every_condition_is_on_the_head_not_the_listed_version(
         assert store.load(app, "s-1") is None and store.list(app) == []
 
 
+@pytest.mark.parametrize("dies_at", [1, 2], ids=["after-its-gate", "at-its-finish"])
+def test_a_step_whose_writer_died_is_repaired_as_a_step(
+    store: DynamoDBSessionStore, ddb: Any, dynamodb_table: str, app: str, dies_at: int
+) -> None:
+    """A step's writer killed mid-commit on the gated path (after its gate, its events not written; or at its
+    finish, every event written): the repair rolls it back, or forward as the step it was, the head in ``sv``
+    and the listed row the claim's, and the turn's next step lands on the head."""
+    with frozen_clock(1_800_000_000_000) as clock:
+        assert store.commit(_row(app, status="running"), [_event(0)], 0).ok  # the claim
+        clock.advance(1000)
+        assert store.commit(_row(app, status="running"), [_event(1)], 1).ok  # a step: head 2
+        dying = local_client(ddb.meta.endpoint_url)
+        faults = Faults(dying)
+        if dies_at == 1:
+            faults.die("BatchWriteItem", 1)  # the gate landed; none of its events did
+        else:
+            faults.die("UpdateItem", 2)  # the finish (the gate is the first): its events are all written
+        clock.advance(1000)
+        with pytest.raises(Died):
+            dynamo_store(dynamodb_table, client=dying, single_call_items=0).commit(
+                _row(app, status="running"), [_event(2)], 2
+            )
+        dying.close()
+        (report,) = [r for r in [store.repair_session(app, "s-1")] if r is not None]
+        assert report.action == ("rolled_back" if dies_at == 1 else "rolled_forward")
+        head = 2 if dies_at == 1 else 3
+        (entry,) = _entries(ddb, dynamodb_table, app, "s-1")
+        assert (entry["version"]["N"], entry["sv"]["N"], "pending" in entry) == ("1", str(head), False)
+        assert [(s.version, s.status) for s in store.list(app)] == [(1, "running")]
+        assert store.commit(_row(app, status="running"), [_event(3)], head).ok
+        loaded = store.load(app, "s-1")
+        assert loaded is not None and loaded.row.version == head + 1
+        kept = ["evt-0", "evt-1", *(["evt-2"] if dies_at == 2 else []), "evt-3"]
+        assert [e.id for e in loaded.events] == kept
+
+
 _STATUSES = st.sampled_from(["running", "running", "idle", "awaiting_input", None])
 
 
