@@ -1722,6 +1722,39 @@ def test_a_turn_that_cannot_join_what_landed_is_forked(deployment: Any) -> None:
 
 
 @pytest.mark.backend("dynamodb")
+def test_a_colleague_committing_on_the_listings_version_mid_turn_is_refused(deployment: Any) -> None:
+    """A running turn's steps leave its listed row at the claim's version (DynamoDB: a step moves no index entry).
+    A colleague who takes that version from ``GET /sessions`` and commits on it (``POST /commit``) is refused
+    with 409 and nothing written; ``events?after=`` that version has the steps."""
+    from tests.support.fidelity.deployment import Token
+
+    d, sid = deployment, fresh("listed")
+    carol = Token.person(fresh("carol"), TENANT)
+    create(d, sid)
+    status, _, body = d.api("POST", f"/sessions/{sid}/runs", {"message": "steps=3 sleep=1 signoffs=0"})
+    assert status in (200, 202), (status, body, evidence(d))
+    deadline, row, head = time.monotonic() + 30, None, None
+    while time.monotonic() < deadline:
+        status, _, listed = d.api("GET", "/sessions", query={"limit": "50"}, token=carol)
+        assert status == 200, (status, listed)
+        row = next((s for s in listed["sessions"] if s["id"] == sid), None)
+        head = show(d, sid)
+        if row is not None and head["status"] == "running" and row["version"] < head["version"]:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the listing never lagged a step: {row} {head} {evidence(d)}")
+    commit = {"expected_version": row["version"], "events": [{"type": "user", "text": "on the listed version"}]}
+    status, _, body = d.api("POST", f"/sessions/{sid}/commit", commit, token=carol)
+    assert status == 409, (status, body)
+    status, _, after = d.api("GET", f"/sessions/{sid}/events", query={"after": str(row["version"])}, token=carol)
+    assert status == 200 and after["events"], (status, after)
+    d.settle()
+    assert show(d, sid)["status"] == "completed", evidence(d)
+    assert "on the listed version" not in [e.get("text") for e in ledger(d, sid)]
+
+
+@pytest.mark.backend("dynamodb")
 def test_a_snapshot_the_table_throttles_is_counted_and_the_turn_stands(deployment: Any) -> None:
     """The snapshot write of a long turn is answered as a throttled DynamoDB transaction is (cancelled, reason
     ``ThrottlingError``): the runner counts a snapshot write failure and the turn completes, its commits kept (a
