@@ -580,8 +580,8 @@ def test_a_step_whose_writer_died_is_repaired_as_a_step(
                 _row(app, status="running"), [_event(2)], 2
             )
         dying.close()
-        (report,) = [r for r in [store.repair_session(app, "s-1")] if r is not None]
-        assert report.action == ("rolled_back" if dies_at == 1 else "rolled_forward")
+        report = store.repair_session(app, "s-1")
+        assert report is not None and report.action == ("rolled_back" if dies_at == 1 else "rolled_forward")
         head = 2 if dies_at == 1 else 3
         (entry,) = _entries(ddb, dynamodb_table, app, "s-1")
         assert (entry["version"]["N"], entry["sv"]["N"], "pending" in entry) == ("1", str(head), False)

@@ -29,10 +29,10 @@ as the turn's claim wrote them, so it writes no index entry. The next commit tha
 STEP_UPDATED_AT = "su"
 
 
-def head_is(value: str, version: str = "#v") -> str:
-    """A condition: the session's head (``sv`` after a running turn's step, else ``version``) is ``value`` (a
+def head_is(value: str, version: str = "#v", op: str = "=") -> str:
+    """A condition: the session's head (``sv`` after a running turn's step, else ``version``) ``op`` ``value`` (a
     placeholder). ``version`` is how the expression names the ``version`` attribute (an alias, or the name)."""
-    return f"({STEP_VERSION} = {value} OR (attribute_not_exists({STEP_VERSION}) AND {version} = {value}))"
+    return f"({STEP_VERSION} {op} {value} OR (attribute_not_exists({STEP_VERSION}) AND {version} {op} {value}))"
 
 
 class MetaItem(NamedTuple):

@@ -40,7 +40,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ...errors import ConfigurationError, StoreError
-from .items import STEP_VERSION, MetaItem, _dead
+from .items import MetaItem, _dead, head_is
 from .keys import (
     ID_PREFIX,
     META_SK,
@@ -275,9 +275,7 @@ class _Copier:
             refusable=True,
             TableName=self.table,
             Item=meta,
-            # Heads compared (a running turn's step keeps its head in ``sv``: ``MetaItem``).
-            ConditionExpression=f"attribute_not_exists(pk) OR {STEP_VERSION} <= :v"
-            f" OR (attribute_not_exists({STEP_VERSION}) AND version <= :v)",
+            ConditionExpression=f"attribute_not_exists(pk) OR {head_is(':v', 'version', '<=')}",  # heads compared
             ExpressionAttributeValues={":v": {"N": str(MetaItem.from_item(meta).version)}},
         )
         if put is None:  # the new table holds the session at a later version

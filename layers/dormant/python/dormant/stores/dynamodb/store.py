@@ -333,7 +333,7 @@ class DynamoDBSessionStore(_Repair, _Listing, _Admin):
         if meta is None:
             return False
         item = {**_key(pk, SNAPSHOT_SK), "ver": version[":v"], "d": {"S": snapshot.data}}
-        at_or_after = f"(version >= :v OR {STEP_VERSION} >= :v)"  # the head: a step's ``sv`` is above ``version``
+        at_or_after = head_is(":v", "version", ">=")
         check, check_values = f"{at_or_after} AND attribute_not_exists(xh)", dict(version)
         if "xh" in meta:
             item[TTL] = meta["xh"]
