@@ -133,17 +133,10 @@ def _local_client(endpoint: str, region: str | None) -> Any:
     configures them, else ``LOCAL_ACCESS_KEY`` and ``LOCAL_REGION`` (so ``dormant serve --store
     'dynamodb://t?endpoint=http://127.0.0.1:8001'`` works alone); the store's retry and timeout settings."""
     try:
-        from botocore.config import Config
-
-        from .dynamodb.calls import CLIENT_RETRIES
+        from .dynamodb.admin import client_config
     except ImportError as exc:
         raise ConfigurationError("the DynamoDB store needs boto3: pip install 'dormant[dynamodb]'") from exc
-    config = Config(
-        retries={"mode": "standard", "max_attempts": CLIENT_RETRIES},
-        connect_timeout=5,
-        read_timeout=20,
-        tcp_keepalive=True,
-    )
+    config = client_config()
     try:
         session = aws.session()
         keys = {}

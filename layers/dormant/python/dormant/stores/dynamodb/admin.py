@@ -17,19 +17,20 @@ LAYOUT_KEY = {"pk": {"S": "#layout"}, "sk": {"S": "#layout"}}
 """The item recording the table's shard counts (outside every app's keys: ``S#``, ``X#``, ``B#``, ``I#``)."""
 
 
-def _client(endpoint_url: str | None, region: str | None) -> Any:
-    # botocore's own session, not boto3's: the same client without importing boto3 (and s3transfer),
-    # which a Lambda cold start would otherwise pay for nothing; the process's one (``dormant.aws``).
+def client_config() -> Any:
+    """The retry and timeout settings of every DynamoDB client the store builds (here and ``stores.url``)."""
     try:
         from botocore.config import Config
     except ImportError as exc:
         raise ConfigurationError("the DynamoDB store needs boto3: pip install 'dormant[dynamodb]'") from exc
-    config = Config(
-        retries={"mode": "standard", "max_attempts": CLIENT_RETRIES},
-        connect_timeout=5,
-        read_timeout=20,
-        tcp_keepalive=True,
-    )
+    retries = {"mode": "standard", "max_attempts": CLIENT_RETRIES}
+    return Config(retries=retries, connect_timeout=5, read_timeout=20, tcp_keepalive=True)
+
+
+def _client(endpoint_url: str | None, region: str | None) -> Any:
+    # botocore's own session, not boto3's: the same client without importing boto3 (and s3transfer),
+    # which a Lambda cold start would otherwise pay for nothing; the process's one (``dormant.aws``).
+    config = client_config()
     try:
         return aws.client("dynamodb", endpoint_url=endpoint_url, region_name=region, config=config)
     except Exception as exc:  # botocore says what is missing (a region, usually)
