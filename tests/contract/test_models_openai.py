@@ -479,7 +479,7 @@ def test_model_start_records_the_rendered_messages_and_tools_exactly_as_sent(ser
         rebuilt = ModelRequest(
             model=spec,
             messages=messages,
-            tools=[dict(t) for t in event.tools],
+            tools=session.model_tools(index),
             output_schema=Verdict.model_json_schema(),
             output_name="Verdict",
         )

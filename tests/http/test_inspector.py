@@ -281,8 +281,13 @@ def test_a_booking_from_ask_through_approval_on_the_page_to_completion(browser: 
                 assert f"by {event['tool']} [{event['call_id']}]" in shown_change.text
         elif event["type"] == "model_end":
             assert f"{event['usage']['total_tokens']} total" in body
+        elif event["type"] == "model_start":  # a later call of the invocation holds its tools by reference
+            held = f"and {len(event['tools'])} tools" if event["tools"] else "and the tools of its last call"
+            assert f"asked with {event['message_count']} messages {held}" in body, body
         elif event["type"] == "invocation_end":
             assert event["status"] in body
+    starts = [e for e in ledger if e["type"] == "model_start"]
+    assert starts[0]["tools"] and all(e["tools_as_in"] == starts[0]["id"] for e in starts[1:]), starts
     # the invocation tree: the one invocation, its model calls and its tools
     tree = css(driver, "#invocations")
     assert "completed" in tree.text

@@ -113,6 +113,132 @@ def test_a_long_session_does_not_copy_the_conversation_into_every_model_start() 
     assert len(t.model.requests[-1].messages) == 1 + 59  # system + 29 turns of two messages + the new one
 
 
+PROMPT = "You book appointments at a small clinic. " * 12  # an app's static prompt, as sent on every call
+
+
+def prompt_app(store: Any = None) -> Any:
+    """Three model calls in one invocation: a static prompt, a part that changes after the tool, tools."""
+    scripted = MockAdapter()
+    app = adk(name="prompts", adapters={"openai": scripted}, store=store)
+
+    def note(ctx: Any) -> str:
+        ctx.state.note = ctx.args.slot
+        return "noted"
+
+    noted = app.tool(name="note", description="Note a slot " + "with care " * 20, schema=Booking, execute=note)
+    agent = app.agent(
+        name="a",
+        model=openai("m"),
+        context=[
+            app.context.system(PROMPT),
+            app.context.system(lambda ctx: f"Noted so far: {ctx.state.get('note', 'nothing')}. " * 4),
+            app.context.history(),
+        ],
+        tools=[noted],
+    )
+    return app, scripted, agent
+
+
+def test_an_invocations_later_model_calls_hold_its_prompt_and_tools_by_reference() -> None:
+    app, scripted, agent = prompt_app()
+    scripted.set_responses(
+        [
+            {"tool_calls": [{"name": "note", "args": {"slot": "Tue"}}]},
+            {"tool_calls": [{"name": "note", "args": {"slot": "Tue"}}]},
+            {"text": "done"},
+        ]
+    )
+    run = app.run(agent, "Book me.")
+    starts = [(i, e) for i, e in enumerate(run.session.events) if isinstance(e, ModelStartEvent)]
+    (_, first), (_, second), (_, third) = starts
+    assert first.tools == [agent.tools[0].definition()] and first.tools_as_in is None
+    assert [p.get("as_in") for p in first.input] == [None, None, None]
+    # The static prompt and the tools: the first call's, by reference; the part that changed, inline.
+    assert second.tools == [] and second.tools_as_in == first.id
+    assert second.input[0] == {"kind": "system", "as_in": first.id, "part": 0}
+    assert "messages" in second.input[1] and "Noted so far: Tue" in json.dumps(second.input[1])
+    # Unchanged since the second call: the second's part; the rest name the event holding them, never a reference.
+    assert third.tools_as_in == first.id and third.input[0] == second.input[0]
+    assert third.input[1] == {"kind": "system", "as_in": second.id, "part": 1}
+    for (index, start), request in zip(starts, scripted.requests, strict=True):
+        assert request.tools == first.tools == run.session.model_tools(index)  # every tool on every call
+        rebuilt = run.session.model_input(index)
+        assert rebuilt == request.messages and digest(rebuilt) == start.digest
+    sizes = [len(e.model_dump_json()) for _, e in starts]
+    assert sizes[1] < sizes[0] / 2 and sizes[2] < sizes[1], sizes
+    # Another invocation holds its own: its first call has the prompt and tools inline.
+    scripted.set_responses([{"text": "again"}])
+    again = app.run(agent, "And again.", session=run.session)
+    [start] = [e for e in again.events if isinstance(e, ModelStartEvent)]
+    assert start.tools == first.tools and [p.get("as_in") for p in start.input] == [None, None, None]
+
+
+def test_a_resumed_invocation_in_another_process_refers_to_its_first_call(tmp_path: Any) -> None:
+    from dormant.stores.sqlite import sqlite_store
+
+    path = str(tmp_path / "s.db")
+    app, scripted, agent, _ = approval_app(sqlite_store(path))
+    scripted.set_responses([{"tool_calls": [{"name": "book", "args": {"slot": "Tue"}, "call_id": "c"}]}])
+    run = app.run(agent, "Book me.", session=app.sessions.create())
+    app.sessions.commit(run.session)
+    app2, scripted2, agent2, _ = approval_app(sqlite_store(path))
+    session = app2.sessions.get(run.session.id)
+    session.input.answer("c", {"approved": True})
+    scripted2.set_responses([{"text": "Booked."}])
+    resumed = app2.run(agent2, session=session)
+    assert resumed.status == "completed"
+    app2.sessions.commit(session)
+    loaded = app2.sessions.get(run.session.id)  # a third reader: only what is stored
+    first, second = (e for e in loaded.events if isinstance(e, ModelStartEvent))
+    assert second.tools == [] and second.tools_as_in == first.id and first.tools
+    index = loaded.event_index_of(second.id)
+    assert loaded.model_input(index) == scripted2.requests[0].messages
+    assert digest(loaded.model_input(index)) == second.digest
+    assert loaded.model_tools(index) == scripted2.requests[0].tools == first.tools
+    fork = loaded.fork_at(index)  # a fork holds what its references name
+    assert fork.model_input(index) == scripted2.requests[0].messages
+
+
+def test_a_reference_is_made_only_to_a_held_event_and_read_only_from_a_model_start() -> None:
+    from dormant.errors import EventValidationError
+    from dormant.transcript import by_reference, request_of
+
+    tools: list[dict[str, Any]] = [{"name": "t", "description": "x" * 100}]
+    part = {"kind": "system", "messages": [{"role": "system", "content": "p" * 200}]}
+    holder = ModelStartEvent(
+        invocation_id="i", model={"provider": "p", "name": "m"}, input=[part], message_count=1, digest="", tools=tools
+    )
+    previous = ModelStartEvent(
+        invocation_id="i",
+        model={"provider": "p", "name": "m"},
+        input=[{"kind": "system", "as_in": holder.id, "part": 0}],
+        message_count=1,
+        digest="",
+        tools_as_in=holder.id,
+    )
+    held = {holder.id: holder}
+    assert by_reference([part], tools, previous, held.get) == (
+        [{"kind": "system", "as_in": holder.id, "part": 0}],
+        holder.id,
+    )
+    # The holder not held (a snapshot's tail starts after it): nothing to compare with, stored in full.
+    assert by_reference([part], tools, previous, {}.get) == ([part], None)
+    # Other content, or a part shorter than its reference: inline.
+    other = {"kind": "system", "messages": [{"role": "system", "content": "q" * 200}]}
+    short = {"kind": "system", "messages": [{"role": "system", "content": "p"}]}
+    assert by_reference([other], [{"name": "u"}], previous, held.get) == ([other], None)
+    assert by_reference([short], tools, holder.model_copy(update={"input": [short]}), {}.get)[0] == [short]
+    assert request_of(previous, held.__getitem__) == ([part], tools)
+    user = UserEvent(text="hi")
+    with pytest.raises(EventValidationError) as caught:
+        request_of(previous, {holder.id: user}.__getitem__)
+    assert caught.value.field == "as_in"
+    stray = previous.model_copy(update={"input": [{"kind": "system", "as_in": holder.id, "part": 3}]})
+    with pytest.raises(EventValidationError) as caught:
+        request_of(stray, held.__getitem__)
+    assert caught.value.field == "part"
+
+
 # -- renderers --------------------------------------------------------------------------------
 
 

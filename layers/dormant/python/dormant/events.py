@@ -223,6 +223,12 @@ class ModelStartEvent(EventBase):
     was rendered from — so the exact messages can be rebuilt (``Session.model_input``) without the
     ledger holding the whole conversation again on every call. ``digest`` is the sha256 of the
     messages as sent, to check a rebuild against. ``tools`` are the tool definitions as sent.
+
+    Nor the same prompt again on every call of an invocation: a system or user part identical to one an
+    earlier ``model_start`` of the invocation holds is recorded as ``{"kind", "as_in": that event's id,
+    "part": its position there}``, and tools identical to an earlier call's as ``tools_as_in`` (``tools``
+    then empty). ``transcript.request_of`` resolves both; a reference always names the event holding the
+    content, never another reference.
     """
 
     type: Literal["model_start"] = "model_start"
@@ -232,6 +238,9 @@ class ModelStartEvent(EventBase):
     message_count: int
     digest: str
     tools: list[dict[str, JsonValue]] = Field(default_factory=list)
+    tools_as_in: str | None = None
+    """The id of the earlier ``model_start`` of this invocation whose ``tools`` these were, the same list
+    (``None``: ``tools`` holds them)."""
 
 
 class SessionForkedEvent(EventBase):

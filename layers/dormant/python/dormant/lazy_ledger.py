@@ -76,6 +76,11 @@ class LazyLedger:
             self._fetch_from(position)
         return self._base, self._events
 
+    def held_event(self, event_id: str) -> Event | None:
+        """The event ``event_id`` if the session holds it (nothing fetched)."""
+        position = self._index.get(event_id)
+        return None if position is None else self._events[position - self._base]
+
     def note_anchors(self, anchors: Iterable[tuple[int, int]]) -> None:
         """Add known (stored version, events stored up to it) pairs of this session's stored ledger (merged
         when next read: a later pair for a version wins)."""

@@ -39,7 +39,7 @@ from ..projection import Output
 from ..session import Runtime, Session
 from ..state.access import Invocation
 from ..state.values import repaired, unstorable
-from ..transcript import digest
+from ..transcript import by_reference, digest
 from .agent import Agent
 from .calls import callable_with, describe, json_args, ms_since, storable_response, unyielded
 from .context import RenderContext
@@ -265,6 +265,16 @@ class _Run:
                 )
             yield from self._new()
 
+    def _previous_call(self, invocation_id: str) -> ModelStartEvent | None:
+        """The invocation's last ``model_start`` among the events the session holds (not fetched: none when a
+        snapshot's tail starts after it), looked for back to the invocation's start."""
+        for event in reversed(self.session.held_from(None)[1]):
+            if isinstance(event, ModelStartEvent) and event.invocation_id == invocation_id:
+                return event
+            if isinstance(event, InvocationStartEvent) and event.invocation_id == invocation_id:
+                return None
+        return None
+
     def _call_model(self, invocation: Invocation) -> Generator[Event, None, ModelResponse | None]:
         agent, session = self.agent, self.session
         spec = agent.model
@@ -278,15 +288,20 @@ class _Run:
             return None
         messages: list[Message] = [m for part in parts for m in part.messages]
         tools = [tool.definition() for tool in agent.tools]
+        records, tools_as_in = [part.record for part in parts], None
+        previous = self._previous_call(invocation.id)
+        if previous is not None:  # the prompt and tools again: held by reference, not stored on every call
+            records, tools_as_in = by_reference(records, tools, previous, session.held_event)
         session.append(
             ModelStartEvent(
                 invocation_id=invocation.id,
                 agent_name=agent.name,
                 model=spec.ref,
-                input=[part.record for part in parts],
+                input=records,
                 message_count=len(messages),
                 digest=digest(messages),
-                tools=tools,
+                tools=[] if tools_as_in else tools,
+                tools_as_in=tools_as_in,
             )
         )
         yield from self._new()

@@ -131,7 +131,8 @@ const RENDER = {
       "p",
       null,
       h("code", null, `${e.model.provider}/${e.model.name}`),
-      ` asked with ${e.message_count} messages` + (e.tools && e.tools.length ? ` and ${e.tools.length} tools` : ""),
+      ` asked with ${e.message_count} messages` +
+        (e.tools && e.tools.length ? ` and ${e.tools.length} tools` : e.tools_as_in ? " and the tools of its last call" : ""),
     ),
   model_end: (e) => [
     h(
