@@ -520,6 +520,57 @@ def test_a_commit_moves_the_sessions_one_listing_entry_its_meta_item(
         assert store.list(app, status="done") == [] and store.list(app, status="running") == []
 
 
+def test_a_running_sessions_commit_takes_the_path_that_bills_fewer_write_units(
+    ddb: Any, dynamodb_table: str, app: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction bills each item twice; the gated protocol writes the events once and the meta item twice with
+    a ``pending`` entry put and deleted. A commit building on a ``running`` session (a step, a yield, the end) takes
+    whichever bills fewer units (AWS's billing, ``bench/units.py``): gated from 3 event units on, one call below.
+    Every other commit stays one call, however many events. Both land the same ledger."""
+    from bench.units import Table, labelled_units
+    from tests.support.fidelity import capture
+
+    store = _warm(dynamo_store(dynamodb_table, client=ddb))
+    table = Table.described(ddb.describe_table(TableName=dynamodb_table)["Table"])
+    records: list[dict[str, Any]] = []
+    original = ddb._make_api_call
+    monkeypatch.setattr(
+        ddb, "_make_api_call", lambda operation, params: capture.observe(original, operation, params, records.append)
+    )
+
+    def commit(status: str, events: int, expected: int) -> tuple[list[str], float]:
+        records.clear()
+        batch = [_event(f"{expected}-{n}", "y" * 300) for n in range(events)]
+        assert store.commit(_row(app, status=status), batch, expected).ok
+        writes = [r["operation"] for r in records if r["operation"] not in ("GetItem", "Query")]
+        billed = sum(
+            units
+            for record in records
+            for (_, kind, _), units in labelled_units(record, {table.name: table}).items()
+            if kind == "write"
+        )
+        return writes, billed
+
+    assert commit("idle", 5, 0)[0] == ["TransactWriteItems"]  # a create: one call
+    assert commit("idle", 5, 1)[0] == ["TransactWriteItems"]  # not running: one call, whatever it saves
+    assert commit("running", 5, 2)[0] == ["TransactWriteItems"]  # the claim builds on an idle session
+    step, gated = commit("running", 5, 3)  # a step of 5 events: gated
+    assert step == ["UpdateItem", "BatchWriteItem", "UpdateItem"]
+    assert commit("running", 2, 4)[0] == ["TransactWriteItems"]  # 2 event units: a transaction bills no more
+    ended, _ = commit("idle", 3, 5)  # the end of the turn, 3 events: gated, and the row is listed again
+    assert ended == ["UpdateItem", "BatchWriteItem", "UpdateItem"]
+    assert [(r.id, r.version, r.status) for r in store.list(app)] == [("s-1", 6, "idle")]
+    assert commit("running", 1, 6)[0] == ["TransactWriteItems"]  # the next claim
+    # The same 5-event step as one transaction (the choice turned off): it bills more.
+    monkeypatch.setattr("dormant.stores.dynamodb.commit._gated_is_cheaper", lambda *_: False)
+    one_call_writes, one_call = commit("running", 5, 7)
+    assert one_call_writes == ["TransactWriteItems"] and gated < one_call, (gated, one_call)
+    monkeypatch.undo()
+    loaded = store.load(app, "s-1")
+    assert loaded is not None and loaded.row.version == 8 and len(loaded.events) == 5 * 4 + 2 + 3 + 1 + 5
+    assert [(r.id, r.version, r.status) for r in store.list(app)] == [("s-1", 7, "running")]  # the claim's row
+
+
 @pytest.mark.parametrize("single_call_items", [0, 100], ids=["gated", "one-call"])
 def test_after_a_step_every_condition_is_on_the_head_not_the_listed_version(
     ddb: Any, dynamodb_table: str, app: str, single_call_items: int
@@ -838,10 +889,10 @@ def test_the_running_index_is_written_only_when_a_session_goes_into_or_out_of_ru
 ) -> None:
     """A session's running entry is put by the commit that makes it ``running`` and deleted by the one that
     ends that: the commits in between (a new ``updated_at``, new events) write no index entry. And no call
-    is added: a 5-event commit stays one transaction, or a gate, one batch and a finish."""
+    is added: a 5-event commit stays one transaction, or a gate, one batch and a finish (what a commit building
+    on a running session takes, as it bills fewer units)."""
     store = _warm(dynamo_store(dynamodb_table, client=ddb, single_call_items=single_call_items))
     gated = {"UpdateItem": 2, "BatchWriteItem": 1}  # the gate, the events, the finish (it moves the entry)
-    calls = {"TransactWriteItems": 1} if single_call_items else gated
     units, faults = _Units(ddb), Faults(ddb)
     statuses = ["idle", "running", "running", "running", "completed", "completed", "running"]
     expected_units = [0, 1, 0, 0, 1, 0, 1]
@@ -849,9 +900,10 @@ def test_the_running_index_is_written_only_when_a_session_goes_into_or_out_of_ru
         for version, (status, cost) in enumerate(zip(statuses, expected_units, strict=True)):
             faults.calls.clear()
             assert store.commit(_row(app, status=status), [_event(f"{version}-{n}") for n in range(5)], version).ok
-            billed = 2 if single_call_items else 1  # in a transaction billed twice; the gated finish is an update
+            one_call = single_call_items and statuses[version - 1 : version] != ["running"]
+            billed = 2 if one_call else 1  # in a transaction billed twice; the gated finish is an update
             assert units.take("running") == cost * billed, (version, status)
-            assert dict(faults.calls) == calls
+            assert dict(faults.calls) == ({"TransactWriteItems": 1} if one_call else gated), (version, status)
             clock.advance(1000)
     assert _running_entry(ddb, dynamodb_table, app, "s-1") is not None
     assert [(r.session_id, r.updated_at) for r in store.running_sessions() if r.app_name == app] == [

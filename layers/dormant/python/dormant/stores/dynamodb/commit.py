@@ -72,6 +72,26 @@ from .plan import (
 )
 
 
+def _write_units(size: int) -> int:
+    """What AWS bills a standard write of an item of ``size`` bytes: 1 unit per KB, rounded up, at least 1."""
+    return max(1, -(-size // 1024))
+
+
+def _gated_is_cheaper(old: Mapping[str, Any], marker: _Marker, items: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a commit to a running session (a turn's step, its yield, its end) bills fewer write units gated
+    than as one transaction, which bills each item twice: the gate and the finish write the meta item (with the
+    marker) once each and put and delete a ``pending`` entry, the event items are written once.
+
+    Only while the session is ``running``: its own runner holds the turn, so the marker's two more round trips
+    (milliseconds, against a model call's seconds) keep no one else waiting; other commits stay one call."""
+    if old.get("status", {}).get("S") != RUNNING_STATUS:
+        return False
+    events = sum(_write_units(item_bytes(item)) for item in items)
+    meta = item_bytes(old)
+    marked = meta + item_bytes({"pending": marker.attribute(), "ppk": {"S": "P#000"}, "psk": {"N": "1" * 13}})
+    return 2 * (_write_units(marked) + 1) + events < 2 * (_write_units(meta) + events)
+
+
 class _Commit(_Calls):
     """The commit protocol: one TransactWriteItems when the commit fits, else gate, event batches and finish."""
 
@@ -212,6 +232,8 @@ class _Commit(_Calls):
         # MAX_KEY_LENGTH characters) bound their size; counted exactly only when the bound is near the limit.
         bound = sum(len(data[e.id]) for e in commit.events) + len(items) * (len(pk) + 3 * MAX_KEY_LENGTH + 128)
         if size + bound > MAX_TRANSACT_BYTES and size + sum(map(item_bytes, items)) > MAX_TRANSACT_BYTES:
+            return None
+        if expected and not commit.scoped and _gated_is_cheaper(old, marker, items):
             return None
         ids.add(e.id for e in commit.events)
         update = self._commit_update(pk, marker, inc, ids, plan)
