@@ -532,11 +532,7 @@ def test_a_running_sessions_commit_takes_the_path_that_bills_fewer_write_units(
 
     store = _warm(dynamo_store(dynamodb_table, client=ddb))
     table = Table.described(ddb.describe_table(TableName=dynamodb_table)["Table"])
-    records: list[dict[str, Any]] = []
-    original = ddb._make_api_call
-    monkeypatch.setattr(
-        ddb, "_make_api_call", lambda operation, params: capture.observe(original, operation, params, records.append)
-    )
+    records = capture.recorded(ddb, monkeypatch)
 
     def commit(status: str, events: int, expected: int) -> tuple[list[str], float]:
         records.clear()

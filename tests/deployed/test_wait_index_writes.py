@@ -23,18 +23,6 @@ from tests.support.fidelity.fidelity_app import build as build_fidelity
 pytestmark = pytest.mark.backend("dynamodb")
 
 
-def _captured(ddb: Any, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """Every DynamoDB call made through ``ddb`` from now on, with the items it touched (as the harness records)."""
-    records: list[dict[str, Any]] = []
-    original = ddb._make_api_call
-
-    def observed(operation: str, params: dict[str, Any]) -> Any:
-        return capture.observe(original, operation, params, records.append)
-
-    monkeypatch.setattr(ddb, "_make_api_call", observed)
-    return records
-
-
 def _writes(records: list[dict[str, Any]], table: Table) -> dict[tuple[str, str], float]:
     """Write units by (place: ``table`` or the index's name, item kind)."""
     units: dict[tuple[str, str], float] = defaultdict(float)
@@ -61,7 +49,7 @@ def test_park_writes_its_wait_record_and_moves_the_due_entry_once(
     invocation = waiting.projection.open_invocation
     assert invocation is not None
     table = Table.described(ddb.describe_table(TableName=dynamodb_table)["Table"])
-    records = _captured(ddb, monkeypatch)
+    records = capture.recorded(ddb, monkeypatch)
 
     answer = StepFunctions().park(view, "parks", invocation, "token-1", execution="arn:exec:1", wait_seconds=60)
 

@@ -30,6 +30,19 @@ READS = {"GetItem", "BatchGetItem", "TransactGetItems", "Query", "Scan"}
 _schemas: dict[str, list[str]] = {}
 
 
+def recorded(client: Any, monkeypatch: Any) -> list[dict[str, Any]]:
+    """Every DynamoDB call made through ``client`` from now on (until ``monkeypatch`` is undone), recorded as
+    ``observe`` records it: what a test bills with ``bench.units``."""
+    records: list[dict[str, Any]] = []
+    original = client._make_api_call
+
+    def observed(operation: str, params: dict[str, Any]) -> Any:
+        return observe(original, operation, params, records.append)
+
+    monkeypatch.setattr(client, "_make_api_call", observed)
+    return records
+
+
 def observe(call: Call, operation: str, params: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> Any:
     """Make the call through ``call`` and ``emit`` its record; the call's answer (or error) is passed on."""
     if operation not in WRITES | READS:

@@ -31,7 +31,7 @@ from .errors import (
     UnknownEventId,
     UnknownScope,
 )
-from .events import Event, InvocationYieldEvent, ModelStartEvent, SessionForkedEvent, StateChangeEvent
+from .events import Event, InvocationYieldEvent, SessionForkedEvent, StateChangeEvent
 from .ids import check_id, new_id
 from .lazy_ledger import _FIRST_ANCHORS, EventLog
 from .ledger import AnswerCheck, LedgerRules
@@ -44,7 +44,7 @@ from .state.schema import APP_SCOPE_ID, SHARED_SCOPES, Schema, ScopeSchema
 from .state.values import check_storable
 from .state.view import StateView
 from .stores.base import ScopedStateChange, SessionStore, StoredSession
-from .transcript import rebuild_input, request_of
+from .transcript import rebuild_input, rebuild_tools
 
 __all__ = ["AnswerCheck", "EventLog", "Runtime", "Session", "SessionInput"]
 
@@ -479,10 +479,9 @@ class Session(CommittedLedger):
     def model_tools(self, index: int) -> list[dict[str, Any]]:
         """The tool definitions the model was sent at the ``model_start`` event at ``index`` (a later call of an
         invocation holds them by reference to its first: ``ModelStartEvent.tools_as_in``)."""
-        event = self.events[index]
-        if not isinstance(event, ModelStartEvent):
-            raise EventValidationError(f"event {index} is a {event.type!r} event, not model_start", field="index")
-        return request_of(event, lambda event_id: self.events[self.event_index_of(event_id)])[1]
+        position = self._position(index)
+        self._fetch_from(0)
+        return rebuild_tools(self._events, position, self.event_index_of)
 
     # -- persistence bookkeeping (the rest is ``CommittedLedger``) -----------------------------
 

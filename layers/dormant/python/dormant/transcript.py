@@ -23,7 +23,15 @@ from .models.base import Message, ToolCall
 Record = dict[str, JsonValue]
 """A ``model_start``'s input part or tool definition, as JSON."""
 
-__all__ = ["by_reference", "digest", "dump_message", "history_messages", "rebuild_input", "request_of"]
+__all__ = [
+    "by_reference",
+    "digest",
+    "dump_message",
+    "history_messages",
+    "rebuild_input",
+    "rebuild_tools",
+    "request_of",
+]
 
 
 def history_messages(events: Sequence[Event], turns: int | None = None) -> list[Message]:
@@ -73,11 +81,8 @@ def rebuild_input(events: Sequence[Event], index: int, index_of: Callable[[str],
 
     ``index_of`` maps an event id to its position (the session keeps that index).
     """
-    event = events[index]
-    if not isinstance(event, ModelStartEvent):
-        raise EventValidationError(f"event {index} is a {event.type!r} event, not model_start", field="index")
+    parts, _ = _request_at(events, index, index_of)
     messages: list[Message] = []
-    parts, _ = request_of(event, lambda event_id: events[index_of(event_id)])
     for part in parts:
         if part.get("kind") == "history":
             upto = part.get("upto")
@@ -88,6 +93,21 @@ def rebuild_input(events: Sequence[Event], index: int, index_of: Callable[[str],
             raw = part.get("messages")
             messages.extend(Message.model_validate(m) for m in (raw if isinstance(raw, list) else []))
     return messages
+
+
+def rebuild_tools(events: Sequence[Event], index: int, index_of: Callable[[str], int]) -> list[Record]:
+    """The tool definitions the model got at the ``model_start`` event at ``index`` (``rebuild_input``'s
+    arguments)."""
+    return _request_at(events, index, index_of)[1]
+
+
+def _request_at(
+    events: Sequence[Event], index: int, index_of: Callable[[str], int]
+) -> tuple[list[Record], list[Record]]:
+    event = events[index]
+    if not isinstance(event, ModelStartEvent):
+        raise EventValidationError(f"event {index} is a {event.type!r} event, not model_start", field="index")
+    return request_of(event, lambda event_id: events[index_of(event_id)])
 
 
 def dump_message(message: Message) -> dict[str, Any]:

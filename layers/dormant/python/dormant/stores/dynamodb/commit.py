@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ...clock import now_ms
 from ...errors import CommitIncomplete, CommitTooLarge, StoreBusy, StoreError, StoreUnavailable
 from ...ids import MAX_KEY_LENGTH
-from ..base import RUNNING_STATUS, WAITING_STATUSES, PreparedCommit, Refused, ScopedWrite
+from ..base import RUNNING_STATUS, WAITING_STATUSES, PreparedCommit, Refused, ScopedWrite, StoredSession
 from .calls import _backoff, _Calls, _Cancelled, _ConditionFailed, _Exhausted
 from .items import (
     MAX_TRANSACT_BYTES,
@@ -77,7 +77,7 @@ def _write_units(size: int) -> int:
     return max(1, -(-size // 1024))
 
 
-def _gated_is_cheaper(old: Mapping[str, Any], marker: _Marker, items: Sequence[Mapping[str, Any]]) -> bool:
+def _gated_is_cheaper(old: Mapping[str, Any], marking: Mapping[str, Any], items: Sequence[Mapping[str, Any]]) -> bool:
     """Whether a commit to a running session (a turn's step, its yield, its end) bills fewer write units gated
     than as one transaction, which bills each item twice: the gate and the finish write the meta item (with the
     marker) once each and put and delete a ``pending`` entry, the event items are written once.
@@ -88,7 +88,7 @@ def _gated_is_cheaper(old: Mapping[str, Any], marker: _Marker, items: Sequence[M
         return False
     events = sum(_write_units(item_bytes(item)) for item in items)
     meta = item_bytes(old)
-    marked = meta + item_bytes({"pending": marker.attribute(), "ppk": {"S": "P#000"}, "psk": {"N": "1" * 13}})
+    marked = meta + item_bytes(marking)  # what the gate adds (``_Commit._marking``), billed in the gate and finish
     return 2 * (_write_units(marked) + 1) + events < 2 * (_write_units(meta) + events)
 
 
@@ -233,7 +233,7 @@ class _Commit(_Calls):
         bound = sum(len(data[e.id]) for e in commit.events) + len(items) * (len(pk) + 3 * MAX_KEY_LENGTH + 128)
         if size + bound > MAX_TRANSACT_BYTES and size + sum(map(item_bytes, items)) > MAX_TRANSACT_BYTES:
             return None
-        if expected and not commit.scoped and _gated_is_cheaper(old, marker, items):
+        if expected and not commit.scoped and _gated_is_cheaper(old, self._marking(row, marker), items):
             return None
         ids.add(e.id for e in commit.events)
         update = self._commit_update(pk, marker, inc, ids, plan)
@@ -320,16 +320,25 @@ class _Commit(_Calls):
             self._known.pop(next(iter(self._known)))
         self._known[pk] = dict(meta)
 
+    def _marking(self, row: StoredSession, marker: _Marker) -> dict[str, Any]:
+        """What the gate sets on the meta item (``_SET_MARKER``): the marker and its ``pending`` index key."""
+        return {
+            "pending": marker.attribute(),
+            "ppk": {"S": pending_key(row.app_name, row.id, self._pending_shards)},
+            "psk": {"N": str(marker.at)},
+        }
+
     def _pass_gate(self, pk: str, commit: PreparedCommit, marker: _Marker) -> dict[str, Any] | Refused:
         """Record the marker; return the meta item as it was before (``inc`` only, on create) or the refusal."""
         row, expected = commit.row, commit.expected_version
         app_name, session_id = row.app_name, row.id
         scopes = json.dumps(row.scopes, separators=(",", ":"), sort_keys=True)
         now = now_ms()
+        marking = self._marking(row, marker)
         values: dict[str, Any] = {
-            ":p": marker.attribute(),
-            ":ppk": {"S": pending_key(app_name, session_id, self._pending_shards)},
-            ":psk": {"N": str(marker.at)},
+            ":p": marking["pending"],
+            ":ppk": marking["ppk"],
+            ":psk": marking["psk"],
             ":now": {"N": str(now // 1000)},
         }
         names = {"#x": TTL}
